@@ -1,0 +1,66 @@
+//! The `hob` command line: clap definitions; each command lives in its own file.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+pub mod convert;
+pub mod inspect;
+
+#[derive(Parser, Debug)]
+#[command(name = "hob", version, about = "Mixture-of-Experts inference with mixed-precision expert offloading")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Build a .hob file from a Hugging Face checkpoint directory.
+    Convert(ConvertArgs),
+    /// Show (and optionally verify) a .hob file.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    pub from: PathBuf,
+    /// Output .hob file.
+    #[arg(short = 'o', long = "output")]
+    pub output: PathBuf,
+    /// Expert variants to store, comma-separated: f16, bf16, int8, int4, int2 (optionally
+    /// with a group size, e.g. int4/g32).
+    #[arg(long, default_value = "f16,int4")]
+    pub experts: String,
+    /// Storage of dense matrices (embedding, attention, output): f16, bf16 or f32. Default: the
+    /// source dtype. Norms and routers are always f32.
+    #[arg(long)]
+    pub dense: Option<String>,
+    /// Group size of the quantized variants that do not name one.
+    #[arg(long)]
+    pub group_size: Option<u32>,
+    /// Never draw a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The .hob file.
+    pub file: PathBuf,
+    /// Check every checksum; exit non-zero naming the first bad tensor or expert.
+    #[arg(long)]
+    pub verify: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn main_with(cli: Cli) -> crate::Result<()> {
+    match cli.command {
+        Command::Convert(a) => convert::run(&a),
+        Command::Inspect(a) => inspect::run(&a),
+    }
+}

@@ -1,0 +1,48 @@
+//! The one error type of hob. Each module has its own error enum with the context of its
+//! failures (file, field, expected vs found); this type wraps them so `main` prints one line.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O operation on a named file failed.
+    #[error("{}: {op}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A .hob file failed validation.
+    #[error("{}: {source}", path.display())]
+    Format {
+        path: PathBuf,
+        #[source]
+        source: crate::format::FormatError,
+    },
+    /// A Hugging Face checkpoint could not be read or converted.
+    #[error(transparent)]
+    Import(#[from] crate::import::ImportError),
+    /// Tokenizer, chat template or sampling problem.
+    #[error(transparent)]
+    Generate(#[from] crate::generate::GenerateError),
+    /// A model in a .hob file cannot be run as described.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// Bad command-line usage or a request that cannot be met (named in the message).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wrap an io::Error with the file and the operation that failed.
+    pub fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Metadata keys. Standard keys follow GGUF's names (`{arch}.` prefixed hyper-parameters);
+//! hob's own keys live under `hob.`.
+
+pub const ARCHITECTURE: &str = "general.architecture";
+pub const NAME: &str = "general.name";
+
+/// `{arch}.` keys: call with the architecture name, e.g. `arch_key("mixtral", BLOCK_COUNT)`.
+pub const VOCAB_SIZE: &str = "vocab_size";
+pub const CONTEXT_LENGTH: &str = "context_length";
+pub const EMBEDDING_LENGTH: &str = "embedding_length";
+pub const FEED_FORWARD_LENGTH: &str = "feed_forward_length";
+pub const BLOCK_COUNT: &str = "block_count";
+pub const HEAD_COUNT: &str = "attention.head_count";
+pub const HEAD_COUNT_KV: &str = "attention.head_count_kv";
+pub const KEY_LENGTH: &str = "attention.key_length";
+pub const VALUE_LENGTH: &str = "attention.value_length";
+pub const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
+pub const ROPE_FREQ_BASE: &str = "rope.freq_base";
+pub const EXPERT_COUNT: &str = "expert_count";
+pub const EXPERT_USED_COUNT: &str = "expert_used_count";
+
+pub fn arch_key(arch: &str, key: &str) -> String {
+    format!("{arch}.{key}")
+}
+
+pub const TOKENIZER_HF_JSON: &str = "tokenizer.huggingface.json";
+pub const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
+pub const BOS_TOKEN_ID: &str = "tokenizer.ggml.bos_token_id";
+pub const EOS_TOKEN_ID: &str = "tokenizer.ggml.eos_token_id";
+/// Whether the tokenizer_config.json asked for BOS to be prepended (`add_bos_token`).
+pub const ADD_BOS_TOKEN: &str = "tokenizer.ggml.add_bos_token";
+
+/// The output projection shares the token embedding (no `output.weight` tensor).
+pub const TIE_WORD_EMBEDDINGS: &str = "hob.tie_word_embeddings";
+/// Source checkpoint dtype ("f32", "f16", "bf16").
+pub const SOURCE_DTYPE: &str = "hob.source_dtype";
+
+/// Dense tensor names (GGUF style). Q and K rows stay in Hugging Face order (rotate-half RoPE).
+pub const TOKEN_EMBD: &str = "token_embd.weight";
+pub const OUTPUT_NORM: &str = "output_norm.weight";
+pub const OUTPUT: &str = "output.weight";
+
+pub fn blk(layer: usize, name: &str) -> String {
+    format!("blk.{layer}.{name}")
+}
+pub const ATTN_NORM: &str = "attn_norm.weight";
+pub const ATTN_Q: &str = "attn_q.weight";
+pub const ATTN_K: &str = "attn_k.weight";
+pub const ATTN_V: &str = "attn_v.weight";
+pub const ATTN_OUTPUT: &str = "attn_output.weight";
+pub const FFN_NORM: &str = "ffn_norm.weight";
+/// The router: [n_experts, hidden].
+pub const FFN_GATE_INP: &str = "ffn_gate_inp.weight";

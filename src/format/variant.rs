@@ -1,0 +1,375 @@
+//! Storage types of dense tensors and expert variants, and the byte layout of one stored matrix.
+//! This is the part of formats/hob.md that other modules compute with; it does no I/O.
+
+use std::fmt;
+use std::ops::Range;
+
+/// Alignment of each sub-array (codes, scales, mins) inside a stored matrix, and of each matrix
+/// inside an expert blob: enough for 16-byte vector loads and 64-byte cache lines.
+pub const SUBARRAY_ALIGN: usize = 64;
+/// Alignment and padding of every expert blob and dense tensor in the file (one O_DIRECT read).
+pub const BLOB_ALIGN: usize = 4096;
+
+/// Round `n` up to a multiple of `align` (a power of two). None on overflow.
+pub fn align_up(n: usize, align: usize) -> Option<usize> {
+    debug_assert!(align.is_power_of_two());
+    Some(n.checked_add(align - 1)? & !(align - 1))
+}
+
+/// Storage type of a dense tensor. The codes are GGML's type ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DType {
+    pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::Bf16];
+
+    pub fn code(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Bf16 => 30,
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.code() == code)
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == s)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The encoding of an expert variant. Codes are stored in the expert table's variant list; a
+/// reader refuses a code it does not know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum VariantKind {
+    F16,
+    Bf16,
+    /// Symmetric: w = scale * q, q in [-127, 127] stored as i8.
+    Int8,
+    /// Asymmetric: w = scale * q + min, q in [0, 15], two per byte (element 2i in the low nibble).
+    Int4,
+    /// Asymmetric: w = scale * q + min, q in [0, 3], four per byte (element 4i+j in bits 2j..2j+2).
+    Int2,
+}
+
+impl VariantKind {
+    pub const ALL: [VariantKind; 5] = [
+        VariantKind::F16,
+        VariantKind::Bf16,
+        VariantKind::Int8,
+        VariantKind::Int4,
+        VariantKind::Int2,
+    ];
+
+    pub fn code(self) -> u32 {
+        match self {
+            VariantKind::F16 => 1,
+            VariantKind::Bf16 => 2,
+            VariantKind::Int8 => 3,
+            VariantKind::Int4 => 4,
+            VariantKind::Int2 => 5,
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<VariantKind> {
+        VariantKind::ALL.into_iter().find(|k| k.code() == code)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            VariantKind::F16 => "f16",
+            VariantKind::Bf16 => "bf16",
+            VariantKind::Int8 => "int8",
+            VariantKind::Int4 => "int4",
+            VariantKind::Int2 => "int2",
+        }
+    }
+
+    /// Bits per stored code.
+    pub fn bits(self) -> u32 {
+        match self {
+            VariantKind::F16 | VariantKind::Bf16 => 16,
+            VariantKind::Int8 => 8,
+            VariantKind::Int4 => 4,
+            VariantKind::Int2 => 2,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, VariantKind::F16 | VariantKind::Bf16)
+    }
+
+    /// Asymmetric variants store a per-group minimum (the value of code 0) beside the scale.
+    pub fn has_mins(self) -> bool {
+        matches!(self, VariantKind::Int4 | VariantKind::Int2)
+    }
+
+    /// Group size used when `--group-size` is not given.
+    pub fn default_group_size(self) -> u32 {
+        if self.is_float() {
+            0
+        } else {
+            64
+        }
+    }
+}
+
+/// An expert variant: encoding plus group size (0 for float variants).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    pub kind: VariantKind,
+    pub group_size: u32,
+}
+
+/// Where the sub-arrays of one stored matrix lie, relative to the matrix start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatrixLayout {
+    pub rows: usize,
+    pub cols: usize,
+    /// Codes (quantized) or raw values (float variants), row-major.
+    pub codes: Range<usize>,
+    /// f16 scales, [rows, cols / group_size] row-major; empty for float variants.
+    pub scales: Range<usize>,
+    /// f16 minimums, [rows, cols / group_size] row-major; empty unless `kind.has_mins()`.
+    pub mins: Range<usize>,
+    /// Total bytes, padded to SUBARRAY_ALIGN.
+    pub size: usize,
+}
+
+/// The three matrices of one SwiGLU expert, contiguous in one blob, in this order:
+/// gate (w1, [ffn, hidden]), up (w3, [ffn, hidden]), down (w2, [hidden, ffn]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpertLayout {
+    pub gate_offset: usize,
+    pub gate: MatrixLayout,
+    pub up_offset: usize,
+    pub up: MatrixLayout,
+    pub down_offset: usize,
+    pub down: MatrixLayout,
+    /// Bytes of meaningful data (the blob's recorded size).
+    pub size: usize,
+    /// `size` padded to BLOB_ALIGN: the space the blob occupies in the file.
+    pub padded_size: usize,
+}
+
+impl Variant {
+    pub fn new(kind: VariantKind, group_size: u32) -> Result<Variant, String> {
+        let v = Variant { kind, group_size };
+        v.check()?;
+        Ok(v)
+    }
+
+    /// Parse "f16", "bf16", "int8", "int4", "int2", optionally with a group size: "int4/g32".
+    /// `default_group` (from --group-size) replaces the kind's default when given.
+    pub fn parse(s: &str, default_group: Option<u32>) -> Result<Variant, String> {
+        let (name, group) = match s.split_once("/g") {
+            Some((n, g)) => {
+                let g: u32 = g
+                    .parse()
+                    .map_err(|_| format!("bad group size in variant '{s}'"))?;
+                (n, Some(g))
+            }
+            None => (s, None),
+        };
+        let known: Vec<&str> = VariantKind::ALL.iter().map(|k| k.name()).collect();
+        let kind = VariantKind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "unknown variant '{s}' (known: {}; a group size may follow, e.g. int4/g32)",
+                    known.join(", ")
+                )
+            })?;
+        if kind.is_float() && group.is_some() {
+            return Err(format!("variant '{s}': float variants take no group size"));
+        }
+        let group_size = if kind.is_float() {
+            0
+        } else {
+            group
+                .or(default_group)
+                .unwrap_or(kind.default_group_size())
+        };
+        Variant::new(kind, group_size)
+    }
+
+    /// Validate the group size: quantized variants need a multiple of 16 in 16..=4096.
+    pub fn check(&self) -> Result<(), String> {
+        if self.kind.is_float() {
+            if self.group_size != 0 {
+                return Err(format!(
+                    "{}: float variants have group size 0, found {}",
+                    self.kind.name(),
+                    self.group_size
+                ));
+            }
+        } else if self.group_size < 16 || self.group_size > 4096 || self.group_size % 16 != 0 {
+            return Err(format!(
+                "{}: group size must be a multiple of 16 in 16..=4096, found {}",
+                self.kind.name(),
+                self.group_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// "f16", "int4/g64".
+    pub fn name(&self) -> String {
+        if self.kind.is_float() {
+            self.kind.name().to_string()
+        } else {
+            format!("{}/g{}", self.kind.name(), self.group_size)
+        }
+    }
+
+    /// Layout of a [rows, cols] matrix in this variant. Errors when cols is not a multiple of the
+    /// group size or the sizes overflow.
+    pub fn matrix_layout(&self, rows: usize, cols: usize) -> Result<MatrixLayout, String> {
+        let overflow = || format!("matrix [{rows}, {cols}] is too large");
+        let n = rows.checked_mul(cols).ok_or_else(overflow)?;
+        if self.kind.is_float() {
+            let len = n.checked_mul(2).ok_or_else(overflow)?;
+            let size = align_up(len, SUBARRAY_ALIGN).ok_or_else(overflow)?;
+            return Ok(MatrixLayout {
+                rows,
+                cols,
+                codes: 0..len,
+                scales: len..len,
+                mins: len..len,
+                size,
+            });
+        }
+        let g = self.group_size as usize;
+        if g == 0 || cols % g != 0 {
+            return Err(format!(
+                "{}: {cols} columns are not a multiple of the group size {g} (try --group-size)",
+                self.name()
+            ));
+        }
+        let codes_len = n
+            .checked_mul(self.kind.bits() as usize)
+            .ok_or_else(overflow)?
+            / 8;
+        let groups = rows.checked_mul(cols / g).ok_or_else(overflow)?;
+        let side_len = groups.checked_mul(2).ok_or_else(overflow)?;
+        let scales_start = align_up(codes_len, SUBARRAY_ALIGN).ok_or_else(overflow)?;
+        let scales_end = scales_start.checked_add(side_len).ok_or_else(overflow)?;
+        let (mins, end) = if self.kind.has_mins() {
+            let s = align_up(scales_end, SUBARRAY_ALIGN).ok_or_else(overflow)?;
+            let e = s.checked_add(side_len).ok_or_else(overflow)?;
+            (s..e, e)
+        } else {
+            (scales_end..scales_end, scales_end)
+        };
+        Ok(MatrixLayout {
+            rows,
+            cols,
+            codes: 0..codes_len,
+            scales: scales_start..scales_end,
+            mins,
+            size: align_up(end, SUBARRAY_ALIGN).ok_or_else(overflow)?,
+        })
+    }
+
+    /// Layout of one expert (gate, up, down) with model dims `hidden` and expert FFN `ffn`.
+    pub fn expert_layout(&self, hidden: usize, ffn: usize) -> Result<ExpertLayout, String> {
+        let gate = self.matrix_layout(ffn, hidden)?;
+        let up = self.matrix_layout(ffn, hidden)?;
+        let down = self.matrix_layout(hidden, ffn)?;
+        let overflow = || format!("expert [{hidden}, {ffn}] is too large");
+        let up_offset = gate.size;
+        let down_offset = up_offset.checked_add(up.size).ok_or_else(overflow)?;
+        let size = down_offset.checked_add(down.size).ok_or_else(overflow)?;
+        let padded_size = align_up(size, BLOB_ALIGN).ok_or_else(overflow)?;
+        Ok(ExpertLayout {
+            gate_offset: 0,
+            gate,
+            up_offset,
+            up,
+            down_offset,
+            down,
+            size,
+            padded_size,
+        })
+    }
+
+    /// Stored bits per weight of a [rows, cols] matrix, scales and mins included (padding not).
+    pub fn bits_per_weight(&self, rows: usize, cols: usize) -> f64 {
+        let bits = self.kind.bits() as f64;
+        if self.kind.is_float() || rows == 0 || cols == 0 {
+            return bits;
+        }
+        let side = if self.kind.has_mins() { 32.0 } else { 16.0 };
+        bits + side / self.group_size as f64
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_names_and_groups() {
+        assert_eq!(
+            Variant::parse("int4", None).unwrap(),
+            Variant { kind: VariantKind::Int4, group_size: 64 }
+        );
+        assert_eq!(Variant::parse("int2/g32", Some(128)).unwrap().group_size, 32);
+        assert_eq!(Variant::parse("int8", Some(128)).unwrap().group_size, 128);
+        assert_eq!(Variant::parse("f16", Some(128)).unwrap().group_size, 0);
+        assert!(Variant::parse("int3", None).unwrap_err().contains("unknown variant 'int3'"));
+        assert!(Variant::parse("int4/g10", None).is_err());
+        assert!(Variant::parse("f16/g64", None).is_err());
+    }
+
+    #[test]
+    fn layouts_are_aligned_and_sized() {
+        let v = Variant::parse("int4", None).unwrap();
+        let l = v.matrix_layout(3, 128).unwrap();
+        assert_eq!(l.codes, 0..192);
+        assert_eq!(l.scales, 192..204);
+        assert_eq!(l.mins, 256..268);
+        assert_eq!(l.size, 320);
+        let e = v.expert_layout(64, 128).unwrap();
+        assert_eq!(e.padded_size % BLOB_ALIGN, 0);
+        assert_eq!(e.down_offset, e.gate.size + e.up.size);
+        assert!(v.matrix_layout(3, 96).is_err());
+        assert_eq!(v.bits_per_weight(4096, 14336), 4.5);
+        let f = Variant::parse("f16", None).unwrap().matrix_layout(2, 3).unwrap();
+        assert_eq!((f.codes.len(), f.size), (12, 64));
+    }
+}
