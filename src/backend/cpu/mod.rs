@@ -1,1 +1,135 @@
-//! The CPU backend.
+//! The CPU backend: a persistent thread pool (rayon, built once) running quant's row kernels.
+//! Every output element is computed by one thread in a fixed order, so results do not depend on
+//! the thread count (`-t 1` and `-t N` give identical logits).
+
+mod experts;
+
+pub use experts::CpuExperts;
+
+use rayon::prelude::*;
+
+use crate::format::DType;
+use crate::model::ops::{AttentionShape, Backend};
+use crate::quant::Matrix;
+
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+}
+
+/// Rows handed to one task: enough work to amortize scheduling, small enough to balance.
+const MIN_ROWS_PER_TASK: usize = 16;
+
+impl CpuBackend {
+    /// A pool of `threads` workers (0: one per available core).
+    pub fn new(threads: usize) -> crate::Result<CpuBackend> {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("hob-cpu-{i}"))
+            .build()
+            .map_err(|e| crate::Error::Invalid(format!("cannot start {threads} CPU threads: {e}")))?;
+        Ok(CpuBackend { pool })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Run `f` inside the pool (so nested parallel calls use its threads).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    fn rows_per_task(&self, rows: usize) -> usize {
+        rows.div_ceil(self.threads() * 4).max(MIN_ROWS_PER_TASK)
+    }
+}
+
+impl Backend for CpuBackend {
+    fn matmul(&self, w: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
+        let (rows, cols) = (w.rows, w.cols);
+        assert_eq!(x.len(), t * cols, "matmul input length");
+        assert_eq!(out.len(), t * rows, "matmul output length");
+        let chunk = self.rows_per_task(rows);
+        if t == 1 {
+            self.pool.install(|| {
+                out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| {
+                    let r0 = i * chunk;
+                    w.matvec_rows(x, r0..r0 + o.len(), o);
+                })
+            });
+            return;
+        }
+        // Batched: dequantize each weight row once, then dot it with every token's input
+        // (the inputs viewed as an f32 matrix [t, cols]). outt is (rows, t).
+        let xm = Matrix::dense(DType::F32, t, cols, bytemuck::cast_slice(x));
+        let mut outt = vec![0.0f32; rows * t];
+        self.pool.install(|| {
+            outt.par_chunks_mut(chunk * t)
+                .enumerate()
+                .for_each(|(i, o)| {
+                    let mut row = vec![0.0f32; cols];
+                    for (j, col) in o.chunks_exact_mut(t).enumerate() {
+                        w.row_to_f32(i * chunk + j, &mut row);
+                        xm.matvec_rows(&row, 0..t, col);
+                    }
+                })
+        });
+        for (r, col) in outt.chunks_exact(t).enumerate() {
+            for (ti, &v) in col.iter().enumerate() {
+                out[ti * rows + r] = v;
+            }
+        }
+    }
+
+    fn attention(&self, s: AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &mut [f32]) {
+        let (hd, qd) = (s.head_dim, s.n_heads * s.head_dim);
+        let kvd = s.n_kv_heads * hd;
+        let group = s.n_heads / s.n_kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        // One head of one token: softmax(q·Kᵀ * scale) · V over positions 0..=pos.
+        let head = |i: usize, h: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+            let pos = s.start_pos + i;
+            let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
+            let kvh = (h / group) * hd;
+            scores.clear();
+            scores.extend((0..=pos).map(|p| {
+                let k = &k_cache[p * kvd + kvh..p * kvd + kvh + hd];
+                qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
+            }));
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            o.fill(0.0);
+            for (p, &w) in scores.iter().enumerate() {
+                let v = &v_cache[p * kvd + kvh..p * kvd + kvh + hd];
+                let w = w / sum;
+                for (o, &v) in o.iter_mut().zip(v) {
+                    *o += w * v;
+                }
+            }
+        };
+        self.pool.install(|| {
+            if s.t == 1 {
+                out.par_chunks_mut(hd)
+                    .enumerate()
+                    .for_each_init(Vec::new, |scores, (h, o)| head(0, h, o, scores));
+            } else {
+                out.par_chunks_mut(qd)
+                    .enumerate()
+                    .for_each_init(Vec::new, |scores, (i, o)| {
+                        for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
+                            head(i, h, oh, scores);
+                        }
+                    });
+            }
+        });
+    }
+}

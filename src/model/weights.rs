@@ -1,0 +1,90 @@
+//! Dense weights as views into the mmap of a .hob file. Norms are copied to f32 (they are tiny).
+
+use super::{ModelConfig, ModelError};
+use crate::format::keys::{self, blk};
+use crate::format::HobFile;
+use crate::quant::Matrix;
+
+pub struct LayerWeights<'f> {
+    pub attn_norm: Vec<f32>,
+    /// (n_heads * head_dim, hidden)
+    pub wq: Matrix<'f>,
+    /// (n_kv_heads * head_dim, hidden)
+    pub wk: Matrix<'f>,
+    /// (n_kv_heads * head_dim, hidden)
+    pub wv: Matrix<'f>,
+    /// (hidden, n_heads * head_dim)
+    pub wo: Matrix<'f>,
+    pub ffn_norm: Vec<f32>,
+    /// (n_experts, hidden)
+    pub router: Matrix<'f>,
+}
+
+pub struct Weights<'f> {
+    /// (vocab, hidden)
+    pub token_embd: Matrix<'f>,
+    pub layers: Vec<LayerWeights<'f>>,
+    pub output_norm: Vec<f32>,
+    /// (vocab, hidden); the embedding itself when tied.
+    pub output: Matrix<'f>,
+}
+
+impl<'f> Weights<'f> {
+    pub fn load(file: &'f HobFile, cfg: &ModelConfig) -> Result<Weights<'f>, ModelError> {
+        let mat = |name: &str, rows: usize, cols: usize| matrix(file, name, rows, cols);
+        let norm = |name: &str| vector(file, name, cfg.hidden);
+        let (h, q, kv) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
+        let layers = (0..cfg.n_layers)
+            .map(|l| {
+                Ok(LayerWeights {
+                    attn_norm: norm(&blk(l, keys::ATTN_NORM))?,
+                    wq: mat(&blk(l, keys::ATTN_Q), q, h)?,
+                    wk: mat(&blk(l, keys::ATTN_K), kv, h)?,
+                    wv: mat(&blk(l, keys::ATTN_V), kv, h)?,
+                    wo: mat(&blk(l, keys::ATTN_OUTPUT), h, q)?,
+                    ffn_norm: norm(&blk(l, keys::FFN_NORM))?,
+                    router: mat(&blk(l, keys::FFN_GATE_INP), cfg.n_experts, h)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let token_embd = mat(keys::TOKEN_EMBD, cfg.vocab, h)?;
+        let output = if cfg.tie_embeddings {
+            token_embd
+        } else {
+            mat(keys::OUTPUT, cfg.vocab, h)?
+        };
+        Ok(Weights {
+            token_embd,
+            layers,
+            output_norm: norm(keys::OUTPUT_NORM)?,
+            output,
+        })
+    }
+}
+
+fn matrix<'f>(file: &'f HobFile, name: &str, rows: usize, cols: usize) -> Result<Matrix<'f>, ModelError> {
+    let t = file.tensor(name).ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+    if t.info.shape != [rows, cols] {
+        return Err(ModelError::TensorShape {
+            name: name.into(),
+            expected: vec![rows, cols],
+            found: t.info.shape.clone(),
+        });
+    }
+    Ok(Matrix::dense(t.info.dtype, rows, cols, t.data))
+}
+
+fn vector(file: &HobFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    let t = file.tensor(name).ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+    if t.info.shape != [n] {
+        return Err(ModelError::TensorShape {
+            name: name.into(),
+            expected: vec![n],
+            found: t.info.shape.clone(),
+        });
+    }
+    let mut out = vec![0.0; n];
+    Matrix::dense(t.info.dtype, 1, n, t.data).row_to_f32(0, &mut out);
+    Ok(out)
+}
+

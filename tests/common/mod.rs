@@ -1,0 +1,83 @@
+//! Shared test support: the tiny Mixtral fixture converted to .hob, and its transformers reference.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-mixtral")
+}
+
+/// Run the hob binary; returns (success, stdout, stderr).
+pub fn hob(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hob"))
+        .args(args)
+        .output()
+        .expect("the hob binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Convert the tiny fixture with the given `--experts` list into a fresh temporary directory.
+pub fn convert_fixture(experts: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("tiny.hob");
+    let (ok, stdout, stderr) = hob(&[
+        "convert",
+        "--from",
+        fixture_dir().to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--experts",
+        experts,
+        "--no-progress",
+    ]);
+    assert!(ok, "convert failed:\n{stdout}\n{stderr}");
+    (dir, out)
+}
+
+/// The transformers reference stored beside the fixture (tools/make_fixture.py).
+pub struct Reference {
+    pub input_ids: Vec<u32>,
+    /// [T, vocab]
+    pub logits: Vec<f32>,
+    pub greedy_ids: Vec<u32>,
+    /// [32, vocab]
+    pub greedy_logits: Vec<f32>,
+}
+
+pub fn reference() -> Reference {
+    let bytes = std::fs::read(fixture_dir().join("reference.safetensors")).expect("reference file");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("reference parses");
+    let ids = |name: &str| -> Vec<u32> {
+        let t = st.tensor(name).unwrap();
+        t.data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect()
+    };
+    let floats = |name: &str| -> Vec<f32> {
+        let t = st.tensor(name).unwrap();
+        t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    Reference {
+        input_ids: ids("input_ids"),
+        logits: floats("logits"),
+        greedy_ids: ids("greedy_ids"),
+        greedy_logits: floats("greedy_logits"),
+    }
+}
+
+/// Normalized MSE: sum((a - b)^2) / sum(b^2).
+pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    num / den
+}
