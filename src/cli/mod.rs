@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 pub mod convert;
+pub mod engine;
 pub mod inspect;
+pub mod perplexity;
+pub mod run;
 
 #[derive(Parser, Debug)]
 #[command(name = "hob", version, about = "Mixture-of-Experts inference with mixed-precision expert offloading")]
@@ -20,6 +23,10 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Show (and optionally verify) a .hob file.
     Inspect(InspectArgs),
+    /// Generate text from a prompt, or chat interactively.
+    Run(run::RunArgs),
+    /// Perplexity of a text file, llama.cpp's method.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 #[derive(Args, Debug)]
@@ -62,5 +69,7 @@ pub fn main_with(cli: Cli) -> crate::Result<()> {
     match cli.command {
         Command::Convert(a) => convert::run(&a),
         Command::Inspect(a) => inspect::run(&a),
+        Command::Run(a) => run::run(&a),
+        Command::Perplexity(a) => perplexity::run(&a),
     }
 }
