@@ -15,12 +15,23 @@ fn valid() -> &'static [u8] {
 
 #[derive(Clone, Debug)]
 enum Mutation {
-    Flip { at: usize, mask: u8 },
+    Flip {
+        at: usize,
+        mask: u8,
+    },
     /// A random u64 somewhere in the header and tables, where counts and offsets live.
-    Word { at: usize, value: u64 },
+    Word {
+        at: usize,
+        value: u64,
+    },
     /// A small change to a u64 field: off-by-a-page offsets and sizes.
-    Nudge { at: usize, delta: i64 },
-    Truncate { len: usize },
+    Nudge {
+        at: usize,
+        delta: i64,
+    },
+    Truncate {
+        len: usize,
+    },
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {
@@ -30,7 +41,10 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         (0..len, 1..=255u8).prop_map(|(at, mask)| Mutation::Flip { at, mask }),
         (0..tables_end, 1..=255u8).prop_map(|(at, mask)| Mutation::Flip { at, mask }),
         (0..tables_end - 8, any::<u64>()).prop_map(|(at, value)| Mutation::Word { at, value }),
-        (0..tables_end - 8, prop_oneof![Just(4096i64), Just(-4096), Just(1), Just(-1), Just(64)])
+        (
+            0..tables_end - 8,
+            prop_oneof![Just(4096i64), Just(-4096), Just(1), Just(-1), Just(64)]
+        )
             .prop_map(|(at, delta)| Mutation::Nudge { at, delta }),
         (0..len).prop_map(|len| Mutation::Truncate { len }),
     ]
@@ -84,7 +98,10 @@ fn walk_views(b: &[u8]) {
 
 /// PROPTEST_CASES when set (a long run), else a count that keeps `cargo test` fast.
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(2_000)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2_000)
 }
 
 proptest! {

@@ -64,23 +64,32 @@ impl Sample {
     /// Position of `needle` inside the metadata section.
     fn find_meta(&self, needle: &[u8]) -> usize {
         let m = self.p.header.metadata_offset as usize;
-        m + self.bytes[m..].windows(needle.len()).position(|w| w == needle).unwrap()
+        m + self.bytes[m..]
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .unwrap()
     }
     fn parse_resealed(self, f: impl FnOnce(&Sample, &mut Vec<u8>)) -> FormatError {
         let mut b = self.bytes.clone();
         f(&self, &mut b);
         reseal(&mut b);
-        parse(&b).err().expect("damaged file was accepted")
+        parse(&b).expect_err("damaged file was accepted")
     }
 }
 
 fn expect_truncated(b: &[u8], what_has: &str) {
     match parse(b) {
-        Err(FormatError::Truncated { what, file_size, .. }) => {
+        Err(FormatError::Truncated {
+            what, file_size, ..
+        }) => {
             assert!(what.contains(what_has), "{what}");
             assert_eq!(file_size, b.len() as u64);
         }
-        r => panic!("len {}: expected Truncated {what_has}, got {:?}", b.len(), r.err()),
+        r => panic!(
+            "len {}: expected Truncated {what_has}, got {:?}",
+            b.len(),
+            r.err()
+        ),
     }
 }
 
@@ -110,7 +119,9 @@ fn truncated_at_each_section_boundary_and_inside() {
         put_u64(&mut b, FILE_SIZE, len);
         reseal(&mut b);
         match parse(&b) {
-            Err(FormatError::Truncated { what, .. }) => assert!(what.contains("section") || what.contains("table"), "{what}"),
+            Err(FormatError::Truncated { what, .. }) => {
+                assert!(what.contains("section") || what.contains("table"), "{what}")
+            }
             r => panic!("cut at {len}: {:?}", r.err()),
         }
     }
@@ -129,7 +140,12 @@ fn sections_cut_short_overrun() {
             put_u64(b, field, v - cut);
         });
         match err {
-            FormatError::Overrun { section: s, needed, available, .. } => {
+            FormatError::Overrun {
+                section: s,
+                needed,
+                available,
+                ..
+            } => {
                 assert_eq!(s, section);
                 assert!(needed > available);
             }
@@ -146,7 +162,10 @@ fn bad_magic() {
         Err(FormatError::BadMagic { found }) => assert_eq!(found, b"GGUF\x03\0\0\0"),
         r => panic!("{:?}", r.err()),
     }
-    assert!(matches!(parse(b"PK\x03"), Err(FormatError::BadMagic { .. })));
+    assert!(matches!(
+        parse(b"PK\x03"),
+        Err(FormatError::BadMagic { .. })
+    ));
 }
 
 #[test]
@@ -156,7 +175,9 @@ fn unknown_version_even_byte_swapped() {
         put_u32(&mut b, 8, v);
         reseal(&mut b);
         match parse(&b) {
-            Err(FormatError::UnsupportedVersion { found, supported }) => assert_eq!((found, supported), (v, 1)),
+            Err(FormatError::UnsupportedVersion { found, supported }) => {
+                assert_eq!((found, supported), (v, 1))
+            }
             r => panic!("{:?}", r.err()),
         }
     }
@@ -170,13 +191,21 @@ fn header_and_section_checksums() {
         Err(FormatError::Checksum { what, .. }) => assert_eq!(what, "header"),
         r => panic!("{:?}", r.err()),
     }
-    for (at, section) in [(METADATA_OFFSET, "metadata section"), (40, "tensor table"), (64, "expert table")] {
+    for (at, section) in [
+        (METADATA_OFFSET, "metadata section"),
+        (40, "tensor table"),
+        (64, "expert table"),
+    ] {
         let s = Sample::new();
         let mut b = s.bytes.clone();
         let pos = get_u64(&b, at) as usize + 9;
         b[pos] ^= 1;
         match parse(&b) {
-            Err(FormatError::Checksum { what, stored, computed }) => {
+            Err(FormatError::Checksum {
+                what,
+                stored,
+                computed,
+            }) => {
                 assert_eq!(what, section);
                 assert_ne!(stored, computed);
             }
@@ -187,7 +216,13 @@ fn header_and_section_checksums() {
 
 fn expect_overrun(err: FormatError, section_is: &str, what_has: &str) {
     match err {
-        FormatError::Overrun { section, what, needed, available, .. } => {
+        FormatError::Overrun {
+            section,
+            what,
+            needed,
+            available,
+            ..
+        } => {
             assert_eq!(section, section_is);
             assert!(what.contains(what_has), "{what}");
             assert!(needed > available, "{needed} <= {available}");
@@ -200,9 +235,11 @@ fn expect_overrun(err: FormatError, section_is: &str, what_has: &str) {
 fn counts_larger_than_the_file() {
     let err = Sample::new().parse_resealed(|_, b| put_u64(b, TENSOR_COUNT, 1 << 40));
     expect_overrun(err, "tensor table", "tensor count");
-    let err = Sample::new().parse_resealed(|s, b| put_u64(b, s.p.header.metadata_offset as usize, u64::MAX));
+    let err = Sample::new()
+        .parse_resealed(|s, b| put_u64(b, s.p.header.metadata_offset as usize, u64::MAX));
     expect_overrun(err, "metadata section", "entry count");
-    let err = Sample::new().parse_resealed(|s, b| put_u64(b, s.p.header.metadata_offset as usize + 8, 1 << 62));
+    let err = Sample::new()
+        .parse_resealed(|s, b| put_u64(b, s.p.header.metadata_offset as usize + 8, 1 << 62));
     expect_overrun(err, "metadata section", "key of entry #0");
     let err = Sample::new().parse_resealed(|s, b| {
         let at = s.find_meta(b"t.string") + 8 + 4; // value length
@@ -219,20 +256,24 @@ fn counts_larger_than_the_file() {
         put_u64(b, at, 1 << 50); // name length
     });
     expect_overrun(err, "tensor table", "name of tensor #1");
-    let err = Sample::new().parse_resealed(|s, b| put_u32(b, s.p.header.experts_offset as usize, 1 << 20));
+    let err = Sample::new()
+        .parse_resealed(|s, b| put_u32(b, s.p.header.experts_offset as usize, 1 << 20));
     expect_overrun(err, "expert table", "expert record count");
-    let err = Sample::new().parse_resealed(|s, b| put_u32(b, s.p.header.experts_offset as usize + 16, 1 << 30));
+    let err = Sample::new()
+        .parse_resealed(|s, b| put_u32(b, s.p.header.experts_offset as usize + 16, 1 << 30));
     expect_overrun(err, "expert table", "variant count");
 }
 
 #[test]
 fn offsets_past_the_end() {
-    let err = Sample::new().parse_resealed(|s, b| put_u64(b, s.tensor_offset_at(0), s.p.header.file_size + 4096));
+    let err = Sample::new()
+        .parse_resealed(|s, b| put_u64(b, s.tensor_offset_at(0), s.p.header.file_size + 4096));
     match err {
         FormatError::Truncated { what, .. } => assert_eq!(what, "tensor 'token_embd.weight'"),
         e => panic!("{e}"),
     }
-    let err = Sample::new().parse_resealed(|s, b| put_u64(b, s.record_at(1, 2, 3), u64::MAX - 4095));
+    let err =
+        Sample::new().parse_resealed(|s, b| put_u64(b, s.record_at(1, 2, 3), u64::MAX - 4095));
     match err {
         FormatError::Invalid { what, detail } => {
             assert_eq!(what, "expert (layer 1, expert 2, variant int2/g32)");
@@ -262,7 +303,10 @@ fn offsets_past_the_end() {
         put_u64(b, DATA_LEN, s.p.header.data_len - 4096);
         put_u64(b, METADATA_OFFSET, at as u64);
     });
-    assert!(matches!(err, FormatError::Invalid { ref detail, .. } if detail.contains("outside the data section")), "{err}");
+    assert!(
+        matches!(err, FormatError::Invalid { ref detail, .. } if detail.contains("outside the data section")),
+        "{err}"
+    );
 }
 
 fn expect_overlap(err: FormatError, names: [&str; 2]) {
@@ -284,20 +328,38 @@ fn overlapping_tensors_and_blobs() {
         let off = s.p.tensors[0].offset;
         put_u64(b, s.tensor_offset_at(1), off + 4096); // inside tensor 0's two pages
     });
-    expect_overlap(err, ["tensor 'token_embd.weight'", "tensor 'blk.0.attn_q.weight'"]);
+    expect_overlap(
+        err,
+        ["tensor 'token_embd.weight'", "tensor 'blk.0.attn_q.weight'"],
+    );
     let err = Sample::new().parse_resealed(|s, b| {
         let off = s.p.records[0].offset;
         put_u64(b, s.record_at(1, 2, 1), off);
     });
-    expect_overlap(err, ["expert (layer 0, expert 0, variant f16)", "expert (layer 1, expert 2, variant int8/g64)"]);
+    expect_overlap(
+        err,
+        [
+            "expert (layer 0, expert 0, variant f16)",
+            "expert (layer 1, expert 2, variant int8/g64)",
+        ],
+    );
     let err = Sample::new().parse_resealed(|s, b| {
         let off = s.p.tensors[1].offset;
         put_u64(b, s.record_at(1, 2, 2), off);
     });
-    expect_overlap(err, ["expert (layer 1, expert 2, variant int4/g64)", "tensor 'blk.0.attn_q.weight'"]);
+    expect_overlap(
+        err,
+        [
+            "expert (layer 1, expert 2, variant int4/g64)",
+            "tensor 'blk.0.attn_q.weight'",
+        ],
+    );
     // Sections overlapping each other or the header.
     let err = Sample::new().parse_resealed(|_, b| put_u64(b, METADATA_OFFSET, 128));
-    assert!(matches!(err, FormatError::Overlap { ref a, ref b } if a.starts_with("metadata") && b.starts_with("header")), "{err}");
+    assert!(
+        matches!(err, FormatError::Overlap { ref a, ref b } if a.starts_with("metadata") && b.starts_with("header")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -307,7 +369,11 @@ fn misaligned_blob_and_data_section() {
         put_u64(b, s.record_at(0, 1, 1), off + 64);
     });
     match err {
-        FormatError::Misaligned { what, offset, align } => {
+        FormatError::Misaligned {
+            what,
+            offset,
+            align,
+        } => {
             assert_eq!(what, "expert (layer 0, expert 1, variant int8/g64)");
             assert_eq!((offset % 4096, align), (64, 4096));
         }
@@ -317,7 +383,10 @@ fn misaligned_blob_and_data_section() {
         put_u64(b, DATA_OFFSET, s.p.header.data_offset + 8);
         put_u64(b, DATA_LEN, s.p.header.data_len - 8);
     });
-    assert!(matches!(err, FormatError::Misaligned { ref what, .. } if what == "data section"), "{err}");
+    assert!(
+        matches!(err, FormatError::Misaligned { ref what, .. } if what == "data section"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -338,7 +407,10 @@ fn blob_size_not_matching_the_layout() {
         let at = s.tensor_offset_at(1) + 8;
         put_u64(b, at, 130);
     });
-    assert!(matches!(err, FormatError::Invalid { ref what, .. } if what == "tensor 'blk.0.attn_q.weight' size"), "{err}");
+    assert!(
+        matches!(err, FormatError::Invalid { ref what, .. } if what == "tensor 'blk.0.attn_q.weight' size"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -352,11 +424,21 @@ fn unknown_variant_code_is_refused_not_misread() {
         e => panic!("{e}"),
     }
     let err = Sample::new().parse_resealed(|s, b| put_u32(b, s.variant_at(1) + 4, 48 + 1));
-    assert!(matches!(err, FormatError::Invalid { ref what, .. } if what == "expert table variant #1"), "{err}");
+    assert!(
+        matches!(err, FormatError::Invalid { ref what, .. } if what == "expert table variant #1"),
+        "{err}"
+    );
     let err = Sample::new().parse_resealed(|s, b| put_u32(b, s.variant_at(1), 4)); // int8/g64 -> int4/g64
-    assert!(matches!(err, FormatError::Invalid { ref detail, .. } if detail.contains("listed twice")), "{err}");
-    let err = Sample::new().parse_resealed(|s, b| put_u32(b, s.p.header.experts_offset as usize + 16, 0));
-    assert!(matches!(err, FormatError::Invalid { ref detail, .. } if detail.contains("no variants")), "{err}");
+    assert!(
+        matches!(err, FormatError::Invalid { ref detail, .. } if detail.contains("listed twice")),
+        "{err}"
+    );
+    let err =
+        Sample::new().parse_resealed(|s, b| put_u32(b, s.p.header.experts_offset as usize + 16, 0));
+    assert!(
+        matches!(err, FormatError::Invalid { ref detail, .. } if detail.contains("no variants")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -370,9 +452,15 @@ fn unknown_dtype_and_bad_tensor_entries() {
         e => panic!("{e}"),
     }
     let err = Sample::new().parse_resealed(|s, b| put_u32(b, s.tensor_dtype_at(1) + 4, 3));
-    assert!(matches!(err, FormatError::Invalid { ref what, .. } if what == "tensor 'blk.0.attn_q.weight' ndim"), "{err}");
+    assert!(
+        matches!(err, FormatError::Invalid { ref what, .. } if what == "tensor 'blk.0.attn_q.weight' ndim"),
+        "{err}"
+    );
     let err = Sample::new().parse_resealed(|s, b| put_u64(b, s.tensor_dtype_at(2) + 8, 0));
-    assert!(matches!(err, FormatError::Invalid { ref what, .. } if what == "tensor 'output_norm.weight' dim 0"), "{err}");
+    assert!(
+        matches!(err, FormatError::Invalid { ref what, .. } if what == "tensor 'output_norm.weight' dim 0"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -392,17 +480,26 @@ fn duplicate_metadata_key_and_bad_values() {
         let at = s.find_meta(b"t.bool") + 6 + 4;
         b[at] = 2;
     });
-    assert!(matches!(err, FormatError::Metadata { ref key, ref detail } if key == "t.bool" && detail.contains("bool")), "{err}");
+    assert!(
+        matches!(err, FormatError::Metadata { ref key, ref detail } if key == "t.bool" && detail.contains("bool")),
+        "{err}"
+    );
     let err = Sample::new().parse_resealed(|s, b| {
         let at = s.find_meta(b"t.f64") + 5;
         put_u32(b, at, 13);
     });
-    assert!(matches!(err, FormatError::Metadata { ref key, ref detail } if key == "t.f64" && detail.contains("unknown value type 13")), "{err}");
+    assert!(
+        matches!(err, FormatError::Metadata { ref key, ref detail } if key == "t.f64" && detail.contains("unknown value type 13")),
+        "{err}"
+    );
     let err = Sample::new().parse_resealed(|s, b| {
         let at = s.find_meta(b"t.u8");
         b[at + 1] = 0xff;
     });
-    assert!(matches!(err, FormatError::Invalid { ref what, ref detail } if what == "key of entry #1" && detail.contains("UTF-8")), "{err}");
+    assert!(
+        matches!(err, FormatError::Invalid { ref what, ref detail } if what == "key of entry #1" && detail.contains("UTF-8")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -429,11 +526,15 @@ fn deeply_nested_arrays_are_refused_without_recursing_forever() {
 fn file_longer_than_the_header_says() {
     let mut b = Sample::new().bytes;
     b.extend_from_slice(&[0; 4096]);
-    assert!(matches!(parse(&b), Err(FormatError::Invalid { ref what, .. }) if what == "header.file_size"));
+    assert!(
+        matches!(parse(&b), Err(FormatError::Invalid { ref what, .. }) if what == "header.file_size")
+    );
     let mut b = Sample::new().bytes;
     b[200] = 1;
     reseal(&mut b);
-    assert!(matches!(parse(&b), Err(FormatError::Invalid { ref detail, .. }) if detail.contains("reserved")));
+    assert!(
+        matches!(parse(&b), Err(FormatError::Invalid { ref detail, .. }) if detail.contains("reserved"))
+    );
 }
 
 #[test]
@@ -443,7 +544,11 @@ fn verify_names_the_first_bad_tensor_or_blob() {
     b[s.p.tensors[2].offset as usize + 3] ^= 0x40;
     let p = parse(&b).unwrap();
     match p.verify(&b) {
-        Err(FormatError::Checksum { what, stored, computed }) => {
+        Err(FormatError::Checksum {
+            what,
+            stored,
+            computed,
+        }) => {
             assert_eq!(what, "tensor 'output_norm.weight'");
             assert_eq!(stored, s.p.tensors[2].crc32c);
             assert_ne!(stored, computed);
@@ -454,7 +559,9 @@ fn verify_names_the_first_bad_tensor_or_blob() {
     let r = s.p.records[(5 * 4) + 2]; // layer 1, expert 2, int4/g64
     b[(r.offset + r.size - 1) as usize] ^= 1;
     match parse(&b).unwrap().verify(&b) {
-        Err(FormatError::Checksum { what, .. }) => assert_eq!(what, "expert (layer 1, expert 2, variant int4/g64)"),
+        Err(FormatError::Checksum { what, .. }) => {
+            assert_eq!(what, "expert (layer 1, expert 2, variant int4/g64)")
+        }
         r => panic!("{r:?}"),
     }
     // Padding is not covered.

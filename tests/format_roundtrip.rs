@@ -25,7 +25,10 @@ fn round_trip_every_tensor_blob_and_value() {
     }
     assert!(f.tensor("missing").is_none());
 
-    assert_eq!((f.n_layers(), f.n_experts(), f.expert_dims()), (2, 3, (64, 128)));
+    assert_eq!(
+        (f.n_layers(), f.n_experts(), f.expert_dims()),
+        (2, 3, (64, 128))
+    );
     assert_eq!(f.variants(), &s.variants[..]);
     let nv = s.variants.len();
     for l in 0..2 {
@@ -34,14 +37,20 @@ fn round_trip_every_tensor_blob_and_value() {
                 let blob = &s.blobs[(l * 3 + e) * nv + v];
                 let x = f.expert(l, e, v);
                 assert_eq!(x.data, &blob[..]);
-                assert_eq!(x.data.as_ptr() as usize % BLOB_ALIGN, 0, "mmap blob alignment");
+                assert_eq!(
+                    x.data.as_ptr() as usize % BLOB_ALIGN,
+                    0,
+                    "mmap blob alignment"
+                );
                 let lay = f.expert_layout(v);
                 let (g, u, d) = (x.gate(), x.up(), x.down());
                 assert_eq!((g.rows, g.cols, d.rows, d.cols), (128, 64, 64, 128));
                 assert_eq!(g.codes, &blob[lay.gate.codes.clone()]);
-                let up_scales = lay.up_offset + lay.up.scales.start..lay.up_offset + lay.up.scales.end;
+                let up_scales =
+                    lay.up_offset + lay.up.scales.start..lay.up_offset + lay.up.scales.end;
                 assert_eq!(u.scales, &blob[up_scales]);
-                let down_mins = lay.down_offset + lay.down.mins.start..lay.down_offset + lay.down.mins.end;
+                let down_mins =
+                    lay.down_offset + lay.down.mins.start..lay.down_offset + lay.down.mins.end;
                 assert_eq!(d.mins, &blob[down_mins]);
                 assert_eq!(f.expert_record(l, e, v).crc32c, crc32c::crc32c(blob));
             }
@@ -81,7 +90,11 @@ fn padding_is_zero_and_data_follows_the_tables() {
     assert_eq!(h.data_offset + h.data_len, bytes.len() as u64);
     // Dense first in table order, then blobs in record order, each padded with zeros.
     let mut pos = h.data_offset;
-    let extents = p.tensors.iter().map(|t| (t.offset, t.size)).chain(p.records.iter().map(|r| (r.offset, r.size)));
+    let extents = p
+        .tensors
+        .iter()
+        .map(|t| (t.offset, t.size))
+        .chain(p.records.iter().map(|r| (r.offset, r.size)));
     for (off, size) in extents {
         assert_eq!(off, pos);
         let end = off + size;
@@ -108,10 +121,22 @@ fn metadata_getters_convert_and_name_the_key() {
     for (r, key, detail) in [
         (m2.get_u32("big").map(|_| ()), "big", "does not fit"),
         (m.get_u32("t.i8").map(|_| ()), "t.i8", "does not fit"),
-        (m.get_u32("t.f32").map(|_| ()), "t.f32", "expected an integer, found f32"),
+        (
+            m.get_u32("t.f32").map(|_| ()),
+            "t.f32",
+            "expected an integer, found f32",
+        ),
         (m.get_str("nope").map(|_| ()), "nope", "missing"),
-        (m.get_bool("t.u8").map(|_| ()), "t.u8", "expected a bool, found u8"),
-        (m.get_f32("t.string").map(|_| ()), "t.string", "expected a float, found string"),
+        (
+            m.get_bool("t.u8").map(|_| ()),
+            "t.u8",
+            "expected a bool, found u8",
+        ),
+        (
+            m.get_f32("t.string").map(|_| ()),
+            "t.string",
+            "expected a float, found string",
+        ),
     ] {
         match r.unwrap_err() {
             hob::format::FormatError::Metadata { key: k, detail: d } => {
@@ -126,5 +151,8 @@ fn metadata_getters_convert_and_name_the_key() {
     // GGUF's encoding, byte for byte, for one entry.
     let mut one = Metadata::new();
     one.set("ab", MetaValue::U16(0x0102));
-    assert_eq!(one.encode(), [1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, b'a', b'b', 2, 0, 0, 0, 2, 1]);
+    assert_eq!(
+        one.encode(),
+        [1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, b'a', b'b', 2, 0, 0, 0, 2, 1]
+    );
 }

@@ -7,7 +7,10 @@ use std::process::Command;
 
 use format_support::{all_types_metadata, Rng};
 use half::{bf16, f16};
-use hob::format::{DType, DenseSpec, ExpertShape, HobFile, HobWriter, MatrixLayout, MetaValue, Variant, VariantKind};
+use hob::format::{
+    DType, DenseSpec, ExpertShape, HobFile, HobWriter, MatrixLayout, MetaValue, Variant,
+    VariantKind,
+};
 use serde_json::{json, Value};
 
 fn python() -> Option<&'static str> {
@@ -50,9 +53,13 @@ fn json_eq(a: &Value, b: &Value) -> bool {
             let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
             (x - y).abs() <= 2.0 * f64::EPSILON * y.abs()
         }
-        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| json_eq(x, y)),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| json_eq(x, y))
+        }
         (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
         }
         _ => a == b,
     }
@@ -68,9 +75,17 @@ fn build_matrix(rng: &mut Rng, v: Variant, m: &MatrixLayout, out: &mut [u8]) -> 
         VariantKind::F16 | VariantKind::Bf16 => {
             for (i, w) in w.iter_mut().enumerate() {
                 let x = small(rng);
-                let bits = if v.kind == VariantKind::F16 { f16::from_f32(x).to_bits() } else { bf16::from_f32(x).to_bits() };
+                let bits = if v.kind == VariantKind::F16 {
+                    f16::from_f32(x).to_bits()
+                } else {
+                    bf16::from_f32(x).to_bits()
+                };
                 out[2 * i..2 * i + 2].copy_from_slice(&bits.to_le_bytes());
-                *w = if v.kind == VariantKind::F16 { f16::from_bits(bits).to_f32() } else { bf16::from_bits(bits).to_f32() };
+                *w = if v.kind == VariantKind::F16 {
+                    f16::from_bits(bits).to_f32()
+                } else {
+                    bf16::from_bits(bits).to_f32()
+                };
             }
         }
         _ => {
@@ -111,7 +126,11 @@ fn build_matrix(rng: &mut Rng, v: Variant, m: &MatrixLayout, out: &mut [u8]) -> 
                         q as i32
                     }
                 };
-                *w = if v.kind.has_mins() { scales[k] * q as f32 + mins[k] } else { scales[k] * q as f32 };
+                *w = if v.kind.has_mins() {
+                    scales[k] * q as f32 + mins[k]
+                } else {
+                    scales[k] * q as f32
+                };
             }
         }
     }
@@ -126,15 +145,34 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
     let mut rng = Rng(11);
     let metadata = all_types_metadata();
     let dense = vec![
-        DenseSpec { name: "token_embd.weight".into(), dtype: DType::Bf16, shape: vec![16, 64] },
-        DenseSpec { name: "output_norm.weight".into(), dtype: DType::F32, shape: vec![64] },
+        DenseSpec {
+            name: "token_embd.weight".into(),
+            dtype: DType::Bf16,
+            shape: vec![16, 64],
+        },
+        DenseSpec {
+            name: "output_norm.weight".into(),
+            dtype: DType::F32,
+            shape: vec![64],
+        },
     ];
-    let shape = ExpertShape { n_layers: 2, n_experts: 2, hidden: 64, ffn: 32 };
-    let variants: Vec<Variant> =
-        ["int4/g32", "int2/g16", "int8/g32", "f16", "bf16"].iter().map(|s| Variant::parse(s, None).unwrap()).collect();
+    let shape = ExpertShape {
+        n_layers: 2,
+        n_experts: 2,
+        hidden: 64,
+        ffn: 32,
+    };
+    let variants: Vec<Variant> = ["int4/g32", "int2/g16", "int8/g32", "f16", "bf16"]
+        .iter()
+        .map(|s| Variant::parse(s, None).unwrap())
+        .collect();
     let mut w = HobWriter::create(&path, &metadata, &dense, shape, &variants).unwrap();
     for (i, d) in dense.iter().enumerate() {
-        w.write_dense(i, &rng.bytes(d.shape.iter().product::<usize>() * d.dtype.size())).unwrap();
+        w.write_dense(
+            i,
+            &rng.bytes(d.shape.iter().product::<usize>() * d.dtype.size()),
+        )
+        .unwrap();
     }
     // expected[(layer, expert, v)] = [gate, up, down] values
     let mut expected = std::collections::HashMap::new();
@@ -143,9 +181,15 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
             for (vi, v) in variants.iter().enumerate() {
                 let lay = v.expert_layout(shape.hidden, shape.ffn).unwrap();
                 let mut blob = vec![0u8; lay.size];
-                let mats = [(lay.gate_offset, &lay.gate), (lay.up_offset, &lay.up), (lay.down_offset, &lay.down)];
-                let vals: Vec<Vec<f32>> =
-                    mats.iter().map(|(o, m)| build_matrix(&mut rng, *v, m, &mut blob[*o..*o + m.size])).collect();
+                let mats = [
+                    (lay.gate_offset, &lay.gate),
+                    (lay.up_offset, &lay.up),
+                    (lay.down_offset, &lay.down),
+                ];
+                let vals: Vec<Vec<f32>> = mats
+                    .iter()
+                    .map(|(o, m)| build_matrix(&mut rng, *v, m, &mut blob[*o..*o + m.size]))
+                    .collect();
                 expected.insert((l, e, vi), vals);
                 w.write_expert(l, e, vi, &blob).unwrap();
             }
@@ -155,8 +199,17 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
     let f = HobFile::open(&path).unwrap();
     f.verify().unwrap();
 
-    let out = Command::new(py).args(["formats/hob.py"]).arg(&path).arg("--json").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(py)
+        .args(["formats/hob.py"])
+        .arg(&path)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let j: Value = serde_json::from_slice(&out.stdout).unwrap();
 
     let h = f.header();
@@ -185,7 +238,12 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
     for (e, (k, v)) in jm.iter().zip(metadata.iter()) {
         assert_eq!(e["key"], json!(k));
         assert_eq!(e["type"], json!(v.type_name()), "{k}");
-        assert!(json_eq(&e["value"], &meta_json(v)), "{k}: {} vs {:?}", e["value"], v);
+        assert!(
+            json_eq(&e["value"], &meta_json(v)),
+            "{k}: {} vs {:?}",
+            e["value"],
+            v
+        );
     }
     let jt = j["tensors"].as_array().unwrap();
     assert_eq!(jt.len(), f.tensors().len());
@@ -195,7 +253,10 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
         assert_eq!(a, &want);
     }
     let je = &j["experts"];
-    assert_eq!((&je["n_layers"], &je["n_experts"], &je["hidden"], &je["ffn"]), (&json!(2), &json!(2), &json!(64), &json!(32)));
+    assert_eq!(
+        (&je["n_layers"], &je["n_experts"], &je["hidden"], &je["ffn"]),
+        (&json!(2), &json!(2), &json!(64), &json!(32))
+    );
     for (i, v) in variants.iter().enumerate() {
         let lay = f.expert_layout(i);
         let want = json!({"kind": v.kind.name(), "code": v.kind.code(), "group_size": v.group_size, "name": v.name(),
@@ -219,26 +280,52 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
 
     // Dequantize one matrix of every variant (and each of gate/up/down once).
     let mut checked = 0;
-    for (vi, which) in [(0, "gate"), (1, "down"), (2, "up"), (3, "down"), (4, "gate"), (0, "down"), (1, "up")] {
+    for (vi, which) in [
+        (0, "gate"),
+        (1, "down"),
+        (2, "up"),
+        (3, "down"),
+        (4, "gate"),
+        (0, "down"),
+        (1, "up"),
+    ] {
         let (l, e) = (vi % 2, 1 - vi % 2);
         let dq = dir.path().join("dq.json");
         let out = Command::new(py)
             .args(["formats/hob.py"])
             .arg(&path)
-            .args(["--dequant", &l.to_string(), &e.to_string(), &vi.to_string(), which, "--out"])
+            .args([
+                "--dequant",
+                &l.to_string(),
+                &e.to_string(),
+                &vi.to_string(),
+                which,
+                "--out",
+            ])
             .arg(&dq)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let rows: Vec<Vec<f64>> = serde_json::from_slice(&std::fs::read(&dq).unwrap()).unwrap();
-        let m = ["gate", "up", "down"].iter().position(|w| *w == which).unwrap();
+        let m = ["gate", "up", "down"]
+            .iter()
+            .position(|w| *w == which)
+            .unwrap();
         let want = &expected[&(l, e, vi)][m];
         let cols = rows[0].len();
         assert_eq!(rows.len() * cols, want.len());
         for (i, &w) in want.iter().enumerate() {
             let got = rows[i / cols][i % cols];
             // Python evaluates s * q + m in f64; the spec's f32 result differs by an f32 rounding.
-            assert!((got - w as f64).abs() <= 1e-6 * (1.0 + w.abs() as f64), "{} {which} [{i}]: {got} vs {w}", variants[vi]);
+            assert!(
+                (got - w as f64).abs() <= 1e-6 * (1.0 + w.abs() as f64),
+                "{} {which} [{i}]: {got} vs {w}",
+                variants[vi]
+            );
         }
         checked += want.len();
     }
@@ -257,7 +344,11 @@ fn python_reader_refuses_an_unknown_variant() {
     b[experts + 24..experts + 28].copy_from_slice(&77u32.to_le_bytes());
     hob::format::reader::reseal(&mut b);
     std::fs::write(&path, &b).unwrap();
-    let out = Command::new(py).arg("formats/hob.py").arg(&path).output().unwrap();
+    let out = Command::new(py)
+        .arg("formats/hob.py")
+        .arg(&path)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown variant code 77"));
 }

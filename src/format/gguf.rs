@@ -199,7 +199,7 @@ fn min_size(code: u32) -> u64 {
     match code {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
-        4 | 5 | 6 => 4,
+        4..=6 => 4,
         8 | 10 | 11 | 12 => 8,
         _ => 12, // array: elem type + count
     }

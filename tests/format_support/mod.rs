@@ -43,20 +43,35 @@ pub fn all_types_metadata() -> Metadata {
     m.set("t.i32", MetaValue::I32(-2_000_000_000));
     m.set("t.f32", MetaValue::F32(1.0e-5));
     m.set("t.bool", MetaValue::Bool(true));
-    m.set("t.string", MetaValue::String("héllo {{ messages }}\n".into()));
+    m.set(
+        "t.string",
+        MetaValue::String("héllo {{ messages }}\n".into()),
+    );
     m.set("t.u64", MetaValue::U64(u64::MAX - 1));
     m.set("t.i64", MetaValue::I64(i64::MIN + 1));
     m.set("t.f64", MetaValue::F64(-1234.5678e100));
     m.set(
         "t.array.u32",
-        MetaValue::Array { elem_type: 4, items: vec![MetaValue::U32(1), MetaValue::U32(2)] },
+        MetaValue::Array {
+            elem_type: 4,
+            items: vec![MetaValue::U32(1), MetaValue::U32(2)],
+        },
     );
-    m.set("t.array.empty", MetaValue::Array { elem_type: 6, items: vec![] });
+    m.set(
+        "t.array.empty",
+        MetaValue::Array {
+            elem_type: 6,
+            items: vec![],
+        },
+    );
     m.set(
         "t.array.strings",
         MetaValue::Array {
             elem_type: 8,
-            items: vec![MetaValue::String("a".into()), MetaValue::String(String::new())],
+            items: vec![
+                MetaValue::String("a".into()),
+                MetaValue::String(String::new()),
+            ],
         },
     );
     m.set(
@@ -64,10 +79,16 @@ pub fn all_types_metadata() -> Metadata {
         MetaValue::Array {
             elem_type: 9,
             items: vec![
-                MetaValue::Array { elem_type: 7, items: vec![MetaValue::Bool(false)] },
+                MetaValue::Array {
+                    elem_type: 7,
+                    items: vec![MetaValue::Bool(false)],
+                },
                 MetaValue::Array {
                     elem_type: 9,
-                    items: vec![MetaValue::Array { elem_type: 12, items: vec![MetaValue::F64(0.5)] }],
+                    items: vec![MetaValue::Array {
+                        elem_type: 12,
+                        items: vec![MetaValue::F64(0.5)],
+                    }],
                 },
             ],
         },
@@ -78,15 +99,32 @@ pub fn all_types_metadata() -> Metadata {
 pub fn sample(seed: u64) -> Sample {
     let mut rng = Rng(seed);
     let dense = vec![
-        DenseSpec { name: "token_embd.weight".into(), dtype: DType::F32, shape: vec![33, 40] },
-        DenseSpec { name: "blk.0.attn_q.weight".into(), dtype: DType::F16, shape: vec![8, 8] },
-        DenseSpec { name: "output_norm.weight".into(), dtype: DType::Bf16, shape: vec![8] },
+        DenseSpec {
+            name: "token_embd.weight".into(),
+            dtype: DType::F32,
+            shape: vec![33, 40],
+        },
+        DenseSpec {
+            name: "blk.0.attn_q.weight".into(),
+            dtype: DType::F16,
+            shape: vec![8, 8],
+        },
+        DenseSpec {
+            name: "output_norm.weight".into(),
+            dtype: DType::Bf16,
+            shape: vec![8],
+        },
     ];
     let dense_bytes = dense
         .iter()
         .map(|d| rng.bytes(d.shape.iter().product::<usize>() * d.dtype.size()))
         .collect();
-    let shape = ExpertShape { n_layers: 2, n_experts: 3, hidden: 64, ffn: 128 };
+    let shape = ExpertShape {
+        n_layers: 2,
+        n_experts: 3,
+        hidden: 64,
+        ffn: 128,
+    };
     let variants: Vec<Variant> = ["f16", "int8/g64", "int4/g64", "int2/g32"]
         .iter()
         .map(|s| Variant::parse(s, None).unwrap())
@@ -97,7 +135,14 @@ pub fn sample(seed: u64) -> Sample {
             blobs.push(rng.bytes(v.expert_layout(shape.hidden, shape.ffn).unwrap().size));
         }
     }
-    Sample { metadata: all_types_metadata(), dense, dense_bytes, shape, variants, blobs }
+    Sample {
+        metadata: all_types_metadata(),
+        dense,
+        dense_bytes,
+        shape,
+        variants,
+        blobs,
+    }
 }
 
 pub fn write(s: &Sample, out: &Path) -> hob::Result<()> {
