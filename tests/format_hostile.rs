@@ -569,3 +569,32 @@ fn verify_names_the_first_bad_tensor_or_blob() {
     b[(r.offset + r.size) as usize] = 7;
     parse(&b).unwrap().verify(&b).unwrap();
 }
+
+#[test]
+fn open_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.hob");
+    let mut b = Sample::new().bytes;
+    b.truncate(5000);
+    std::fs::write(&path, &b).unwrap();
+    let err = hob::format::HobFile::open(&path).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            hob::Error::Format {
+                source: FormatError::Truncated { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&path.display().to_string()) && msg.contains("truncated"),
+        "{msg}"
+    );
+    let err = hob::format::HobFile::open(&dir.path().join("missing.hob"))
+        .err()
+        .unwrap();
+    assert!(matches!(err, hob::Error::Io { op: "open", .. }), "{err}");
+}
