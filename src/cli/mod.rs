@@ -11,7 +11,11 @@ pub mod perplexity;
 pub mod run;
 
 #[derive(Parser, Debug)]
-#[command(name = "hob", version, about = "Mixture-of-Experts inference with mixed-precision expert offloading")]
+#[command(
+    name = "hob",
+    version,
+    about = "Mixture-of-Experts inference with mixed-precision expert offloading"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

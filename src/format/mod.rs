@@ -6,7 +6,9 @@
 //! - `reader`: mmap + full validation (`HobFile::open`), zero-copy views.
 //! - `writer`: streaming, atomic writer (`HobWriter`).
 
+mod cursor;
 pub mod gguf;
+mod header;
 pub mod keys;
 pub mod reader;
 pub mod variant;
@@ -31,10 +33,26 @@ pub enum FormatError {
         end: u64,
         file_size: u64,
     },
+    /// A field, or a count or length read from the file, needs more bytes than its section has
+    /// left (`offset` is relative to the section start).
+    #[error(
+        "{section}: {what} needs {needed} bytes at offset {offset} but only {available} are left"
+    )]
+    Overrun {
+        section: &'static str,
+        what: String,
+        offset: u64,
+        needed: u64,
+        available: u64,
+    },
     #[error("{what}: {detail}")]
     Invalid { what: String, detail: String },
     #[error("{what} at offset {offset} is not aligned to {align} bytes")]
-    Misaligned { what: String, offset: u64, align: u64 },
+    Misaligned {
+        what: String,
+        offset: u64,
+        align: u64,
+    },
     #[error("{a} overlaps {b}")]
     Overlap { a: String, b: String },
     #[error("checksum mismatch in {what}: stored {stored:08x}, computed {computed:08x}")]
