@@ -173,10 +173,13 @@ fn chatml_renders_system_and_user_turns() {
 
 #[test]
 fn template_helpers_match_transformers() {
-    let source = "{{ messages[0]['content'].strip() }}|{{ messages[0]['content'].startswith(' <') }}|\
+    let source =
+        "{{ messages[0]['content'].strip() }}|{{ messages[0]['content'].startswith(' <') }}|\
                   {{ messages | tojson }}|{{ messages[0] | tojson(indent=2) }}";
     let template = ChatTemplate::new(source, "", "").unwrap();
-    let text = template.render(&[Message::user(" <b>é\"x\" ")], false).unwrap();
+    let text = template
+        .render(&[Message::user(" <b>é\"x\" ")], false)
+        .unwrap();
     // As Jinja2 prints a bool (True), and Python's json.dumps(x, ensure_ascii=False): ", " / ": "
     // separators, no HTML escaping, keys in the order of the dict transformers passes.
     assert_eq!(
@@ -185,7 +188,10 @@ fn template_helpers_match_transformers() {
          {\n  \"role\": \"user\",\n  \"content\": \" <b>é\\\"x\\\" \"\n}"
     );
     let syntax = ChatTemplate::new("{% if %}", "", "").err().unwrap();
-    assert!(matches!(syntax, GenerateError::TemplateSyntax { .. }), "{syntax}");
+    assert!(
+        matches!(syntax, GenerateError::TemplateSyntax { .. }),
+        "{syntax}"
+    );
 }
 
 #[test]
@@ -205,12 +211,19 @@ fn assert_streams_like_decode(tok: &Tokenizer, ids: &[u32], skip_special: bool) 
     let mut chunks = Vec::new();
     for &id in ids {
         let chunk = stream.push(id).unwrap();
-        assert!(!chunk.contains('\u{FFFD}'), "broken UTF-8 in chunk {chunk:?}");
+        assert!(
+            !chunk.contains('\u{FFFD}'),
+            "broken UTF-8 in chunk {chunk:?}"
+        );
         streamed.push_str(&chunk);
         chunks.push(chunk);
     }
     streamed.push_str(&stream.flush().unwrap());
-    assert_eq!(streamed, tok.decode(ids, skip_special).unwrap(), "chunks: {chunks:?}");
+    assert_eq!(
+        streamed,
+        tok.decode(ids, skip_special).unwrap(),
+        "chunks: {chunks:?}"
+    );
 }
 
 #[test]
@@ -260,9 +273,13 @@ fn stream_flush_prints_a_cut_off_character() {
 
 #[test]
 fn tokenizer_errors_name_the_problem() {
-    let bad = Tokenizer::from_json("{\"model\": 3}", 1, 2, true).err().unwrap();
+    let bad = Tokenizer::from_json("{\"model\": 3}", 1, 2, true)
+        .err()
+        .unwrap();
     assert!(bad.to_string().starts_with("tokenizer.json: "), "{bad}");
-    let out_of_range = Tokenizer::from_json(TOKENIZER_JSON, 1, 40000, true).err().unwrap();
+    let out_of_range = Tokenizer::from_json(TOKENIZER_JSON, 1, 40000, true)
+        .err()
+        .unwrap();
     assert_eq!(
         out_of_range.to_string(),
         "tokenizer: eos_id = 40000 is outside the vocabulary (size 32000)"

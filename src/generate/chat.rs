@@ -242,9 +242,8 @@ fn write_container(
 /// JSON text of a scalar through serde_json, whose escapes match Python's json with
 /// ensure_ascii=False (`\"`, `\\`, `\n`, `\u001b` ...).
 fn json_scalar<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, Error> {
-    serde_json::to_string(value).map_err(|e| {
-        Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}"))
-    })
+    serde_json::to_string(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))
 }
 
 /// What to feed the model for the conversation's latest state.

@@ -47,11 +47,7 @@ impl SamplerConfig {
             found: found.to_string(),
         };
         if !self.temperature.is_finite() {
-            return Err(invalid(
-                "temperature",
-                "a finite number",
-                self.temperature,
-            ));
+            return Err(invalid("temperature", "a finite number", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(invalid("top_p", "in (0, 1]", self.top_p));

@@ -33,7 +33,9 @@ impl<'t> StreamDecoder<'t> {
     /// multi-byte character is still arriving).
     pub fn push(&mut self, id: u32) -> Result<String, GenerateError> {
         self.ids.push(id);
-        let context = self.tokenizer.decode(&self.ids[..self.read], self.skip_special)?;
+        let context = self
+            .tokenizer
+            .decode(&self.ids[..self.read], self.skip_special)?;
         let text = self.tokenizer.decode(&self.ids, self.skip_special)?;
         if text.ends_with('\u{FFFD}') {
             return Ok(String::new());
@@ -48,7 +50,9 @@ impl<'t> StreamDecoder<'t> {
 
     /// End of generation: whatever is held back (an incomplete character prints as U+FFFD).
     pub fn flush(&mut self) -> Result<String, GenerateError> {
-        let context = self.tokenizer.decode(&self.ids[..self.read], self.skip_special)?;
+        let context = self
+            .tokenizer
+            .decode(&self.ids[..self.read], self.skip_special)?;
         let text = self.tokenizer.decode(&self.ids, self.skip_special)?;
         let new = beyond(&context, &text).to_owned();
         self.ids.clear();

@@ -125,7 +125,10 @@ impl Tokenizer {
         let mut pos = 0;
         while pos < text.len() {
             let rest = &text[pos..];
-            let Some((content, id)) = self.added.iter().find(|(c, _)| rest.starts_with(c.as_str()))
+            let Some((content, id)) = self
+                .added
+                .iter()
+                .find(|(c, _)| rest.starts_with(c.as_str()))
             else {
                 pos += rest.chars().next().map_or(1, char::len_utf8);
                 continue;
