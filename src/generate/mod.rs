@@ -1,8 +1,51 @@
-//! Tokenizer, chat template, sampler, streaming detokenization, the decode loop.
-//! STUB: the generate worker fills in the bodies.
+//! Text in and out of the model: tokenizer, chat template, sampler and streaming detokenization.
+//!
+//! The decode loop itself lives with its caller; this module gives it the pieces: a prompt is
+//! rendered by [`ChatTemplate`] (or taken raw), encoded by [`Tokenizer`], each step's logits go
+//! through [`Sampler`], and the sampled ids are printed through [`StreamDecoder`].
+
+mod chat;
+mod sampler;
+mod stream;
+mod tokenizer;
+
+pub use chat::{ChatTemplate, Conversation, Message, RenderDelta};
+pub use sampler::{Sampler, SamplerConfig};
+pub use stream::StreamDecoder;
+pub use tokenizer::Tokenizer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
-    #[error("{0}")]
-    Todo(String),
+    /// The embedded tokenizer.json could not be loaded or does not fit the model's metadata.
+    #[error("tokenizer.json: {reason}")]
+    TokenizerLoad { reason: String },
+    /// A special token id given by the model's metadata is outside the tokenizer's vocabulary.
+    #[error("tokenizer: {field} = {id} is outside the vocabulary (size {vocab_size})")]
+    SpecialIdOutOfRange {
+        field: &'static str,
+        id: u32,
+        vocab_size: usize,
+    },
+    /// A token the caller needs (a stop token, a chat marker) is not in the vocabulary.
+    #[error("tokenizer: token {token:?} is not in the vocabulary")]
+    UnknownToken { token: String },
+    /// The tokenizer failed on a given text.
+    #[error("tokenizer: cannot encode the text: {reason}")]
+    Encode { reason: String },
+    /// The tokenizer failed on given ids (for instance an id beyond the vocabulary).
+    #[error("tokenizer: cannot decode ids: {reason}")]
+    Decode { reason: String },
+    /// The chat template does not parse.
+    #[error("chat template: syntax error: {reason}")]
+    TemplateSyntax { reason: String },
+    /// The chat template refused the conversation (raise_exception) or failed while rendering.
+    #[error("chat template: cannot render the conversation: {reason}")]
+    TemplateRender { reason: String },
+    /// A sampling parameter is out of its range.
+    #[error("sampler: {field} must be {expected}, found {found}")]
+    InvalidSampler {
+        field: &'static str,
+        expected: &'static str,
+        found: String,
+    },
 }

@@ -1,0 +1,300 @@
+//! Chat templates: the model's own Jinja template from tokenizer_config.json, rendered the way
+//! Hugging Face transformers renders it (`apply_chat_template`), so that the prompt text, and
+//! therefore the prompt ids, are the ones the model was tuned on.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Kwargs, Object, ValueKind};
+use minijinja::{context, Environment, Error, ErrorKind, Value};
+
+use super::GenerateError;
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.to_owned(),
+            content: content.to_owned(),
+        }
+    }
+    pub fn system(content: &str) -> Self {
+        Message::new("system", content)
+    }
+    pub fn user(content: &str) -> Self {
+        Message::new("user", content)
+    }
+    pub fn assistant(content: &str) -> Self {
+        Message::new("assistant", content)
+    }
+}
+
+/// A message as the template sees it: a map with "role" then "content", in that order as in the
+/// Python dicts transformers passes (it shows in `tojson` and `.items()`).
+#[derive(Debug)]
+struct MessageObject(Message);
+
+impl Object for MessageObject {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "role" => Some(Value::from(self.0.role.as_str())),
+            "content" => Some(Value::from(self.0.content.as_str())),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["role", "content"])
+    }
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    /// Compile `source`; `bos_token`/`eos_token` are the token texts the template may print.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, GenerateError> {
+        let mut env = Environment::new();
+        // transformers: ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with
+        // the loopcontrols extension. keep_trailing_newline stays at Jinja's default (off) as
+        // there: a template file's final newline is not part of the prompt.
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .keep_trailing_newline(false)
+            .build()
+            .map_err(|e| GenerateError::TemplateSyntax {
+                reason: describe(&e),
+            })?;
+        env.set_syntax(syntax);
+        // Python string/dict methods (.strip(), .startswith(), .items()) used by HF templates.
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+            .map_err(|e| GenerateError::TemplateSyntax {
+                reason: describe(&e),
+            })?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_owned(),
+            eos_token: eos_token.to_owned(),
+        })
+    }
+
+    /// The prompt text for `messages`; `add_generation_prompt` appends the opening of the
+    /// assistant's turn where the template has one (ChatML's `<|im_start|>assistant\n`).
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, GenerateError> {
+        let template =
+            self.env
+                .get_template(TEMPLATE_NAME)
+                .map_err(|e| GenerateError::TemplateSyntax {
+                    reason: describe(&e),
+                })?;
+        template
+            .render(context! {
+                messages => messages
+                    .iter()
+                    .map(|m| Value::from_object(MessageObject(m.clone())))
+                    .collect::<Vec<_>>(),
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token.as_str(),
+                eos_token => self.eos_token.as_str(),
+            })
+            .map_err(|e| GenerateError::TemplateRender {
+                reason: describe(&e),
+            })
+    }
+}
+
+/// A minijinja error with its causes, on one line.
+fn describe(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        let _ = write!(text, ": {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+/// HF templates call `raise_exception(message)` to refuse a conversation (roles out of order).
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// transformers' `tojson`: Python's `json.dumps(x, ensure_ascii=False, indent=indent,
+/// sort_keys=sort_keys)`, so ", " and ": " separators and no HTML escaping (minijinja's own
+/// filter escapes `<`, `>`, `&` and `'`, which would change prompts that embed tool schemas).
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    if ensure_ascii == Some(true) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson(ensure_ascii=true) is not supported",
+        ));
+    }
+    let mut out = String::new();
+    write_json(&mut out, value, indent, sort_keys.unwrap_or(false), 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_json(
+    out: &mut String,
+    value: &Value,
+    indent: Option<usize>,
+    sort_keys: bool,
+    depth: usize,
+) -> Result<(), Error> {
+    let unsupported = || {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: cannot serialize a value of kind {}", value.kind()),
+        )
+    };
+    match value.kind() {
+        ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => match i64::try_from(value.clone()) {
+            Ok(int) => out.push_str(&int.to_string()),
+            Err(_) => {
+                let float = f64::try_from(value.clone()).map_err(|_| unsupported())?;
+                out.push_str(&json_scalar(&float)?);
+            }
+        },
+        ValueKind::String => {
+            let text = value.as_str().ok_or_else(unsupported)?;
+            out.push_str(&json_scalar(text)?);
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = value.try_iter()?.collect();
+            write_container(out, '[', ']', &items, indent, depth, |out, item| {
+                write_json(out, item, indent, sort_keys, depth + 1)
+            })?;
+        }
+        ValueKind::Map => {
+            let mut keys: Vec<Value> = value.try_iter()?.collect();
+            if sort_keys {
+                keys.sort();
+            }
+            write_container(out, '{', '}', &keys, indent, depth, |out, key| {
+                let name = key.to_string();
+                out.push_str(&json_scalar(name.as_str())?);
+                out.push_str(": ");
+                write_json(out, &value.get_item(key)?, indent, sort_keys, depth + 1)
+            })?;
+        }
+        _ => return Err(unsupported()),
+    }
+    Ok(())
+}
+
+fn write_container(
+    out: &mut String,
+    open: char,
+    close: char,
+    items: &[Value],
+    indent: Option<usize>,
+    depth: usize,
+    mut write_item: impl FnMut(&mut String, &Value) -> Result<(), Error>,
+) -> Result<(), Error> {
+    out.push(open);
+    if items.is_empty() {
+        out.push(close);
+        return Ok(());
+    }
+    for (i, item) in items.iter().enumerate() {
+        match indent {
+            Some(width) => {
+                out.push_str(if i == 0 { "\n" } else { ",\n" });
+                out.push_str(&" ".repeat(width * (depth + 1)));
+            }
+            None if i > 0 => out.push_str(", "),
+            None => {}
+        }
+        write_item(out, item)?;
+    }
+    if let Some(width) = indent {
+        out.push('\n');
+        out.push_str(&" ".repeat(width * depth));
+    }
+    out.push(close);
+    Ok(())
+}
+
+/// JSON text of a scalar through serde_json, whose escapes match Python's json with
+/// ensure_ascii=False (`\"`, `\\`, `\n`, `\u001b` ...).
+fn json_scalar<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, Error> {
+    serde_json::to_string(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))
+}
+
+/// What to feed the model for the conversation's latest state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenderDelta {
+    /// The previous render is a prefix of the new one: feed only this text, continuing the KV
+    /// cache (encode it with `Tokenizer::encode_continuation`).
+    Append(String),
+    /// The template rewrote earlier text (some templates move the system prompt or drop old
+    /// reasoning): this is the whole prompt, to be prefilled from an empty cache.
+    Rerender(String),
+}
+
+/// A multi-turn chat that keeps its KV cache between turns: it remembers the text already fed to
+/// the model and hands out only what is new.
+#[derive(Debug, Default, Clone)]
+pub struct Conversation {
+    messages: Vec<Message>,
+    rendered: String,
+}
+
+impl Conversation {
+    pub fn new() -> Self {
+        Conversation::default()
+    }
+
+    pub fn push(&mut self, message: Message) {
+        self.messages.push(message);
+    }
+
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// The text that the model has been fed so far, as of the last render.
+    pub fn rendered(&self) -> &str {
+        &self.rendered
+    }
+
+    /// Render the whole conversation and return what is new since the last call.
+    pub fn render_delta(
+        &mut self,
+        template: &ChatTemplate,
+        add_generation_prompt: bool,
+    ) -> Result<RenderDelta, GenerateError> {
+        let full = template.render(&self.messages, add_generation_prompt)?;
+        let delta = match full.strip_prefix(self.rendered.as_str()) {
+            Some(new) => RenderDelta::Append(new.to_owned()),
+            None => RenderDelta::Rerender(full.clone()),
+        };
+        self.rendered = full;
+        Ok(delta)
+    }
+}
