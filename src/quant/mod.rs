@@ -1,7 +1,28 @@
 //! Quantizers (convert time), reference dequantization and CPU dot kernels for every storage type.
-//! Pure: no threads, no I/O. STUB: the quant worker fills in the bodies.
+//! Pure: no threads, no I/O.
+//!
+//! - `quantize`: per-group clip search for int8/int4/int2, round-to-nearest-even for f16/bf16.
+//! - `scalar`: the plain reference kernels and dequantization.
+//! - `x86` / `neon`: the SIMD fast paths (AVX2+FMA+F16C chosen at run time; NEON always on aarch64).
+//!
+//! Every kernel computes one row at a time in a fixed order, so the result of a row does not
+//! depend on which other rows are in the requested range. Asymmetric variants use
+//! `sum_g(s_g * sum(q * x) + m_g * sum_g(x))`, with the group sums of `x` computed once per call.
 
-use crate::format::{DType, MatrixLayout, MatrixView, Variant, VariantKind};
+mod quantize;
+mod scalar;
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests;
+
+use crate::format::{DType, MatrixView, VariantKind};
+
+pub use quantize::{measure_error, quantize_matrix};
 
 /// Storage of a row-major matrix the CPU multiplies with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,6 +33,45 @@ pub enum WeightKind {
     Int8,
     Int4,
     Int2,
+}
+
+impl WeightKind {
+    pub fn from_variant(kind: VariantKind) -> WeightKind {
+        match kind {
+            VariantKind::F16 => WeightKind::F16,
+            VariantKind::Bf16 => WeightKind::Bf16,
+            VariantKind::Int8 => WeightKind::Int8,
+            VariantKind::Int4 => WeightKind::Int4,
+            VariantKind::Int2 => WeightKind::Int2,
+        }
+    }
+
+    pub fn from_dtype(dtype: DType) -> WeightKind {
+        match dtype {
+            DType::F32 => WeightKind::F32,
+            DType::F16 => WeightKind::F16,
+            DType::Bf16 => WeightKind::Bf16,
+        }
+    }
+
+    /// Bits per stored value or code.
+    pub fn bits(self) -> usize {
+        match self {
+            WeightKind::F32 => 32,
+            WeightKind::F16 | WeightKind::Bf16 => 16,
+            WeightKind::Int8 => 8,
+            WeightKind::Int4 => 4,
+            WeightKind::Int2 => 2,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        matches!(self, WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2)
+    }
+
+    pub fn has_mins(self) -> bool {
+        matches!(self, WeightKind::Int4 | WeightKind::Int2)
+    }
 }
 
 /// A borrowed row-major [rows, cols] matrix: a dense tensor or one matrix of an expert variant.
@@ -33,31 +93,144 @@ pub struct Matrix<'a> {
 impl<'a> Matrix<'a> {
     /// A dense tensor's bytes (`rows * cols * dtype.size()` of them).
     pub fn dense(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Matrix<'a> {
-        todo!("{dtype} {rows} {cols} {}", data.len())
+        let m = Matrix {
+            kind: WeightKind::from_dtype(dtype),
+            group_size: 0,
+            rows,
+            cols,
+            codes: data,
+            scales: &[],
+            mins: &[],
+        };
+        m.check();
+        m
     }
+
     pub fn from_view(view: MatrixView<'a>) -> Matrix<'a> {
-        todo!("{view:?}")
+        let m = Matrix {
+            kind: WeightKind::from_variant(view.variant.kind),
+            group_size: view.variant.group_size as usize,
+            rows: view.rows,
+            cols: view.cols,
+            codes: view.codes,
+            scales: view.scales,
+            mins: view.mins,
+        };
+        m.check();
+        m
     }
+
+    /// Bytes of one row of codes.
+    pub fn row_bytes(&self) -> usize {
+        self.cols * self.kind.bits() / 8
+    }
+
+    /// Groups per row (0 for float kinds).
+    pub fn groups_per_row(&self) -> usize {
+        if self.kind.is_quantized() {
+            self.cols / self.group_size
+        } else {
+            0
+        }
+    }
+
+    /// The slices are at least as long as the shape needs. The reader validated the file, so a
+    /// failure here is a bug in the caller; the SIMD kernels rely on it for in-bounds loads.
+    fn check(&self) {
+        let n = self
+            .rows
+            .checked_mul(self.cols)
+            .expect("matrix size overflows");
+        assert!(
+            self.codes.len()
+                >= n.checked_mul(self.kind.bits())
+                    .expect("matrix size overflows")
+                    / 8,
+            "{:?} [{}, {}]: {} code bytes",
+            self.kind,
+            self.rows,
+            self.cols,
+            self.codes.len()
+        );
+        if self.kind.is_quantized() {
+            assert!(
+                self.group_size >= 16
+                    && self.group_size % 16 == 0
+                    && self.cols % self.group_size == 0,
+                "{:?} [{}, {}]: bad group size {}",
+                self.kind,
+                self.rows,
+                self.cols,
+                self.group_size
+            );
+            let side = self.rows * self.groups_per_row() * 2;
+            assert!(
+                self.scales.len() >= side,
+                "{:?}: {} scale bytes, need {side}",
+                self.kind,
+                self.scales.len()
+            );
+            if self.kind.has_mins() {
+                assert!(
+                    self.mins.len() >= side,
+                    "{:?}: {} min bytes, need {side}",
+                    self.kind,
+                    self.mins.len()
+                );
+            }
+        }
+    }
+
     /// Dequantize row `r` into `out` (`cols` values). Used for embedding lookups and tests.
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
-        todo!("{r} {}", out.len())
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        assert_eq!(out.len(), self.cols, "output length");
+        scalar::row_to_f32(self, r, out);
     }
+
     /// out[i] = dot(row rows.start + i, x) for the rows in `rows`: the fast path (SIMD chosen at
     /// run time). Accumulation order is fixed per row, so results do not depend on how a caller
     /// splits rows among threads.
     pub fn matvec_rows(&self, x: &[f32], rows: std::ops::Range<usize>, out: &mut [f32]) {
-        todo!("{} {rows:?} {}", x.len(), out.len())
+        self.check_call(x, &rows, out);
+        let mut sums = GroupSums::new();
+        let xsums = sums.compute(self, x);
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time just above; `check` and
+            // `check_call` established that every row in `rows` lies inside the code, scale and
+            // min slices and that x and out have the lengths the kernels index.
+            unsafe { x86::matvec_rows(self, x, xsums, rows, out) };
+            return;
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            // SAFETY: NEON is part of the aarch64 baseline; `check` and `check_call` established
+            // that every row in `rows` lies inside the slices and x/out have the right lengths.
+            unsafe { neon::matvec_rows(self, x, xsums, rows, out) };
+            return;
+        }
+        #[allow(unreachable_code)]
+        scalar::matvec_rows(self, x, xsums, rows, out);
     }
+
     /// Plain scalar reference for `matvec_rows`.
     pub fn matvec_rows_scalar(&self, x: &[f32], rows: std::ops::Range<usize>, out: &mut [f32]) {
-        todo!("{} {rows:?} {}", x.len(), out.len())
+        self.check_call(x, &rows, out);
+        let mut sums = GroupSums::new();
+        let xsums = scalar::group_sums(self, x, sums.buffer(self));
+        scalar::matvec_rows(self, x, xsums, rows, out);
     }
-}
 
-/// Quantize (or convert) a row-major f32 [rows, cols] matrix into `variant`'s stored bytes,
-/// laid out as `layout` says (length `layout.size`, padding zeroed). Deterministic.
-pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> Vec<u8> {
-    todo!("{variant} {layout:?} {}", src.len())
+    fn check_call(&self, x: &[f32], rows: &std::ops::Range<usize>, out: &[f32]) {
+        assert_eq!(x.len(), self.cols, "x length vs matrix columns");
+        assert!(
+            rows.start <= rows.end && rows.end <= self.rows,
+            "rows {rows:?} of a matrix with {} rows",
+            self.rows
+        );
+        assert_eq!(out.len(), rows.len(), "output length vs row range");
+    }
 }
 
 /// Quantization error statistics, accumulated over matrices.
@@ -86,23 +259,43 @@ impl ErrorStats {
     }
 }
 
-/// Measure the error of stored bytes against the f32 source.
-pub fn measure_error(
-    variant: Variant,
-    layout: &MatrixLayout,
-    stored: &[u8],
-    src: &[f32],
-) -> ErrorStats {
-    todo!("{variant} {layout:?} {} {}", stored.len(), src.len())
+/// Per-group sums of x: on the stack for the usual shapes (up to 1024 groups), else on the heap.
+struct GroupSums {
+    stack: [f32; 1024],
+    heap: Vec<f32>,
 }
 
-#[allow(dead_code)]
-fn _kinds(k: VariantKind) -> WeightKind {
-    match k {
-        VariantKind::F16 => WeightKind::F16,
-        VariantKind::Bf16 => WeightKind::Bf16,
-        VariantKind::Int8 => WeightKind::Int8,
-        VariantKind::Int4 => WeightKind::Int4,
-        VariantKind::Int2 => WeightKind::Int2,
+impl GroupSums {
+    fn new() -> GroupSums {
+        GroupSums {
+            stack: [0.0; 1024],
+            heap: Vec::new(),
+        }
+    }
+
+    fn buffer(&mut self, m: &Matrix) -> &mut [f32] {
+        let n = if m.kind.has_mins() {
+            m.groups_per_row()
+        } else {
+            0
+        };
+        if n <= self.stack.len() {
+            &mut self.stack[..n]
+        } else {
+            self.heap.resize(n, 0.0);
+            &mut self.heap
+        }
+    }
+
+    fn compute(&mut self, m: &Matrix, x: &[f32]) -> &[f32] {
+        let buf = self.buffer(m);
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
+            // SAFETY: AVX2/FMA/F16C detected at run time; x has `cols` values and `buf` one slot
+            // per group, which is what the kernel indexes.
+            unsafe { x86::group_sums(x, m.group_size, buf) };
+            return buf;
+        }
+        scalar::group_sums(m, x, buf)
     }
 }

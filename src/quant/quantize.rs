@@ -1,0 +1,343 @@
+//! Convert-time quantizers. Each group of `group_size` consecutive columns of a row gets the
+//! (scale, min) with the least squared error among a small set of candidates: clipped ranges on a
+//! grid, each also refitted by least squares on the codes it produces. Scale and min are rounded
+//! to f16 before codes and errors are computed, so the error measured is the one a reader sees.
+
+use half::{bf16, f16};
+
+use super::scalar::dequant;
+use super::{ErrorStats, Matrix, WeightKind};
+use crate::format::{MatrixLayout, Variant, VariantKind};
+
+/// Clip grid for int8: scale candidates `(1 - k * INT8_STEP) * absmax / 127`, k < INT8_STEPS.
+const INT8_STEPS: usize = 16;
+const INT8_STEP: f32 = 0.02;
+/// Range shrink grids for the asymmetric kinds: widths `(1 - k * step) * (max - min)`, centred.
+const INT4_STEPS: usize = 16;
+const INT4_STEP: f32 = 0.02;
+const INT2_STEPS: usize = 16;
+const INT2_STEP: f32 = 0.035;
+
+/// Adding then subtracting 1.5 * 2^23 rounds an f32 of magnitude below 2^22 to the nearest
+/// integer, ties to even, in plain arithmetic that vectorizes (f32::round_ties_even does not
+/// without SSE4.1).
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+#[inline]
+fn round_ne(v: f32) -> f32 {
+    (v + ROUND_MAGIC) - ROUND_MAGIC
+}
+
+/// `v` limited to [lo, hi], written as two selects so it becomes vector max/min instructions
+/// (`f32::clamp` keeps NaN semantics that defeat vectorization; sources are finite).
+#[inline]
+fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
+    let v = if v > lo { v } else { lo };
+    if v < hi {
+        v
+    } else {
+        hi
+    }
+}
+
+/// Nearest f16, saturating at the largest finite f16 (65504) instead of overflowing to infinity.
+fn to_f16(v: f32) -> f16 {
+    f16::from_f32(v.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()))
+}
+
+/// Quantize (or convert) a row-major f32 [rows, cols] matrix into `variant`'s stored bytes,
+/// laid out as `layout` says (length `layout.size`, padding zeroed). Deterministic.
+///
+/// `src` must be finite (the convert worker checks before calling); magnitudes beyond f16's range
+/// saturate in scales and mins.
+pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> Vec<u8> {
+    assert_eq!(
+        src.len(),
+        layout.rows * layout.cols,
+        "source length vs layout shape"
+    );
+    debug_assert!(src.iter().all(|v| v.is_finite()), "non-finite source value");
+    let mut out = vec![0u8; layout.size];
+    let (head, mins) = out.split_at_mut(layout.mins.start);
+    let mins = &mut mins[..layout.mins.len()];
+    let (codes, scales) = head.split_at_mut(layout.scales.start);
+    let scales = &mut scales[..layout.scales.len()];
+    let codes = &mut codes[layout.codes.clone()];
+    match variant.kind {
+        VariantKind::F16 => {
+            for (c, &v) in codes.chunks_exact_mut(2).zip(src) {
+                c.copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            }
+        }
+        VariantKind::Bf16 => {
+            for (c, &v) in codes.chunks_exact_mut(2).zip(src) {
+                c.copy_from_slice(&bf16::from_f32(v).to_le_bytes());
+            }
+        }
+        VariantKind::Int8 => {
+            let g = variant.group_size as usize;
+            let mut sc = Scratch::new(g);
+            for ((w, c), s) in src
+                .chunks_exact(g)
+                .zip(codes.chunks_exact_mut(g))
+                .zip(scales.chunks_exact_mut(2))
+            {
+                let scale = quantize_group_int8(w, &mut sc, c);
+                s.copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        VariantKind::Int4 | VariantKind::Int2 => {
+            let g = variant.group_size as usize;
+            let bits = variant.kind.bits() as usize;
+            let (steps, step) = if variant.kind == VariantKind::Int4 {
+                (INT4_STEPS, INT4_STEP)
+            } else {
+                (INT2_STEPS, INT2_STEP)
+            };
+            let mut sc = Scratch::new(g);
+            let groups = src
+                .chunks_exact(g)
+                .zip(codes.chunks_exact_mut(g * bits / 8))
+                .zip(scales.chunks_exact_mut(2).zip(mins.chunks_exact_mut(2)));
+            for ((w, c), (s, m)) in groups {
+                let p = search_asym(w, ((1 << bits) - 1) as f32, steps, step, &mut sc);
+                s.copy_from_slice(&p.scale.to_le_bytes());
+                m.copy_from_slice(&p.min.to_le_bytes());
+                pack(&sc.q, bits, c);
+            }
+        }
+    }
+    out
+}
+
+/// Pack codes of `bits` bits little-endian: code i in bits (i * bits) % 8 of byte i * bits / 8.
+fn pack(q: &[f32], bits: usize, out: &mut [u8]) {
+    let per = 8 / bits;
+    for (o, qs) in out.iter_mut().zip(q.chunks_exact(per)) {
+        *o = qs
+            .iter()
+            .enumerate()
+            .fold(0u8, |b, (j, &v)| b | ((v as u8) << (j * bits)));
+    }
+}
+
+/// Sums over a group in eight interleaved lanes, added up lane by lane at the end: a fixed order
+/// (so the result is the same on every machine) that the compiler turns into vector adds.
+#[derive(Clone, Copy)]
+struct Lanes([f32; 8]);
+
+impl Lanes {
+    fn new() -> Lanes {
+        Lanes([0.0; 8])
+    }
+    #[inline]
+    fn add(&mut self, v: &[f32]) {
+        for k in 0..8 {
+            self.0[k] += v[k];
+        }
+    }
+    fn total(&self) -> f32 {
+        self.0.iter().sum()
+    }
+}
+
+/// Scratch for the per-element passes of one group. Each pass is a plain map over the group (which
+/// the compiler vectorizes); the sums over them follow in `Lanes`.
+struct Scratch {
+    q: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(g: usize) -> Scratch {
+        Scratch {
+            q: vec![0.0; g],
+            a: vec![0.0; g],
+            b: vec![0.0; g],
+        }
+    }
+}
+
+/// Codes of a group for scale `s` and min `m` (both f16-exact): round((w - m) / s) limited to
+/// [lo, hi]; all 0 when s is 0 (a constant or too-small group).
+fn codes_into(w: &[f32], s: f32, m: f32, lo: f32, hi: f32, q: &mut [f32]) {
+    let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(w) {
+        *q = round_ne(clamp((v - m) * inv, lo, hi));
+    }
+}
+
+/// Squared error of the codes in `sc.q` under (s, m), as a reader dequantizes them.
+fn sse(w: &[f32], s: f32, m: f32, sc: &mut Scratch) -> f32 {
+    for ((e, &q), &v) in sc.a.iter_mut().zip(&sc.q).zip(w) {
+        let d = dequant(s, q, m) - v;
+        *e = d * d;
+    }
+    let mut acc = Lanes::new();
+    sc.a.chunks_exact(8).for_each(|c| acc.add(c));
+    acc.total()
+}
+
+/// Returns the group's scale; writes its codes.
+fn quantize_group_int8(w: &[f32], sc: &mut Scratch, codes: &mut [u8]) -> f16 {
+    let amax = w.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let consider = |best: (f32, f16), s: f16, sc: &mut Scratch| {
+        codes_into(w, s.to_f32(), 0.0, -127.0, 127.0, &mut sc.q);
+        let e = sse(w, s.to_f32(), 0.0, sc);
+        if e < best.0 {
+            (e, s)
+        } else {
+            best
+        }
+    };
+    let mut best = (f32::INFINITY, f16::ZERO);
+    for k in 0..INT8_STEPS {
+        best = consider(
+            best,
+            to_f16((1.0 - k as f32 * INT8_STEP) * amax / 127.0),
+            sc,
+        );
+    }
+    // Least-squares scale for the best grid point's codes: sum(q w) / sum(q q).
+    codes_into(w, best.1.to_f32(), 0.0, -127.0, 127.0, &mut sc.q);
+    let (mut qw, mut qq) = (Lanes::new(), Lanes::new());
+    for ((a, b), (&q, &v)) in sc.a.iter_mut().zip(sc.b.iter_mut()).zip(sc.q.iter().zip(w)) {
+        *a = q * v;
+        *b = q * q;
+    }
+    sc.a.chunks_exact(8)
+        .zip(sc.b.chunks_exact(8))
+        .for_each(|(a, b)| {
+            qw.add(a);
+            qq.add(b);
+        });
+    let (qw, qq) = (qw.total(), qq.total());
+    if qq > 0.0 && qw > 0.0 {
+        best = consider(best, to_f16(qw / qq), sc);
+    }
+    codes_into(w, best.1.to_f32(), 0.0, -127.0, 127.0, &mut sc.q);
+    for (c, &q) in codes.iter_mut().zip(&sc.q) {
+        *c = q as i8 as u8;
+    }
+    best.1
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct AsymParams {
+    scale: f16,
+    min: f16,
+}
+
+/// The (scale, min) with the least squared error over the shrink grid and each grid point's
+/// least-squares refit; leaves the winner's codes in `sc.q`. The first candidate is plain
+/// [min, max]; ties keep the earlier one.
+fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) -> AsymParams {
+    let n = w.len() as f32;
+    let (lo, hi) = w
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
+    let mut sw = Lanes::new();
+    w.chunks_exact(8).for_each(|c| sw.add(c));
+    let sw = sw.total();
+    let range = hi - lo;
+    let eval = |p: AsymParams, sc: &mut Scratch| {
+        codes_into(w, p.scale.to_f32(), p.min.to_f32(), 0.0, nmax, &mut sc.q);
+        sse(w, p.scale.to_f32(), p.min.to_f32(), sc)
+    };
+    let mut best = (
+        f32::INFINITY,
+        AsymParams {
+            scale: f16::ZERO,
+            min: to_f16(lo),
+        },
+    );
+    for k in 0..steps {
+        let width = (1.0 - k as f32 * step) * range;
+        let p = AsymParams {
+            scale: to_f16(width / nmax),
+            min: to_f16(lo + 0.5 * (range - width)),
+        };
+        let e = eval(p, sc);
+        if e < best.0 {
+            best = (e, p);
+        }
+        // Least squares for (scale, min) on these codes: minimise sum (s q + m - w)^2.
+        for ((a, b), (&q, &v)) in sc.a.iter_mut().zip(sc.b.iter_mut()).zip(sc.q.iter().zip(w)) {
+            *a = q * q;
+            *b = q * v;
+        }
+        let (mut sq, mut sqq, mut sqw) = (Lanes::new(), Lanes::new(), Lanes::new());
+        for ((q, a), b) in
+            sc.q.chunks_exact(8)
+                .zip(sc.a.chunks_exact(8))
+                .zip(sc.b.chunks_exact(8))
+        {
+            sq.add(q);
+            sqq.add(a);
+            sqw.add(b);
+        }
+        let (sq, sqq, sqw) = (sq.total(), sqq.total(), sqw.total());
+        let det = n * sqq - sq * sq;
+        if det > 0.0 {
+            let s = (n * sqw - sq * sw) / det;
+            if s > 0.0 {
+                let r = AsymParams {
+                    scale: to_f16(s),
+                    min: to_f16((sw - s * sq) / n),
+                };
+                let e = eval(r, sc);
+                if e < best.0 {
+                    best = (e, r);
+                }
+            }
+        }
+        if range == 0.0 {
+            break;
+        }
+    }
+    eval(best.1, sc);
+    best.1
+}
+
+/// Measure the error of stored bytes against the f32 source.
+pub fn measure_error(
+    variant: Variant,
+    layout: &MatrixLayout,
+    stored: &[u8],
+    src: &[f32],
+) -> ErrorStats {
+    assert_eq!(
+        src.len(),
+        layout.rows * layout.cols,
+        "source length vs layout shape"
+    );
+    let m = Matrix {
+        kind: WeightKind::from_variant(variant.kind),
+        group_size: variant.group_size as usize,
+        rows: layout.rows,
+        cols: layout.cols,
+        codes: &stored[layout.codes.clone()],
+        scales: &stored[layout.scales.clone()],
+        mins: &stored[layout.mins.clone()],
+    };
+    m.check();
+    let mut stats = ErrorStats::default();
+    let mut row = vec![0.0f32; layout.cols];
+    for (r, s) in src
+        .chunks_exact(layout.cols.max(1))
+        .enumerate()
+        .take(layout.rows)
+    {
+        m.row_to_f32(r, &mut row);
+        for (&a, &b) in row.iter().zip(s) {
+            let d = a as f64 - b as f64;
+            stats.sse += d * d;
+            stats.ss += b as f64 * b as f64;
+        }
+    }
+    stats.count = src.len() as u64;
+    stats
+}

@@ -1,0 +1,130 @@
+//! The plain reference: dequantization and one sequential accumulation per row (per group for
+//! quantized kinds). The SIMD kernels are tested against these.
+
+use std::ops::Range;
+
+use half::{bf16, f16};
+
+use super::{Matrix, WeightKind};
+
+pub(super) fn f16_at(bytes: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+}
+
+fn bf16_at(bytes: &[u8], i: usize) -> f32 {
+    bf16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+}
+
+fn f32_at(bytes: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([
+        bytes[4 * i],
+        bytes[4 * i + 1],
+        bytes[4 * i + 2],
+        bytes[4 * i + 3],
+    ])
+}
+
+/// Code `i` of a packed row: int8 as two's complement, int4 two per byte (element 2i in the low
+/// nibble), int2 four per byte (element 4i+j in bits 2j..2j+2).
+pub(super) fn code_at(kind: WeightKind, codes: &[u8], i: usize) -> f32 {
+    match kind {
+        WeightKind::Int8 => codes[i] as i8 as f32,
+        WeightKind::Int4 => ((codes[i / 2] >> (4 * (i % 2))) & 0x0f) as f32,
+        WeightKind::Int2 => ((codes[i / 4] >> (2 * (i % 4))) & 0x03) as f32,
+        WeightKind::F32 | WeightKind::F16 | WeightKind::Bf16 => unreachable!("not a code kind"),
+    }
+}
+
+/// The value a reader sees for code `q` of a group with scale `s` and minimum `m` (0 for int8).
+/// The quantizer measures its error with this same expression.
+#[inline]
+pub(super) fn dequant(s: f32, q: f32, m: f32) -> f32 {
+    s * q + m
+}
+
+fn row_codes<'a>(m: &Matrix<'a>, r: usize) -> &'a [u8] {
+    let rb = m.row_bytes();
+    &m.codes[r * rb..(r + 1) * rb]
+}
+
+pub(super) fn row_to_f32(m: &Matrix, r: usize, out: &mut [f32]) {
+    let codes = row_codes(m, r);
+    match m.kind {
+        WeightKind::F32 => out
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, o)| *o = f32_at(codes, i)),
+        WeightKind::F16 => out
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, o)| *o = f16_at(codes, i)),
+        WeightKind::Bf16 => out
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, o)| *o = bf16_at(codes, i)),
+        WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2 => {
+            let gpr = m.groups_per_row();
+            for (i, o) in out.iter_mut().enumerate() {
+                let g = r * gpr + i / m.group_size;
+                let s = f16_at(m.scales, g);
+                let mn = if m.kind.has_mins() {
+                    f16_at(m.mins, g)
+                } else {
+                    0.0
+                };
+                *o = dequant(s, code_at(m.kind, codes, i), mn);
+            }
+        }
+    }
+}
+
+/// Sum of x over each group (asymmetric kinds only; empty otherwise).
+pub(super) fn group_sums<'b>(m: &Matrix, x: &[f32], buf: &'b mut [f32]) -> &'b [f32] {
+    if m.kind.has_mins() {
+        for (s, xg) in buf.iter_mut().zip(x.chunks_exact(m.group_size)) {
+            *s = xg.iter().sum();
+        }
+    }
+    buf
+}
+
+pub(super) fn matvec_rows(
+    m: &Matrix,
+    x: &[f32],
+    xsums: &[f32],
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    for (o, r) in out.iter_mut().zip(rows) {
+        *o = dot_row(m, r, x, xsums);
+    }
+}
+
+fn dot_row(m: &Matrix, r: usize, x: &[f32], xsums: &[f32]) -> f32 {
+    let codes = row_codes(m, r);
+    let dense = |at: fn(&[u8], usize) -> f32| {
+        x.iter()
+            .enumerate()
+            .fold(0.0f32, |acc, (i, &xi)| acc + at(codes, i) * xi)
+    };
+    match m.kind {
+        WeightKind::F32 => dense(f32_at),
+        WeightKind::F16 => dense(f16_at),
+        WeightKind::Bf16 => dense(bf16_at),
+        WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2 => {
+            let gs = m.group_size;
+            let gpr = m.groups_per_row();
+            let mut acc = 0.0f32;
+            for g in 0..gpr {
+                let qx = (g * gs..(g + 1) * gs)
+                    .fold(0.0f32, |a, i| a + code_at(m.kind, codes, i) * x[i]);
+                let s = f16_at(m.scales, r * gpr + g);
+                acc += s * qx;
+                if m.kind.has_mins() {
+                    acc += f16_at(m.mins, r * gpr + g) * xsums[g];
+                }
+            }
+            acc
+        }
+    }
+}
