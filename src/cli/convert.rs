@@ -18,9 +18,12 @@ use crate::quant::{self, ErrorStats};
 pub fn parse_variants(list: &str, group_size: Option<u32>) -> crate::Result<Vec<Variant>> {
     let mut out: Vec<Variant> = Vec::new();
     for name in list.split(',').map(str::trim) {
-        let v = Variant::parse(name, group_size).map_err(|e| Error::Invalid(format!("--experts: {e}")))?;
+        let v = Variant::parse(name, group_size)
+            .map_err(|e| Error::Invalid(format!("--experts: {e}")))?;
         if out.contains(&v) {
-            return Err(Error::Invalid(format!("--experts: variant '{v}' is listed twice")));
+            return Err(Error::Invalid(format!(
+                "--experts: variant '{v}' is listed twice"
+            )));
         }
         out.push(v);
     }
@@ -30,12 +33,18 @@ pub fn parse_variants(list: &str, group_size: Option<u32>) -> crate::Result<Vec<
 /// Parse `--dense`.
 pub fn parse_dense(s: &str) -> crate::Result<DType> {
     DType::parse(s).ok_or_else(|| {
-        Error::Invalid(format!("--dense: unknown dtype '{s}' (known: f16, bf16, f32)"))
+        Error::Invalid(format!(
+            "--dense: unknown dtype '{s}' (known: f16, bf16, f32)"
+        ))
     })
 }
 
 /// Quantize one expert into `variant`'s blob (`layout.size` bytes) and measure its error.
-pub fn quantize_expert(variant: Variant, layout: &ExpertLayout, w: &ExpertWeights) -> (Vec<u8>, ErrorStats) {
+pub fn quantize_expert(
+    variant: Variant,
+    layout: &ExpertLayout,
+    w: &ExpertWeights,
+) -> (Vec<u8>, ErrorStats) {
     let mut blob = vec![0u8; layout.size];
     let mut stats = ErrorStats::default();
     for (offset, m, src) in [
@@ -72,8 +81,10 @@ fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
     }
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta}) {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta}) {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar
 }
@@ -155,7 +166,14 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
             error,
         })
         .collect();
-    print_summary(&args.output, size, start.elapsed(), dense.len(), dense_bytes, &summaries);
+    print_summary(
+        &args.output,
+        size,
+        start.elapsed(),
+        dense.len(),
+        dense_bytes,
+        &summaries,
+    );
     Ok(())
 }
 
@@ -203,11 +221,19 @@ mod tests {
         );
         assert_eq!(parse_variants("int4", Some(32)).unwrap()[0].group_size, 32);
         let e = parse_variants("f16,int3", None).unwrap_err().to_string();
-        assert!(e.contains("int3") && e.contains("known: f16, bf16, int8, int4, int2"), "{e}");
-        let e = parse_variants("int4,int4/g64", None).unwrap_err().to_string();
+        assert!(
+            e.contains("int3") && e.contains("known: f16, bf16, int8, int4, int2"),
+            "{e}"
+        );
+        let e = parse_variants("int4,int4/g64", None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("listed twice"), "{e}");
         assert!(parse_variants("int4,int4/g32", None).is_ok());
-        assert!(parse_dense("f8").unwrap_err().to_string().contains("f16, bf16, f32"));
+        assert!(parse_dense("f8")
+            .unwrap_err()
+            .to_string()
+            .contains("f16, bf16, f32"));
         assert_eq!(parse_dense("bf16").unwrap(), DType::Bf16);
     }
 

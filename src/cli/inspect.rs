@@ -37,7 +37,10 @@ pub fn show_value(v: &MetaValue) -> Value {
         }
         MetaValue::Array { elem_type, items } => {
             if items.len() > MAX_SHOWN_ITEMS {
-                json!(format!("[array of {} items, type {elem_type}]", items.len()))
+                json!(format!(
+                    "[array of {} items, type {elem_type}]",
+                    items.len()
+                ))
             } else {
                 Value::Array(items.iter().map(show_value).collect())
             }
@@ -56,7 +59,9 @@ pub fn report(file: &HobFile) -> Value {
     let tensors: Vec<Value> = file
         .tensors()
         .iter()
-        .map(|t| json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape, "bytes": t.size}))
+        .map(
+            |t| json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape, "bytes": t.size}),
+        )
         .collect();
     let (hidden, ffn) = file.expert_dims();
     let (n_layers, n_experts) = (file.n_layers(), file.n_experts());
@@ -106,10 +111,18 @@ pub fn report(file: &HobFile) -> Value {
 
 fn print_text(r: &Value) {
     let h = &r["header"];
-    println!("{}: hob version {}, {} bytes", r["file"].as_str().unwrap_or(""), h["version"], h["file_size"]);
+    println!(
+        "{}: hob version {}, {} bytes",
+        r["file"].as_str().unwrap_or(""),
+        h["version"],
+        h["file_size"]
+    );
     if let Some(sections) = h["sections"].as_object() {
         for (name, s) in sections {
-            println!("  {name:<9} offset {:>12}  {:>12} bytes", s["offset"], s["bytes"]);
+            println!(
+                "  {name:<9} offset {:>12}  {:>12} bytes",
+                s["offset"], s["bytes"]
+            );
         }
     }
     if let Some(m) = r["metadata"].as_object() {
@@ -185,10 +198,16 @@ mod tests {
         let long = "é".repeat(100);
         let shown = show_value(&MetaValue::String(long));
         assert_eq!(shown, json!(format!("{}... (100 chars)", "é".repeat(60))));
-        assert_eq!(show_value(&MetaValue::String("mixtral".into())), json!("mixtral"));
+        assert_eq!(
+            show_value(&MetaValue::String("mixtral".into())),
+            json!("mixtral")
+        );
         let items = vec![MetaValue::U32(1); 20];
         assert_eq!(
-            show_value(&MetaValue::Array { elem_type: 4, items }),
+            show_value(&MetaValue::Array {
+                elem_type: 4,
+                items
+            }),
             json!("[array of 20 items, type 4]")
         );
         assert_eq!(show_value(&MetaValue::F32(0.5)), json!(0.5));

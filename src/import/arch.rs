@@ -152,7 +152,13 @@ impl Architecture {
             .get("architectures")
             .and_then(|v| v.as_array())
             .filter(|a| !a.is_empty())
-            .ok_or_else(|| f.err("architectures", "a non-empty list of names", f.get("architectures")))?;
+            .ok_or_else(|| {
+                f.err(
+                    "architectures",
+                    "a non-empty list of names",
+                    f.get("architectures"),
+                )
+            })?;
         let name = archs[0]
             .as_str()
             .ok_or_else(|| f.err("architectures", "a list of names", Some(&archs[0])))?;
@@ -252,7 +258,9 @@ impl MixtralSpec {
             None => {
                 return Err(f.err(
                     "head_dim",
-                    &format!("a head size (hidden_size {hidden} is not divisible by {n_heads} heads)"),
+                    &format!(
+                        "a head size (hidden_size {hidden} is not divisible by {n_heads} heads)"
+                    ),
                     None,
                 ))
             }
@@ -305,7 +313,11 @@ impl MixtralSpec {
             ExpertSource::PerExpert { .. } => "block_sparse_moe.gate.weight",
             ExpertSource::Fused { .. } => "mlp.gate.weight",
         };
-        let (h, q, kv) = (self.hidden, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim);
+        let (h, q, kv) = (
+            self.hidden,
+            self.n_heads * self.head_dim,
+            self.n_kv_heads * self.head_dim,
+        );
         let t = |hob: String, hf: String, shape: Vec<usize>, role| DenseTensor {
             hob_name: hob,
             hf_name: hf,
@@ -321,12 +333,42 @@ impl MixtralSpec {
         for l in 0..self.n_layers {
             let hf = |s: &str| format!("model.layers.{l}.{s}");
             out.extend([
-                t(keys::blk(l, keys::ATTN_NORM), hf("input_layernorm.weight"), vec![h], TensorRole::Norm),
-                t(keys::blk(l, keys::ATTN_Q), hf("self_attn.q_proj.weight"), vec![q, h], TensorRole::Matrix),
-                t(keys::blk(l, keys::ATTN_K), hf("self_attn.k_proj.weight"), vec![kv, h], TensorRole::Matrix),
-                t(keys::blk(l, keys::ATTN_V), hf("self_attn.v_proj.weight"), vec![kv, h], TensorRole::Matrix),
-                t(keys::blk(l, keys::ATTN_OUTPUT), hf("self_attn.o_proj.weight"), vec![h, q], TensorRole::Matrix),
-                t(keys::blk(l, keys::FFN_NORM), hf("post_attention_layernorm.weight"), vec![h], TensorRole::Norm),
+                t(
+                    keys::blk(l, keys::ATTN_NORM),
+                    hf("input_layernorm.weight"),
+                    vec![h],
+                    TensorRole::Norm,
+                ),
+                t(
+                    keys::blk(l, keys::ATTN_Q),
+                    hf("self_attn.q_proj.weight"),
+                    vec![q, h],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::blk(l, keys::ATTN_K),
+                    hf("self_attn.k_proj.weight"),
+                    vec![kv, h],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::blk(l, keys::ATTN_V),
+                    hf("self_attn.v_proj.weight"),
+                    vec![kv, h],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::blk(l, keys::ATTN_OUTPUT),
+                    hf("self_attn.o_proj.weight"),
+                    vec![h, q],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::blk(l, keys::FFN_NORM),
+                    hf("post_attention_layernorm.weight"),
+                    vec![h],
+                    TensorRole::Norm,
+                ),
                 t(
                     keys::blk(l, keys::FFN_GATE_INP),
                     hf(router),
@@ -335,16 +377,28 @@ impl MixtralSpec {
                 ),
             ]);
         }
-        out.push(t(keys::OUTPUT_NORM.into(), "model.norm.weight".into(), vec![h], TensorRole::Norm));
+        out.push(t(
+            keys::OUTPUT_NORM.into(),
+            "model.norm.weight".into(),
+            vec![h],
+            TensorRole::Norm,
+        ));
         if !self.tie_word_embeddings {
-            out.push(t(keys::OUTPUT.into(), "lm_head.weight".into(), vec![self.vocab, h], TensorRole::Matrix));
+            out.push(t(
+                keys::OUTPUT.into(),
+                "lm_head.weight".into(),
+                vec![self.vocab, h],
+                TensorRole::Matrix,
+            ));
         }
         out
     }
 
     fn expert_source(&self, index: &TensorIndex) -> Result<ExpertSource, ImportError> {
         let (hidden, ffn, n) = (self.hidden, self.ffn, self.n_experts);
-        if !index.contains(&per_expert_name(0, 0, "w1")) && index.contains(&fused_name(0, "gate_up_proj")) {
+        if !index.contains(&per_expert_name(0, 0, "w1"))
+            && index.contains(&fused_name(0, "gate_up_proj"))
+        {
             for l in 0..self.n_layers {
                 index.check(&fused_name(l, "gate_up_proj"), &[n, 2 * ffn, hidden])?;
                 index.check(&fused_name(l, "down_proj"), &[n, hidden, ffn])?;
@@ -404,7 +458,11 @@ fn rope_theta(f: &Fields) -> Result<f32, ImportError> {
         }
         if inner.get("rope_theta").is_some() {
             return inner.f32("rope_theta").map_err(|_| {
-                f.err("rope_parameters.rope_theta", "a positive number", inner.get("rope_theta"))
+                f.err(
+                    "rope_parameters.rope_theta",
+                    "a positive number",
+                    inner.get("rope_theta"),
+                )
             });
         }
     }
@@ -420,7 +478,12 @@ fn fused_name(layer: usize, w: &str) -> String {
 }
 
 impl ExpertSource {
-    pub fn load(&self, index: &TensorIndex, layer: usize, expert: usize) -> Result<ExpertWeights, ImportError> {
+    pub fn load(
+        &self,
+        index: &TensorIndex,
+        layer: usize,
+        expert: usize,
+    ) -> Result<ExpertWeights, ImportError> {
         match *self {
             ExpertSource::PerExpert { .. } => Ok(ExpertWeights {
                 gate: index.load_f32(&per_expert_name(layer, expert, "w1"))?,

@@ -31,7 +31,9 @@ pub fn decode_into(dtype: DType, bytes: &[u8], out: &mut Vec<f32>) {
 pub fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * dtype.size());
     match dtype {
-        DType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::F32 => values
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
         DType::F16 => values
             .iter()
             .for_each(|&v| out.extend_from_slice(&f16::from_f32(v).to_bits().to_le_bytes())),
@@ -63,10 +65,16 @@ mod tests {
     fn narrowing_rounds_ties_to_even() {
         // bf16 has 7 fraction bits: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
         assert_eq!(round_trip(DType::Bf16, 1.0 + 2f32.powi(-8)), 1.0);
-        assert_eq!(round_trip(DType::Bf16, 1.0 + 3.0 * 2f32.powi(-8)), 1.0 + 2f32.powi(-6));
+        assert_eq!(
+            round_trip(DType::Bf16, 1.0 + 3.0 * 2f32.powi(-8)),
+            1.0 + 2f32.powi(-6)
+        );
         // f16 has 10 fraction bits.
         assert_eq!(round_trip(DType::F16, 1.0 + 2f32.powi(-11)), 1.0);
-        assert_eq!(round_trip(DType::F16, 1.0 + 3.0 * 2f32.powi(-11)), 1.0 + 2f32.powi(-9));
+        assert_eq!(
+            round_trip(DType::F16, 1.0 + 3.0 * 2f32.powi(-11)),
+            1.0 + 2f32.powi(-9)
+        );
         assert_eq!(round_trip(DType::F16, 70000.0), f32::INFINITY);
     }
 
@@ -85,6 +93,9 @@ mod tests {
     #[test]
     fn finds_non_finite_values() {
         assert_eq!(non_finite(&[1.0, 2.0]), None);
-        assert_eq!(non_finite(&[1.0, f32::NAN, 3.0, f32::NEG_INFINITY]), Some((2, 1)));
+        assert_eq!(
+            non_finite(&[1.0, f32::NAN, 3.0, f32::NEG_INFINITY]),
+            Some((2, 1))
+        );
     }
 }

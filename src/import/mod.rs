@@ -67,7 +67,9 @@ pub enum ImportError {
         expected: Vec<usize>,
         found: Vec<usize>,
     },
-    #[error("tensor '{name}' in {file}: dtype {found} is not supported (supported: F32, F16, BF16)")]
+    #[error(
+        "tensor '{name}' in {file}: dtype {found} is not supported (supported: F32, F16, BF16)"
+    )]
     UnsupportedDtype {
         name: String,
         file: String,
@@ -130,7 +132,8 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Checkpoint, ImportError> {
-        let meta = std::fs::metadata(dir).map_err(|e| ImportError::io(dir, "open checkpoint directory", e))?;
+        let meta = std::fs::metadata(dir)
+            .map_err(|e| ImportError::io(dir, "open checkpoint directory", e))?;
         if !meta.is_dir() {
             return Err(ImportError::io(
                 dir,
@@ -196,12 +199,21 @@ impl Checkpoint {
     /// The .hob metadata: architecture, hyper-parameters, tokenizer and hob's own keys.
     pub fn metadata(&self) -> Metadata {
         let mut m = Metadata::new();
-        m.set(keys::ARCHITECTURE, MetaValue::String(self.arch.hob_name().to_string()));
+        m.set(
+            keys::ARCHITECTURE,
+            MetaValue::String(self.arch.hob_name().to_string()),
+        );
         m.set(keys::NAME, MetaValue::String(self.name()));
         self.arch.write_metadata(&mut m);
         self.tokenizer.write_metadata(&mut m);
-        m.set(keys::TIE_WORD_EMBEDDINGS, MetaValue::Bool(self.arch.tie_word_embeddings()));
-        m.set(keys::SOURCE_DTYPE, MetaValue::String(self.source_dtype.name().to_string()));
+        m.set(
+            keys::TIE_WORD_EMBEDDINGS,
+            MetaValue::Bool(self.arch.tie_word_embeddings()),
+        );
+        m.set(
+            keys::SOURCE_DTYPE,
+            MetaValue::String(self.source_dtype.name().to_string()),
+        );
         m
     }
 

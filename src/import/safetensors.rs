@@ -37,7 +37,10 @@ pub struct TensorIndex {
     searched: String,
 }
 
-fn map_shard(dir: &Path, name: &str) -> Result<(Shard, safetensors::tensor::Metadata, usize), ImportError> {
+fn map_shard(
+    dir: &Path,
+    name: &str,
+) -> Result<(Shard, safetensors::tensor::Metadata, usize), ImportError> {
     let path = dir.join(name);
     let file = File::open(&path).map_err(|e| ImportError::io(&path, "open", e))?;
     // SAFETY: the mapping is read-only and lives as long as the index. Like every reader of
@@ -93,7 +96,9 @@ impl TensorIndex {
                 path: index_path.to_path_buf(),
                 field: "weight_map".into(),
                 expected: "an object of tensor name -> file name".into(),
-                found: index.get("weight_map").map_or("nothing".into(), |v| v.to_string()),
+                found: index
+                    .get("weight_map")
+                    .map_or("nothing".into(), |v| v.to_string()),
             })?;
         let mut files = BTreeSet::new();
         for (name, file) in weight_map {
@@ -125,14 +130,16 @@ impl TensorIndex {
         for (name, file) in weight_map {
             let file = file.as_str().unwrap_or_default();
             let (i, metadata, data_start) = &shard_meta[file];
-            let info = metadata.info(name).ok_or_else(|| ImportError::MissingTensor {
-                name: name.clone(),
-                searched: format!(
-                    "{} (named there by {})",
-                    dir.join(file).display(),
-                    index_path.display()
-                ),
-            })?;
+            let info = metadata
+                .info(name)
+                .ok_or_else(|| ImportError::MissingTensor {
+                    name: name.clone(),
+                    searched: format!(
+                        "{} (named there by {})",
+                        dir.join(file).display(),
+                        index_path.display()
+                    ),
+                })?;
             entries.insert(name.clone(), entry(*i, info, *data_start));
         }
         Ok(TensorIndex {
@@ -147,10 +154,12 @@ impl TensorIndex {
     }
 
     fn get(&self, name: &str) -> Result<&Entry, ImportError> {
-        self.entries.get(name).ok_or_else(|| ImportError::MissingTensor {
-            name: name.to_string(),
-            searched: self.searched.clone(),
-        })
+        self.entries
+            .get(name)
+            .ok_or_else(|| ImportError::MissingTensor {
+                name: name.to_string(),
+                searched: self.searched.clone(),
+            })
     }
 
     fn file_of(&self, e: &Entry) -> String {

@@ -21,13 +21,17 @@ pub struct TokenizerFiles {
 impl TokenizerFiles {
     /// `config_ids` are config.json's (bos_token_id, eos_token_id), used when
     /// tokenizer_config.json names no such token.
-    pub fn open(dir: &Path, config_ids: (Option<u32>, Option<u32>)) -> Result<TokenizerFiles, ImportError> {
+    pub fn open(
+        dir: &Path,
+        config_ids: (Option<u32>, Option<u32>),
+    ) -> Result<TokenizerFiles, ImportError> {
         let json_path = dir.join("tokenizer.json");
         let json = read_text(&json_path)?;
-        let tokenizer: tokenizers::Tokenizer = json.parse().map_err(|e| ImportError::Tokenizer {
-            path: json_path.clone(),
-            detail: format!("not a Hugging Face tokenizer: {e}"),
-        })?;
+        let tokenizer: tokenizers::Tokenizer =
+            json.parse().map_err(|e| ImportError::Tokenizer {
+                path: json_path.clone(),
+                detail: format!("not a Hugging Face tokenizer: {e}"),
+            })?;
 
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.exists() {
@@ -47,18 +51,35 @@ impl TokenizerFiles {
             let content = match config.get(field) {
                 None | Some(Value::Null) => return Ok(fallback),
                 Some(Value::String(s)) => s.as_str(),
-                Some(v @ Value::Object(o)) => o.get("content").and_then(Value::as_str).ok_or_else(|| {
-                    field_err(&config_path, field, "a token string or {\"content\": ...}", v)
-                })?,
-                Some(v) => return Err(field_err(&config_path, field, "a token string or {\"content\": ...}", v)),
+                Some(v @ Value::Object(o)) => {
+                    o.get("content").and_then(Value::as_str).ok_or_else(|| {
+                        field_err(
+                            &config_path,
+                            field,
+                            "a token string or {\"content\": ...}",
+                            v,
+                        )
+                    })?
+                }
+                Some(v) => {
+                    return Err(field_err(
+                        &config_path,
+                        field,
+                        "a token string or {\"content\": ...}",
+                        v,
+                    ))
+                }
             };
-            tokenizer.token_to_id(content).map(Some).ok_or_else(|| ImportError::Tokenizer {
-                path: config_path.clone(),
-                detail: format!(
+            tokenizer
+                .token_to_id(content)
+                .map(Some)
+                .ok_or_else(|| ImportError::Tokenizer {
+                    path: config_path.clone(),
+                    detail: format!(
                     "field '{field}': token '{content}' is not in {}'s vocabulary or added tokens",
                     json_path.display()
                 ),
-            })
+                })
         };
         let bos_id = token_id("bos_token", config_ids.0)?;
         let eos_id = token_id("eos_token", config_ids.1)?;
@@ -78,7 +99,10 @@ impl TokenizerFiles {
     }
 
     pub fn write_metadata(&self, m: &mut Metadata) {
-        m.set(keys::TOKENIZER_HF_JSON, MetaValue::String(self.json.clone()));
+        m.set(
+            keys::TOKENIZER_HF_JSON,
+            MetaValue::String(self.json.clone()),
+        );
         if let Some(t) = &self.chat_template {
             m.set(keys::CHAT_TEMPLATE, MetaValue::String(t.clone()));
         }
@@ -103,7 +127,8 @@ fn field_err(path: &Path, field: &str, expected: &str, found: &Value) -> ImportE
 
 /// `chat_template`: a string, or a list of {name, template} from which "default" is taken.
 fn chat_template(path: &Path, v: Option<&Value>) -> Result<Option<String>, ImportError> {
-    const EXPECTED: &str = "a template string or a list of {\"name\", \"template\"} with a \"default\"";
+    const EXPECTED: &str =
+        "a template string or a list of {\"name\", \"template\"} with a \"default\"";
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -112,7 +137,14 @@ fn chat_template(path: &Path, v: Option<&Value>) -> Result<Option<String>, Impor
             .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
             .and_then(|t| t.get("template").and_then(Value::as_str))
             .map(|s| Some(s.to_string()))
-            .ok_or_else(|| field_err(path, "chat_template", EXPECTED, &Value::Array(items.clone()))),
+            .ok_or_else(|| {
+                field_err(
+                    path,
+                    "chat_template",
+                    EXPECTED,
+                    &Value::Array(items.clone()),
+                )
+            }),
         Some(other) => Err(field_err(path, "chat_template", EXPECTED, other)),
     }
 }
@@ -126,8 +158,12 @@ mod tests {
     fn chat_template_forms() {
         let p = Path::new("tokenizer_config.json");
         assert_eq!(chat_template(p, None).unwrap(), None);
-        assert_eq!(chat_template(p, Some(&json!("{{x}}"))).unwrap().as_deref(), Some("{{x}}"));
-        let list = json!([{"name": "tool_use", "template": "a"}, {"name": "default", "template": "b"}]);
+        assert_eq!(
+            chat_template(p, Some(&json!("{{x}}"))).unwrap().as_deref(),
+            Some("{{x}}")
+        );
+        let list =
+            json!([{"name": "tool_use", "template": "a"}, {"name": "default", "template": "b"}]);
         assert_eq!(chat_template(p, Some(&list)).unwrap().as_deref(), Some("b"));
         let no_default = json!([{"name": "tool_use", "template": "a"}]);
         let e = chat_template(p, Some(&no_default)).unwrap_err().to_string();

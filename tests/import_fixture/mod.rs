@@ -102,19 +102,66 @@ pub fn synthetic_tensors(dtype: Dtype, seed: u64) -> BTreeMap<String, Tensor> {
             .into_iter()
             .map(|v| round_to(dtype, v + offset))
             .collect();
-        out.insert(name, Tensor { dtype, shape, values });
+        out.insert(
+            name,
+            Tensor {
+                dtype,
+                shape,
+                values,
+            },
+        );
     };
     let hd = HIDDEN / HEADS;
-    add("model.embed_tokens.weight".into(), vec![VOCAB, HIDDEN], 0.5, 0.0);
+    add(
+        "model.embed_tokens.weight".into(),
+        vec![VOCAB, HIDDEN],
+        0.5,
+        0.0,
+    );
     for l in 0..LAYERS {
         let p = format!("model.layers.{l}");
-        add(format!("{p}.input_layernorm.weight"), vec![HIDDEN], 0.1, 1.0);
-        add(format!("{p}.self_attn.q_proj.weight"), vec![HEADS * hd, HIDDEN], 0.2, 0.0);
-        add(format!("{p}.self_attn.k_proj.weight"), vec![KV_HEADS * hd, HIDDEN], 0.2, 0.0);
-        add(format!("{p}.self_attn.v_proj.weight"), vec![KV_HEADS * hd, HIDDEN], 0.2, 0.0);
-        add(format!("{p}.self_attn.o_proj.weight"), vec![HIDDEN, HEADS * hd], 0.2, 0.0);
-        add(format!("{p}.post_attention_layernorm.weight"), vec![HIDDEN], 0.1, 1.0);
-        add(format!("{p}.block_sparse_moe.gate.weight"), vec![EXPERTS, HIDDEN], 0.3, 0.0);
+        add(
+            format!("{p}.input_layernorm.weight"),
+            vec![HIDDEN],
+            0.1,
+            1.0,
+        );
+        add(
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![HEADS * hd, HIDDEN],
+            0.2,
+            0.0,
+        );
+        add(
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![KV_HEADS * hd, HIDDEN],
+            0.2,
+            0.0,
+        );
+        add(
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![KV_HEADS * hd, HIDDEN],
+            0.2,
+            0.0,
+        );
+        add(
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![HIDDEN, HEADS * hd],
+            0.2,
+            0.0,
+        );
+        add(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![HIDDEN],
+            0.1,
+            1.0,
+        );
+        add(
+            format!("{p}.block_sparse_moe.gate.weight"),
+            vec![EXPERTS, HIDDEN],
+            0.3,
+            0.0,
+        );
         for e in 0..EXPERTS {
             let x = format!("{p}.block_sparse_moe.experts.{e}");
             add(format!("{x}.w1.weight"), vec![FFN, HIDDEN], 0.15, 0.0);
@@ -198,7 +245,10 @@ pub fn write_tensors(dir: &Path, tensors: &BTreeMap<String, Tensor>, sharded: bo
         safetensors::serialize_to_file(views(&all), None, &dir.join("model.safetensors")).unwrap();
         return;
     }
-    let names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+    let names = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
     let mut weight_map = serde_json::Map::new();
     let mut parts: [Vec<&Encoded>; 2] = [Vec::new(), Vec::new()];
     for (i, item) in encoded.iter().enumerate() {
@@ -238,7 +288,11 @@ pub fn read_tensors(dir: &Path) -> BTreeMap<String, Tensor> {
             n.starts_with("model") && n.ends_with(".safetensors")
         })
         .collect();
-    assert!(!files.is_empty(), "no model*.safetensors in {}", dir.display());
+    assert!(
+        !files.is_empty(),
+        "no model*.safetensors in {}",
+        dir.display()
+    );
     let mut out = BTreeMap::new();
     for f in files {
         let bytes = std::fs::read(&f).unwrap();
@@ -261,7 +315,12 @@ pub fn read_tensors(dir: &Path) -> BTreeMap<String, Tensor> {
 /// Copy a checkpoint into `dst` with its tensors rounded to `dtype` and written single-file or
 /// sharded. Returns the rewritten tensors.
 pub fn rewrite(src: &Path, dst: &Path, dtype: Dtype, sharded: bool) -> BTreeMap<String, Tensor> {
-    for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+    for name in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ] {
         if src.join(name).exists() {
             std::fs::copy(src.join(name), dst.join(name)).unwrap();
         }
@@ -270,7 +329,14 @@ pub fn rewrite(src: &Path, dst: &Path, dtype: Dtype, sharded: bool) -> BTreeMap<
         .into_iter()
         .map(|(n, t)| {
             let values = t.values.iter().map(|&v| round_to(dtype, v)).collect();
-            (n, Tensor { dtype, shape: t.shape, values })
+            (
+                n,
+                Tensor {
+                    dtype,
+                    shape: t.shape,
+                    values,
+                },
+            )
         })
         .collect();
     write_tensors(dst, &tensors, sharded);
