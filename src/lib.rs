@@ -3,13 +3,13 @@
 //! Data flows left to right through the modules: format -> quant -> import -> model -> backend
 //! -> generate -> cli. A module knows nothing of those to its right.
 
-pub mod backend;
-pub mod cli;
 pub mod error;
 pub mod format;
-pub mod generate;
+pub mod quant;
 pub mod import;
 pub mod model;
-pub mod quant;
+pub mod backend;
+pub mod generate;
+pub mod cli;
 
 pub use error::{Error, Result};

@@ -8,11 +8,7 @@ pub mod convert;
 pub mod inspect;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "hob",
-    version,
-    about = "Mixture-of-Experts inference with mixed-precision expert offloading"
-)]
+#[command(name = "hob", version, about = "Mixture-of-Experts inference with mixed-precision expert offloading")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

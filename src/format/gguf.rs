@@ -15,10 +15,7 @@ pub enum MetaValue {
     F32(f32),
     Bool(bool),
     String(String),
-    Array {
-        elem_type: u32,
-        items: Vec<MetaValue>,
-    },
+    Array { elem_type: u32, items: Vec<MetaValue> },
     U64(u64),
     I64(i64),
     F64(f64),

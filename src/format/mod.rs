@@ -34,11 +34,7 @@ pub enum FormatError {
     #[error("{what}: {detail}")]
     Invalid { what: String, detail: String },
     #[error("{what} at offset {offset} is not aligned to {align} bytes")]
-    Misaligned {
-        what: String,
-        offset: u64,
-        align: u64,
-    },
+    Misaligned { what: String, offset: u64, align: u64 },
     #[error("{a} overlaps {b}")]
     Overlap { a: String, b: String },
     #[error("checksum mismatch in {what}: stored {stored:08x}, computed {computed:08x}")]

@@ -214,7 +214,9 @@ impl Variant {
         let group_size = if kind.is_float() {
             0
         } else {
-            group.or(default_group).unwrap_or(kind.default_group_size())
+            group
+                .or(default_group)
+                .unwrap_or(kind.default_group_size())
         };
         Variant::new(kind, group_size)
     }
@@ -344,20 +346,12 @@ mod tests {
     fn parse_names_and_groups() {
         assert_eq!(
             Variant::parse("int4", None).unwrap(),
-            Variant {
-                kind: VariantKind::Int4,
-                group_size: 64
-            }
+            Variant { kind: VariantKind::Int4, group_size: 64 }
         );
-        assert_eq!(
-            Variant::parse("int2/g32", Some(128)).unwrap().group_size,
-            32
-        );
+        assert_eq!(Variant::parse("int2/g32", Some(128)).unwrap().group_size, 32);
         assert_eq!(Variant::parse("int8", Some(128)).unwrap().group_size, 128);
         assert_eq!(Variant::parse("f16", Some(128)).unwrap().group_size, 0);
-        assert!(Variant::parse("int3", None)
-            .unwrap_err()
-            .contains("unknown variant 'int3'"));
+        assert!(Variant::parse("int3", None).unwrap_err().contains("unknown variant 'int3'"));
         assert!(Variant::parse("int4/g10", None).is_err());
         assert!(Variant::parse("f16/g64", None).is_err());
     }
@@ -375,10 +369,7 @@ mod tests {
         assert_eq!(e.down_offset, e.gate.size + e.up.size);
         assert!(v.matrix_layout(3, 96).is_err());
         assert_eq!(v.bits_per_weight(4096, 14336), 4.5);
-        let f = Variant::parse("f16", None)
-            .unwrap()
-            .matrix_layout(2, 3)
-            .unwrap();
+        let f = Variant::parse("f16", None).unwrap().matrix_layout(2, 3).unwrap();
         assert_eq!((f.codes.len(), f.size), (12, 64));
     }
 }

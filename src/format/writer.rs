@@ -35,14 +35,7 @@ impl HobWriter {
         experts: ExpertShape,
         variants: &[Variant],
     ) -> Result<HobWriter, Error> {
-        todo!(
-            "{} {:?} {:?} {:?} {:?}",
-            out.display(),
-            metadata,
-            dense,
-            experts,
-            variants
-        )
+        todo!("{} {:?} {:?} {:?} {:?}", out.display(), metadata, dense, experts, variants)
     }
     /// Write dense tensor `index` (order of `dense`); `bytes.len()` must equal its size.
     pub fn write_dense(&mut self, index: usize, bytes: &[u8]) -> Result<(), Error> {

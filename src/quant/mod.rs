@@ -87,12 +87,7 @@ impl ErrorStats {
 }
 
 /// Measure the error of stored bytes against the f32 source.
-pub fn measure_error(
-    variant: Variant,
-    layout: &MatrixLayout,
-    stored: &[u8],
-    src: &[f32],
-) -> ErrorStats {
+pub fn measure_error(variant: Variant, layout: &MatrixLayout, stored: &[u8], src: &[f32]) -> ErrorStats {
     todo!("{variant} {layout:?} {} {}", stored.len(), src.len())
 }
 
