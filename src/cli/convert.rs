@@ -1,7 +1,246 @@
-//! `hob convert`. STUB: the import/convert worker fills it in.
+//! `hob convert`: Hugging Face checkpoint -> .hob, streamed one tensor or one expert at a time
+//! so peak memory stays near one expert (all its variants) plus the largest dense tensor.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
 
 use super::ConvertArgs;
+use crate::error::Error;
+use crate::format::{DType, ExpertLayout, HobWriter, Variant};
+use crate::import::{dtype, Checkpoint, ExpertWeights};
+use crate::quant::{self, ErrorStats};
+
+/// Parse `--experts`: comma-separated variant names, no duplicates.
+pub fn parse_variants(list: &str, group_size: Option<u32>) -> crate::Result<Vec<Variant>> {
+    let mut out: Vec<Variant> = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        let v = Variant::parse(name, group_size)
+            .map_err(|e| Error::Invalid(format!("--experts: {e}")))?;
+        if out.contains(&v) {
+            return Err(Error::Invalid(format!(
+                "--experts: variant '{v}' is listed twice"
+            )));
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// Parse `--dense`.
+pub fn parse_dense(s: &str) -> crate::Result<DType> {
+    DType::parse(s).ok_or_else(|| {
+        Error::Invalid(format!(
+            "--dense: unknown dtype '{s}' (known: f16, bf16, f32)"
+        ))
+    })
+}
+
+/// Quantize one expert into `variant`'s blob (`layout.size` bytes) and measure its error.
+pub fn quantize_expert(
+    variant: Variant,
+    layout: &ExpertLayout,
+    w: &ExpertWeights,
+) -> (Vec<u8>, ErrorStats) {
+    let mut blob = vec![0u8; layout.size];
+    let mut stats = ErrorStats::default();
+    for (offset, m, src) in [
+        (layout.gate_offset, &layout.gate, &w.gate),
+        (layout.up_offset, &layout.up, &w.up),
+        (layout.down_offset, &layout.down, &w.down),
+    ] {
+        let stored = quant::quantize_matrix(variant, m, src);
+        stats.add(&quant::measure_error(variant, m, &stored, src));
+        blob[offset..offset + m.size].copy_from_slice(&stored);
+    }
+    (blob, stats)
+}
+
+/// The output's directory must exist before any work is done.
+fn check_output_dir(out: &Path) -> crate::Result<()> {
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::Invalid(format!(
+            "output directory {} is not a directory",
+            dir.display()
+        ))),
+        Err(e) => Err(Error::io(dir, "output directory", e)),
+    }
+}
+
+fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
+    if !enabled {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta}) {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+struct VariantSummary {
+    variant: Variant,
+    count: usize,
+    bytes: u64,
+    bits_per_weight: f64,
+    error: ErrorStats,
+}
 
 pub fn run(args: &ConvertArgs) -> crate::Result<()> {
-    todo!("{args:?}")
+    let start = Instant::now();
+    let variants = parse_variants(&args.experts, args.group_size)?;
+    let dense_dtype = args.dense.as_deref().map(parse_dense).transpose()?;
+    check_output_dir(&args.output)?;
+    let ckpt = Checkpoint::open(&args.from)?;
+    let shape = ckpt.expert_shape();
+    let layouts = variants
+        .iter()
+        .map(|v| v.expert_layout(shape.hidden, shape.ffn))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::Invalid(format!("--experts: {e}")))?;
+    let dense = ckpt.dense_specs(dense_dtype.unwrap_or(ckpt.source_dtype));
+    let dense_bytes: u64 = dense
+        .iter()
+        .map(|d| (d.shape.iter().product::<usize>() * d.dtype.size()) as u64)
+        .sum();
+    let n_experts = shape.n_layers * shape.n_experts;
+    let expert_bytes: u64 = layouts.iter().map(|l| (l.size * n_experts) as u64).sum();
+
+    let mut writer = HobWriter::create(&args.output, &ckpt.metadata(), &dense, shape, &variants)?;
+    let bar = progress_bar(
+        dense_bytes + expert_bytes,
+        !args.no_progress && std::io::stderr().is_terminal(),
+    );
+
+    for (i, (t, spec)) in ckpt.dense_tensors().iter().zip(&dense).enumerate() {
+        bar.set_message(t.hob_name.clone());
+        let bytes = dtype::encode(spec.dtype, &ckpt.load_dense(t)?);
+        writer.write_dense(i, &bytes)?;
+        bar.inc(bytes.len() as u64);
+    }
+
+    let mut errors = vec![ErrorStats::default(); variants.len()];
+    for layer in 0..shape.n_layers {
+        for expert in 0..shape.n_experts {
+            bar.set_message(format!("layer {layer} expert {expert}"));
+            let w = ckpt.load_expert(layer, expert)?;
+            // Each variant is computed independently, so the result does not depend on threads.
+            let blobs: Vec<(Vec<u8>, ErrorStats)> = variants
+                .par_iter()
+                .zip(&layouts)
+                .map(|(v, l)| quantize_expert(*v, l, &w))
+                .collect();
+            for (vi, (blob, stats)) in blobs.iter().enumerate() {
+                writer.write_expert(layer, expert, vi, blob)?;
+                errors[vi].add(stats);
+                bar.inc(blob.len() as u64);
+            }
+        }
+    }
+    writer.finish()?;
+    bar.finish_and_clear();
+
+    let size = std::fs::metadata(&args.output)
+        .map_err(|e| Error::io(&args.output, "stat", e))?
+        .len();
+    let summaries: Vec<VariantSummary> = variants
+        .iter()
+        .zip(&layouts)
+        .zip(errors)
+        .map(|((v, l), error)| VariantSummary {
+            variant: *v,
+            count: n_experts,
+            bytes: (l.size * n_experts) as u64,
+            bits_per_weight: v.bits_per_weight(shape.ffn, shape.hidden),
+            error,
+        })
+        .collect();
+    print_summary(
+        &args.output,
+        size,
+        start.elapsed(),
+        dense.len(),
+        dense_bytes,
+        &summaries,
+    );
+    Ok(())
+}
+
+fn print_summary(
+    out: &Path,
+    size: u64,
+    elapsed: Duration,
+    n_dense: usize,
+    dense_bytes: u64,
+    variants: &[VariantSummary],
+) {
+    println!(
+        "wrote {} ({size} bytes, {:.1} MiB) in {:.2} s",
+        out.display(),
+        size as f64 / (1024.0 * 1024.0),
+        elapsed.as_secs_f64()
+    );
+    println!("dense: {n_dense} tensors, {dense_bytes} bytes");
+    println!(
+        "{:<10} {:>8} {:>14} {:>12} {:>14}",
+        "variant", "experts", "bytes", "bits/weight", "rel. RMS err"
+    );
+    for s in variants {
+        println!(
+            "{:<10} {:>8} {:>14} {:>12.3} {:>14.6}",
+            s.variant.name(),
+            s.count,
+            s.bytes,
+            s.bits_per_weight,
+            s.error.relative_rms()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_parse_and_reject_duplicates_and_unknowns() {
+        let v = parse_variants("f16,int8,int4,int2", None).unwrap();
+        assert_eq!(
+            v.iter().map(|v| v.name()).collect::<Vec<_>>(),
+            ["f16", "int8/g64", "int4/g64", "int2/g64"]
+        );
+        assert_eq!(parse_variants("int4", Some(32)).unwrap()[0].group_size, 32);
+        let e = parse_variants("f16,int3", None).unwrap_err().to_string();
+        assert!(
+            e.contains("int3") && e.contains("known: f16, bf16, int8, int4, int2"),
+            "{e}"
+        );
+        let e = parse_variants("int4,int4/g64", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("listed twice"), "{e}");
+        assert!(parse_variants("int4,int4/g32", None).is_ok());
+        assert!(parse_dense("f8")
+            .unwrap_err()
+            .to_string()
+            .contains("f16, bf16, f32"));
+        assert_eq!(parse_dense("bf16").unwrap(), DType::Bf16);
+    }
+
+    #[test]
+    fn output_directory_must_exist() {
+        assert!(check_output_dir(Path::new("x.hob")).is_ok());
+        let e = check_output_dir(Path::new("/nonexistent-hob-dir/x.hob")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent-hob-dir"), "{e}");
+    }
 }

@@ -1,7 +1,215 @@
-//! `hob inspect`. STUB: the import/convert worker fills it in.
+//! `hob inspect`: header, metadata, dense tensors and the expert table of a .hob file, as text or
+//! one JSON object; `--verify` checks every checksum.
+
+use serde_json::{json, Value};
 
 use super::InspectArgs;
+use crate::error::Error;
+use crate::format::{HobFile, MetaValue};
+
+/// Strings longer than this (the tokenizer JSON, the chat template) are shown abbreviated.
+const MAX_SHOWN_CHARS: usize = 60;
+/// Arrays longer than this are shown as their length only.
+const MAX_SHOWN_ITEMS: usize = 16;
+
+/// A metadata value as shown: long strings abbreviated to their start and length.
+pub fn show_value(v: &MetaValue) -> Value {
+    match v {
+        MetaValue::U8(x) => json!(x),
+        MetaValue::I8(x) => json!(x),
+        MetaValue::U16(x) => json!(x),
+        MetaValue::I16(x) => json!(x),
+        MetaValue::U32(x) => json!(x),
+        MetaValue::I32(x) => json!(x),
+        MetaValue::U64(x) => json!(x),
+        MetaValue::I64(x) => json!(x),
+        MetaValue::F32(x) => json!(x),
+        MetaValue::F64(x) => json!(x),
+        MetaValue::Bool(x) => json!(x),
+        MetaValue::String(s) => {
+            let n = s.chars().count();
+            if n > MAX_SHOWN_CHARS {
+                let head: String = s.chars().take(MAX_SHOWN_CHARS).collect();
+                json!(format!("{head}... ({n} chars)"))
+            } else {
+                json!(s)
+            }
+        }
+        MetaValue::Array { elem_type, items } => {
+            if items.len() > MAX_SHOWN_ITEMS {
+                json!(format!(
+                    "[array of {} items, type {elem_type}]",
+                    items.len()
+                ))
+            } else {
+                Value::Array(items.iter().map(show_value).collect())
+            }
+        }
+    }
+}
+
+/// Everything `inspect` shows, as one JSON object (the text form prints the same fields).
+pub fn report(file: &HobFile) -> Value {
+    let h = file.header();
+    let metadata: serde_json::Map<String, Value> = file
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.to_string(), show_value(v)))
+        .collect();
+    let tensors: Vec<Value> = file
+        .tensors()
+        .iter()
+        .map(
+            |t| json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape, "bytes": t.size}),
+        )
+        .collect();
+    let (hidden, ffn) = file.expert_dims();
+    let (n_layers, n_experts) = (file.n_layers(), file.n_experts());
+    let variants: Vec<Value> = file
+        .variants()
+        .iter()
+        .enumerate()
+        .map(|(vi, v)| {
+            let mut bytes = 0u64;
+            for l in 0..n_layers {
+                for e in 0..n_experts {
+                    bytes += file.expert_record(l, e, vi).size;
+                }
+            }
+            json!({
+                "variant": v.name(),
+                "count": n_layers * n_experts,
+                "bytes": bytes,
+                "blob_bytes": file.expert_layout(vi).size,
+                "bits_per_weight": v.bits_per_weight(ffn, hidden),
+            })
+        })
+        .collect();
+    json!({
+        "file": file.path().display().to_string(),
+        "header": {
+            "version": h.version,
+            "file_size": h.file_size,
+            "sections": {
+                "metadata": {"offset": h.metadata_offset, "bytes": h.metadata_len},
+                "tensors": {"offset": h.tensors_offset, "bytes": h.tensors_len, "count": h.tensor_count},
+                "experts": {"offset": h.experts_offset, "bytes": h.experts_len},
+                "data": {"offset": h.data_offset, "bytes": h.data_len},
+            },
+        },
+        "metadata": metadata,
+        "tensors": tensors,
+        "experts": {
+            "layers": n_layers,
+            "experts_per_layer": n_experts,
+            "hidden": hidden,
+            "ffn": ffn,
+            "variants": variants,
+        },
+    })
+}
+
+fn print_text(r: &Value) {
+    let h = &r["header"];
+    println!(
+        "{}: hob version {}, {} bytes",
+        r["file"].as_str().unwrap_or(""),
+        h["version"],
+        h["file_size"]
+    );
+    if let Some(sections) = h["sections"].as_object() {
+        for (name, s) in sections {
+            println!(
+                "  {name:<9} offset {:>12}  {:>12} bytes",
+                s["offset"], s["bytes"]
+            );
+        }
+    }
+    if let Some(m) = r["metadata"].as_object() {
+        println!("metadata ({} keys):", m.len());
+        for (k, v) in m {
+            println!("  {k} = {v}");
+        }
+    }
+    if let Some(ts) = r["tensors"].as_array() {
+        println!("dense tensors ({}):", ts.len());
+        for t in ts {
+            println!(
+                "  {:<28} {:<5} {:<14} {:>12} bytes",
+                t["name"].as_str().unwrap_or(""),
+                t["dtype"].as_str().unwrap_or(""),
+                t["shape"].to_string(),
+                t["bytes"]
+            );
+        }
+    }
+    let e = &r["experts"];
+    println!(
+        "experts: {} layers x {} experts, hidden {}, ffn {}",
+        e["layers"], e["experts_per_layer"], e["hidden"], e["ffn"]
+    );
+    if let Some(vs) = e["variants"].as_array() {
+        for v in vs {
+            println!(
+                "  {:<10} {:>6} blobs {:>14} bytes {:>8.3} bits/weight",
+                v["variant"].as_str().unwrap_or(""),
+                v["count"],
+                v["bytes"],
+                v["bits_per_weight"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+}
 
 pub fn run(args: &InspectArgs) -> crate::Result<()> {
-    todo!("{args:?}")
+    let file = HobFile::open(&args.file)?;
+    let mut r = report(&file);
+    let verified = if args.verify {
+        file.verify().map_err(|source| Error::Format {
+            path: args.file.clone(),
+            source,
+        })?;
+        let n = file.tensors().len() + file.n_layers() * file.n_experts() * file.variants().len();
+        r["verify"] = json!({"ok": true, "checksums": n});
+        Some(n)
+    } else {
+        None
+    };
+    if args.json {
+        println!("{r}");
+        if let Some(n) = verified {
+            eprintln!("verify: all {n} checksums OK");
+        }
+    } else {
+        print_text(&r);
+        if let Some(n) = verified {
+            println!("verify: all {n} checksums OK");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_strings_and_arrays_are_abbreviated() {
+        let long = "é".repeat(100);
+        let shown = show_value(&MetaValue::String(long));
+        assert_eq!(shown, json!(format!("{}... (100 chars)", "é".repeat(60))));
+        assert_eq!(
+            show_value(&MetaValue::String("mixtral".into())),
+            json!("mixtral")
+        );
+        let items = vec![MetaValue::U32(1); 20];
+        assert_eq!(
+            show_value(&MetaValue::Array {
+                elem_type: 4,
+                items
+            }),
+            json!("[array of 20 items, type 4]")
+        );
+        assert_eq!(show_value(&MetaValue::F32(0.5)), json!(0.5));
+    }
 }

@@ -18,6 +18,8 @@ pub const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
 pub const ROPE_FREQ_BASE: &str = "rope.freq_base";
 pub const EXPERT_COUNT: &str = "expert_count";
 pub const EXPERT_USED_COUNT: &str = "expert_used_count";
+/// Sliding attention window in tokens; absent when attention is global.
+pub const SLIDING_WINDOW: &str = "attention.sliding_window";
 
 pub fn arch_key(arch: &str, key: &str) -> String {
     format!("{arch}.{key}")

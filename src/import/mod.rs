@@ -1,21 +1,227 @@
 //! Hugging Face checkpoints (config.json + safetensors + tokenizer files) -> what convert writes.
-//! STUB: the import/convert worker fills in the bodies.
+//!
+//! - `arch`: config.json -> `Architecture` (hyper-parameters, tensor names, .hob metadata).
+//! - `safetensors`: the tensor index over mmapped shards; nothing is loaded until asked.
+//! - `tokenizer`: tokenizer.json, tokenizer_config.json, chat_template.jinja.
+//! - `dtype`: f32/f16/bf16 decoding and encoding.
 
 use std::path::{Path, PathBuf};
 
+use crate::format::{keys, DType, DenseSpec, ExpertShape, MetaValue, Metadata};
+
+pub mod arch;
+pub mod dtype;
+pub mod safetensors;
+pub mod tokenizer;
+
+pub use arch::{Architecture, DenseTensor, ExpertSource, MixtralSpec, TensorRole};
+pub use safetensors::TensorIndex;
+pub use tokenizer::TokenizerFiles;
+
+/// Why a checkpoint could not be read. Each variant names the file, field or tensor and what was
+/// expected.
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
-    #[error("{0}")]
-    Todo(String),
+    #[error("{}: {op}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: invalid JSON: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: architecture '{found}' is not supported (supported: {supported})", path.display())]
+    UnsupportedArchitecture {
+        path: PathBuf,
+        found: String,
+        supported: String,
+    },
+    #[error("{}: field '{field}': expected {expected}, found {found}", path.display())]
+    Field {
+        path: PathBuf,
+        field: String,
+        expected: String,
+        found: String,
+    },
+    #[error("{}: {what} is not supported: {detail}", path.display())]
+    Unsupported {
+        path: PathBuf,
+        what: String,
+        detail: String,
+    },
+    #[error("{}: no model.safetensors or model.safetensors.index.json", dir.display())]
+    NoWeights { dir: PathBuf },
+    #[error("{}: not a valid safetensors file: {detail}", path.display())]
+    Safetensors { path: PathBuf, detail: String },
+    #[error("tensor '{name}' not found (searched {searched})")]
+    MissingTensor { name: String, searched: String },
+    #[error("tensor '{name}' in {file}: expected shape {expected:?}, found {found:?}")]
+    ShapeMismatch {
+        name: String,
+        file: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error(
+        "tensor '{name}' in {file}: dtype {found} is not supported (supported: F32, F16, BF16)"
+    )]
+    UnsupportedDtype {
+        name: String,
+        file: String,
+        found: String,
+    },
+    #[error("tensor '{name}' in {file}: {count} non-finite values (first at element {first})")]
+    NonFinite {
+        name: String,
+        file: String,
+        count: usize,
+        first: usize,
+    },
+    #[error("{}: {detail}", path.display())]
+    Tokenizer { path: PathBuf, detail: String },
+}
+
+impl ImportError {
+    pub(crate) fn io(path: &Path, op: &'static str, source: std::io::Error) -> Self {
+        ImportError::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }
+    }
+}
+
+/// Read a whole text file, naming it on failure.
+pub(crate) fn read_text(path: &Path) -> Result<String, ImportError> {
+    std::fs::read_to_string(path).map_err(|e| ImportError::io(path, "read", e))
+}
+
+/// Read and parse a JSON file, naming it on failure.
+pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, ImportError> {
+    serde_json::from_str(&read_text(path)?).map_err(|source| ImportError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The three matrices of one expert as f32, row-major: gate (w1) and up (w3) [ffn, hidden],
+/// down (w2) [hidden, ffn].
+pub struct ExpertWeights {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
 }
 
 /// A checkpoint directory, opened (config parsed, safetensors headers indexed, nothing loaded).
+/// Every tensor convert will need has been found with the right shape and a supported dtype.
 pub struct Checkpoint {
     pub dir: PathBuf,
+    pub arch: Architecture,
+    pub tokenizer: TokenizerFiles,
+    /// The dtype of the token embedding: the checkpoint's storage type.
+    pub source_dtype: DType,
+    tensors: TensorIndex,
+    dense: Vec<DenseTensor>,
+    experts: ExpertSource,
 }
 
 impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Checkpoint, ImportError> {
-        todo!("{}", dir.display())
+        let meta = std::fs::metadata(dir)
+            .map_err(|e| ImportError::io(dir, "open checkpoint directory", e))?;
+        if !meta.is_dir() {
+            return Err(ImportError::io(
+                dir,
+                "open checkpoint directory",
+                std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
+            ));
+        }
+        let config_path = dir.join("config.json");
+        let arch = Architecture::from_config(&config_path, &read_json(&config_path)?)?;
+        let tokenizer = TokenizerFiles::open(dir, arch.special_token_ids())?;
+        let tensors = TensorIndex::open(dir)?;
+        let experts = arch.expert_source(&tensors)?;
+        let dense = arch.dense_tensors(&experts);
+        for t in &dense {
+            tensors.check(&t.hf_name, &t.shape)?;
+        }
+        let source_dtype = tensors.dtype(&dense[0].hf_name)?;
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            arch,
+            tokenizer,
+            source_dtype,
+            tensors,
+            dense,
+            experts,
+        })
+    }
+
+    /// Dense tensors in the order convert writes them.
+    pub fn dense_tensors(&self) -> &[DenseTensor] {
+        &self.dense
+    }
+
+    /// The .hob dense table: matrices in `matrix_dtype`, norms and routers in f32.
+    pub fn dense_specs(&self, matrix_dtype: DType) -> Vec<DenseSpec> {
+        self.dense
+            .iter()
+            .map(|t| DenseSpec {
+                name: t.hob_name.clone(),
+                dtype: match t.role {
+                    TensorRole::Matrix => matrix_dtype,
+                    TensorRole::Norm | TensorRole::Router => DType::F32,
+                },
+                shape: t.shape.clone(),
+            })
+            .collect()
+    }
+
+    pub fn expert_shape(&self) -> ExpertShape {
+        self.arch.expert_shape()
+    }
+
+    /// Load one dense tensor as f32 (checked finite).
+    pub fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
+        self.tensors.load_f32(&t.hf_name)
+    }
+
+    /// Load the gate, up and down matrices of one expert as f32 (checked finite).
+    pub fn load_expert(&self, layer: usize, expert: usize) -> Result<ExpertWeights, ImportError> {
+        self.experts.load(&self.tensors, layer, expert)
+    }
+
+    /// The .hob metadata: architecture, hyper-parameters, tokenizer and hob's own keys.
+    pub fn metadata(&self) -> Metadata {
+        let mut m = Metadata::new();
+        m.set(
+            keys::ARCHITECTURE,
+            MetaValue::String(self.arch.hob_name().to_string()),
+        );
+        m.set(keys::NAME, MetaValue::String(self.name()));
+        self.arch.write_metadata(&mut m);
+        self.tokenizer.write_metadata(&mut m);
+        m.set(
+            keys::TIE_WORD_EMBEDDINGS,
+            MetaValue::Bool(self.arch.tie_word_embeddings()),
+        );
+        m.set(
+            keys::SOURCE_DTYPE,
+            MetaValue::String(self.source_dtype.name().to_string()),
+        );
+        m
+    }
+
+    /// The model's name: the checkpoint directory's name.
+    pub fn name(&self) -> String {
+        let dir = self.dir.canonicalize().unwrap_or_else(|_| self.dir.clone());
+        dir.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".to_string())
     }
 }

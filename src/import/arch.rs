@@ -1,0 +1,512 @@
+//! config.json -> the architecture: hyper-parameters, the Hugging Face -> .hob tensor names and
+//! the .hob metadata. One enum variant per architecture family.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::{ExpertWeights, ImportError, TensorIndex};
+use crate::format::{keys, ExpertShape, MetaValue, Metadata};
+
+/// Architectures hob converts, by their config.json `architectures` name.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Architecture {
+    Mixtral(MixtralSpec),
+}
+
+const SUPPORTED: &[&str] = &["MixtralForCausalLM"];
+
+/// MixtralForCausalLM's hyper-parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MixtralSpec {
+    pub hidden: usize,
+    /// Expert FFN width.
+    pub ffn: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f32,
+    pub rms_eps: f32,
+    pub vocab: usize,
+    pub context_length: usize,
+    pub n_experts: usize,
+    pub n_experts_used: usize,
+    pub tie_word_embeddings: bool,
+    pub sliding_window: Option<usize>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<u32>,
+}
+
+/// How a dense tensor is stored: matrices in the --dense dtype, the rest always f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorRole {
+    Matrix,
+    Norm,
+    Router,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DenseTensor {
+    pub hob_name: String,
+    pub hf_name: String,
+    pub shape: Vec<usize>,
+    pub role: TensorRole,
+}
+
+/// Where the experts' matrices are in the checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExpertSource {
+    /// `block_sparse_moe.experts.E.w1/w3/w2.weight`: one tensor per matrix (the hub layout).
+    PerExpert { hidden: usize, ffn: usize },
+    /// transformers 5's fused layout (`save_original_format=False`): `mlp.experts.gate_up_proj`
+    /// [E, 2 * ffn, hidden] (gate rows first) and `mlp.experts.down_proj` [E, hidden, ffn].
+    Fused { hidden: usize, ffn: usize },
+}
+
+/// Typed access to config.json fields with errors that name the field.
+struct Fields<'a> {
+    path: &'a Path,
+    obj: &'a Map<String, Value>,
+}
+
+impl Fields<'_> {
+    fn err(&self, field: &str, expected: &str, found: Option<&Value>) -> ImportError {
+        ImportError::Field {
+            path: self.path.to_path_buf(),
+            field: field.to_string(),
+            expected: expected.to_string(),
+            found: found.map_or_else(|| "nothing (missing)".to_string(), |v| v.to_string()),
+        }
+    }
+
+    /// The field, treating null as absent.
+    fn get(&self, field: &str) -> Option<&Value> {
+        self.obj.get(field).filter(|v| !v.is_null())
+    }
+
+    fn opt_usize(&self, field: &str) -> Result<Option<usize>, ImportError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(self.err(field, "a positive integer", Some(v))),
+            },
+        }
+    }
+
+    fn usize(&self, field: &str) -> Result<usize, ImportError> {
+        self.opt_usize(field)?
+            .ok_or_else(|| self.err(field, "a positive integer", None))
+    }
+
+    fn opt_f64(&self, field: &str) -> Result<Option<f64>, ImportError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+                _ => Err(self.err(field, "a positive number", Some(v))),
+            },
+        }
+    }
+
+    fn f32(&self, field: &str) -> Result<f32, ImportError> {
+        Ok(self
+            .opt_f64(field)?
+            .ok_or_else(|| self.err(field, "a positive number", None))? as f32)
+    }
+
+    fn bool_or(&self, field: &str, default: bool) -> Result<bool, ImportError> {
+        match self.get(field) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(self.err(field, "true or false", Some(v))),
+        }
+    }
+
+    /// A token id, or the first of a list of ids (`eos_token_id` may be a list).
+    fn opt_token_id(&self, field: &str) -> Result<Option<u32>, ImportError> {
+        let v = match self.get(field) {
+            None => return Ok(None),
+            Some(Value::Array(items)) if !items.is_empty() => &items[0],
+            Some(v) => v,
+        };
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| self.err(field, "a token id or a list of token ids", Some(v)))
+    }
+}
+
+impl Architecture {
+    /// Parse config.json (already read from `path`, which errors name).
+    pub fn from_config(path: &Path, config: &Value) -> Result<Architecture, ImportError> {
+        let obj = config.as_object().ok_or_else(|| ImportError::Field {
+            path: path.to_path_buf(),
+            field: "(top level)".into(),
+            expected: "a JSON object".into(),
+            found: config.to_string(),
+        })?;
+        let f = Fields { path, obj };
+        let archs = f
+            .get("architectures")
+            .and_then(|v| v.as_array())
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| {
+                f.err(
+                    "architectures",
+                    "a non-empty list of names",
+                    f.get("architectures"),
+                )
+            })?;
+        let name = archs[0]
+            .as_str()
+            .ok_or_else(|| f.err("architectures", "a list of names", Some(&archs[0])))?;
+        match name {
+            "MixtralForCausalLM" => Ok(Architecture::Mixtral(MixtralSpec::from_fields(&f)?)),
+            other => Err(ImportError::UnsupportedArchitecture {
+                path: path.to_path_buf(),
+                found: other.to_string(),
+                supported: SUPPORTED.join(", "),
+            }),
+        }
+    }
+
+    /// general.architecture in the .hob file.
+    pub fn hob_name(&self) -> &'static str {
+        match self {
+            Architecture::Mixtral(_) => "mixtral",
+        }
+    }
+
+    /// (bos, eos) ids from config.json, used when tokenizer_config.json names none.
+    pub fn special_token_ids(&self) -> (Option<u32>, Option<u32>) {
+        match self {
+            Architecture::Mixtral(s) => (s.bos_token_id, s.eos_token_id),
+        }
+    }
+
+    pub fn tie_word_embeddings(&self) -> bool {
+        match self {
+            Architecture::Mixtral(s) => s.tie_word_embeddings,
+        }
+    }
+
+    pub fn expert_shape(&self) -> ExpertShape {
+        match self {
+            Architecture::Mixtral(s) => ExpertShape {
+                n_layers: s.n_layers,
+                n_experts: s.n_experts,
+                hidden: s.hidden,
+                ffn: s.ffn,
+            },
+        }
+    }
+
+    /// Dense tensors in the order convert writes them; router names follow the expert layout.
+    pub fn dense_tensors(&self, experts: &ExpertSource) -> Vec<DenseTensor> {
+        match self {
+            Architecture::Mixtral(s) => s.dense_tensors(experts),
+        }
+    }
+
+    /// Find the experts in the checkpoint (either layout) and check every tensor's shape.
+    pub fn expert_source(&self, index: &TensorIndex) -> Result<ExpertSource, ImportError> {
+        match self {
+            Architecture::Mixtral(s) => s.expert_source(index),
+        }
+    }
+
+    /// The `{arch}.*` hyper-parameter keys.
+    pub fn write_metadata(&self, m: &mut Metadata) {
+        match self {
+            Architecture::Mixtral(s) => s.write_metadata(m),
+        }
+    }
+}
+
+fn u32_value(n: usize) -> MetaValue {
+    // Hyper-parameters were checked to fit in u32 when parsed.
+    MetaValue::U32(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+impl MixtralSpec {
+    fn from_fields(f: &Fields) -> Result<MixtralSpec, ImportError> {
+        if f.get("rope_scaling").is_some() {
+            return Err(ImportError::Unsupported {
+                path: f.path.to_path_buf(),
+                what: "'rope_scaling'".into(),
+                detail: format!(
+                    "found {}; hob implements plain RoPE only",
+                    f.obj["rope_scaling"]
+                ),
+            });
+        }
+        let hidden = f.usize("hidden_size")?;
+        let n_heads = f.usize("num_attention_heads")?;
+        let n_kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
+        if n_heads % n_kv_heads != 0 {
+            return Err(f.err(
+                "num_key_value_heads",
+                &format!("a divisor of num_attention_heads ({n_heads})"),
+                f.get("num_key_value_heads"),
+            ));
+        }
+        let head_dim = match f.opt_usize("head_dim")? {
+            Some(d) => d,
+            None if hidden % n_heads == 0 => hidden / n_heads,
+            None => {
+                return Err(f.err(
+                    "head_dim",
+                    &format!(
+                        "a head size (hidden_size {hidden} is not divisible by {n_heads} heads)"
+                    ),
+                    None,
+                ))
+            }
+        };
+        let n_experts = f.usize("num_local_experts")?;
+        let n_experts_used = f.usize("num_experts_per_tok")?;
+        if n_experts_used > n_experts {
+            return Err(f.err(
+                "num_experts_per_tok",
+                &format!("at most num_local_experts ({n_experts})"),
+                f.get("num_experts_per_tok"),
+            ));
+        }
+        let spec = MixtralSpec {
+            hidden,
+            ffn: f.usize("intermediate_size")?,
+            n_layers: f.usize("num_hidden_layers")?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rope_theta: rope_theta(f)?,
+            rms_eps: f.f32("rms_norm_eps")?,
+            vocab: f.usize("vocab_size")?,
+            context_length: f.usize("max_position_embeddings")?,
+            n_experts,
+            n_experts_used,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            sliding_window: f.opt_usize("sliding_window")?,
+            bos_token_id: f.opt_token_id("bos_token_id")?,
+            eos_token_id: f.opt_token_id("eos_token_id")?,
+        };
+        for (field, v) in [
+            ("hidden_size", spec.hidden),
+            ("intermediate_size", spec.ffn),
+            ("vocab_size", spec.vocab),
+            ("max_position_embeddings", spec.context_length),
+            ("head_dim", spec.head_dim),
+            ("sliding_window", spec.sliding_window.unwrap_or(0)),
+            ("num_local_experts", spec.n_experts),
+        ] {
+            if u32::try_from(v).is_err() {
+                return Err(f.err(field, "a value below 2^32", f.get(field)));
+            }
+        }
+        Ok(spec)
+    }
+
+    fn dense_tensors(&self, experts: &ExpertSource) -> Vec<DenseTensor> {
+        let router = match experts {
+            ExpertSource::PerExpert { .. } => "block_sparse_moe.gate.weight",
+            ExpertSource::Fused { .. } => "mlp.gate.weight",
+        };
+        let (h, q, kv) = (
+            self.hidden,
+            self.n_heads * self.head_dim,
+            self.n_kv_heads * self.head_dim,
+        );
+        let t = |hob: String, hf: String, shape: Vec<usize>, role| DenseTensor {
+            hob_name: hob,
+            hf_name: hf,
+            shape,
+            role,
+        };
+        let mut out = vec![t(
+            keys::TOKEN_EMBD.into(),
+            "model.embed_tokens.weight".into(),
+            vec![self.vocab, h],
+            TensorRole::Matrix,
+        )];
+        for l in 0..self.n_layers {
+            let hf = |s: &str| format!("model.layers.{l}.{s}");
+            out.extend([
+                t(
+                    keys::blk(l, keys::ATTN_NORM),
+                    hf("input_layernorm.weight"),
+                    vec![h],
+                    TensorRole::Norm,
+                ),
+                t(
+                    keys::blk(l, keys::ATTN_Q),
+                    hf("self_attn.q_proj.weight"),
+                    vec![q, h],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::blk(l, keys::ATTN_K),
+                    hf("self_attn.k_proj.weight"),
+                    vec![kv, h],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::blk(l, keys::ATTN_V),
+                    hf("self_attn.v_proj.weight"),
+                    vec![kv, h],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::blk(l, keys::ATTN_OUTPUT),
+                    hf("self_attn.o_proj.weight"),
+                    vec![h, q],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::blk(l, keys::FFN_NORM),
+                    hf("post_attention_layernorm.weight"),
+                    vec![h],
+                    TensorRole::Norm,
+                ),
+                t(
+                    keys::blk(l, keys::FFN_GATE_INP),
+                    hf(router),
+                    vec![self.n_experts, h],
+                    TensorRole::Router,
+                ),
+            ]);
+        }
+        out.push(t(
+            keys::OUTPUT_NORM.into(),
+            "model.norm.weight".into(),
+            vec![h],
+            TensorRole::Norm,
+        ));
+        if !self.tie_word_embeddings {
+            out.push(t(
+                keys::OUTPUT.into(),
+                "lm_head.weight".into(),
+                vec![self.vocab, h],
+                TensorRole::Matrix,
+            ));
+        }
+        out
+    }
+
+    fn expert_source(&self, index: &TensorIndex) -> Result<ExpertSource, ImportError> {
+        let (hidden, ffn, n) = (self.hidden, self.ffn, self.n_experts);
+        if !index.contains(&per_expert_name(0, 0, "w1"))
+            && index.contains(&fused_name(0, "gate_up_proj"))
+        {
+            for l in 0..self.n_layers {
+                index.check(&fused_name(l, "gate_up_proj"), &[n, 2 * ffn, hidden])?;
+                index.check(&fused_name(l, "down_proj"), &[n, hidden, ffn])?;
+            }
+            return Ok(ExpertSource::Fused { hidden, ffn });
+        }
+        for l in 0..self.n_layers {
+            for e in 0..n {
+                index.check(&per_expert_name(l, e, "w1"), &[ffn, hidden])?;
+                index.check(&per_expert_name(l, e, "w3"), &[ffn, hidden])?;
+                index.check(&per_expert_name(l, e, "w2"), &[hidden, ffn])?;
+            }
+        }
+        Ok(ExpertSource::PerExpert { hidden, ffn })
+    }
+
+    fn write_metadata(&self, m: &mut Metadata) {
+        let k = |key: &str| keys::arch_key("mixtral", key);
+        for (key, v) in [
+            (keys::VOCAB_SIZE, self.vocab),
+            (keys::CONTEXT_LENGTH, self.context_length),
+            (keys::EMBEDDING_LENGTH, self.hidden),
+            (keys::FEED_FORWARD_LENGTH, self.ffn),
+            (keys::BLOCK_COUNT, self.n_layers),
+            (keys::HEAD_COUNT, self.n_heads),
+            (keys::HEAD_COUNT_KV, self.n_kv_heads),
+            (keys::KEY_LENGTH, self.head_dim),
+            (keys::VALUE_LENGTH, self.head_dim),
+            (keys::EXPERT_COUNT, self.n_experts),
+            (keys::EXPERT_USED_COUNT, self.n_experts_used),
+        ] {
+            m.set(&k(key), u32_value(v));
+        }
+        m.set(&k(keys::RMS_EPS), MetaValue::F32(self.rms_eps));
+        m.set(&k(keys::ROPE_FREQ_BASE), MetaValue::F32(self.rope_theta));
+        if let Some(w) = self.sliding_window {
+            m.set(&k(keys::SLIDING_WINDOW), u32_value(w));
+        }
+    }
+}
+
+/// `rope_theta` at the top level (hub configs) or inside transformers 5's `rope_parameters`.
+fn rope_theta(f: &Fields) -> Result<f32, ImportError> {
+    if let Some(params) = f.get("rope_parameters") {
+        let obj = params
+            .as_object()
+            .ok_or_else(|| f.err("rope_parameters", "an object", Some(params)))?;
+        let inner = Fields { path: f.path, obj };
+        if let Some(t) = inner.get("rope_type") {
+            if t.as_str() != Some("default") {
+                return Err(ImportError::Unsupported {
+                    path: f.path.to_path_buf(),
+                    what: "rope_parameters.rope_type".into(),
+                    detail: format!("found {t}; hob implements rope_type \"default\" only"),
+                });
+            }
+        }
+        if inner.get("rope_theta").is_some() {
+            return inner.f32("rope_theta").map_err(|_| {
+                f.err(
+                    "rope_parameters.rope_theta",
+                    "a positive number",
+                    inner.get("rope_theta"),
+                )
+            });
+        }
+    }
+    f.f32("rope_theta")
+}
+
+fn per_expert_name(layer: usize, expert: usize, w: &str) -> String {
+    format!("model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}.weight")
+}
+
+fn fused_name(layer: usize, w: &str) -> String {
+    format!("model.layers.{layer}.mlp.experts.{w}")
+}
+
+impl ExpertSource {
+    pub fn load(
+        &self,
+        index: &TensorIndex,
+        layer: usize,
+        expert: usize,
+    ) -> Result<ExpertWeights, ImportError> {
+        match *self {
+            ExpertSource::PerExpert { .. } => Ok(ExpertWeights {
+                gate: index.load_f32(&per_expert_name(layer, expert, "w1"))?,
+                up: index.load_f32(&per_expert_name(layer, expert, "w3"))?,
+                down: index.load_f32(&per_expert_name(layer, expert, "w2"))?,
+            }),
+            ExpertSource::Fused { hidden, ffn } => {
+                let m = hidden * ffn;
+                let gate_up = fused_name(layer, "gate_up_proj");
+                let down = fused_name(layer, "down_proj");
+                let (mut w, base) = (
+                    ExpertWeights {
+                        gate: Vec::new(),
+                        up: Vec::new(),
+                        down: Vec::new(),
+                    },
+                    expert * 2 * m,
+                );
+                index.load_range_into(&gate_up, base..base + m, &mut w.gate)?;
+                index.load_range_into(&gate_up, base + m..base + 2 * m, &mut w.up)?;
+                index.load_range_into(&down, expert * m..(expert + 1) * m, &mut w.down)?;
+                Ok(w)
+            }
+        }
+    }
+}

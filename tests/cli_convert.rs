@@ -1,0 +1,385 @@
+//! `hob convert` and `hob inspect`, run as the binary: the transformers fixture and rewrites of
+//! it in other dtypes and shardings convert, read back exactly (dense, f16 experts) or within
+//! error bounds (int experts), deterministically; errors exit non-zero naming the problem and
+//! leave no output or temporary file behind.
+
+mod import_fixture;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use hob::format::{DType, HobFile, MatrixView, VariantKind};
+use hob::import::dtype;
+use hob::quant::Matrix;
+use import_fixture as fx;
+use safetensors::Dtype;
+
+fn hob(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hob"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn assert_ok(o: &Output) {
+    assert!(o.status.success(), "failed: {}\n{}", stderr(o), stdout(o));
+}
+
+/// Run a convert that must fail: non-zero exit, no panic, a message containing each of `want`,
+/// and nothing left in the (otherwise empty) output directory.
+fn convert_fails(from: &Path, out_dir: &Path, extra: &[&str], want: &[&str]) {
+    let out = out_dir.join("out.hob");
+    let mut args = vec![
+        "convert",
+        "--from",
+        from.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--no-progress",
+    ];
+    args.extend_from_slice(extra);
+    let o = hob(&args);
+    let err = stderr(&o);
+    assert!(
+        !o.status.success(),
+        "convert succeeded but should fail ({want:?})"
+    );
+    assert!(!err.contains("panicked"), "panicked: {err}");
+    for w in want {
+        assert!(err.contains(w), "expected '{w}' in: {err}");
+    }
+    if out_dir.exists() {
+        let left: Vec<_> = std::fs::read_dir(out_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "left behind after a failed convert: {left:?}"
+        );
+    }
+}
+
+fn convert(from: &Path, out: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "convert",
+        "--from",
+        from.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--no-progress",
+    ];
+    args.extend_from_slice(extra);
+    let o = hob(&args);
+    assert_ok(&o);
+    stdout(&o)
+}
+
+fn decode(dt: DType, bytes: &[u8]) -> Vec<f32> {
+    let mut v = Vec::new();
+    dtype::decode_into(dt, bytes, &mut v);
+    v
+}
+
+fn matrix_f32(view: MatrixView<'_>) -> Vec<f32> {
+    let m = Matrix::from_view(view);
+    let mut out = vec![0.0; view.rows * view.cols];
+    for (r, row) in out.chunks_exact_mut(view.cols).enumerate() {
+        m.row_to_f32(r, row);
+    }
+    out
+}
+
+/// Every dense tensor of `hob_path` equals the source tensor (as f32) rounded to its stored dtype.
+fn check_dense(hob_path: &Path, src: &BTreeMap<String, fx::Tensor>, expect_dtype: DType) {
+    let file = HobFile::open(hob_path).unwrap();
+    let ck = hob::import::Checkpoint::open(&fx::fixture_dir()).unwrap();
+    assert_eq!(file.tensors().len(), ck.dense_tensors().len());
+    for t in ck.dense_tensors() {
+        let view = file
+            .tensor(&t.hob_name)
+            .unwrap_or_else(|| panic!("{} missing", t.hob_name));
+        assert_eq!(view.info.shape, t.shape, "{}", t.hob_name);
+        let is_matrix = t.role == hob::import::TensorRole::Matrix;
+        assert_eq!(
+            view.info.dtype,
+            if is_matrix { expect_dtype } else { DType::F32 },
+            "{}",
+            t.hob_name
+        );
+        let want: Vec<f32> = src[&t.hf_name]
+            .values
+            .iter()
+            .map(|&v| decode(view.info.dtype, &dtype::encode(view.info.dtype, &[v]))[0])
+            .collect();
+        assert_eq!(decode(view.info.dtype, view.data), want, "{}", t.hob_name);
+    }
+}
+
+#[test]
+fn fixture_converts_reads_back_and_inspects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("tiny.hob");
+    let summary = convert(
+        &fx::fixture_dir(),
+        &out,
+        &["--experts", "f16,int8,int4,int2"],
+    );
+    for v in [
+        "f16", "int8/g64", "int4/g64", "int2/g64", "dense:", "tiny.hob",
+    ] {
+        assert!(summary.contains(v), "summary lacks '{v}': {summary}");
+    }
+    let src = fx::read_tensors(&fx::fixture_dir());
+    check_dense(&out, &src, DType::F16);
+
+    let file = HobFile::open(&out).unwrap();
+    assert_eq!(
+        (file.n_layers(), file.n_experts(), file.expert_dims()),
+        (2, 4, (64, 128))
+    );
+    let kinds: Vec<VariantKind> = file.variants().iter().map(|v| v.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            VariantKind::F16,
+            VariantKind::Int8,
+            VariantKind::Int4,
+            VariantKind::Int2
+        ]
+    );
+    let bounds = [0.0, 0.01, 0.12, 0.5];
+    for (vi, bound) in bounds.iter().enumerate() {
+        let (mut sse, mut ss) = (0f64, 0f64);
+        for l in 0..2 {
+            for e in 0..4 {
+                let x = file.expert(l, e, vi);
+                let p = format!("model.layers.{l}.block_sparse_moe.experts.{e}");
+                for (view, w) in [(x.gate(), "w1"), (x.up(), "w3"), (x.down(), "w2")] {
+                    let want = &src[&format!("{p}.{w}.weight")].values;
+                    if vi == 0 {
+                        assert_eq!(&decode(DType::F16, view.codes), want, "{p}.{w} f16 copy");
+                    }
+                    let got = matrix_f32(view);
+                    for (a, b) in got.iter().zip(want) {
+                        sse += ((a - b) as f64).powi(2);
+                        ss += (*b as f64).powi(2);
+                    }
+                }
+            }
+        }
+        let rel = (sse / ss).sqrt();
+        assert!(
+            rel <= *bound,
+            "{}: relative RMS error {rel} above {bound}",
+            file.variants()[vi]
+        );
+        if vi > 0 {
+            assert!(
+                rel > 0.0,
+                "{}: a quantized variant cannot be exact",
+                file.variants()[vi]
+            );
+        }
+    }
+
+    let o = hob(&["inspect", out.to_str().unwrap()]);
+    assert_ok(&o);
+    let text = stdout(&o);
+    for w in [
+        "general.architecture",
+        "mixtral",
+        "blk.1.ffn_gate_inp.weight",
+        "int2/g64",
+        "chars)",
+    ] {
+        assert!(text.contains(w), "inspect lacks '{w}': {text}");
+    }
+
+    let o = hob(&["inspect", "--json", "--verify", out.to_str().unwrap()]);
+    assert_ok(&o);
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(j["tensors"].as_array().unwrap().len(), file.tensors().len());
+    assert_eq!(j["experts"]["variants"][2]["variant"], "int4/g64");
+    assert_eq!(j["experts"]["variants"][2]["count"], 8);
+    assert_eq!(j["metadata"]["general.architecture"], "mixtral");
+    assert_eq!(j["verify"]["checksums"], file.tensors().len() + 2 * 4 * 4);
+
+    let o = hob(&["inspect", "--verify", out.to_str().unwrap()]);
+    assert_ok(&o);
+    let n = file.tensors().len() + 2 * 4 * 4;
+    assert!(
+        stdout(&o).contains(&format!("verify: all {n} checksums OK")),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn verify_names_a_corrupted_expert() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("tiny.hob");
+    convert(&fx::fixture_dir(), &out, &["--experts", "f16,int4"]);
+    let offset = HobFile::open(&out).unwrap().expert_record(1, 2, 1).offset as usize;
+    let mut bytes = std::fs::read(&out).unwrap();
+    bytes[offset + 3] ^= 0x40;
+    std::fs::write(&out, bytes).unwrap();
+    let o = hob(&["inspect", "--verify", out.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("checksum") && err.contains("expert"), "{err}");
+}
+
+#[test]
+fn converting_twice_gives_identical_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a.hob"), tmp.path().join("b.hob"));
+    convert(&fx::fixture_dir(), &a, &["--experts", "f16,int8,int4,int2"]);
+    convert(&fx::fixture_dir(), &b, &["--experts", "f16,int8,int4,int2"]);
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "two converts differ"
+    );
+}
+
+#[test]
+fn every_source_dtype_and_sharding_converts() {
+    for (dtype, sharded, dense, stored) in [
+        (Dtype::F32, false, None, DType::F32),
+        (Dtype::BF16, true, None, DType::Bf16),
+        (Dtype::F16, false, Some("f32"), DType::F32),
+        (Dtype::F32, true, Some("bf16"), DType::Bf16),
+        (Dtype::F32, false, Some("f16"), DType::F16),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let src_dir = tmp.path().join("model");
+        std::fs::create_dir(&src_dir).unwrap();
+        let src = fx::rewrite(&fx::fixture_dir(), &src_dir, dtype, sharded);
+        let out = tmp.path().join("m.hob");
+        let mut extra = vec!["--experts", "f16,int4"];
+        if let Some(d) = dense {
+            extra.extend(["--dense", d]);
+        }
+        convert(&src_dir, &out, &extra);
+        check_dense(&out, &src, stored);
+    }
+}
+
+#[test]
+fn non_finite_expert_fails_mid_stream_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src_dir = tmp.path().join("model");
+    std::fs::create_dir(&src_dir).unwrap();
+    let mut t = fx::rewrite(&fx::fixture_dir(), &src_dir, Dtype::F16, false);
+    let name = "model.layers.1.block_sparse_moe.experts.3.w2.weight";
+    t.get_mut(name).unwrap().values[7] = f32::NAN;
+    fx::write_tensors(&src_dir, &t, false);
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    convert_fails(
+        &src_dir,
+        &out_dir,
+        &["--experts", "f16,int4"],
+        &[name, "non-finite"],
+    );
+}
+
+/// A writable copy of the fixture to break.
+fn fixture_copy(tmp: &Path) -> PathBuf {
+    let dir = tmp.join("model");
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(fx::fixture_dir()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn errors_before_writing_name_the_problem_and_leave_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+
+    let missing = tmp.path().join("no-such-checkpoint");
+    convert_fails(&missing, &out_dir, &[], &["no-such-checkpoint"]);
+
+    let model = fixture_copy(tmp.path());
+    convert_fails(
+        &model,
+        &out_dir,
+        &["--experts", "f16,int3"],
+        &["unknown variant 'int3'", "int4"],
+    );
+    convert_fails(
+        &model,
+        &out_dir,
+        &["--experts", "int4,int4"],
+        &["listed twice"],
+    );
+    convert_fails(
+        &model,
+        &out_dir,
+        &["--experts", "int4/g96"],
+        &["group size"],
+    );
+    convert_fails(&model, &out_dir, &["--dense", "f64"], &["--dense", "f64"]);
+    convert_fails(
+        &model,
+        &tmp.path().join("no-such-out-dir"),
+        &[],
+        &["no-such-out-dir"],
+    );
+
+    let config = std::fs::read_to_string(model.join("config.json")).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        config.replace("MixtralForCausalLM", "LlamaForCausalLM"),
+    )
+    .unwrap();
+    convert_fails(
+        &model,
+        &out_dir,
+        &[],
+        &["config.json: architecture 'LlamaForCausalLM' is not supported (supported: MixtralForCausalLM)"],
+    );
+    std::fs::write(model.join("config.json"), &config).unwrap();
+
+    let name = "model.layers.0.self_attn.v_proj.weight";
+    let mut t = fx::read_tensors(&model);
+    let v_proj = t.remove(name).unwrap();
+    for f in [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ] {
+        std::fs::remove_file(model.join(f)).unwrap();
+    }
+    fx::write_tensors(&model, &t, true);
+    convert_fails(
+        &model,
+        &out_dir,
+        &[],
+        &[name, "not found", "model.safetensors.index.json"],
+    );
+
+    let mut bad = v_proj.clone();
+    bad.shape = vec![64, 32];
+    t.insert(name.into(), bad);
+    fx::write_tensors(&model, &t, true);
+    convert_fails(
+        &model,
+        &out_dir,
+        &[],
+        &[name, "expected shape [32, 64], found [64, 32]"],
+    );
+}
