@@ -9,6 +9,7 @@
 //! depend on which other rows are in the requested range. Asymmetric variants use
 //! `sum_g(s_g * sum(q * x) + m_g * sum_g(x))`, with the group sums of `x` computed once per call.
 
+mod gemm;
 mod quantize;
 mod scalar;
 

@@ -8,7 +8,6 @@ pub use experts::CpuExperts;
 
 use rayon::prelude::*;
 
-use crate::format::DType;
 use crate::model::ops::{AttentionShape, Backend};
 use crate::quant::Matrix;
 
@@ -64,19 +63,15 @@ impl Backend for CpuBackend {
             });
             return;
         }
-        // Batched: dequantize each weight row once, then dot it with every token's input
-        // (the inputs viewed as an f32 matrix [t, cols]). outt is (rows, t).
-        let xm = Matrix::dense(DType::F32, t, cols, bytemuck::cast_slice(x));
+        // Batched: each task dequantizes its block of rows once and multiplies it with every
+        // token's input; outt is (rows, t), transposed into out afterwards.
         let mut outt = vec![0.0f32; rows * t];
         self.pool.install(|| {
             outt.par_chunks_mut(chunk * t)
                 .enumerate()
-                .for_each(|(i, o)| {
-                    let mut row = vec![0.0f32; cols];
-                    for (j, col) in o.chunks_exact_mut(t).enumerate() {
-                        w.row_to_f32(i * chunk + j, &mut row);
-                        xm.matvec_rows(&row, 0..t, col);
-                    }
+                .for_each_init(Vec::new, |scratch, (i, o)| {
+                    let r0 = i * chunk;
+                    w.matmul_rows(x, t, r0..r0 + o.len() / t, o, scratch);
                 })
         });
         for (r, col) in outt.chunks_exact(t).enumerate() {

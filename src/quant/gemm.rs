@@ -1,0 +1,47 @@
+//! Batched products for prefill: dequantize a block of weight rows to f32 once, then one f32
+//! GEMM (the `matrixmultiply` crate's cache-blocked kernels) against every token's input.
+//! Decode (one token) uses the fused `matvec_rows` kernels instead.
+
+use std::ops::Range;
+
+use super::Matrix;
+
+impl Matrix<'_> {
+    /// out[(r - rows.start) * t + i] = dot(row r, x_i) for the rows in `rows` and the `t` inputs
+    /// x_i = x[i * cols..(i + 1) * cols]: out is (rows.len(), t), row-major. `scratch` holds the
+    /// dequantized rows between calls. The sum over columns runs in an order fixed by `cols`
+    /// alone, so results do not depend on how a caller splits the rows.
+    pub fn matmul_rows(&self, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32], scratch: &mut Vec<f32>) {
+        let (n, k) = (rows.len(), self.cols);
+        assert_eq!(x.len(), t * k, "matmul_rows: input length vs t x cols");
+        assert!(rows.end <= self.rows, "matmul_rows: rows {rows:?} of {}", self.rows);
+        assert_eq!(out.len(), n * t, "matmul_rows: output length");
+        scratch.resize(n * k, 0.0);
+        for (r, w) in rows.clone().zip(scratch.chunks_exact_mut(k)) {
+            self.row_to_f32(r, w);
+        }
+        // C (n, t) = A (n, k) x B (k, t), with B = xᵀ read in place (x is (t, k) row-major).
+        // SAFETY: every pointer covers exactly the extent described by its dimensions and
+        // strides: A is scratch (n * k, row stride k), B is x (t * k, element (kk, i) at
+        // i * k + kk), C is out (n * t, row stride t); the lengths were asserted above, and out
+        // does not alias the inputs (it is a distinct &mut).
+        unsafe {
+            matrixmultiply::sgemm(
+                n,
+                k,
+                t,
+                1.0,
+                scratch.as_ptr(),
+                k as isize,
+                1,
+                x.as_ptr(),
+                1,
+                k as isize,
+                0.0,
+                out.as_mut_ptr(),
+                t as isize,
+                1,
+            );
+        }
+    }
+}
