@@ -230,7 +230,8 @@ def upcycle(dense, hp, n_experts, spread, seed, write_lm_head):
             out[x + "w1.weight"] = gate[perm].astype(f16)
             out[x + "w3.weight"] = up[perm].astype(f16)
             out[x + "w2.weight"] = (down[:, perm] * np.float32(scale)).astype(f16)
-    return out
+    # Column gathers (w2) come back Fortran-ordered and safetensors writes the raw buffer: force row-major.
+    return {name: np.ascontiguousarray(w) for name, w in out.items()}
 
 
 def main():
