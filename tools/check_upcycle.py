@@ -8,7 +8,9 @@ Three checks, each optional:
   --prompt TEXT          greedy chat answer (ChatML via the checkpoint's chat_template); shared/ASSETS.md expects
                          "The capital of France is Paris." for "What is the capital of France?";
   --ppl TEXT_FILE        llama.cpp-method perplexity (context --ctx, each chunk scores its second half; no BOS, as
-                         SmolLM2's add_bos_token is false); --chunks limits the number of chunks.
+                         SmolLM2's add_bos_token is false); --chunks limits the number of chunks. On
+                         models/hamlet-60k.txt (19,433 tokens) the s = 0 checkpoint gives 21.0585 after the first 4
+                         chunks, the figure shared/ASSETS.md quotes for transformers, and 22.4134 over all 37.
 
 Needs numpy, safetensors, tokenizers, jinja2 (and regex, gguf for --tokenizer).
 """
