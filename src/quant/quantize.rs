@@ -132,8 +132,8 @@ impl Lanes {
     }
     #[inline]
     fn add(&mut self, v: &[f32]) {
-        for k in 0..8 {
-            self.0[k] += v[k];
+        for (a, &b) in self.0.iter_mut().zip(v) {
+            *a += b;
         }
     }
     fn total(&self) -> f32 {

@@ -115,9 +115,10 @@ fn dot_row(m: &Matrix, r: usize, x: &[f32], xsums: &[f32]) -> f32 {
             let gs = m.group_size;
             let gpr = m.groups_per_row();
             let mut acc = 0.0f32;
-            for g in 0..gpr {
-                let qx = (g * gs..(g + 1) * gs)
-                    .fold(0.0f32, |a, i| a + code_at(m.kind, codes, i) * x[i]);
+            for (g, xg) in x.chunks_exact(gs).enumerate() {
+                let qx = xg.iter().enumerate().fold(0.0f32, |a, (j, &xi)| {
+                    a + code_at(m.kind, codes, g * gs + j) * xi
+                });
                 let s = f16_at(m.scales, r * gpr + g);
                 acc += s * qx;
                 if m.kind.has_mins() {

@@ -40,8 +40,7 @@ pub(super) unsafe fn matvec_rows(
                 } else {
                     dot_int2(codes, &m.scales[side.clone()], m.group_size, x)
                 };
-                let mins = &m.mins[side];
-                (0..gpr).fold(qx, |acc, g| acc + scalar::f16_at(mins, g) * xsums[g])
+                qx + dot_f16(&m.mins[side], &xsums[..gpr])
             }
         };
     }
@@ -109,7 +108,7 @@ unsafe fn dot_dense(x: &[f32], load: impl Fn(usize) -> __m256, tail: impl Fn(usi
 unsafe fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
     debug_assert_eq!(w.len(), 4 * x.len());
     let wp = w.as_ptr() as *const f32;
-    // SAFETY (closures): indices stay below x.len() = w.len() / 4.
+    // Loads stay inside the row: the closures get column indices below x.len() = w.len() / 4.
     dot_dense(
         x,
         |i| _mm256_loadu_ps(wp.add(i)),
