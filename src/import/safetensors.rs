@@ -218,6 +218,7 @@ impl TensorIndex {
                 detail: format!("tensor '{name}': elements {elems:?} out of range"),
             })?;
         dtype::decode_into(dt, src, out);
+        self.release(e.shard, e.bytes.start + elems.start * size, src.len());
         if let Some((count, first)) = dtype::non_finite(out) {
             return Err(ImportError::NonFinite {
                 name: name.to_string(),
@@ -227,6 +228,20 @@ impl TensorIndex {
             });
         }
         Ok(())
+    }
+
+    /// Drop the pages of bytes already decoded from this process's resident set, so a
+    /// conversion's memory stays near one tensor or expert rather than growing to the whole
+    /// checkpoint. The page cache keeps them; a later read faults them back in.
+    fn release(&self, shard: usize, offset: usize, len: usize) {
+        let mmap = &self.shards[shard].mmap;
+        // SAFETY: the mapping is read-only and file-backed (not MAP_PRIVATE-written), so
+        // MADV_DONTNEED only unmaps pages that the next access re-reads unchanged from the file;
+        // no Rust reference into the range is live (`src` was consumed above), and the range lies
+        // inside the map. A failure only means the pages stay resident, so it is ignored.
+        let _ = unsafe {
+            mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+        };
     }
 
     /// Load a whole tensor as f32, checking it is finite.
