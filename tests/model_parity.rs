@@ -61,7 +61,10 @@ fn prefill_logits_match_transformers_at_every_position() {
     let file = HobFile::open(&path).unwrap();
     let logits = prefill_all(&file, 0, 2, &r.input_ids);
     let e = nmse(&logits, &r.logits);
-    println!("prefill logits NMSE vs transformers over {} positions: {e:.3e}", r.input_ids.len());
+    println!(
+        "prefill logits NMSE vs transformers over {} positions: {e:.3e}",
+        r.input_ids.len()
+    );
     assert!(e <= 1e-6, "NMSE {e}");
 }
 
@@ -72,7 +75,10 @@ fn greedy_continuation_matches_transformers() {
     let file = HobFile::open(&path).unwrap();
     let (ids, logits) = greedy(&file, 2, &r.input_ids, r.greedy_ids.len());
     let e = nmse(&logits, &r.greedy_logits);
-    println!("decode logits NMSE vs transformers over {} steps: {e:.3e}", ids.len());
+    println!(
+        "decode logits NMSE vs transformers over {} steps: {e:.3e}",
+        ids.len()
+    );
     assert_eq!(ids, r.greedy_ids);
     assert!(e <= 1e-6, "NMSE {e}");
 }
@@ -85,7 +91,10 @@ fn thread_count_does_not_change_logits() {
     for v in 0..2 {
         let one = prefill_all(&file, v, 1, &r.input_ids);
         let three = prefill_all(&file, v, 3, &r.input_ids);
-        assert!(one == three, "prefill logits differ between -t 1 and -t 3 (variant {v})");
+        assert!(
+            one == three,
+            "prefill logits differ between -t 1 and -t 3 (variant {v})"
+        );
     }
     let (ids1, l1) = greedy(&file, 1, &r.input_ids, 8);
     let (ids3, l3) = greedy(&file, 3, &r.input_ids, 8);
@@ -106,6 +115,9 @@ fn quantized_variants_stay_close_to_f16() {
         let e = nmse(&q, &f16);
         println!("logit NMSE of {name} experts vs f16 experts: {e:.3e}");
         assert!(e < bound, "{name}: NMSE {e} >= {bound}");
-        assert!(e > 0.0, "{name}: identical to f16, the variant was not used");
+        assert!(
+            e > 0.0,
+            "{name}: identical to f16, the variant was not used"
+        );
     }
 }

@@ -61,10 +61,13 @@ impl ModelArgs {
 
 /// The tokenizer embedded in the file, with BOS/EOS from the metadata.
 pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> {
-    let json = file.metadata().get_str(keys::TOKENIZER_HF_JSON).map_err(|e| Error::Format {
-        path: file.path().to_path_buf(),
-        source: e,
-    })?;
+    let json = file
+        .metadata()
+        .get_str(keys::TOKENIZER_HF_JSON)
+        .map_err(|e| Error::Format {
+            path: file.path().to_path_buf(),
+            source: e,
+        })?;
     let missing = |what: &str| {
         Error::Invalid(format!(
             "{}: the metadata has no {what}",

@@ -73,7 +73,9 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     }
     let n_ctx = args.ctx;
     if n_ctx < 4 {
-        return Err(Error::Invalid(format!("--ctx-size {n_ctx}: must be at least 4")));
+        return Err(Error::Invalid(format!(
+            "--ctx-size {n_ctx}: must be at least 4"
+        )));
     }
     if tokens.len() < 2 * n_ctx {
         return Err(Error::Invalid(format!(
@@ -108,16 +110,34 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
             chunk[0] = tok.bos_id();
         }
         st.reset();
-        model.forward(&mut st, &chunk[..first], &backend, &mut experts, Logits::None)?;
-        let logits = model.forward(&mut st, &chunk[first..], &backend, &mut experts, Logits::All)?;
+        model.forward(
+            &mut st,
+            &chunk[..first],
+            &backend,
+            &mut experts,
+            Logits::None,
+        )?;
+        let logits = model.forward(
+            &mut st,
+            &chunk[first..],
+            &backend,
+            &mut experts,
+            Logits::All,
+        )?;
         for j in 0..n_ctx - 1 - first {
-            nll.add(&logits[j * vocab..(j + 1) * vocab], tokens[start + first + j + 1]);
+            nll.add(
+                &logits[j * vocab..(j + 1) * vocab],
+                tokens[start + first + j + 1],
+            );
         }
         print!("[{}]{:.4},", i + 1, nll.ppl());
         std::io::stdout().flush().ok();
         if i == 0 {
             let pass = started.elapsed().as_secs_f64();
-            eprintln!("perplexity: {pass:.2} s per chunk, ETA {:.1} min", pass * n_chunk as f64 / 60.0);
+            eprintln!(
+                "perplexity: {pass:.2} s per chunk, ETA {:.1} min",
+                pass * n_chunk as f64 / 60.0
+            );
         }
     }
     println!();

@@ -55,6 +55,9 @@ pub struct RunArgs {
     /// System message for chat mode.
     #[arg(long = "system")]
     pub system: Option<String>,
+    /// Keep generating past the end-of-sequence token (for benchmarks).
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
     /// Plain completion of the prompt, without the chat template.
     #[arg(long = "no-chat")]
     pub no_chat: bool,
@@ -111,12 +114,18 @@ struct Session<'a> {
     tok: &'a Tokenizer,
     sampler: Sampler,
     stop: Arc<AtomicBool>,
+    ignore_eos: bool,
 }
 
 impl Session<'_> {
     /// Bring the KV cache to `ids` (reusing the longest common prefix), then generate up to
     /// `n_predict` tokens, streaming them to `out`. Returns the answer's text.
-    fn answer(&mut self, ids: &[u32], n_predict: Option<usize>, out: &mut dyn Write) -> crate::Result<(String, Stats)> {
+    fn answer(
+        &mut self,
+        ids: &[u32],
+        n_predict: Option<usize>,
+        out: &mut dyn Write,
+    ) -> crate::Result<(String, Stats)> {
         let ctx = self.st.ctx();
         if ids.len() >= ctx {
             return Err(Error::Invalid(format!(
@@ -125,7 +134,12 @@ impl Session<'_> {
                 self.model.cfg.context_length
             )));
         }
-        let common = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        let common = self
+            .cached
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count();
         // Re-feed at least the last prompt token: its logits start the answer.
         let keep = common.min(ids.len() - 1);
         self.st.truncate(keep);
@@ -139,7 +153,9 @@ impl Session<'_> {
         for chunk in ids[keep..].chunks(PREFILL_BATCH) {
             let last = chunk.as_ptr_range().end == ids.as_ptr_range().end;
             let want = if last { Logits::Last } else { Logits::None };
-            let l = self.model.forward(&mut self.st, chunk, self.backend, &mut self.experts, want)?;
+            let l =
+                self.model
+                    .forward(&mut self.st, chunk, self.backend, &mut self.experts, want)?;
             if last {
                 logits = l.to_vec();
             }
@@ -159,11 +175,12 @@ impl Session<'_> {
         };
         self.stop.store(false, Ordering::SeqCst);
         loop {
-            if n_predict.is_some_and(|n| stats.gen_tokens >= n) || self.stop.load(Ordering::SeqCst) {
+            if n_predict.is_some_and(|n| stats.gen_tokens >= n) || self.stop.load(Ordering::SeqCst)
+            {
                 break;
             }
             let next = self.sampler.sample(&logits, &self.cached);
-            if self.tok.is_eos(next) {
+            if self.tok.is_eos(next) && !self.ignore_eos {
                 break;
             }
             stats.gen_tokens += 1;
@@ -175,7 +192,13 @@ impl Session<'_> {
             }
             logits = self
                 .model
-                .forward(&mut self.st, &[next], self.backend, &mut self.experts, Logits::Last)?
+                .forward(
+                    &mut self.st,
+                    &[next],
+                    self.backend,
+                    &mut self.experts,
+                    Logits::Last,
+                )?
                 .to_vec();
             self.cached.push(next);
         }
@@ -187,7 +210,9 @@ impl Session<'_> {
 
 pub fn run(args: &RunArgs) -> crate::Result<()> {
     if args.prompt.is_none() && !args.interactive {
-        return Err(Error::Invalid("give a prompt with -p PROMPT, or chat with -i".into()));
+        return Err(Error::Invalid(
+            "give a prompt with -p PROMPT, or chat with -i".into(),
+        ));
     }
     let file = args.model.open()?;
     let model = Model::load(&file)?;
@@ -223,7 +248,11 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     let template = match (args.no_chat, file.metadata().get_str(keys::CHAT_TEMPLATE)) {
         (false, Ok(src)) => {
             let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
-            Some(ChatTemplate::new(src, &name(model.cfg.bos), &name(model.cfg.eos))?)
+            Some(ChatTemplate::new(
+                src,
+                &name(model.cfg.bos),
+                &name(model.cfg.eos),
+            )?)
         }
         (false, Err(_)) => {
             eprintln!("note: the file has no chat template: plain completion");
@@ -256,6 +285,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         tok: &tok,
         sampler,
         stop,
+        ignore_eos: args.ignore_eos,
     };
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
@@ -289,7 +319,10 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
                 eprint!("\n> ");
                 std::io::stderr().flush().ok();
                 let mut line = String::new();
-                let read = stdin.lock().read_line(&mut line).map_err(|e| Error::io("<stdin>", "read", e))?;
+                let read = stdin
+                    .lock()
+                    .read_line(&mut line)
+                    .map_err(|e| Error::io("<stdin>", "read", e))?;
                 if read == 0 {
                     break;
                 }

@@ -239,9 +239,8 @@ impl TensorIndex {
         // MADV_DONTNEED only unmaps pages that the next access re-reads unchanged from the file;
         // no Rust reference into the range is live (`src` was consumed above), and the range lies
         // inside the map. A failure only means the pages stay resident, so it is ignored.
-        let _ = unsafe {
-            mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
-        };
+        let _ =
+            unsafe { mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
     }
 
     /// Load a whole tensor as f32, checking it is finite.

@@ -41,6 +41,8 @@ pub struct ModelConfig {
     /// Training context length (the largest -c allowed).
     pub context_length: usize,
     pub tie_embeddings: bool,
+    /// Each query attends only to the last `w` positions (itself included), when set.
+    pub sliding_window: Option<usize>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
@@ -62,9 +64,8 @@ impl ModelConfig {
                     .join(", "),
             })?;
         let a = arch.name();
-        let u = |k: &str| -> Result<usize, ModelError> {
-            Ok(md.get_u32(&arch_key(a, k))? as usize)
-        };
+        let u =
+            |k: &str| -> Result<usize, ModelError> { Ok(md.get_u32(&arch_key(a, k))? as usize) };
         let n_heads = u(keys::HEAD_COUNT)?;
         let hidden = u(keys::EMBEDDING_LENGTH)?;
         let head_dim = match md.get(&arch_key(a, keys::KEY_LENGTH)) {
@@ -96,6 +97,7 @@ impl ModelConfig {
                 Some(_) => md.get_bool(keys::TIE_WORD_EMBEDDINGS)?,
                 None => false,
             },
+            sliding_window: optional_u32(&arch_key(a, keys::SLIDING_WINDOW))?.map(|w| w as usize),
             bos: optional_u32(keys::BOS_TOKEN_ID)?,
             eos: optional_u32(keys::EOS_TOKEN_ID)?,
             add_bos: match md.get(keys::ADD_BOS_TOKEN) {
@@ -132,13 +134,28 @@ impl ModelConfig {
             }
         }
         if self.n_heads % self.n_kv_heads != 0 {
-            return bad(keys::HEAD_COUNT_KV, self.n_kv_heads, "must divide the head count");
+            return bad(
+                keys::HEAD_COUNT_KV,
+                self.n_kv_heads,
+                "must divide the head count",
+            );
         }
         if self.head_dim % 2 != 0 {
-            return bad(keys::KEY_LENGTH, self.head_dim, "RoPE needs an even head size");
+            return bad(
+                keys::KEY_LENGTH,
+                self.head_dim,
+                "RoPE needs an even head size",
+            );
+        }
+        if self.sliding_window == Some(0) {
+            return bad(keys::SLIDING_WINDOW, 0, "must be positive");
         }
         if self.top_k > self.n_experts {
-            return bad(keys::EXPERT_USED_COUNT, self.top_k, "exceeds the expert count");
+            return bad(
+                keys::EXPERT_USED_COUNT,
+                self.top_k,
+                "exceeds the expert count",
+            );
         }
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
             return Err(ModelError::BadHyperParameter {

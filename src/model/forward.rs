@@ -102,7 +102,9 @@ impl<'f> Model<'f> {
             )));
         }
         if file.variants().is_empty() {
-            return Err(ModelError::Experts("the file stores no expert variant".into()));
+            return Err(ModelError::Experts(
+                "the file stores no expert variant".into(),
+            ));
         }
         let w = Weights::load(file, &cfg)?;
         let d = cfg.head_dim;
@@ -180,7 +182,12 @@ impl<'f> Model<'f> {
 
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
-            rms_norm(&b.x[..t * h], &lw.attn_norm, cfg.rms_eps, &mut b.xn[..t * h]);
+            rms_norm(
+                &b.x[..t * h],
+                &lw.attn_norm,
+                cfg.rms_eps,
+                &mut b.xn[..t * h],
+            );
             backend.matmul(&lw.wq, &b.xn[..t * h], t, &mut b.q[..t * qd]);
             backend.matmul(&lw.wk, &b.xn[..t * h], t, &mut b.k[..t * kvd]);
             backend.matmul(&lw.wv, &b.xn[..t * h], t, &mut b.v[..t * kvd]);
@@ -201,6 +208,7 @@ impl<'f> Model<'f> {
                     head_dim: cfg.head_dim,
                     start_pos: start,
                     t,
+                    window: cfg.sliding_window,
                 },
                 &b.q[..t * qd],
                 &st.k_cache[seen.clone()],

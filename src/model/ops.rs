@@ -18,6 +18,8 @@ pub struct AttentionShape {
     pub head_dim: usize,
     pub start_pos: usize,
     pub t: usize,
+    /// Sliding-window attention: a query at position p sees positions p + 1 - w ..= p.
+    pub window: Option<usize>,
 }
 
 /// The dense compute a backend provides. Results must not depend on the thread count.
@@ -28,7 +30,14 @@ pub trait Backend: Sync {
     /// Causal grouped-query attention. q: [t, n_heads * head_dim]; k_cache, v_cache:
     /// [start_pos + t, n_kv_heads * head_dim] (the new tokens already written);
     /// out: [t, n_heads * head_dim].
-    fn attention(&self, shape: AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &mut [f32]);
+    fn attention(
+        &self,
+        shape: AttentionShape,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &mut [f32],
+    );
 }
 
 /// Computes a layer's experts for a batch of tokens: where the offload engine (cache, loader,
@@ -36,5 +45,11 @@ pub trait Backend: Sync {
 pub trait ExpertExecutor {
     /// xs: [t, hidden] (post-norm hidden states); routes: [t, top_k], token-major;
     /// out: [t, hidden], overwritten with sum_k weight_k * expert_k(x).
-    fn forward(&mut self, layer: usize, xs: &[f32], routes: &[Route], out: &mut [f32]) -> crate::Result<()>;
+    fn forward(
+        &mut self,
+        layer: usize,
+        xs: &[f32],
+        routes: &[Route],
+        out: &mut [f32],
+    ) -> crate::Result<()>;
 }

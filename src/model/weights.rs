@@ -62,8 +62,15 @@ impl<'f> Weights<'f> {
     }
 }
 
-fn matrix<'f>(file: &'f HobFile, name: &str, rows: usize, cols: usize) -> Result<Matrix<'f>, ModelError> {
-    let t = file.tensor(name).ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+fn matrix<'f>(
+    file: &'f HobFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<Matrix<'f>, ModelError> {
+    let t = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
     if t.info.shape != [rows, cols] {
         return Err(ModelError::TensorShape {
             name: name.into(),
@@ -75,7 +82,9 @@ fn matrix<'f>(file: &'f HobFile, name: &str, rows: usize, cols: usize) -> Result
 }
 
 fn vector(file: &HobFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-    let t = file.tensor(name).ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+    let t = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
     if t.info.shape != [n] {
         return Err(ModelError::TensorShape {
             name: name.into(),
@@ -87,4 +96,3 @@ fn vector(file: &HobFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> 
     Matrix::dense(t.info.dtype, 1, n, t.data).row_to_f32(0, &mut out);
     Ok(out)
 }
-

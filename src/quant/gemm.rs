@@ -11,10 +11,21 @@ impl Matrix<'_> {
     /// x_i = x[i * cols..(i + 1) * cols]: out is (rows.len(), t), row-major. `scratch` holds the
     /// dequantized rows between calls. The sum over columns runs in an order fixed by `cols`
     /// alone, so results do not depend on how a caller splits the rows.
-    pub fn matmul_rows(&self, x: &[f32], t: usize, rows: Range<usize>, out: &mut [f32], scratch: &mut Vec<f32>) {
+    pub fn matmul_rows(
+        &self,
+        x: &[f32],
+        t: usize,
+        rows: Range<usize>,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
         let (n, k) = (rows.len(), self.cols);
         assert_eq!(x.len(), t * k, "matmul_rows: input length vs t x cols");
-        assert!(rows.end <= self.rows, "matmul_rows: rows {rows:?} of {}", self.rows);
+        assert!(
+            rows.end <= self.rows,
+            "matmul_rows: rows {rows:?} of {}",
+            self.rows
+        );
         assert_eq!(out.len(), n * t, "matmul_rows: output length");
         scratch.resize(n * k, 0.0);
         for (r, w) in rows.clone().zip(scratch.chunks_exact_mut(k)) {

@@ -50,7 +50,13 @@ impl<'a> CpuExperts<'a> {
 }
 
 impl ExpertExecutor for CpuExperts<'_> {
-    fn forward(&mut self, layer: usize, xs: &[f32], routes: &[Route], out: &mut [f32]) -> crate::Result<()> {
+    fn forward(
+        &mut self,
+        layer: usize,
+        xs: &[f32],
+        routes: &[Route],
+        out: &mut [f32],
+    ) -> crate::Result<()> {
         let (h, f) = (self.hidden, self.ffn);
         let t = xs.len() / h;
         let k = routes.len() / t.max(1);
@@ -85,9 +91,17 @@ impl ExpertExecutor for CpuExperts<'_> {
             for (g, u) in self.gate.iter_mut().zip(&self.up) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
-            b.matmul(&Matrix::from_view(view.down()), &self.gate, n, &mut self.down);
+            b.matmul(
+                &Matrix::from_view(view.down()),
+                &self.gate,
+                n,
+                &mut self.down,
+            );
             for (j, &(i, w)) in group.iter().enumerate() {
-                for (o, &d) in out[i * h..(i + 1) * h].iter_mut().zip(&self.down[j * h..(j + 1) * h]) {
+                for (o, &d) in out[i * h..(i + 1) * h]
+                    .iter_mut()
+                    .zip(&self.down[j * h..(j + 1) * h])
+                {
                     *o += w * d;
                 }
             }

@@ -30,7 +30,9 @@ impl CpuBackend {
             .num_threads(threads)
             .thread_name(|i| format!("hob-cpu-{i}"))
             .build()
-            .map_err(|e| crate::Error::Invalid(format!("cannot start {threads} CPU threads: {e}")))?;
+            .map_err(|e| {
+                crate::Error::Invalid(format!("cannot start {threads} CPU threads: {e}"))
+            })?;
         Ok(CpuBackend { pool })
     }
 
@@ -81,7 +83,14 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn attention(&self, s: AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], out: &mut [f32]) {
+    fn attention(
+        &self,
+        s: AttentionShape,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &mut [f32],
+    ) {
         let (hd, qd) = (s.head_dim, s.n_heads * s.head_dim);
         let kvd = s.n_kv_heads * hd;
         let group = s.n_heads / s.n_kv_heads;
@@ -91,8 +100,9 @@ impl Backend for CpuBackend {
             let pos = s.start_pos + i;
             let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
             let kvh = (h / group) * hd;
+            let first = s.window.map_or(0, |w| (pos + 1).saturating_sub(w));
             scores.clear();
-            scores.extend((0..=pos).map(|p| {
+            scores.extend((first..=pos).map(|p| {
                 let k = &k_cache[p * kvd + kvh..p * kvd + kvh + hd];
                 qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
             }));
@@ -103,7 +113,7 @@ impl Backend for CpuBackend {
                 sum += *s;
             }
             o.fill(0.0);
-            for (p, &w) in scores.iter().enumerate() {
+            for (p, &w) in (first..).zip(scores.iter()) {
                 let v = &v_cache[p * kvd + kvh..p * kvd + kvh + hd];
                 let w = w / sum;
                 for (o, &v) in o.iter_mut().zip(v) {
@@ -126,5 +136,50 @@ impl Backend for CpuBackend {
                     });
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two heads sharing one KV head, 3 cached positions, one new query at position 2.
+    fn attend(window: Option<usize>) -> Vec<f32> {
+        let b = CpuBackend::new(2).unwrap();
+        let shape = AttentionShape {
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 2,
+            start_pos: 2,
+            t: 1,
+            window,
+        };
+        let q = [1.0, 0.0, 0.0, 1.0];
+        let k = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+        let v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let mut out = vec![0.0; 4];
+        b.attention(shape, &q, &k, &v, &mut out);
+        out
+    }
+
+    #[test]
+    fn attention_is_softmax_weighted_values() {
+        let out = attend(None);
+        // Head 0: scores (1, 0, 1) / sqrt(2) over positions 0..=2.
+        let s = 1.0f32 / 2.0f32.sqrt();
+        let (e1, e0) = (s.exp(), 1.0f32);
+        let z = 2.0 * e1 + e0;
+        let expect0 = (e1 * 1.0 + e0 * 3.0 + e1 * 5.0) / z;
+        assert!((out[0] - expect0).abs() < 1e-6, "{out:?}");
+        // Head 1 uses the same KV head with scores (0, 1, 1) / sqrt(2).
+        let expect1 = (e0 * 2.0 + e1 * 4.0 + e1 * 6.0) / z;
+        assert!((out[3] - expect1).abs() < 1e-6, "{out:?}");
+    }
+
+    #[test]
+    fn sliding_window_limits_the_positions_seen() {
+        // A window of 1: each query sees only its own position.
+        assert_eq!(attend(Some(1)), vec![5.0, 6.0, 5.0, 6.0]);
+        assert_eq!(attend(Some(3)), attend(None));
     }
 }
