@@ -1,0 +1,98 @@
+//! How far each quantized expert variant moves the model's predictions from the f16 experts:
+//! logit NMSE and KL(f16 || variant) per position, over one prefill of real text.
+//!
+//!   HOB_MODEL=models/smollm2-moe.hob HOB_TEXT=models/hamlet-60k.txt cargo bench --bench variant_fidelity
+//!
+//! Optional: HOB_TOKENS (default 512), HOB_THREADS (default all cores). Prints a markdown table.
+
+use hob::backend::cpu::{CpuBackend, CpuExperts};
+use hob::format::{keys, HobFile};
+use hob::generate::Tokenizer;
+use hob::model::{Logits, Model};
+
+fn main() {
+    let (Ok(model_path), Ok(text_path)) = (std::env::var("HOB_MODEL"), std::env::var("HOB_TEXT"))
+    else {
+        eprintln!("variant_fidelity: set HOB_MODEL (a .hob with several expert variants) and HOB_TEXT; skipped");
+        return;
+    };
+    let n: usize = std::env::var("HOB_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
+    let threads: usize = std::env::var("HOB_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let file = HobFile::open(std::path::Path::new(&model_path)).expect("open the model");
+    let model = Model::load(&file).expect("load the model");
+    let cfg = &model.cfg;
+    let tok = Tokenizer::from_json(
+        file.metadata()
+            .get_str(keys::TOKENIZER_HF_JSON)
+            .expect("tokenizer"),
+        cfg.bos.unwrap_or(0),
+        cfg.eos.unwrap_or(0),
+        cfg.add_bos,
+    )
+    .expect("tokenizer loads");
+    let text = std::fs::read_to_string(&text_path).expect("read the text");
+    let mut ids = tok.encode(&text, true).expect("encode");
+    ids.truncate(n.min(cfg.context_length));
+    let backend = CpuBackend::new(threads).expect("threads");
+    let logits_of = |v: usize| -> Vec<f32> {
+        let mut experts = CpuExperts::new(&file, &backend, v).expect("variant");
+        let mut st = model.new_state(ids.len()).expect("state");
+        model
+            .forward(&mut st, &ids, &backend, &mut experts, Logits::All)
+            .expect("forward")
+            .to_vec()
+    };
+    let base = logits_of(0);
+    let vocab = cfg.vocab;
+    println!(
+        "model {model_path}, {} tokens of {text_path}, reference: {} experts",
+        ids.len(),
+        file.variants()[0]
+    );
+    println!(
+        "| variant | logit NMSE vs {} | mean KL (nats/token) | top-1 agreement |",
+        file.variants()[0]
+    );
+    println!("|---|---|---|---|");
+    for v in 1..file.variants().len() {
+        let q = logits_of(v);
+        let (mut num, mut den, mut kl, mut agree) = (0f64, 0f64, 0f64, 0usize);
+        for (a, b) in base.chunks_exact(vocab).zip(q.chunks_exact(vocab)) {
+            let (pa, pb) = (log_softmax(a), log_softmax(b));
+            kl += pa
+                .iter()
+                .zip(&pb)
+                .map(|(x, y)| x.exp() * (x - y))
+                .sum::<f64>();
+            agree += usize::from(argmax(a) == argmax(b));
+            for (x, y) in a.iter().zip(b) {
+                num += ((x - y) as f64).powi(2);
+                den += (*x as f64).powi(2);
+            }
+        }
+        let t = ids.len() as f64;
+        println!(
+            "| {} | {:.3e} | {:.4} | {:.1}% |",
+            file.variants()[v],
+            num / den,
+            kl / t,
+            100.0 * agree as f64 / t
+        );
+    }
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = l.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
+    l.iter().map(|&x| x as f64 - lse).collect()
+}
+
+fn argmax(l: &[f32]) -> usize {
+    (0..l.len()).fold(0, |best, i| if l[i] > l[best] { i } else { best })
+}
