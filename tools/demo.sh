@@ -77,4 +77,5 @@ fi
 done_step
 
 step "hob run"
-target/release/hob run -m "$hob_file" -p "$prompt" -n 64
+# Greedy, so the first answer a newcomer sees is the model's most likely one (a 135M model wanders when sampled).
+target/release/hob run -m "$hob_file" -p "$prompt" -n 64 --temp 0
