@@ -136,10 +136,16 @@ cmd_bench() {
     need_tool llama-bench
     need_file "$model" "bench MODEL.gguf"
     [[ $threads =~ ^[1-9][0-9]*$ ]] || die "bench THREADS: expected a positive integer, found '$threads'"
+    # llama.cpp's threads meet at a spinning barrier several hundred times per token: if anything else wants the
+    # same cores, a descheduled thread stalls the others for a whole time slice and decode drops 10-100x (seen on
+    # the 2-core dev box: f16 tg64 0.4-4 t/s beside a busy process, ~20 alone). Say what else was running.
+    echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+    ps -eo pcpu=,comm= --sort=-pcpu | awk '$1 > 20 { printf "busy beside the bench: %s (%s%% CPU)\n", $2, $1 }'
     # Decode and prefill in separate runs: llama-bench's pp rows exclude generation and tg rows exclude the
     # prompt, so each figure is one phase alone, comparable with hob's own split.
     "$BIN/llama-bench" -m "$model" -p 0 -n 64 -t "$threads" -r 3 -o md
     "$BIN/llama-bench" -m "$model" -p 128 -n 0 -t "$threads" -r 3 -o md
+    echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
 cmd_ppl() {
