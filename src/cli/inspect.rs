@@ -23,7 +23,8 @@ pub fn show_value(v: &MetaValue) -> Value {
         MetaValue::I32(x) => json!(x),
         MetaValue::U64(x) => json!(x),
         MetaValue::I64(x) => json!(x),
-        MetaValue::F32(x) => json!(x),
+        // Through its shortest decimal form, so 1e-5f32 shows as 1e-5, not 9.99999974e-6.
+        MetaValue::F32(x) => json!(x.to_string().parse::<f64>().unwrap_or(f64::from(*x))),
         MetaValue::F64(x) => json!(x),
         MetaValue::Bool(x) => json!(x),
         MetaValue::String(s) => {
@@ -211,5 +212,6 @@ mod tests {
             json!("[array of 20 items, type 4]")
         );
         assert_eq!(show_value(&MetaValue::F32(0.5)), json!(0.5));
+        assert_eq!(show_value(&MetaValue::F32(1e-5)), json!(1e-5));
     }
 }
