@@ -20,16 +20,19 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])' \
   | while read -r exe; do cp "$exe" ".gpu/tests/$(basename "$exe")"; done
+# Integration tests find the binary at the path baked in at build time (env!("CARGO_BIN_EXE_hob")).
+echo "$root/target/release/hob" > .gpu/hob-path
 cat > .gpu/run.sh <<'RUN'
 #!/usr/bin/env bash
 # Runs on the device machine from the repository root (tests read tests/fixtures/ from the tree).
 set -u
+baked=$(cat .gpu/hob-path); mkdir -p "$(dirname "$baked")"; cp .gpu/hob "$baked"
 out="${OUT:-/tmp/hob-out}"; mkdir -p "$out"
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 status=0
 for t in .gpu/tests/*; do
   name=$(basename "$t")
-  CARGO_BIN_EXE_hob="$PWD/.gpu/hob" "$t" > "$out/$name.log" 2>&1 || { status=1; echo "FAILED: $name"; }
+  "$t" > "$out/$name.log" 2>&1 || { status=1; echo "FAILED: $name"; }
 done
 grep -h "test result" "$out"/*.log
 exit $status
