@@ -20,6 +20,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])' \
   | while read -r exe; do cp "$exe" ".gpu/tests/$(basename "$exe")"; done
+# Debug info would put the folder far over the device tool's 64 MiB carry limit.
+strip .gpu/hob .gpu/tests/*
 # Integration tests find the binary at the path baked in at build time (env!("CARGO_BIN_EXE_hob")).
 echo "$root/target/release/hob" > .gpu/hob-path
 cat > .gpu/run.sh <<'RUN'
