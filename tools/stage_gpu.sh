@@ -4,7 +4,8 @@
 #
 #   bash tools/stage_gpu.sh          then, with the device tool: carry [".gpu"], command "bash .gpu/run.sh"
 #
-# .gpu/run.sh runs every staged test executable and writes logs under $OUT (what comes back).
+# .gpu/run.sh runs every staged test executable and writes one log, $OUT/tests.log (the device returns at most
+# 8 files).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -34,9 +35,9 @@ nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 status=0
 for t in .gpu/tests/*; do
   name=$(basename "$t")
-  "$t" > "$out/$name.log" 2>&1 || { status=1; echo "FAILED: $name"; }
+  { echo "=== $name"; "$t" 2>&1; } >> "$out/tests.log" || { status=1; echo "FAILED: $name"; }
 done
-grep -h "test result" "$out"/*.log
+grep -h "test result" "$out/tests.log"
 exit $status
 RUN
 chmod +x .gpu/run.sh
