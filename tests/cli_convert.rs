@@ -38,16 +38,7 @@ fn assert_ok(o: &Output) {
 /// and nothing left in the (otherwise empty) output directory.
 fn convert_fails(from: &Path, out_dir: &Path, extra: &[&str], want: &[&str]) {
     let out = out_dir.join("out.hob");
-    let mut args = vec![
-        "convert",
-        "--from",
-        from.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--no-progress",
-    ];
-    args.extend_from_slice(extra);
-    let o = hob(&args);
+    let o = hob(&convert_args(from, &out, extra));
     let err = stderr(&o);
     assert!(
         !o.status.success(),
@@ -69,7 +60,7 @@ fn convert_fails(from: &Path, out_dir: &Path, extra: &[&str], want: &[&str]) {
     }
 }
 
-fn convert(from: &Path, out: &Path, extra: &[&str]) -> String {
+fn convert_args<'a>(from: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "convert",
         "--from",
@@ -79,7 +70,11 @@ fn convert(from: &Path, out: &Path, extra: &[&str]) -> String {
         "--no-progress",
     ];
     args.extend_from_slice(extra);
-    let o = hob(&args);
+    args
+}
+
+fn convert(from: &Path, out: &Path, extra: &[&str]) -> String {
+    let o = hob(&convert_args(from, out, extra));
     assert_ok(&o);
     stdout(&o)
 }
