@@ -41,8 +41,8 @@ fn main() {
     ids.truncate(n.min(cfg.context_length));
     let backend = CpuBackend::new(threads).expect("threads");
     let logits_of = |v: usize| -> Vec<f32> {
-        let mut experts = CpuExperts::new(&file, &backend, v).expect("variant");
-        let mut st = model.new_state(ids.len()).expect("state");
+        let mut experts = CpuExperts::new(&file, v).expect("variant");
+        let mut st = model.new_state(&backend, ids.len()).expect("state");
         model
             .forward(&mut st, &ids, &backend, &mut experts, Logits::All)
             .expect("forward")

@@ -22,8 +22,8 @@ fn argmax(v: &[f32]) -> u32 {
 fn prefill_all(file: &HobFile, variant: usize, threads: usize, ids: &[u32]) -> Vec<f32> {
     let model = Model::load(file).unwrap();
     let backend = CpuBackend::new(threads).unwrap();
-    let mut experts = CpuExperts::new(file, &backend, variant).unwrap();
-    let mut st = model.new_state(128).unwrap();
+    let mut experts = CpuExperts::new(file, variant).unwrap();
+    let mut st = model.new_state(&backend, 128).unwrap();
     model
         .forward(&mut st, ids, &backend, &mut experts, Logits::All)
         .unwrap()
@@ -34,8 +34,8 @@ fn prefill_all(file: &HobFile, variant: usize, threads: usize, ids: &[u32]) -> V
 fn greedy(file: &HobFile, threads: usize, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
     let model = Model::load(file).unwrap();
     let backend = CpuBackend::new(threads).unwrap();
-    let mut experts = CpuExperts::new(file, &backend, 0).unwrap();
-    let mut st = model.new_state(128).unwrap();
+    let mut experts = CpuExperts::new(file, 0).unwrap();
+    let mut st = model.new_state(&backend, 128).unwrap();
     let mut logits = model
         .forward(&mut st, prompt, &backend, &mut experts, Logits::Last)
         .unwrap()

@@ -1,15 +1,25 @@
-//! What `run` and `perplexity` share: open a .hob file, build the model, the CPU backend, the
-//! expert executor and the tokenizer from the flags every model command takes.
+//! What `run`, `perplexity` and `bench` share: open a .hob file, pick the device, build the
+//! backend, the expert executor and the tokenizer from the flags every model command takes.
 
 use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::backend::cpu::CpuBackend;
+use crate::backend::cpu::{CpuBackend, CpuExperts};
+use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu};
 use crate::format::{keys, HobFile};
 use crate::generate::Tokenizer;
-use crate::model::ModelConfig;
+use crate::model::{Bound, Model, ModelConfig, Session};
 use crate::Error;
+
+/// Where a model command computes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// CUDA when a GPU and its libraries are usable, else the CPU (the reason is printed).
+    Auto,
+    Cpu,
+    Cuda,
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -23,7 +33,19 @@ pub struct ModelArgs {
     /// normally its highest precision).
     #[arg(long = "expert-variant")]
     pub expert_variant: Option<String>,
+    /// Where to compute.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
+    /// Device memory hob may use in total, GiB (default: what the GPU has free).
+    #[arg(long = "gpu-mem")]
+    pub gpu_mem: Option<f64>,
+    /// Device memory for the expert cache, GiB (default: what --gpu-mem leaves after the
+    /// resident weights, the KV cache and work buffers; without either, room for every expert).
+    #[arg(long = "expert-cache")]
+    pub expert_cache: Option<f64>,
 }
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 impl ModelArgs {
     pub fn open(&self) -> crate::Result<HobFile> {
@@ -38,6 +60,102 @@ impl ModelArgs {
 
     pub fn backend(&self) -> crate::Result<CpuBackend> {
         CpuBackend::new(self.threads)
+    }
+
+    /// The device this command will use: `--device auto` falls back to the CPU with a note.
+    pub fn resolve_device(&self) -> crate::Result<Device> {
+        match self.device {
+            Device::Cpu => Ok(Device::Cpu),
+            Device::Cuda => cuda::probe()
+                .map(|_| Device::Cuda)
+                .map_err(|e| Error::Invalid(format!("--device cuda: {e}"))),
+            Device::Auto => match cuda::probe() {
+                Ok(()) => Ok(Device::Cuda),
+                Err(why) => {
+                    eprintln!("hob: running on the CPU ({why})");
+                    Ok(Device::Cpu)
+                }
+            },
+        }
+    }
+
+    /// A session on the chosen device with a KV cache of `ctx` positions.
+    pub fn session<'a>(
+        &self,
+        file: &'a HobFile,
+        model: &'a Model<'a>,
+        ctx: usize,
+    ) -> crate::Result<Box<dyn Session + 'a>> {
+        let variant = self.variant_index(file)?;
+        for (flag, v) in [
+            ("--gpu-mem", self.gpu_mem),
+            ("--expert-cache", self.expert_cache),
+        ] {
+            if v.is_some_and(|g| !(g.is_finite() && g > 0.0)) {
+                return Err(Error::Invalid(format!(
+                    "{flag}: give a positive number of GiB"
+                )));
+            }
+        }
+        match self.resolve_device()? {
+            Device::Cuda => {
+                let gpu = Gpu::open(0)?;
+                let backend = CudaBackend::new(gpu.clone(), model)?;
+                let cfg = &model.cfg;
+                let kv = cfg.n_layers * ctx * cfg.kv_dim() * 2 * 2;
+                let work = (ctx.min(512) * (cfg.vocab + 8 * cfg.hidden + 4 * cfg.ffn)) * 4;
+                let budget = match (self.expert_cache, self.gpu_mem) {
+                    (Some(e), _) => Some((e * GIB) as usize),
+                    (None, Some(total)) => {
+                        let used = backend.resident_bytes() + kv + work;
+                        let left = ((total * GIB) as usize).checked_sub(used).ok_or_else(|| {
+                            Error::Invalid(format!(
+                                "--gpu-mem {total}: the resident weights, KV cache and work buffers alone need {:.2} GiB",
+                                used as f64 / GIB
+                            ))
+                        })?;
+                        Some(left)
+                    }
+                    (None, None) => None,
+                };
+                let experts = CudaExperts::new(
+                    file,
+                    &backend,
+                    variant,
+                    &CacheConfig {
+                        budget,
+                        pace_bytes_per_s: None,
+                        preload: true,
+                    },
+                )?;
+                let label = format!(
+                    "cuda: {} (sm_{}{}), {:.2} GiB resident weights",
+                    gpu.name,
+                    gpu.compute_capability.0,
+                    gpu.compute_capability.1,
+                    backend.resident_bytes() as f64 / GIB
+                );
+                Ok(Box::new(Bound::new(
+                    model,
+                    backend,
+                    Box::new(experts),
+                    ctx,
+                    label,
+                )?))
+            }
+            _ => {
+                let backend = self.backend()?;
+                let label = format!("cpu: {} threads", backend.threads());
+                let experts = CpuExperts::new(file, variant)?;
+                Ok(Box::new(Bound::new(
+                    model,
+                    backend,
+                    Box::new(experts),
+                    ctx,
+                    label,
+                )?))
+            }
+        }
     }
 
     /// Index into `file.variants()` of the requested variant.

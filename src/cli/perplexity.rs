@@ -9,7 +9,6 @@ use std::time::Instant;
 use clap::Args;
 
 use super::engine::{tokenizer, ModelArgs};
-use crate::backend::cpu::CpuExperts;
 use crate::model::{Logits, Model};
 use crate::Error;
 
@@ -89,16 +88,12 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     if let Some(c) = args.chunks {
         n_chunk = n_chunk.min(c.max(1));
     }
-    let backend = args.model.backend()?;
-    let variant = args.model.variant_index(&file)?;
-    let mut experts = CpuExperts::new(&file, &backend, variant)?;
-    let mut st = model.new_state(n_ctx)?;
+    let mut session = args.model.session(&file, &model, n_ctx)?;
     let first = n_ctx / 2;
     eprintln!(
-        "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}, experts {}, {} threads",
+        "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}; {}",
         tokens.len(),
-        file.variants()[variant],
-        backend.threads()
+        session.describe()
     );
     let started = Instant::now();
     let mut nll = Nll::default();
@@ -109,21 +104,9 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
         if model.cfg.add_bos {
             chunk[0] = tok.bos_id();
         }
-        st.reset();
-        model.forward(
-            &mut st,
-            &chunk[..first],
-            &backend,
-            &mut experts,
-            Logits::None,
-        )?;
-        let logits = model.forward(
-            &mut st,
-            &chunk[first..],
-            &backend,
-            &mut experts,
-            Logits::All,
-        )?;
+        session.truncate(0);
+        session.forward(&chunk[..first], Logits::None)?;
+        let logits = session.forward(&chunk[first..], Logits::All)?;
         for j in 0..n_ctx - 1 - first {
             nll.add(
                 &logits[j * vocab..(j + 1) * vocab],

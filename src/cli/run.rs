@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use super::engine::{tokenizer, ModelArgs};
-use crate::backend::cpu::{CpuBackend, CpuExperts};
 use crate::format::keys;
 use crate::generate::{ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer};
-use crate::model::{Logits, Model, RunState};
+use crate::model::{Logits, Model, Session};
 use crate::Error;
 
 #[derive(Args, Debug)]
@@ -103,12 +102,10 @@ impl Stats {
     }
 }
 
-/// One model session: the KV cache and the tokens it holds.
-struct Session<'a> {
+/// One conversation: the model session and the tokens its KV cache holds.
+struct Chat<'a> {
     model: &'a Model<'a>,
-    backend: &'a CpuBackend,
-    experts: CpuExperts<'a>,
-    st: RunState,
+    st: Box<dyn Session + 'a>,
     /// Tokens in the KV cache, in order.
     cached: Vec<u32>,
     tok: &'a Tokenizer,
@@ -117,7 +114,7 @@ struct Session<'a> {
     ignore_eos: bool,
 }
 
-impl Session<'_> {
+impl Chat<'_> {
     /// Bring the KV cache to `ids` (reusing the longest common prefix), then generate up to
     /// `n_predict` tokens, streaming them to `out`. Returns the answer's text.
     fn answer(
@@ -153,9 +150,7 @@ impl Session<'_> {
         for chunk in ids[keep..].chunks(PREFILL_BATCH) {
             let last = chunk.as_ptr_range().end == ids.as_ptr_range().end;
             let want = if last { Logits::Last } else { Logits::None };
-            let l =
-                self.model
-                    .forward(&mut self.st, chunk, self.backend, &mut self.experts, want)?;
+            let l = self.st.forward(chunk, want)?;
             if last {
                 logits = l.to_vec();
             }
@@ -190,16 +185,7 @@ impl Session<'_> {
                 eprintln!("\n[context full: {ctx} tokens]");
                 break;
             }
-            logits = self
-                .model
-                .forward(
-                    &mut self.st,
-                    &[next],
-                    self.backend,
-                    &mut self.experts,
-                    Logits::Last,
-                )?
-                .to_vec();
+            logits = self.st.forward(&[next], Logits::Last)?.to_vec();
             self.cached.push(next);
         }
         emit(stream.flush()?, out)?;
@@ -217,7 +203,6 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     let file = args.model.open()?;
     let model = Model::load(&file)?;
     let tok = tokenizer(&file, &model.cfg)?;
-    let backend = args.model.backend()?;
     let variant = args.model.variant_index(&file)?;
     let ctx = match args.ctx {
         0 => model.cfg.context_length.min(4096),
@@ -267,20 +252,19 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
             .map_err(|e| Error::Invalid(format!("cannot install the Ctrl-C handler: {e}")))?;
     }
+    let st = args.model.session(&file, &model, ctx)?;
     eprintln!(
-        "hob: {} ({} layers, {} experts, top-{}), experts {}, {} threads, ctx {ctx}, seed {seed}",
+        "hob: {} ({} layers, {} experts, top-{}), experts {}, ctx {ctx}, seed {seed}; {}",
         file.path().display(),
         model.cfg.n_layers,
         model.cfg.n_experts,
         model.cfg.top_k,
         file.variants()[variant],
-        backend.threads()
+        st.describe()
     );
-    let mut session = Session {
+    let mut session = Chat {
         model: &model,
-        backend: &backend,
-        experts: CpuExperts::new(&file, &backend, variant)?,
-        st: model.new_state(ctx)?,
+        st,
         cached: Vec::new(),
         tok: &tok,
         sampler,

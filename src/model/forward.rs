@@ -27,44 +27,45 @@ pub struct Model<'f> {
     inv_freq: Vec<f32>,
 }
 
-/// Everything a sequence needs between calls: the KV cache and reusable activation buffers.
-pub struct RunState {
+/// Everything a sequence needs between calls: the KV cache and reusable activation buffers,
+/// in the backend's memory.
+pub struct RunState<B: Backend> {
     ctx: usize,
     pos: usize,
-    /// (layer, ctx, kv_dim)
-    k_cache: Vec<f32>,
-    /// (layer, ctx, kv_dim)
-    v_cache: Vec<f32>,
-    buf: Buffers,
+    kv: B::Kv,
+    buf: Option<Buffers<B>>,
+    /// Host copies: router logits (t, n_experts), routes (t, top_k), logits (t, vocab), the
+    /// embedded tokens (t, hidden).
+    router: Vec<f32>,
+    routes: Vec<Route>,
+    logits: Vec<f32>,
+    embed: Vec<f32>,
 }
 
 /// Activations for a batch of t tokens, grown to the largest batch seen, never per token.
-#[derive(Default)]
-struct Buffers {
+struct Buffers<B: Backend> {
     t: usize,
     /// (t, hidden) residual stream
-    x: Vec<f32>,
+    x: B::Buf,
     /// (t, hidden) normalized input of a block
-    xn: Vec<f32>,
+    xn: B::Buf,
     /// (t, q_dim)
-    q: Vec<f32>,
+    q: B::Buf,
     /// (t, kv_dim)
-    k: Vec<f32>,
+    k: B::Buf,
     /// (t, kv_dim)
-    v: Vec<f32>,
+    v: B::Buf,
     /// (t, q_dim)
-    att: Vec<f32>,
+    att: B::Buf,
     /// (t, hidden) block output
-    out: Vec<f32>,
+    out: B::Buf,
     /// (t, n_experts)
-    router: Vec<f32>,
-    /// (t, top_k)
-    routes: Vec<Route>,
-    /// (t, vocab) or (vocab)
-    logits: Vec<f32>,
+    router: B::Buf,
+    /// (t, vocab)
+    logits: B::Buf,
 }
 
-impl RunState {
+impl<B: Backend> RunState<B> {
     /// Tokens in the KV cache.
     pub fn pos(&self) -> usize {
         self.pos
@@ -120,33 +121,46 @@ impl<'f> Model<'f> {
         })
     }
 
-    /// A run state with a KV cache of `ctx` positions.
-    pub fn new_state(&self, ctx: usize) -> Result<RunState, ModelError> {
+    /// The dense weights (for a device backend to make resident).
+    pub fn weights(&self) -> &Weights<'f> {
+        &self.w
+    }
+
+    /// RoPE inverse frequencies, [head_dim / 2].
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// A run state with a KV cache of `ctx` positions in `backend`'s memory.
+    pub fn new_state<B: Backend>(&self, backend: &B, ctx: usize) -> crate::Result<RunState<B>> {
         if ctx == 0 || ctx > self.cfg.context_length {
             return Err(ModelError::ContextFull {
                 needed: ctx,
                 ctx: self.cfg.context_length,
                 max: self.cfg.context_length,
-            });
+            }
+            .into());
         }
-        let n = self.cfg.n_layers * ctx * self.cfg.kv_dim();
         Ok(RunState {
             ctx,
             pos: 0,
-            k_cache: vec![0.0; n],
-            v_cache: vec![0.0; n],
-            buf: Buffers::default(),
+            kv: backend.alloc_kv(self.cfg.n_layers, ctx, self.cfg.kv_dim())?,
+            buf: None,
+            router: Vec::new(),
+            routes: Vec::new(),
+            logits: Vec::new(),
+            embed: Vec::new(),
         })
     }
 
     /// Run `tokens` at positions `st.pos()..`, append them to the KV cache and return the logits
     /// asked for (empty for `Logits::None`).
-    pub fn forward<'s>(
+    pub fn forward<'s, B: Backend>(
         &self,
-        st: &'s mut RunState,
+        st: &'s mut RunState<B>,
         tokens: &[u32],
-        backend: &dyn Backend,
-        experts: &mut dyn ExpertExecutor,
+        backend: &B,
+        experts: &mut dyn ExpertExecutor<B>,
         want: Logits,
     ) -> crate::Result<&'s [f32]> {
         let cfg = &self.cfg;
@@ -170,37 +184,45 @@ impl<'f> Model<'f> {
         if t == 0 {
             return Ok(&[]);
         }
-        st.buf.ensure(cfg, t);
-        let (h, qd, kvd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
-        let b = &mut st.buf;
+        if st.buf.as_ref().is_none_or(|b| b.t < t) {
+            st.buf = Some(Buffers::new(backend, cfg, t)?);
+        }
+        let (h, qd, kvd, ne, k) = (
+            cfg.hidden,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.n_experts,
+            cfg.top_k,
+        );
+        let Some(b) = st.buf.as_mut() else {
+            unreachable!("buffers are allocated above")
+        };
 
+        st.embed.resize(t * h, 0.0);
         for (i, &id) in tokens.iter().enumerate() {
             self.w
                 .token_embd
-                .row_to_f32(id as usize, &mut b.x[i * h..(i + 1) * h]);
+                .row_to_f32(id as usize, &mut st.embed[i * h..(i + 1) * h]);
         }
+        backend.upload(&st.embed, &mut b.x)?;
+        st.router.resize(t * ne, 0.0);
+        st.routes.resize(
+            t * k,
+            Route {
+                expert: 0,
+                weight: 0.0,
+            },
+        );
 
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
-            rms_norm(
-                &b.x[..t * h],
-                &lw.attn_norm,
-                cfg.rms_eps,
-                &mut b.xn[..t * h],
-            );
-            backend.matmul(&lw.wq, &b.xn[..t * h], t, &mut b.q[..t * qd]);
-            backend.matmul(&lw.wk, &b.xn[..t * h], t, &mut b.k[..t * kvd]);
-            backend.matmul(&lw.wv, &b.xn[..t * h], t, &mut b.v[..t * kvd]);
-            for i in 0..t {
-                let pos = start + i;
-                self.rope(&mut b.q[i * qd..(i + 1) * qd], pos);
-                self.rope(&mut b.k[i * kvd..(i + 1) * kvd], pos);
-            }
-            let layer_cache = l * st.ctx * kvd;
-            let new = layer_cache + start * kvd..layer_cache + (start + t) * kvd;
-            st.k_cache[new.clone()].copy_from_slice(&b.k[..t * kvd]);
-            st.v_cache[new].copy_from_slice(&b.v[..t * kvd]);
-            let seen = layer_cache..layer_cache + (start + t) * kvd;
+            backend.rms_norm(&b.x, 0..t, &lw.attn_norm, cfg.rms_eps, &mut b.xn)?;
+            backend.matmul(&lw.wq, &b.xn, t, &mut b.q)?;
+            backend.matmul(&lw.wk, &b.xn, t, &mut b.k)?;
+            backend.matmul(&lw.wv, &b.xn, t, &mut b.v)?;
+            backend.rope(&mut b.q, t, qd, start, &self.inv_freq)?;
+            backend.rope(&mut b.k, t, kvd, start, &self.inv_freq)?;
+            backend.kv_write(&mut st.kv, l, start, t, &b.k, &b.v)?;
             backend.attention(
                 AttentionShape {
                     n_heads: cfg.n_heads,
@@ -210,31 +232,27 @@ impl<'f> Model<'f> {
                     t,
                     window: cfg.sliding_window,
                 },
-                &b.q[..t * qd],
-                &st.k_cache[seen.clone()],
-                &st.v_cache[seen],
-                &mut b.att[..t * qd],
-            );
-            backend.matmul(&lw.wo, &b.att[..t * qd], t, &mut b.out[..t * h]);
-            add_assign(&mut b.x[..t * h], &b.out[..t * h]);
+                &b.q,
+                &st.kv,
+                l,
+                &mut b.att,
+            )?;
+            backend.matmul(&lw.wo, &b.att, t, &mut b.out)?;
+            backend.add_assign(&mut b.x, &b.out, t * h)?;
 
-            // Mixture-of-experts block.
-            rms_norm(&b.x[..t * h], &lw.ffn_norm, cfg.rms_eps, &mut b.xn[..t * h]);
-            let ne = cfg.n_experts;
-            backend.matmul(&lw.router, &b.xn[..t * h], t, &mut b.router[..t * ne]);
+            // Mixture-of-experts block: routing is decided on the host (the expert engine needs
+            // it there), from router logits computed by the backend.
+            backend.rms_norm(&b.x, 0..t, &lw.ffn_norm, cfg.rms_eps, &mut b.xn)?;
+            backend.matmul(&lw.router, &b.xn, t, &mut b.router)?;
+            backend.download(&b.router, &mut st.router[..t * ne])?;
             for i in 0..t {
                 route_softmax_topk(
-                    &b.router[i * ne..(i + 1) * ne],
-                    &mut b.routes[i * cfg.top_k..(i + 1) * cfg.top_k],
+                    &st.router[i * ne..(i + 1) * ne],
+                    &mut st.routes[i * k..(i + 1) * k],
                 );
             }
-            experts.forward(
-                l,
-                &b.xn[..t * h],
-                &b.routes[..t * cfg.top_k],
-                &mut b.out[..t * h],
-            )?;
-            add_assign(&mut b.x[..t * h], &b.out[..t * h]);
+            experts.forward(backend, l, &b.xn, t, &st.routes[..t * k], &mut b.out)?;
+            backend.add_assign(&mut b.x, &b.out, t * h)?;
         }
         st.pos += t;
 
@@ -245,55 +263,44 @@ impl<'f> Model<'f> {
             Logits::All => 0..t,
         };
         let n = rows.len();
-        rms_norm(
-            &b.x[rows.start * h..rows.end * h],
-            &self.w.output_norm,
-            cfg.rms_eps,
-            &mut b.xn[..n * h],
-        );
-        backend.matmul(&self.w.output, &b.xn[..n * h], n, &mut b.logits[..n * v]);
-        Ok(&b.logits[..n * v])
-    }
-
-    /// Rotate-half RoPE (transformers' `apply_rotary_pos_emb`) on every head of `x` in place.
-    fn rope(&self, x: &mut [f32], pos: usize) {
-        let d = self.cfg.head_dim;
-        let half = d / 2;
-        for head in x.chunks_exact_mut(d) {
-            for (i, &f) in self.inv_freq.iter().enumerate() {
-                let angle = pos as f32 * f;
-                let (sin, cos) = angle.sin_cos();
-                let (a, b) = (head[i], head[i + half]);
-                head[i] = a * cos - b * sin;
-                head[i + half] = b * cos + a * sin;
-            }
-        }
+        backend.rms_norm(&b.x, rows, &self.w.output_norm, cfg.rms_eps, &mut b.xn)?;
+        backend.matmul(&self.w.output, &b.xn, n, &mut b.logits)?;
+        st.logits.resize(n * v, 0.0);
+        backend.download(&b.logits, &mut st.logits[..n * v])?;
+        Ok(&st.logits[..n * v])
     }
 }
 
-impl Buffers {
-    fn ensure(&mut self, cfg: &ModelConfig, t: usize) {
-        if t <= self.t {
-            return;
-        }
-        self.t = t;
+impl<B: Backend> Buffers<B> {
+    fn new(backend: &B, cfg: &ModelConfig, t: usize) -> crate::Result<Buffers<B>> {
         let (h, qd, kvd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
-        self.x = vec![0.0; t * h];
-        self.xn = vec![0.0; t * h];
-        self.q = vec![0.0; t * qd];
-        self.k = vec![0.0; t * kvd];
-        self.v = vec![0.0; t * kvd];
-        self.att = vec![0.0; t * qd];
-        self.out = vec![0.0; t * h];
-        self.router = vec![0.0; t * cfg.n_experts];
-        self.routes = vec![
-            Route {
-                expert: 0,
-                weight: 0.0
-            };
-            t * cfg.top_k
-        ];
-        self.logits = vec![0.0; t * cfg.vocab];
+        Ok(Buffers {
+            t,
+            x: backend.alloc(t * h)?,
+            xn: backend.alloc(t * h)?,
+            q: backend.alloc(t * qd)?,
+            k: backend.alloc(t * kvd)?,
+            v: backend.alloc(t * kvd)?,
+            att: backend.alloc(t * qd)?,
+            out: backend.alloc(t * h)?,
+            router: backend.alloc(t * cfg.n_experts)?,
+            logits: backend.alloc(t * cfg.vocab)?,
+        })
+    }
+}
+
+/// Rotate-half RoPE (transformers' `apply_rotary_pos_emb`) on every head of one row in place:
+/// heads of `2 * inv_freq.len()` values, angles `pos * inv_freq[i]` in f32.
+pub fn rope_row(x: &mut [f32], pos: usize, inv_freq: &[f32]) {
+    let half = inv_freq.len();
+    for head in x.chunks_exact_mut(2 * half) {
+        for (i, &f) in inv_freq.iter().enumerate() {
+            let angle = pos as f32 * f;
+            let (sin, cos) = angle.sin_cos();
+            let (a, b) = (head[i], head[i + half]);
+            head[i] = a * cos - b * sin;
+            head[i + half] = b * cos + a * sin;
+        }
     }
 }
 
@@ -309,7 +316,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-fn add_assign(x: &mut [f32], y: &[f32]) {
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }

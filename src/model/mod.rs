@@ -10,11 +10,13 @@
 pub mod config;
 pub mod forward;
 pub mod ops;
+pub mod session;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use forward::{Logits, Model, RunState};
 pub use ops::{Backend, ExpertExecutor, Route};
+pub use session::{Bound, ExpertReport, ExpertStats, Experts, Session, VariantStats};
 
 use crate::format::FormatError;
 

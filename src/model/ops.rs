@@ -1,4 +1,9 @@
 //! What the forward pass asks of a backend, and the interface the expert engine plugs into.
+//!
+//! The forward pass (model/forward.rs) is written once against [`Backend`]: activations live in
+//! the backend's buffers (host vectors for the CPU, device memory for CUDA), and every op works on
+//! the first rows of its buffers. Weights are passed as host [`Matrix`] views of the mmap; a
+//! device backend keeps resident copies of them (uploaded once) and finds them by that view.
 
 use crate::quant::Matrix;
 
@@ -23,33 +28,93 @@ pub struct AttentionShape {
 }
 
 /// The dense compute a backend provides. Results must not depend on the thread count.
-pub trait Backend: Sync {
-    /// out[t, w.rows] = x[t, w.cols] · wᵀ.
-    fn matmul(&self, w: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]);
+/// Buffers hold f32 values; an op reads and writes the first `rows * width` of them.
+pub trait Backend {
+    /// An activation buffer.
+    type Buf;
+    /// The KV cache of a sequence: (layer, position, kv_dim) for keys and for values.
+    type Kv;
 
-    /// Causal grouped-query attention. q: [t, n_heads * head_dim]; k_cache, v_cache:
-    /// [start_pos + t, n_kv_heads * head_dim] (the new tokens already written);
-    /// out: [t, n_heads * head_dim].
+    /// A zeroed buffer of `n` values.
+    fn alloc(&self, n: usize) -> crate::Result<Self::Buf>;
+    /// A KV cache of `layers` x `ctx` positions x `kv_dim`.
+    fn alloc_kv(&self, layers: usize, ctx: usize, kv_dim: usize) -> crate::Result<Self::Kv>;
+    /// dst[..src.len()] = src.
+    fn upload(&self, src: &[f32], dst: &mut Self::Buf) -> crate::Result<()>;
+    /// dst = src[..dst.len()] (waits for the backend's pending work).
+    fn download(&self, src: &Self::Buf, dst: &mut [f32]) -> crate::Result<()>;
+
+    /// out[t, w.rows] = x[t, w.cols] · wᵀ.
+    fn matmul(
+        &self,
+        w: &Matrix<'_>,
+        x: &Self::Buf,
+        t: usize,
+        out: &mut Self::Buf,
+    ) -> crate::Result<()>;
+
+    /// RMSNorm of x's rows `rows` (each w.len() wide) into out's rows 0..rows.len():
+    /// w * x / sqrt(mean(x²) + eps).
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        rows: std::ops::Range<usize>,
+        w: &[f32],
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> crate::Result<()>;
+
+    /// Rotate-half RoPE in place on `t` rows of `width` values (heads of `inv_freq.len() * 2`),
+    /// row i at position start_pos + i; angles pos * inv_freq[j] in f32.
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        t: usize,
+        width: usize,
+        start_pos: usize,
+        inv_freq: &[f32],
+    ) -> crate::Result<()>;
+
+    /// x[..n] += y[..n].
+    fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, n: usize) -> crate::Result<()>;
+
+    /// Write the new tokens' keys and values (`t` rows each) at positions start..start + t of
+    /// `layer`.
+    fn kv_write(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        start: usize,
+        t: usize,
+        k: &Self::Buf,
+        v: &Self::Buf,
+    ) -> crate::Result<()>;
+
+    /// Causal grouped-query attention of q ([t, n_heads * head_dim]) over `layer`'s cache
+    /// positions 0..start_pos + t (the new tokens already written); out: [t, n_heads * head_dim].
     fn attention(
         &self,
         shape: AttentionShape,
-        q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
-        out: &mut [f32],
-    );
+        q: &Self::Buf,
+        kv: &Self::Kv,
+        layer: usize,
+        out: &mut Self::Buf,
+    ) -> crate::Result<()>;
 }
 
 /// Computes a layer's experts for a batch of tokens: where the offload engine (cache, loader,
 /// precision scorer) plugs in. The executor chooses the variant each expert runs in.
-pub trait ExpertExecutor {
+pub trait ExpertExecutor<B: Backend> {
     /// xs: [t, hidden] (post-norm hidden states); routes: [t, top_k], token-major;
-    /// out: [t, hidden], overwritten with sum_k weight_k * expert_k(x).
+    /// out: [t, hidden], overwritten with sum_k weight_k * expert_k(x), experts summed in
+    /// ascending index order for every token (so prefill and decode agree).
     fn forward(
         &mut self,
+        backend: &B,
         layer: usize,
-        xs: &[f32],
+        xs: &B::Buf,
+        t: usize,
         routes: &[Route],
-        out: &mut [f32],
+        out: &mut B::Buf,
     ) -> crate::Result<()>;
 }

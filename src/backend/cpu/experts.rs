@@ -1,14 +1,14 @@
 //! Experts computed on the CPU straight from the mmap, in one chosen variant.
 
 use crate::format::HobFile;
-use crate::model::ops::{Backend, ExpertExecutor, Route};
+use crate::model::ops::{ExpertExecutor, Route};
+use crate::model::ExpertReport;
 use crate::quant::Matrix;
 
 use super::CpuBackend;
 
 pub struct CpuExperts<'a> {
     file: &'a HobFile,
-    backend: &'a CpuBackend,
     variant: usize,
     hidden: usize,
     ffn: usize,
@@ -26,7 +26,7 @@ pub struct CpuExperts<'a> {
 
 impl<'a> CpuExperts<'a> {
     /// `variant`: index into `file.variants()`.
-    pub fn new(file: &'a HobFile, backend: &'a CpuBackend, variant: usize) -> crate::Result<Self> {
+    pub fn new(file: &'a HobFile, variant: usize) -> crate::Result<Self> {
         if variant >= file.variants().len() {
             return Err(crate::Error::Invalid(format!(
                 "expert variant index {variant} out of range: the file stores {}",
@@ -36,7 +36,6 @@ impl<'a> CpuExperts<'a> {
         let (hidden, ffn) = file.expert_dims();
         Ok(CpuExperts {
             file,
-            backend,
             variant,
             hidden,
             ffn,
@@ -49,16 +48,18 @@ impl<'a> CpuExperts<'a> {
     }
 }
 
-impl ExpertExecutor for CpuExperts<'_> {
+impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
     fn forward(
         &mut self,
+        b: &CpuBackend,
         layer: usize,
-        xs: &[f32],
+        xs: &Vec<f32>,
+        t: usize,
         routes: &[Route],
-        out: &mut [f32],
+        out: &mut Vec<f32>,
     ) -> crate::Result<()> {
         let (h, f) = (self.hidden, self.ffn);
-        let t = xs.len() / h;
+        let out = &mut out[..t * h];
         let k = routes.len() / t.max(1);
         for g in &mut self.groups {
             g.clear();
@@ -85,13 +86,12 @@ impl ExpertExecutor for CpuExperts<'_> {
                 self.xs[j * h..(j + 1) * h].copy_from_slice(&xs[i * h..(i + 1) * h]);
             }
             // Mixtral's expert: w2(silu(w1(x)) * w3(x)).
-            let b = self.backend;
-            b.matmul(&Matrix::from_view(view.gate()), &self.xs, n, &mut self.gate);
-            b.matmul(&Matrix::from_view(view.up()), &self.xs, n, &mut self.up);
+            b.matmul_f32(&Matrix::from_view(view.gate()), &self.xs, n, &mut self.gate);
+            b.matmul_f32(&Matrix::from_view(view.up()), &self.xs, n, &mut self.up);
             for (g, u) in self.gate.iter_mut().zip(&self.up) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
-            b.matmul(
+            b.matmul_f32(
                 &Matrix::from_view(view.down()),
                 &self.gate,
                 n,
@@ -107,5 +107,14 @@ impl ExpertExecutor for CpuExperts<'_> {
             }
         }
         Ok(())
+    }
+}
+
+impl ExpertReport for CpuExperts<'_> {
+    fn describe(&self) -> String {
+        format!(
+            "{} computed on the CPU from the mapped file",
+            self.file.variants()[self.variant]
+        )
     }
 }

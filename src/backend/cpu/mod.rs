@@ -8,6 +8,9 @@ pub use experts::CpuExperts;
 
 use rayon::prelude::*;
 
+use std::ops::Range;
+
+use crate::model::forward;
 use crate::model::ops::{AttentionShape, Backend};
 use crate::quant::Matrix;
 
@@ -50,8 +53,9 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
-    fn matmul(&self, w: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
+impl CpuBackend {
+    /// out[t, w.rows] = x[t, w.cols] · wᵀ on host slices.
+    pub fn matmul_f32(&self, w: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
         let (rows, cols) = (w.rows, w.cols);
         assert_eq!(x.len(), t * cols, "matmul input length");
         assert_eq!(out.len(), t * rows, "matmul output length");
@@ -83,7 +87,8 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn attention(
+    /// Causal GQA attention over f32 caches [positions, kv_dim] (the new tokens written).
+    pub fn attention_f32(
         &self,
         s: AttentionShape,
         q: &[f32],
@@ -139,6 +144,128 @@ impl Backend for CpuBackend {
     }
 }
 
+/// The CPU KV cache: (layer, ctx, kv_dim) keys and values in f32.
+pub struct CpuKv {
+    ctx: usize,
+    kv_dim: usize,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Kv = CpuKv;
+
+    fn alloc(&self, n: usize) -> crate::Result<Vec<f32>> {
+        Ok(vec![0.0; n])
+    }
+
+    fn alloc_kv(&self, layers: usize, ctx: usize, kv_dim: usize) -> crate::Result<CpuKv> {
+        let n = layers * ctx * kv_dim;
+        Ok(CpuKv {
+            ctx,
+            kv_dim,
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+        })
+    }
+
+    fn upload(&self, src: &[f32], dst: &mut Vec<f32>) -> crate::Result<()> {
+        dst[..src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn download(&self, src: &Vec<f32>, dst: &mut [f32]) -> crate::Result<()> {
+        dst.copy_from_slice(&src[..dst.len()]);
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        w: &Matrix<'_>,
+        x: &Vec<f32>,
+        t: usize,
+        out: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        self.matmul_f32(w, &x[..t * w.cols], t, &mut out[..t * w.rows]);
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        rows: Range<usize>,
+        w: &[f32],
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let n = w.len();
+        forward::rms_norm(
+            &x[rows.start * n..rows.end * n],
+            w,
+            eps,
+            &mut out[..rows.len() * n],
+        );
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        t: usize,
+        width: usize,
+        start_pos: usize,
+        inv_freq: &[f32],
+    ) -> crate::Result<()> {
+        for (i, row) in x[..t * width].chunks_exact_mut(width).enumerate() {
+            forward::rope_row(row, start_pos + i, inv_freq);
+        }
+        Ok(())
+    }
+
+    fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> crate::Result<()> {
+        forward::add_assign(&mut x[..n], &y[..n]);
+        Ok(())
+    }
+
+    fn kv_write(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        start: usize,
+        t: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+    ) -> crate::Result<()> {
+        let d = kv.kv_dim;
+        let at = (layer * kv.ctx + start) * d;
+        kv.k[at..at + t * d].copy_from_slice(&k[..t * d]);
+        kv.v[at..at + t * d].copy_from_slice(&v[..t * d]);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        shape: AttentionShape,
+        q: &Vec<f32>,
+        kv: &CpuKv,
+        layer: usize,
+        out: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let d = kv.kv_dim;
+        let seen = layer * kv.ctx * d..(layer * kv.ctx + shape.start_pos + shape.t) * d;
+        let qd = shape.n_heads * shape.head_dim;
+        self.attention_f32(
+            shape,
+            &q[..shape.t * qd],
+            &kv.k[seen.clone()],
+            &kv.v[seen],
+            &mut out[..shape.t * qd],
+        );
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,7 +285,7 @@ mod tests {
         let k = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
         let v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
         let mut out = vec![0.0; 4];
-        b.attention(shape, &q, &k, &v, &mut out);
+        b.attention_f32(shape, &q, &k, &v, &mut out);
         out
     }
 

@@ -1,0 +1,124 @@
+//! cuda/kernels.cu compiled by NVRTC once per process for the GPU at hand, the PTX cached on disk
+//! (keyed by a hash of the source, the compile options and the GPU architecture), every kernel
+//! handle loaded once.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use super::cuda_err;
+use crate::Error;
+
+const SOURCE: &str = include_str!("../../../cuda/kernels.cu");
+
+/// Every kernel of cuda/kernels.cu.
+pub struct Kernels {
+    pub rms_norm: CudaFunction,
+    pub rope: CudaFunction,
+    pub add_assign: CudaFunction,
+    pub swiglu: CudaFunction,
+    pub to_half: CudaFunction,
+    pub gather_rows: CudaFunction,
+    pub scatter_axpy: CudaFunction,
+    pub axpy: CudaFunction,
+    pub attention: CudaFunction,
+    /// Indexed by kind code: f32, f16, bf16, int8, int4, int2.
+    pub matvec: [CudaFunction; 6],
+    pub matvec_any: CudaFunction,
+    pub dequant_rows: CudaFunction,
+    /// Where the PTX came from, for logs: "cache" or "nvrtc (0.21 s)".
+    pub origin: String,
+}
+
+/// The on-disk cache directory: $HOB_CACHE_DIR, else $XDG_CACHE_HOME/hob, else ~/.cache/hob.
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("HOB_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("hob"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("hob"))
+}
+
+impl Kernels {
+    pub fn load(ctx: &Arc<CudaContext>) -> crate::Result<Kernels> {
+        let (major, minor) = ctx.compute_capability().map_err(cuda_err)?;
+        let arch = format!("compute_{major}{minor}");
+        let options = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+        let key = {
+            let mut h = crc32c::crc32c(SOURCE.as_bytes());
+            for o in &options {
+                h = crc32c::crc32c_append(h, o.as_bytes());
+            }
+            format!("kernels-{h:08x}-{}-{arch}.ptx", SOURCE.len())
+        };
+        let cached = cache_dir().map(|d| d.join(&key));
+        let (ptx, origin) = match cached
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+        {
+            Some(src) => (Ptx::from_src(src), "cache".to_string()),
+            None => {
+                let started = Instant::now();
+                let ptx = cudarc::nvrtc::compile_ptx_with_opts(
+                    SOURCE,
+                    CompileOptions {
+                        options,
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| Error::Invalid(format!("NVRTC failed on cuda/kernels.cu: {e}")))?;
+                if let Some(path) = &cached {
+                    // A cache that cannot be written only costs the next process a compile.
+                    let write = path
+                        .parent()
+                        .map_or(Ok(()), std::fs::create_dir_all)
+                        .and_then(|_| {
+                            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                            std::fs::write(&tmp, ptx.to_src())?;
+                            std::fs::rename(&tmp, path)
+                        });
+                    if let Err(e) = write {
+                        log::warn!("cannot cache compiled kernels at {}: {e}", path.display());
+                    }
+                }
+                let origin = format!("nvrtc ({:.2} s)", started.elapsed().as_secs_f64());
+                (ptx, origin)
+            }
+        };
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| Error::Invalid(format!("loading the compiled kernels: {e}")))?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| Error::Invalid(format!("kernel {name}: {e}")))
+        };
+        Ok(Kernels {
+            rms_norm: f("rms_norm")?,
+            rope: f("rope")?,
+            add_assign: f("add_assign")?,
+            swiglu: f("swiglu")?,
+            to_half: f("to_half")?,
+            gather_rows: f("gather_rows")?,
+            scatter_axpy: f("scatter_axpy")?,
+            axpy: f("axpy")?,
+            attention: f("attention")?,
+            matvec: [
+                f("matvec_f32")?,
+                f("matvec_f16")?,
+                f("matvec_bf16")?,
+                f("matvec_int8")?,
+                f("matvec_int4")?,
+                f("matvec_int2")?,
+            ],
+            matvec_any: f("matvec_any")?,
+            dequant_rows: f("dequant_rows")?,
+            origin,
+        })
+    }
+}

@@ -1,0 +1,647 @@
+//! The CUDA backend: cudarc with dynamic loading (the binary runs where no CUDA is installed),
+//! kernels from cuda/kernels.cu compiled by NVRTC, dense weights and the KV cache (f16) resident
+//! on the device, activations in device buffers, prefill products through cuBLAS.
+//!
+//! All device work goes to one compute stream in order, so buffers need no further
+//! synchronization; the expert cache (experts.rs) adds a copy stream ordered by events.
+//! `unsafe` here is the CUDA launch and raw-pointer copy surface, each with a SAFETY note.
+
+mod experts;
+mod kernels;
+
+pub use experts::{CacheConfig, CudaExperts};
+pub use kernels::Kernels;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::cublas::{sys as cublas_sys, CudaBlas};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+
+use crate::model::ops::{AttentionShape, Backend};
+use crate::model::Model;
+use crate::quant::{Matrix, WeightKind};
+use crate::Error;
+
+pub(crate) fn cuda_err(e: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("CUDA: {e}"))
+}
+
+/// Why CUDA cannot be used here, or Ok when a device is present and its libraries load.
+pub fn probe() -> Result<(), String> {
+    // SAFETY: these only try to dlopen the libraries by name; no symbol is called.
+    let (driver, nvrtc, blas) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            cudarc::nvrtc::sys::is_culib_present(),
+            cudarc::cublas::sys::is_culib_present(),
+        )
+    };
+    if !driver {
+        return Err("no CUDA driver (libcuda.so) found".into());
+    }
+    if !nvrtc {
+        return Err(
+            "the CUDA driver is present but NVRTC (libnvrtc.so) is not: install the CUDA toolkit's \
+             NVRTC or add its lib64 directory to LD_LIBRARY_PATH"
+                .into(),
+        );
+    }
+    if !blas {
+        return Err(
+            "the CUDA driver is present but cuBLAS (libcublas.so) is not: install it or add its \
+             directory to LD_LIBRARY_PATH"
+                .into(),
+        );
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(()),
+        Ok(_) => Err("the CUDA driver reports no device".into()),
+        Err(e) => Err(format!("the CUDA driver failed to start: {e}")),
+    }
+}
+
+/// Kind codes shared with cuda/kernels.cu.
+fn kind_code(kind: WeightKind) -> i32 {
+    match kind {
+        WeightKind::F32 => 0,
+        WeightKind::F16 => 1,
+        WeightKind::Bf16 => 2,
+        WeightKind::Int8 => 3,
+        WeightKind::Int4 => 4,
+        WeightKind::Int2 => 5,
+    }
+}
+
+/// A matrix in device memory, as the kernels take it (`struct Mat` in kernels.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DevMat {
+    pub codes: u64,
+    pub scales: u64,
+    pub mins: u64,
+    pub rows: i32,
+    pub cols: i32,
+    pub group: i32,
+    pub row_bytes: i32,
+    /// Not part of the kernel struct's fields that the kernels read first; kept last.
+    kind: i32,
+    _pad: i32,
+}
+
+// SAFETY: DevMat is #[repr(C)], plain integers, and its leading fields match `struct Mat` in
+// cuda/kernels.cu (the kernels ignore the trailing `kind`).
+unsafe impl DeviceRepr for DevMat {}
+
+impl DevMat {
+    /// Describe a matrix whose codes, scales and mins start at the given device addresses.
+    pub fn new(m: &Matrix<'_>, codes: u64, scales: u64, mins: u64) -> DevMat {
+        DevMat {
+            codes,
+            scales,
+            mins,
+            rows: m.rows as i32,
+            cols: m.cols as i32,
+            group: m.group_size as i32,
+            row_bytes: m.row_bytes() as i32,
+            kind: kind_code(m.kind),
+            _pad: 0,
+        }
+    }
+
+    /// The 16-byte vector kernel applies (the other layouts take matvec_any).
+    fn vectorizable(&self) -> bool {
+        self.row_bytes % 16 == 0 && self.codes % 16 == 0
+    }
+}
+
+/// The device, its streams and kernels: shared by the backend and the expert cache.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub kernels: Kernels,
+    blas: CudaBlas,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+}
+
+fn cfg(grid: u32, block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.max(1), 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per) as u32
+}
+
+/// Launch `f` on the compute stream with the given arguments (locals, borrowed until launch).
+macro_rules! launch {
+    ($gpu:expr, $f:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
+        let mut b = $gpu.stream.launch_builder(&$f);
+        $( b.arg(&$arg); )*
+        // SAFETY: the argument list matches the kernel's signature in cuda/kernels.cu, and every
+        // pointer argument addresses a live device allocation of at least the extent the kernel
+        // reads or writes for the given sizes (checked by the callers).
+        unsafe { b.launch($cfg) }.map(|_| ()).map_err(cuda_err)
+    }};
+}
+
+impl Gpu {
+    /// Open device `ordinal`: context, compute stream, kernels (NVRTC, cached), cuBLAS.
+    pub fn open(ordinal: usize) -> crate::Result<Arc<Gpu>> {
+        probe().map_err(|e| Error::Invalid(format!("CUDA unavailable: {e}")))?;
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
+        // SAFETY: hob orders all cross-stream work itself (one compute stream; the expert copy
+        // stream is ordered by explicit events), so cudarc's per-buffer event tracking is off.
+        unsafe { ctx.disable_event_tracking() };
+        let name = ctx.name().map_err(cuda_err)?;
+        let compute_capability = ctx.compute_capability().map_err(cuda_err)?;
+        let stream = ctx.new_stream().map_err(cuda_err)?;
+        let kernels = Kernels::load(&ctx)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
+        log::info!(
+            "CUDA device {ordinal}: {name} (sm_{}{}), kernels from {}",
+            compute_capability.0,
+            compute_capability.1,
+            kernels.origin
+        );
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            kernels,
+            blas,
+            name,
+            compute_capability,
+        }))
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> crate::Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(cuda_err)
+    }
+
+    pub fn alloc<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+        what: &str,
+    ) -> crate::Result<CudaSlice<T>> {
+        self.stream.alloc_zeros::<T>(n.max(1)).map_err(|e| {
+            Error::Invalid(format!(
+                "CUDA: cannot allocate {} MiB for {what}: {e}",
+                (n * std::mem::size_of::<T>()) >> 20
+            ))
+        })
+    }
+
+    pub fn sync(&self) -> crate::Result<()> {
+        self.stream.synchronize().map_err(cuda_err)
+    }
+
+    /// y[rows] = W · x for one token (pointers to device memory).
+    pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
+        let rows_per_block = 8u32;
+        let c = cfg(
+            blocks(w.rows as usize, rows_per_block as usize),
+            32 * rows_per_block,
+        );
+        let w = *w;
+        if w.vectorizable() && x % 16 == 0 {
+            let f = &self.kernels.matvec[w.kind as usize];
+            launch!(self, f, c; w, x, y)
+        } else {
+            let kind = w.kind;
+            launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
+        }
+    }
+
+    /// out[t, rows] = x[t, cols] · Wᵀ for t > 1: row tiles dequantized to f32 in `scratch`
+    /// (`scratch_len` floats), multiplied by cuBLAS SGEMM.
+    pub fn matmul(
+        &self,
+        w: &DevMat,
+        x: u64,
+        t: usize,
+        out: u64,
+        scratch: u64,
+        scratch_len: usize,
+    ) -> crate::Result<()> {
+        if t == 1 {
+            return self.matvec(w, x, out);
+        }
+        let (rows, cols) = (w.rows as usize, w.cols as usize);
+        let tile = (scratch_len / cols).clamp(1, rows);
+        let kind = w.kind;
+        let wm = *w;
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = tile.min(rows - r0);
+            let (r0i, ni) = (r0 as i32, n as i32);
+            launch!(self, self.kernels.dequant_rows, cfg(blocks(n * cols, 256), 256);
+                wm, kind, scratch, r0i, ni)?;
+            // Column-major view: C (rows x t, ld rows) = Aᵀ (tile: cols x n, ld cols)ᵀ · B
+            // (x: cols x t, ld cols); C starts at row r0.
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            // SAFETY: scratch holds n * cols floats, x holds t * cols, out holds t * rows; the
+            // handle is bound to the compute stream, so the product runs after the tile.
+            unsafe {
+                cudarc::cublas::result::sgemm(
+                    *self.blas.handle(),
+                    cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                    cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    n as i32,
+                    t as i32,
+                    cols as i32,
+                    &alpha,
+                    scratch as *const f32,
+                    cols as i32,
+                    x as *const f32,
+                    cols as i32,
+                    &beta,
+                    (out as *mut f32).add(r0),
+                    rows as i32,
+                )
+            }
+            .map_err(cuda_err)?;
+            r0 += n;
+        }
+        Ok(())
+    }
+
+    pub fn swiglu(&self, g: u64, u: u64, n: usize) -> crate::Result<()> {
+        let ni = n as i32;
+        launch!(self, self.kernels.swiglu, cfg(blocks(n, 256), 256); g, u, ni)
+    }
+
+    pub fn gather_rows(
+        &self,
+        src: u64,
+        idx: u64,
+        dst: u64,
+        n: usize,
+        m: usize,
+    ) -> crate::Result<()> {
+        let (ni, mi) = (n as i32, m as i32);
+        launch!(self, self.kernels.gather_rows, cfg(blocks(n * m, 256), 256); src, idx, dst, ni, mi)
+    }
+
+    pub fn scatter_axpy(
+        &self,
+        out: u64,
+        idx: u64,
+        w: u64,
+        y: u64,
+        n: usize,
+        m: usize,
+    ) -> crate::Result<()> {
+        let (ni, mi) = (n as i32, m as i32);
+        launch!(self, self.kernels.scatter_axpy, cfg(blocks(n * m, 256), 256); out, idx, w, y, ni, mi)
+    }
+
+    pub fn axpy(&self, out: u64, w: f32, y: u64, n: usize) -> crate::Result<()> {
+        let ni = n as i32;
+        launch!(self, self.kernels.axpy, cfg(blocks(n, 256), 256); out, w, y, ni)
+    }
+
+    pub fn zero(&self, ptr: u64, bytes: usize) -> crate::Result<()> {
+        // SAFETY: callers pass a live device allocation of at least `bytes` bytes.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
+            .map_err(cuda_err)
+    }
+
+    /// Host-to-device copy of f32 values on the compute stream (src stays borrowed until the
+    /// copy is done: this waits for it).
+    pub fn upload_f32(&self, src: &[f32], dst: u64) -> crate::Result<()> {
+        // SAFETY: dst addresses at least src.len() floats; the copy is synchronous with respect
+        // to `src` because the stream is synchronized before returning.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream())
+                .map_err(cuda_err)?;
+        }
+        self.sync()
+    }
+
+    pub fn upload_i32(&self, src: &[i32], dst: u64) -> crate::Result<()> {
+        // SAFETY: as upload_f32.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream())
+                .map_err(cuda_err)?;
+        }
+        self.sync()
+    }
+}
+
+/// Device pointer of a slice (event tracking is off, so nothing is recorded).
+pub fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    s.device_ptr(stream).0
+}
+
+/// The KV cache on the device: (layer, ctx, kv_dim) f16 keys and values.
+pub struct CudaKv {
+    ctx: usize,
+    kv_dim: usize,
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+}
+
+/// Dense weights resident on the device, found by the host address of their mmap bytes.
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    mats: HashMap<usize, (DevMat, CudaSlice<u8>)>,
+    vectors: HashMap<usize, CudaSlice<f32>>,
+    scratch: CudaSlice<f32>,
+    scratch_len: usize,
+    resident_bytes: usize,
+}
+
+/// Floats of the dequantization tile used by prefill products (64 MiB).
+const SCRATCH_FLOATS: usize = 16 << 20;
+
+impl CudaBackend {
+    /// Upload every dense weight of `model` (matrices in their stored dtype, norms and RoPE
+    /// frequencies in f32).
+    pub fn new(gpu: Arc<Gpu>, model: &Model<'_>) -> crate::Result<CudaBackend> {
+        let w = model.weights();
+        let mut mats: Vec<&Matrix> = vec![&w.token_embd, &w.output];
+        let mut vectors: Vec<&[f32]> = vec![&w.output_norm, model.inv_freq()];
+        for l in &w.layers {
+            mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.router]);
+            vectors.extend([l.attn_norm.as_slice(), l.ffn_norm.as_slice()]);
+        }
+        let needed: usize = mats
+            .iter()
+            .map(|m| m.codes.len() + m.scales.len() + m.mins.len())
+            .sum::<usize>()
+            + vectors.iter().map(|v| v.len() * 4).sum::<usize>()
+            + SCRATCH_FLOATS * 4;
+        let (free, total) = gpu.mem_info()?;
+        if needed > free {
+            return Err(Error::Invalid(format!(
+                "CUDA: the model's non-expert weights need {:.2} GiB on {} but only {:.2} GiB of {:.2} GiB is free",
+                gib(needed),
+                gpu.name,
+                gib(free),
+                gib(total)
+            )));
+        }
+        let mut b = CudaBackend {
+            scratch: gpu.alloc::<f32>(SCRATCH_FLOATS, "the prefill tile")?,
+            scratch_len: SCRATCH_FLOATS,
+            gpu,
+            mats: HashMap::new(),
+            vectors: HashMap::new(),
+            resident_bytes: 0,
+        };
+        for m in mats {
+            b.upload_matrix(m)?;
+        }
+        for v in vectors {
+            let key = v.as_ptr() as usize;
+            if !b.vectors.contains_key(&key) {
+                let d = b.gpu.stream.clone_htod(v).map_err(cuda_err)?;
+                b.resident_bytes += v.len() * 4;
+                b.vectors.insert(key, d);
+            }
+        }
+        b.gpu.sync()?;
+        Ok(b)
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Bytes of dense weights on the device.
+    pub fn resident_bytes(&self) -> usize {
+        self.resident_bytes
+    }
+
+    fn upload_matrix(&mut self, m: &Matrix<'_>) -> crate::Result<()> {
+        let key = m.codes.as_ptr() as usize;
+        if self.mats.contains_key(&key) {
+            return Ok(());
+        }
+        // codes | scales | mins, each starting on a 256-byte boundary.
+        let a = |n: usize| n.div_ceil(256) * 256;
+        let (sc, mn) = (a(m.codes.len()), a(m.codes.len()) + a(m.scales.len()));
+        let total = mn + m.mins.len();
+        let mut host = vec![0u8; total];
+        host[..m.codes.len()].copy_from_slice(m.codes);
+        host[sc..sc + m.scales.len()].copy_from_slice(m.scales);
+        host[mn..mn + m.mins.len()].copy_from_slice(m.mins);
+        let dev = self.gpu.stream.clone_htod(&host).map_err(cuda_err)?;
+        let base = ptr(&dev, &self.gpu.stream);
+        let dm = DevMat::new(m, base, base + sc as u64, base + mn as u64);
+        self.resident_bytes += total;
+        self.mats.insert(key, (dm, dev));
+        Ok(())
+    }
+
+    fn mat(&self, w: &Matrix<'_>) -> crate::Result<&DevMat> {
+        self.mats
+            .get(&(w.codes.as_ptr() as usize))
+            .map(|(d, _)| d)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "CUDA backend: a [{}, {}] matrix was never uploaded",
+                    w.rows, w.cols
+                ))
+            })
+    }
+
+    fn vector(&self, v: &[f32]) -> crate::Result<u64> {
+        self.vectors
+            .get(&(v.as_ptr() as usize))
+            .map(|d| ptr(d, &self.gpu.stream))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "CUDA backend: a vector of {} was never uploaded",
+                    v.len()
+                ))
+            })
+    }
+
+    fn p(&self, s: &CudaSlice<f32>) -> u64 {
+        ptr(s, &self.gpu.stream)
+    }
+
+    /// Multiply by a device matrix (e.g. an expert in the cache).
+    pub fn matmul_dev(&self, w: &DevMat, x: u64, t: usize, out: u64) -> crate::Result<()> {
+        let scratch = self.p(&self.scratch);
+        self.gpu.matmul(w, x, t, out, scratch, self.scratch_len)
+    }
+}
+
+fn gib(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+fn check_len(what: &str, have: usize, need: usize) -> crate::Result<()> {
+    if have < need {
+        return Err(Error::Invalid(format!(
+            "CUDA backend: {what} holds {have} values, {need} needed"
+        )));
+    }
+    Ok(())
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaSlice<f32>;
+    type Kv = CudaKv;
+
+    fn alloc(&self, n: usize) -> crate::Result<CudaSlice<f32>> {
+        self.gpu.alloc(n, "activations")
+    }
+
+    fn alloc_kv(&self, layers: usize, ctx: usize, kv_dim: usize) -> crate::Result<CudaKv> {
+        let n = layers * ctx * kv_dim;
+        Ok(CudaKv {
+            ctx,
+            kv_dim,
+            k: self.gpu.alloc(n, "the KV cache")?,
+            v: self.gpu.alloc(n, "the KV cache")?,
+        })
+    }
+
+    fn upload(&self, src: &[f32], dst: &mut CudaSlice<f32>) -> crate::Result<()> {
+        check_len("upload destination", dst.len(), src.len())?;
+        self.gpu.upload_f32(src, self.p(dst))
+    }
+
+    fn download(&self, src: &CudaSlice<f32>, dst: &mut [f32]) -> crate::Result<()> {
+        check_len("download source", src.len(), dst.len())?;
+        let s = self.p(src);
+        // SAFETY: src holds at least dst.len() floats; the stream is synchronized before dst is
+        // read.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(dst, s, self.gpu.stream.cu_stream())
+                .map_err(cuda_err)?;
+        }
+        self.gpu.sync()
+    }
+
+    fn matmul(
+        &self,
+        w: &Matrix<'_>,
+        x: &CudaSlice<f32>,
+        t: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        check_len("matmul input", x.len(), t * w.cols)?;
+        check_len("matmul output", out.len(), t * w.rows)?;
+        let dm = *self.mat(w)?;
+        self.matmul_dev(&dm, self.p(x), t, self.p(out))
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        rows: Range<usize>,
+        w: &[f32],
+        eps: f32,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        let n = w.len();
+        check_len("rms_norm input", x.len(), rows.end * n)?;
+        check_len("rms_norm output", out.len(), rows.len() * n)?;
+        let (xp, wp, op) = (self.p(x), self.vector(w)?, self.p(out));
+        let (ni, r0) = (n as i32, rows.start as i32);
+        launch!(self.gpu, self.gpu.kernels.rms_norm, cfg(rows.len() as u32, 256); xp, wp, op, ni, r0, eps)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaSlice<f32>,
+        t: usize,
+        width: usize,
+        start_pos: usize,
+        inv_freq: &[f32],
+    ) -> crate::Result<()> {
+        check_len("rope input", x.len(), t * width)?;
+        let half = inv_freq.len();
+        let (xp, fp) = (self.p(x), self.vector(inv_freq)?);
+        let (ti, wi, hi, si) = (t as i32, width as i32, half as i32, start_pos as i32);
+        let n = t * width / 2;
+        launch!(self.gpu, self.gpu.kernels.rope, cfg(blocks(n, 256), 256); xp, fp, ti, wi, hi, si)
+    }
+
+    fn add_assign(
+        &self,
+        x: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        n: usize,
+    ) -> crate::Result<()> {
+        check_len("add input", x.len().min(y.len()), n)?;
+        let (xp, yp, ni) = (self.p(x), self.p(y), n as i32);
+        launch!(self.gpu, self.gpu.kernels.add_assign, cfg(blocks(n, 256), 256); xp, yp, ni)
+    }
+
+    fn kv_write(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        start: usize,
+        t: usize,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        let d = kv.kv_dim;
+        let n = t * d;
+        check_len("kv_write input", k.len().min(v.len()), n)?;
+        if start + t > kv.ctx {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: KV write past the context ({} > {})",
+                start + t,
+                kv.ctx
+            )));
+        }
+        let at = ((layer * kv.ctx + start) * d * 2) as u64;
+        let s = &self.gpu.stream;
+        let (kd, vd) = (ptr(&kv.k, s) + at, ptr(&kv.v, s) + at);
+        let (kp, vp, ni) = (self.p(k), self.p(v), n as i32);
+        let c = cfg(blocks(n, 256), 256);
+        launch!(self.gpu, self.gpu.kernels.to_half, c; kp, kd, ni)?;
+        launch!(self.gpu, self.gpu.kernels.to_half, c; vp, vd, ni)
+    }
+
+    fn attention(
+        &self,
+        shape: AttentionShape,
+        q: &CudaSlice<f32>,
+        kv: &CudaKv,
+        layer: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        if shape.head_dim > 256 {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: head_dim {} is above the attention kernel's 256",
+                shape.head_dim
+            )));
+        }
+        let qd = shape.n_heads * shape.head_dim;
+        check_len("attention input", q.len(), shape.t * qd)?;
+        check_len("attention output", out.len(), shape.t * qd)?;
+        let base = (layer * kv.ctx * kv.kv_dim * 2) as u64;
+        let s = &self.gpu.stream;
+        let (kp, vp) = (ptr(&kv.k, s) + base, ptr(&kv.v, s) + base);
+        let (qp, op) = (self.p(q), self.p(out));
+        let (nh, nkv, hd, sp) = (
+            shape.n_heads as i32,
+            shape.n_kv_heads as i32,
+            shape.head_dim as i32,
+            shape.start_pos as i32,
+        );
+        let window = shape.window.map_or(0, |w| w as i32);
+        let c = LaunchConfig {
+            grid_dim: (shape.n_heads as u32, shape.t as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self.gpu, self.gpu.kernels.attention, c; qp, kp, vp, op, nh, nkv, hd, sp, window)
+    }
+}

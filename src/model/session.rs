@@ -1,0 +1,126 @@
+//! A model bound to a backend and an expert executor, with one sequence's state: what the
+//! commands (run, perplexity, bench) drive, whatever the device.
+
+use super::forward::{Logits, Model, RunState};
+use super::ops::{Backend, ExpertExecutor};
+use super::ModelConfig;
+
+/// Expert-engine counters since the last reset, per variant in the file's order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExpertStats {
+    /// (variant name, expert uses served from the cache or memory, uses that needed a load).
+    pub per_variant: Vec<VariantStats>,
+    /// Bytes copied into the expert cache.
+    pub bytes_loaded: u64,
+    /// Wall time spent waiting for loads, in seconds.
+    pub load_seconds: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VariantStats {
+    pub name: String,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl ExpertStats {
+    pub fn uses(&self) -> u64 {
+        self.per_variant.iter().map(|v| v.hits + v.misses).sum()
+    }
+    pub fn misses(&self) -> u64 {
+        self.per_variant.iter().map(|v| v.misses).sum()
+    }
+}
+
+/// One sequence on one device, driven token by token.
+pub trait Session {
+    /// Run `tokens` after the cached ones and return the logits asked for.
+    fn forward(&mut self, tokens: &[u32], want: Logits) -> crate::Result<&[f32]>;
+    /// Tokens in the KV cache.
+    fn pos(&self) -> usize;
+    /// KV cache capacity.
+    fn ctx(&self) -> usize;
+    /// Drop cached tokens past `pos`.
+    fn truncate(&mut self, pos: usize);
+    fn config(&self) -> &ModelConfig;
+    /// One line naming the device and its setup, for logs.
+    fn describe(&self) -> String;
+    /// Expert counters since the last `reset_stats`.
+    fn expert_stats(&self) -> ExpertStats;
+    fn reset_stats(&mut self);
+}
+
+/// What an expert executor reports about itself.
+pub trait ExpertReport {
+    fn describe(&self) -> String;
+    fn stats(&self) -> ExpertStats {
+        ExpertStats::default()
+    }
+    fn reset_stats(&mut self) {}
+}
+
+/// An executor usable in a [`Bound`] session.
+pub trait Experts<B: Backend>: ExpertExecutor<B> + ExpertReport {}
+impl<B: Backend, T: ExpertExecutor<B> + ExpertReport> Experts<B> for T {}
+
+/// A model, a backend, an expert executor and a run state, bound together.
+pub struct Bound<'a, B: Backend> {
+    model: &'a Model<'a>,
+    backend: B,
+    experts: Box<dyn Experts<B> + 'a>,
+    st: RunState<B>,
+    label: String,
+}
+
+impl<'a, B: Backend> Bound<'a, B> {
+    /// `label` names the backend in `describe()`.
+    pub fn new(
+        model: &'a Model<'a>,
+        backend: B,
+        experts: Box<dyn Experts<B> + 'a>,
+        ctx: usize,
+        label: String,
+    ) -> crate::Result<Self> {
+        let st = model.new_state(&backend, ctx)?;
+        Ok(Bound {
+            model,
+            backend,
+            experts,
+            st,
+            label,
+        })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+}
+
+impl<B: Backend> Session for Bound<'_, B> {
+    fn forward(&mut self, tokens: &[u32], want: Logits) -> crate::Result<&[f32]> {
+        let experts: &mut dyn ExpertExecutor<B> = &mut *self.experts;
+        self.model
+            .forward(&mut self.st, tokens, &self.backend, experts, want)
+    }
+    fn pos(&self) -> usize {
+        self.st.pos()
+    }
+    fn ctx(&self) -> usize {
+        self.st.ctx()
+    }
+    fn truncate(&mut self, pos: usize) {
+        self.st.truncate(pos);
+    }
+    fn config(&self) -> &ModelConfig {
+        &self.model.cfg
+    }
+    fn describe(&self) -> String {
+        format!("{}, experts: {}", self.label, self.experts.describe())
+    }
+    fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
+    }
+    fn reset_stats(&mut self) {
+        self.experts.reset_stats();
+    }
+}
