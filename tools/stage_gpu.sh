@@ -2,15 +2,16 @@
 # Stage what the device machine (GPU, no Rust) needs into .gpu/ (git-ignored via .git/info/exclude):
 # the release `hob` binary, every release test executable, and the tokenizer/fixtures they read.
 #
-#   bash tools/stage_gpu.sh          then, with the device tool: carry [".gpu"], command "bash .gpu/run.sh"
+#   bash tools/stage_gpu.sh          then, with the device tool: carry [".gpu"], command "bash .gpu/run.sh tests"
 #
-# .gpu/run.sh runs every staged test executable and writes one log, $OUT/tests.log (the device returns at most
-# 8 files).
+# .gpu/run.sh tests: every staged test executable (GPU tests print their NMSE table), one log $OUT/tests.log.
+# .gpu/run.sh bench: the GPU kernel bandwidth bench, $OUT/gpu_matvec.md.
+# (The device returns at most 8 files.)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 grep -qx '.gpu/' .git/info/exclude 2>/dev/null || echo '.gpu/' >> .git/info/exclude
-rm -rf .gpu && mkdir -p .gpu/tests
+rm -rf .gpu && mkdir -p .gpu/tests .gpu/benches
 cargo build --release
 cp target/release/hob .gpu/hob
 cargo test --release --no-run --message-format=json 2>/dev/null \
@@ -21,23 +22,55 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])' \
   | while read -r exe; do cp "$exe" ".gpu/tests/$(basename "$exe")"; done
+cargo build --release --benches --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "bench" in m["target"]["kind"]:
+        print(m["executable"])' \
+  | while read -r exe; do n=$(basename "$exe"); cp "$exe" ".gpu/benches/${n%-*}"; done
 # Debug info would put the folder far over the device tool's 64 MiB carry limit.
-strip .gpu/hob .gpu/tests/*
+strip .gpu/hob .gpu/tests/* .gpu/benches/*
 # Integration tests find the binary at the path baked in at build time (env!("CARGO_BIN_EXE_hob")).
 echo "$root/target/release/hob" > .gpu/hob-path
 cat > .gpu/run.sh <<'RUN'
 #!/usr/bin/env bash
 # Runs on the device machine from the repository root (tests read tests/fixtures/ from the tree).
 set -u
+mode="${1:-tests}"
 baked=$(cat .gpu/hob-path); mkdir -p "$(dirname "$baked")"; cp .gpu/hob "$baked"
 out="${OUT:-/tmp/hob-out}"; mkdir -p "$out"
-nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
-status=0
-for t in .gpu/tests/*; do
-  name=$(basename "$t")
-  { echo "=== $name"; "$t" 2>&1; } >> "$out/tests.log" || { status=1; echo "FAILED: $name"; }
+# hob is built with cudarc's CUDA 12.2 bindings, which look for libnvrtc.so / libcublas.so or their
+# .so.12 names; a CUDA 13 install has .so.13 (and the unversioned names only with the dev packages).
+mkdir -p .gpu/lib
+for lib in nvrtc cublas cublasLt; do
+  if ! ldconfig -p | grep -q "lib$lib.so "; then
+    f=$(ldconfig -p | grep -o "/.*lib$lib.so.1[0-9]*$" | head -1)
+    [ -z "$f" ] && f=$(ls /usr/local/cuda/lib64/lib$lib.so.1[0-9]* 2>/dev/null | head -1)
+    [ -z "$f" ] && f=$(python3 -c "import glob,site;print(next(iter(sorted(glob.glob(site.getsitepackages()[0]+'/nvidia/**/lib$lib.so.1*',recursive=True))),''))" 2>/dev/null)
+    [ -n "$f" ] && ln -sf "$f" ".gpu/lib/lib$lib.so" && echo "linked lib$lib.so -> $f"
+  fi
 done
-grep -h "test result" "$out/tests.log"
+export LD_LIBRARY_PATH="$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}"
+export HOB_CACHE_DIR=/tmp/hob-cache
+status=0
+case "$mode" in
+tests)
+  nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+  for t in .gpu/tests/*; do
+    name=$(basename "$t")
+    extra=(); case "$name" in gpu_backend-*) extra=(--nocapture --test-threads=1);; esac
+    { echo "=== $name"; "$t" "${extra[@]}" 2>&1; } >> "$out/tests.log" || { status=1; echo "FAILED: $name"; }
+  done
+  grep -h "test result" "$out/tests.log"
+  grep -hE "NMSE|quarter cache|skipping" "$out/tests.log" || true
+  ;;
+bench)
+  .gpu/benches/gpu_matvec | tee "$out/gpu_matvec.md" || status=1
+  ;;
+*) echo "usage: run.sh tests|bench"; status=2;;
+esac
 exit $status
 RUN
 chmod +x .gpu/run.sh

@@ -412,6 +412,34 @@ impl CudaBackend {
         Ok(b)
     }
 
+    /// A backend with nothing resident yet (weights come with `make_resident`).
+    pub fn empty(gpu: Arc<Gpu>) -> crate::Result<CudaBackend> {
+        Ok(CudaBackend {
+            scratch: gpu.alloc::<f32>(SCRATCH_FLOATS, "the prefill tile")?,
+            scratch_len: SCRATCH_FLOATS,
+            gpu,
+            mats: HashMap::new(),
+            vectors: HashMap::new(),
+            resident_bytes: 0,
+        })
+    }
+
+    /// Copy a host matrix to the device; later calls with the same view find it.
+    pub fn make_resident(&mut self, m: &Matrix<'_>) -> crate::Result<()> {
+        self.upload_matrix(m)
+    }
+
+    /// Copy a host f32 vector (a norm, RoPE frequencies) to the device.
+    pub fn make_resident_vector(&mut self, v: &[f32]) -> crate::Result<()> {
+        let key = v.as_ptr() as usize;
+        if !self.vectors.contains_key(&key) {
+            let d = self.gpu.stream.clone_htod(v).map_err(cuda_err)?;
+            self.resident_bytes += v.len() * 4;
+            self.vectors.insert(key, d);
+        }
+        Ok(())
+    }
+
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
     }
