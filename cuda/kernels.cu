@@ -261,9 +261,12 @@ __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restri
         return h2f(w.scales[(size_t)r * gpr + e0 / w.group]) * s;
     } else {
         // int4: 32 codes per chunk, int2: 64; handled as 16-element pieces (each inside one group).
+        // A code q becomes the float 1 + q / 2^bits by placing it in the top mantissa bits of 1.0
+        // (no int-to-float conversion): sum(v x) = sum(x) + sum(q x) / 2^bits.
         const int per_word = KIND == KIND_INT4 ? 8 : 16;
         const int bits = KIND == KIND_INT4 ? 4 : 2;
         const u32 mask = KIND == KIND_INT4 ? 0xfu : 0x3u;
+        const float unit = KIND == KIND_INT4 ? 16.f : 4.f;
         const int e0 = c * (KIND == KIND_INT4 ? 32 : 64);
         const int gpr = w.cols / w.group;
         float acc = 0.f;
@@ -272,19 +275,22 @@ __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restri
         for (int p = 0; p < pieces; p++) {
             const int pe = e0 + p * 16;
             const float4* xp = reinterpret_cast<const float4*>(x + pe);
-            float qx = 0.f, sx = 0.f;
+            float vx = 0.f, sx = 0.f;
 #pragma unroll
             for (int k4 = 0; k4 < 4; k4++) {
                 const float4 xv = xp[k4];
                 const float xe[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    int e = p * 16 + k4 * 4 + u;  // element within the chunk
-                    u32 q = (word[e / per_word] >> (bits * (e % per_word))) & mask;
-                    qx += (float)q * xe[u];
+                    const int e = p * 16 + k4 * 4 + u;  // element within the chunk
+                    const int sh = bits * (e % per_word);
+                    const u32 q = (word[e / per_word] >> sh) & mask;
+                    const float v = __uint_as_float(0x3f800000u | (q << (23 - bits)));
+                    vx = fmaf(v, xe[u], vx);
                     sx += xe[u];
                 }
             }
+            const float qx = unit * (vx - sx);
             size_t g = (size_t)r * gpr + pe / w.group;
             acc += h2f(w.scales[g]) * qx + h2f(w.mins[g]) * sx;
         }

@@ -10,6 +10,7 @@ use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu};
 use crate::format::{keys, HobFile};
 use crate::generate::Tokenizer;
 use crate::model::{Bound, Model, ModelConfig, Session};
+use crate::platform::Platform;
 use crate::Error;
 
 /// Where a model command computes.
@@ -43,6 +44,11 @@ pub struct ModelArgs {
     /// resident weights, the KV cache and work buffers; without either, room for every expert).
     #[arg(long = "expert-cache")]
     pub expert_cache: Option<f64>,
+    /// Hardware profile: a name (rtx4090-24g, jetson-orin-32g, jetson-orin-64g, h100) or a .toml
+    /// path. Sets the defaults of --gpu-mem and --expert-cache, paces expert loads to the
+    /// profile's link when it asks for it, and gives `hob bench` its physical limit.
+    #[arg(long)]
+    pub platform: Option<String>,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -79,6 +85,11 @@ impl ModelArgs {
         }
     }
 
+    /// The --platform profile, if one was named.
+    pub fn platform(&self) -> crate::Result<Option<Platform>> {
+        self.platform.as_deref().map(Platform::resolve).transpose()
+    }
+
     /// A session on the chosen device with a KV cache of `ctx` positions.
     pub fn session<'a>(
         &self,
@@ -97,6 +108,17 @@ impl ModelArgs {
                 )));
             }
         }
+        let platform = self.platform()?;
+        let gpu_mem = self
+            .gpu_mem
+            .or(platform.as_ref().and_then(|p| p.gpu_mem_gib));
+        let expert_cache = self
+            .expert_cache
+            .or(platform.as_ref().and_then(|p| p.expert_cache_gib));
+        let pace = platform
+            .as_ref()
+            .and_then(|p| p.pacing())
+            .map(|p| p.gbs * 1e9);
         match self.resolve_device()? {
             Device::Cuda => {
                 let gpu = Gpu::open(0)?;
@@ -104,7 +126,7 @@ impl ModelArgs {
                 let cfg = &model.cfg;
                 let kv = cfg.n_layers * ctx * cfg.kv_dim() * 2 * 2;
                 let work = (ctx.min(512) * (cfg.vocab + 8 * cfg.hidden + 4 * cfg.ffn)) * 4;
-                let budget = match (self.expert_cache, self.gpu_mem) {
+                let budget = match (expert_cache, gpu_mem) {
                     (Some(e), _) => Some((e * GIB) as usize),
                     (None, Some(total)) => {
                         let used = backend.resident_bytes() + kv + work;
@@ -124,7 +146,7 @@ impl ModelArgs {
                     variant,
                     &CacheConfig {
                         budget,
-                        pace_bytes_per_s: None,
+                        pace_bytes_per_s: pace,
                         preload: true,
                     },
                 )?;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod bench;
 pub mod convert;
 pub mod engine;
 pub mod inspect;
@@ -31,6 +32,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Perplexity of a text file, llama.cpp's method.
     Perplexity(perplexity::PerplexityArgs),
+    /// Tokens per second, llama-bench style, with the MoE columns and the physical limit.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -75,5 +78,6 @@ pub fn main_with(cli: Cli) -> crate::Result<()> {
         Command::Inspect(a) => inspect::run(&a),
         Command::Run(a) => run::run(&a),
         Command::Perplexity(a) => perplexity::run(&a),
+        Command::Bench(a) => bench::run(&a),
     }
 }

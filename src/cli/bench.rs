@@ -1,0 +1,224 @@
+//! `hob bench`: llama-bench's table (prefill pp and decode tg tokens/s, mean ± sd over -r runs)
+//! plus the MoE columns (hit rate per variant, experts and bytes loaded per token, link GB/s) and
+//! the physical limit of the same bytes (shared/REFERENCE.md) beside each decode figure.
+//!
+//! Tokens come from a fixed pseudo-random trace (--seed), not from sampling, so two runs (A/B)
+//! route identically. Each repetition starts from an empty context, as llama-bench does.
+
+use std::time::Instant;
+
+use clap::Args;
+
+use super::engine::ModelArgs;
+use crate::bench::{
+    achieved_gbs, physical_limit, render_json, render_markdown, BenchRow, BenchTest, HitRate,
+    MoeStats,
+};
+use crate::format::keys;
+use crate::model::{ExpertStats, Logits, Model};
+use crate::Error;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens of the prefill test (0: skip it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Tokens of the decode test (0: skip it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_parser = ["md", "json"], default_value = "md")]
+    pub output: String,
+    /// Seed of the token trace.
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+}
+
+/// A deterministic token trace over the vocabulary (xorshift64*), skipping ids 0..3 (special).
+pub fn token_trace(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let lo = 3.min(vocab.saturating_sub(1));
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33;
+            (lo + (r as usize) % (vocab - lo)) as u32
+        })
+        .collect()
+}
+
+pub fn run(args: &BenchArgs) -> crate::Result<()> {
+    if args.reps == 0 {
+        return Err(Error::Invalid("-r/--repetitions: at least 1".into()));
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        return Err(Error::Invalid(
+            "nothing to measure: -p and -n are both 0".into(),
+        ));
+    }
+    let file = args.model.open()?;
+    let model = Model::load(&file)?;
+    let cfg = &model.cfg;
+    let ctx = (args.n_prompt.max(args.n_gen) + 1).min(cfg.context_length);
+    if args.n_prompt.max(args.n_gen) >= cfg.context_length {
+        return Err(Error::Invalid(format!(
+            "-p/-n: at most {} tokens (the model's context)",
+            cfg.context_length - 1
+        )));
+    }
+    let platform = args.model.platform()?;
+    let mut session = args.model.session(&file, &model, ctx)?;
+    eprintln!("bench: {}", session.describe());
+    let variant = args.model.variant_index(&file)?;
+    let trace = token_trace(ctx, cfg.vocab, args.seed);
+
+    // Warm-up (not measured): a short prefill and a few decode steps.
+    let warm = args.n_prompt.clamp(1, 32);
+    session.truncate(0);
+    session.forward(&trace[..warm], Logits::Last)?;
+    for &t in &trace[warm..warm + 4.min(ctx - warm - 1)] {
+        session.forward(&[t], Logits::Last)?;
+    }
+
+    let backend = if session.describe().starts_with("cuda") {
+        "CUDA"
+    } else {
+        "CPU"
+    };
+    let name = file
+        .metadata()
+        .get_str(keys::NAME)
+        .map(str::to_string)
+        .unwrap_or_else(|_| {
+            file.path()
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        });
+    let size_bytes = file.bytes().len() as u64;
+    let model_label = format!("{name} {}", file.variants()[variant]);
+
+    // Bytes one decode token reads on the device: every dense matrix except the embedding table
+    // (one row), plus each expert it computes.
+    let dense: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| t.name != keys::TOKEN_EMBD || cfg.tie_embeddings)
+        .map(|t| t.size)
+        .sum();
+    let expert_bytes = file.expert_layout(variant).size as f64;
+
+    let mut rows = Vec::new();
+    let tests = [
+        (args.n_prompt > 0).then_some(BenchTest::Prompt(args.n_prompt)),
+        (args.n_gen > 0).then_some(BenchTest::Generate(args.n_gen)),
+    ];
+    for test in tests.into_iter().flatten() {
+        let mut samples = Vec::new();
+        let mut total = ExpertStats::default();
+        let mut tokens = 0usize;
+        for rep in 0..args.reps {
+            session.truncate(0);
+            session.reset_stats();
+            let started = Instant::now();
+            let n = match test {
+                BenchTest::Prompt(n) => {
+                    session.forward(&trace[..n], Logits::Last)?;
+                    n
+                }
+                BenchTest::Generate(n) => {
+                    for &t in &trace[..n] {
+                        session.forward(&[t], Logits::Last)?;
+                    }
+                    n
+                }
+            };
+            let secs = started.elapsed().as_secs_f64();
+            samples.push(n as f64 / secs);
+            tokens += n;
+            accumulate(&mut total, &session.expert_stats());
+            eprintln!(
+                "bench: {test} run {}/{}: {:.2} tok/s",
+                rep + 1,
+                args.reps,
+                n as f64 / secs
+            );
+        }
+        let tok = tokens as f64;
+        let uses_per_token = total.uses() as f64 / tok;
+        let moe = MoeStats {
+            hit_rates: total
+                .per_variant
+                .iter()
+                .filter(|v| v.hits + v.misses > 0)
+                .map(|v| HitRate {
+                    variant: v.name.clone(),
+                    rate: v.hits as f64 / (v.hits + v.misses) as f64,
+                })
+                .collect(),
+            experts_loaded_per_token: total.misses() as f64 / tok,
+            bytes_moved_per_token: total.bytes_loaded as f64 / tok,
+            link_gbs: if total.load_seconds > 0.0 {
+                total.bytes_loaded as f64 / total.load_seconds / 1e9
+            } else {
+                0.0
+            },
+        };
+        let limit = match (test, &platform) {
+            (BenchTest::Generate(_), Some(p)) if backend == "CUDA" => Some(physical_limit(
+                dense as f64 + uses_per_token * expert_bytes,
+                moe.bytes_moved_per_token,
+                p.memory_bandwidth_gbs,
+                p.load_gbs(),
+            )),
+            _ => None,
+        };
+        if let (BenchTest::Generate(_), Some(l)) = (test, &limit) {
+            let mean = crate::bench::mean_sd(&samples).0;
+            eprintln!(
+                "bench: {test}: {:.2} tok/s; limit {:.2} tok/s (overlap) / {:.2} (no overlap); reads {:.2} GB/s of device memory",
+                mean,
+                l.overlap_tok_s,
+                l.no_overlap_tok_s,
+                achieved_gbs(dense as f64 + uses_per_token * expert_bytes, mean)
+            );
+        }
+        rows.push(BenchRow {
+            model: model_label.clone(),
+            size_bytes,
+            params: None,
+            backend: backend.to_string(),
+            profile: platform
+                .as_ref()
+                .map_or_else(|| "native".to_string(), |p| p.name.clone()),
+            test,
+            samples_tok_s: samples,
+            moe: (backend == "CUDA").then_some(moe),
+            limit,
+        });
+    }
+    match args.output.as_str() {
+        "json" => println!("{}", render_json(&rows)),
+        _ => print!("{}", render_markdown(&rows)),
+    }
+    Ok(())
+}
+
+fn accumulate(total: &mut ExpertStats, s: &ExpertStats) {
+    if total.per_variant.is_empty() {
+        total.per_variant = s.per_variant.clone();
+    } else {
+        for (t, v) in total.per_variant.iter_mut().zip(&s.per_variant) {
+            t.hits += v.hits;
+            t.misses += v.misses;
+        }
+    }
+    total.bytes_loaded += s.bytes_loaded;
+    total.load_seconds += s.load_seconds;
+}
