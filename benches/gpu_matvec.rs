@@ -64,8 +64,11 @@ fn main() {
     }
 }
 
+/// Views stored bytes as a matrix.
+type Viewer = Box<dyn Fn(&[u8]) -> Matrix<'_>>;
+
 /// Random stored bytes of a [rows, cols] matrix in `kind` and a function viewing them.
-fn layout(kind: &str, rows: usize, cols: usize) -> (Vec<u8>, Box<dyn Fn(&[u8]) -> Matrix<'_>>) {
+fn layout(kind: &str, rows: usize, cols: usize) -> (Vec<u8>, Viewer) {
     let mut s = 0x2545_F491_4F6C_DD1Du64;
     let mut rnd = move || {
         s ^= s << 13;
