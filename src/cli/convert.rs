@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use super::ConvertArgs;
 use crate::error::Error;
 use crate::format::{DType, ExpertLayout, HobWriter, Variant};
+use crate::import::synthetic::{self, SyntheticModel};
 use crate::import::{dtype, Checkpoint, ExpertWeights};
 use crate::quant::{self, ErrorStats};
 
@@ -94,15 +95,30 @@ struct VariantSummary {
     count: usize,
     bytes: u64,
     bits_per_weight: f64,
-    error: ErrorStats,
+    /// None for synthetic weights (nothing was quantized).
+    error: Option<ErrorStats>,
 }
 
 pub fn run(args: &ConvertArgs) -> crate::Result<()> {
+    let from = match (&args.from, &args.synthetic) {
+        (None, Some(name)) => return run_synthetic(args, name),
+        (Some(_), None) if args.layers.is_some() || args.seed.is_some() => {
+            return Err(Error::Invalid(
+                "convert: --layers and --seed go with --synthetic, not --from".into(),
+            ))
+        }
+        (Some(from), None) => from,
+        _ => {
+            return Err(Error::Invalid(
+                "convert: give exactly one of --from DIR and --synthetic MODEL".into(),
+            ))
+        }
+    };
     let start = Instant::now();
     let variants = parse_variants(&args.experts, args.group_size)?;
     let dense_dtype = args.dense.as_deref().map(parse_dense).transpose()?;
     check_output_dir(&args.output)?;
-    let ckpt = Checkpoint::open(&args.from)?;
+    let ckpt = Checkpoint::open(from)?;
     let shape = ckpt.expert_shape();
     let layouts = variants
         .iter()
@@ -163,7 +179,7 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
             count: n_experts,
             bytes: (l.size * n_experts) as u64,
             bits_per_weight: v.bits_per_weight(shape.ffn, shape.hidden),
-            error,
+            error: Some(error),
         })
         .collect();
     print_summary(
@@ -197,15 +213,82 @@ fn print_summary(
         "variant", "experts", "bytes", "bits/weight", "rel. RMS err"
     );
     for s in variants {
+        let error = s
+            .error
+            .as_ref()
+            .map_or_else(|| "-".to_string(), |e| format!("{:.6}", e.relative_rms()));
         println!(
-            "{:<10} {:>8} {:>14} {:>12.3} {:>14.6}",
+            "{:<10} {:>8} {:>14} {:>12.3} {:>14}",
             s.variant.name(),
             s.count,
             s.bytes,
             s.bits_per_weight,
-            s.error.relative_rms()
+            error
         );
     }
+}
+
+/// `convert --synthetic MODEL`: random weights in MODEL's shapes (import::synthetic).
+fn run_synthetic(args: &ConvertArgs, name: &str) -> crate::Result<()> {
+    let start = Instant::now();
+    let mut model = SyntheticModel::preset(name).map_err(Error::Invalid)?;
+    if let Some(n) = args.layers {
+        model = model.with_layers(n).map_err(Error::Invalid)?;
+    }
+    let variants = parse_variants(&args.experts, args.group_size)?;
+    let dense = args.dense.as_deref().map(parse_dense).transpose()?;
+    let dense = dense.unwrap_or(DType::F16);
+    let seed = args.seed.unwrap_or(0);
+    check_output_dir(&args.output)?;
+    let bar = progress_bar(
+        synthetic::payload_bytes(&model, &variants, dense),
+        !args.no_progress && std::io::stderr().is_terminal(),
+    );
+    let summary = synthetic::write(
+        &model,
+        &variants,
+        dense,
+        seed,
+        &args.output,
+        &mut |what, n| {
+            bar.set_message(what.to_string());
+            bar.inc(n);
+        },
+    )?;
+    bar.finish_and_clear();
+    let elapsed = start.elapsed();
+    let size = std::fs::metadata(&args.output)
+        .map_err(|e| Error::io(&args.output, "stat", e))?
+        .len();
+    let shape = model.expert_shape();
+    let summaries: Vec<VariantSummary> = summary
+        .expert_bytes
+        .iter()
+        .map(|&(variant, bytes)| VariantSummary {
+            variant,
+            count: summary.experts_per_variant,
+            bytes,
+            bits_per_weight: variant.bits_per_weight(shape.ffn, shape.hidden),
+            error: None,
+        })
+        .collect();
+    println!(
+        "synthetic {}: {} of {} layers, seed {seed}; architecture mixtral, no tokenizer",
+        model.name, model.spec.n_layers, model.total_layers
+    );
+    print_summary(
+        &args.output,
+        size,
+        elapsed,
+        summary.dense_count,
+        summary.dense_bytes,
+        &summaries,
+    );
+    println!(
+        "throughput: {:.2} GB/s written",
+        size as f64 / 1e9 / elapsed.as_secs_f64().max(1e-9)
+    );
+    Ok(())
 }
 
 #[cfg(test)]

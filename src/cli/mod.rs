@@ -23,7 +23,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Build a .hob file from a Hugging Face checkpoint directory.
+    /// Build a .hob file from a Hugging Face checkpoint directory (or random weights: --synthetic).
     Convert(ConvertArgs),
     /// Show (and optionally verify) a .hob file.
     Inspect(InspectArgs),
@@ -34,10 +34,23 @@ pub enum Command {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["from", "synthetic"])))]
 pub struct ConvertArgs {
     /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json).
-    #[arg(long)]
-    pub from: PathBuf,
+    #[arg(long, value_name = "DIR")]
+    pub from: Option<PathBuf>,
+    /// Instead of --from: random weights in this model's exact shapes, for speed benchmarks only
+    /// (the output is noise). Written as architecture "mixtral" (Mixtral's top-k routing) for every
+    /// model, with no tokenizer: feed token ids.
+    #[arg(long, value_name = "MODEL",
+          value_parser = clap::builder::PossibleValuesParser::new(crate::import::synthetic::PRESETS))]
+    pub synthetic: Option<String>,
+    /// With --synthetic: keep only the first N layers (default: all).
+    #[arg(long, value_name = "N", requires = "synthetic")]
+    pub layers: Option<usize>,
+    /// With --synthetic: random seed (default 0); the same command gives the same bytes.
+    #[arg(long, requires = "synthetic")]
+    pub seed: Option<u64>,
     /// Output .hob file.
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
@@ -46,7 +59,7 @@ pub struct ConvertArgs {
     #[arg(long, default_value = "f16,int4")]
     pub experts: String,
     /// Storage of dense matrices (embedding, attention, output): f16, bf16 or f32. Default: the
-    /// source dtype. Norms and routers are always f32.
+    /// source dtype (f16 with --synthetic). Norms and routers are always f32.
     #[arg(long)]
     pub dense: Option<String>,
     /// Group size of the quantized variants that do not name one.

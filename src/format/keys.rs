@@ -36,6 +36,10 @@ pub const ADD_BOS_TOKEN: &str = "tokenizer.ggml.add_bos_token";
 pub const TIE_WORD_EMBEDDINGS: &str = "hob.tie_word_embeddings";
 /// Source checkpoint dtype ("f32", "f16", "bf16").
 pub const SOURCE_DTYPE: &str = "hob.source_dtype";
+/// Set by `hob convert --synthetic`: the model whose shapes the random weights take
+/// ("mixtral-8x7b", ...), and the seed they came from.
+pub const SYNTHETIC_MODEL: &str = "hob.synthetic_model";
+pub const SYNTHETIC_SEED: &str = "hob.synthetic_seed";
 
 /// Dense tensor names (GGUF style). Q and K rows stay in Hugging Face order (rotate-half RoPE).
 pub const TOKEN_EMBD: &str = "token_embd.weight";

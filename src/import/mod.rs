@@ -4,6 +4,7 @@
 //! - `safetensors`: the tensor index over mmapped shards; nothing is loaded until asked.
 //! - `tokenizer`: tokenizer.json, tokenizer_config.json, chat_template.jinja.
 //! - `dtype`: f32/f16/bf16 decoding and encoding.
+//! - `synthetic`: random weights in a real model's shapes (`convert --synthetic`), no checkpoint.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,7 @@ use crate::format::{keys, DType, DenseSpec, ExpertShape, MetaValue, Metadata};
 pub mod arch;
 pub mod dtype;
 pub mod safetensors;
+pub mod synthetic;
 pub mod tokenizer;
 
 pub use arch::{Architecture, DenseTensor, ExpertSource, MixtralSpec, TensorRole};

@@ -1,0 +1,646 @@
+//! Synthetic models: random weights in a real model's exact shapes, written straight to .hob for
+//! speed benchmarks at real scale (speed only: the weights mean nothing).
+//!
+//! hob runs the Mixtral architecture only, so every synthetic file is written as architecture
+//! `mixtral` (softmax top-k routing, renormalized) with the named model's shapes; the metadata's
+//! `general.name` says so, e.g. "synthetic phi-3.5-moe (mixtral routing)".
+//!
+//! Nothing is quantized: each variant's bytes are generated directly, so a file of tens of GB
+//! takes as long as the disk needs to take it.
+//! - f16/bf16/f32 values come from a 65 536-entry table of N(0, 0.02) samples, indexed by 16
+//!   random bits (four values per 64-bit random number);
+//! - int8/int4/int2: random codes (int8 never -128), per-group f16 scales jittered by +-25% around
+//!   a base chosen so the dequantized weights have a standard deviation near 0.02 (magnitudes
+//!   below 0.045), and (int4, int2) mins centering each group on zero;
+//! - norms are f32 ones, routers f32 N(0, 0.02), embedding and output both present (untied).
+//!
+//! Deterministic: every 1 MiB chunk of every tensor or matrix has its own random stream, keyed
+//! by the seed and what the chunk is (tensor name; layer, expert, variant, matrix; chunk index),
+//! so the bytes depend on neither thread count nor the other variants or layers requested.
+//!
+//! Memory stays bounded: one thread generates a cell (one expert in all its variants, using every
+//! core through rayon) while the caller's thread writes the previous one; at most three cells
+//! are alive at once.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use super::arch::{Architecture, ExpertSource, MixtralSpec, TensorRole};
+use super::DenseTensor;
+use crate::error::Error;
+use crate::format::{
+    keys, DType, DenseSpec, ExpertLayout, ExpertShape, HobWriter, MatrixLayout, MetaValue,
+    Metadata, Variant, VariantKind,
+};
+
+/// The models `--synthetic` knows, by the name it takes.
+pub const PRESETS: [&str; 3] = ["mixtral-8x7b", "phi-3.5-moe", "qwen3-30b-a3b"];
+
+/// Standard deviation of the generated weights.
+pub const WEIGHT_SD: f32 = 0.02;
+
+/// Bytes of output per random stream (and per rayon task).
+const CHUNK: usize = 1 << 20;
+
+/// A synthetic model: a preset's shapes, possibly cut to its first layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyntheticModel {
+    /// The preset's name, or any label for hand-built shapes (tests).
+    pub name: String,
+    /// Layers of the full model (`spec.n_layers` may be fewer, see `with_layers`).
+    pub total_layers: usize,
+    /// The shapes, written as a Mixtral.
+    pub spec: MixtralSpec,
+}
+
+fn spec(
+    hidden: usize,
+    ffn: usize,
+    n_layers: usize,
+    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    vocab: usize,
+    (n_experts, n_experts_used): (usize, usize),
+    (rope_theta, rms_eps, context_length): (f32, f32, usize),
+) -> MixtralSpec {
+    MixtralSpec {
+        hidden,
+        ffn,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        rope_theta,
+        rms_eps,
+        vocab,
+        context_length,
+        n_experts,
+        n_experts_used,
+        tie_word_embeddings: false,
+        sliding_window: None,
+        bos_token_id: None,
+        eos_token_id: None,
+    }
+}
+
+impl SyntheticModel {
+    /// One of `PRESETS`, all layers. Shapes from the public config.json files.
+    pub fn preset(name: &str) -> Result<SyntheticModel, String> {
+        let spec = match name {
+            // mistralai/Mixtral-8x7B-v0.1
+            "mixtral-8x7b" => spec(
+                4096,
+                14336,
+                32,
+                (32, 8, 128),
+                32000,
+                (8, 2),
+                (1e6, 1e-5, 32768),
+            ),
+            // microsoft/Phi-3.5-MoE-instruct (its sparsemixer routing and LayerNorm are not
+            // modeled: the file routes and normalizes as Mixtral does).
+            "phi-3.5-moe" => spec(
+                4096,
+                6400,
+                32,
+                (32, 8, 128),
+                32064,
+                (16, 2),
+                (1e4, 1e-5, 131072),
+            ),
+            // Qwen/Qwen3-30B-A3B: head_dim 128 with 32 heads, so q_dim 4096 != hidden 2048.
+            "qwen3-30b-a3b" => spec(
+                2048,
+                768,
+                48,
+                (32, 4, 128),
+                151936,
+                (128, 8),
+                (1e6, 1e-6, 40960),
+            ),
+            _ => {
+                return Err(format!(
+                    "unknown synthetic model '{name}' (known: {})",
+                    PRESETS.join(", ")
+                ))
+            }
+        };
+        Ok(SyntheticModel {
+            name: name.to_string(),
+            total_layers: spec.n_layers,
+            spec,
+        })
+    }
+
+    /// Keep the first `n` layers; `n` must be in 1..=total_layers.
+    pub fn with_layers(mut self, n: usize) -> Result<SyntheticModel, String> {
+        if n == 0 || n > self.total_layers {
+            return Err(format!(
+                "--layers {n}: {} has {} layers (give 1..={})",
+                self.name, self.total_layers, self.total_layers
+            ));
+        }
+        self.spec.n_layers = n;
+        Ok(self)
+    }
+
+    /// `general.name`: "synthetic phi-3.5-moe (8 of 32 layers, mixtral routing)".
+    pub fn display_name(&self) -> String {
+        let mut notes = Vec::new();
+        if self.spec.n_layers != self.total_layers {
+            notes.push(format!(
+                "{} of {} layers",
+                self.spec.n_layers, self.total_layers
+            ));
+        }
+        if !self.name.starts_with("mixtral") {
+            notes.push("mixtral routing".to_string());
+        }
+        if notes.is_empty() {
+            format!("synthetic {}", self.name)
+        } else {
+            format!("synthetic {} ({})", self.name, notes.join(", "))
+        }
+    }
+
+    fn arch(&self) -> Architecture {
+        Architecture::Mixtral(self.spec.clone())
+    }
+
+    /// Dense tensors in the order they are written: the same names, shapes and roles as a
+    /// converted Mixtral checkpoint.
+    pub fn dense_tensors(&self) -> Vec<DenseTensor> {
+        self.arch().dense_tensors(&ExpertSource::PerExpert {
+            hidden: self.spec.hidden,
+            ffn: self.spec.ffn,
+        })
+    }
+
+    /// The dense table: matrices in `matrix_dtype`, norms and routers in f32.
+    pub fn dense_specs(&self, matrix_dtype: DType) -> Vec<DenseSpec> {
+        self.dense_tensors()
+            .into_iter()
+            .map(|t| DenseSpec {
+                dtype: match t.role {
+                    TensorRole::Matrix => matrix_dtype,
+                    TensorRole::Norm | TensorRole::Router => DType::F32,
+                },
+                name: t.hob_name,
+                shape: t.shape,
+            })
+            .collect()
+    }
+
+    pub fn expert_shape(&self) -> ExpertShape {
+        self.arch().expert_shape()
+    }
+
+    /// Architecture `mixtral`, the hyper-parameters, and `hob.synthetic_*`; no tokenizer.
+    pub fn metadata(&self, seed: u64) -> Metadata {
+        let mut m = Metadata::new();
+        m.set(keys::ARCHITECTURE, MetaValue::String("mixtral".into()));
+        m.set(keys::NAME, MetaValue::String(self.display_name()));
+        self.arch().write_metadata(&mut m);
+        m.set(keys::TIE_WORD_EMBEDDINGS, MetaValue::Bool(false));
+        m.set(keys::SYNTHETIC_MODEL, MetaValue::String(self.name.clone()));
+        m.set(keys::SYNTHETIC_SEED, MetaValue::U64(seed));
+        m
+    }
+}
+
+/// What `write` produced.
+#[derive(Clone, Debug)]
+pub struct SyntheticSummary {
+    pub dense_count: usize,
+    pub dense_bytes: u64,
+    /// Per variant: (variant, blob bytes over all experts, padding excluded).
+    pub expert_bytes: Vec<(Variant, u64)>,
+    pub experts_per_variant: usize,
+}
+
+/// Total payload bytes (`dense_bytes` plus every blob), the progress bar's length.
+pub fn payload_bytes(model: &SyntheticModel, variants: &[Variant], dense: DType) -> u64 {
+    let dense_bytes: u64 = model
+        .dense_specs(dense)
+        .iter()
+        .map(|d| (d.shape.iter().product::<usize>() * d.dtype.size()) as u64)
+        .sum();
+    let s = model.expert_shape();
+    let cells = (s.n_layers * s.n_experts) as u64;
+    let experts: u64 = variants
+        .iter()
+        .filter_map(|v| v.expert_layout(s.hidden, s.ffn).ok())
+        .map(|l| l.size as u64 * cells)
+        .sum();
+    dense_bytes + experts
+}
+
+enum Item {
+    Dense(usize, Vec<u8>),
+    Cell(usize, usize, Vec<Vec<u8>>),
+}
+
+/// Generate `model` and write it to `out` (atomically, through `HobWriter`). `progress` is called
+/// on the calling thread after each tensor or expert is written, with a label and the bytes just
+/// written.
+pub fn write(
+    model: &SyntheticModel,
+    variants: &[Variant],
+    dense_dtype: DType,
+    seed: u64,
+    out: &Path,
+    progress: &mut dyn FnMut(&str, u64),
+) -> crate::Result<SyntheticSummary> {
+    let shape = model.expert_shape();
+    let layouts = variants
+        .iter()
+        .map(|v| v.expert_layout(shape.hidden, shape.ffn))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::Invalid(format!("--experts: {e}")))?;
+    let tensors = model.dense_tensors();
+    let specs = model.dense_specs(dense_dtype);
+    let mut writer = HobWriter::create(out, &model.metadata(seed), &specs, shape, variants)?;
+
+    let (tx, rx) = crossbeam_channel::bounded::<Item>(1);
+    let produce = || {
+        // Owned by the producer: dropping it when done ends the writer's loop.
+        let tx = tx;
+        for (i, (t, d)) in tensors.iter().zip(&specs).enumerate() {
+            let bytes = dense_tensor(t.role, d, seed);
+            if tx.send(Item::Dense(i, bytes)).is_err() {
+                return; // the writer stopped on an error
+            }
+        }
+        for layer in 0..shape.n_layers {
+            for expert in 0..shape.n_experts {
+                let blobs = variants
+                    .iter()
+                    .zip(&layouts)
+                    .map(|(v, l)| expert_blob(*v, l, seed, layer, expert))
+                    .collect();
+                if tx.send(Item::Cell(layer, expert, blobs)).is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let mut dense_bytes = 0u64;
+    std::thread::scope(|s| -> crate::Result<()> {
+        s.spawn(produce);
+        // Owned here: an early return drops it, which stops the producer.
+        let rx = rx;
+        for item in rx.iter() {
+            match item {
+                Item::Dense(i, bytes) => {
+                    writer.write_dense(i, &bytes)?;
+                    dense_bytes += bytes.len() as u64;
+                    progress(&specs[i].name, bytes.len() as u64);
+                }
+                Item::Cell(layer, expert, blobs) => {
+                    let n: usize = blobs.iter().map(Vec::len).sum();
+                    for (vi, blob) in blobs.iter().enumerate() {
+                        writer.write_expert(layer, expert, vi, blob)?;
+                    }
+                    progress(&format!("layer {layer} expert {expert}"), n as u64);
+                }
+            }
+        }
+        Ok(())
+    })?;
+    writer.finish()?;
+    let cells = shape.n_layers * shape.n_experts;
+    Ok(SyntheticSummary {
+        dense_count: specs.len(),
+        dense_bytes,
+        expert_bytes: variants
+            .iter()
+            .zip(&layouts)
+            .map(|(v, l)| (*v, (l.size * cells) as u64))
+            .collect(),
+        experts_per_variant: cells,
+    })
+}
+
+/// The bytes of one dense tensor.
+pub fn dense_tensor(role: TensorRole, d: &DenseSpec, seed: u64) -> Vec<u8> {
+    let n: usize = d.shape.iter().product();
+    let mut bytes = vec![0u8; n * d.dtype.size()];
+    let key = stream(seed, &[TAG_DENSE, fnv1a(d.name.as_bytes())]);
+    match (role, d.dtype) {
+        (TensorRole::Norm, _) => {
+            let one = match d.dtype {
+                DType::F32 => 1.0f32.to_bits().to_le_bytes().to_vec(),
+                DType::F16 => half::f16::ONE.to_le_bytes().to_vec(),
+                DType::Bf16 => half::bf16::ONE.to_le_bytes().to_vec(),
+            };
+            for c in bytes.chunks_exact_mut(one.len()) {
+                c.copy_from_slice(&one);
+            }
+        }
+        (_, DType::F32) => fill_par(&mut bytes, key, |r, c| fill_f32(r, c, &tables().f32)),
+        (_, DType::F16) => fill_par(&mut bytes, key, |r, c| fill_u16(r, c, &tables().f16)),
+        (_, DType::Bf16) => fill_par(&mut bytes, key, |r, c| fill_u16(r, c, &tables().bf16)),
+    }
+    bytes
+}
+
+/// The blob of one expert in `variant` (`layout.size` bytes; padding between sub-arrays zero).
+pub fn expert_blob(
+    variant: Variant,
+    layout: &ExpertLayout,
+    seed: u64,
+    layer: usize,
+    expert: usize,
+) -> Vec<u8> {
+    let mut blob = vec![0u8; layout.size];
+    for (mi, (offset, m)) in [
+        (layout.gate_offset, &layout.gate),
+        (layout.up_offset, &layout.up),
+        (layout.down_offset, &layout.down),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = stream(
+            seed,
+            &[
+                TAG_EXPERT,
+                layer as u64,
+                expert as u64,
+                variant.kind.code() as u64,
+                variant.group_size as u64,
+                mi as u64,
+            ],
+        );
+        fill_matrix(variant, m, &mut blob[offset..offset + m.size], key);
+    }
+    blob
+}
+
+/// Fill one stored matrix (`buf` is `m.size` bytes, relative to the matrix start).
+fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
+    let t = tables();
+    let codes_key = stream(key, &[0]);
+    let side_key = stream(key, &[1]);
+    let codes = &mut buf[m.codes.clone()];
+    match variant.kind {
+        VariantKind::F16 => fill_par(codes, codes_key, |r, c| fill_u16(r, c, &t.f16)),
+        VariantKind::Bf16 => fill_par(codes, codes_key, |r, c| fill_u16(r, c, &t.bf16)),
+        VariantKind::Int8 => fill_par(codes, codes_key, |r, c| {
+            fill_bytes(r, c);
+            // -128 is not a valid int8 code.
+            for b in c.iter_mut() {
+                *b ^= (*b == 0x80) as u8;
+            }
+        }),
+        VariantKind::Int4 | VariantKind::Int2 => fill_par(codes, codes_key, fill_bytes),
+    }
+    if variant.kind.is_float() {
+        return;
+    }
+    // Dequantized values take L equally likely levels spaced `scale` apart, centered on zero:
+    // sd = scale * sqrt((L^2 - 1) / 12), so the base scale gives sd WEIGHT_SD. Symmetric int8
+    // has L = 255 (-127..=127); asymmetric int-k has L = 2^k, min = -(L - 1) / 2 * scale.
+    let half_steps = match variant.kind {
+        VariantKind::Int8 => 127.0,
+        _ => ((1u32 << variant.kind.bits()) - 1) as f32 / 2.0,
+    };
+    let levels = 2.0 * half_steps + 1.0;
+    let base = WEIGHT_SD * (12.0 / (levels * levels - 1.0)).sqrt();
+    let has_mins = variant.kind.has_mins();
+    // Scales come before mins; both are f16 [rows, cols / group].
+    let (head, tail) = buf.split_at_mut(m.mins.start.max(m.scales.end));
+    let scales = &mut head[m.scales.clone()];
+    let mins = if has_mins {
+        &mut tail[..m.mins.len()]
+    } else {
+        &mut tail[..0]
+    };
+    let scale_chunks = scales.par_chunks_mut(CHUNK);
+    let fill_group = |i: usize, s: &mut [u8], mn: &mut [u8]| {
+        let mut r = Rng::new(stream(side_key, &[i as u64]));
+        for (j, sc) in s.chunks_exact_mut(2).enumerate() {
+            // +-25% jitter, 16 bits of it.
+            let jitter = 0.75 + 0.5 * (r.next() & 0xffff) as f32 / 65535.0;
+            let scale = half::f16::from_f32(base * jitter);
+            sc.copy_from_slice(&scale.to_le_bytes());
+            if has_mins {
+                let min = half::f16::from_f32(-half_steps * scale.to_f32());
+                mn[2 * j..2 * j + 2].copy_from_slice(&min.to_le_bytes());
+            }
+        }
+    };
+    if has_mins {
+        scale_chunks
+            .zip(mins.par_chunks_mut(CHUNK))
+            .enumerate()
+            .for_each(|(i, (s, mn))| fill_group(i, s, mn));
+    } else {
+        scale_chunks
+            .enumerate()
+            .for_each(|(i, s)| fill_group(i, s, &mut []));
+    }
+}
+
+const TAG_DENSE: u64 = 0x6465_6e73_6500_0000;
+const TAG_EXPERT: u64 = 0x6578_7065_7274_0000;
+
+/// splitmix64's finalizer.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The key of a random stream: `seed` hashed with each of `parts` in turn.
+fn stream(seed: u64, parts: &[u64]) -> u64 {
+    parts.iter().fold(mix(seed), |k, &p| mix(k ^ mix(p)))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// wyrand: one multiply per 64 random bits; plenty for random weights.
+struct Rng(u64);
+
+impl Rng {
+    fn new(key: u64) -> Rng {
+        Rng(key)
+    }
+
+    #[inline]
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0xa076_1d64_78bd_642f);
+        let t = (self.0 as u128).wrapping_mul((self.0 ^ 0xe703_7ed1_a0b4_28db) as u128);
+        (t >> 64) as u64 ^ t as u64
+    }
+}
+
+/// Fill `buf` in CHUNK-sized pieces in parallel, each from its own stream (`key`, chunk index).
+fn fill_par(buf: &mut [u8], key: u64, f: impl Fn(&mut Rng, &mut [u8]) + Sync) {
+    buf.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
+        let mut r = Rng::new(stream(key, &[i as u64]));
+        f(&mut r, c)
+    });
+}
+
+fn fill_bytes(r: &mut Rng, c: &mut [u8]) {
+    let mut it = c.chunks_exact_mut(8);
+    for w in &mut it {
+        w.copy_from_slice(&r.next().to_le_bytes());
+    }
+    let rest = it.into_remainder();
+    let last = r.next().to_le_bytes();
+    rest.copy_from_slice(&last[..rest.len()]);
+}
+
+/// 2-byte values from `table`, four per random number.
+fn fill_u16(r: &mut Rng, c: &mut [u8], table: &[u16]) {
+    let mut it = c.chunks_exact_mut(8);
+    for w in &mut it {
+        let x = r.next();
+        for k in 0..4 {
+            let v = table[(x >> (16 * k)) as usize & 0xffff];
+            w[2 * k..2 * k + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    for w in it.into_remainder().chunks_exact_mut(2) {
+        w.copy_from_slice(&table[r.next() as usize & 0xffff].to_le_bytes());
+    }
+}
+
+/// 4-byte values from `table`, two per random number.
+fn fill_f32(r: &mut Rng, c: &mut [u8], table: &[u32]) {
+    let mut it = c.chunks_exact_mut(8);
+    for w in &mut it {
+        let x = r.next();
+        w[..4].copy_from_slice(&table[x as usize & 0xffff].to_le_bytes());
+        w[4..].copy_from_slice(&table[(x >> 16) as usize & 0xffff].to_le_bytes());
+    }
+    for w in it.into_remainder().chunks_exact_mut(4) {
+        w.copy_from_slice(&table[r.next() as usize & 0xffff].to_le_bytes());
+    }
+}
+
+/// 65 536 samples of N(0, WEIGHT_SD) as f16, bf16 and f32 bit patterns.
+struct Tables {
+    f16: Vec<u16>,
+    bf16: Vec<u16>,
+    f32: Vec<u32>,
+}
+
+fn tables() -> &'static Tables {
+    static TABLES: OnceLock<Tables> = OnceLock::new();
+    TABLES.get_or_init(|| {
+        // Box-Muller from a fixed stream: the table is the same in every process.
+        let mut r = Rng::new(stream(0x7461_626c_6500, &[]));
+        let unit = |x: u64| ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let mut values = Vec::with_capacity(1 << 16);
+        while values.len() < 1 << 16 {
+            let (u1, u2) = (unit(r.next()), unit(r.next()));
+            let rad = (-2.0 * u1.ln()).sqrt();
+            let th = 2.0 * std::f64::consts::PI * u2;
+            values.push((rad * th.cos()) as f32 * WEIGHT_SD);
+            values.push((rad * th.sin()) as f32 * WEIGHT_SD);
+        }
+        Tables {
+            f16: values
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect(),
+            bf16: values
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect(),
+            f32: values.iter().map(|v| v.to_bits()).collect(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_have_the_reference_shapes() {
+        let m = SyntheticModel::preset("mixtral-8x7b").unwrap();
+        let s = &m.spec;
+        assert_eq!(
+            (
+                s.hidden,
+                s.ffn,
+                s.n_layers,
+                s.n_heads,
+                s.n_kv_heads,
+                s.head_dim
+            ),
+            (4096, 14336, 32, 32, 8, 128)
+        );
+        assert_eq!((s.vocab, s.n_experts, s.n_experts_used), (32000, 8, 2));
+        assert_eq!(
+            (s.rope_theta, s.rms_eps, s.context_length),
+            (1e6, 1e-5, 32768)
+        );
+        let p = SyntheticModel::preset("phi-3.5-moe").unwrap().spec;
+        assert_eq!(
+            (p.hidden, p.ffn, p.vocab, p.n_experts),
+            (4096, 6400, 32064, 16)
+        );
+        let q = SyntheticModel::preset("qwen3-30b-a3b").unwrap().spec;
+        assert_eq!(
+            (
+                q.hidden,
+                q.ffn,
+                q.n_layers,
+                q.n_heads,
+                q.n_kv_heads,
+                q.head_dim
+            ),
+            (2048, 768, 48, 32, 4, 128)
+        );
+        assert_eq!((q.vocab, q.n_experts, q.n_experts_used), (151936, 128, 8));
+        let e = SyntheticModel::preset("llama").unwrap_err();
+        assert!(
+            e.contains("mixtral-8x7b, phi-3.5-moe, qwen3-30b-a3b"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn layers_are_validated_and_named() {
+        let m = SyntheticModel::preset("phi-3.5-moe").unwrap();
+        assert!(m.clone().with_layers(0).unwrap_err().contains("1..=32"));
+        assert!(m.clone().with_layers(33).unwrap_err().contains("32 layers"));
+        let cut = m.clone().with_layers(8).unwrap();
+        assert_eq!(cut.spec.n_layers, 8);
+        assert_eq!(
+            cut.display_name(),
+            "synthetic phi-3.5-moe (8 of 32 layers, mixtral routing)"
+        );
+        assert_eq!(m.display_name(), "synthetic phi-3.5-moe (mixtral routing)");
+        let mx = SyntheticModel::preset("mixtral-8x7b").unwrap();
+        assert_eq!(mx.display_name(), "synthetic mixtral-8x7b");
+    }
+
+    #[test]
+    fn streams_differ_and_repeat() {
+        assert_eq!(stream(1, &[2, 3]), stream(1, &[2, 3]));
+        assert_ne!(stream(1, &[2, 3]), stream(1, &[3, 2]));
+        assert_ne!(stream(1, &[2]), stream(2, &[2]));
+        let t = tables();
+        let mean = t.f32.iter().map(|&b| f32::from_bits(b) as f64).sum::<f64>() / 65536.0;
+        let sd = (t
+            .f32
+            .iter()
+            .map(|&b| (f32::from_bits(b) as f64 - mean).powi(2))
+            .sum::<f64>()
+            / 65535.0)
+            .sqrt();
+        assert!(mean.abs() < 1e-3 && (sd - 0.02).abs() < 1e-3, "{mean} {sd}");
+    }
+}
