@@ -1,15 +1,18 @@
 //! hob: batch-1 Mixture-of-Experts inference with mixed-precision expert offloading.
 //!
 //! Data flows left to right through the modules: format -> quant -> import -> model -> backend
-//! -> generate -> cli. A module knows nothing of those to its right.
+//! -> generate -> cli. A module knows nothing of those to its right. Beside that line: `platform`
+//! (hardware profiles) and `bench` (benchmark statistics, physical limit, result tables).
 
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod error;
 pub mod format;
 pub mod generate;
 pub mod import;
 pub mod model;
+pub mod platform;
 pub mod quant;
 
 pub use error::{Error, Result};

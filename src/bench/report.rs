@@ -1,0 +1,361 @@
+//! llama-bench-style result tables with hob's MoE columns.
+//!
+//! One `BenchRow` per (model, configuration, test). `render_markdown` prints llama-bench's
+//! `-o md` look (padded cells, numeric columns right-aligned); `render_json` prints a JSON array
+//! with one object per row (llama-bench's `-o json` field names where they exist: `avg_ts`,
+//! `stddev_ts`, `samples_ts`, `n_prompt`, `n_gen`).
+//!
+//! The `limit t/s` column is the perfect-overlap bound (`Limit::overlap_tok_s`): nothing can beat
+//! it, so `% limit` stays at or below 100. The JSON carries both bounds.
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+use serde_json::{json, Value};
+
+use super::{mean_sd, Limit};
+
+/// The test, as llama-bench names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchTest {
+    /// Prefill of n tokens: "pp512".
+    Prompt(usize),
+    /// Decoding n tokens one by one: "tg128".
+    Generate(usize),
+}
+
+impl fmt::Display for BenchTest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BenchTest::Prompt(n) => write!(f, "pp{n}"),
+            BenchTest::Generate(n) => write!(f, "tg{n}"),
+        }
+    }
+}
+
+impl Serialize for BenchTest {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Expert-cache hit rate of one precision (variant), 0..=1.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HitRate {
+    /// "f16", "int4", ...
+    pub variant: String,
+    pub rate: f64,
+}
+
+/// The MoE columns, per token of the test.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct MoeStats {
+    /// Hit rate per variant, in the order shown.
+    pub hit_rates: Vec<HitRate>,
+    /// Experts loaded (cache misses that were loaded, any precision) per token.
+    pub experts_loaded_per_token: f64,
+    /// Bytes moved over the link or read from disk per token.
+    pub bytes_moved_per_token: f64,
+    /// Link (or disk) bandwidth reached, GB/s: bytes moved / time spent.
+    pub link_gbs: f64,
+}
+
+/// One row of the result table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchRow {
+    pub model: String,
+    /// The model file's size, bytes.
+    pub size_bytes: u64,
+    /// Parameter count, when known.
+    pub params: Option<u64>,
+    /// "CPU", "CUDA", ...
+    pub backend: String,
+    /// The platform profile the run used or emulated ("h100", "rtx4090-24g", ...).
+    pub profile: String,
+    pub test: BenchTest,
+    /// Tokens per second of each repetition.
+    pub samples_tok_s: Vec<f64>,
+    /// None where there is nothing to report (everything resident, CPU run...).
+    pub moe: Option<MoeStats>,
+    /// The physical limit of this configuration, when computed.
+    pub limit: Option<Limit>,
+}
+
+impl BenchRow {
+    /// Mean and sample standard deviation of the tokens per second.
+    pub fn tok_s(&self) -> (f64, f64) {
+        mean_sd(&self.samples_tok_s)
+    }
+
+    /// Measured mean as a percentage of the perfect-overlap limit.
+    pub fn limit_pct(&self) -> Option<f64> {
+        self.limit
+            .map(|l| 100.0 * self.tok_s().0 / l.overlap_tok_s)
+            .filter(|p| p.is_finite())
+    }
+
+    /// Measured mean as a percentage of the no-overlap limit (above 100: loads overlapped).
+    pub fn no_overlap_pct(&self) -> Option<f64> {
+        self.limit
+            .map(|l| 100.0 * self.tok_s().0 / l.no_overlap_tok_s)
+            .filter(|p| p.is_finite())
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// (header, right-aligned)
+const COLUMNS: [(&str, bool); 13] = [
+    ("model", false),
+    ("size", true),
+    ("params", true),
+    ("backend", false),
+    ("profile", false),
+    ("test", true),
+    ("t/s", true),
+    ("hit rate", false),
+    ("exp/tok", true),
+    ("MB/tok", true),
+    ("link GB/s", true),
+    ("limit t/s", true),
+    ("% limit", true),
+];
+
+fn cells(r: &BenchRow) -> [String; 13] {
+    let dash = || "-".to_string();
+    let (mean, sd) = r.tok_s();
+    let moe = r.moe.as_ref();
+    [
+        r.model.clone(),
+        format!("{:.2} GiB", r.size_bytes as f64 / GIB),
+        r.params
+            .map_or_else(dash, |p| format!("{:.2} B", p as f64 / 1e9)),
+        r.backend.clone(),
+        r.profile.clone(),
+        r.test.to_string(),
+        format!("{mean:.2} ± {sd:.2}"),
+        moe.filter(|m| !m.hit_rates.is_empty())
+            .map_or_else(dash, |m| {
+                m.hit_rates
+                    .iter()
+                    .map(|h| format!("{} {:.1}%", h.variant, 100.0 * h.rate))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }),
+        moe.map_or_else(dash, |m| format!("{:.2}", m.experts_loaded_per_token)),
+        moe.map_or_else(dash, |m| format!("{:.1}", m.bytes_moved_per_token / 1e6)),
+        moe.map_or_else(dash, |m| format!("{:.2}", m.link_gbs)),
+        r.limit
+            .map_or_else(dash, |l| format!("{:.2}", l.overlap_tok_s)),
+        r.limit_pct().map_or_else(dash, |p| format!("{p:.1}%")),
+    ]
+}
+
+/// A markdown table in llama-bench's look, one line per row, ending with a newline.
+pub fn render_markdown(rows: &[BenchRow]) -> String {
+    let body: Vec<[String; 13]> = rows.iter().map(cells).collect();
+    let widths: Vec<usize> = COLUMNS
+        .iter()
+        .enumerate()
+        .map(|(i, (h, _))| {
+            body.iter()
+                .map(|c| c[i].chars().count())
+                .chain([h.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |items: &mut dyn Iterator<Item = String>| {
+        let mut s = String::from("|");
+        for it in items {
+            s.push(' ');
+            s.push_str(&it);
+            s.push_str(" |");
+        }
+        s.push('\n');
+        s
+    };
+    let pad = |text: &str, w: usize, right: bool| {
+        let fill = " ".repeat(w.saturating_sub(text.chars().count()));
+        if right {
+            format!("{fill}{text}")
+        } else {
+            format!("{text}{fill}")
+        }
+    };
+    let mut out = line(
+        &mut COLUMNS
+            .iter()
+            .zip(&widths)
+            .map(|((h, right), &w)| pad(h, w, *right)),
+    );
+    out.push_str(&line(&mut COLUMNS.iter().zip(&widths).map(
+        |((_, right), &w)| {
+            if *right {
+                format!("{}:", "-".repeat(w - 1))
+            } else {
+                "-".repeat(w)
+            }
+        },
+    )));
+    for c in &body {
+        out.push_str(&line(
+            &mut c
+                .iter()
+                .zip(COLUMNS.iter().zip(&widths))
+                .map(|(text, ((_, right), &w))| pad(text, w, *right)),
+        ));
+    }
+    out
+}
+
+fn row_json(r: &BenchRow) -> Value {
+    let (mean, sd) = r.tok_s();
+    let (n_prompt, n_gen) = match r.test {
+        BenchTest::Prompt(n) => (n, 0),
+        BenchTest::Generate(n) => (0, n),
+    };
+    let moe = r.moe.as_ref();
+    json!({
+        "model": r.model,
+        "size_bytes": r.size_bytes,
+        "params": r.params,
+        "backend": r.backend,
+        "profile": r.profile,
+        "test": r.test,
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "avg_ts": mean,
+        "stddev_ts": sd,
+        "samples_ts": r.samples_tok_s,
+        "hit_rates": moe.map(|m| &m.hit_rates),
+        "experts_loaded_per_token": moe.map(|m| m.experts_loaded_per_token),
+        "bytes_moved_per_token": moe.map(|m| m.bytes_moved_per_token),
+        "link_gbs": moe.map(|m| m.link_gbs),
+        "limit_overlap_ts": r.limit.map(|l| l.overlap_tok_s),
+        "limit_no_overlap_ts": r.limit.map(|l| l.no_overlap_tok_s),
+        "limit_pct": r.limit_pct(),
+        "no_overlap_pct": r.no_overlap_pct(),
+    })
+}
+
+/// A JSON array with one object per row (absent values are null), ending with a newline.
+pub fn render_json(rows: &[BenchRow]) -> String {
+    let v = Value::Array(rows.iter().map(row_json).collect());
+    let mut s = serde_json::to_string_pretty(&v).unwrap_or_else(|_| "[]".to_string());
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::physical_limit;
+    use super::*;
+
+    fn rows() -> Vec<BenchRow> {
+        let limit = physical_limit(3.21e9 + 64.0 * 352e6, 32.0 * 352e6, 1008.0, 25.0);
+        vec![
+            BenchRow {
+                model: "mixtral 8x7B".into(),
+                size_bytes: 29 << 30,
+                params: Some(46_700_000_000),
+                backend: "CUDA".into(),
+                profile: "rtx4090-24g".into(),
+                test: BenchTest::Generate(128),
+                samples_tok_s: vec![2.0, 2.1, 2.2],
+                moe: Some(MoeStats {
+                    hit_rates: vec![
+                        HitRate {
+                            variant: "f16".into(),
+                            rate: 0.931,
+                        },
+                        HitRate {
+                            variant: "int4".into(),
+                            rate: 0.41,
+                        },
+                    ],
+                    experts_loaded_per_token: 4.4,
+                    bytes_moved_per_token: 1.2345e9,
+                    link_gbs: 24.5,
+                }),
+                limit: Some(limit),
+            },
+            BenchRow {
+                model: "mixtral 8x7B".into(),
+                size_bytes: 29 << 30,
+                params: None,
+                backend: "CPU".into(),
+                profile: "h100".into(),
+                test: BenchTest::Prompt(512),
+                samples_tok_s: vec![100.0],
+                moe: None,
+                limit: None,
+            },
+        ]
+    }
+
+    #[test]
+    fn test_names() {
+        assert_eq!(BenchTest::Prompt(512).to_string(), "pp512");
+        assert_eq!(BenchTest::Generate(128).to_string(), "tg128");
+    }
+
+    #[test]
+    fn markdown_looks_like_llama_bench() {
+        let md = render_markdown(&rows());
+        let lines: Vec<&str> = md.lines().collect();
+        assert_eq!(lines.len(), 4, "{md}");
+        // Every line has the same width and 13 columns.
+        for l in &lines {
+            assert_eq!(l.chars().count(), lines[0].chars().count(), "{md}");
+            assert_eq!(l.matches(" |").count(), 13, "{l}");
+        }
+        assert!(lines[0].starts_with("| model        |      size |"), "{md}");
+        assert!(lines[1].starts_with("| ------------ | --------: |"), "{md}");
+        let r = lines[2];
+        for want in [
+            "| 29.00 GiB |",
+            " 46.70 B |",
+            "| rtx4090-24g |",
+            " tg128 |",
+            " 2.10 ± 0.10 |",
+            "| f16 93.1%, int4 41.0% |",
+            " 4.40 |",
+            " 1234.5 |",
+            " 24.50 |",
+            " 2.22 |",  // overlap limit: 1 / 0.45056 s
+            " 94.6% |", // 2.1 / 2.2195
+        ] {
+            assert!(r.contains(want), "'{want}' not in {r}");
+        }
+        let r = lines[3];
+        assert!(
+            r.contains(" pp512 |") && r.contains(" 100.00 ± 0.00 |"),
+            "{r}"
+        );
+        assert!(r.matches(" - |").count() >= 6, "{r}");
+        assert_eq!(render_markdown(&[]).lines().count(), 2);
+    }
+
+    #[test]
+    fn json_has_one_object_per_row() {
+        let v: Value = serde_json::from_str(&render_json(&rows())).unwrap();
+        let a = v.as_array().unwrap();
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0]["test"], "tg128");
+        assert_eq!(
+            (a[0]["n_prompt"].as_u64(), a[0]["n_gen"].as_u64()),
+            (Some(0), Some(128))
+        );
+        assert!((a[0]["avg_ts"].as_f64().unwrap() - 2.1).abs() < 1e-12);
+        assert!((a[0]["stddev_ts"].as_f64().unwrap() - 0.1).abs() < 1e-12);
+        assert_eq!(a[0]["samples_ts"].as_array().unwrap().len(), 3);
+        assert_eq!(a[0]["hit_rates"][1]["variant"], "int4");
+        assert_eq!(a[0]["hit_rates"][0]["rate"], 0.931);
+        assert!((a[0]["limit_no_overlap_ts"].as_f64().unwrap() - 2.1005).abs() < 1e-3);
+        assert!((a[0]["limit_pct"].as_f64().unwrap() - 94.6).abs() < 0.05);
+        assert_eq!(a[1]["test"], "pp512");
+        assert!(a[1]["params"].is_null() && a[1]["hit_rates"].is_null());
+        assert!(a[1]["limit_pct"].is_null());
+    }
+}

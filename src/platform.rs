@@ -1,0 +1,381 @@
+//! Hardware profiles (platforms/*.toml): memory budget, memory, link and disk bandwidth of a
+//! target. They feed the physical-limit column of `hob bench` and profile emulation on a faster
+//! machine (cap device memory to the profile's budget, pace expert loads to its slow tier).
+//!
+//! `Platform::resolve("rtx4090-24g")` picks a built-in profile (the TOML files are compiled in,
+//! so the binary works anywhere); `Platform::resolve("my.toml")` loads a file. Every key is
+//! documented in platforms/README.md.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::Error;
+
+/// The profiles compiled into the binary: (name, file name, TOML text).
+const BUILTIN: [(&str, &str, &str); 4] = [
+    (
+        "h100",
+        "platforms/h100.toml",
+        include_str!("../platforms/h100.toml"),
+    ),
+    (
+        "jetson-orin-32g",
+        "platforms/jetson-orin-32g.toml",
+        include_str!("../platforms/jetson-orin-32g.toml"),
+    ),
+    (
+        "jetson-orin-64g",
+        "platforms/jetson-orin-64g.toml",
+        include_str!("../platforms/jetson-orin-64g.toml"),
+    ),
+    (
+        "rtx4090-24g",
+        "platforms/rtx4090-24g.toml",
+        include_str!("../platforms/rtx4090-24g.toml"),
+    ),
+];
+
+/// How the GPU reaches the experts that are not in its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlatformKind {
+    /// Own device memory; experts cross a host link (PCIe) from pinned host memory, with the
+    /// disk as a third tier.
+    Discrete,
+    /// CPU and GPU share memory (Jetson); the slow tier is the disk.
+    Unified,
+}
+
+impl PlatformKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PlatformKind::Discrete => "discrete",
+            PlatformKind::Unified => "unified",
+        }
+    }
+}
+
+/// The tier expert loads come from when they miss the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlowTier {
+    /// Pinned host memory over the host link (`host_link_gbs`).
+    HostLink,
+    /// The disk (`disk_read_gbs`).
+    Disk,
+}
+
+impl fmt::Display for SlowTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SlowTier::HostLink => "host link",
+            SlowTier::Disk => "disk",
+        })
+    }
+}
+
+/// One hardware profile. Bandwidths are in GB/s (1e9 bytes per second); `*_gib` budgets in GiB.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Platform {
+    pub name: String,
+    pub kind: PlatformKind,
+    /// The device's physical memory, GB (informational; the budget is `gpu_mem_gib`).
+    pub gpu_memory_gb: f64,
+    pub memory_bandwidth_gbs: f64,
+    /// Host-to-device copy bandwidth from pinned memory; 0 on unified memory (no copy).
+    pub host_link_gbs: f64,
+    pub disk_read_gbs: f64,
+    /// "major.minor", e.g. "8.9".
+    pub compute_capability: String,
+    #[serde(default)]
+    pub cpu_threads: Option<usize>,
+    /// Device memory hob may use in total (resident weights, KV cache, expert cache), GiB.
+    /// Unset: no cap, the machine's own memory.
+    #[serde(default)]
+    pub gpu_mem_gib: Option<f64>,
+    /// Expert cache size, GiB. Unset: whatever `gpu_mem_gib` (or the device) leaves after the
+    /// resident weights, KV cache and buffers.
+    #[serde(default)]
+    pub expert_cache_gib: Option<f64>,
+    /// When emulating this profile on a faster machine, pace expert loads to this profile's slow
+    /// tier (`slow_tier()`): host-to-device copies to `host_link_gbs` on discrete GPUs, reads to
+    /// `disk_read_gbs` on unified memory. Pacing only slows down: a machine slower than the
+    /// profile runs at its own speed.
+    #[serde(default)]
+    pub pace_link: bool,
+}
+
+/// Expert loads are paced to `gbs` GB/s, emulating `tier`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pacing {
+    pub tier: SlowTier,
+    pub gbs: f64,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+impl Platform {
+    /// A built-in profile's name, or a path ending in `.toml`.
+    pub fn resolve(name_or_path: &str) -> crate::Result<Platform> {
+        if name_or_path.ends_with(".toml") {
+            return Platform::load(Path::new(name_or_path));
+        }
+        Platform::builtin(name_or_path).ok_or_else(|| {
+            Error::Invalid(format!(
+                "unknown platform '{name_or_path}' (known: {}; or give a path to a .toml file)",
+                Platform::builtin_names().join(", ")
+            ))
+        })
+    }
+
+    /// Names of the built-in profiles.
+    pub fn builtin_names() -> Vec<&'static str> {
+        BUILTIN.iter().map(|(n, _, _)| *n).collect()
+    }
+
+    /// A built-in profile by name.
+    pub fn builtin(name: &str) -> Option<Platform> {
+        BUILTIN
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, f, t)| {
+                // The embedded files are checked by the unit tests.
+                Platform::parse(t, f).unwrap_or_else(|e| panic!("built-in profile {f}: {e}"))
+            })
+    }
+
+    /// Load and check a profile file.
+    pub fn load(path: &Path) -> crate::Result<Platform> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;
+        Platform::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse and check profile text; `source` (a file name) prefixes every error.
+    pub fn parse(text: &str, source: &str) -> crate::Result<Platform> {
+        let p: Platform = toml::from_str(text)
+            .map_err(|e| Error::Invalid(format!("{source}: {}", e.to_string().trim_end())))?;
+        p.check()
+            .map_err(|(key, detail)| Error::Invalid(format!("{source}: key '{key}': {detail}")))?;
+        Ok(p)
+    }
+
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        if self.name.trim().is_empty() {
+            return Err(("name", "must not be empty".into()));
+        }
+        let positive = |key: &'static str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err((key, format!("expected a positive number, found {v}")))
+            }
+        };
+        positive("gpu_memory_gb", self.gpu_memory_gb)?;
+        positive("memory_bandwidth_gbs", self.memory_bandwidth_gbs)?;
+        positive("disk_read_gbs", self.disk_read_gbs)?;
+        match self.kind {
+            PlatformKind::Discrete => positive("host_link_gbs", self.host_link_gbs)?,
+            PlatformKind::Unified => {
+                if !(self.host_link_gbs.is_finite() && self.host_link_gbs >= 0.0) {
+                    return Err((
+                        "host_link_gbs",
+                        format!("expected 0 or more, found {}", self.host_link_gbs),
+                    ));
+                }
+            }
+        }
+        let cc_ok = self
+            .compute_capability
+            .split_once('.')
+            .is_some_and(|(a, b)| {
+                !a.is_empty()
+                    && !b.is_empty()
+                    && a.chars().all(|c| c.is_ascii_digit())
+                    && b.chars().all(|c| c.is_ascii_digit())
+            });
+        if !cc_ok {
+            return Err((
+                "compute_capability",
+                format!(
+                    "expected \"major.minor\" such as \"8.9\", found \"{}\"",
+                    self.compute_capability
+                ),
+            ));
+        }
+        if self.cpu_threads == Some(0) {
+            return Err(("cpu_threads", "must be at least 1".into()));
+        }
+        if let Some(g) = self.gpu_mem_gib {
+            positive("gpu_mem_gib", g)?;
+        }
+        if let Some(c) = self.expert_cache_gib {
+            positive("expert_cache_gib", c)?;
+            if let Some(g) = self.gpu_mem_gib {
+                if c > g {
+                    return Err((
+                        "expert_cache_gib",
+                        format!("{c} exceeds the device-memory budget gpu_mem_gib = {g}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where missed experts come from: the host link on discrete GPUs, the disk on unified memory.
+    pub fn slow_tier(&self) -> SlowTier {
+        match self.kind {
+            PlatformKind::Discrete => SlowTier::HostLink,
+            PlatformKind::Unified => SlowTier::Disk,
+        }
+    }
+
+    /// Bandwidth of the slow tier, GB/s: the `link_gbs` of the physical limit.
+    pub fn load_gbs(&self) -> f64 {
+        match self.slow_tier() {
+            SlowTier::HostLink => self.host_link_gbs,
+            SlowTier::Disk => self.disk_read_gbs,
+        }
+    }
+
+    /// The pacing to apply when emulating this profile; None when `pace_link` is false.
+    pub fn pacing(&self) -> Option<Pacing> {
+        self.pace_link.then(|| Pacing {
+            tier: self.slow_tier(),
+            gbs: self.load_gbs(),
+        })
+    }
+
+    /// `gpu_mem_gib` in bytes; None: no cap.
+    pub fn gpu_mem_bytes(&self) -> Option<u64> {
+        self.gpu_mem_gib.map(|g| (g * GIB) as u64)
+    }
+
+    /// `expert_cache_gib` in bytes; None: what remains after the resident weights.
+    pub fn expert_cache_bytes(&self) -> Option<u64> {
+        self.expert_cache_gib.map(|g| (g * GIB) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_parse_and_have_the_intended_budgets() {
+        for name in Platform::builtin_names() {
+            let p = Platform::resolve(name).unwrap();
+            assert_eq!(p.name, name);
+        }
+        let r = Platform::resolve("rtx4090-24g").unwrap();
+        assert_eq!(r.kind, PlatformKind::Discrete);
+        assert_eq!(r.gpu_mem_gib, Some(24.0));
+        assert_eq!(r.gpu_mem_bytes(), Some(24 << 30));
+        assert_eq!(
+            r.pacing(),
+            Some(Pacing {
+                tier: SlowTier::HostLink,
+                gbs: 25.0
+            })
+        );
+        let j = Platform::resolve("jetson-orin-32g").unwrap();
+        assert_eq!((j.kind, j.gpu_mem_gib), (PlatformKind::Unified, Some(24.0)));
+        assert_eq!(
+            j.pacing(),
+            Some(Pacing {
+                tier: SlowTier::Disk,
+                gbs: 3.0
+            })
+        );
+        assert_eq!(
+            Platform::resolve("jetson-orin-64g").unwrap().gpu_mem_gib,
+            Some(52.0)
+        );
+        let h = Platform::resolve("h100").unwrap();
+        assert_eq!((h.gpu_mem_gib, h.pacing()), (None, None));
+        assert_eq!((h.expert_cache_bytes(), h.load_gbs()), (None, 54.0));
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let e = Platform::resolve("a100").unwrap_err().to_string();
+        assert!(
+            e.contains("'a100'")
+                && e.contains("h100, jetson-orin-32g, jetson-orin-64g, rtx4090-24g")
+                && e.contains(".toml"),
+            "{e}"
+        );
+    }
+
+    const GOOD: &str = r#"
+name = "mine"
+kind = "discrete"
+gpu_memory_gb = 16
+memory_bandwidth_gbs = 500
+host_link_gbs = 12.5
+disk_read_gbs = 3
+compute_capability = "8.6"
+gpu_mem_gib = 14
+expert_cache_gib = 8
+pace_link = true
+"#;
+
+    #[test]
+    fn files_load_and_errors_name_the_file_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mine.toml");
+        std::fs::write(&path, GOOD).unwrap();
+        let p = Platform::resolve(path.to_str().unwrap()).unwrap();
+        assert_eq!(p.name, "mine");
+        assert_eq!(p.cpu_threads, None);
+        assert_eq!(p.expert_cache_bytes(), Some(8 << 30));
+        assert_eq!(p.pacing().unwrap().gbs, 12.5);
+
+        let e = Platform::resolve(dir.path().join("none.toml").to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("none.toml"), "{e}");
+
+        let bad = |text: &str, want: &[&str]| {
+            let e = Platform::parse(text, "x.toml").unwrap_err().to_string();
+            assert!(e.starts_with("x.toml: "), "{e}");
+            for w in want {
+                assert!(e.contains(w), "expected '{w}' in: {e}");
+            }
+        };
+        bad(&format!("{GOOD}bogus = 1\n"), &["unknown field", "bogus"]);
+        bad(
+            &GOOD.replace("kind = \"discrete\"", "kind = \"cloud\""),
+            &["cloud", "discrete", "unified"],
+        );
+        bad(
+            &GOOD.replace("memory_bandwidth_gbs = 500\n", ""),
+            &["memory_bandwidth_gbs"],
+        );
+        bad(
+            &GOOD.replace("host_link_gbs = 12.5", "host_link_gbs = 0"),
+            &["key 'host_link_gbs'", "positive"],
+        );
+        bad(
+            &GOOD.replace("\"8.6\"", "\"sm86\""),
+            &["key 'compute_capability'", "sm86"],
+        );
+        bad(
+            &GOOD.replace("expert_cache_gib = 8", "expert_cache_gib = 20"),
+            &["key 'expert_cache_gib'", "gpu_mem_gib"],
+        );
+        bad(
+            &GOOD.replace("pace_link = true", "pace_link = \"yes\""),
+            &["pace_link"],
+        );
+        // Unified memory has no host link to copy over.
+        let unified = GOOD
+            .replace("kind = \"discrete\"", "kind = \"unified\"")
+            .replace("host_link_gbs = 12.5", "host_link_gbs = 0");
+        let u = Platform::parse(&unified, "u.toml").unwrap();
+        assert_eq!(u.slow_tier(), SlowTier::Disk);
+        assert_eq!(u.pacing().unwrap().gbs, 3.0);
+    }
+}
