@@ -10,8 +10,8 @@
 //! - f16/bf16/f32 values come from a 65 536-entry table of N(0, 0.02) samples, indexed by 16
 //!   random bits (four values per 64-bit random number);
 //! - int8/int4/int2: random codes (int8 never -128), per-group f16 scales jittered by +-25% around
-//!   a base chosen so the dequantized weights are uniform with a standard deviation near 0.02,
-//!   and (int4, int2) mins centering each group on zero;
+//!   a base chosen so the dequantized weights have a standard deviation near 0.02 (magnitudes
+//!   below 0.045), and (int4, int2) mins centering each group on zero;
 //! - norms are f32 ones, routers f32 N(0, 0.02), embedding and output both present (untied).
 //!
 //! Deterministic: every 1 MiB chunk of every tensor or matrix has its own random stream, keyed
@@ -264,6 +264,8 @@ pub fn write(
 
     let (tx, rx) = crossbeam_channel::bounded::<Item>(1);
     let produce = || {
+        // Owned by the producer: dropping it when done ends the writer's loop.
+        let tx = tx;
         for (i, (t, d)) in tensors.iter().zip(&specs).enumerate() {
             let bytes = dense_tensor(t.role, d, seed);
             if tx.send(Item::Dense(i, bytes)).is_err() {
@@ -397,14 +399,15 @@ fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
     if variant.kind.is_float() {
         return;
     }
-    // Dequantized values are uniform over [-A, A] (sd A / sqrt 3 = WEIGHT_SD): symmetric int8
-    // spans 127 steps each way, asymmetric int-k spans (2^k - 1) / 2 steps each way of zero.
-    let half_range = WEIGHT_SD * 3f32.sqrt();
+    // Dequantized values take L equally likely levels spaced `scale` apart, centered on zero:
+    // sd = scale * sqrt((L^2 - 1) / 12), so the base scale gives sd WEIGHT_SD. Symmetric int8
+    // has L = 255 (-127..=127); asymmetric int-k has L = 2^k, min = -(L - 1) / 2 * scale.
     let half_steps = match variant.kind {
         VariantKind::Int8 => 127.0,
         _ => ((1u32 << variant.kind.bits()) - 1) as f32 / 2.0,
     };
-    let base = half_range / half_steps;
+    let levels = 2.0 * half_steps + 1.0;
+    let base = WEIGHT_SD * (12.0 / (levels * levels - 1.0)).sqrt();
     let has_mins = variant.kind.has_mins();
     // Scales come before mins; both are f16 [rows, cols / group].
     let (head, tail) = buf.split_at_mut(m.mins.start.max(m.scales.end));
