@@ -3,11 +3,12 @@
 //! error bounds (int experts), deterministically; errors exit non-zero naming the problem and
 //! leave no output or temporary file behind.
 
+mod common;
 mod import_fixture;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use hob::format::{DType, HobFile, MatrixView, VariantKind};
 use hob::import::dtype;
@@ -16,10 +17,7 @@ use import_fixture as fx;
 use safetensors::Dtype;
 
 fn hob(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hob"))
-        .args(args)
-        .output()
-        .unwrap()
+    common::hob_command().args(args).output().unwrap()
 }
 
 fn stdout(o: &Output) -> String {

@@ -4,7 +4,7 @@
 mod common;
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use common::{convert_fixture, fixture_dir, hob, reference};
 use hob::format::{keys, HobFile};
@@ -89,7 +89,7 @@ fn same_seed_same_text_and_threads_do_not_matter() {
 #[test]
 fn interactive_chat_keeps_turns_and_exits_on_command() {
     let (_dir, path) = convert_fixture("f16");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hob"))
+    let mut child = common::hob_command()
         .args([
             "run",
             "-m",

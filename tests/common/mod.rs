@@ -8,9 +8,41 @@ pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-mixtral")
 }
 
+/// A `Command` for the hob binary that cargo built for this test's target.
+///
+/// When the tests run under an emulator (cross-compiled: `.ci/run` runs the aarch64 suite under
+/// `qemu-aarch64`), the test process itself is emulated but the binary it spawns is not: the
+/// kernel cannot execute an aarch64 ELF on x86-64 unless binfmt_misc is registered, which
+/// containers usually lack. So the binary is started through the same runner cargo used for the
+/// test: `HOB_TEST_RUNNER` if set, else cargo's `CARGO_TARGET_<TRIPLE>_RUNNER` for aarch64 Linux
+/// (cargo's own environment reaches the test process). Natively neither is set.
+pub fn hob_command() -> Command {
+    let bin = env!("CARGO_BIN_EXE_hob");
+    let runner = std::env::var("HOB_TEST_RUNNER").ok().or_else(|| {
+        if cfg!(all(
+            target_arch = "aarch64",
+            target_os = "linux",
+            target_env = "gnu"
+        )) {
+            std::env::var("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER").ok()
+        } else {
+            None
+        }
+    });
+    let mut words = runner.as_deref().unwrap_or("").split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut cmd = Command::new(program);
+            cmd.args(words).arg(bin);
+            cmd
+        }
+        None => Command::new(bin),
+    }
+}
+
 /// Run the hob binary; returns (success, stdout, stderr).
 pub fn hob(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hob"))
+    let out = hob_command()
         .args(args)
         .output()
         .expect("the hob binary runs");
