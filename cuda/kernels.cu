@@ -322,12 +322,59 @@ __device__ __forceinline__ void matvec_body(const Mat w, const float* __restrict
     if (lane == 0) y[r] = acc;
 }
 
+// Several rows per warp (the quantized kinds): x is read once per chunk position for all R rows
+// (an int4 chunk of 16 bytes needs 128 bytes of x), and R x 2 loads are in flight per lane.
+template <int KIND, int R>
+__device__ __forceinline__ void matvec_rows_body(const Mat w, const float* __restrict__ x,
+                                                 float* __restrict__ y) {
+    int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+    int lane = threadIdx.x & 31;
+    if (r0 >= w.rows) return;
+    const uint4* row[R];
+    int rr[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        rr[i] = min(r0 + i, w.rows - 1);
+        row[i] = reinterpret_cast<const uint4*>(w.codes + (size_t)rr[i] * w.row_bytes);
+    }
+    int n = w.row_bytes / 16;
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i] = 0.f;
+    int c = lane;
+    for (; c + 32 < n; c += 64) {
+        uint4 a[R], b[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            a[i] = __ldg(row[i] + c);
+            b[i] = __ldg(row[i] + c + 32);
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            acc[i] += chunk_dot<KIND>(a[i], x, c, w, rr[i]);
+            acc[i] += chunk_dot<KIND>(b[i], x, c + 32, w, rr[i]);
+        }
+    }
+    for (; c < n; c += 32) {
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[i] += chunk_dot<KIND>(__ldg(row[i] + c), x, c, w, rr[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        float v = warp_sum(acc[i]);
+        if (lane == 0 && r0 + i < w.rows) y[r0 + i] = v;
+    }
+}
+
+// Rows per warp of the quantized kinds (src/backend/cuda/mod.rs launches with the same figure).
+#define QROWS 4
+
 extern "C" __global__ void matvec_f32(const Mat w, const float* x, float* y) { matvec_body<KIND_F32>(w, x, y); }
 extern "C" __global__ void matvec_f16(const Mat w, const float* x, float* y) { matvec_body<KIND_F16>(w, x, y); }
 extern "C" __global__ void matvec_bf16(const Mat w, const float* x, float* y) { matvec_body<KIND_BF16>(w, x, y); }
-extern "C" __global__ void matvec_int8(const Mat w, const float* x, float* y) { matvec_body<KIND_INT8>(w, x, y); }
-extern "C" __global__ void matvec_int4(const Mat w, const float* x, float* y) { matvec_body<KIND_INT4>(w, x, y); }
-extern "C" __global__ void matvec_int2(const Mat w, const float* x, float* y) { matvec_body<KIND_INT2>(w, x, y); }
+extern "C" __global__ void matvec_int8(const Mat w, const float* x, float* y) { matvec_rows_body<KIND_INT8, QROWS>(w, x, y); }
+extern "C" __global__ void matvec_int4(const Mat w, const float* x, float* y) { matvec_rows_body<KIND_INT4, QROWS>(w, x, y); }
+extern "C" __global__ void matvec_int2(const Mat w, const float* x, float* y) { matvec_rows_body<KIND_INT2, QROWS>(w, x, y); }
 
 // Element (r, c) of any kind, dequantized.
 __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {

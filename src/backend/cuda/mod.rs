@@ -205,16 +205,19 @@ impl Gpu {
 
     /// y[rows] = W · x for one token (pointers to device memory).
     pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
-        let rows_per_block = 8u32;
-        let c = cfg(
-            blocks(w.rows as usize, rows_per_block as usize),
-            32 * rows_per_block,
-        );
         let w = *w;
         if w.vectorizable() && x % 16 == 0 {
+            // Float kinds: one row per warp, 8 warps per block. Quantized kinds: QROWS (4) rows
+            // per warp (kernels.cu), 2 warps per block so small matrices still fill the GPU.
+            let (warps, rows_per_warp) = if w.kind >= 3 { (2u32, 4usize) } else { (8, 1) };
+            let c = cfg(
+                blocks(w.rows as usize, warps as usize * rows_per_warp),
+                32 * warps,
+            );
             let f = &self.kernels.matvec[w.kind as usize];
             launch!(self, f, c; w, x, y)
         } else {
+            let c = cfg(blocks(w.rows as usize, 8), 256);
             let kind = w.kind;
             launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
         }
