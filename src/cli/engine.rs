@@ -9,7 +9,7 @@ use crate::backend::cpu::{CpuBackend, CpuExperts};
 use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu};
 use crate::format::{keys, HobFile};
 use crate::generate::Tokenizer;
-use crate::model::{Bound, Model, ModelConfig, Session};
+use crate::model::{Backend, Bound, Experts, Model, ModelConfig, Session};
 use crate::platform::Platform;
 use crate::Error;
 
@@ -157,25 +157,13 @@ impl ModelArgs {
                     gpu.compute_capability.1,
                     backend.resident_bytes() as f64 / GIB
                 );
-                Ok(Box::new(Bound::new(
-                    model,
-                    backend,
-                    Box::new(experts),
-                    ctx,
-                    label,
-                )?))
+                bind(model, backend, Box::new(experts), ctx, label)
             }
             _ => {
                 let backend = self.backend()?;
                 let label = format!("cpu: {} threads", backend.threads());
                 let experts = CpuExperts::new(file, variant)?;
-                Ok(Box::new(Bound::new(
-                    model,
-                    backend,
-                    Box::new(experts),
-                    ctx,
-                    label,
-                )?))
+                bind(model, backend, Box::new(experts), ctx, label)
             }
         }
     }
@@ -197,6 +185,17 @@ impl ModelArgs {
                 ))
             })
     }
+}
+
+/// A boxed session of `model` on `backend` with `experts`.
+fn bind<'a, B: Backend + 'a>(
+    model: &'a Model<'a>,
+    backend: B,
+    experts: Box<dyn Experts<B> + 'a>,
+    ctx: usize,
+    label: String,
+) -> crate::Result<Box<dyn Session + 'a>> {
+    Ok(Box::new(Bound::new(model, backend, experts, ctx, label)?))
 }
 
 /// The tokenizer embedded in the file, with BOS/EOS from the metadata.

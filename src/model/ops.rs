@@ -118,3 +118,17 @@ pub trait ExpertExecutor<B: Backend> {
         out: &mut B::Buf,
     ) -> crate::Result<()>;
 }
+
+/// The batch rows routed to each expert: `groups[e]` gets (token index, gate weight) for every
+/// route of `routes` ([t, top_k], token-major) to expert e, in token order.
+pub fn group_by_expert(routes: &[Route], t: usize, groups: &mut [Vec<(usize, f32)>]) {
+    for g in groups.iter_mut() {
+        g.clear();
+    }
+    let k = routes.len() / t.max(1);
+    for (i, token_routes) in routes.chunks_exact(k.max(1)).enumerate() {
+        for r in token_routes {
+            groups[r.expert].push((i, r.weight));
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! Experts computed on the CPU straight from the mmap, in one chosen variant.
 
 use crate::format::HobFile;
-use crate::model::ops::{ExpertExecutor, Route};
+use crate::model::ops::{group_by_expert, ExpertExecutor, Route};
 use crate::model::ExpertReport;
 use crate::quant::Matrix;
 
@@ -60,15 +60,7 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
     ) -> crate::Result<()> {
         let (h, f) = (self.hidden, self.ffn);
         let out = &mut out[..t * h];
-        let k = routes.len() / t.max(1);
-        for g in &mut self.groups {
-            g.clear();
-        }
-        for (i, token_routes) in routes.chunks_exact(k).enumerate() {
-            for r in token_routes {
-                self.groups[r.expert].push((i, r.weight));
-            }
-        }
+        group_by_expert(routes, t, &mut self.groups);
         out.fill(0.0);
         // Experts in index order, so each token sums its experts in the same order whatever
         // the batch: prefill and decode agree on the summation.

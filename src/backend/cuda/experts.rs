@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu};
 use crate::format::{ExpertLayout, HobFile};
-use crate::model::ops::{ExpertExecutor, Route};
+use crate::model::ops::{group_by_expert, ExpertExecutor, Route};
 use crate::model::{ExpertReport, ExpertStats, VariantStats};
 use crate::quant::Matrix;
 use crate::Error;
@@ -306,16 +306,8 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         out: &mut CudaSlice<f32>,
     ) -> crate::Result<()> {
         let (h, f) = self.file.expert_dims();
-        let k = routes.len() / t.max(1);
         self.ensure_cap(t)?;
-        for g in &mut self.groups {
-            g.clear();
-        }
-        for (i, token_routes) in routes.chunks_exact(k).enumerate() {
-            for r in token_routes {
-                self.groups[r.expert].push((i, r.weight));
-            }
-        }
+        group_by_expert(routes, t, &mut self.groups);
         let s = self.gpu.stream.clone();
         let (xp, op) = (ptr(xs, &s), ptr(out, &s));
         self.gpu.zero(op, t * h * 4)?;
