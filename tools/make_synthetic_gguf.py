@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""A Mixtral-8x7B-shaped GGUF with random weights, for llama.cpp speed runs beside `hob convert --synthetic`.
+
+    python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8]
+
+Needs numpy and llama.cpp's gguf-py (PYTHONPATH=<llama.cpp>/gguf-py). Streams tensor by tensor (memory stays
+near 1 GB). The weights are noise (speed only): f16 ~ N(0, 0.02) drawn from a 64M-value pool, routers f32 N(0, 1)
+so routing varies, a dummy 32000-token SentencePiece-style vocabulary (ids 0-2: <unk> <s> </s>).
+"""
+import argparse
+import sys
+
+import numpy as np
+import gguf
+from gguf.gguf_writer import WriterState
+
+HIDDEN, FFN, HEADS, KV_HEADS, VOCAB, EXPERTS, TOP_K = 4096, 14336, 32, 8, 32000, 8, 2
+HEAD_DIM = HIDDEN // HEADS
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=8)
+    a = ap.parse_args()
+    rng = np.random.default_rng(1234)
+    pool = (rng.standard_normal(64 << 20, dtype=np.float32) * 0.02).astype(np.float16)
+
+    w = gguf.GGUFWriter(a.out, "llama")
+    w.add_name(f"synthetic mixtral-8x7b ({a.layers} of 32 layers)")
+    w.add_block_count(a.layers)
+    w.add_context_length(32768)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_expert_count(EXPERTS)
+    w.add_expert_used_count(TOP_K)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_vocab_size(VOCAB)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, VOCAB)])
+    w.add_token_scores([0.0] * VOCAB)
+    w.add_token_types([3, 3, 3] + [1] * (VOCAB - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    # (name, numpy shape, dtype)
+    specs = [("token_embd.weight", (VOCAB, HIDDEN), np.float16)]
+    for l in range(a.layers):
+        b = f"blk.{l}."
+        specs += [
+            (b + "attn_norm.weight", (HIDDEN,), np.float32),
+            (b + "attn_q.weight", (HIDDEN, HIDDEN), np.float16),
+            (b + "attn_k.weight", (KV_HEADS * HEAD_DIM, HIDDEN), np.float16),
+            (b + "attn_v.weight", (KV_HEADS * HEAD_DIM, HIDDEN), np.float16),
+            (b + "attn_output.weight", (HIDDEN, HIDDEN), np.float16),
+            (b + "ffn_norm.weight", (HIDDEN,), np.float32),
+            (b + "ffn_gate_inp.weight", (EXPERTS, HIDDEN), np.float32),
+            (b + "ffn_gate_exps.weight", (EXPERTS, FFN, HIDDEN), np.float16),
+            (b + "ffn_down_exps.weight", (EXPERTS, HIDDEN, FFN), np.float16),
+            (b + "ffn_up_exps.weight", (EXPERTS, FFN, HIDDEN), np.float16),
+        ]
+    specs += [("output_norm.weight", (HIDDEN,), np.float32), ("output.weight", (VOCAB, HIDDEN), np.float16)]
+    for name, shape, dt in specs:
+        w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    fout = w.fout[0]
+    for i, (name, shape, dt) in enumerate(specs):
+        n = int(np.prod(shape))
+        ti = w.tensors[0].pop(name)
+        w.write_padding(fout, fout.tell())
+        if name.endswith("norm.weight"):
+            np.ones(n, dtype=np.float32).tofile(fout)
+        elif dt == np.float32:
+            rng.standard_normal(n, dtype=np.float32).tofile(fout)
+        else:
+            done, off = 0, (i * 7919) % (len(pool) // 2)
+            while done < n:
+                k = min(n - done, len(pool) - off)
+                pool[off : off + k].tofile(fout)
+                done += k
+                off = 0
+        w.write_padding(fout, ti.nbytes)
+        w.state = WriterState.WEIGHTS
+        if name.endswith("ffn_up_exps.weight"):
+            print(f"  {name}", file=sys.stderr, flush=True)
+    w.close()
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
