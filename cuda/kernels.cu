@@ -405,6 +405,14 @@ extern "C" __global__ void matvec_any(const Mat w, int kind, const float* __rest
     if (lane == 0) y[r] = acc;
 }
 
+// The same as f16 (tiles for cuBLAS's tensor-core GEMM). Grid (ceil(cols / block), nrows).
+extern "C" __global__ void dequant_rows_h(const Mat w, int kind, half_bits* __restrict__ out, int r0,
+                                          int nrows) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (c >= w.cols || r >= nrows) return;
+    out[(size_t)r * w.cols + c] = f2h(element(w, kind, r0 + r, c));
+}
+
 // out[(r - r0) * cols + c] = W[r, c] for rows r0..r0 + nrows (f32 tiles for cuBLAS).
 extern "C" __global__ void dequant_rows(const Mat w, int kind, float* __restrict__ out, int r0,
                                         int nrows) {

@@ -79,11 +79,13 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
     let variant = args.model.variant_index(&file)?;
     let trace = token_trace(ctx, cfg.vocab, args.seed);
 
-    // Warm-up (not measured): a short prefill and a few decode steps.
-    let warm = args.n_prompt.clamp(1, 32);
+    // Warm-up (not measured), as llama-bench does: one prefill of the test's size (buffers grow
+    // and cuBLAS picks its kernels for that shape once) and a few decode steps.
+    let warm = args.n_prompt.max(1);
     session.truncate(0);
     session.forward(&trace[..warm], Logits::Last)?;
-    for &t in &trace[warm..warm + 4.min(ctx - warm - 1)] {
+    session.truncate(0);
+    for &t in &trace[..4.min(ctx - 1)] {
         session.forward(&[t], Logits::Last)?;
     }
 

@@ -29,6 +29,7 @@ pub struct Kernels {
     pub matvec: [CudaFunction; 6],
     pub matvec_any: CudaFunction,
     pub dequant_rows: CudaFunction,
+    pub dequant_rows_h: CudaFunction,
     /// Where the PTX came from, for logs: "cache" or "nvrtc (0.21 s)".
     pub origin: String,
 }
@@ -118,6 +119,7 @@ impl Kernels {
             ],
             matvec_any: f("matvec_any")?,
             dequant_rows: f("dequant_rows")?,
+            dequant_rows_h: f("dequant_rows_h")?,
             origin,
         })
     }

@@ -118,6 +118,13 @@ impl DevMat {
     }
 }
 
+/// Input precision of a cuBLAS product.
+#[derive(Clone, Copy, Debug)]
+enum Precision {
+    F32,
+    F16,
+}
+
 /// The device, its streams and kernels: shared by the backend and the expert cache.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -223,8 +230,10 @@ impl Gpu {
         }
     }
 
-    /// out[t, rows] = x[t, cols] · Wᵀ for t > 1: row tiles dequantized to f32 in `scratch`
-    /// (`scratch_len` floats), multiplied by cuBLAS SGEMM.
+    /// out[t, rows] = x[t, cols] · Wᵀ for t > 1, through cuBLAS. f32 weights: SGEMM on the
+    /// weights as stored (exact f32). Every other kind: the tokens rounded to f16 once, the weights
+    /// in f16 (f16 as stored; the others dequantized to f16 row tiles in `scratch`), a tensor-core
+    /// GEMM accumulating in f32. `scratch` holds `scratch_len` floats.
     pub fn matmul(
         &self,
         w: &DevMat,
@@ -238,42 +247,92 @@ impl Gpu {
             return self.matvec(w, x, out);
         }
         let (rows, cols) = (w.rows as usize, w.cols as usize);
-        let tile = (scratch_len / cols).clamp(1, rows);
-        let kind = w.kind;
-        let wm = *w;
-        let mut r0 = 0;
-        while r0 < rows {
-            let n = tile.min(rows - r0);
-            let (r0i, ni) = (r0 as i32, n as i32);
-            launch!(self, self.kernels.dequant_rows, cfg(blocks(n * cols, 256), 256);
-                wm, kind, scratch, r0i, ni)?;
-            // Column-major view: C (rows x t, ld rows) = Aᵀ (tile: cols x n, ld cols)ᵀ · B
-            // (x: cols x t, ld cols); C starts at row r0.
-            let (alpha, beta) = (1.0f32, 0.0f32);
-            // SAFETY: scratch holds n * cols floats, x holds t * cols, out holds t * rows; the
-            // handle is bound to the compute stream, so the product runs after the tile.
-            unsafe {
-                cudarc::cublas::result::sgemm(
-                    *self.blas.handle(),
-                    cublas_sys::cublasOperation_t::CUBLAS_OP_T,
-                    cublas_sys::cublasOperation_t::CUBLAS_OP_N,
-                    n as i32,
-                    t as i32,
-                    cols as i32,
-                    &alpha,
-                    scratch as *const f32,
-                    cols as i32,
-                    x as *const f32,
-                    cols as i32,
-                    &beta,
-                    (out as *mut f32).add(r0),
-                    rows as i32,
-                )
+        if w.kind == 0 {
+            return self.gemm(w.codes, Precision::F32, x, t, out, rows, cols, 0, rows);
+        }
+        // scratch as f16: [tokens (chunk x cols) | weight tile]
+        let halves = scratch_len * 2;
+        let chunk = (halves / 2 / cols).clamp(1, t);
+        let tile_rows = ((halves - chunk * cols) / cols).clamp(1, rows.min(65535));
+        let xh = scratch;
+        let tile = scratch + (chunk * cols * 2) as u64;
+        let (kind, wm) = (w.kind, *w);
+        let mut t0 = 0;
+        while t0 < t {
+            let tn = chunk.min(t - t0);
+            let (src, n) = (x + (t0 * cols * 4) as u64, (tn * cols) as i32);
+            launch!(self, self.kernels.to_half, cfg(blocks(tn * cols, 256), 256); src, xh, n)?;
+            let dst = out + (t0 * rows * 4) as u64;
+            if kind == 1 {
+                self.gemm(w.codes, Precision::F16, xh, tn, dst, rows, cols, 0, rows)?;
+            } else {
+                let mut r0 = 0;
+                while r0 < rows {
+                    let n = tile_rows.min(rows - r0);
+                    let (r0i, ni) = (r0 as i32, n as i32);
+                    let grid = LaunchConfig {
+                        grid_dim: (blocks(cols, 256), n as u32, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    launch!(self, self.kernels.dequant_rows_h, grid; wm, kind, tile, r0i, ni)?;
+                    self.gemm(tile, Precision::F16, xh, tn, dst, n, cols, r0, rows)?;
+                    r0 += n;
+                }
             }
-            .map_err(cuda_err)?;
-            r0 += n;
+            t0 += tn;
         }
         Ok(())
+    }
+
+    /// out[token, r0 + i] = sum_c A[i, c] B[token, c] for i < n, token < t: A a row-major
+    /// [n, cols] weight block, B the tokens [t, cols], out rows `ld_out` wide (the whole matrix's
+    /// rows). Column-major for cuBLAS: C (n x t, ld ld_out, from row r0) = Aᵀ (cols x n)ᵀ · B.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        a: u64,
+        p: Precision,
+        b: u64,
+        t: usize,
+        out: u64,
+        n: usize,
+        cols: usize,
+        r0: usize,
+        ld_out: usize,
+    ) -> crate::Result<()> {
+        use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let dt = match p {
+            Precision::F32 => cudaDataType::CUDA_R_32F,
+            Precision::F16 => cudaDataType::CUDA_R_16F,
+        };
+        // SAFETY: a holds n * cols values of `dt`, b holds t * cols, out holds t * ld_out floats
+        // from row r0 on; the handle is bound to the compute stream, after the tile and tokens.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                t as i32,
+                cols as i32,
+                &alpha as *const f32 as *const _,
+                a as *const _,
+                dt,
+                cols as i32,
+                b as *const _,
+                dt,
+                cols as i32,
+                &beta as *const f32 as *const _,
+                (out as *mut f32).add(r0) as *mut _,
+                cudaDataType::CUDA_R_32F,
+                ld_out as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(cuda_err)
     }
 
     pub fn swiglu(&self, g: u64, u: u64, n: usize) -> crate::Result<()> {
