@@ -1,8 +1,10 @@
 //! `hob convert --synthetic`: the generator at small shapes through the library (the presets are
 //! gigabytes), and the command line's error paths through the binary.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use hob::backend::cpu::{CpuBackend, CpuExperts};
 use hob::format::{keys, DType, HobFile, MatrixView, Variant};
@@ -11,11 +13,9 @@ use hob::import::MixtralSpec;
 use hob::model::{Logits, Model};
 use hob::quant::Matrix;
 
+/// The binary, started through cargo's runner where there is one (qemu for aarch64).
 fn hob(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hob"))
-        .args(args)
-        .output()
-        .unwrap()
+    common::hob_command().args(args).output().unwrap()
 }
 
 /// Qwen3-like small shapes: head_dim 48 with 4 heads, so q_dim 192 != hidden 128.
