@@ -224,3 +224,19 @@ fn accumulate(total: &mut ExpertStats, s: &ExpertStats) {
     total.bytes_loaded += s.bytes_loaded;
     total.load_seconds += s.load_seconds;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::token_trace;
+
+    #[test]
+    fn the_token_trace_is_deterministic_and_inside_the_vocabulary() {
+        let a = token_trace(1000, 512, 7);
+        assert_eq!(a, token_trace(1000, 512, 7));
+        assert_ne!(a, token_trace(1000, 512, 8));
+        assert!(a.iter().all(|&t| (3..512).contains(&t)));
+        // Spread over the vocabulary, not stuck in a corner.
+        let distinct: std::collections::HashSet<_> = a.iter().collect();
+        assert!(distinct.len() > 300, "{} distinct ids", distinct.len());
+    }
+}

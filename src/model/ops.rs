@@ -132,3 +132,28 @@ pub fn group_by_expert(routes: &[Route], t: usize, groups: &mut [Vec<(usize, f32
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_group_by_expert_in_token_order() {
+        let r = |expert, weight| Route { expert, weight };
+        // 3 tokens, top-2, 4 experts.
+        let routes = [
+            r(2, 0.7),
+            r(0, 0.3),
+            r(2, 0.6),
+            r(3, 0.4),
+            r(1, 0.5),
+            r(2, 0.5),
+        ];
+        let mut groups = vec![vec![(9, 9.0)]; 4];
+        group_by_expert(&routes, 3, &mut groups);
+        assert_eq!(groups[0], vec![(0, 0.3)]);
+        assert_eq!(groups[1], vec![(2, 0.5)]);
+        assert_eq!(groups[2], vec![(0, 0.7), (1, 0.6), (2, 0.5)]);
+        assert_eq!(groups[3], vec![(1, 0.4)]);
+    }
+}
