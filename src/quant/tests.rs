@@ -88,6 +88,19 @@ fn stored(
     (quantize_matrix(v, &l, src), Some((v, l)))
 }
 
+/// The matrix `stored` returned, viewed.
+fn as_matrix<'a>(
+    bytes: &'a [u8],
+    vl: &Option<(Variant, MatrixLayout)>,
+    rows: usize,
+    cols: usize,
+) -> Matrix<'a> {
+    match vl {
+        Some((v, l)) => view(*v, l, bytes),
+        None => Matrix::dense(crate::format::DType::F32, rows, cols, bytes),
+    }
+}
+
 const ALL_KINDS: [WeightKind; 6] = [
     WeightKind::F32,
     WeightKind::F16,
@@ -158,10 +171,7 @@ fn fast_path_and_scalar_match_f64_reference_for_every_kind() {
                 let src = rng.normals(rows * cols);
                 let x = rng.normals(cols);
                 let (bytes, vl) = stored(kind, g, rows, cols, &src);
-                let m = match &vl {
-                    Some((v, l)) => view(*v, l, &bytes),
-                    None => Matrix::dense(crate::format::DType::F32, rows, cols, &bytes),
-                };
+                let m = as_matrix(&bytes, &vl, rows, cols);
                 let (ef, er) = check_kernels(&m, &x);
                 eprintln!(
                     "{kind:?} g{g} [{rows}x{cols}]: fast-vs-scalar {ef:.1e} scalar-vs-f64 {er:.1e}"
@@ -315,10 +325,7 @@ fn aarch64_dispatch_selects_neon() {
     for kind in ALL_KINDS {
         let src = rng.normals(rows * cols);
         let (bytes, vl) = stored(kind, 64, rows, cols, &src);
-        let m = match &vl {
-            Some((v, l)) => view(*v, l, &bytes),
-            None => Matrix::dense(crate::format::DType::F32, rows, cols, &bytes),
-        };
+        let m = as_matrix(&bytes, &vl, rows, cols);
         let x = rng.normals(cols);
         let mut dispatched = vec![0.0f32; rows];
         m.matvec_rows(&x, 0..rows, &mut dispatched);
@@ -375,10 +382,7 @@ fn splitting_rows_gives_bitwise_identical_results() {
     for kind in ALL_KINDS {
         let src = rng.normals(rows * cols);
         let (bytes, vl) = stored(kind, 64, rows, cols, &src);
-        let m = match &vl {
-            Some((v, l)) => view(*v, l, &bytes),
-            None => Matrix::dense(crate::format::DType::F32, rows, cols, &bytes),
-        };
+        let m = as_matrix(&bytes, &vl, rows, cols);
         let x = rng.normals(cols);
         let mut whole = vec![0.0f32; rows];
         m.matvec_rows(&x, 0..rows, &mut whole);
