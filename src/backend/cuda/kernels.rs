@@ -27,6 +27,8 @@ pub struct Kernels {
     pub attention: CudaFunction,
     /// Indexed by kind code: f32, f16, bf16, int8, int4, int2.
     pub matvec: [CudaFunction; 6],
+    /// int8 with two rows per warp (for matrices with few rows).
+    pub matvec_int8_r2: CudaFunction,
     pub matvec_any: CudaFunction,
     pub dequant_rows: CudaFunction,
     pub dequant_rows_h: CudaFunction,
@@ -117,6 +119,7 @@ impl Kernels {
                 f("matvec_int4")?,
                 f("matvec_int2")?,
             ],
+            matvec_int8_r2: f("matvec_int8_r2")?,
             matvec_any: f("matvec_any")?,
             dequant_rows: f("dequant_rows")?,
             dequant_rows_h: f("dequant_rows_h")?,
