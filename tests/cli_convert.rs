@@ -84,12 +84,7 @@ fn decode(dt: DType, bytes: &[u8]) -> Vec<f32> {
 }
 
 fn matrix_f32(view: MatrixView<'_>) -> Vec<f32> {
-    let m = Matrix::from_view(view);
-    let mut out = vec![0.0; view.rows * view.cols];
-    for (r, row) in out.chunks_exact_mut(view.cols).enumerate() {
-        m.row_to_f32(r, row);
-    }
-    out
+    Matrix::from_view(view).to_f32()
 }
 
 /// Every dense tensor of `hob_path` equals the source tensor (as f32) rounded to its stored dtype.

@@ -63,12 +63,7 @@ fn write(model: &SyntheticModel, list: &str, dense: DType, seed: u64, out: &Path
 }
 
 fn matrix_f32(view: MatrixView<'_>) -> Vec<f32> {
-    let m = Matrix::from_view(view);
-    let mut out = vec![0.0; view.rows * view.cols];
-    for (r, row) in out.chunks_exact_mut(view.cols).enumerate() {
-        m.row_to_f32(r, row);
-    }
-    out
+    Matrix::from_view(view).to_f32()
 }
 
 fn dense_f32(file: &HobFile, name: &str) -> Vec<f32> {
@@ -78,12 +73,7 @@ fn dense_f32(file: &HobFile, name: &str) -> Vec<f32> {
         [r, c] => (r, c),
         _ => unreachable!(),
     };
-    let m = Matrix::dense(t.info.dtype, rows, cols, t.data);
-    let mut out = vec![0.0; rows * cols];
-    for (r, row) in out.chunks_exact_mut(cols).enumerate() {
-        m.row_to_f32(r, row);
-    }
-    out
+    Matrix::dense(t.info.dtype, rows, cols, t.data).to_f32()
 }
 
 /// (sd around zero, largest magnitude); asserts every value is finite.

@@ -189,6 +189,17 @@ impl<'a> Matrix<'a> {
         scalar::row_to_f32(self, r, out);
     }
 
+    /// The whole matrix dequantized, row-major [rows, cols] (tests and tools; not a hot path).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        if self.cols > 0 {
+            for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+                self.row_to_f32(r, row);
+            }
+        }
+        out
+    }
+
     /// out[i] = dot(row rows.start + i, x) for the rows in `rows`: the fast path (SIMD chosen at
     /// run time). Accumulation order is fixed per row, so results do not depend on how a caller
     /// splits rows among threads.
