@@ -8,6 +8,7 @@ pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod error;
+pub mod experts;
 pub mod format;
 pub mod generate;
 pub mod import;

@@ -1,0 +1,10 @@
+//! The offload engine's host-side logic (HOBBIT §3), independent of any device: the precision
+//! scorer, the precision-aware cache policy, routing traces and their replay, the load
+//! scheduler thread and the slow-tier readers. Backends (backend/cuda, backend/cpu) drive these.
+
+pub mod scorer;
+
+pub use scorer::{Precision, PrecisionPlan, Thresholds};
+
+/// An expert of the model: (layer, expert index).
+pub type ExpertKey = (usize, usize);
