@@ -105,6 +105,17 @@ pub struct Platform {
     /// profile runs at its own speed.
     #[serde(default)]
     pub pace_link: bool,
+    /// Expert variant for high precision (HOBBIT's scorer), e.g. "f16"; unset: the file's first.
+    #[serde(default)]
+    pub high_variant: Option<String>,
+    /// Expert variant for low precision, e.g. "int4"; unset: no dynamic precision.
+    #[serde(default)]
+    pub low_variant: Option<String>,
+    /// Scorer thresholds (`hob calibrate` writes them for a model); unset: HOBBIT's 0.6 / 0.9.
+    #[serde(default)]
+    pub t1: Option<f32>,
+    #[serde(default)]
+    pub t2: Option<f32>,
 }
 
 /// Expert loads are paced to `gbs` GB/s, emulating `tier`.
@@ -219,6 +230,16 @@ impl Platform {
                         format!("{c} exceeds the device-memory budget gpu_mem_gib = {g}"),
                     ));
                 }
+            }
+        }
+        for (key, v) in [("t1", self.t1), ("t2", self.t2)] {
+            if v.is_some_and(|t| !(t.is_finite() && (0.0..=1.0).contains(&t))) {
+                return Err((key, format!("expected a number in [0, 1], found {v:?}")));
+            }
+        }
+        if let (Some(a), Some(b)) = (self.t1, self.t2) {
+            if a > b {
+                return Err(("t1", format!("t1 = {a} exceeds t2 = {b}")));
             }
         }
         Ok(())

@@ -76,7 +76,8 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
     let platform = args.model.platform()?;
     let mut session = args.model.session(&file, &model, ctx)?;
     eprintln!("bench: {}", session.describe());
-    let variant = args.model.variant_index(&file)?;
+    let plan = args.model.plan(&file, platform.as_ref())?;
+    let variant = plan.high;
     let trace = token_trace(ctx, cfg.vocab, args.seed);
 
     // Warm-up (not measured), as llama-bench does: one prefill of the test's size (buffers grow
@@ -144,7 +145,7 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
             let secs = started.elapsed().as_secs_f64();
             samples.push(n as f64 / secs);
             tokens += n;
-            accumulate(&mut total, &session.expert_stats());
+            total.accumulate(&session.expert_stats());
             eprintln!(
                 "bench: {test} run {}/{}: {:.2} tok/s",
                 rep + 1,
@@ -210,19 +211,6 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         _ => print!("{}", render_markdown(&rows)),
     }
     Ok(())
-}
-
-fn accumulate(total: &mut ExpertStats, s: &ExpertStats) {
-    if total.per_variant.is_empty() {
-        total.per_variant = s.per_variant.clone();
-    } else {
-        for (t, v) in total.per_variant.iter_mut().zip(&s.per_variant) {
-            t.hits += v.hits;
-            t.misses += v.misses;
-        }
-    }
-    total.bytes_loaded += s.bytes_loaded;
-    total.load_seconds += s.load_seconds;
 }
 
 #[cfg(test)]

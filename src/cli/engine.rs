@@ -7,6 +7,7 @@ use clap::Args;
 
 use crate::backend::cpu::{CpuBackend, CpuExperts};
 use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu};
+use crate::experts::{PrecisionPlan, Thresholds};
 use crate::format::{keys, HobFile};
 use crate::generate::Tokenizer;
 use crate::model::{Backend, Bound, Experts, Model, ModelConfig, Session};
@@ -30,10 +31,25 @@ pub struct ModelArgs {
     /// CPU threads (0: one per core).
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     pub threads: usize,
-    /// Expert variant to compute with: f16, bf16, int8, int4 or int2 (default: the file's first,
-    /// normally its highest precision).
-    #[arg(long = "expert-variant")]
+    /// Expert variant to compute with (the high precision of HOBBIT's scorer): f16, bf16,
+    /// int8, int4 or int2 (default: the profile's high_variant, else the file's first).
+    #[arg(long = "expert-variant", visible_alias = "high")]
     pub expert_variant: Option<String>,
+    /// Low-precision expert variant: turns on HOBBIT's dynamic precision (experts that matter
+    /// little to a token run in this variant, or are skipped). Default: the profile's.
+    #[arg(long = "low")]
+    pub low: Option<String>,
+    /// Scorer threshold T1: a selected expert whose higher-ranked gate weights sum to <= T1 runs
+    /// in high precision (default: the profile's, else 0.6 with --low, else 1 = all high).
+    #[arg(long = "t1")]
+    pub t1: Option<f32>,
+    /// Scorer threshold T2: above T1 and <= T2 low precision, above T2 skipped (default: the
+    /// profile's, else 0.9 with --low, else 1 = none skipped).
+    #[arg(long = "t2")]
+    pub t2: Option<f32>,
+    /// After skipping an expert, rescale the token's other expert weights to the full sum.
+    #[arg(long = "renorm-skips")]
+    pub renorm_skips: bool,
     /// Where to compute.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
@@ -85,6 +101,60 @@ impl ModelArgs {
         }
     }
 
+    /// The precision plan: which variants serve as high and low, and the scorer's thresholds.
+    pub fn plan(
+        &self,
+        file: &HobFile,
+        platform: Option<&Platform>,
+    ) -> crate::Result<PrecisionPlan> {
+        let high_name = self
+            .expert_variant
+            .clone()
+            .or_else(|| platform.and_then(|p| p.high_variant.clone()));
+        let high = match &high_name {
+            Some(n) => self.find_variant(file, n, "--expert-variant")?,
+            None => 0,
+        };
+        let low_name = self
+            .low
+            .clone()
+            .or_else(|| platform.and_then(|p| p.low_variant.clone()));
+        let low = match &low_name {
+            Some(n) => Some(self.find_variant(file, n, "--low")?),
+            None => None,
+        };
+        let (def1, def2) = if low.is_some() {
+            (Thresholds::HOBBIT_MIXTRAL.t1, Thresholds::HOBBIT_MIXTRAL.t2)
+        } else {
+            (1.0, 1.0)
+        };
+        let t1 = self.t1.or(platform.and_then(|p| p.t1)).unwrap_or(def1);
+        let t2 = self
+            .t2
+            .or(platform.and_then(|p| p.t2))
+            .unwrap_or(def2.max(t1));
+        Ok(PrecisionPlan {
+            high,
+            low: low.filter(|&l| l != high),
+            thresholds: Thresholds::new(t1, t2)?,
+            renormalize_skips: self.renorm_skips,
+        })
+    }
+
+    fn find_variant(&self, file: &HobFile, want: &str, flag: &str) -> crate::Result<usize> {
+        let names: Vec<String> = file.variants().iter().map(|v| v.name()).collect();
+        file.variants()
+            .iter()
+            .position(|v| v.kind.name() == want || v.name() == want)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{flag} {want}: {} stores only {}",
+                    self.model.display(),
+                    names.join(", ")
+                ))
+            })
+    }
+
     /// The --platform profile, if one was named.
     pub fn platform(&self) -> crate::Result<Option<Platform>> {
         self.platform.as_deref().map(Platform::resolve).transpose()
@@ -97,7 +167,6 @@ impl ModelArgs {
         model: &'a Model<'a>,
         ctx: usize,
     ) -> crate::Result<Box<dyn Session + 'a>> {
-        let variant = self.variant_index(file)?;
         for (flag, v) in [
             ("--gpu-mem", self.gpu_mem),
             ("--expert-cache", self.expert_cache),
@@ -109,6 +178,8 @@ impl ModelArgs {
             }
         }
         let platform = self.platform()?;
+        let plan = self.plan(file, platform.as_ref())?;
+        let variant = plan.high;
         let gpu_mem = self
             .gpu_mem
             .or(platform.as_ref().and_then(|p| p.gpu_mem_gib));
@@ -162,28 +233,10 @@ impl ModelArgs {
             _ => {
                 let backend = self.backend()?;
                 let label = format!("cpu: {} threads", backend.threads());
-                let experts = CpuExperts::new(file, variant)?;
+                let experts = CpuExperts::with_plan(file, plan)?;
                 bind(model, backend, Box::new(experts), ctx, label)
             }
         }
-    }
-
-    /// Index into `file.variants()` of the requested variant.
-    pub fn variant_index(&self, file: &HobFile) -> crate::Result<usize> {
-        let Some(want) = &self.expert_variant else {
-            return Ok(0);
-        };
-        let names: Vec<String> = file.variants().iter().map(|v| v.name()).collect();
-        file.variants()
-            .iter()
-            .position(|v| v.kind.name() == want || v.name() == *want)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "--expert-variant {want}: {} stores only {}",
-                    self.model.display(),
-                    names.join(", ")
-                ))
-            })
     }
 }
 

@@ -203,7 +203,6 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     let file = args.model.open()?;
     let model = Model::load(&file)?;
     let tok = tokenizer(&file, &model.cfg)?;
-    let variant = args.model.variant_index(&file)?;
     let ctx = match args.ctx {
         0 => model.cfg.context_length.min(4096),
         c => c,
@@ -254,12 +253,11 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     }
     let st = args.model.session(&file, &model, ctx)?;
     eprintln!(
-        "hob: {} ({} layers, {} experts, top-{}), experts {}, ctx {ctx}, seed {seed}; {}",
+        "hob: {} ({} layers, {} experts, top-{}), ctx {ctx}, seed {seed}; {}",
         file.path().display(),
         model.cfg.n_layers,
         model.cfg.n_experts,
         model.cfg.top_k,
-        file.variants()[variant],
         st.describe()
     );
     let mut session = Chat {

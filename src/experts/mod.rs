@@ -4,7 +4,7 @@
 
 pub mod scorer;
 
-pub use scorer::{Precision, PrecisionPlan, Thresholds};
+pub use scorer::{Group, LayerPlan, Precision, PrecisionPlan, Thresholds};
 
 /// An expert of the model: (layer, expert index).
 pub type ExpertKey = (usize, usize);

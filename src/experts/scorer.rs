@@ -167,6 +167,66 @@ impl PrecisionPlan {
     }
 }
 
+/// The rows of a layer's batch that one expert computes in one precision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    pub expert: usize,
+    pub precision: Precision,
+    /// (token index in the batch, weight it contributes with)
+    pub rows: Vec<(usize, f32)>,
+}
+
+/// A layer's routes, decided and grouped: what an expert executor computes.
+#[derive(Clone, Debug, Default)]
+pub struct LayerPlan {
+    /// Ordered by expert index, then high before low: every token sums its experts in ascending
+    /// index order whatever the batch, so prefill and decode agree.
+    pub groups: Vec<Group>,
+    /// Per route ([t, top_k], token-major), the decision taken.
+    pub decisions: Vec<Precision>,
+    /// Routes skipped.
+    pub skipped: usize,
+    weights: Vec<f32>,
+}
+
+impl PrecisionPlan {
+    /// Decide and group a layer's routes ([t, top_k], token-major).
+    pub fn plan_layer(&self, routes: &[Route], t: usize, out: &mut LayerPlan) {
+        let k = routes.len() / t.max(1);
+        out.decisions.clear();
+        out.decisions.resize(routes.len(), Precision::High);
+        out.weights.clear();
+        out.weights.resize(routes.len(), 0.0);
+        out.skipped = 0;
+        for ((r, d), w) in routes
+            .chunks_exact(k.max(1))
+            .zip(out.decisions.chunks_exact_mut(k.max(1)))
+            .zip(out.weights.chunks_exact_mut(k.max(1)))
+        {
+            self.apply(r, d, w);
+        }
+        out.groups.clear();
+        let mut order: Vec<usize> = (0..routes.len())
+            .filter(|&i| out.decisions[i] != Precision::Skip)
+            .collect();
+        out.skipped = routes.len() - order.len();
+        // Stable: token order within a group.
+        order.sort_by_key(|&i| (routes[i].expert, out.decisions[i] != Precision::High));
+        for i in order {
+            let (expert, precision) = (routes[i].expert, out.decisions[i]);
+            let row = (i / k.max(1), out.weights[i]);
+            match out.groups.last_mut() {
+                Some(g) if g.expert == expert && g.precision == precision => g.rows.push(row),
+                _ => out.groups.push(Group {
+                    expert,
+                    precision,
+                    rows: vec![row],
+                }),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,5 +323,57 @@ mod tests {
         assert_eq!(plan.variant(Low), Some(1));
         assert_eq!(PrecisionPlan::single(2).variant(Low), Some(2));
         assert_eq!(plan.variant(Skip), None);
+    }
+
+    #[test]
+    fn layer_plan_groups_by_expert_then_precision() {
+        let plan = PrecisionPlan {
+            high: 0,
+            low: Some(1),
+            thresholds: Thresholds::HOBBIT_MIXTRAL,
+            renormalize_skips: false,
+        };
+        // 3 tokens, top-2: (2 high, 0 low), (2 high, 3 high), (0 high, 2 skip).
+        let routes = [
+            r(2, 0.75),
+            r(0, 0.25),
+            r(2, 0.5),
+            r(3, 0.5),
+            r(0, 0.96875),
+            r(2, 0.03125),
+        ];
+        let mut lp = LayerPlan::default();
+        plan.plan_layer(&routes, 3, &mut lp);
+        assert_eq!(lp.decisions, [High, Low, High, High, High, Skip]);
+        assert_eq!(lp.skipped, 1);
+        let got: Vec<_> = lp
+            .groups
+            .iter()
+            .map(|g| (g.expert, g.precision, g.rows.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, High, vec![(2, 0.96875)]),
+                (0, Low, vec![(0, 0.25)]),
+                (2, High, vec![(0, 0.75), (1, 0.5)]),
+                (3, High, vec![(1, 0.5)]),
+            ]
+        );
+        // The exact plan groups exactly like plain routing.
+        let mut groups = vec![Vec::new(); 4];
+        crate::model::ops::group_by_expert(&routes, 3, &mut groups);
+        PrecisionPlan::single(0).plan_layer(&routes, 3, &mut lp);
+        let flat: Vec<_> = lp
+            .groups
+            .iter()
+            .map(|g| (g.expert, g.rows.clone()))
+            .collect();
+        let want: Vec<_> = groups
+            .into_iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .collect();
+        assert_eq!(flat, want);
     }
 }

@@ -10,10 +10,25 @@ use super::ModelConfig;
 pub struct ExpertStats {
     /// (variant name, expert uses served from the cache or memory, uses that needed a load).
     pub per_variant: Vec<VariantStats>,
-    /// Bytes copied into the expert cache.
+    /// Routes the precision scorer skipped.
+    pub skipped: u64,
+    /// Routes scored high that ran in the low variant because only it was cached.
+    pub substituted: u64,
+    /// Missing experts computed by CPU helper threads instead of being loaded.
+    pub cpu_computed: u64,
+    /// Bytes copied into the expert cache (demand and prefetch).
     pub bytes_loaded: u64,
+    /// Bytes read from the slow tier (the SSD) rather than host memory.
+    pub bytes_from_disk: u64,
     /// Wall time spent waiting for loads, in seconds.
     pub load_seconds: f64,
+    /// Wall time the compute thread spent waiting for CPU-computed experts, in seconds.
+    pub cpu_wait_seconds: f64,
+    /// Prefetch loads issued, and how many of them were used before eviction.
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    /// Per prediction distance d = 1, 2, ...: (experts predicted, of those actually routed).
+    pub prediction: Vec<(u64, u64)>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -29,6 +44,40 @@ impl ExpertStats {
     }
     pub fn misses(&self) -> u64 {
         self.per_variant.iter().map(|v| v.misses).sum()
+    }
+
+    /// Add `s` into self (per-variant rows matched by position).
+    pub fn accumulate(&mut self, s: &ExpertStats) {
+        if self.per_variant.is_empty() {
+            self.per_variant = s
+                .per_variant
+                .iter()
+                .map(|v| VariantStats {
+                    name: v.name.clone(),
+                    ..Default::default()
+                })
+                .collect();
+        }
+        for (t, v) in self.per_variant.iter_mut().zip(&s.per_variant) {
+            t.hits += v.hits;
+            t.misses += v.misses;
+        }
+        if self.prediction.len() < s.prediction.len() {
+            self.prediction.resize(s.prediction.len(), (0, 0));
+        }
+        for (t, v) in self.prediction.iter_mut().zip(&s.prediction) {
+            t.0 += v.0;
+            t.1 += v.1;
+        }
+        self.skipped += s.skipped;
+        self.substituted += s.substituted;
+        self.cpu_computed += s.cpu_computed;
+        self.bytes_loaded += s.bytes_loaded;
+        self.bytes_from_disk += s.bytes_from_disk;
+        self.load_seconds += s.load_seconds;
+        self.cpu_wait_seconds += s.cpu_wait_seconds;
+        self.prefetch_issued += s.prefetch_issued;
+        self.prefetch_used += s.prefetch_used;
     }
 }
 

@@ -1,19 +1,20 @@
-//! Experts computed on the CPU straight from the mmap, in one chosen variant.
+//! Experts computed on the CPU straight from the mmap, each route in the variant the precision
+//! plan picks (HOBBIT's scorer: high, low or skipped).
 
+use crate::experts::{LayerPlan, PrecisionPlan};
 use crate::format::HobFile;
-use crate::model::ops::{group_by_expert, ExpertExecutor, Route};
-use crate::model::ExpertReport;
+use crate::model::ops::{ExpertExecutor, Route};
+use crate::model::{ExpertReport, ExpertStats, VariantStats};
 use crate::quant::Matrix;
 
 use super::CpuBackend;
 
 pub struct CpuExperts<'a> {
     file: &'a HobFile,
-    variant: usize,
+    plan: PrecisionPlan,
     hidden: usize,
     ffn: usize,
-    /// Per expert: the batch rows (token index, gate weight) routed to it.
-    groups: Vec<Vec<(usize, f32)>>,
+    layer_plan: LayerPlan,
     /// (n, hidden) gathered inputs of one expert
     xs: Vec<f32>,
     /// (n, ffn)
@@ -22,29 +23,86 @@ pub struct CpuExperts<'a> {
     up: Vec<f32>,
     /// (n, hidden)
     down: Vec<f32>,
+    /// Uses per variant, and skips.
+    uses: Vec<u64>,
+    skipped: u64,
 }
 
 impl<'a> CpuExperts<'a> {
-    /// `variant`: index into `file.variants()`.
+    /// One variant (an index into `file.variants()`) for every expert.
     pub fn new(file: &'a HobFile, variant: usize) -> crate::Result<Self> {
-        if variant >= file.variants().len() {
-            return Err(crate::Error::Invalid(format!(
-                "expert variant index {variant} out of range: the file stores {}",
-                file.variants().len()
-            )));
+        Self::with_plan(file, PrecisionPlan::single(variant))
+    }
+
+    /// Experts in the plan's high and low variants.
+    pub fn with_plan(file: &'a HobFile, plan: PrecisionPlan) -> crate::Result<Self> {
+        for v in std::iter::once(plan.high).chain(plan.low) {
+            if v >= file.variants().len() {
+                return Err(crate::Error::Invalid(format!(
+                    "expert variant index {v} out of range: the file stores {}",
+                    file.variants().len()
+                )));
+            }
         }
         let (hidden, ffn) = file.expert_dims();
         Ok(CpuExperts {
             file,
-            variant,
+            plan,
             hidden,
             ffn,
-            groups: vec![Vec::new(); file.n_experts()],
+            layer_plan: LayerPlan::default(),
             xs: Vec::new(),
             gate: Vec::new(),
             up: Vec::new(),
             down: Vec::new(),
+            uses: vec![0; file.variants().len()],
+            skipped: 0,
         })
+    }
+
+    /// Compute one expert on the rows of `xs` listed in `rows`, adding weight * expert(x) into
+    /// those rows of `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn compute(
+        &mut self,
+        b: &CpuBackend,
+        layer: usize,
+        expert: usize,
+        variant: usize,
+        rows: &[(usize, f32)],
+        xs: &[f32],
+        out: &mut [f32],
+    ) {
+        let (h, f) = (self.hidden, self.ffn);
+        let n = rows.len();
+        let view = self.file.expert(layer, expert, variant);
+        self.xs.resize(n * h, 0.0);
+        self.gate.resize(n * f, 0.0);
+        self.up.resize(n * f, 0.0);
+        self.down.resize(n * h, 0.0);
+        for (j, &(i, _)) in rows.iter().enumerate() {
+            self.xs[j * h..(j + 1) * h].copy_from_slice(&xs[i * h..(i + 1) * h]);
+        }
+        // Mixtral's expert: w2(silu(w1(x)) * w3(x)).
+        b.matmul_f32(&Matrix::from_view(view.gate()), &self.xs, n, &mut self.gate);
+        b.matmul_f32(&Matrix::from_view(view.up()), &self.xs, n, &mut self.up);
+        for (g, u) in self.gate.iter_mut().zip(&self.up) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+        b.matmul_f32(
+            &Matrix::from_view(view.down()),
+            &self.gate,
+            n,
+            &mut self.down,
+        );
+        for (j, &(i, w)) in rows.iter().enumerate() {
+            for (o, &d) in out[i * h..(i + 1) * h]
+                .iter_mut()
+                .zip(&self.down[j * h..(j + 1) * h])
+            {
+                *o += w * d;
+            }
+        }
     }
 }
 
@@ -58,55 +116,60 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
         routes: &[Route],
         out: &mut Vec<f32>,
     ) -> crate::Result<()> {
-        let (h, f) = (self.hidden, self.ffn);
+        let h = self.hidden;
         let out = &mut out[..t * h];
-        group_by_expert(routes, t, &mut self.groups);
+        let mut lp = std::mem::take(&mut self.layer_plan);
+        self.plan.plan_layer(routes, t, &mut lp);
+        self.skipped += lp.skipped as u64;
         out.fill(0.0);
-        // Experts in index order, so each token sums its experts in the same order whatever
-        // the batch: prefill and decode agree on the summation.
-        for (e, group) in self.groups.iter().enumerate() {
-            let n = group.len();
-            if n == 0 {
-                continue;
-            }
-            let view = self.file.expert(layer, e, self.variant);
-            self.xs.resize(n * h, 0.0);
-            self.gate.resize(n * f, 0.0);
-            self.up.resize(n * f, 0.0);
-            self.down.resize(n * h, 0.0);
-            for (j, &(i, _)) in group.iter().enumerate() {
-                self.xs[j * h..(j + 1) * h].copy_from_slice(&xs[i * h..(i + 1) * h]);
-            }
-            // Mixtral's expert: w2(silu(w1(x)) * w3(x)).
-            b.matmul_f32(&Matrix::from_view(view.gate()), &self.xs, n, &mut self.gate);
-            b.matmul_f32(&Matrix::from_view(view.up()), &self.xs, n, &mut self.up);
-            for (g, u) in self.gate.iter_mut().zip(&self.up) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-            b.matmul_f32(
-                &Matrix::from_view(view.down()),
-                &self.gate,
-                n,
-                &mut self.down,
-            );
-            for (j, &(i, w)) in group.iter().enumerate() {
-                for (o, &d) in out[i * h..(i + 1) * h]
-                    .iter_mut()
-                    .zip(&self.down[j * h..(j + 1) * h])
-                {
-                    *o += w * d;
-                }
-            }
+        // Groups in expert order, so each token sums its experts in the same order whatever the
+        // batch: prefill and decode agree on the summation.
+        for g in &lp.groups {
+            let variant = self.plan.variant(g.precision).unwrap_or(self.plan.high);
+            self.uses[variant] += g.rows.len() as u64;
+            self.compute(b, layer, g.expert, variant, &g.rows, xs, out);
         }
+        self.layer_plan = lp;
         Ok(())
     }
 }
 
 impl ExpertReport for CpuExperts<'_> {
     fn describe(&self) -> String {
-        format!(
-            "{} computed on the CPU from the mapped file",
-            self.file.variants()[self.variant]
-        )
+        let v = self.file.variants();
+        let mut s = format!("{}", v[self.plan.high]);
+        if !self.plan.is_exact() {
+            let th = self.plan.thresholds;
+            s += &format!(
+                " high, {} low (T1 {}, T2 {})",
+                v[self.plan.low.unwrap_or(self.plan.high)],
+                th.t1,
+                th.t2
+            );
+        }
+        s + " computed on the CPU from the mapped file"
+    }
+
+    fn stats(&self) -> ExpertStats {
+        ExpertStats {
+            per_variant: self
+                .file
+                .variants()
+                .iter()
+                .zip(&self.uses)
+                .map(|(v, &hits)| VariantStats {
+                    name: v.to_string(),
+                    hits,
+                    misses: 0,
+                })
+                .collect(),
+            skipped: self.skipped,
+            ..Default::default()
+        }
+    }
+
+    fn reset_stats(&mut self) {
+        self.uses.fill(0);
+        self.skipped = 0;
     }
 }

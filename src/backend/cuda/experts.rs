@@ -392,6 +392,7 @@ impl ExpertReport for CudaExperts<'_> {
             per_variant,
             bytes_loaded: self.bytes_loaded,
             load_seconds: self.load_time.as_secs_f64(),
+            ..Default::default()
         }
     }
 
