@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use common::{convert_fixture, nmse, reference};
 use hob::backend::cpu::{CpuBackend, CpuExperts};
-use hob::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu};
+use hob::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Tier};
+use hob::experts::cache::Policy;
+use hob::experts::{PrecisionPlan, Thresholds};
 use hob::format::{DType, HobFile, MatrixView, Variant};
 use hob::model::ops::AttentionShape;
 use hob::model::{Backend, Bound, Logits, Model, Session};
@@ -230,19 +232,20 @@ fn gpu_session<'a>(
     model: &'a Model<'a>,
     slots: Option<usize>,
 ) -> Box<dyn Session + 'a> {
-    let backend = CudaBackend::new(g.clone(), model).unwrap();
     let slot = file.expert_layout(0).padded_size;
-    let experts = CudaExperts::new(
-        file,
-        &backend,
-        0,
-        &CacheConfig {
-            budget: slots.map(|n| n * slot),
-            pace_bytes_per_s: None,
-            preload: slots.is_none(),
-        },
-    )
-    .unwrap();
+    let mut cfg = CacheConfig::simple(0, slots.map(|n| n * slot));
+    cfg.preload = slots.is_none();
+    engine_session(g, model, cfg)
+}
+
+/// A GPU session with the expert engine configured by `cfg`.
+fn engine_session<'a>(
+    g: &Arc<Gpu>,
+    model: &'a Model<'a>,
+    cfg: CacheConfig,
+) -> Box<dyn Session + 'a> {
+    let backend = CudaBackend::new(g.clone(), model).unwrap();
+    let experts = CudaExperts::new(model, &backend, cfg).unwrap();
     Box::new(Bound::new(model, backend, Box::new(experts), 128, "cuda".into()).unwrap())
 }
 
@@ -332,15 +335,7 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
             )
             .unwrap(),
         );
-        let backend = CudaBackend::new(g.clone(), &model).unwrap();
-        let cfg = CacheConfig {
-            budget: None,
-            pace_bytes_per_s: None,
-            preload: true,
-        };
-        let experts = CudaExperts::new(&file, &backend, v, &cfg).unwrap();
-        let mut gs: Box<dyn Session> =
-            Box::new(Bound::new(&model, backend, Box::new(experts), 128, "cuda".into()).unwrap());
+        let mut gs = engine_session(&g, &model, CacheConfig::simple(v, None));
         let want = cpu.forward(&r.input_ids, Logits::All).unwrap().to_vec();
         let got = gs.forward(&r.input_ids, Logits::All).unwrap().to_vec();
         let e = nmse(&got, &want);
@@ -368,5 +363,128 @@ fn demo_model_on_the_gpu_matches_the_cpu() {
     let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
     println!("demo model: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}");
     assert!(e_pre <= 1e-5 && e_dec <= 1e-5);
+    assert_eq!(g_ids, c_ids);
+}
+
+/// HOBBIT's engine with T1 = T2 = 1 (all high, nothing skipped): any cache size, policy,
+/// prefetch depth, slot memory (device or mapped host) and slow tier gives the all-resident
+/// logits bit for bit; cooperative CPU experts give them up to float rounding.
+#[test]
+fn the_engine_in_exact_mode_matches_the_all_resident_run() {
+    let Some(g) = gpu() else { return };
+    let r = reference();
+    let (_dir, path) = convert_fixture("f16,int4");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let (want_all, want_ids, want_steps) =
+        greedy(&mut *gpu_session(&g, &file, &model, None), &r.input_ids, 16);
+    let slot = file.expert_layout(0).padded_size;
+    let total = file.n_layers() * file.n_experts();
+    let exact = |slots: usize| {
+        let mut c = CacheConfig::simple(0, Some(slots * slot));
+        c.preload = false;
+        c.plan = PrecisionPlan {
+            high: 0,
+            low: Some(1),
+            thresholds: Thresholds::ALL_HIGH,
+            renormalize_skips: false,
+        };
+        c.substitute_low = true;
+        c
+    };
+    let policies = [Policy::Lru, Policy::Lfu, Policy::parse("hobbit", None).unwrap()];
+    let mut cases: Vec<(String, CacheConfig)> = Vec::new();
+    for slots in [total, total / 4, 3] {
+        for (pi, policy) in policies.iter().enumerate() {
+            for prefetch in [0, 2] {
+                let mut c = exact(slots);
+                c.policy = *policy;
+                c.prefetch = prefetch;
+                cases.push((format!("{slots} slots, policy {pi}, prefetch {prefetch}"), c));
+            }
+        }
+    }
+    let mut c = exact(total / 4);
+    c.mapped = true;
+    c.prefetch = 2;
+    cases.push(("mapped host slots (unified-memory mode)".into(), c));
+    let mut c = exact(total / 4);
+    c.tier = Tier::Disk;
+    c.prefetch = 1;
+    cases.push(("SSD tier".into(), c));
+    for (name, cfg) in cases {
+        let mut s = engine_session(&g, &model, cfg);
+        let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
+        let st = s.expert_stats();
+        println!(
+            "{name}: {} uses, {} misses, {} prefetched ({} used), {} bytes loaded",
+            st.uses(),
+            st.misses(),
+            st.prefetch_issued,
+            st.prefetch_used,
+            st.bytes_loaded
+        );
+        assert_eq!(st.skipped + st.substituted, 0, "{name}");
+        assert_eq!(ids, want_ids, "{name}: greedy tokens differ");
+        assert!(all == want_all && steps == want_steps, "{name}: logits differ");
+    }
+    // Cooperative mode: missed decode experts computed on the CPU.
+    let mut c = exact(total / 4);
+    c.cpu_experts = Some(2);
+    let mut s = engine_session(&g, &model, c);
+    let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
+    let st = s.expert_stats();
+    let e = nmse(&steps, &want_steps);
+    println!(
+        "cooperative: {} experts on the CPU, decode NMSE {e:.2e}",
+        st.cpu_computed
+    );
+    assert!(st.cpu_computed > 0, "a quarter cache must send misses to the CPU");
+    assert_eq!(all, want_all, "prefill never uses the CPU");
+    assert_eq!(ids, want_ids);
+    assert!(e <= 1e-10, "cooperative decode NMSE {e:e}");
+}
+
+/// Dynamic precision on the GPU computes what the CPU computes with the same plan.
+#[test]
+fn dynamic_precision_on_the_gpu_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let r = reference();
+    let (_dir, path) = convert_fixture("f16,int4");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let plan = PrecisionPlan {
+        high: 0,
+        low: Some(1),
+        thresholds: Thresholds::new(0.55, 0.7).unwrap(),
+        renormalize_skips: false,
+    };
+    let mut cpu: Box<dyn Session> = Box::new(
+        Bound::new(
+            &model,
+            CpuBackend::new(2).unwrap(),
+            Box::new(CpuExperts::with_plan(&file, plan.clone()).unwrap()),
+            128,
+            "cpu".into(),
+        )
+        .unwrap(),
+    );
+    let mut c = CacheConfig::simple(0, None);
+    c.plan = plan;
+    c.low_share = 0.5;
+    c.substitute_low = false;
+    let mut gs = engine_session(&g, &model, c);
+    let (c_all, c_ids, c_steps) = greedy(&mut *cpu, &r.input_ids, 16);
+    let (g_all, g_ids, g_steps) = greedy(&mut *gs, &r.input_ids, 16);
+    let (cs, gst) = (cpu.expert_stats(), gs.expert_stats());
+    println!(
+        "dynamic precision: CPU skipped {} GPU skipped {}; NMSE prefill {:.2e} decode {:.2e}",
+        cs.skipped,
+        gst.skipped,
+        nmse(&g_all, &c_all),
+        nmse(&g_steps, &c_steps)
+    );
+    assert!(gst.skipped > 0 && gst.per_variant[1].hits + gst.per_variant[1].misses > 0);
+    assert!(nmse(&g_all, &c_all) <= 1e-5 && nmse(&g_steps, &c_steps) <= 1e-5);
     assert_eq!(g_ids, c_ids);
 }

@@ -105,7 +105,16 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
         });
     let size_bytes = file.bytes().len() as u64;
-    let model_label = format!("{name} {}", file.variants()[variant]);
+    let model_label = match plan.low {
+        Some(l) => format!(
+            "{name} {}+{} T1 {} T2 {}",
+            file.variants()[variant],
+            file.variants()[l],
+            plan.thresholds.t1,
+            plan.thresholds.t2
+        ),
+        None => format!("{name} {}", file.variants()[variant]),
+    };
 
     // Bytes one decode token reads on the device: every dense matrix except the embedding table
     // (one row), plus each expert it computes.
@@ -115,7 +124,10 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         .filter(|t| t.name != keys::TOKEN_EMBD || cfg.tie_embeddings)
         .map(|t| t.size)
         .sum();
-    let expert_bytes = file.expert_layout(variant).size as f64;
+    // Bytes of one expert in each variant (what a use reads from device memory).
+    let variant_bytes: Vec<f64> = (0..file.variants().len())
+        .map(|v| file.expert_layout(v).size as f64)
+        .collect();
 
     let mut rows = Vec::new();
     let tests = [
@@ -154,7 +166,17 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
             );
         }
         let tok = tokens as f64;
-        let uses_per_token = total.uses() as f64 / tok;
+        let expert_read_per_token: f64 = total
+            .per_variant
+            .iter()
+            .zip(&variant_bytes)
+            .map(|(v, b)| (v.hits + v.misses) as f64 * b)
+            .sum::<f64>()
+            / tok;
+        if args.model.stats {
+            eprintln!("bench: {test}:");
+            super::engine::print_expert_stats(&total, tokens, samples.iter().map(|r| args_n(test) as f64 / r).sum());
+        }
         let moe = MoeStats {
             hit_rates: total
                 .per_variant
@@ -175,7 +197,7 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         };
         let limit = match (test, &platform) {
             (BenchTest::Generate(_), Some(p)) if backend == "CUDA" => Some(physical_limit(
-                dense as f64 + uses_per_token * expert_bytes,
+                dense as f64 + expert_read_per_token,
                 moe.bytes_moved_per_token,
                 p.memory_bandwidth_gbs,
                 p.load_gbs(),
@@ -189,7 +211,7 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
                 mean,
                 l.overlap_tok_s,
                 l.no_overlap_tok_s,
-                achieved_gbs(dense as f64 + uses_per_token * expert_bytes, mean)
+                achieved_gbs(dense as f64 + expert_read_per_token, mean)
             );
         }
         rows.push(BenchRow {
@@ -211,6 +233,13 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         _ => print!("{}", render_markdown(&rows)),
     }
     Ok(())
+}
+
+/// Tokens one run of `test` processes.
+fn args_n(test: BenchTest) -> usize {
+    match test {
+        BenchTest::Prompt(n) | BenchTest::Generate(n) => n,
+    }
 }
 
 #[cfg(test)]

@@ -6,12 +6,14 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::backend::cpu::{CpuBackend, CpuExperts};
-use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu};
+use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Tier};
+use crate::experts::cache::Policy;
+use crate::experts::trace::{TraceHeader, TraceWriter};
 use crate::experts::{PrecisionPlan, Thresholds};
 use crate::format::{keys, HobFile};
 use crate::generate::Tokenizer;
-use crate::model::{Backend, Bound, Experts, Model, ModelConfig, Session};
-use crate::platform::Platform;
+use crate::model::{Backend, Bound, ExpertStats, Experts, Model, ModelConfig, Session};
+use crate::platform::{Platform, PlatformKind};
 use crate::Error;
 
 /// Where a model command computes.
@@ -36,7 +38,8 @@ pub struct ModelArgs {
     #[arg(long = "expert-variant", visible_alias = "high")]
     pub expert_variant: Option<String>,
     /// Low-precision expert variant: turns on HOBBIT's dynamic precision (experts that matter
-    /// little to a token run in this variant, or are skipped). Default: the profile's.
+    /// little to a token run in this variant, or are skipped). Default: the profile's; "none"
+    /// turns it off.
     #[arg(long = "low")]
     pub low: Option<String>,
     /// Scorer threshold T1: a selected expert whose higher-ranked gate weights sum to <= T1 runs
@@ -50,6 +53,39 @@ pub struct ModelArgs {
     /// After skipping an expert, rescale the token's other expert weights to the full sum.
     #[arg(long = "renorm-skips")]
     pub renorm_skips: bool,
+    /// Expert cache policy: lru, lfu, or hobbit (HOBBIT Eq. 3: LRU, LFU, LHU and FLD terms).
+    #[arg(long = "cache-policy", default_value = "hobbit")]
+    pub cache_policy: String,
+    /// Weights of the hobbit policy's LRU, LFU, LHU and FLD terms, summing to 1 (e.g.
+    /// "0.4,0.2,0.3,0.1"; default: fitted with `hob sim --fit`, see the README).
+    #[arg(long = "cache-weights")]
+    pub cache_weights: Option<String>,
+    /// Share of the expert cache's bytes for low-precision experts (with --low).
+    #[arg(long = "low-share", default_value_t = 0.25)]
+    pub low_share: f64,
+    /// Never run a high-precision miss from its cached low-precision copy (default: do, except
+    /// for a token's top-1 expert).
+    #[arg(long = "no-substitute")]
+    pub no_substitute: bool,
+    /// Predict this many layers ahead with stacked gates and prefetch (0: off).
+    #[arg(long = "prefetch", default_value_t = 2)]
+    pub prefetch: usize,
+    /// Let CPU threads compute missed experts from host memory when that beats loading them
+    /// (cooperative mode; -t sets the threads).
+    #[arg(long = "cpu-experts")]
+    pub cpu_experts: bool,
+    /// Read missed experts from the SSD (io_uring + O_DIRECT) instead of the page cache
+    /// (default on unified-memory platforms).
+    #[arg(long = "ssd")]
+    pub ssd: bool,
+    /// Print a per-token breakdown after the run: hits, misses and skips per precision,
+    /// prefetch accuracy, bytes per tier, time waiting for loads and CPU experts.
+    #[arg(long = "stats")]
+    pub stats: bool,
+    /// Write every routing decision (layer, experts, gate weights, precision) to FILE, for
+    /// `hob sim`.
+    #[arg(long = "record-trace", value_name = "FILE")]
+    pub record_trace: Option<PathBuf>,
     /// Where to compute.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
@@ -118,7 +154,8 @@ impl ModelArgs {
         let low_name = self
             .low
             .clone()
-            .or_else(|| platform.and_then(|p| p.low_variant.clone()));
+            .or_else(|| platform.and_then(|p| p.low_variant.clone()))
+            .filter(|n| n != "none");
         let low = match &low_name {
             Some(n) => Some(self.find_variant(file, n, "--low")?),
             None => None,
@@ -155,6 +192,29 @@ impl ModelArgs {
             })
     }
 
+    /// The --record-trace writer, if asked for.
+    pub fn trace_writer(&self, file: &HobFile, model: &Model<'_>) -> crate::Result<Option<TraceWriter>> {
+        let Some(path) = &self.record_trace else {
+            return Ok(None);
+        };
+        let platform = self.platform()?;
+        let plan = self.plan(file, platform.as_ref())?;
+        let v = file.variants();
+        let header = TraceHeader {
+            model: file.path().display().to_string(),
+            layers: model.cfg.n_layers,
+            experts: model.cfg.n_experts,
+            top_k: model.cfg.top_k,
+            high: v[plan.high].to_string(),
+            low: plan.low.map(|l| v[l].to_string()),
+            high_bytes: file.expert_layout(plan.high).padded_size as u64,
+            low_bytes: plan.low.map_or(0, |l| file.expert_layout(l).padded_size as u64),
+            t1: plan.thresholds.t1,
+            t2: plan.thresholds.t2,
+        };
+        Ok(Some(TraceWriter::create(path, &header)?))
+    }
+
     /// The --platform profile, if one was named.
     pub fn platform(&self) -> crate::Result<Option<Platform>> {
         self.platform.as_deref().map(Platform::resolve).transpose()
@@ -180,6 +240,7 @@ impl ModelArgs {
         let platform = self.platform()?;
         let plan = self.plan(file, platform.as_ref())?;
         let variant = plan.high;
+        let _ = variant;
         let gpu_mem = self
             .gpu_mem
             .or(platform.as_ref().and_then(|p| p.gpu_mem_gib));
@@ -211,16 +272,28 @@ impl ModelArgs {
                     }
                     (None, None) => None,
                 };
-                let experts = CudaExperts::new(
-                    file,
-                    &backend,
-                    variant,
-                    &CacheConfig {
-                        budget,
-                        pace_bytes_per_s: pace,
-                        preload: true,
+                let unified = platform
+                    .as_ref()
+                    .is_some_and(|p| p.kind == PlatformKind::Unified);
+                let cfg = CacheConfig {
+                    budget,
+                    pace_bytes_per_s: pace,
+                    preload: true,
+                    plan,
+                    policy: Policy::parse(&self.cache_policy, self.cache_weights.as_deref())?,
+                    low_share: self.low_share,
+                    substitute_low: !self.no_substitute,
+                    prefetch: self.prefetch,
+                    cpu_experts: self.cpu_experts.then_some(self.threads),
+                    tier: if self.ssd || unified {
+                        Tier::Disk
+                    } else {
+                        Tier::Memory
                     },
-                )?;
+                    mapped: unified,
+                    trace: self.trace_writer(file, model)?,
+                };
+                let experts = CudaExperts::new(model, &backend, cfg)?;
                 let label = format!(
                     "cuda: {} (sm_{}{}), {:.2} GiB resident weights",
                     gpu.name,
@@ -233,7 +306,7 @@ impl ModelArgs {
             _ => {
                 let backend = self.backend()?;
                 let label = format!("cpu: {} threads", backend.threads());
-                let experts = CpuExperts::with_plan(file, plan)?;
+                let experts = CpuExperts::with_plan(file, plan)?.with_trace(self.trace_writer(file, model)?);
                 bind(model, backend, Box::new(experts), ctx, label)
             }
         }
@@ -269,4 +342,50 @@ pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> 
     let bos = cfg.bos.ok_or_else(|| missing(keys::BOS_TOKEN_ID))?;
     let eos = cfg.eos.ok_or_else(|| missing(keys::EOS_TOKEN_ID))?;
     Ok(Tokenizer::from_json(json, bos, eos, cfg.add_bos)?)
+}
+
+/// `--stats`: what the expert engine did over `tokens` decoded tokens taking `seconds`.
+pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
+    let n = tokens.max(1) as f64;
+    let ms = |x: f64| 1e3 * x / n;
+    eprintln!("expert engine, per decoded token ({tokens} tokens):");
+    eprintln!(
+        "  time {:.2} ms = waiting for loads {:.2} + waiting for CPU experts {:.2} + compute (attention, routing, cached experts) {:.2}",
+        ms(seconds),
+        ms(s.load_seconds),
+        ms(s.cpu_wait_seconds),
+        ms((seconds - s.load_seconds - s.cpu_wait_seconds).max(0.0))
+    );
+    for v in s.per_variant.iter().filter(|v| v.hits + v.misses > 0) {
+        eprintln!(
+            "  {:<10} uses {:.2}  hits {:.2}  misses {:.2}  (hit rate {:.1}%)",
+            v.name,
+            (v.hits + v.misses) as f64 / n,
+            v.hits as f64 / n,
+            v.misses as f64 / n,
+            100.0 * v.hits as f64 / (v.hits + v.misses).max(1) as f64
+        );
+    }
+    eprintln!(
+        "  skipped {:.2}  high->low substitutions {:.2}  computed on the CPU {:.2}",
+        s.skipped as f64 / n,
+        s.substituted as f64 / n,
+        s.cpu_computed as f64 / n
+    );
+    eprintln!(
+        "  bytes loaded {:.1} MB ({:.1} MB from the SSD); prefetches {:.2} ({:.0}% used)",
+        s.bytes_loaded as f64 / n / 1e6,
+        s.bytes_from_disk as f64 / n / 1e6,
+        s.prefetch_issued as f64 / n,
+        100.0 * s.prefetch_used as f64 / s.prefetch_issued.max(1) as f64
+    );
+    for (d, (p, c)) in s.prediction.iter().enumerate() {
+        if *p > 0 {
+            eprintln!(
+                "  prediction {} layer(s) ahead: {:.1}% of predicted experts routed",
+                d + 1,
+                100.0 * *c as f64 / *p as f64
+            );
+        }
+    }
 }

@@ -72,9 +72,19 @@ struct Stats {
     prompt_time: Duration,
     gen_tokens: usize,
     gen_time: Duration,
+    /// The expert engine's counters over the generation.
+    experts: Option<crate::model::ExpertStats>,
 }
 
 impl Stats {
+    /// The timing lines; with `experts`, the engine's breakdown too (--stats).
+    fn print_all(&self, experts: bool) {
+        self.print();
+        if let (true, Some(e)) = (experts, &self.experts) {
+            super::engine::print_expert_stats(e, self.gen_tokens, self.gen_time.as_secs_f64());
+        }
+    }
+
     fn print(&self) {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let per = |d: Duration, n: usize| if n > 0 { ms(d) / n as f64 } else { 0.0 };
@@ -158,6 +168,7 @@ impl Chat<'_> {
         }
         stats.prompt_time = started.elapsed();
 
+        self.st.reset_stats();
         let started = Instant::now();
         let mut stream = StreamDecoder::new(self.tok, true);
         let mut text = String::new();
@@ -190,6 +201,7 @@ impl Chat<'_> {
         }
         emit(stream.flush()?, out)?;
         stats.gen_time = started.elapsed();
+        stats.experts = Some(self.st.expert_stats());
         Ok((text, stats))
     }
 }
@@ -287,7 +299,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         let ids = encode(&messages, prompt)?;
         let (_, stats) = session.answer(&ids, n_predict, &mut stdout.lock())?;
         println!();
-        stats.print();
+        stats.print_all(args.model.stats);
         return Ok(());
     }
 
@@ -323,7 +335,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         let ids = encode(&messages, &transcript)?;
         let (answer, stats) = session.answer(&ids, n_predict, &mut stdout.lock())?;
         println!();
-        stats.print();
+        stats.print_all(args.model.stats);
         transcript.push_str(&answer);
         messages.push(Message::assistant(&answer));
     }

@@ -2,7 +2,11 @@
 //! scorer, the precision-aware cache policy, routing traces and their replay, the load
 //! scheduler thread and the slow-tier readers. Backends (backend/cuda, backend/cpu) drive these.
 
+pub mod cache;
+pub mod io;
 pub mod predictor;
+pub mod scheduler;
+pub mod trace;
 pub mod scorer;
 
 pub use scorer::{Group, LayerPlan, Precision, PrecisionPlan, Thresholds};

@@ -545,7 +545,7 @@ fn check_placement(p: &Parsed) -> Result<(), FormatError> {
 
 pub struct HobFile {
     path: PathBuf,
-    map: Mmap,
+    map: std::sync::Arc<Mmap>,
     parsed: Parsed,
     by_name: HashMap<String, usize>,
 }
@@ -572,7 +572,7 @@ impl HobFile {
             .collect();
         Ok(HobFile {
             path: path.to_path_buf(),
-            map,
+            map: std::sync::Arc::new(map),
             parsed,
             by_name,
         })
@@ -583,6 +583,27 @@ impl HobFile {
     /// The whole file, mapped.
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+    /// The whole mapped file, shareable with a loader thread (which may outlive a borrow).
+    pub fn shared_map(&self) -> std::sync::Arc<Mmap> {
+        self.map.clone()
+    }
+    /// Byte range in the file of an expert blob (`padded`: including its 4 KiB padding).
+    pub fn blob_range(
+        &self,
+        layer: usize,
+        expert: usize,
+        variant: usize,
+        padded: bool,
+    ) -> std::ops::Range<usize> {
+        let data = self.expert(layer, expert, variant).data;
+        let start = data.as_ptr() as usize - self.map.as_ptr() as usize;
+        let len = if padded {
+            self.expert_layout(variant).padded_size
+        } else {
+            data.len()
+        };
+        start..start + len
     }
     pub fn parsed(&self) -> &Parsed {
         &self.parsed

@@ -105,6 +105,11 @@ pub trait Backend {
 /// Computes a layer's experts for a batch of tokens: where the offload engine (cache, loader,
 /// precision scorer) plugs in. The executor chooses the variant each expert runs in.
 pub trait ExpertExecutor<B: Backend> {
+    /// A new sequence starts (position 0): per-sequence counters reset (HOBBIT's cache policy).
+    fn begin_sequence(&mut self) -> crate::Result<()> {
+        Ok(())
+    }
+
     /// xs: [t, hidden] (post-norm hidden states); routes: [t, top_k], token-major;
     /// out: [t, hidden], overwritten with sum_k weight_k * expert_k(x), experts summed in
     /// ascending index order for every token (so prefill and decode agree).

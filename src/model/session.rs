@@ -148,6 +148,9 @@ impl<'a, B: Backend> Bound<'a, B> {
 impl<B: Backend> Session for Bound<'_, B> {
     fn forward(&mut self, tokens: &[u32], want: Logits) -> crate::Result<&[f32]> {
         let experts: &mut dyn ExpertExecutor<B> = &mut *self.experts;
+        if self.st.pos() == 0 {
+            experts.begin_sequence()?;
+        }
         self.model
             .forward(&mut self.st, tokens, &self.backend, experts, want)
     }

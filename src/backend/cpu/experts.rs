@@ -1,6 +1,7 @@
 //! Experts computed on the CPU straight from the mmap, each route in the variant the precision
 //! plan picks (HOBBIT's scorer: high, low or skipped).
 
+use crate::experts::trace::TraceWriter;
 use crate::experts::{LayerPlan, PrecisionPlan};
 use crate::format::HobFile;
 use crate::model::ops::{ExpertExecutor, Route};
@@ -26,6 +27,7 @@ pub struct CpuExperts<'a> {
     /// Uses per variant, and skips.
     uses: Vec<u64>,
     skipped: u64,
+    trace: Option<TraceWriter>,
 }
 
 impl<'a> CpuExperts<'a> {
@@ -57,7 +59,14 @@ impl<'a> CpuExperts<'a> {
             down: Vec::new(),
             uses: vec![0; file.variants().len()],
             skipped: 0,
+            trace: None,
         })
+    }
+
+    /// Record every routing decision into `trace` (`--record-trace`).
+    pub fn with_trace(mut self, trace: Option<TraceWriter>) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// Compute one expert on the rows of `xs` listed in `rows`, adding weight * expert(x) into
@@ -107,6 +116,13 @@ impl<'a> CpuExperts<'a> {
 }
 
 impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
+    fn begin_sequence(&mut self) -> crate::Result<()> {
+        if let Some(tw) = self.trace.as_mut() {
+            tw.begin_sequence();
+        }
+        Ok(())
+    }
+
     fn forward(
         &mut self,
         b: &CpuBackend,
@@ -121,6 +137,15 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
         let mut lp = std::mem::take(&mut self.layer_plan);
         self.plan.plan_layer(routes, t, &mut lp);
         self.skipped += lp.skipped as u64;
+        if let Some(tw) = self.trace.as_mut() {
+            let k = routes.len() / t.max(1);
+            for (r, d) in routes
+                .chunks_exact(k.max(1))
+                .zip(lp.decisions.chunks_exact(k.max(1)))
+            {
+                tw.record(layer, r, d)?;
+            }
+        }
         out.fill(0.0);
         // Groups in expert order, so each token sums its experts in the same order whatever the
         // batch: prefill and decode agree on the summation.
@@ -171,5 +196,15 @@ impl ExpertReport for CpuExperts<'_> {
     fn reset_stats(&mut self) {
         self.uses.fill(0);
         self.skipped = 0;
+    }
+}
+
+impl Drop for CpuExperts<'_> {
+    fn drop(&mut self) {
+        if let Some(tw) = self.trace.take() {
+            if let Err(e) = tw.finish() {
+                log::warn!("{e}");
+            }
+        }
     }
 }

@@ -1,63 +1,310 @@
-//! The GPU expert cache: one device arena allocated once from a byte budget, carved into slots
-//! of one expert each (one variant per run for now: the HOBBIT mixed-precision pools come with
-//! the scheduler), LRU eviction, and demand loads from the mmap through pinned staging buffers
-//! on a copy stream ordered against the compute stream by events.
+//! The HOBBIT expert engine on a CUDA device.
 //!
-//! A load is split into staging-sized chunks: the CPU copies chunk i+1 (several threads) while
-//! the copy engine moves chunk i. Where a profile asks for it, loads are paced to the profile's
-//! link bandwidth so an H100 can stand in for a slower card.
+//! - Two pools of slots (high and low precision), carved once from the expert budget; which
+//!   expert lives in which slot is decided by the precision-aware policy (experts::cache).
+//! - Per token and layer the scorer (experts::scorer) picks high, low or skip for every routed
+//!   expert; a high miss whose low copy is cached runs in low precision (unless disabled).
+//! - Misses become load jobs for the loader thread (experts::scheduler): demand before
+//!   prefetch, in 16 MiB chunks so a demand miss overtakes a prefetch in flight. Each job waits
+//!   for the compute that still reads the slot's previous expert (an event), copies through
+//!   pinned staging on its own stream, and completes with an event the compute stream waits on.
+//! - Stacked-gate prediction (experts::predictor) prefetches the first later layer with a
+//!   predicted miss, in the precision the scorer would pick; predicted experts are protected
+//!   from eviction until their layer has run.
+//! - Cooperative mode: a decode miss may instead be computed by CPU threads from host memory,
+//!   chosen by a cost model (measured load time vs measured CPU time), overlapping GPU work.
+//! - Slow tiers: the mmap (page cache) by default; the SSD (io_uring + O_DIRECT) when asked or
+//!   on unified-memory platforms, where the slots themselves are mapped host memory (Jetson).
 
-use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
+use memmap2::Mmap;
 use rayon::prelude::*;
 
 use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu};
+use crate::backend::cpu::CpuBackend;
+use crate::experts::cache::{pool_slots, ExpertCache, Policy, PoolKind};
+use crate::experts::io::{open_reader, BlobSource};
+use crate::experts::predictor::Predictor;
+use crate::experts::scheduler::{Priority, Scheduler, Ticket, Worker};
+use crate::experts::trace::TraceWriter;
+use crate::experts::{Group, LayerPlan, Precision, PrecisionPlan};
 use crate::format::{ExpertLayout, HobFile};
-use crate::model::ops::{group_by_expert, ExpertExecutor, Route};
+use crate::model::ops::{ExpertExecutor, Route};
 use crate::model::{ExpertReport, ExpertStats, VariantStats};
 use crate::quant::Matrix;
 use crate::Error;
 
-/// How much device memory the expert cache may take, and how loads behave.
-#[derive(Clone, Debug)]
+/// Where a missed expert's bytes come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Tier {
+    /// The mapped file (host RAM through the page cache).
+    Memory,
+    /// The SSD, read with io_uring + O_DIRECT (pread where unavailable).
+    Disk,
+}
+
+/// The expert engine's configuration.
 pub struct CacheConfig {
-    /// Bytes for the expert arena (rounded down to whole slots); None: room for every expert.
+    /// Bytes for both pools (rounded down to whole slots); None: room for every expert.
     pub budget: Option<usize>,
-    /// Pace host-to-device loads to this many bytes per second (profile emulation).
+    /// Pace loads to this many bytes per second (profile emulation).
     pub pace_bytes_per_s: Option<f64>,
-    /// Load every expert that fits before the first token.
+    /// Fill the pools before the first token (layer order).
     pub preload: bool,
+    pub plan: PrecisionPlan,
+    pub policy: Policy,
+    /// Share of the budget's bytes for the low-precision pool (when the plan has a low variant).
+    pub low_share: f64,
+    /// A high-precision miss whose low copy is cached runs in low precision (not the top-1).
+    pub substitute_low: bool,
+    /// Layers predicted ahead for prefetching (0: off).
+    pub prefetch: usize,
+    /// CPU threads computing missed experts (cooperative mode); None: off.
+    pub cpu_experts: Option<usize>,
+    pub tier: Tier,
+    /// Slots in mapped pinned host memory, read by the GPU in place (unified-memory mode).
+    pub mapped: bool,
+    pub trace: Option<TraceWriter>,
+}
+
+impl CacheConfig {
+    /// One variant, LRU, on-demand loads from memory: the plain cache.
+    pub fn simple(variant: usize, budget: Option<usize>) -> CacheConfig {
+        CacheConfig {
+            budget,
+            pace_bytes_per_s: None,
+            preload: true,
+            plan: PrecisionPlan::single(variant),
+            policy: Policy::Lru,
+            low_share: 0.0,
+            substitute_low: false,
+            prefetch: 0,
+            cpu_experts: None,
+            tier: Tier::Memory,
+            mapped: false,
+            trace: None,
+        }
+    }
 }
 
 const STAGING_CHUNK: usize = 16 << 20;
 const STAGING_BUFFERS: usize = 4;
 
-struct Staging {
-    host: PinnedHostSlice<u8>,
-    /// Recorded on the copy stream after the last copy out of this buffer.
-    done: Option<CudaEvent>,
+/// Slot memory of one pool.
+enum Arena {
+    Device(CudaSlice<u8>),
+    /// Mapped pinned host memory: (host pointer, device pointer of the same bytes).
+    Mapped(PinnedHostSlice<u8>, u64),
+}
+
+struct Pool {
+    variant: usize,
+    layout: ExpertLayout,
+    slot_bytes: usize,
+    arena: Arena,
+    /// Per slot: the load that fills it, until the compute stream has been told to wait for it.
+    pending: Vec<Option<Ticket<Option<CudaEvent>>>>,
+    /// Per slot: filled by a prefetch and not used since.
+    prefetched: Vec<bool>,
+}
+
+impl Pool {
+    fn base(&self, gpu: &Gpu) -> u64 {
+        match &self.arena {
+            Arena::Device(a) => ptr(a, &gpu.stream),
+            Arena::Mapped(_, d) => *d,
+        }
+    }
+    fn host_base(&self) -> usize {
+        match &self.arena {
+            Arena::Device(_) => 0,
+            Arena::Mapped(h, _) => h.as_ptr().map_or(0, |p| p as usize),
+        }
+    }
+}
+
+/// One load: blob bytes of the file into a slot.
+struct LoadJob {
+    src: Range<usize>,
+    /// Device address of the slot (device arena), or host address (mapped arena).
+    dst: u64,
+    mapped: bool,
+    /// Compute that may still read the slot's previous expert.
+    after: CudaEvent,
+}
+
+/// Bytes and time the loader has spent, shared with the compute thread.
+#[derive(Default)]
+struct LoadCounters {
+    bytes: AtomicU64,
+    disk_bytes: AtomicU64,
+    nanos: AtomicU64,
+}
+
+/// The loader thread's state.
+struct Loader {
+    ctx: Arc<CudaContext>,
+    bound: bool,
+    map: Arc<Mmap>,
+    copy: Arc<CudaStream>,
+    staging: Vec<(PinnedHostSlice<u8>, Option<CudaEvent>)>,
+    next: usize,
+    pace: Option<f64>,
+    disk: Option<Box<dyn BlobSource>>,
+    started: Instant,
+    counters: Arc<LoadCounters>,
+}
+
+impl Worker for Loader {
+    type Job = LoadJob;
+    type Done = Option<CudaEvent>;
+
+    fn chunks(&mut self, job: &LoadJob) -> usize {
+        job.src.len().div_ceil(STAGING_CHUNK)
+    }
+
+    fn run_chunk(&mut self, job: &LoadJob, i: usize) -> crate::Result<()> {
+        if !self.bound {
+            self.ctx.bind_to_thread().map_err(cuda_err)?;
+            self.bound = true;
+        }
+        if i == 0 {
+            self.started = Instant::now();
+            if job.mapped {
+                job.after.synchronize().map_err(cuda_err)?;
+            } else {
+                self.copy.wait(&job.after).map_err(cuda_err)?;
+            }
+        }
+        let at = i * STAGING_CHUNK;
+        let len = STAGING_CHUNK.min(job.src.len() - at);
+        let src = job.src.start + at..job.src.start + at + len;
+        if job.mapped {
+            // SAFETY: dst + at .. + len lies inside one slot of a live mapped arena (the engine
+            // outlives the loader: it shuts the scheduler down before freeing the arena), and
+            // no kernel reads the slot now (the job waited for `after`, and the slot's next
+            // reader waits for this job).
+            let dst = unsafe { std::slice::from_raw_parts_mut((job.dst as usize + at) as *mut u8, len) };
+            self.fill(src, dst)?;
+        } else {
+            let (host, done) = &mut self.staging[self.next];
+            self.next = (self.next + 1) % STAGING_BUFFERS;
+            if let Some(ev) = done.take() {
+                ev.synchronize().map_err(cuda_err)?;
+            }
+            let host = &mut host.as_mut_slice().map_err(cuda_err)?[..len];
+            let (map, disk) = (&self.map, &mut self.disk);
+            Self::fill_from(map, disk, src, host, &self.counters)?;
+            // SAFETY: dst + at .. + len lies inside the job's slot of the device arena; the
+            // staging buffer is not written again before `done` is reached.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    job.dst + at as u64,
+                    &*host,
+                    self.copy.cu_stream(),
+                )
+                .map_err(cuda_err)?;
+            }
+            let ev = self.copy.record_event(None).map_err(cuda_err)?;
+            if self.pace.is_some() {
+                ev.synchronize().map_err(cuda_err)?;
+            }
+            *done = Some(ev);
+        }
+        if let Some(bw) = self.pace {
+            let target = Duration::from_secs_f64((at + len) as f64 / bw);
+            if let Some(rest) = target.checked_sub(self.started.elapsed()) {
+                std::thread::sleep(rest);
+            }
+        }
+        Ok(())
+    }
+
+    fn complete(&mut self, job: &LoadJob) -> crate::Result<Option<CudaEvent>> {
+        let done = if job.mapped {
+            None
+        } else {
+            Some(self.copy.record_event(None).map_err(cuda_err)?)
+        };
+        self.counters
+            .bytes
+            .fetch_add(job.src.len() as u64, Ordering::Relaxed);
+        self.counters
+            .nanos
+            .fetch_add(self.started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(done)
+    }
+}
+
+impl Loader {
+    fn fill(&mut self, src: Range<usize>, dst: &mut [u8]) -> crate::Result<()> {
+        Self::fill_from(&self.map, &mut self.disk, src, dst, &self.counters)
+    }
+
+    /// Bytes `src` of the file into `dst`: from the SSD when a reader is set, else copied out of
+    /// the mapped file by several threads.
+    fn fill_from(
+        map: &Mmap,
+        disk: &mut Option<Box<dyn BlobSource>>,
+        src: Range<usize>,
+        dst: &mut [u8],
+        counters: &LoadCounters,
+    ) -> crate::Result<()> {
+        match disk {
+            Some(r) => {
+                r.read_into(src.start as u64, dst)?;
+                counters
+                    .disk_bytes
+                    .fetch_add(dst.len() as u64, Ordering::Relaxed);
+            }
+            None => dst
+                .par_chunks_mut(1 << 20)
+                .zip(map[src].par_chunks(1 << 20))
+                .for_each(|(d, s)| d.copy_from_slice(s)),
+        }
+        Ok(())
+    }
+}
+
+/// Where one group of a layer runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Place {
+    /// Slot of a pool.
+    Slot(PoolKind, usize),
+    /// CPU helper threads.
+    Cpu,
+}
+
+/// Moving averages the cooperative mode decides with.
+#[derive(Default)]
+struct CostModel {
+    /// Seconds per CPU-computed expert, per variant.
+    cpu_s: Vec<Option<f64>>,
 }
 
 pub struct CudaExperts<'f> {
     file: &'f HobFile,
     gpu: Arc<Gpu>,
-    variant: usize,
-    layout: ExpertLayout,
-    slot_bytes: usize,
-    n_slots: usize,
-    arena: CudaSlice<u8>,
-    /// (layer, expert) -> slot
-    slot_of: HashMap<(usize, usize), usize>,
-    owner: Vec<Option<(usize, usize)>>,
-    last_use: Vec<u64>,
-    clock: u64,
-    copy: Arc<CudaStream>,
-    staging: Vec<Staging>,
-    next_staging: usize,
+    plan: PrecisionPlan,
+    cache: ExpertCache,
+    pools: [Option<Pool>; 2],
+    loader: Option<Scheduler<Loader>>,
+    counters: Arc<LoadCounters>,
+    substitute_low: bool,
+    predictor: Option<(Predictor, CudaSlice<u8>, CudaSlice<f32>)>,
+    /// Keys protected for a predicted layer: protected[layer].
+    protected: Vec<Vec<(PoolKind, (usize, usize))>>,
+    cpu: Option<(Arc<CpuBackend>, CostModel)>,
+    trace: Option<TraceWriter>,
     pace: Option<f64>,
+    tier: Tier,
+    mapped: bool,
+    layer_plan: LayerPlan,
     /// Work buffers, sized for `cap_t` tokens.
     cap_t: usize,
     gate: CudaSlice<f32>,
@@ -66,77 +313,203 @@ pub struct CudaExperts<'f> {
     xs: CudaSlice<f32>,
     idx: CudaSlice<i32>,
     wts: CudaSlice<f32>,
-    groups: Vec<Vec<(usize, f32)>>,
-    hits: u64,
-    misses: u64,
-    bytes_loaded: u64,
-    load_time: Duration,
+    host_x: Vec<f32>,
+    // Counters since the last reset.
+    hits: Vec<u64>,
+    misses: Vec<u64>,
+    skipped: u64,
+    substituted: u64,
+    cpu_computed: u64,
+    prefetch_issued: u64,
+    prefetch_used: u64,
+    wait: Duration,
+    cpu_wait: Duration,
+    base_bytes: (u64, u64),
+    decoded: u64,
 }
 
 impl<'f> CudaExperts<'f> {
     pub fn new(
-        file: &'f HobFile,
+        model: &crate::model::Model<'f>,
         backend: &CudaBackend,
-        variant: usize,
-        cfg: &CacheConfig,
+        mut cfg: CacheConfig,
     ) -> crate::Result<Self> {
+        let file: &'f HobFile = model.file;
         let gpu = backend.gpu().clone();
-        let layout = file.expert_layout(variant).clone();
-        let slot_bytes = layout.padded_size;
-        let total = file.n_layers() * file.n_experts();
+        let mut plan = cfg.plan.clone();
+        if plan.is_exact() {
+            // All high: a low pool would never be used, and substitution would change results.
+            plan.low = None;
+            cfg.substitute_low = false;
+        }
+        let (n_layers, n_experts) = (file.n_layers(), file.n_experts());
+        let total = n_layers * n_experts;
         let (hidden, ffn) = file.expert_dims();
-        // Work buffers for one token; grown for prefill batches.
+        let high_bytes = file.expert_layout(plan.high).padded_size;
+        let low_bytes = plan.low.map(|l| file.expert_layout(l).padded_size);
         let work = (2 * ffn + 2 * hidden) * 4;
         let (free, _) = gpu.mem_info()?;
         let reserve = 256 << 20; // cuBLAS workspace, staging events, fragmentation
-        let n_slots = match cfg.budget {
-            Some(b) => b / slot_bytes,
-            None => total.min(free.saturating_sub(reserve + work) / slot_bytes),
-        }
-        .min(total);
-        if n_slots < 1 {
+        let budget = match cfg.budget {
+            Some(b) => b,
+            None if cfg.mapped => total * (high_bytes + low_bytes.unwrap_or(0)),
+            None => free.saturating_sub(reserve + work),
+        };
+        let (mut high_slots, mut low_slots) = match low_bytes {
+            Some(lb) => pool_slots(budget as u64, high_bytes as u64, lb as u64, cfg.low_share),
+            None => (budget / high_bytes, 0),
+        };
+        high_slots = high_slots.min(total);
+        low_slots = low_slots.min(total);
+        if high_slots < 1 {
             return Err(Error::Invalid(format!(
                 "CUDA: the expert cache needs at least one {} slot of {:.1} MiB; the budget allows none ({:.1} MiB free on {})",
-                file.variants()[variant],
-                slot_bytes as f64 / (1 << 20) as f64,
+                file.variants()[plan.high],
+                high_bytes as f64 / (1 << 20) as f64,
                 free as f64 / (1 << 20) as f64,
                 gpu.name
             )));
         }
-        if n_slots * slot_bytes + reserve > free {
+        let arena_bytes = high_slots * high_bytes + low_slots * low_bytes.unwrap_or(0);
+        if !cfg.mapped && arena_bytes + reserve > free {
             return Err(Error::Invalid(format!(
-                "CUDA: an expert cache of {n_slots} slots ({:.2} GiB) does not fit in the {:.2} GiB free on {}; lower --expert-cache",
-                (n_slots * slot_bytes) as f64 / (1u64 << 30) as f64,
+                "CUDA: an expert cache of {high_slots} + {low_slots} slots ({:.2} GiB) does not fit in the {:.2} GiB free on {}; lower --expert-cache",
+                arena_bytes as f64 / (1u64 << 30) as f64,
                 free as f64 / (1u64 << 30) as f64,
                 gpu.name
             )));
         }
-        let arena = gpu.alloc::<u8>(n_slots * slot_bytes, "the expert cache")?;
+        let make_pool = |variant: usize, slots: usize| -> crate::Result<Option<Pool>> {
+            if slots == 0 {
+                return Ok(None);
+            }
+            let layout = file.expert_layout(variant).clone();
+            let slot_bytes = layout.padded_size;
+            let arena = if cfg.mapped {
+                // SAFETY: page-locked host memory mapped into the device's address space; the
+                // CPU writes it only from the loader (into slots no kernel is reading) and
+                // never reads it.
+                let host = unsafe {
+                    gpu.ctx.alloc_pinned_with_flags::<u8>(
+                        slots * slot_bytes,
+                        cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
+                    )
+                }
+                .map_err(cuda_err)?;
+                let hp = host.as_ptr().map_err(cuda_err)? as *mut std::ffi::c_void;
+                let mut dptr = 0u64;
+                // SAFETY: hp is the start of a live DEVICEMAP allocation.
+                unsafe {
+                    cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dptr, hp, 0)
+                        .result()
+                        .map_err(cuda_err)?;
+                }
+                Arena::Mapped(host, dptr)
+            } else {
+                Arena::Device(gpu.alloc::<u8>(slots * slot_bytes, "the expert cache")?)
+            };
+            Ok(Some(Pool {
+                variant,
+                layout,
+                slot_bytes,
+                arena,
+                pending: (0..slots).map(|_| None).collect(),
+                prefetched: vec![false; slots],
+            }))
+        };
+        let pools = [
+            make_pool(plan.high, high_slots)?,
+            match plan.low {
+                Some(l) => make_pool(l, low_slots)?,
+                None => None,
+            },
+        ];
         let copy = gpu.ctx.new_stream().map_err(cuda_err)?;
-        let staging = (0..STAGING_BUFFERS)
+        let staging = (0..if cfg.mapped { 0 } else { STAGING_BUFFERS })
             .map(|_| {
                 // SAFETY: write-combined pinned memory, only ever written by the CPU (copied into
-                // from the mmap) and read by the copy engine.
+                // from the mmap or the SSD) and read by the copy engine.
                 let host =
                     unsafe { gpu.ctx.alloc_pinned::<u8>(STAGING_CHUNK) }.map_err(cuda_err)?;
-                Ok(Staging { host, done: None })
+                Ok((host, None))
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let mut me = CudaExperts {
-            file,
-            variant,
-            layout,
-            slot_bytes,
-            n_slots,
-            arena,
-            slot_of: HashMap::new(),
-            owner: vec![None; n_slots],
-            last_use: vec![0; n_slots],
-            clock: 0,
+        let disk = match cfg.tier {
+            Tier::Disk => {
+                let r = open_reader(file.path(), true)?;
+                log::info!("expert loads read {} from the SSD", file.path().display());
+                Some(r)
+            }
+            Tier::Memory => None,
+        };
+        let counters = Arc::new(LoadCounters::default());
+        let loader = Scheduler::spawn(Loader {
+            ctx: gpu.ctx.clone(),
+            bound: false,
+            map: file.shared_map(),
             copy,
             staging,
-            next_staging: 0,
+            next: 0,
             pace: cfg.pace_bytes_per_s,
+            disk,
+            started: Instant::now(),
+            counters: counters.clone(),
+        })?;
+        let predictor = if cfg.prefetch > 0 && n_layers > 1 {
+            let routers: Vec<Matrix<'_>> = model
+                .weights()
+                .layers
+                .iter()
+                .map(|l| l.router)
+                .collect();
+            let p = Predictor::new(&routers, cfg.prefetch, model.cfg.top_k)?;
+            let stacked = gpu.alloc::<u8>(
+                (cfg.prefetch * n_experts * hidden * 4) * n_layers,
+                "stacked gates",
+            )?;
+            for l in 0..n_layers {
+                if let Some(m) = p.stacked(l) {
+                    let dst = ptr(&stacked, &gpu.stream) + (l * cfg.prefetch * n_experts * hidden * 4) as u64;
+                    // SAFETY: dst addresses layer l's region of `stacked`, sized for `prefetch`
+                    // routers; the copy is synchronous (the stream is synchronized below).
+                    unsafe {
+                        cudarc::driver::result::memcpy_htod_async(dst, m.codes, gpu.stream.cu_stream())
+                            .map_err(cuda_err)?;
+                    }
+                    gpu.sync()?;
+                }
+            }
+            let logits = gpu.alloc::<f32>(cfg.prefetch * n_experts, "stacked gate logits")?;
+            Some((p, stacked, logits))
+        } else {
+            None
+        };
+        let cpu = match cfg.cpu_experts {
+            Some(threads) => Some((
+                Arc::new(CpuBackend::new(threads)?),
+                CostModel {
+                    cpu_s: vec![None; file.variants().len()],
+                },
+            )),
+            None => None,
+        };
+        let nv = file.variants().len();
+        let mut me = CudaExperts {
+            file,
+            plan,
+            cache: ExpertCache::new(cfg.policy, n_layers, n_experts, high_slots, low_slots),
+            pools,
+            loader: Some(loader),
+            counters,
+            substitute_low: cfg.substitute_low,
+            predictor,
+            protected: vec![Vec::new(); n_layers],
+            cpu,
+            trace: cfg.trace.take(),
+            pace: cfg.pace_bytes_per_s,
+            tier: cfg.tier.clone(),
+            mapped: cfg.mapped,
+            layer_plan: LayerPlan::default(),
             cap_t: 1,
             gate: gpu.alloc(ffn, "expert activations")?,
             up: gpu.alloc(ffn, "expert activations")?,
@@ -144,117 +517,156 @@ impl<'f> CudaExperts<'f> {
             xs: gpu.alloc(hidden, "expert activations")?,
             idx: gpu.alloc(1, "expert routes")?,
             wts: gpu.alloc(1, "expert routes")?,
-            groups: vec![Vec::new(); file.n_experts()],
+            host_x: vec![0.0; hidden],
             gpu,
-            hits: 0,
-            misses: 0,
-            bytes_loaded: 0,
-            load_time: Duration::ZERO,
+            hits: vec![0; nv],
+            misses: vec![0; nv],
+            skipped: 0,
+            substituted: 0,
+            cpu_computed: 0,
+            prefetch_issued: 0,
+            prefetch_used: 0,
+            wait: Duration::ZERO,
+            cpu_wait: Duration::ZERO,
+            base_bytes: (0, 0),
+            decoded: 0,
         };
         if cfg.preload {
-            let fits = me.n_slots.min(total);
-            'outer: for l in 0..file.n_layers() {
-                for e in 0..file.n_experts() {
-                    if me.slot_of.len() >= fits {
-                        break 'outer;
-                    }
-                    me.slot(l, e)?;
-                }
-            }
-            me.copy.synchronize().map_err(cuda_err)?;
-            me.reset_stats();
+            me.preload()?;
         }
         Ok(me)
     }
 
-    /// Slots in the arena.
-    pub fn slots(&self) -> usize {
-        self.n_slots
-    }
-
-    /// Bytes of the arena.
-    pub fn arena_bytes(&self) -> usize {
-        self.n_slots * self.slot_bytes
-    }
-
-    /// The slot holding (layer, expert), loading it first on a miss.
-    fn slot(&mut self, layer: usize, expert: usize) -> crate::Result<usize> {
-        self.clock += 1;
-        if let Some(&s) = self.slot_of.get(&(layer, expert)) {
-            self.hits += 1;
-            self.last_use[s] = self.clock;
-            return Ok(s);
-        }
-        self.misses += 1;
-        let s = match self.owner.iter().position(Option::is_none) {
-            Some(free) => free,
-            None => {
-                // LRU victim. Experts in use by the current layer were touched this call, so
-                // they have the newest clocks and are never the victim while another slot exists.
-                let victim = (0..self.n_slots)
-                    .min_by_key(|&s| self.last_use[s])
-                    .unwrap_or(0);
-                if let Some(old) = self.owner[victim].take() {
-                    self.slot_of.remove(&old);
+    /// Fill both pools in layer order, then forget the loads in the counters.
+    fn preload(&mut self) -> crate::Result<()> {
+        let (nl, ne) = (self.file.n_layers(), self.file.n_experts());
+        for kind in [PoolKind::High, PoolKind::Low] {
+            let cap = self.cache.capacity(kind);
+            'outer: for l in 0..nl {
+                for e in 0..ne {
+                    if self.cache.len(kind) >= cap {
+                        break 'outer;
+                    }
+                    let s = self.claim(kind, (l, e))?.ok_or_else(|| {
+                        Error::Invalid("expert cache: no free slot while preloading".into())
+                    })?;
+                    self.submit(kind, (l, e), s, Priority::Demand)?;
                 }
-                victim
-            }
-        };
-        self.load(layer, expert, s)?;
-        self.owner[s] = Some((layer, expert));
-        self.slot_of.insert((layer, expert), s);
-        self.last_use[s] = self.clock;
-        Ok(s)
-    }
-
-    /// Copy (layer, expert) into slot `s`: mmap -> pinned staging (CPU threads) -> device (copy
-    /// stream). The compute stream waits for the copy; the copy waits for compute already
-    /// queued (which may still read the slot's previous expert).
-    fn load(&mut self, layer: usize, expert: usize, s: usize) -> crate::Result<()> {
-        let started = Instant::now();
-        let blob = self.file.expert(layer, expert, self.variant).data;
-        let compute_done = self.gpu.stream.record_event(None).map_err(cuda_err)?;
-        self.copy.wait(&compute_done).map_err(cuda_err)?;
-        let dst0 = ptr(&self.arena, &self.copy) + (s * self.slot_bytes) as u64;
-        for (i, chunk) in blob.chunks(STAGING_CHUNK).enumerate() {
-            let st = &mut self.staging[self.next_staging];
-            self.next_staging = (self.next_staging + 1) % STAGING_BUFFERS;
-            if let Some(ev) = st.done.take() {
-                ev.synchronize().map_err(cuda_err)?;
-            }
-            let host = st.host.as_mut_slice().map_err(cuda_err)?;
-            let host = &mut host[..chunk.len()];
-            host.par_chunks_mut(1 << 20)
-                .zip(chunk.par_chunks(1 << 20))
-                .for_each(|(d, s)| d.copy_from_slice(s));
-            let dst = dst0 + (i * STAGING_CHUNK) as u64;
-            // SAFETY: dst lies inside slot s of the arena (chunks cover blob.len() <= slot_bytes);
-            // the staging buffer is not written again before `done` is reached.
-            unsafe {
-                cudarc::driver::result::memcpy_htod_async(dst, &*host, self.copy.cu_stream())
-                    .map_err(cuda_err)?;
-            }
-            st.done = Some(self.copy.record_event(None).map_err(cuda_err)?);
-        }
-        let loaded = self.copy.record_event(None).map_err(cuda_err)?;
-        if let Some(bw) = self.pace {
-            loaded.synchronize().map_err(cuda_err)?;
-            let target = Duration::from_secs_f64(blob.len() as f64 / bw);
-            if let Some(rest) = target.checked_sub(started.elapsed()) {
-                std::thread::sleep(rest);
             }
         }
-        self.gpu.stream.wait(&loaded).map_err(cuda_err)?;
-        self.bytes_loaded += blob.len() as u64;
-        self.load_time += started.elapsed();
+        for kind in [PoolKind::High, PoolKind::Low] {
+            for s in 0..self.cache.capacity(kind) {
+                self.ready(kind, s)?;
+            }
+        }
+        self.gpu.sync()?;
+        self.reset_stats();
         Ok(())
     }
 
-    /// The three device matrices of the expert in slot `s`.
-    fn mats(&self, s: usize) -> [DevMat; 3] {
-        let view = self.file.expert(0, 0, self.variant);
-        let base = ptr(&self.arena, &self.gpu.stream) + (s * self.slot_bytes) as u64;
-        let l = &self.layout;
+    fn pool(&self, kind: PoolKind) -> &Pool {
+        self.pools[kind as usize]
+            .as_ref()
+            .expect("a pool with slots exists for every kind the cache has capacity in")
+    }
+
+    fn pool_mut(&mut self, kind: PoolKind) -> &mut Pool {
+        self.pools[kind as usize]
+            .as_mut()
+            .expect("a pool with slots exists for every kind the cache has capacity in")
+    }
+
+    /// Slots of each pool.
+    pub fn slots(&self) -> (usize, usize) {
+        (
+            self.cache.capacity(PoolKind::High),
+            self.cache.capacity(PoolKind::Low),
+        )
+    }
+
+    /// Bytes of both arenas.
+    pub fn arena_bytes(&self) -> usize {
+        self.pools
+            .iter()
+            .flatten()
+            .map(|p| p.slot_bytes * p.pending.len())
+            .sum()
+    }
+
+    /// A slot for `key` in pool `kind`: evicts by the policy; None when every slot is protected.
+    /// Waits for a load still filling the victim slot (it must not land after the new one).
+    fn claim(&mut self, kind: PoolKind, key: (usize, usize)) -> crate::Result<Option<usize>> {
+        let Some(ins) = self.cache.insert(kind, key) else {
+            return Ok(None);
+        };
+        if ins.evicted.is_some() {
+            self.ready(kind, ins.slot)?;
+        }
+        let pool = self.pool_mut(kind);
+        pool.prefetched[ins.slot] = false;
+        Ok(Some(ins.slot))
+    }
+
+    /// Queue the load of `key` into slot `s` of pool `kind`.
+    fn submit(
+        &mut self,
+        kind: PoolKind,
+        key: (usize, usize),
+        s: usize,
+        priority: Priority,
+    ) -> crate::Result<()> {
+        let mapped = self.mapped;
+        let disk = self.tier == Tier::Disk;
+        let pool = self.pool(kind);
+        let variant = pool.variant;
+        let src = self.file.blob_range(key.0, key.1, variant, disk);
+        let dst = if mapped {
+            (pool.host_base() + s * pool.slot_bytes) as u64
+        } else {
+            pool.base(&self.gpu) + (s * pool.slot_bytes) as u64
+        };
+        let after = self.gpu.stream.record_event(None).map_err(cuda_err)?;
+        let job = LoadJob {
+            src,
+            dst,
+            mapped,
+            after,
+        };
+        let ticket = self
+            .loader
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("expert loader already shut down".into()))?
+            .submit(job, priority)?;
+        let pool = self.pool_mut(kind);
+        pool.pending[s] = Some(ticket);
+        pool.prefetched[s] = priority == Priority::Prefetch;
+        Ok(())
+    }
+
+    /// Make the compute stream wait for slot `s`'s load, if one is pending.
+    fn ready(&mut self, kind: PoolKind, s: usize) -> crate::Result<()> {
+        let Some(ticket) = self.pools[kind as usize]
+            .as_mut()
+            .and_then(|p| p.pending.get_mut(s))
+            .and_then(Option::take)
+        else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let done = ticket.wait()?;
+        if let Some(ev) = done {
+            self.gpu.stream.wait(&ev).map_err(cuda_err)?;
+        }
+        self.wait += started.elapsed();
+        Ok(())
+    }
+
+    /// The three device matrices of the expert in slot `s` of pool `kind`.
+    fn mats(&self, kind: PoolKind, s: usize) -> [DevMat; 3] {
+        let pool = self.pool(kind);
+        let view = self.file.expert(0, 0, pool.variant);
+        let base = pool.base(&self.gpu) + (s * pool.slot_bytes) as u64;
+        let l = &pool.layout;
         let dm = |off: usize, m: &crate::format::MatrixLayout, host: Matrix<'_>| {
             let b = base + off as u64;
             DevMat::new(
@@ -293,9 +705,235 @@ impl<'f> CudaExperts<'f> {
         }
         Ok(())
     }
+
+    fn kind_of(&self, p: Precision) -> PoolKind {
+        if p == Precision::Low && self.pools[PoolKind::Low as usize].is_some() {
+            PoolKind::Low
+        } else {
+            PoolKind::High
+        }
+    }
+
+    /// Decide where group `g` runs: a cached slot (hit, or substituted low copy), the CPU, or a
+    /// newly claimed slot with its load queued. None: no slot can be claimed now.
+    fn place(
+        &mut self,
+        layer: usize,
+        g: &Group,
+        top1: bool,
+        decode: bool,
+        load_busy: &mut f64,
+        cpu_busy: &mut f64,
+    ) -> crate::Result<Option<Place>> {
+        let key = (layer, g.expert);
+        let kind = self.kind_of(g.precision);
+        if let Some(s) = self.cache.lookup(kind, key) {
+            let v = self.pool(kind).variant;
+            self.hits[v] += g.rows.len() as u64;
+            return Ok(Some(Place::Slot(kind, s)));
+        }
+        if kind == PoolKind::High && self.substitute_low && decode && !top1 {
+            if let Some(s) = self
+                .pools[PoolKind::Low as usize]
+                .as_ref()
+                .and_then(|_| self.cache.lookup(PoolKind::Low, key))
+            {
+                self.substituted += 1;
+                let v = self.pool(PoolKind::Low).variant;
+                self.hits[v] += 1;
+                return Ok(Some(Place::Slot(PoolKind::Low, s)));
+            }
+        }
+        let variant = self.pool(kind).variant;
+        if decode {
+            if let Some((_, cost)) = &self.cpu {
+                // Greedy: the miss goes to whichever of the link and the CPU frees up first.
+                let bytes = self.pool(kind).slot_bytes as f64;
+                let load_s = bytes / self.load_bandwidth();
+                let cpu_s = cost.cpu_s[variant];
+                let to_cpu = match cpu_s {
+                    None => true, // measure once
+                    Some(c) => *cpu_busy + c < *load_busy + load_s,
+                };
+                if to_cpu {
+                    *cpu_busy += cpu_s.unwrap_or(0.0);
+                    self.misses[variant] += 1;
+                    self.cpu_computed += 1;
+                    return Ok(Some(Place::Cpu));
+                }
+                *load_busy += load_s;
+            }
+        }
+        let Some(s) = self.claim(kind, key)? else {
+            return Ok(None);
+        };
+        self.misses[variant] += g.rows.len() as u64;
+        self.submit(kind, key, s, Priority::Demand)?;
+        Ok(Some(Place::Slot(kind, s)))
+    }
+
+    /// Measured loader bandwidth, bytes/s (a profile's pace, or 10 GB/s, before any load).
+    fn load_bandwidth(&self) -> f64 {
+        let b = self.counters.bytes.load(Ordering::Relaxed) as f64;
+        let n = self.counters.nanos.load(Ordering::Relaxed) as f64;
+        if b > 0.0 && n > 0.0 {
+            b / n * 1e9
+        } else {
+            self.pace.unwrap_or(10e9)
+        }
+    }
+
+    /// Predict the next layers from this layer's gate input and prefetch the first one with a
+    /// predicted miss.
+    fn prefetch(&mut self, layer: usize, x: u64, b: &CudaBackend) -> crate::Result<()> {
+        let predicted = {
+            let Some((pred, stacked, logits)) = self.predictor.as_mut() else {
+                return Ok(());
+            };
+            let Some(m) = pred.stacked(layer) else {
+                return Ok(());
+            };
+            let s = &self.gpu.stream;
+            // Layer l's stacked routers start at l x (depth x n_experts x hidden x 4) bytes.
+            let region = pred.depth() * self.file.n_experts() * m.cols * 4;
+            let dm = DevMat::new(&m, ptr(stacked, s) + (layer * region) as u64, 0, 0);
+            let lp = ptr(logits, s);
+            let rows = m.rows;
+            b.matmul_dev(&dm, x, 1, lp)?;
+            let mut host = vec![0.0f32; rows];
+            self.gpu.download_f32(lp, &mut host)?;
+            pred.predict(layer, &host)
+        };
+        let k = predicted.first().map_or(0, |p| p.1.len());
+        let mut decisions = vec![Precision::High; k];
+        let mut weights = vec![0.0; k];
+        for (target, routes) in predicted {
+            self.plan.apply(&routes, &mut decisions, &mut weights);
+            let wanted: Vec<(PoolKind, (usize, usize))> = routes
+                .iter()
+                .zip(&decisions)
+                .filter(|(_, d)| **d != Precision::Skip)
+                .map(|(r, d)| (self.kind_of(*d), (target, r.expert)))
+                .collect();
+            let mut missing = Vec::new();
+            for &(kind, key) in &wanted {
+                if self.cache.lookup(kind, key).is_some() {
+                    self.cache.protect(kind, key);
+                    self.protected[target].push((kind, key));
+                } else {
+                    missing.push((kind, key));
+                }
+            }
+            if missing.is_empty() {
+                continue;
+            }
+            for (kind, key) in missing {
+                let Some(s) = self.claim(kind, key)? else {
+                    break;
+                };
+                self.submit(kind, key, s, Priority::Prefetch)?;
+                self.cache.protect(kind, key);
+                self.protected[target].push((kind, key));
+                self.prefetch_issued += 1;
+            }
+            break;
+        }
+        Ok(())
+    }
+
+    /// CPU helper threads compute `groups` (decode: one row each) from the mapped file; returns
+    /// their weighted outputs summed, [hidden].
+    fn cpu_compute(
+        file: &HobFile,
+        cpu: &CpuBackend,
+        jobs: &[(usize, usize, f32)],
+        layer: usize,
+        x: &[f32],
+    ) -> (Vec<f32>, Vec<(usize, f64)>) {
+        let (h, f) = file.expert_dims();
+        let mut out = vec![0.0f32; h];
+        let mut times = Vec::new();
+        let (mut gate, mut up, mut down) = (vec![0.0; f], vec![0.0; f], vec![0.0; h]);
+        for &(expert, variant, w) in jobs {
+            let t0 = Instant::now();
+            let view = file.expert(layer, expert, variant);
+            cpu.matmul_f32(&Matrix::from_view(view.gate()), x, 1, &mut gate);
+            cpu.matmul_f32(&Matrix::from_view(view.up()), x, 1, &mut up);
+            for (g, u) in gate.iter_mut().zip(&up) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+            cpu.matmul_f32(&Matrix::from_view(view.down()), &gate, 1, &mut down);
+            for (o, d) in out.iter_mut().zip(&down) {
+                *o += w * d;
+            }
+            times.push((variant, t0.elapsed().as_secs_f64()));
+        }
+        (out, times)
+    }
+
+    /// Compute `jobs` on the CPU helpers from `host_x`, adding into `acc` ([hidden] once
+    /// non-empty), and refresh the cost model.
+    fn run_cpu(
+        &mut self,
+        jobs: &[(usize, usize, f32)],
+        layer: usize,
+        acc: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let started = Instant::now();
+        let Some((cpu, _)) = self.cpu.as_ref() else {
+            return Ok(());
+        };
+        let cpu = cpu.clone();
+        let file = self.file;
+        let x = &self.host_x;
+        let (res, times) = cpu.install(|| Self::cpu_compute(file, &cpu, jobs, layer, x));
+        self.cpu_wait += started.elapsed();
+        if let Some((_, cost)) = self.cpu.as_mut() {
+            for (v, secs) in times {
+                cost.cpu_s[v] = Some(match cost.cpu_s[v] {
+                    Some(old) => 0.8 * old + 0.2 * secs,
+                    None => secs,
+                });
+            }
+        }
+        if acc.is_empty() {
+            *acc = res;
+        } else {
+            for (a, r) in acc.iter_mut().zip(&res) {
+                *a += r;
+            }
+        }
+        Ok(())
+    }
+
+    /// Record one layer's decisions in the trace file, token by token.
+    fn record(&mut self, layer: usize, routes: &[Route], t: usize) -> crate::Result<()> {
+        let Some(tw) = self.trace.as_mut() else {
+            return Ok(());
+        };
+        let k = routes.len() / t.max(1);
+        for (r, d) in routes
+            .chunks_exact(k.max(1))
+            .zip(self.layer_plan.decisions.chunks_exact(k.max(1)))
+        {
+            tw.record(layer, r, d)?;
+        }
+        Ok(())
+    }
 }
 
 impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
+    fn begin_sequence(&mut self) -> crate::Result<()> {
+        self.cache.reset_sequence();
+        if let Some(tw) = self.trace.as_mut() {
+            tw.begin_sequence();
+        }
+        if let Some((p, _, _)) = self.predictor.as_mut() {
+            p.forget();
+        }
+        Ok(())
+    }
+
     fn forward(
         &mut self,
         b: &CudaBackend,
@@ -307,99 +945,278 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
     ) -> crate::Result<()> {
         let (h, f) = self.file.expert_dims();
         self.ensure_cap(t)?;
-        group_by_expert(routes, t, &mut self.groups);
+        let decode = t == 1;
+        if layer == 0 {
+            for _ in 0..t {
+                self.cache.begin_token();
+            }
+            if decode {
+                self.decoded += 1;
+            }
+        }
+        self.cache.set_layer(layer);
+        let mut lp = std::mem::take(&mut self.layer_plan);
+        self.plan.plan_layer(routes, t, &mut lp);
+        self.layer_plan = lp;
+        self.record(layer, routes, t)?;
+        let lp = std::mem::take(&mut self.layer_plan);
+        self.skipped += lp.skipped as u64;
+        let k = routes.len() / t.max(1);
+        for (r, d) in routes.iter().zip(&lp.decisions) {
+            let _ = k;
+            self.cache.record_use((layer, r.expert), *d);
+        }
+        if let Some((p, _, _)) = self.predictor.as_mut() {
+            if decode {
+                p.observe(layer, routes);
+            } else {
+                p.forget();
+            }
+        }
+        // The top-1 expert of a decode token (never substituted).
+        let top1 = routes
+            .iter()
+            .max_by(|a, b| a.weight.total_cmp(&b.weight).then(b.expert.cmp(&a.expert)))
+            .map(|r| r.expert);
+
         let s = self.gpu.stream.clone();
         let (xp, op) = (ptr(xs, &s), ptr(out, &s));
         self.gpu.zero(op, t * h * 4)?;
         let (gp, up, dp) = (ptr(&self.gate, &s), ptr(&self.up, &s), ptr(&self.down, &s));
         let xsp = ptr(&self.xs, &s);
-        // A batch: every expert's token list, concatenated and uploaded once.
         if t > 1 {
-            let idx: Vec<i32> = self
+            let idx: Vec<i32> = lp
                 .groups
                 .iter()
-                .flatten()
-                .map(|&(i, _)| i as i32)
+                .flat_map(|g| g.rows.iter().map(|&(i, _)| i as i32))
                 .collect();
-            let wts: Vec<f32> = self.groups.iter().flatten().map(|&(_, w)| w).collect();
+            let wts: Vec<f32> = lp
+                .groups
+                .iter()
+                .flat_map(|g| g.rows.iter().map(|&(_, w)| w))
+                .collect();
             self.ensure_routes(idx.len())?;
             let (ip, wp) = (ptr(&self.idx, &s), ptr(&self.wts, &s));
             self.gpu.upload_i32(&idx, ip)?;
             self.gpu.upload_f32(&wts, wp)?;
         }
         let (ip, wp) = (ptr(&self.idx, &s), ptr(&self.wts, &s));
-        // Experts in index order, as the CPU does: every token sums its experts in one order.
+
+        // This layer's experts stay put until computed.
+        let mut places: Vec<Option<Place>> = vec![None; lp.groups.len()];
+        let (mut load_busy, mut cpu_busy) = (0.0f64, 0.0f64);
+        let mut placed = 0usize;
+        let mut prefetched = false;
+        let mut cpu_jobs: Vec<(usize, usize, f32)> = Vec::new();
+        let mut cpu_out: Vec<f32> = Vec::new();
         let mut at = 0usize;
-        for e in 0..self.groups.len() {
-            let n = self.groups[e].len();
-            if n == 0 {
-                continue;
+        for i in 0..lp.groups.len() {
+            // Place as many groups ahead as slots allow (their loads queue up together).
+            while placed < lp.groups.len() {
+                let g = &lp.groups[placed];
+                match self.place(layer, g, top1 == Some(g.expert), decode, &mut load_busy, &mut cpu_busy)? {
+                    Some(p) => {
+                        if let Place::Slot(kind, _) = p {
+                            self.cache.protect(kind, (layer, g.expert));
+                        }
+                        if p == Place::Cpu {
+                            let v = self.pool(self.kind_of(g.precision)).variant;
+                            cpu_jobs.push((g.expert, v, g.rows[0].1));
+                        }
+                        places[placed] = Some(p);
+                        placed += 1;
+                    }
+                    None if placed > i => break,
+                    None => {
+                        // Every slot is protected: give up this token's predictions.
+                        for l in 0..self.protected.len() {
+                            for (kind, key) in std::mem::take(&mut self.protected[l]) {
+                                self.cache.unprotect(kind, key);
+                            }
+                        }
+                        let g = &lp.groups[placed];
+                        let p = self
+                            .place(layer, g, top1 == Some(g.expert), decode, &mut load_busy, &mut cpu_busy)?
+                            .ok_or_else(|| {
+                                Error::Invalid(format!(
+                                    "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
+                                    g.expert,
+                                    self.cache.capacity(PoolKind::High),
+                                    self.cache.capacity(PoolKind::Low)
+                                ))
+                            })?;
+                        if let Place::Slot(kind, _) = p {
+                            self.cache.protect(kind, (layer, g.expert));
+                        }
+                        places[placed] = Some(p);
+                        placed += 1;
+                    }
+                }
             }
-            let slot = self.slot(layer, e)?;
-            let [wg, wu, wd] = self.mats(slot);
-            let input = if t == 1 {
-                xp
-            } else {
-                self.gpu.gather_rows(xp, ip + 4 * at as u64, xsp, h, n)?;
-                xsp
-            };
-            b.matmul_dev(&wg, input, n, gp)?;
-            b.matmul_dev(&wu, input, n, up)?;
-            self.gpu.swiglu(gp, up, n * f)?;
-            b.matmul_dev(&wd, gp, n, dp)?;
-            if t == 1 {
-                self.gpu.axpy(op, self.groups[e][0].1, dp, h)?;
-            } else {
-                let (ia, wa) = (ip + 4 * at as u64, wp + 4 * at as u64);
-                self.gpu.scatter_axpy(op, ia, wa, dp, h, n)?;
+            if !prefetched && decode {
+                // Demand loads are queued; now predict and queue prefetches behind them, then
+                // let the CPU compute its experts while the loader and the GPU work.
+                prefetched = true;
+                self.prefetch(layer, xp, b)?;
+                if !cpu_jobs.is_empty() {
+                    self.gpu.download_f32(xp, &mut self.host_x)?;
+                    let jobs = std::mem::take(&mut cpu_jobs);
+                    self.run_cpu(&jobs, layer, &mut cpu_out)?;
+                }
+            }
+            let g = &lp.groups[i];
+            let n = g.rows.len();
+            match places[i] {
+                Some(Place::Slot(kind, slot)) => {
+                    self.ready(kind, slot)?;
+                    let pool = self.pool_mut(kind);
+                    if std::mem::take(&mut pool.prefetched[slot]) {
+                        self.prefetch_used += 1;
+                    }
+                    let [wg, wu, wd] = self.mats(kind, slot);
+                    let input = if decode {
+                        xp
+                    } else {
+                        self.gpu.gather_rows(xp, ip + 4 * at as u64, xsp, h, n)?;
+                        xsp
+                    };
+                    b.matmul_dev(&wg, input, n, gp)?;
+                    b.matmul_dev(&wu, input, n, up)?;
+                    self.gpu.swiglu(gp, up, n * f)?;
+                    b.matmul_dev(&wd, gp, n, dp)?;
+                    if decode {
+                        self.gpu.axpy(op, g.rows[0].1, dp, h)?;
+                    } else {
+                        let (ia, wa) = (ip + 4 * at as u64, wp + 4 * at as u64);
+                        self.gpu.scatter_axpy(op, ia, wa, dp, h, n)?;
+                    }
+                    self.cache.unprotect(kind, (layer, g.expert));
+                }
+                Some(Place::Cpu) | None => {}
             }
             at += n;
         }
+        // Predicted experts of this layer have been used or proven wrong.
+        for (kind, key) in std::mem::take(&mut self.protected[layer]) {
+            self.cache.unprotect(kind, key);
+        }
+        if !cpu_jobs.is_empty() {
+            self.gpu.download_f32(xp, &mut self.host_x)?;
+            self.run_cpu(&cpu_jobs, layer, &mut cpu_out)?;
+        }
+        if !cpu_out.is_empty() {
+            // CPU results are added last (so cooperative mode rounds differently from the
+            // all-GPU order; the sum is the same up to float rounding).
+            self.gpu.upload_f32(&cpu_out, dp)?;
+            self.gpu.axpy(op, 1.0, dp, h)?;
+        }
+        self.layer_plan = lp;
         Ok(())
+    }
+}
+
+impl Drop for CudaExperts<'_> {
+    fn drop(&mut self) {
+        // The loader writes into the arenas: stop it before they are freed.
+        if let Some(l) = self.loader.take() {
+            if let Err(e) = l.shutdown() {
+                log::warn!("expert loader: {e}");
+            }
+        }
+        if let Some(tw) = self.trace.take() {
+            if let Err(e) = tw.finish() {
+                log::warn!("{e}");
+            }
+        }
     }
 }
 
 impl ExpertReport for CudaExperts<'_> {
     fn describe(&self) -> String {
-        format!(
-            "{} in a GPU cache of {} slots ({:.2} GiB, {:.0}% of {} experts){}",
-            self.file.variants()[self.variant],
-            self.n_slots,
+        let v = self.file.variants();
+        let (hs, ls) = self.slots();
+        let total = self.file.n_layers() * self.file.n_experts();
+        let mut s = format!(
+            "{} in a GPU cache of {hs} slots ({:.0}% of {total} experts)",
+            v[self.plan.high],
+            100.0 * hs as f64 / total as f64,
+        );
+        if let Some(l) = self.plan.low {
+            s += &format!(
+                " + {} in {ls} slots (T1 {}, T2 {})",
+                v[l], self.plan.thresholds.t1, self.plan.thresholds.t2
+            );
+        }
+        s += &format!(
+            ", {:.2} GiB{}, policy {:?}",
             self.arena_bytes() as f64 / (1u64 << 30) as f64,
-            100.0 * self.n_slots as f64 / (self.file.n_layers() * self.file.n_experts()) as f64,
-            self.file.n_layers() * self.file.n_experts(),
-            match self.pace {
-                Some(bw) => format!(", loads paced to {:.1} GB/s", bw / 1e9),
-                None => String::new(),
-            }
-        )
+            if self.mapped { " of mapped host memory" } else { "" },
+            self.cache.policy()
+        );
+        if let Some((p, _, _)) = &self.predictor {
+            s += &format!(", prefetch {} layers", p.depth());
+        }
+        if let Some((c, _)) = &self.cpu {
+            s += &format!(", CPU experts on {} threads", c.threads());
+        }
+        if self.tier == Tier::Disk {
+            s += ", loads from the SSD";
+        }
+        if let Some(bw) = self.pace {
+            s += &format!(", loads paced to {:.1} GB/s", bw / 1e9);
+        }
+        s
     }
 
     fn stats(&self) -> ExpertStats {
-        let mut per_variant: Vec<VariantStats> = self
+        let per_variant = self
             .file
             .variants()
             .iter()
-            .map(|v| VariantStats {
+            .enumerate()
+            .map(|(i, v)| VariantStats {
                 name: v.to_string(),
-                hits: 0,
-                misses: 0,
+                hits: self.hits[i],
+                misses: self.misses[i],
             })
             .collect();
-        per_variant[self.variant].hits = self.hits;
-        per_variant[self.variant].misses = self.misses;
+        let prediction = self
+            .predictor
+            .as_ref()
+            .map(|(p, _, _)| p.accuracy().iter().map(|a| (a.predicted, a.correct)).collect())
+            .unwrap_or_default();
         ExpertStats {
             per_variant,
-            bytes_loaded: self.bytes_loaded,
-            load_seconds: self.load_time.as_secs_f64(),
-            ..Default::default()
+            skipped: self.skipped,
+            substituted: self.substituted,
+            cpu_computed: self.cpu_computed,
+            bytes_loaded: self.counters.bytes.load(Ordering::Relaxed) - self.base_bytes.0,
+            bytes_from_disk: self.counters.disk_bytes.load(Ordering::Relaxed) - self.base_bytes.1,
+            load_seconds: self.wait.as_secs_f64(),
+            cpu_wait_seconds: self.cpu_wait.as_secs_f64(),
+            prefetch_issued: self.prefetch_issued,
+            prefetch_used: self.prefetch_used,
+            prediction,
         }
     }
 
     fn reset_stats(&mut self) {
-        self.hits = 0;
-        self.misses = 0;
-        self.bytes_loaded = 0;
-        self.load_time = Duration::ZERO;
+        self.hits.fill(0);
+        self.misses.fill(0);
+        self.skipped = 0;
+        self.substituted = 0;
+        self.cpu_computed = 0;
+        self.prefetch_issued = 0;
+        self.prefetch_used = 0;
+        self.wait = Duration::ZERO;
+        self.cpu_wait = Duration::ZERO;
+        self.base_bytes = (
+            self.counters.bytes.load(Ordering::Relaxed),
+            self.counters.disk_bytes.load(Ordering::Relaxed),
+        );
+        if let Some((p, _, _)) = self.predictor.as_mut() {
+            p.reset_stats();
+        }
     }
 }
+

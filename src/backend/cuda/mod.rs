@@ -9,7 +9,7 @@
 mod experts;
 mod kernels;
 
-pub use experts::{CacheConfig, CudaExperts};
+pub use experts::{CacheConfig, CudaExperts, Tier};
 pub use kernels::Kernels;
 
 use std::collections::HashMap;
@@ -393,6 +393,17 @@ impl Gpu {
         // to `src` because the stream is synchronized before returning.
         unsafe {
             cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream())
+                .map_err(cuda_err)?;
+        }
+        self.sync()
+    }
+
+    /// Device-to-host copy of f32 values (waits for the compute stream).
+    pub fn download_f32(&self, src: u64, dst: &mut [f32]) -> crate::Result<()> {
+        // SAFETY: src addresses at least dst.len() floats; the stream is synchronized before dst
+        // is read.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())
                 .map_err(cuda_err)?;
         }
         self.sync()

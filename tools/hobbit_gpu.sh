@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Issue 5's device grid: the HOBBIT engine's ablation (a)-(e) on a Mixtral-8x7B-shaped synthetic
+# model, under rtx4090-24g (f16 high, int4 low) and jetson-orin-32g (int8 high, int2 low, SSD tier,
+# mapped host slots). Run on the device machine after tools/stage_gpu.sh:
+#   bash tools/hobbit_gpu.sh prepare     convert the synthetic model (and build llama.cpp if staged)
+#   bash tools/hobbit_gpu.sh rtx4090     rows (a)-(e) under rtx4090-24g   -> $OUT/hobbit-rtx4090.md
+#   bash tools/hobbit_gpu.sh jetson      rows (a)-(e) under jetson-orin-32g -> $OUT/hobbit-jetson.md
+# LAYERS (default 8) of the 32 layers: the device's disk holds ~8 with all four variants.
+# The expert cache is scaled to the file: the share of Mixtral's experts the profile's budget holds
+# beside 3.21 GB of non-expert weights and ~1 GB of KV cache and buffers, times the file's experts.
+# Rows: (a) high only, LRU, on demand; (b) + dynamic precision (--low, T1/T2 0.6/0.9);
+# (c) + stacked-gate prefetch (2 layers); (d) + the HOBBIT cache policy; (e) + cooperative CPU experts.
+set -uo pipefail
+LAYERS="${LAYERS:-8}"
+out="${OUT:-/tmp/hob-out}"; mkdir -p "$out"
+hob=.gpu/hob
+mkdir -p .gpu/lib
+for lib in nvrtc cublas cublasLt; do
+  ldconfig -p | grep -q "lib$lib.so " || { f=$(ls /usr/local/cuda/lib64/lib$lib.so.1[0-9]* 2>/dev/null | head -1); [ -n "$f" ] && ln -sf "$f" .gpu/lib/lib$lib.so; }
+done
+export LD_LIBRARY_PATH="$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}" HOB_CACHE_DIR=/tmp/hob-cache
+model=/tmp/mixtral-synthetic-${LAYERS}l-4v.hob
+log="$out/hobbit.log"
+# Cache share of a budget holding full Mixtral at `per` bytes per expert, scaled to the file (GiB).
+share() { python3 -c "
+gib=2**30; avail=$1*gib-3.21e9-1e9; per=$2; total=256*per
+frac=min(1.0, avail/total); print(f'{frac*$LAYERS*8*per/gib:.3f}')"; }
+row() { # label, profile, args...
+  local label="$1"; shift
+  echo "== $label: $*" >> "$log"
+  "$hob" bench -m "$model" --stats "$@" 2>>"$log" | grep -v '^| ---\|^| model' | sed "s/^|/| $label |/" >> "$out/$table"
+}
+header() {
+  echo "| row | model | size | params | backend | profile | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit |" > "$out/$table"
+  echo "|---|---|---:|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|" >> "$out/$table"
+}
+case "${1:-}" in
+prepare)
+  {
+    echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%F), $(nproc) CPU threads"
+    [ -f "$model" ] || /usr/bin/time -v "$hob" convert --synthetic mixtral-8x7b --layers "$LAYERS" \
+        --experts f16,int8,int4,int2 -o "$model" --no-progress 2>&1 | grep -E "Elapsed|wrote|GB" || true
+    ls -l "$model"; df -h /tmp | tail -1
+  } >> "$log" 2>&1
+  if [ -f .gpu/llama-src.tar.xz ] && [ ! -x /tmp/llama/build/bin/llama-bench ]; then
+    bash tools/llamacpp_gpu.sh build >> "$log" 2>&1 || echo "llama.cpp build failed" >> "$log"
+  fi
+  tail -5 "$log" ;;
+rtx4090)
+  table=hobbit-rtx4090.md; header
+  c=$(share 24 352.3e6)
+  echo "rtx4090-24g expert cache scaled to $LAYERS layers: $c GiB" >> "$log"
+  p=(--platform rtx4090-24g --expert-variant f16 --expert-cache "$c" -r 3)
+  row a "${p[@]}" --low none --cache-policy lru --prefetch 0 -p 512 -n 32
+  row b "${p[@]}" --low int4 --cache-policy lru --prefetch 0 -p 0 -n 32
+  row c "${p[@]}" --low int4 --cache-policy lru --prefetch 2 -p 0 -n 32
+  row d "${p[@]}" --low int4 --cache-policy hobbit --prefetch 2 -p 512 -n 32
+  row e "${p[@]}" --low int4 --cache-policy hobbit --prefetch 2 --cpu-experts -t "$(nproc)" -p 0 -n 32
+  row "e, f16 only" "${p[@]}" --low none --cache-policy hobbit --prefetch 2 --cpu-experts -t "$(nproc)" -p 0 -n 32
+  cat "$out/$table" ;;
+jetson)
+  table=hobbit-jetson.md; header
+  c=$(share 24 185.6e6)
+  echo "jetson-orin-32g expert cache scaled to $LAYERS layers: $c GiB (int8 sizing)" >> "$log"
+  p=(--platform jetson-orin-32g --expert-variant int8 --expert-cache "$c" -r 2 -p 0 -n 8)
+  row a "${p[@]}" --low none --cache-policy lru --prefetch 0
+  row b "${p[@]}" --low int2 --cache-policy lru --prefetch 0
+  row c "${p[@]}" --low int2 --cache-policy lru --prefetch 2
+  row d "${p[@]}" --low int2 --cache-policy hobbit --prefetch 2
+  row e "${p[@]}" --low int2 --cache-policy hobbit --prefetch 2 --cpu-experts -t "$(nproc)"
+  cat "$out/$table" ;;
+llamacpp)
+  bash tools/llamacpp_gpu.sh bench "$LAYERS" >> "$log" 2>&1; cat "$out/llamacpp.md" ;;
+*) echo "usage: hobbit_gpu.sh prepare|rtx4090|jetson|llamacpp"; exit 2 ;;
+esac
