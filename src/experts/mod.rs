@@ -2,9 +2,13 @@
 //! scorer, the precision-aware cache policy, routing traces and their replay, the load
 //! scheduler thread and the slow-tier readers. Backends (backend/cuda, backend/cpu) drive these.
 
+pub mod cache;
 pub mod scorer;
+pub mod trace;
 
+pub use cache::{ExpertCache, HobbitWeights, Insertion, Policy, PoolKind};
 pub use scorer::{Precision, PrecisionPlan, Thresholds};
+pub use trace::{Trace, TraceHeader, TraceWriter};
 
 /// An expert of the model: (layer, expert index).
 pub type ExpertKey = (usize, usize);
