@@ -10,6 +10,7 @@ pub mod engine;
 pub mod inspect;
 pub mod perplexity;
 pub mod run;
+pub mod sim;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -34,6 +35,8 @@ pub enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Tokens per second, llama-bench style, with the MoE columns and the physical limit.
     Bench(bench::BenchArgs),
+    /// Replay a routing trace through the expert cache policies (miss penalty per cache size).
+    Sim(sim::SimArgs),
 }
 
 #[derive(Args, Debug)]
@@ -92,5 +95,6 @@ pub fn main_with(cli: Cli) -> crate::Result<()> {
         Command::Run(a) => run::run(&a),
         Command::Perplexity(a) => perplexity::run(&a),
         Command::Bench(a) => bench::run(&a),
+        Command::Sim(a) => sim::run(&a),
     }
 }

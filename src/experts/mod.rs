@@ -6,10 +6,12 @@ pub mod cache;
 pub mod io;
 pub mod predictor;
 pub mod scheduler;
-pub mod trace;
 pub mod scorer;
+pub mod trace;
 
+pub use cache::{ExpertCache, HobbitWeights, Insertion, Policy, PoolKind};
 pub use scorer::{Group, LayerPlan, Precision, PrecisionPlan, Thresholds};
+pub use trace::{Trace, TraceHeader, TraceWriter};
 
 /// An expert of the model: (layer, expert index).
 pub type ExpertKey = (usize, usize);

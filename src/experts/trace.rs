@@ -1,0 +1,562 @@
+//! Routing traces: which experts each token of each layer selected, with their gate weights and
+//! precision decisions, as JSON lines (formats/trace.md). `hob sim` replays them through the
+//! cache policies.
+//!
+//! Line 1 is the header object:
+//! `{"hob_trace":1,"model":"mixtral","layers":32,"experts":8,"top_k":2,"high":"f16",
+//! "low":"int4","high_bytes":352321536,"low_bytes":99090432,"t1":0.6,"t2":0.9}`
+//! (`low` null and `low_bytes` 0 when there is no low variant; the byte counts are one expert's
+//! size in that variant). Every further line is one token of one layer:
+//! `{"seq":0,"tok":5,"layer":3,"routes":[[6,0.71,"high"],[2,0.29,"low"]]}`, each route
+//! `[expert, gate weight, "high"|"low"|"skip"]`, exactly `top_k` of them, distinct experts.
+//! Records are in strictly increasing (seq, tok, layer) order; layers a token did not route
+//! (dense layers) are simply absent. Blank lines are ignored.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::Precision;
+use crate::model::ops::Route;
+use crate::Error;
+
+/// The trace format version written in the header's `hob_trace` field.
+pub const TRACE_VERSION: u64 = 1;
+
+/// The first line of a trace (its `hob_trace` version field is added on writing).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    pub model: String,
+    pub layers: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    /// Name of the high-precision variant (e.g. "f16").
+    pub high: String,
+    /// Name of the low-precision variant; None: there is none and no route is "low".
+    pub low: Option<String>,
+    /// Bytes of one expert in the high variant.
+    pub high_bytes: u64,
+    /// Bytes of one expert in the low variant (0 without one).
+    pub low_bytes: u64,
+    pub t1: f32,
+    pub t2: f32,
+}
+
+impl TraceHeader {
+    /// The shape and byte-count checks shared by the reader and the writer.
+    fn check(&self) -> Result<(), String> {
+        if self.layers == 0 || self.experts == 0 {
+            return Err("layers and experts must be at least 1".into());
+        }
+        if self.top_k == 0 || self.top_k > self.experts {
+            return Err(format!(
+                "top_k {} must be in 1..={} (experts)",
+                self.top_k, self.experts
+            ));
+        }
+        if self.high_bytes == 0 {
+            return Err("high_bytes must be at least 1".into());
+        }
+        match self.low {
+            Some(_) if self.low_bytes == 0 => {
+                return Err("low_bytes must be at least 1 when low is set".into())
+            }
+            None if self.low_bytes != 0 => {
+                return Err("low_bytes must be 0 when low is null".into())
+            }
+            _ => {}
+        }
+        if !self.t1.is_finite() || !self.t2.is_finite() {
+            return Err("t1 and t2 must be finite numbers".into());
+        }
+        Ok(())
+    }
+}
+
+/// One routed expert of a trace record.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TracedRoute {
+    pub expert: usize,
+    pub weight: f32,
+    pub precision: Precision,
+}
+
+/// One token of one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceRecord {
+    pub seq: u64,
+    pub tok: u64,
+    pub layer: usize,
+    pub routes: Vec<TracedRoute>,
+}
+
+impl TraceRecord {
+    /// Index into `routes` of the token's top-1 route: the largest weight, ties to the lower
+    /// expert index (the scorer's ranking).
+    pub fn top1(&self) -> Option<usize> {
+        (0..self.routes.len()).min_by(|&a, &b| {
+            let (ra, rb) = (&self.routes[a], &self.routes[b]);
+            rb.weight
+                .total_cmp(&ra.weight)
+                .then(ra.expert.cmp(&rb.expert))
+        })
+    }
+}
+
+/// A whole trace, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trace {
+    pub header: TraceHeader,
+    pub records: Vec<TraceRecord>,
+}
+
+#[derive(Serialize)]
+struct HeaderOut<'a> {
+    hob_trace: u64,
+    #[serde(flatten)]
+    header: &'a TraceHeader,
+}
+
+#[derive(Serialize)]
+struct RecordOut<'a> {
+    seq: u64,
+    tok: u64,
+    layer: usize,
+    routes: &'a [(usize, f32, &'static str)],
+}
+
+#[derive(Deserialize)]
+struct RecordIn {
+    seq: u64,
+    tok: u64,
+    layer: usize,
+    routes: Vec<(usize, f32, String)>,
+}
+
+impl Trace {
+    /// Read and validate a trace; errors name the file and the 1-based line.
+    pub fn read(path: impl AsRef<Path>) -> crate::Result<Trace> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+        Trace::parse(path, BufReader::new(file))
+    }
+
+    /// Parse a trace from any reader; `path` only names it in errors.
+    pub fn parse(path: &Path, reader: impl BufRead) -> crate::Result<Trace> {
+        let bad =
+            |line: usize, msg: String| Error::Invalid(format!("{}:{line}: {msg}", path.display()));
+        let mut header: Option<TraceHeader> = None;
+        let mut records = Vec::new();
+        let mut last: Option<(u64, u64, usize)> = None;
+        let mut seen = Vec::new();
+        for (i, line) in reader.lines().enumerate() {
+            let n = i + 1;
+            let line = line.map_err(|e| Error::io(path, "read", e))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let Some(h) = &header else {
+                header =
+                    Some(parse_header(&line).map_err(|m| bad(n, format!("trace header: {m}")))?);
+                continue;
+            };
+            let rec: RecordIn =
+                serde_json::from_str(&line).map_err(|e| bad(n, format!("bad record: {e}")))?;
+            if rec.layer >= h.layers {
+                return Err(bad(
+                    n,
+                    format!("layer {} >= layers {}", rec.layer, h.layers),
+                ));
+            }
+            if rec.routes.len() != h.top_k {
+                return Err(bad(
+                    n,
+                    format!(
+                        "{} routes, the header's top_k is {}",
+                        rec.routes.len(),
+                        h.top_k
+                    ),
+                ));
+            }
+            let key = (rec.seq, rec.tok, rec.layer);
+            if let Some(prev) = last {
+                if key <= prev {
+                    return Err(bad(
+                        n,
+                        format!(
+                            "(seq {}, tok {}, layer {}) after (seq {}, tok {}, layer {}): records \
+                             must be in increasing (seq, tok, layer) order",
+                            key.0, key.1, key.2, prev.0, prev.1, prev.2
+                        ),
+                    ));
+                }
+            }
+            last = Some(key);
+            seen.clear();
+            let mut routes = Vec::with_capacity(h.top_k);
+            for (expert, weight, p) in rec.routes {
+                if expert >= h.experts {
+                    return Err(bad(n, format!("expert {expert} >= experts {}", h.experts)));
+                }
+                if seen.contains(&expert) {
+                    return Err(bad(n, format!("expert {expert} routed twice")));
+                }
+                seen.push(expert);
+                if !weight.is_finite() {
+                    return Err(bad(
+                        n,
+                        format!("expert {expert}: weight {weight} is not finite"),
+                    ));
+                }
+                let precision = match p.as_str() {
+                    "high" => Precision::High,
+                    "low" if h.low.is_some() => Precision::Low,
+                    "low" => {
+                        return Err(bad(
+                            n,
+                            format!("expert {expert} is \"low\" but the header has no low variant"),
+                        ))
+                    }
+                    "skip" => Precision::Skip,
+                    other => {
+                        return Err(bad(
+                            n,
+                            format!(
+                                "expert {expert}: unknown precision {other:?} (high, low or skip)"
+                            ),
+                        ))
+                    }
+                };
+                routes.push(TracedRoute {
+                    expert,
+                    weight,
+                    precision,
+                });
+            }
+            records.push(TraceRecord {
+                seq: rec.seq,
+                tok: rec.tok,
+                layer: rec.layer,
+                routes,
+            });
+        }
+        let header = header.ok_or_else(|| {
+            Error::Invalid(format!("{}: empty file, no trace header", path.display()))
+        })?;
+        Ok(Trace { header, records })
+    }
+
+    /// Tokens in the trace (distinct (seq, tok) pairs).
+    pub fn tokens(&self) -> usize {
+        self.records
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| {
+                *i == 0 || {
+                    let p = &self.records[i - 1];
+                    (p.seq, p.tok) != (r.seq, r.tok)
+                }
+            })
+            .count()
+    }
+
+    /// Sequences in the trace (distinct seq values).
+    pub fn sequences(&self) -> usize {
+        self.records
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| *i == 0 || self.records[i - 1].seq != r.seq)
+            .count()
+    }
+}
+
+fn parse_header(line: &str) -> Result<TraceHeader, String> {
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    match value.get("hob_trace").and_then(|v| v.as_u64()) {
+        Some(TRACE_VERSION) => {}
+        Some(v) => {
+            return Err(format!(
+                "version {v}, this hob reads version {TRACE_VERSION}"
+            ))
+        }
+        None => return Err("no \"hob_trace\" version field: not a hob trace".into()),
+    }
+    let header: TraceHeader = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    header.check()?;
+    Ok(header)
+}
+
+/// Writes a trace as the engine runs.
+///
+/// Token numbering: within a sequence the first record is token 0, and the token index advances
+/// whenever a record's layer is not above the previous record's (the layer wrapped back to 0, or
+/// any lower or equal layer); `begin_sequence` starts the next sequence at token 0. Sequences are
+/// numbered from 0; `begin_sequence` before any record of the current sequence does nothing.
+pub struct TraceWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+    header: TraceHeader,
+    seq: u64,
+    tok: u64,
+    last_layer: Option<usize>,
+    routes: Vec<(usize, f32, &'static str)>,
+}
+
+impl TraceWriter {
+    /// Create (truncate) `path` and write the header.
+    pub fn create(path: impl AsRef<Path>, header: &TraceHeader) -> crate::Result<TraceWriter> {
+        let path = path.as_ref().to_path_buf();
+        header
+            .check()
+            .map_err(|m| Error::Invalid(format!("{}: trace header: {m}", path.display())))?;
+        let file = File::create(&path).map_err(|e| Error::io(&path, "create", e))?;
+        let mut w = TraceWriter {
+            out: BufWriter::new(file),
+            path,
+            header: header.clone(),
+            seq: 0,
+            tok: 0,
+            last_layer: None,
+            routes: Vec::new(),
+        };
+        let line = HeaderOut {
+            hob_trace: TRACE_VERSION,
+            header,
+        };
+        w.write_line(&line)?;
+        Ok(w)
+    }
+
+    fn write_line(&mut self, v: &impl Serialize) -> crate::Result<()> {
+        let io = |e| Error::io(&self.path, "write", e);
+        serde_json::to_writer(&mut self.out, v).map_err(|e| io(e.into()))?;
+        self.out.write_all(b"\n").map_err(io)
+    }
+
+    /// Start the next sequence (token 0 again).
+    pub fn begin_sequence(&mut self) {
+        if self.last_layer.is_some() {
+            self.seq += 1;
+        }
+        self.tok = 0;
+        self.last_layer = None;
+    }
+
+    /// One token of one layer: `decisions[i]` for `routes[i]`. A low decision when the header
+    /// has no low variant is written as high (it is computed with the high variant).
+    pub fn record(
+        &mut self,
+        layer: usize,
+        routes: &[Route],
+        decisions: &[Precision],
+    ) -> crate::Result<()> {
+        let h = &self.header;
+        let bad = |m: String| Error::Invalid(format!("{}: trace record: {m}", self.path.display()));
+        if layer >= h.layers {
+            return Err(bad(format!("layer {layer} >= layers {}", h.layers)));
+        }
+        if routes.len() != h.top_k || decisions.len() != h.top_k {
+            return Err(bad(format!(
+                "{} routes and {} decisions, top_k is {}",
+                routes.len(),
+                decisions.len(),
+                h.top_k
+            )));
+        }
+        if let Some(r) = routes.iter().find(|r| r.expert >= h.experts) {
+            return Err(bad(format!("expert {} >= experts {}", r.expert, h.experts)));
+        }
+        let has_low = h.low.is_some();
+        if let Some(last) = self.last_layer {
+            if layer <= last {
+                self.tok += 1;
+            }
+        }
+        self.last_layer = Some(layer);
+        self.routes.clear();
+        for (r, d) in routes.iter().zip(decisions) {
+            let name = match d {
+                Precision::Low if !has_low => Precision::High.name(),
+                d => d.name(),
+            };
+            self.routes.push((r.expert, r.weight, name));
+        }
+        let routes = std::mem::take(&mut self.routes);
+        let res = self.write_line(&RecordOut {
+            seq: self.seq,
+            tok: self.tok,
+            layer,
+            routes: &routes,
+        });
+        self.routes = routes;
+        res
+    }
+
+    /// Flush and close.
+    pub fn finish(mut self) -> crate::Result<()> {
+        self.out
+            .flush()
+            .map_err(|e| Error::io(&self.path, "write", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Precision::*;
+
+    pub(crate) fn header() -> TraceHeader {
+        TraceHeader {
+            model: "tiny".into(),
+            layers: 2,
+            experts: 4,
+            top_k: 2,
+            high: "f16".into(),
+            low: Some("int4".into()),
+            high_bytes: 4,
+            low_bytes: 1,
+            t1: 0.6,
+            t2: 0.9,
+        }
+    }
+
+    fn r(expert: usize, weight: f32) -> Route {
+        Route { expert, weight }
+    }
+
+    #[test]
+    fn writer_roundtrip_and_token_numbering() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        let mut w = TraceWriter::create(&path, &header()).unwrap();
+        w.begin_sequence(); // before any record: still sequence 0
+        w.record(0, &[r(1, 0.7), r(2, 0.3)], &[High, Low]).unwrap();
+        w.record(1, &[r(0, 0.95), r(3, 0.05)], &[High, Skip])
+            .unwrap();
+        w.record(0, &[r(2, 0.5), r(1, 0.5)], &[High, High]).unwrap(); // wrap: token 1
+        w.record(0, &[r(3, 0.6), r(1, 0.4)], &[High, High]).unwrap(); // same layer: token 2
+        w.begin_sequence();
+        w.record(1, &[r(3, 0.6), r(0, 0.4)], &[High, Low]).unwrap();
+        assert!(w.record(2, &[r(0, 0.5), r(1, 0.5)], &[High, High]).is_err());
+        assert!(w.record(0, &[r(4, 0.5), r(1, 0.5)], &[High, High]).is_err());
+        assert!(w.record(0, &[r(0, 1.0)], &[High]).is_err());
+        w.finish().unwrap();
+
+        let t = Trace::read(&path).unwrap();
+        assert_eq!(t.header, header());
+        let keys: Vec<_> = t.records.iter().map(|r| (r.seq, r.tok, r.layer)).collect();
+        assert_eq!(
+            keys,
+            [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 2, 0), (1, 0, 1)]
+        );
+        assert_eq!(
+            t.records[1].routes,
+            [
+                TracedRoute {
+                    expert: 0,
+                    weight: 0.95,
+                    precision: High
+                },
+                TracedRoute {
+                    expert: 3,
+                    weight: 0.05,
+                    precision: Skip
+                },
+            ]
+        );
+        assert_eq!(t.records[0].routes[1].precision, Low);
+        assert_eq!(t.tokens(), 4);
+        assert_eq!(t.sequences(), 2);
+        // Equal weights: the lower expert is the top-1.
+        assert_eq!(t.records[2].top1(), Some(1));
+    }
+
+    #[test]
+    fn low_without_low_variant_is_written_high() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        let h = TraceHeader {
+            low: None,
+            low_bytes: 0,
+            ..header()
+        };
+        let mut w = TraceWriter::create(&path, &h).unwrap();
+        w.record(0, &[r(1, 0.7), r(2, 0.3)], &[High, Low]).unwrap();
+        w.finish().unwrap();
+        let t = Trace::read(&path).unwrap();
+        assert_eq!(t.records[0].routes[1].precision, High);
+    }
+
+    fn read_err(text: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.jsonl");
+        std::fs::write(&path, text).unwrap();
+        let e = Trace::read(&path).unwrap_err().to_string();
+        assert!(e.contains("bad.jsonl"), "{e}");
+        e
+    }
+
+    const HEAD: &str = r#"{"hob_trace":1,"model":"m","layers":2,"experts":4,"top_k":2,"high":"f16","low":"int4","high_bytes":4,"low_bytes":1,"t1":0.6,"t2":0.9}"#;
+
+    #[test]
+    fn reader_errors_name_line_and_problem() {
+        let rec = |s: &str| format!("{HEAD}\n{s}\n");
+        assert!(read_err("").contains("no trace header"));
+        let e = read_err(r#"{"hob_trace":1,"model":"m","layers":2}"#);
+        assert!(
+            e.contains("bad.jsonl:1: trace header") && e.contains("missing field"),
+            "{e}"
+        );
+        let e = read_err(r#"{"model":"m"}"#);
+        assert!(e.contains(":1:") && e.contains("not a hob trace"), "{e}");
+        let e = read_err(&rec(
+            r#"{"seq":0,"tok":0,"layer":0,"routes":[[1,0.5,"high"],"#,
+        ));
+        assert!(e.contains("bad.jsonl:2: bad record"), "{e}");
+        let e = read_err(&rec(
+            r#"{"seq":0,"tok":0,"layer":0,"routes":[[4,0.5,"high"],[1,0.5,"low"]]}"#,
+        ));
+        assert!(e.contains(":2: expert 4 >= experts 4"), "{e}");
+        let e = read_err(&rec(
+            r#"{"seq":0,"tok":0,"layer":2,"routes":[[0,0.5,"high"],[1,0.5,"low"]]}"#,
+        ));
+        assert!(e.contains(":2: layer 2 >= layers 2"), "{e}");
+        let e = read_err(&rec(
+            r#"{"seq":0,"tok":0,"layer":0,"routes":[[0,1.0,"high"]]}"#,
+        ));
+        assert!(e.contains(":2: 1 routes, the header's top_k is 2"), "{e}");
+        let e = read_err(&rec(
+            r#"{"seq":0,"tok":0,"layer":0,"routes":[[0,0.5,"high"],[1,0.5,"int3"]]}"#,
+        ));
+        assert!(
+            e.contains(":2: expert 1: unknown precision \"int3\""),
+            "{e}"
+        );
+        let e = read_err(&rec(
+            r#"{"seq":0,"tok":0,"layer":0,"routes":[[0,0.5,"high"],[0,0.5,"low"]]}"#,
+        ));
+        assert!(e.contains("routed twice"), "{e}");
+        let two = format!(
+            "{HEAD}\n{}\n\n{}\n",
+            r#"{"seq":0,"tok":1,"layer":0,"routes":[[0,0.5,"high"],[1,0.5,"low"]]}"#,
+            r#"{"seq":0,"tok":0,"layer":1,"routes":[[0,0.5,"high"],[1,0.5,"low"]]}"#
+        );
+        let e = read_err(&two);
+        assert!(
+            e.contains("bad.jsonl:4:") && e.contains("increasing (seq, tok, layer)"),
+            "{e}"
+        );
+        let no_low = HEAD
+            .replace(r#""int4""#, "null")
+            .replace(r#""low_bytes":1"#, r#""low_bytes":0"#);
+        let e = read_err(&format!(
+            "{no_low}\n{}\n",
+            r#"{"seq":0,"tok":0,"layer":0,"routes":[[0,0.5,"high"],[1,0.5,"low"]]}"#
+        ));
+        assert!(e.contains("no low variant"), "{e}");
+        let e = read_err(&HEAD.replace(r#""top_k":2"#, r#""top_k":5"#));
+        assert!(e.contains("top_k 5"), "{e}");
+    }
+}
