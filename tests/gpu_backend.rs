@@ -392,7 +392,11 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         c.substitute_low = true;
         c
     };
-    let policies = [Policy::Lru, Policy::Lfu, Policy::parse("hobbit", None).unwrap()];
+    let policies = [
+        Policy::Lru,
+        Policy::Lfu,
+        Policy::parse("hobbit", None).unwrap(),
+    ];
     let mut cases: Vec<(String, CacheConfig)> = Vec::new();
     for slots in [total, total / 4, 3] {
         for (pi, policy) in policies.iter().enumerate() {
@@ -400,7 +404,10 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
                 let mut c = exact(slots);
                 c.policy = *policy;
                 c.prefetch = prefetch;
-                cases.push((format!("{slots} slots, policy {pi}, prefetch {prefetch}"), c));
+                cases.push((
+                    format!("{slots} slots, policy {pi}, prefetch {prefetch}"),
+                    c,
+                ));
             }
         }
     }
@@ -426,7 +433,10 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         );
         assert_eq!(st.skipped + st.substituted, 0, "{name}");
         assert_eq!(ids, want_ids, "{name}: greedy tokens differ");
-        assert!(all == want_all && steps == want_steps, "{name}: logits differ");
+        assert!(
+            all == want_all && steps == want_steps,
+            "{name}: logits differ"
+        );
     }
     // Cooperative mode: missed decode experts computed on the CPU.
     let mut c = exact(total / 4);
@@ -439,7 +449,10 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         "cooperative: {} experts on the CPU, decode NMSE {e:.2e}",
         st.cpu_computed
     );
-    assert!(st.cpu_computed > 0, "a quarter cache must send misses to the CPU");
+    assert!(
+        st.cpu_computed > 0,
+        "a quarter cache must send misses to the CPU"
+    );
     assert_eq!(all, want_all, "prefill never uses the CPU");
     assert_eq!(ids, want_ids);
     assert!(e <= 1e-10, "cooperative decode NMSE {e:e}");
@@ -473,6 +486,7 @@ fn dynamic_precision_on_the_gpu_matches_the_cpu() {
     c.plan = plan;
     c.low_share = 0.5;
     c.substitute_low = false;
+    c.upgrade_low = false;
     let mut gs = engine_session(&g, &model, c);
     let (c_all, c_ids, c_steps) = greedy(&mut *cpu, &r.input_ids, 16);
     let (g_all, g_ids, g_steps) = greedy(&mut *gs, &r.input_ids, 16);

@@ -175,7 +175,11 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
             / tok;
         if args.model.stats {
             eprintln!("bench: {test}:");
-            super::engine::print_expert_stats(&total, tokens, samples.iter().map(|r| args_n(test) as f64 / r).sum());
+            super::engine::print_expert_stats(
+                &total,
+                tokens,
+                samples.iter().map(|r| args_n(test) as f64 / r).sum(),
+            );
         }
         let moe = MoeStats {
             hit_rates: total

@@ -193,7 +193,11 @@ impl ModelArgs {
     }
 
     /// The --record-trace writer, if asked for.
-    pub fn trace_writer(&self, file: &HobFile, model: &Model<'_>) -> crate::Result<Option<TraceWriter>> {
+    pub fn trace_writer(
+        &self,
+        file: &HobFile,
+        model: &Model<'_>,
+    ) -> crate::Result<Option<TraceWriter>> {
         let Some(path) = &self.record_trace else {
             return Ok(None);
         };
@@ -208,7 +212,9 @@ impl ModelArgs {
             high: v[plan.high].to_string(),
             low: plan.low.map(|l| v[l].to_string()),
             high_bytes: file.expert_layout(plan.high).padded_size as u64,
-            low_bytes: plan.low.map_or(0, |l| file.expert_layout(l).padded_size as u64),
+            low_bytes: plan
+                .low
+                .map_or(0, |l| file.expert_layout(l).padded_size as u64),
             t1: plan.thresholds.t1,
             t2: plan.thresholds.t2,
         };
@@ -283,6 +289,7 @@ impl ModelArgs {
                     policy: Policy::parse(&self.cache_policy, self.cache_weights.as_deref())?,
                     low_share: self.low_share,
                     substitute_low: !self.no_substitute,
+                    upgrade_low: true,
                     prefetch: self.prefetch,
                     cpu_experts: self.cpu_experts.then_some(self.threads),
                     tier: if self.ssd || unified {
@@ -306,7 +313,8 @@ impl ModelArgs {
             _ => {
                 let backend = self.backend()?;
                 let label = format!("cpu: {} threads", backend.threads());
-                let experts = CpuExperts::with_plan(file, plan)?.with_trace(self.trace_writer(file, model)?);
+                let experts =
+                    CpuExperts::with_plan(file, plan)?.with_trace(self.trace_writer(file, model)?);
                 bind(model, backend, Box::new(experts), ctx, label)
             }
         }

@@ -569,6 +569,12 @@ pub fn simulate(
                         plan.push((key, PoolKind::High, false, Precision::High));
                     }
                 }
+                // A low route whose high copy is cached runs from it (low precision is for
+                // misses only, as the engine does).
+                Precision::Low if cache.lookup(PoolKind::High, key).is_some() => {
+                    res.low_hits += 1;
+                    plan.push((key, PoolKind::High, true, Precision::High));
+                }
                 Precision::Low => {
                     let hit = cache.lookup(PoolKind::Low, key).is_some();
                     if hit {
@@ -907,23 +913,23 @@ mod tests {
         );
         // With substitution, s0t1 L0's (0,1) (not top-1) uses the low copy: H keeps (1,2), so
         // s0t1 L1's (1,2) hits; (1,0) low miss evicts (0,1). At s1t0 the top-1 (0,1) cannot
-        // substitute: high miss, counters reset so (0,0) and (1,2) tie at R 0 and slot 0's
-        // (0,0) goes; (0,0) low miss evicts (1,0).
+        // substitute: high miss; the low route (0,0) runs from its cached high copy (a low
+        // hit, protected), so (0,1) evicts (1,2).
         let r = simulate(&t, Policy::Lru, 2, 1, true);
         assert_eq!(
             r,
             SimResult {
                 high_hits: 2,
                 high_misses: 3,
-                low_hits: 0,
-                low_misses: 3,
+                low_hits: 1,
+                low_misses: 2,
                 substitutions: 1,
                 skips: 1,
                 uncached: 0,
-                penalty: 3.75,
+                penalty: 3.5,
             }
         );
-        assert!((r.hit_rate() - 3.0 / 9.0).abs() < 1e-12);
+        assert!((r.hit_rate() - 4.0 / 9.0).abs() < 1e-12);
         // No slots at all: every served route misses and nothing is kept.
         let r = simulate(&t, Policy::Lru, 0, 0, false);
         assert_eq!((r.high_misses, r.low_misses, r.uncached), (6, 3, 9));

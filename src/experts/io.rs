@@ -58,9 +58,11 @@ impl AlignedBuf {
     /// `len` bytes, rounded up to whole pages underneath. Fails (instead of aborting) when the
     /// memory cannot be had.
     pub fn new(len: usize) -> Result<Self> {
-        let pages = bytemuck::allocation::try_zeroed_vec(len.div_ceil(DIRECT_ALIGN))
-            .map_err(|()| {
-                Error::Invalid(format!("cannot allocate {len} bytes of aligned host memory"))
+        let pages =
+            bytemuck::allocation::try_zeroed_vec(len.div_ceil(DIRECT_ALIGN)).map_err(|()| {
+                Error::Invalid(format!(
+                    "cannot allocate {len} bytes of aligned host memory"
+                ))
             })?;
         Ok(AlignedBuf { pages, len })
     }
@@ -87,13 +89,7 @@ fn read_error(path: &Path, offset: u64, len: usize, e: io::Error) -> Error {
 }
 
 /// The checks every read makes before touching the file: alignment (for O_DIRECT) and bounds.
-fn check_request(
-    path: &Path,
-    file_len: u64,
-    align: usize,
-    offset: u64,
-    dst: &[u8],
-) -> Result<()> {
+fn check_request(path: &Path, file_len: u64, align: usize, offset: u64, dst: &[u8]) -> Result<()> {
     let (len, addr) = (dst.len(), dst.as_ptr() as usize);
     if align > 1 && (offset % align as u64 != 0 || len % align != 0 || addr % align != 0) {
         return Err(Error::io(
@@ -291,7 +287,8 @@ mod uring {
                 )));
             }
             let (file, len) = open_file(path, true)?;
-            let ring = IoUring::new(opts.depth).map_err(|e| Error::io(path, "io_uring setup", e))?;
+            let ring =
+                IoUring::new(opts.depth).map_err(|e| Error::io(path, "io_uring setup", e))?;
             let mut probe = io_uring::Probe::new();
             ring.submitter()
                 .register_probe(&mut probe)
@@ -411,7 +408,8 @@ mod uring {
                             first_err.get_or_insert(read_error(&self.path, at, p.len - p.done, e));
                         }
                     } else if res == 0 {
-                        let e = io::Error::new(io::ErrorKind::UnexpectedEof, "the file ended early");
+                        let e =
+                            io::Error::new(io::ErrorKind::UnexpectedEof, "the file ended early");
                         first_err.get_or_insert(read_error(&self.path, at, p.len - p.done, e));
                     } else {
                         p.done += res as usize;
@@ -901,13 +899,18 @@ mod tests {
         assert_eq!(r.alignment(), 1);
         let w = warnings.clone();
         assert!(w.len() >= 3, "{w:?}");
-        assert!(w[0].contains("io_uring") && w[0].contains("refused"), "{w:?}");
+        assert!(
+            w[0].contains("io_uring") && w[0].contains("refused"),
+            "{w:?}"
+        );
         let last = &w[w.len() - 1];
         assert!(
             last.contains("O_DIRECT refused") && last.contains("buffered pread"),
             "{w:?}"
         );
-        assert!(w.iter().all(|m| m.contains(&f.path().display().to_string())));
+        assert!(w
+            .iter()
+            .all(|m| m.contains(&f.path().display().to_string())));
 
         // No direct I/O asked: buffered at once, nothing to warn about.
         warnings.clear();
@@ -918,7 +921,9 @@ mod tests {
         assert_eq!(r.reader_kind(), "pread");
         assert!(warnings.is_empty());
         // A missing file is an error, not a fallback.
-        let e = open_reader(&dir.join("no-such-file.hob"), true).err().unwrap();
+        let e = open_reader(&dir.join("no-such-file.hob"), true)
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("no-such-file.hob"), "{e}");
     }
 
@@ -971,7 +976,10 @@ mod tests {
             .filter(|l| l.contains(&name))
             .cloned()
             .collect();
-        eprintln!("tmpfs: O_DIRECT accepted: {direct_ok}; reader {}; log {mine:?}", r.reader_kind());
+        eprintln!(
+            "tmpfs: O_DIRECT accepted: {direct_ok}; reader {}; log {mine:?}",
+            r.reader_kind()
+        );
         if direct_ok {
             assert_ne!(r.reader_kind(), "pread");
         } else {
@@ -986,7 +994,8 @@ mod tests {
             assert!(mine.iter().any(|l| l.contains("io_uring")), "{mine:?}");
         }
         let mut buf = AlignedBuf::new(64 * DIRECT_ALIGN).unwrap();
-        r.read_into(8 * DIRECT_ALIGN as u64, buf.as_mut_slice()).unwrap();
+        r.read_into(8 * DIRECT_ALIGN as u64, buf.as_mut_slice())
+            .unwrap();
         assert_bytes(buf.as_slice(), 8 * DIRECT_ALIGN as u64, r.reader_kind());
     }
 
@@ -1097,9 +1106,7 @@ mod tests {
         for k in 0..20usize {
             let offset = (k * 37 % 12) as u64 * (256 << 10);
             let key = (k % 12, 0, 0);
-            let s = c
-                .fill(key, |slot| r.read_into(offset, slot))
-                .unwrap();
+            let s = c.fill(key, |slot| r.read_into(offset, slot)).unwrap();
             assert_bytes(s, offset, r.reader_kind());
         }
     }

@@ -113,10 +113,8 @@ impl<J, D> Queues<J, D> {
             Msg::CancelPrefetches => {
                 // Only jobs not started: a started prefetch has chunks in its destination
                 // already, and finishing it is cheaper than undoing it.
-                let (started, waiting): (VecDeque<_>, VecDeque<_>) = self
-                    .prefetch
-                    .drain(..)
-                    .partition(|e| e.chunks.is_some());
+                let (started, waiting): (VecDeque<_>, VecDeque<_>) =
+                    self.prefetch.drain(..).partition(|e| e.chunks.is_some());
                 self.prefetch = started;
                 for e in waiting {
                     e.resolve(Err(Error::Cancelled("prefetch cancelled")));
@@ -166,7 +164,11 @@ fn step<W: Worker>(w: &mut W, q: &mut Queues<W::Job, W::Done>) {
 }
 
 /// The loop: block while idle, otherwise take every waiting message, then run one chunk.
-fn serve<W: Worker>(w: &mut W, rx: &Receiver<Msg<W::Job, W::Done>>, q: &mut Queues<W::Job, W::Done>) {
+fn serve<W: Worker>(
+    w: &mut W,
+    rx: &Receiver<Msg<W::Job, W::Done>>,
+    q: &mut Queues<W::Job, W::Done>,
+) {
     loop {
         if q.is_idle() {
             match rx.recv() {
@@ -205,7 +207,10 @@ fn thread_main<W: Worker>(
     // job is failed, so no broken invariant of it can be observed.
     let outcome = catch_unwind(AssertUnwindSafe(|| serve(&mut worker, &rx, &mut q)));
     let (result, err): (_, Box<dyn Fn() -> Error>) = match outcome {
-        Ok(()) => (Ok(()), Box::new(|| Error::Cancelled("the loader shut down"))),
+        Ok(()) => (
+            Ok(()),
+            Box::new(|| Error::Cancelled("the loader shut down")),
+        ),
         Err(payload) => {
             let msg = format!("the worker panicked: {}", panic_text(payload.as_ref()));
             log::error!("hob-loader: {msg}; failing every queued load");
@@ -842,7 +847,10 @@ mod tests {
             // The result is handed out once.
             assert!(matches!(t.try_wait(), Some(Err(Error::Invalid(_)))));
         }
-        assert!(cancelled > 0 && ok + cancelled == 200, "{ok} ok, {cancelled} cancelled");
+        assert!(
+            cancelled > 0 && ok + cancelled == 200,
+            "{ok} ok, {cancelled} cancelled"
+        );
         // Every completed job ran all its chunks; nothing ran after the drop.
         let ev = events(&log);
         let completed = ev.iter().filter(|e| e.1 == Ev::Complete).count();

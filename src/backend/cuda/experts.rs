@@ -62,6 +62,9 @@ pub struct CacheConfig {
     pub low_share: f64,
     /// A high-precision miss whose low copy is cached runs in low precision (not the top-1).
     pub substitute_low: bool,
+    /// A low-precision route whose high copy is cached runs in high precision (low precision
+    /// is for misses; off only to compare against the CPU's fixed per-route choice).
+    pub upgrade_low: bool,
     /// Layers predicted ahead for prefetching (0: off).
     pub prefetch: usize,
     /// CPU threads computing missed experts (cooperative mode); None: off.
@@ -83,6 +86,7 @@ impl CacheConfig {
             policy: Policy::Lru,
             low_share: 0.0,
             substitute_low: false,
+            upgrade_low: true,
             prefetch: 0,
             cpu_experts: None,
             tier: Tier::Memory,
@@ -189,7 +193,8 @@ impl Worker for Loader {
             // outlives the loader: it shuts the scheduler down before freeing the arena), and
             // no kernel reads the slot now (the job waited for `after`, and the slot's next
             // reader waits for this job).
-            let dst = unsafe { std::slice::from_raw_parts_mut((job.dst as usize + at) as *mut u8, len) };
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut((job.dst as usize + at) as *mut u8, len) };
             self.fill(src, dst)?;
         } else {
             let (host, done) = &mut self.staging[self.next];
@@ -296,6 +301,7 @@ pub struct CudaExperts<'f> {
     loader: Option<Scheduler<Loader>>,
     counters: Arc<LoadCounters>,
     substitute_low: bool,
+    upgrade_low: bool,
     predictor: Option<(Predictor, CudaSlice<u8>, CudaSlice<f32>)>,
     /// Keys protected for a predicted layer: protected[layer].
     protected: Vec<Vec<(PoolKind, (usize, usize))>>,
@@ -456,12 +462,8 @@ impl<'f> CudaExperts<'f> {
             counters: counters.clone(),
         })?;
         let predictor = if cfg.prefetch > 0 && n_layers > 1 {
-            let routers: Vec<Matrix<'_>> = model
-                .weights()
-                .layers
-                .iter()
-                .map(|l| l.router)
-                .collect();
+            let routers: Vec<Matrix<'_>> =
+                model.weights().layers.iter().map(|l| l.router).collect();
             let p = Predictor::new(&routers, cfg.prefetch, model.cfg.top_k)?;
             let stacked = gpu.alloc::<u8>(
                 (cfg.prefetch * n_experts * hidden * 4) * n_layers,
@@ -469,12 +471,17 @@ impl<'f> CudaExperts<'f> {
             )?;
             for l in 0..n_layers {
                 if let Some(m) = p.stacked(l) {
-                    let dst = ptr(&stacked, &gpu.stream) + (l * cfg.prefetch * n_experts * hidden * 4) as u64;
+                    let dst = ptr(&stacked, &gpu.stream)
+                        + (l * cfg.prefetch * n_experts * hidden * 4) as u64;
                     // SAFETY: dst addresses layer l's region of `stacked`, sized for `prefetch`
                     // routers; the copy is synchronous (the stream is synchronized below).
                     unsafe {
-                        cudarc::driver::result::memcpy_htod_async(dst, m.codes, gpu.stream.cu_stream())
-                            .map_err(cuda_err)?;
+                        cudarc::driver::result::memcpy_htod_async(
+                            dst,
+                            m.codes,
+                            gpu.stream.cu_stream(),
+                        )
+                        .map_err(cuda_err)?;
                     }
                     gpu.sync()?;
                 }
@@ -502,6 +509,7 @@ impl<'f> CudaExperts<'f> {
             loader: Some(loader),
             counters,
             substitute_low: cfg.substitute_low,
+            upgrade_low: cfg.upgrade_low,
             predictor,
             protected: vec![Vec::new(); n_layers],
             cpu,
@@ -727,14 +735,20 @@ impl<'f> CudaExperts<'f> {
     ) -> crate::Result<Option<Place>> {
         let key = (layer, g.expert);
         let kind = self.kind_of(g.precision);
+        if kind == PoolKind::Low && self.upgrade_low {
+            if let Some(s) = self.cache.lookup(PoolKind::High, key) {
+                let v = self.pool(PoolKind::High).variant;
+                self.hits[v] += g.rows.len() as u64;
+                return Ok(Some(Place::Slot(PoolKind::High, s)));
+            }
+        }
         if let Some(s) = self.cache.lookup(kind, key) {
             let v = self.pool(kind).variant;
             self.hits[v] += g.rows.len() as u64;
             return Ok(Some(Place::Slot(kind, s)));
         }
         if kind == PoolKind::High && self.substitute_low && decode && !top1 {
-            if let Some(s) = self
-                .pools[PoolKind::Low as usize]
+            if let Some(s) = self.pools[PoolKind::Low as usize]
                 .as_ref()
                 .and_then(|_| self.cache.lookup(PoolKind::Low, key))
             {
@@ -817,9 +831,17 @@ impl<'f> CudaExperts<'f> {
                 .collect();
             let mut missing = Vec::new();
             for &(kind, key) in &wanted {
-                if self.cache.lookup(kind, key).is_some() {
-                    self.cache.protect(kind, key);
-                    self.protected[target].push((kind, key));
+                let held = if kind == PoolKind::Low
+                    && self.upgrade_low
+                    && self.cache.lookup(PoolKind::High, key).is_some()
+                {
+                    Some(PoolKind::High)
+                } else {
+                    self.cache.lookup(kind, key).map(|_| kind)
+                };
+                if let Some(k) = held {
+                    self.cache.protect(k, key);
+                    self.protected[target].push((k, key));
                 } else {
                     missing.push((kind, key));
                 }
@@ -1014,7 +1036,14 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
             // Place as many groups ahead as slots allow (their loads queue up together).
             while placed < lp.groups.len() {
                 let g = &lp.groups[placed];
-                match self.place(layer, g, top1 == Some(g.expert), decode, &mut load_busy, &mut cpu_busy)? {
+                match self.place(
+                    layer,
+                    g,
+                    top1 == Some(g.expert),
+                    decode,
+                    &mut load_busy,
+                    &mut cpu_busy,
+                )? {
                     Some(p) => {
                         if let Place::Slot(kind, _) = p {
                             self.cache.protect(kind, (layer, g.expert));
@@ -1150,7 +1179,11 @@ impl ExpertReport for CudaExperts<'_> {
         s += &format!(
             ", {:.2} GiB{}, policy {:?}",
             self.arena_bytes() as f64 / (1u64 << 30) as f64,
-            if self.mapped { " of mapped host memory" } else { "" },
+            if self.mapped {
+                " of mapped host memory"
+            } else {
+                ""
+            },
             self.cache.policy()
         );
         if let Some((p, _, _)) = &self.predictor {
@@ -1183,7 +1216,12 @@ impl ExpertReport for CudaExperts<'_> {
         let prediction = self
             .predictor
             .as_ref()
-            .map(|(p, _, _)| p.accuracy().iter().map(|a| (a.predicted, a.correct)).collect())
+            .map(|(p, _, _)| {
+                p.accuracy()
+                    .iter()
+                    .map(|a| (a.predicted, a.correct))
+                    .collect()
+            })
             .unwrap_or_default();
         ExpertStats {
             per_variant,
@@ -1219,4 +1257,3 @@ impl ExpertReport for CudaExperts<'_> {
         }
     }
 }
-
