@@ -215,11 +215,7 @@ impl Worker for Loader {
                 )
                 .map_err(cuda_err)?;
             }
-            let ev = self.copy.record_event(None).map_err(cuda_err)?;
-            if self.pace.is_some() {
-                ev.synchronize().map_err(cuda_err)?;
-            }
-            *done = Some(ev);
+            *done = Some(self.copy.record_event(None).map_err(cuda_err)?);
         }
         if let Some(bw) = self.pace {
             let target = Duration::from_secs_f64((at + len) as f64 / bw);
