@@ -32,6 +32,14 @@ pub enum Error {
     /// Bad command-line usage or a request that cannot be met (named in the message).
     #[error("{0}")]
     Invalid(String),
+    /// A queued expert load was dropped before it started: its prefetch was cancelled, or the
+    /// loader shut down. Expected in normal operation; match it with [`Error::is_cancelled`].
+    #[error("expert load cancelled: {0}")]
+    Cancelled(&'static str),
+    /// The expert loader thread is gone (its worker panicked, or it was shut down) and cannot
+    /// finish or accept work.
+    #[error("expert loader: {0}")]
+    Loader(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -44,5 +52,10 @@ impl Error {
             op,
             source,
         }
+    }
+
+    /// True for a load that was cancelled before it started (not a failure).
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, Error::Cancelled(_))
     }
 }

@@ -2,8 +2,12 @@
 //! scorer, the precision-aware cache policy, routing traces and their replay, the load
 //! scheduler thread and the slow-tier readers. Backends (backend/cuda, backend/cpu) drive these.
 
+pub mod io;
+pub mod scheduler;
 pub mod scorer;
 
+pub use io::{open_reader, BlobSource, HostCache};
+pub use scheduler::{Priority, Scheduler, Ticket, Worker};
 pub use scorer::{Precision, PrecisionPlan, Thresholds};
 
 /// An expert of the model: (layer, expert index).
