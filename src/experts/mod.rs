@@ -10,6 +10,8 @@ pub mod scorer;
 pub mod trace;
 
 pub use cache::{ExpertCache, HobbitWeights, Insertion, Policy, PoolKind};
+pub use io::{open_reader, BlobSource, HostCache};
+pub use scheduler::{Priority, Scheduler, Ticket, Worker};
 pub use scorer::{Group, LayerPlan, Precision, PrecisionPlan, Thresholds};
 pub use trace::{Trace, TraceHeader, TraceWriter};
 

@@ -644,6 +644,16 @@ impl HobFile {
     pub fn expert_record(&self, layer: usize, expert: usize, v: usize) -> ExpertRecord {
         self.parsed.records[self.parsed.record_index(layer, expert, v)]
     }
+    /// Where blob (layer, expert, variant `v`) lies in the file: (offset, padded length). Both are
+    /// multiples of [`BLOB_ALIGN`] (the padding is zeros), so this is exactly what an O_DIRECT
+    /// read of the blob into an aligned buffer asks for; the blob's own bytes are the first
+    /// `expert_record(..).size` of them. Panics on out-of-range indices, like [`HobFile::expert`].
+    pub fn expert_span(&self, layer: usize, expert: usize, v: usize) -> (u64, u64) {
+        let r = self.expert_record(layer, expert, v);
+        // parse() proved offset + padded size lies inside the data section, so no overflow.
+        let padded = r.size.div_ceil(BLOB_ALIGN as u64) * BLOB_ALIGN as u64;
+        (r.offset, padded)
+    }
     /// Zero-copy view of one expert blob. Panics on out-of-range indices (callers index by
     /// counts this file reported).
     pub fn expert(&self, layer: usize, expert: usize, v: usize) -> ExpertView<'_> {
