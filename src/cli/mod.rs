@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 pub mod bench;
+pub mod calibrate;
 pub mod convert;
 pub mod engine;
 pub mod inspect;
@@ -34,6 +35,9 @@ pub enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Tokens per second, llama-bench style, with the MoE columns and the physical limit.
     Bench(bench::BenchArgs),
+    /// Fit the precision scorer's thresholds T1/T2 to a model on a text; optionally write them
+    /// into a platform profile.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 #[derive(Args, Debug)]
@@ -92,5 +96,6 @@ pub fn main_with(cli: Cli) -> crate::Result<()> {
         Command::Run(a) => run::run(&a),
         Command::Perplexity(a) => perplexity::run(&a),
         Command::Bench(a) => bench::run(&a),
+        Command::Calibrate(a) => calibrate::run(&a),
     }
 }
