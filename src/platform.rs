@@ -9,7 +9,7 @@
 use std::fmt;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::error::Error;
 
@@ -38,7 +38,7 @@ const BUILTIN: [(&str, &str, &str); 4] = [
 ];
 
 /// How the GPU reaches the experts that are not in its cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PlatformKind {
     /// Own device memory; experts cross a host link (PCIe) from pinned host memory, with the
@@ -76,7 +76,7 @@ impl fmt::Display for SlowTier {
 }
 
 /// One hardware profile. Bandwidths are in GB/s (1e9 bytes per second); `*_gib` budgets in GiB.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Platform {
     pub name: String,
@@ -89,15 +89,15 @@ pub struct Platform {
     pub disk_read_gbs: f64,
     /// "major.minor", e.g. "8.9".
     pub compute_capability: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_threads: Option<usize>,
     /// Device memory hob may use in total (resident weights, KV cache, expert cache), GiB.
     /// Unset: no cap, the machine's own memory.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_mem_gib: Option<f64>,
     /// Expert cache size, GiB. Unset: whatever `gpu_mem_gib` (or the device) leaves after the
     /// resident weights, KV cache and buffers.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_cache_gib: Option<f64>,
     /// When emulating this profile on a faster machine, pace expert loads to this profile's slow
     /// tier (`slow_tier()`): host-to-device copies to `host_link_gbs` on discrete GPUs, reads to
@@ -106,16 +106,33 @@ pub struct Platform {
     #[serde(default)]
     pub pace_link: bool,
     /// Expert variant for high precision (HOBBIT's scorer), e.g. "f16"; unset: the file's first.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_variant: Option<String>,
     /// Expert variant for low precision, e.g. "int4"; unset: no dynamic precision.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub low_variant: Option<String>,
     /// Scorer thresholds (`hob calibrate` writes them for a model); unset: HOBBIT's 0.6 / 0.9.
-    #[serde(default)]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "short_f32"
+    )]
     pub t1: Option<f32>,
-    #[serde(default)]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "short_f32"
+    )]
     pub t2: Option<f32>,
+}
+
+/// An f32 written as the shortest decimal that reads back as the same f32 (0.6, not
+/// 0.6000000238418579, which is what widening it to f64 would print).
+fn short_f32<S: Serializer>(v: &Option<f32>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(x) => s.serialize_f64(x.to_string().parse::<f64>().unwrap_or(*x as f64)),
+        None => s.serialize_none(),
+    }
 }
 
 /// Expert loads are paced to `gbs` GB/s, emulating `tier`.
@@ -245,6 +262,40 @@ impl Platform {
         Ok(())
     }
 
+    /// The profile as TOML text that [`Platform::parse`] reads back equal.
+    pub fn to_toml(&self) -> crate::Result<String> {
+        toml::to_string(self)
+            .map_err(|e| Error::Invalid(format!("profile '{}': cannot write TOML: {e}", self.name)))
+    }
+
+    /// Write the profile to `path` atomically (a temporary file beside it, then a rename):
+    /// `path` is either left as it was or holds the whole new profile. `header` lines are
+    /// written first as `#` comments.
+    pub fn save(&self, path: &Path, header: &[String]) -> crate::Result<()> {
+        use std::io::Write;
+        let mut text = String::new();
+        for h in header {
+            text += &format!("# {h}\n");
+        }
+        text += &self.to_toml()?;
+        // What we write must load: check before anything touches the disk.
+        Platform::parse(&text, &path.display().to_string())?;
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".tmp-{}", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        let result = (|| {
+            let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
+            f.write_all(text.as_bytes())
+                .and_then(|_| f.sync_all())
+                .map_err(|e| Error::io(&tmp, "write", e))?;
+            std::fs::rename(&tmp, path).map_err(|e| Error::io(path, "rename onto", e))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
     /// Where missed experts come from: the host link on discrete GPUs, the disk on unified memory.
     pub fn slow_tier(&self) -> SlowTier {
         match self.kind {
@@ -328,6 +379,36 @@ mod tests {
                 && e.contains(".toml"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn profiles_round_trip_through_toml() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in Platform::builtin_names() {
+            let mut p = Platform::resolve(name).unwrap();
+            p.t1 = Some(0.35);
+            p.t2 = Some(0.8125);
+            let text = p.to_toml().unwrap();
+            // f32 thresholds are written short, not widened to f64 digits.
+            assert!(text.contains("t1 = 0.35\n"), "{text}");
+            assert_eq!(Platform::parse(&text, "x.toml").unwrap(), p);
+            let path = dir.path().join(format!("{name}.toml"));
+            p.save(&path, &["a comment".into()]).unwrap();
+            assert!(std::fs::read_to_string(&path)
+                .unwrap()
+                .starts_with("# a comment\n"));
+            assert_eq!(Platform::load(&path).unwrap(), p);
+        }
+        // No temporary file is left beside the profiles.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4);
+        // A folder that does not exist: the error names the file.
+        let bad = dir.path().join("missing/p.toml");
+        let e = Platform::resolve("h100")
+            .unwrap()
+            .save(&bad, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing/p.toml"), "{e}");
     }
 
     const GOOD: &str = r#"

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 pub mod bench;
+pub mod calibrate;
 pub mod convert;
 pub mod engine;
 pub mod inspect;
@@ -37,6 +38,9 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Replay a routing trace through the expert cache policies (miss penalty per cache size).
     Sim(sim::SimArgs),
+    /// Fit the precision scorer's thresholds T1/T2 to a model on a text; optionally write them
+    /// into a platform profile.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 #[derive(Args, Debug)]
@@ -96,5 +100,6 @@ pub fn main_with(cli: Cli) -> crate::Result<()> {
         Command::Perplexity(a) => perplexity::run(&a),
         Command::Bench(a) => bench::run(&a),
         Command::Sim(a) => sim::run(&a),
+        Command::Calibrate(a) => calibrate::run(&a),
     }
 }

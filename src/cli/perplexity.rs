@@ -1,6 +1,11 @@
 //! `hob perplexity`: llama.cpp's method. The text is tokenized once (BOS first when the model
 //! adds one), cut into chunks of `ctx` tokens whose first token becomes BOS, and each chunk
 //! scores only its second half, so every scored token has at least ctx/2 tokens of context.
+//!
+//! `--kl-baseline` also runs an all-high session (the same high variant, T1 = T2 = 1) over the
+//! same chunks and compares the two distributions token by token, like llama.cpp's
+//! `--kl-divergence`: mean and 99th percentile of KL(baseline || tested), and how often the two
+//! agree on the most likely token.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,6 +14,7 @@ use std::time::Instant;
 use clap::Args;
 
 use super::engine::{tokenizer, ModelArgs};
+use crate::experts::PrecisionPlan;
 use crate::model::{Logits, Model};
 use crate::Error;
 
@@ -25,6 +31,119 @@ pub struct PerplexityArgs {
     /// Score at most this many chunks (default: all).
     #[arg(long = "chunks")]
     pub chunks: Option<usize>,
+    /// Also run an all-high baseline (the same high variant, T1 = T2 = 1, nothing skipped) and
+    /// report the KL divergence of this run from it, top-token agreement and both perplexities.
+    #[arg(long = "kl-baseline")]
+    pub kl_baseline: bool,
+}
+
+/// The text of `path` tokenized once, BOS first when the model adds one.
+pub fn read_tokens(
+    path: &std::path::Path,
+    tok: &crate::generate::Tokenizer,
+    add_bos: bool,
+) -> crate::Result<Vec<u32>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;
+    let mut tokens = tok.encode(&text, false)?;
+    if add_bos {
+        tokens.insert(0, tok.bos_id());
+    }
+    Ok(tokens)
+}
+
+/// Per-token comparison of a tested distribution with a baseline one (llama.cpp's KL statistics).
+#[derive(Default, Debug, Clone)]
+pub struct KlStats {
+    /// KL(baseline || tested) of every scored token, nats.
+    pub kl: Vec<f64>,
+    /// Tokens whose most likely next token is the same in both.
+    pub same_top: usize,
+}
+
+impl KlStats {
+    /// Compare one position's logits.
+    pub fn add(&mut self, base: &[f32], tested: &[f32]) {
+        let (lb, lt) = (log_softmax(base), log_softmax(tested));
+        let kl: f64 = lb.iter().zip(&lt).map(|(&b, &t)| b.exp() * (b - t)).sum();
+        self.kl.push(kl);
+        if argmax(base) == argmax(tested) {
+            self.same_top += 1;
+        }
+    }
+    pub fn mean(&self) -> f64 {
+        self.kl.iter().sum::<f64>() / self.kl.len().max(1) as f64
+    }
+    /// Standard error of the mean.
+    pub fn mean_error(&self) -> f64 {
+        let n = self.kl.len() as f64;
+        if n < 2.0 {
+            return 0.0;
+        }
+        let m = self.mean();
+        let var = self.kl.iter().map(|k| (k - m) * (k - m)).sum::<f64>() / (n - 1.0);
+        (var / n).sqrt()
+    }
+    /// The `q` quantile (0..=1), nearest rank.
+    pub fn quantile(&self, q: f64) -> f64 {
+        if self.kl.is_empty() {
+            return 0.0;
+        }
+        let mut v = self.kl.clone();
+        v.sort_by(f64::total_cmp);
+        let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+        v[rank - 1]
+    }
+    pub fn same_top_share(&self) -> f64 {
+        self.same_top as f64 / self.kl.len().max(1) as f64
+    }
+}
+
+/// Six decimals, or scientific notation below 0.001 so that small values stay visible (an exact
+/// 0 prints as "0.000e0").
+fn show_kl(x: f64) -> String {
+    if x.abs() >= 1e-3 {
+        format!("{x:.6}")
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = logits
+        .iter()
+        .map(|&l| (l as f64 - max).exp())
+        .sum::<f64>()
+        .ln();
+    logits.iter().map(|&l| l as f64 - max - lse).collect()
+}
+
+/// The index of the largest value (the first of equal ones).
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
+            if x > bv {
+                (i, x)
+            } else {
+                (bi, bv)
+            }
+        })
+        .0
+}
+
+/// Shares of the routes a session computed high, low, and skipped, from its expert counters:
+/// (high, low, skipped); None when nothing ran. With no separate low variant, low-scored routes
+/// ran in the high variant and count as high.
+pub fn route_split(stats: &crate::model::ExpertStats, plan: &PrecisionPlan) -> Option<[f64; 3]> {
+    let used = |v: usize| stats.per_variant.get(v).map_or(0, |s| s.hits + s.misses);
+    let high = used(plan.high);
+    let low = plan.low.map_or(0, used);
+    let total = stats.uses() + stats.skipped;
+    (total > 0).then(|| {
+        let t = total as f64;
+        [high as f64 / t, low as f64 / t, stats.skipped as f64 / t]
+    })
 }
 
 /// Running totals of llama.cpp's estimate.
@@ -65,11 +184,7 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     let file = args.model.open()?;
     let model = Model::load(&file)?;
     let tok = tokenizer(&file, &model.cfg)?;
-    let text = std::fs::read_to_string(&args.file).map_err(|e| Error::io(&args.file, "read", e))?;
-    let mut tokens = tok.encode(&text, false)?;
-    if model.cfg.add_bos {
-        tokens.insert(0, tok.bos_id());
-    }
+    let tokens = read_tokens(&args.file, &tok, model.cfg.add_bos)?;
     let n_ctx = args.ctx;
     if n_ctx < 4 {
         return Err(Error::Invalid(format!(
@@ -88,15 +203,35 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     if let Some(c) = args.chunks {
         n_chunk = n_chunk.min(c.max(1));
     }
+    let plan = args.model.plan(&file, args.model.platform()?.as_ref())?;
     let mut session = args.model.session(&file, &model, n_ctx)?;
+    let base_args = args.kl_baseline.then(|| {
+        let mut a = args.model.clone();
+        a.expert_variant = Some(file.variants()[plan.high].name());
+        a.low = None;
+        a.t1 = Some(1.0);
+        a.t2 = Some(1.0);
+        a.renorm_skips = false;
+        a
+    });
+    let mut baseline = match &base_args {
+        Some(a) => Some(a.session(&file, &model, n_ctx)?),
+        None => None,
+    };
     let first = n_ctx / 2;
     eprintln!(
         "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}; {}",
         tokens.len(),
         session.describe()
     );
+    if let Some(b) = &baseline {
+        eprintln!("perplexity: KL baseline: {}", b.describe());
+    }
     let started = Instant::now();
     let mut nll = Nll::default();
+    let mut base_nll = Nll::default();
+    let mut kl = KlStats::default();
+    let mut base_logits = Vec::new();
     let vocab = model.cfg.vocab;
     for i in 0..n_chunk {
         let start = i * n_ctx;
@@ -104,14 +239,23 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
         if model.cfg.add_bos {
             chunk[0] = tok.bos_id();
         }
+        if let Some(b) = baseline.as_mut() {
+            b.truncate(0);
+            b.forward(&chunk[..first], Logits::None)?;
+            base_logits.clear();
+            base_logits.extend_from_slice(b.forward(&chunk[first..], Logits::All)?);
+        }
         session.truncate(0);
         session.forward(&chunk[..first], Logits::None)?;
         let logits = session.forward(&chunk[first..], Logits::All)?;
         for j in 0..n_ctx - 1 - first {
-            nll.add(
-                &logits[j * vocab..(j + 1) * vocab],
-                tokens[start + first + j + 1],
-            );
+            let target = tokens[start + first + j + 1];
+            let row = j * vocab..(j + 1) * vocab;
+            nll.add(&logits[row.clone()], target);
+            if baseline.is_some() {
+                base_nll.add(&base_logits[row.clone()], target);
+                kl.add(&base_logits[row.clone()], &logits[row]);
+            }
         }
         print!("[{}]{:.4},", i + 1, nll.ppl());
         std::io::stdout().flush().ok();
@@ -129,10 +273,80 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
         nll.ppl(),
         nll.ppl_error()
     );
+    if baseline.is_some() {
+        println!(
+            "Baseline (all high, {}): PPL = {:.4} +/- {:.5}",
+            file.variants()[plan.high],
+            base_nll.ppl(),
+            base_nll.ppl_error()
+        );
+        println!(
+            "Mean KL(baseline || tested): {} +/- {} nats",
+            show_kl(kl.mean()),
+            show_kl(kl.mean_error())
+        );
+        println!("99th percentile KL: {} nats", show_kl(kl.quantile(0.99)));
+        println!(
+            "Maximum KL: {} nats",
+            show_kl(kl.kl.iter().copied().fold(0.0, f64::max))
+        );
+        println!("Same top token: {:.3} %", 100.0 * kl.same_top_share());
+    }
+    if baseline.is_some() || !plan.is_exact() {
+        if let Some([h, l, s]) = route_split(&session.expert_stats(), &plan) {
+            let v = file.variants();
+            let low = match plan.low {
+                Some(i) => format!("{}", v[i]),
+                None => "none: low-scored routes ran high".into(),
+            };
+            println!(
+                "Routes: high {:.2} % ({}), low {:.2} % ({low}), skipped {:.2} % (T1 {}, T2 {}{})",
+                100.0 * h,
+                v[plan.high],
+                100.0 * l,
+                100.0 * s,
+                plan.thresholds.t1,
+                plan.thresholds.t2,
+                if plan.renormalize_skips {
+                    ", skips renormalized"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
     eprintln!(
         "perplexity: {} tokens scored in {:.1} s",
         nll.count,
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kl_of_hand_computed_distributions() {
+        let mut k = KlStats::default();
+        // Identical logits: exactly 0, same top token.
+        k.add(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]);
+        assert_eq!(k.kl[0], 0.0);
+        // Shifted logits are the same distribution.
+        k.add(&[0.0, 0.0], &[5.0, 5.0]);
+        assert!(k.kl[1].abs() < 1e-12);
+        // P = (1/2, 1/2), Q = (e/(1+e), 1/(1+e)): KL = ln(1/2) - (ln Q0 + ln Q1) / 2.
+        k.add(&[0.0, 0.0], &[1.0, 0.0]);
+        let e = std::f64::consts::E;
+        let q0 = e / (1.0 + e);
+        let want = 0.5f64.ln() - 0.5 * (q0.ln() + (1.0 - q0).ln());
+        assert!((k.kl[2] - want).abs() < 1e-12, "{} vs {want}", k.kl[2]);
+        // Top tokens: 2 = 2, 0 = 0 (ties take the first), 0 = 0.
+        assert_eq!(k.same_top, 3);
+        k.add(&[0.0, 1.0], &[1.0, 0.0]);
+        assert_eq!((k.same_top, k.kl.len()), (3, 4));
+        assert_eq!(k.quantile(0.99), k.kl[3]);
+        assert_eq!(k.quantile(0.25), 0.0);
+    }
 }

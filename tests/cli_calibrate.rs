@@ -1,0 +1,175 @@
+//! `hob calibrate` and `hob perplexity --kl-baseline` end to end on the tiny fixture (random
+//! weights): the fitted profile loads back, the exact mode has KL exactly 0, and "top-1 only"
+//! skips exactly half of the top-2 routes.
+
+mod common;
+
+use std::path::Path;
+
+use common::{convert_fixture, hob};
+use hob::platform::Platform;
+
+fn text(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("text.txt");
+    std::fs::write(
+        &path,
+        "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer \
+         the slings and arrows of outrageous fortune. "
+            .repeat(12),
+    )
+    .unwrap();
+    path
+}
+
+/// The number after `key` in `out`.
+fn number_after(out: &str, key: &str) -> f64 {
+    out.split(key)
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.trim_end_matches(',').parse().ok())
+        .unwrap_or_else(|| panic!("no number after {key:?} in:\n{out}"))
+}
+
+fn perplexity(model: &Path, text: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "perplexity",
+        "-m",
+        model.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "64",
+        "--device",
+        "cpu",
+        "--kl-baseline",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = hob(&args);
+    assert!(ok, "{args:?}:\n{stderr}");
+    stdout
+}
+
+#[test]
+fn exact_mode_has_zero_kl_and_top1_only_skips_half() {
+    let (dir, model) = convert_fixture("f16,int4");
+    let text = text(dir.path());
+
+    // T1 = T2 = 1 with a low variant named: every route high, the same computation as the
+    // baseline, so the distributions are bit-identical.
+    let out = perplexity(&model, &text, &["--low", "int4", "--t1", "1", "--t2", "1"]);
+    assert_eq!(number_after(&out, "Mean KL(baseline || tested): "), 0.0);
+    assert_eq!(number_after(&out, "Maximum KL: "), 0.0);
+    assert_eq!(number_after(&out, "Same top token: "), 100.0);
+    assert_eq!(
+        number_after(&out, "Final estimate: PPL = "),
+        number_after(&out, "): PPL = ")
+    );
+    assert!(out.contains("Routes: high 100.00 %"), "{out}");
+    assert!(out.contains("skipped 0.00 %"), "{out}");
+
+    // T1 = T2 = 0: only each token's top-1 expert runs, the other of top-2 is skipped.
+    let out = perplexity(&model, &text, &["--t1", "0", "--t2", "0"]);
+    let kl = number_after(&out, "Mean KL(baseline || tested): ");
+    assert!(kl > 0.0 && kl.is_finite(), "{out}");
+    assert!(number_after(&out, "99th percentile KL: ") >= kl, "{out}");
+    assert!(out.contains("Routes: high 50.00 %"), "{out}");
+    assert!(out.contains("skipped 50.00 %"), "{out}");
+    assert_ne!(
+        number_after(&out, "Final estimate: PPL = "),
+        number_after(&out, "): PPL = ")
+    );
+
+    // int4 for the low-scored experts with HOBBIT's defaults: some KL, high and low both used.
+    let out = perplexity(&model, &text, &["--low", "int4"]);
+    assert!(number_after(&out, "Mean KL(baseline || tested): ") > 0.0);
+    let (h, l, s) = (
+        number_after(&out, "Routes: high "),
+        number_after(&out, "), low "),
+        number_after(&out, "skipped "),
+    );
+    assert!(
+        h >= 50.0 && l > 0.0 && (h + l + s - 100.0).abs() < 0.02,
+        "{out}"
+    );
+}
+
+#[test]
+fn calibrated_profile_round_trips_and_drives_perplexity() {
+    let (dir, model) = convert_fixture("f16,int4");
+    let text = text(dir.path());
+    let profile = dir.path().join("cal.toml");
+    let (ok, out, stderr) = hob(&[
+        "calibrate",
+        "-m",
+        model.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "64",
+        "--platform",
+        "rtx4090-24g",
+        "-o",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(out.contains("scores of the non-top-1 routes"), "{out}");
+    let t1 = number_after(&out, "fitted: T1 = ") as f32;
+    let t2 = number_after(&out, ", T2 = ") as f32;
+    assert!(0.0 < t1 && t1 < t2 && t2 < 1.0, "{out}");
+    // The split on the calibration text is close to the target (hundreds of routes).
+    let fitted = out.split("fitted: ").nth(1).unwrap();
+    let high = number_after(fitted, "-> ");
+    assert!((high - 67.0).abs() < 1.0, "{out}");
+    assert!(out.contains("HOBBIT's Mixtral defaults T1 = 0.6, T2 = 0.9 -> "));
+
+    let p = Platform::load(&profile).unwrap();
+    let mut want = Platform::resolve("rtx4090-24g").unwrap();
+    want.name = "rtx4090-24g-calibrated".into();
+    want.t1 = Some(t1);
+    want.t2 = Some(t2);
+    assert_eq!(p, want);
+
+    // The CLI loads it: its low variant and thresholds drive the dynamic run.
+    let out = perplexity(&model, &text, &["--platform", profile.to_str().unwrap()]);
+    assert!(
+        out.contains(&format!("(T1 {t1}, T2 {t2})")),
+        "T1 {t1}, T2 {t2}:\n{out}"
+    );
+    let h = number_after(&out, "Routes: high ");
+    assert!((50.0..90.0).contains(&h), "{out}");
+}
+
+#[test]
+fn calibrate_input_errors_are_clear() {
+    let (dir, model) = convert_fixture("f16");
+    let text = text(dir.path());
+    let m = model.to_str().unwrap();
+    let t = text.to_str().unwrap();
+    let out = dir.path().join("p.toml");
+    let o = out.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--split", "67/33"], "--split 67/33: expected three"),
+        (vec!["--split", "60/30/30"], "sum to 120"),
+        (
+            vec!["--split", "80/x/20"],
+            "'x' is not a non-negative number",
+        ),
+        (vec!["--split", "40/50/10"], "below the top-1 share 50.0 %"),
+        (vec!["-o", o], "--platform"),
+        (vec!["--platform", "nowhere.toml", "-o", o], "nowhere.toml"),
+        (vec!["-c", "4096"], "need at least one chunk"),
+        (vec!["--low", "int2"], "--low int2"),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["calibrate", "-m", m, "-f", t];
+        args.extend_from_slice(&extra);
+        let (ok, _, stderr) = hob(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: stderr lacks {needle:?}:\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    assert!(!out.exists());
+}
