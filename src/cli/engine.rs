@@ -314,7 +314,9 @@ impl ModelArgs {
                 let backend = self.backend()?;
                 let label = format!("cpu: {} threads", backend.threads());
                 let experts =
-                    CpuExperts::with_plan(file, plan)?.with_trace(self.trace_writer(file, model)?);
+                    CpuExperts::with_plan(file, plan)?
+                        .with_trace(self.trace_writer(file, model)?)
+                        .with_predictor(model, if self.stats { self.prefetch } else { 0 })?;
                 bind(model, backend, Box::new(experts), ctx, label)
             }
         }

@@ -302,6 +302,9 @@ pub struct TraceWriter {
     tok: u64,
     last_layer: Option<usize>,
     routes: Vec<(usize, f32, &'static str)>,
+    /// A batch's layers so far (layer, routes, decisions; [t, top_k] each), written token-major
+    /// when its last layer arrives.
+    batch: Vec<(usize, Vec<Route>, Vec<Precision>)>,
 }
 
 impl TraceWriter {
@@ -320,6 +323,7 @@ impl TraceWriter {
             tok: 0,
             last_layer: None,
             routes: Vec::new(),
+            batch: Vec::new(),
         };
         let line = HeaderOut {
             hob_trace: TRACE_VERSION,
@@ -392,6 +396,34 @@ impl TraceWriter {
         });
         self.routes = routes;
         res
+    }
+
+    /// One layer of a batch of `t` tokens (`routes` and `decisions` are [t, top_k],
+    /// token-major). A batch runs layer by layer, but the trace is written token by token: the
+    /// layers are kept until the model's last one, then written in (token, layer) order.
+    pub fn record_layer(
+        &mut self,
+        layer: usize,
+        routes: &[Route],
+        decisions: &[Precision],
+        t: usize,
+    ) -> crate::Result<()> {
+        if t <= 1 {
+            return self.record(layer, routes, decisions);
+        }
+        self.batch
+            .push((layer, routes.to_vec(), decisions.to_vec()));
+        if layer + 1 < self.header.layers {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let k = self.header.top_k;
+        for i in 0..t {
+            for (l, r, d) in &batch {
+                self.record(*l, &r[i * k..(i + 1) * k], &d[i * k..(i + 1) * k])?;
+            }
+        }
+        Ok(())
     }
 
     /// Flush and close.

@@ -1,6 +1,7 @@
 //! Experts computed on the CPU straight from the mmap, each route in the variant the precision
 //! plan picks (HOBBIT's scorer: high, low or skipped).
 
+use crate::experts::predictor::Predictor;
 use crate::experts::trace::TraceWriter;
 use crate::experts::{LayerPlan, PrecisionPlan};
 use crate::format::HobFile;
@@ -28,6 +29,9 @@ pub struct CpuExperts<'a> {
     uses: Vec<u64>,
     skipped: u64,
     trace: Option<TraceWriter>,
+    /// Stacked-gate prediction, scored only (nothing to prefetch: every expert is in memory).
+    predictor: Option<Predictor>,
+    pred_logits: Vec<f32>,
 }
 
 impl<'a> CpuExperts<'a> {
@@ -60,7 +64,19 @@ impl<'a> CpuExperts<'a> {
             uses: vec![0; file.variants().len()],
             skipped: 0,
             trace: None,
+            predictor: None,
+            pred_logits: Vec::new(),
         })
+    }
+
+    /// Score stacked-gate predictions `depth` layers ahead against the routes taken (reported
+    /// in the stats, as the GPU engine does; the CPU has nothing to prefetch).
+    pub fn with_predictor(mut self, model: &crate::model::Model<'_>, depth: usize) -> crate::Result<Self> {
+        if depth > 0 && model.cfg.n_layers > 1 {
+            let routers: Vec<Matrix<'_>> = model.weights().layers.iter().map(|l| l.router).collect();
+            self.predictor = Some(Predictor::new(&routers, depth, model.cfg.top_k)?);
+        }
+        Ok(self)
     }
 
     /// Record every routing decision into `trace` (`--record-trace`).
@@ -120,6 +136,9 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
         if let Some(tw) = self.trace.as_mut() {
             tw.begin_sequence();
         }
+        if let Some(p) = self.predictor.as_mut() {
+            p.forget();
+        }
         Ok(())
     }
 
@@ -133,18 +152,26 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
         out: &mut Vec<f32>,
     ) -> crate::Result<()> {
         let h = self.hidden;
+        if let Some(p) = self.predictor.as_mut() {
+            // Token by token: score the predictions made for this layer, then predict ahead.
+            let k = routes.len() / t.max(1);
+            for i in 0..t {
+                p.observe(layer, &routes[i * k..(i + 1) * k]);
+                if let Some(m) = p.stacked(layer) {
+                    self.pred_logits.resize(m.rows, 0.0);
+                    m.matvec_rows(&xs[i * h..(i + 1) * h], 0..m.rows, &mut self.pred_logits);
+                    let logits = std::mem::take(&mut self.pred_logits);
+                    p.predict(layer, &logits);
+                    self.pred_logits = logits;
+                }
+            }
+        }
         let out = &mut out[..t * h];
         let mut lp = std::mem::take(&mut self.layer_plan);
         self.plan.plan_layer(routes, t, &mut lp);
         self.skipped += lp.skipped as u64;
         if let Some(tw) = self.trace.as_mut() {
-            let k = routes.len() / t.max(1);
-            for (r, d) in routes
-                .chunks_exact(k.max(1))
-                .zip(lp.decisions.chunks_exact(k.max(1)))
-            {
-                tw.record(layer, r, d)?;
-            }
+            tw.record_layer(layer, routes, &lp.decisions, t)?;
         }
         out.fill(0.0);
         // Groups in expert order, so each token sums its experts in the same order whatever the
@@ -189,6 +216,11 @@ impl ExpertReport for CpuExperts<'_> {
                 })
                 .collect(),
             skipped: self.skipped,
+            prediction: self
+                .predictor
+                .as_ref()
+                .map(|p| p.accuracy().iter().map(|a| (a.predicted, a.correct)).collect())
+                .unwrap_or_default(),
             ..Default::default()
         }
     }
@@ -196,6 +228,9 @@ impl ExpertReport for CpuExperts<'_> {
     fn reset_stats(&mut self) {
         self.uses.fill(0);
         self.skipped = 0;
+        if let Some(p) = self.predictor.as_mut() {
+            p.reset_stats();
+        }
     }
 }
 

@@ -929,14 +929,7 @@ impl<'f> CudaExperts<'f> {
         let Some(tw) = self.trace.as_mut() else {
             return Ok(());
         };
-        let k = routes.len() / t.max(1);
-        for (r, d) in routes
-            .chunks_exact(k.max(1))
-            .zip(self.layer_plan.decisions.chunks_exact(k.max(1)))
-        {
-            tw.record(layer, r, d)?;
-        }
-        Ok(())
+        tw.record_layer(layer, routes, &self.layer_plan.decisions, t)
     }
 }
 
