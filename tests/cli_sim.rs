@@ -61,6 +61,8 @@ fn table_of_penalties() {
         "1,0",
         "--policies",
         "lru,lfu,hobbit",
+        "--cache-weights",
+        "0.4,0.2,0.3,0.1",
     ]);
     assert!(out.contains("3 tokens in 2 sequences"), "{out}");
     assert!(out.contains("routes: 9 computed, 1 skipped"), "{out}");
@@ -76,9 +78,10 @@ fn table_of_penalties() {
     let lfu = row(&out, "lfu");
     assert_eq!(lfu.len(), 3);
     assert!(lfu[2] == "6.75 (0.0% hit, +0.0%)", "{lfu:?}");
-    // Hobbit (default weights) keeps (0,0) over (0,1) at token 1 layer 1 (more high uses), so
-    // the next sequence's (0,1) misses: 5 high misses + 3/4, 1 hit.
-    assert_eq!(row(&out, "hobbit")[1], "5.75 (11.1% hit, +21.1%)");
+    // Hobbit (weights 0.4/0.2/0.3/0.1) keeps (0,0) over (0,1) at token 1 layer 1 (more high
+    // uses), so the next sequence's top-1 (0,1) misses while its low route (0,0) runs from the
+    // cached high copy: 5 high misses + 2 low misses x 1/4; 2 hits.
+    assert_eq!(row(&out, "hobbit")[1], "5.50 (22.2% hit, +15.8%)");
 
     let out = stdout_of(&[
         "sim",
@@ -92,7 +95,8 @@ fn table_of_penalties() {
         "lru",
         "--substitute-low",
     ]);
-    assert_eq!(row(&out, "lru"), ["lru", "3.75 (33.3% hit)"]);
+    // As the unit test: the last low route runs from its cached high copy.
+    assert_eq!(row(&out, "lru"), ["lru", "3.50 (44.4% hit)"]);
 
     // Budget fractions: all experts at f16 = 2 x 4 x 4 = 32 bytes; 50% = 16, a quarter (4) buys
     // 4 int4 slots, the other 12 three f16 slots.

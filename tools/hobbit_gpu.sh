@@ -9,7 +9,9 @@
 # The expert cache is scaled to the file: the share of Mixtral's experts the profile's budget holds
 # beside 3.21 GB of non-expert weights and ~1 GB of KV cache and buffers, times the file's experts.
 # Rows: (a) high only, LRU, on demand; (b) + dynamic precision (--low, T1/T2 0.6/0.9);
-# (c) + stacked-gate prefetch (2 layers); (d) + the HOBBIT cache policy; (e) + cooperative CPU experts.
+# (c) + stacked-gate prefetch (2 layers); (d) + the HOBBIT cache policy; (e) + cooperative CPU experts;
+# then (d) and (e) without prefetch (the default since this grid: prefetch lost on both profiles).
+# ROWS="a d" runs only those rows.
 set -uo pipefail
 LAYERS="${LAYERS:-8}"
 out="${OUT:-/tmp/hob-out}"; mkdir -p "$out"
@@ -27,6 +29,7 @@ gib=2**30; avail=$1*gib-3.21e9-1e9; per=$2; total=256*per
 frac=min(1.0, avail/total); print(f'{frac*$LAYERS*8*per/gib:.3f}')"; }
 row() { # label, profile, args...
   local label="$1"; shift
+  [ -n "${ROWS:-}" ] && [[ " $ROWS " != *" ${label// /_} "* ]] && return 0
   echo "== $label: $*" >> "$log"
   "$hob" bench -m "$model" --stats "$@" 2>>"$log" | grep -v '^| ---\|^| model' | sed "s/^|/| $label |/" >> "$out/$table"
 }
@@ -56,7 +59,9 @@ rtx4090)
   row c "${p[@]}" --low int4 --cache-policy lru --prefetch 2 -p 0 -n 32
   row d "${p[@]}" --low int4 --cache-policy hobbit --prefetch 2 -p 512 -n 32
   row e "${p[@]}" --low int4 --cache-policy hobbit --prefetch 2 --cpu-experts -t "$(nproc)" -p 0 -n 32
-  row "e, f16 only" "${p[@]}" --low none --cache-policy hobbit --prefetch 2 --cpu-experts -t "$(nproc)" -p 0 -n 32
+  row "d, no prefetch" "${p[@]}" --low int4 --cache-policy hobbit --prefetch 0 -p 0 -n 32
+  row "e, no prefetch" "${p[@]}" --low int4 --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)" -p 512 -n 32
+  row "e, f16 only, no prefetch" "${p[@]}" --low none --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)" -p 0 -n 32
   cat "$out/$table" ;;
 jetson)
   table=hobbit-jetson.md; header
@@ -68,6 +73,8 @@ jetson)
   row c "${p[@]}" --low int2 --cache-policy lru --prefetch 2
   row d "${p[@]}" --low int2 --cache-policy hobbit --prefetch 2
   row e "${p[@]}" --low int2 --cache-policy hobbit --prefetch 2 --cpu-experts -t "$(nproc)"
+  row "d, no prefetch" "${p[@]}" --low int2 --cache-policy hobbit --prefetch 0
+  row "e, no prefetch" "${p[@]}" --low int2 --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)"
   cat "$out/$table" ;;
 llamacpp)
   bash tools/llamacpp_gpu.sh bench "$LAYERS" >> "$log" 2>&1; cat "$out/llamacpp.md" ;;

@@ -67,8 +67,9 @@ pub struct ModelArgs {
     /// for a token's top-1 expert).
     #[arg(long = "no-substitute")]
     pub no_substitute: bool,
-    /// Predict this many layers ahead with stacked gates and prefetch (0: off).
-    #[arg(long = "prefetch", default_value_t = 2)]
+    /// Predict this many layers ahead with stacked gates and prefetch (0: off, the default:
+    /// measured, a wrong prediction costs a whole load on a link-bound card; see the README).
+    #[arg(long = "prefetch", default_value_t = 0)]
     pub prefetch: usize,
     /// Let CPU threads compute missed experts from host memory when that beats loading them
     /// (cooperative mode; -t sets the threads).
@@ -313,10 +314,9 @@ impl ModelArgs {
             _ => {
                 let backend = self.backend()?;
                 let label = format!("cpu: {} threads", backend.threads());
-                let experts =
-                    CpuExperts::with_plan(file, plan)?
-                        .with_trace(self.trace_writer(file, model)?)
-                        .with_predictor(model, if self.stats { self.prefetch } else { 0 })?;
+                let experts = CpuExperts::with_plan(file, plan)?
+                    .with_trace(self.trace_writer(file, model)?)
+                    .with_predictor(model, if self.stats { self.prefetch } else { 0 })?;
                 bind(model, backend, Box::new(experts), ctx, label)
             }
         }

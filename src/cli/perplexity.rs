@@ -322,7 +322,8 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     );
     if args.model.stats {
         let st = session.expert_stats();
-        let tokens = (st.uses() + st.skipped) as usize / (model.cfg.n_layers * model.cfg.top_k).max(1);
+        let tokens =
+            (st.uses() + st.skipped) as usize / (model.cfg.n_layers * model.cfg.top_k).max(1);
         super::engine::print_expert_stats(
             &session.expert_stats(),
             tokens,

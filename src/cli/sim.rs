@@ -55,7 +55,7 @@ pub struct SimArgs {
         default_value = "lru,lfu,lhu,fld,fld-back,hobbit,hobbit-back"
     )]
     pub policies: String,
-    /// Weights lru,lfu,lhu,fld of the hobbit policies (default 0.4,0.2,0.3,0.1).
+    /// Weights lru,lfu,lhu,fld of the hobbit policies (default 0.5,0,0.5,0: fitted, see the README).
     #[arg(long, value_name = "W,W,W,W")]
     pub cache_weights: Option<String>,
     /// Serve a missed high route (not the token's top-1) from the low pool when it is there.

@@ -71,9 +71,14 @@ impl<'a> CpuExperts<'a> {
 
     /// Score stacked-gate predictions `depth` layers ahead against the routes taken (reported
     /// in the stats, as the GPU engine does; the CPU has nothing to prefetch).
-    pub fn with_predictor(mut self, model: &crate::model::Model<'_>, depth: usize) -> crate::Result<Self> {
+    pub fn with_predictor(
+        mut self,
+        model: &crate::model::Model<'_>,
+        depth: usize,
+    ) -> crate::Result<Self> {
         if depth > 0 && model.cfg.n_layers > 1 {
-            let routers: Vec<Matrix<'_>> = model.weights().layers.iter().map(|l| l.router).collect();
+            let routers: Vec<Matrix<'_>> =
+                model.weights().layers.iter().map(|l| l.router).collect();
             self.predictor = Some(Predictor::new(&routers, depth, model.cfg.top_k)?);
         }
         Ok(self)
@@ -219,7 +224,12 @@ impl ExpertReport for CpuExperts<'_> {
             prediction: self
                 .predictor
                 .as_ref()
-                .map(|p| p.accuracy().iter().map(|a| (a.predicted, a.correct)).collect())
+                .map(|p| {
+                    p.accuracy()
+                        .iter()
+                        .map(|a| (a.predicted, a.correct))
+                        .collect()
+                })
                 .unwrap_or_default(),
             ..Default::default()
         }
