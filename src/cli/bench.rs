@@ -200,12 +200,15 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
             },
         };
         let limit = match (test, &platform) {
-            (BenchTest::Generate(_), Some(p)) if backend == "CUDA" => Some(physical_limit(
-                dense as f64 + expert_read_per_token,
-                moe.bytes_moved_per_token,
-                p.memory_bandwidth_gbs,
-                p.load_gbs(),
-            )),
+            // The bound has no term for experts the CPU computes (cooperative mode): no limit then.
+            (BenchTest::Generate(_), Some(p)) if backend == "CUDA" && total.cpu_computed == 0 => {
+                Some(physical_limit(
+                    dense as f64 + expert_read_per_token,
+                    moe.bytes_moved_per_token,
+                    p.memory_bandwidth_gbs,
+                    p.load_gbs(),
+                ))
+            }
             _ => None,
         };
         if let (BenchTest::Generate(_), Some(l)) = (test, &limit) {

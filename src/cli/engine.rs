@@ -282,6 +282,11 @@ impl ModelArgs {
                 let unified = platform
                     .as_ref()
                     .is_some_and(|p| p.kind == PlatformKind::Unified);
+                if unified && self.cpu_experts {
+                    return Err(Error::Invalid(
+                        "--cpu-experts with a unified-memory profile: not supported yet (the CPU would have to read missed experts from the SSD too, and the cost model does not charge that)".into(),
+                    ));
+                }
                 let cfg = CacheConfig {
                     budget,
                     pace_bytes_per_s: pace,
