@@ -229,6 +229,24 @@ fn bad_input_is_a_clear_error() {
             "missing.txt",
         ),
     ];
+    // The expert engine's flags are checked whatever the device.
+    let mut cases = cases;
+    for (flag, value, needle) in [
+        ("--cache-policy", "bogus", "expected one of lru"),
+        ("--cache-weights", "0.5,0.6,0,0", "summing to 1"),
+        ("--low-share", "2", "--low-share 2"),
+        ("--low", "int2", "--low int2"),
+        ("--t1", "0.9", "need 0 <= T1 <= T2 <= 1"),
+    ] {
+        let mut args: Vec<String> = ["run", "-m", p, "-p", "hi", "--device", "cpu", flag, value]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        if flag == "--t1" {
+            args.extend(["--t2".to_string(), "0.5".to_string()]);
+        }
+        cases.push((args, needle));
+    }
     for (args, needle) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (ok, _, stderr) = hob(&args);

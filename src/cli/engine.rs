@@ -246,6 +246,14 @@ impl ModelArgs {
         }
         let platform = self.platform()?;
         let plan = self.plan(file, platform.as_ref())?;
+        // Checked whatever the device, so a typo never passes silently on the CPU.
+        let policy = Policy::parse(&self.cache_policy, self.cache_weights.as_deref())?;
+        if !(0.0..=1.0).contains(&self.low_share) {
+            return Err(Error::Invalid(format!(
+                "--low-share {}: give a share of the expert cache between 0 and 1",
+                self.low_share
+            )));
+        }
         let variant = plan.high;
         let _ = variant;
         let gpu_mem = self
@@ -292,7 +300,7 @@ impl ModelArgs {
                     pace_bytes_per_s: pace,
                     preload: true,
                     plan,
-                    policy: Policy::parse(&self.cache_policy, self.cache_weights.as_deref())?,
+                    policy,
                     low_share: self.low_share,
                     substitute_low: !self.no_substitute,
                     upgrade_low: true,
