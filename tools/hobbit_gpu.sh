@@ -14,13 +14,7 @@
 # ROWS="a d" runs only those rows.
 set -uo pipefail
 LAYERS="${LAYERS:-8}"
-out="${OUT:-/tmp/hob-out}"; mkdir -p "$out"
-hob=.gpu/hob
-mkdir -p .gpu/lib
-for lib in nvrtc cublas cublasLt; do
-  ldconfig -p | grep -q "lib$lib.so " || { f=$(ls /usr/local/cuda/lib64/lib$lib.so.1[0-9]* 2>/dev/null | head -1); [ -n "$f" ] && ln -sf "$f" .gpu/lib/lib$lib.so; }
-done
-export LD_LIBRARY_PATH="$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}" HOB_CACHE_DIR=/tmp/hob-cache
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 model=/tmp/mixtral-synthetic-${LAYERS}l-4v.hob
 log="$out/hobbit.log"
 # Cache share of a budget holding full Mixtral at `per` bytes per expert, scaled to the file (GiB).

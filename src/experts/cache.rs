@@ -873,18 +873,7 @@ mod tests {
     /// 2 layers x 4 experts, top-2, a high expert 4 bytes, a low one 1 (a low miss costs 1/4).
     fn tiny_trace() -> Trace {
         Trace {
-            header: TraceHeader {
-                model: "tiny".into(),
-                layers: 2,
-                experts: 4,
-                top_k: 2,
-                high: "f16".into(),
-                low: Some("int4".into()),
-                high_bytes: 4,
-                low_bytes: 1,
-                t1: 0.6,
-                t2: 0.9,
-            },
+            header: crate::experts::trace::tests::header(),
             records: vec![
                 rec(0, 0, 0, &[(0, 0.7, High), (1, 0.3, Low)]),
                 rec(0, 0, 1, &[(2, 0.8, High), (3, 0.2, Skip)]),

@@ -433,6 +433,28 @@ mod tests {
         chunk_delay: Duration,
     }
 
+    /// Submit `job` with a gate in its chunk 0 and wait until the loader thread is inside it:
+    /// the job is running and everything submitted now queues behind it. Send on the returned
+    /// sender to let it go on.
+    fn start_gated(
+        s: &Scheduler<Fake>,
+        job: Job,
+        p: Priority,
+    ) -> (Ticket<<Fake as Worker>::Done>, Sender<()>) {
+        let (g, entered, release) = gate(0);
+        let t = s
+            .submit(
+                Job {
+                    gate: Some(g),
+                    ..job
+                },
+                p,
+            )
+            .unwrap();
+        entered.recv_timeout(PATIENCE).unwrap();
+        (t, release)
+    }
+
     fn fake() -> (Fake, Log) {
         let log = Log::default();
         (
@@ -501,17 +523,7 @@ mod tests {
     fn demand_overtakes_a_started_prefetch_between_its_chunks() {
         let (w, log) = fake();
         let s = Scheduler::spawn(w).unwrap();
-        let (g, entered, release) = gate(0);
-        let p1 = s
-            .submit(
-                Job {
-                    gate: Some(g),
-                    ..job(1, 3)
-                },
-                Priority::Prefetch,
-            )
-            .unwrap();
-        entered.recv_timeout(PATIENCE).unwrap();
+        let (p1, release) = start_gated(&s, job(1, 3), Priority::Prefetch);
         // The thread is inside chunk 0 of prefetch 1; queue behind it, mixed.
         let p2 = s.submit(job(2, 1), Priority::Prefetch).unwrap();
         let d3 = s.submit(job(3, 2), Priority::Demand).unwrap();
@@ -684,18 +696,14 @@ mod tests {
     fn a_panicking_worker_fails_every_pending_ticket_and_the_scheduler() {
         let (w, _log) = fake();
         let s = Scheduler::spawn(w).unwrap();
-        let (g, entered, release) = gate(0);
-        let first = s
-            .submit(
-                Job {
-                    gate: Some(g),
-                    panic_at: Some(0),
-                    ..job(1, 2)
-                },
-                Priority::Demand,
-            )
-            .unwrap();
-        entered.recv_timeout(PATIENCE).unwrap();
+        let (first, release) = start_gated(
+            &s,
+            Job {
+                panic_at: Some(0),
+                ..job(1, 2)
+            },
+            Priority::Demand,
+        );
         let queued: Vec<_> = (2..6)
             .map(|id| s.submit(job(id, 2), Priority::Prefetch).unwrap())
             .collect();
@@ -729,17 +737,7 @@ mod tests {
     fn cancel_prefetches_drops_only_queued_prefetches() {
         let (w, log) = fake();
         let s = Scheduler::spawn(w).unwrap();
-        let (g, entered, release) = gate(0);
-        let p1 = s
-            .submit(
-                Job {
-                    gate: Some(g),
-                    ..job(1, 2)
-                },
-                Priority::Prefetch,
-            )
-            .unwrap();
-        entered.recv_timeout(PATIENCE).unwrap();
+        let (p1, release) = start_gated(&s, job(1, 2), Priority::Prefetch);
         let p2 = s.submit(job(2, 1), Priority::Prefetch).unwrap();
         let d3 = s.submit(job(3, 1), Priority::Demand).unwrap();
         let p4 = s.submit(job(4, 1), Priority::Prefetch).unwrap();
@@ -765,17 +763,7 @@ mod tests {
         let (w, log) = fake();
         let s = Scheduler::spawn(w).unwrap();
         let probe = s.tx.clone();
-        let (g, entered, release) = gate(0);
-        let running = s
-            .submit(
-                Job {
-                    gate: Some(g),
-                    ..job(1, 3)
-                },
-                Priority::Prefetch,
-            )
-            .unwrap();
-        entered.recv_timeout(PATIENCE).unwrap();
+        let (running, release) = start_gated(&s, job(1, 3), Priority::Prefetch);
         let queued: Vec<_> = (2..8)
             .map(|id| {
                 let p = if id % 2 == 0 {
@@ -864,17 +852,7 @@ mod tests {
     fn ticket_try_wait_and_is_done_track_the_job() {
         let (w, _log) = fake();
         let s = Scheduler::spawn(w).unwrap();
-        let (g, entered, release) = gate(0);
-        let mut t = s
-            .submit(
-                Job {
-                    gate: Some(g),
-                    ..job(1, 1)
-                },
-                Priority::Demand,
-            )
-            .unwrap();
-        entered.recv_timeout(PATIENCE).unwrap();
+        let (mut t, release) = start_gated(&s, job(1, 1), Priority::Demand);
         assert!(!t.is_done());
         assert!(t.try_wait().is_none());
         release.send(()).unwrap();

@@ -435,7 +435,7 @@ impl TraceWriter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use Precision::*;
 
