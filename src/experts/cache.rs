@@ -621,7 +621,7 @@ pub fn simulate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experts::trace::{TraceHeader, TraceRecord, TracedRoute};
+    use crate::experts::trace::{TraceRecord, TracedRoute};
     use proptest::prelude::*;
     use PoolKind::{High as HP, Low as LP};
     use Precision::{High, Low, Skip};
