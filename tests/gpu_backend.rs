@@ -438,24 +438,31 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
             "{name}: logits differ"
         );
     }
-    // Cooperative mode: missed decode experts computed on the CPU.
-    let mut c = exact(total / 4);
-    c.cpu_experts = Some(2);
-    let mut s = engine_session(&g, &model, c);
-    let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
-    let st = s.expert_stats();
-    let e = nmse(&steps, &want_steps);
-    println!(
-        "cooperative: {} experts on the CPU, decode NMSE {e:.2e}",
-        st.cpu_computed
-    );
-    assert!(
-        st.cpu_computed > 0,
-        "a quarter cache must send misses to the CPU"
-    );
-    assert_eq!(all, want_all, "prefill never uses the CPU");
-    assert_eq!(ids, want_ids);
-    assert!(e <= 1e-10, "cooperative decode NMSE {e:e}");
+    // Cooperative mode: missed decode experts computed on the CPU, with and without prefetches
+    // into the idle link (a prefetch still in flight may be overtaken by the CPU).
+    for prefetch in [0, 2] {
+        let mut c = exact(total / 4);
+        c.cpu_experts = Some(2);
+        c.prefetch = prefetch;
+        let mut s = engine_session(&g, &model, c);
+        let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
+        let st = s.expert_stats();
+        let e = nmse(&steps, &want_steps);
+        println!(
+            "cooperative, prefetch {prefetch}: {} experts on the CPU ({} overtaking a prefetch), {} prefetched ({} used), decode NMSE {e:.2e}",
+            st.cpu_computed, st.late_to_cpu, st.prefetch_issued, st.prefetch_used
+        );
+        assert!(
+            st.cpu_computed > 0,
+            "a quarter cache must send misses to the CPU"
+        );
+        assert_eq!(all, want_all, "prefill never uses the CPU");
+        assert_eq!(ids, want_ids, "prefetch {prefetch}");
+        assert!(
+            e <= 1e-10,
+            "cooperative decode NMSE {e:e} (prefetch {prefetch})"
+        );
+    }
 }
 
 /// Dynamic precision on the GPU computes what the CPU computes with the same plan.

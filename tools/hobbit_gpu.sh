@@ -9,8 +9,8 @@
 # The expert cache is scaled to the file: the share of Mixtral's experts the profile's budget holds
 # beside 3.21 GB of non-expert weights and ~1 GB of KV cache and buffers, times the file's experts.
 # Rows: (a) high only, LRU, on demand; (b) + dynamic precision (--low, T1/T2 0.6/0.9);
-# (c) + stacked-gate prefetch (2 layers); (d) + the HOBBIT cache policy; (e) + cooperative CPU experts;
-# then (d) and (e) without prefetch (the default since this grid: prefetch lost on both profiles).
+# (c) + stacked-gate prefetch (3 layers, into the idle link only); (d) + the HOBBIT cache policy;
+# (e) + cooperative CPU experts; then (d) and (e) without prefetch, and (e) with f16 experts only.
 # ROWS="a d" runs only those rows.
 set -uo pipefail
 LAYERS="${LAYERS:-8}"
@@ -50,25 +50,28 @@ rtx4090)
   p=(--platform rtx4090-24g --expert-variant f16 --expert-cache "$c" -r 3)
   row a "${p[@]}" --low none --cache-policy lru --prefetch 0 -p 512 -n 32
   row b "${p[@]}" --low int4 --cache-policy lru --prefetch 0 -p 0 -n 32
-  row c "${p[@]}" --low int4 --cache-policy lru --prefetch 2 -p 0 -n 32
-  row d "${p[@]}" --low int4 --cache-policy hobbit --prefetch 2 -p 512 -n 32
-  row e "${p[@]}" --low int4 --cache-policy hobbit --prefetch 2 --cpu-experts -t "$(nproc)" -p 0 -n 32
+  row c "${p[@]}" --low int4 --cache-policy lru --prefetch 3 -p 0 -n 32
+  row d "${p[@]}" --low int4 --cache-policy hobbit --prefetch 3 -p 512 -n 32
+  row e "${p[@]}" --low int4 --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)" -p 512 -n 32
   row "d, no prefetch" "${p[@]}" --low int4 --cache-policy hobbit --prefetch 0 -p 0 -n 32
-  row "e, no prefetch" "${p[@]}" --low int4 --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)" -p 512 -n 32
-  row "e, f16 only, no prefetch" "${p[@]}" --low none --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)" -p 0 -n 32
+  row "e, no prefetch" "${p[@]}" --low int4 --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)" -p 0 -n 32
+  row "e, f16 only" "${p[@]}" --low none --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)" -p 0 -n 32
   cat "$out/$table" ;;
 jetson)
+  # --no-ssd: missed experts come from the page cache paced to the profile's 3 GB/s SSD (this
+  # machine's own disk reads 1.4-1.8 GB/s); the "SSD" rows read the real disk with O_DIRECT.
+  # No cooperative row: a Jetson's CPU would read the same SSD (refused with unified profiles).
   table=hobbit-jetson.md; header
   c=$(share 24 185.6e6)
   echo "jetson-orin-32g expert cache scaled to $LAYERS layers: $c GiB (int8 sizing)" >> "$log"
-  p=(--platform jetson-orin-32g --expert-variant int8 --expert-cache "$c" -r 2 -p 0 -n 8)
-  row a "${p[@]}" --low none --cache-policy lru --prefetch 0
-  row b "${p[@]}" --low int2 --cache-policy lru --prefetch 0
-  row c "${p[@]}" --low int2 --cache-policy lru --prefetch 2
-  row d "${p[@]}" --low int2 --cache-policy hobbit --prefetch 2
-  row e "${p[@]}" --low int2 --cache-policy hobbit --prefetch 2 --cpu-experts -t "$(nproc)"
-  row "d, no prefetch" "${p[@]}" --low int2 --cache-policy hobbit --prefetch 0
-  row "e, no prefetch" "${p[@]}" --low int2 --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)"
+  p=(--platform jetson-orin-32g --expert-variant int8 --expert-cache "$c" -r 2 -p 0)
+  row a "${p[@]}" --no-ssd -n 24 --low none --cache-policy lru --prefetch 0
+  row b "${p[@]}" --no-ssd -n 24 --low int2 --cache-policy lru --prefetch 0
+  row c "${p[@]}" --no-ssd -n 24 --low int2 --cache-policy lru --prefetch 3
+  row d "${p[@]}" --no-ssd -n 24 --low int2 --cache-policy hobbit --prefetch 3
+  row "d, no prefetch" "${p[@]}" --no-ssd -n 24 --low int2 --cache-policy hobbit --prefetch 0
+  row "a, SSD" "${p[@]}" --ssd -n 8 --low none --cache-policy lru --prefetch 0
+  row "d, SSD" "${p[@]}" --ssd -n 8 --low int2 --cache-policy hobbit --prefetch 3
   cat "$out/$table" ;;
 llamacpp)
   bash tools/llamacpp_gpu.sh bench "$LAYERS" >> "$log" 2>&1; cat "$out/llamacpp.md" ;;

@@ -129,6 +129,20 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         .map(|v| file.expert_layout(v).size as f64)
         .collect();
 
+    // Cooperative mode: missed experts also stream from host memory into the CPU helpers, so the
+    // bound spreads the missed bytes over the link and the host's memory together.
+    let host_gbs = if args.model.cpu_experts && backend == "CUDA" {
+        let cpu = crate::backend::cpu::CpuBackend::new(args.model.threads)?;
+        let gbs = cpu.read_bandwidth_gbs(1 << 30);
+        eprintln!(
+            "bench: host memory reads {gbs:.1} GB/s with {} threads (the CPU experts' term of the limit)",
+            cpu.threads()
+        );
+        Some(gbs)
+    } else {
+        None
+    };
+
     let mut rows = Vec::new();
     let tests = [
         (args.n_prompt > 0).then_some(BenchTest::Prompt(args.n_prompt)),
@@ -199,14 +213,22 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
                 0.0
             },
         };
-        let limit = match (test, &platform) {
-            // The bound has no term for experts the CPU computes (cooperative mode): no limit then.
-            (BenchTest::Generate(_), Some(p)) if backend == "CUDA" && total.cpu_computed == 0 => {
+        let limit = match (test, &platform, host_gbs) {
+            (BenchTest::Generate(_), Some(p), None) if backend == "CUDA" => Some(physical_limit(
+                dense as f64 + expert_read_per_token,
+                moe.bytes_moved_per_token,
+                p.memory_bandwidth_gbs,
+                p.load_gbs(),
+            )),
+            // Cooperative: every missed expert crosses the link or is streamed by the CPU, the
+            // two in parallel; the best split of the missed bytes between them bounds the time.
+            (BenchTest::Generate(_), Some(p), Some(host)) if backend == "CUDA" => {
+                let streamed = total.cpu_bytes as f64 / tok;
                 Some(physical_limit(
                     dense as f64 + expert_read_per_token,
-                    moe.bytes_moved_per_token,
+                    moe.bytes_moved_per_token + streamed,
                     p.memory_bandwidth_gbs,
-                    p.load_gbs(),
+                    p.load_gbs() + host,
                 ))
             }
             _ => None,

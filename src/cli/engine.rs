@@ -77,8 +77,12 @@ pub struct ModelArgs {
     pub cpu_experts: bool,
     /// Read missed experts from the SSD (io_uring + O_DIRECT) instead of the page cache
     /// (default on unified-memory platforms).
-    #[arg(long = "ssd")]
+    #[arg(long = "ssd", conflicts_with = "no_ssd")]
     pub ssd: bool,
+    /// Read missed experts from the page cache even on unified-memory platforms, paced to the
+    /// profile's SSD bandwidth: emulates that SSD on a host whose own disk is slower.
+    #[arg(long = "no-ssd")]
+    pub no_ssd: bool,
     /// Print a per-token breakdown after the run: hits, misses and skips per precision,
     /// prefetch accuracy, bytes per tier, time waiting for loads and CPU experts.
     #[arg(long = "stats")]
@@ -306,7 +310,7 @@ impl ModelArgs {
                     upgrade_low: true,
                     prefetch: self.prefetch,
                     cpu_experts: self.cpu_experts.then_some(self.threads),
-                    tier: if self.ssd || unified {
+                    tier: if self.ssd || (unified && !self.no_ssd) {
                         Tier::Disk
                     } else {
                         Tier::Memory
@@ -390,15 +394,17 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
         );
     }
     eprintln!(
-        "  skipped {:.2}  high->low substitutions {:.2}  computed on the CPU {:.2}",
+        "  skipped {:.2}  high->low substitutions {:.2}  computed on the CPU {:.2} ({:.2} while their prefetch was in flight)",
         s.skipped as f64 / n,
         s.substituted as f64 / n,
-        s.cpu_computed as f64 / n
+        s.cpu_computed as f64 / n,
+        s.late_to_cpu as f64 / n
     );
     eprintln!(
-        "  bytes loaded {:.1} MB ({:.1} MB from the SSD); prefetches {:.2} ({:.0}% used)",
+        "  bytes loaded {:.1} MB ({:.1} MB from the SSD), streamed by CPU experts {:.1} MB; prefetches {:.2} ({:.0}% used)",
         s.bytes_loaded as f64 / n / 1e6,
         s.bytes_from_disk as f64 / n / 1e6,
+        s.cpu_bytes as f64 / n / 1e6,
         s.prefetch_issued as f64 / n,
         100.0 * s.prefetch_used as f64 / s.prefetch_issued.max(1) as f64
     );

@@ -27,6 +27,11 @@ pub struct ExpertStats {
     /// Prefetch loads issued, and how many of them were used before eviction.
     pub prefetch_issued: u64,
     pub prefetch_used: u64,
+    /// Cooperative mode: experts whose load (a prefetch) had not landed when needed, so the
+    /// CPU computed them (counted in `cpu_computed` too).
+    pub late_to_cpu: u64,
+    /// Bytes of the experts the CPU computed, each at its variant's size.
+    pub cpu_bytes: u64,
     /// Per prediction distance d = 1, 2, ...: (experts predicted, of those actually routed).
     pub prediction: Vec<(u64, u64)>,
 }
@@ -78,6 +83,8 @@ impl ExpertStats {
         self.cpu_wait_seconds += s.cpu_wait_seconds;
         self.prefetch_issued += s.prefetch_issued;
         self.prefetch_used += s.prefetch_used;
+        self.late_to_cpu += s.late_to_cpu;
+        self.cpu_bytes += s.cpu_bytes;
     }
 }
 

@@ -48,6 +48,27 @@ impl CpuBackend {
         self.pool.install(f)
     }
 
+    /// Host memory read bandwidth with this pool's threads, GB/s: the best of three parallel
+    /// passes summing a `bytes`-sized buffer (what CPU experts can stream at most; the physical
+    /// limit of cooperative decoding uses it).
+    pub fn read_bandwidth_gbs(&self, bytes: usize) -> f64 {
+        let words = vec![1u64; bytes / 8];
+        let mut best = 0.0f64;
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let sum: u64 = self.pool.install(|| {
+                words
+                    .par_chunks(1 << 16)
+                    .map(|c| c.iter().fold(0u64, |a, &w| a.wrapping_add(w)))
+                    .reduce(|| 0, u64::wrapping_add)
+            });
+            let secs = started.elapsed().as_secs_f64();
+            std::hint::black_box(sum);
+            best = best.max(words.len() as f64 * 8.0 / secs / 1e9);
+        }
+        best
+    }
+
     fn rows_per_task(&self, rows: usize) -> usize {
         rows.div_ceil(self.threads() * 4).max(MIN_ROWS_PER_TASK)
     }

@@ -98,6 +98,9 @@ impl CacheConfig {
 
 const STAGING_CHUNK: usize = 16 << 20;
 const STAGING_BUFFERS: usize = 4;
+/// Threads the loader copies out of the page cache with: enough to outrun a 25 GB/s link, the
+/// other cores left to CPU experts.
+const FILL_THREADS: usize = 8;
 
 /// Slot memory of one pool.
 enum Arena {
@@ -115,6 +118,8 @@ struct Pool {
     pending: Vec<Option<Ticket<Option<CudaEvent>>>>,
     /// Per slot: filled by a prefetch and not used since.
     prefetched: Vec<bool>,
+    /// Per slot with a pending load: when the engine expects it done (its link model).
+    due: Vec<Option<Instant>>,
 }
 
 impl Pool {
@@ -159,9 +164,13 @@ struct Loader {
     staging: Vec<(PinnedHostSlice<u8>, Option<CudaEvent>)>,
     next: usize,
     pace: Option<f64>,
+    /// When the emulated (paced) link has carried every chunk handed to it so far.
+    link_free: Instant,
     disk: Option<Box<dyn BlobSource>>,
-    started: Instant,
     counters: Arc<LoadCounters>,
+    /// Threads copying out of the mapped file: a few are enough to outrun any link, and they
+    /// leave the other cores to CPU experts.
+    fill_pool: rayon::ThreadPool,
 }
 
 impl Worker for Loader {
@@ -177,8 +186,8 @@ impl Worker for Loader {
             self.ctx.bind_to_thread().map_err(cuda_err)?;
             self.bound = true;
         }
+        let chunk_start = Instant::now();
         if i == 0 {
-            self.started = Instant::now();
             if job.mapped {
                 job.after.synchronize().map_err(cuda_err)?;
             } else {
@@ -196,6 +205,7 @@ impl Worker for Loader {
             let dst =
                 unsafe { std::slice::from_raw_parts_mut((job.dst as usize + at) as *mut u8, len) };
             self.fill(src, dst)?;
+            Self::pace_chunk(self.pace, &mut self.link_free, len);
         } else {
             let (host, done) = &mut self.staging[self.next];
             self.next = (self.next + 1) % STAGING_BUFFERS;
@@ -204,7 +214,8 @@ impl Worker for Loader {
             }
             let host = &mut host.as_mut_slice().map_err(cuda_err)?[..len];
             let (map, disk) = (&self.map, &mut self.disk);
-            Self::fill_from(map, disk, src, host, &self.counters)?;
+            Self::fill_from(&self.fill_pool, map, disk, src, host, &self.counters)?;
+            Self::pace_chunk(self.pace, &mut self.link_free, len);
             // SAFETY: dst + at .. + len lies inside the job's slot of the device arena; the
             // staging buffer is not written again before `done` is reached.
             unsafe {
@@ -217,39 +228,70 @@ impl Worker for Loader {
             }
             *done = Some(self.copy.record_event(None).map_err(cuda_err)?);
         }
-        if let Some(bw) = self.pace {
-            let target = Duration::from_secs_f64((at + len) as f64 / bw);
-            if let Some(rest) = target.checked_sub(self.started.elapsed()) {
-                std::thread::sleep(rest);
-            }
-        }
+        self.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.counters
+            .nanos
+            .fetch_add(chunk_start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
     }
 
     fn complete(&mut self, job: &LoadJob) -> crate::Result<Option<CudaEvent>> {
+        // The job is through the emulated link when its last chunk is.
+        let waited = Instant::now();
+        self.wait_for_link();
+        self.counters
+            .nanos
+            .fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let done = if job.mapped {
             None
         } else {
             Some(self.copy.record_event(None).map_err(cuda_err)?)
         };
-        self.counters
-            .bytes
-            .fetch_add(job.src.len() as u64, Ordering::Relaxed);
-        self.counters
-            .nanos
-            .fetch_add(self.started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(done)
     }
 }
 
 impl Loader {
+    /// Emulated link (a profile's pace): chunks cross it one after another at `pace` bytes/s.
+    /// A chunk is filled on the host while the previous one is crossing (as staging overlaps
+    /// DMA on a real card), then waits for the link and takes it for len / pace seconds.
+    /// Interleaved jobs (a demand overtaking a prefetch) share the one link.
+    fn pace_chunk(pace: Option<f64>, link_free: &mut Instant, len: usize) {
+        if let Some(bw) = pace {
+            Self::sleep_until(*link_free);
+            *link_free =
+                (*link_free).max(Instant::now()) + Duration::from_secs_f64(len as f64 / bw);
+        }
+    }
+
+    /// Sleep until the emulated link has carried every chunk so far.
+    fn wait_for_link(&self) {
+        if self.pace.is_some() {
+            Self::sleep_until(self.link_free);
+        }
+    }
+
+    fn sleep_until(t: Instant) {
+        if let Some(rest) = t.checked_duration_since(Instant::now()) {
+            std::thread::sleep(rest);
+        }
+    }
+
     fn fill(&mut self, src: Range<usize>, dst: &mut [u8]) -> crate::Result<()> {
-        Self::fill_from(&self.map, &mut self.disk, src, dst, &self.counters)
+        Self::fill_from(
+            &self.fill_pool,
+            &self.map,
+            &mut self.disk,
+            src,
+            dst,
+            &self.counters,
+        )
     }
 
     /// Bytes `src` of the file into `dst`: from the SSD when a reader is set, else copied out of
     /// the mapped file by several threads.
     fn fill_from(
+        pool: &rayon::ThreadPool,
         map: &Mmap,
         disk: &mut Option<Box<dyn BlobSource>>,
         src: Range<usize>,
@@ -263,13 +305,62 @@ impl Loader {
                     .disk_bytes
                     .fetch_add(dst.len() as u64, Ordering::Relaxed);
             }
-            None => dst
-                .par_chunks_mut(1 << 20)
-                .zip(map[src].par_chunks(1 << 20))
-                .for_each(|(d, s)| d.copy_from_slice(s)),
+            None => pool.install(|| {
+                dst.par_chunks_mut(1 << 20)
+                    .zip(map[src].par_chunks(1 << 20))
+                    .for_each(|(d, s)| d.copy_from_slice(s))
+            }),
         }
         Ok(())
     }
+}
+
+/// Map the pages of the experts in `variants` up front, when they fit in half the host's RAM:
+/// the loader copies missed experts out of the mapped file and CPU experts compute from it, and
+/// the first touch of each 4 KiB page costs a fault (~86,000 for one f16 Mixtral expert), which
+/// would otherwise land in the middle of decoding. Best effort: logs and goes on when the
+/// kernel lacks MADV_POPULATE_READ (Linux < 5.14).
+fn populate(file: &HobFile, variants: &[usize]) {
+    let n = file.n_layers() * file.n_experts();
+    let bytes: usize = variants
+        .iter()
+        .map(|&v| n * file.expert_layout(v).size)
+        .sum();
+    let ram = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        })
+        .map_or(0, |kb| kb * 1024);
+    if bytes > ram / 2 {
+        log::info!(
+            "not mapping expert pages ahead: {:.1} GB of experts, {:.1} GB of RAM",
+            bytes as f64 / 1e9,
+            ram as f64 / 1e9
+        );
+        return;
+    }
+    let started = Instant::now();
+    let map = file.shared_map();
+    for l in 0..file.n_layers() {
+        for e in 0..file.n_experts() {
+            for &v in variants {
+                let r = file.blob_range(l, e, v, false);
+                if let Err(err) = map.advise_range(memmap2::Advice::PopulateRead, r.start, r.len())
+                {
+                    log::warn!("cannot map expert pages ahead (madvise POPULATE_READ): {err}");
+                    return;
+                }
+            }
+        }
+    }
+    log::info!(
+        "mapped {:.1} GB of expert pages in {:.1} s",
+        bytes as f64 / 1e9,
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Where one group of a layer runs.
@@ -328,6 +419,16 @@ pub struct CudaExperts<'f> {
     cpu_wait: Duration,
     base_bytes: (u64, u64),
     decoded: u64,
+    /// When the loader is expected to have finished everything queued so far.
+    link_due: Instant,
+    /// Decode: moving average of the seconds between the starts of consecutive layers, and
+    /// when the last layer started.
+    layer_s: Option<f64>,
+    layer_started: Option<(usize, Instant)>,
+    /// Cooperative decode: experts whose load was still in flight, computed by the CPU.
+    late_to_cpu: u64,
+    /// Bytes of the experts the CPU computed (it streams them from host memory).
+    cpu_bytes: u64,
 }
 
 impl<'f> CudaExperts<'f> {
@@ -417,6 +518,7 @@ impl<'f> CudaExperts<'f> {
                 arena,
                 pending: (0..slots).map(|_| None).collect(),
                 prefetched: vec![false; slots],
+                due: vec![None; slots],
             }))
         };
         let pools = [
@@ -444,6 +546,10 @@ impl<'f> CudaExperts<'f> {
             }
             Tier::Memory => None,
         };
+        if cfg.tier == Tier::Memory {
+            let used: Vec<usize> = std::iter::once(plan.high).chain(plan.low).collect();
+            populate(file, &used);
+        }
         let counters = Arc::new(LoadCounters::default());
         let loader = Scheduler::spawn(Loader {
             ctx: gpu.ctx.clone(),
@@ -453,8 +559,15 @@ impl<'f> CudaExperts<'f> {
             staging,
             next: 0,
             pace: cfg.pace_bytes_per_s,
+            link_free: Instant::now(),
             disk,
-            started: Instant::now(),
+            fill_pool: rayon::ThreadPoolBuilder::new()
+                .num_threads(FILL_THREADS)
+                .thread_name(|i| format!("hob-fill-{i}"))
+                .build()
+                .map_err(|e| {
+                    Error::Loader(format!("cannot start the loader's copy threads: {e}"))
+                })?,
             counters: counters.clone(),
         })?;
         let predictor = if cfg.prefetch > 0 && n_layers > 1 {
@@ -534,6 +647,11 @@ impl<'f> CudaExperts<'f> {
             cpu_wait: Duration::ZERO,
             base_bytes: (0, 0),
             decoded: 0,
+            link_due: Instant::now(),
+            layer_s: None,
+            layer_started: None,
+            late_to_cpu: 0,
+            cpu_bytes: 0,
         };
         if cfg.preload {
             me.preload()?;
@@ -629,6 +747,10 @@ impl<'f> CudaExperts<'f> {
         } else {
             pool.base(&self.gpu) + (s * pool.slot_bytes) as u64
         };
+        let now = Instant::now();
+        let due = self.link_due.max(now)
+            + Duration::from_secs_f64(src.len() as f64 / self.load_bandwidth());
+        self.link_due = due;
         let after = self.gpu.stream.record_event(None).map_err(cuda_err)?;
         let job = LoadJob {
             src,
@@ -644,6 +766,7 @@ impl<'f> CudaExperts<'f> {
         let pool = self.pool_mut(kind);
         pool.pending[s] = Some(ticket);
         pool.prefetched[s] = priority == Priority::Prefetch;
+        pool.due[s] = Some(due);
         Ok(())
     }
 
@@ -731,17 +854,33 @@ impl<'f> CudaExperts<'f> {
     ) -> crate::Result<Option<Place>> {
         let key = (layer, g.expert);
         let kind = self.kind_of(g.precision);
+        let variant = self.pool(kind).variant;
+        let mut held = None;
         if kind == PoolKind::Low && self.upgrade_low {
-            if let Some(s) = self.cache.lookup(PoolKind::High, key) {
-                let v = self.pool(PoolKind::High).variant;
-                self.hits[v] += g.rows.len() as u64;
-                return Ok(Some(Place::Slot(PoolKind::High, s)));
-            }
+            held = self
+                .cache
+                .lookup(PoolKind::High, key)
+                .map(|s| (PoolKind::High, s));
         }
-        if let Some(s) = self.cache.lookup(kind, key) {
-            let v = self.pool(kind).variant;
+        if held.is_none() {
+            held = self.cache.lookup(kind, key).map(|s| (kind, s));
+        }
+        if let Some((k, s)) = held {
+            if decode {
+                if let Some(c) = self.cpu_before_load(k, s, variant, *cpu_busy) {
+                    // Its load (a prefetch still queued or in flight) lands later than the CPU
+                    // would finish: compute it there; the load goes on, for later tokens.
+                    *cpu_busy += c;
+                    self.misses[variant] += 1;
+                    self.cpu_computed += 1;
+                    self.cpu_bytes += self.file.expert_layout(variant).size as u64;
+                    self.late_to_cpu += 1;
+                    return Ok(Some(Place::Cpu));
+                }
+            }
+            let v = self.pool(k).variant;
             self.hits[v] += g.rows.len() as u64;
-            return Ok(Some(Place::Slot(kind, s)));
+            return Ok(Some(Place::Slot(k, s)));
         }
         if kind == PoolKind::High && self.substitute_low && decode && !top1 {
             if let Some(s) = self.pools[PoolKind::Low as usize]
@@ -754,7 +893,6 @@ impl<'f> CudaExperts<'f> {
                 return Ok(Some(Place::Slot(PoolKind::Low, s)));
             }
         }
-        let variant = self.pool(kind).variant;
         if decode {
             if let Some((_, cost)) = &self.cpu {
                 // Greedy: the miss goes to whichever of the link and the CPU frees up first.
@@ -769,6 +907,7 @@ impl<'f> CudaExperts<'f> {
                     *cpu_busy += cpu_s.unwrap_or(0.0);
                     self.misses[variant] += 1;
                     self.cpu_computed += 1;
+                    self.cpu_bytes += self.file.expert_layout(variant).size as u64;
                     return Ok(Some(Place::Cpu));
                 }
                 *load_busy += load_s;
@@ -780,6 +919,37 @@ impl<'f> CudaExperts<'f> {
         self.misses[variant] += g.rows.len() as u64;
         self.submit(kind, key, s, Priority::Demand)?;
         Ok(Some(Place::Slot(kind, s)))
+    }
+
+    /// Cooperative mode: Some(CPU seconds) when slot `s` of pool `kind` is still loading and the
+    /// CPU, busy for `cpu_busy` seconds already, would compute the expert (as `variant`) before
+    /// the load is expected to land.
+    fn cpu_before_load(
+        &self,
+        kind: PoolKind,
+        s: usize,
+        variant: usize,
+        cpu_busy: f64,
+    ) -> Option<f64> {
+        let (_, cost) = self.cpu.as_ref()?;
+        let pool = self.pool(kind);
+        let ticket = pool.pending[s].as_ref()?;
+        if ticket.is_done() {
+            return None;
+        }
+        let c = cost.cpu_s[variant]?;
+        let left = pool.due[s]?
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
+        (cpu_busy + c < left).then_some(c)
+    }
+
+    /// A demand load or a prefetch is queued or in flight.
+    fn link_busy(&self) -> bool {
+        self.pools
+            .iter()
+            .flatten()
+            .any(|p| p.pending.iter().flatten().any(|t| !t.is_done()))
     }
 
     /// Measured loader bandwidth, bytes/s (a profile's pace, or 10 GB/s, before any load).
@@ -817,6 +987,11 @@ impl<'f> CudaExperts<'f> {
         let k = predicted.first().map_or(0, |p| p.1.len());
         let mut decisions = vec![Precision::High; k];
         let mut weights = vec![0.0; k];
+        // Prefetch only into an idle link: on a link-bound card a queued prefetch delays the
+        // demand loads behind it by its wasted bytes when wrong (and a correct one saves no
+        // bytes), while an idle link costs nothing to use.
+        let link_busy = self.link_busy();
+        let bandwidth = self.load_bandwidth();
         for (target, routes) in predicted {
             self.plan.apply(&routes, &mut decisions, &mut weights);
             let wanted: Vec<(PoolKind, (usize, usize))> = routes
@@ -844,6 +1019,26 @@ impl<'f> CudaExperts<'f> {
             }
             if missing.is_empty() {
                 continue;
+            }
+            if link_busy {
+                break;
+            }
+            if self.cpu.is_some() {
+                // Cooperative: a load that lands after its layer started is computed by the CPU
+                // anyway; keep the loads that can land in time, else aim further ahead.
+                let until = (target - layer) as f64 * self.layer_s.unwrap_or(0.0);
+                let mut t = 0.0;
+                missing.retain(|(kind, _)| {
+                    let secs = self.pool(*kind).slot_bytes as f64 / bandwidth;
+                    let fits = t + secs <= until;
+                    if fits {
+                        t += secs;
+                    }
+                    fits
+                });
+                if missing.is_empty() {
+                    continue;
+                }
             }
             for (kind, key) in missing {
                 let Some(s) = self.claim(kind, key)? else {
@@ -957,6 +1152,18 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         let (h, f) = self.file.expert_dims();
         self.ensure_cap(t)?;
         let decode = t == 1;
+        if decode {
+            let now = Instant::now();
+            if let Some((l, at)) = self.layer_started {
+                if l + 1 == layer {
+                    let secs = now.duration_since(at).as_secs_f64();
+                    self.layer_s = Some(self.layer_s.map_or(secs, |old| 0.9 * old + 0.1 * secs));
+                }
+            }
+            self.layer_started = Some((layer, now));
+        } else {
+            self.layer_started = None;
+        }
         if layer == 0 {
             for _ in 0..t {
                 self.cache.begin_token();
@@ -1223,6 +1430,8 @@ impl ExpertReport for CudaExperts<'_> {
             cpu_wait_seconds: self.cpu_wait.as_secs_f64(),
             prefetch_issued: self.prefetch_issued,
             prefetch_used: self.prefetch_used,
+            late_to_cpu: self.late_to_cpu,
+            cpu_bytes: self.cpu_bytes,
             prediction,
         }
     }
@@ -1235,6 +1444,8 @@ impl ExpertReport for CudaExperts<'_> {
         self.cpu_computed = 0;
         self.prefetch_issued = 0;
         self.prefetch_used = 0;
+        self.late_to_cpu = 0;
+        self.cpu_bytes = 0;
         self.wait = Duration::ZERO;
         self.cpu_wait = Duration::ZERO;
         self.base_bytes = (
