@@ -1101,6 +1101,13 @@ impl<'f> CudaExperts<'f> {
         let x = &self.host_x;
         let (res, times) = cpu.install(|| Self::cpu_compute(file, &cpu, jobs, layer, x));
         self.cpu_wait += started.elapsed();
+        self.absorb_cpu(res, times, acc);
+        Ok(())
+    }
+
+    /// Add CPU results `res` into `acc` ([hidden] once non-empty) and refresh the cost model
+    /// with the seconds each job took.
+    fn absorb_cpu(&mut self, res: Vec<f32>, times: Vec<(usize, f64)>, acc: &mut Vec<f32>) {
         if let Some((_, cost)) = self.cpu.as_mut() {
             for (v, secs) in times {
                 cost.cpu_s[v] = Some(match cost.cpu_s[v] {
@@ -1116,7 +1123,6 @@ impl<'f> CudaExperts<'f> {
                 *a += r;
             }
         }
-        Ok(())
     }
 
     /// Record one layer's decisions in the trace file, token by token.
@@ -1227,108 +1233,129 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         let mut prefetched = false;
         let mut cpu_jobs: Vec<(usize, usize, f32)> = Vec::new();
         let mut cpu_out: Vec<f32> = Vec::new();
-        let mut at = 0usize;
-        for i in 0..lp.groups.len() {
-            // Place as many groups ahead as slots allow (their loads queue up together).
-            while placed < lp.groups.len() {
-                let g = &lp.groups[placed];
-                match self.place(
-                    layer,
-                    g,
-                    top1 == Some(g.expert),
-                    decode,
-                    &mut load_busy,
-                    &mut cpu_busy,
-                )? {
-                    Some(p) => {
-                        if let Place::Slot(kind, _) = p {
-                            self.cache.protect(kind, (layer, g.expert));
-                        }
-                        if p == Place::Cpu {
-                            let v = self.pool(self.kind_of(g.precision)).variant;
-                            cpu_jobs.push((g.expert, v, g.rows[0].1));
-                        }
-                        places[placed] = Some(p);
-                        placed += 1;
-                    }
-                    None if placed > i => break,
-                    None => {
-                        // Every slot is protected: give up this token's predictions.
-                        for l in 0..self.protected.len() {
-                            for (kind, key) in std::mem::take(&mut self.protected[l]) {
-                                self.cache.unprotect(kind, key);
+        std::thread::scope(|scope| -> crate::Result<()> {
+            let mut background = None;
+            let mut at = 0usize;
+            for i in 0..lp.groups.len() {
+                // Place as many groups ahead as slots allow (their loads queue up together).
+                while placed < lp.groups.len() {
+                    let g = &lp.groups[placed];
+                    match self.place(
+                        layer,
+                        g,
+                        top1 == Some(g.expert),
+                        decode,
+                        &mut load_busy,
+                        &mut cpu_busy,
+                    )? {
+                        Some(p) => {
+                            if let Place::Slot(kind, _) = p {
+                                self.cache.protect(kind, (layer, g.expert));
                             }
+                            if p == Place::Cpu {
+                                let v = self.pool(self.kind_of(g.precision)).variant;
+                                cpu_jobs.push((g.expert, v, g.rows[0].1));
+                            }
+                            places[placed] = Some(p);
+                            placed += 1;
                         }
-                        let g = &lp.groups[placed];
-                        let p = self
-                            .place(layer, g, top1 == Some(g.expert), decode, &mut load_busy, &mut cpu_busy)?
-                            .ok_or_else(|| {
-                                Error::Invalid(format!(
-                                    "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
-                                    g.expert,
-                                    self.cache.capacity(PoolKind::High),
-                                    self.cache.capacity(PoolKind::Low)
-                                ))
-                            })?;
-                        if let Place::Slot(kind, _) = p {
-                            self.cache.protect(kind, (layer, g.expert));
+                        None if placed > i => break,
+                        None => {
+                            // Every slot is protected: give up this token's predictions.
+                            for l in 0..self.protected.len() {
+                                for (kind, key) in std::mem::take(&mut self.protected[l]) {
+                                    self.cache.unprotect(kind, key);
+                                }
+                            }
+                            let g = &lp.groups[placed];
+                            let p = self
+                                .place(layer, g, top1 == Some(g.expert), decode, &mut load_busy, &mut cpu_busy)?
+                                .ok_or_else(|| {
+                                    Error::Invalid(format!(
+                                        "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
+                                        g.expert,
+                                        self.cache.capacity(PoolKind::High),
+                                        self.cache.capacity(PoolKind::Low)
+                                    ))
+                                })?;
+                            if let Place::Slot(kind, _) = p {
+                                self.cache.protect(kind, (layer, g.expert));
+                            }
+                            places[placed] = Some(p);
+                            placed += 1;
                         }
-                        places[placed] = Some(p);
-                        placed += 1;
                     }
                 }
-            }
-            if !prefetched && decode {
-                // Demand loads are queued; now predict and queue prefetches behind them, then
-                // let the CPU compute its experts while the loader and the GPU work.
-                prefetched = true;
-                self.prefetch(layer, xp, b)?;
-                if !cpu_jobs.is_empty() {
-                    self.gpu.download_f32(xp, &mut self.host_x)?;
-                    let jobs = std::mem::take(&mut cpu_jobs);
-                    self.run_cpu(&jobs, layer, &mut cpu_out)?;
-                }
-            }
-            let g = &lp.groups[i];
-            let n = g.rows.len();
-            match places[i] {
-                Some(Place::Slot(kind, slot)) => {
-                    self.ready(kind, slot)?;
-                    let pool = self.pool_mut(kind);
-                    if std::mem::take(&mut pool.prefetched[slot]) {
-                        self.prefetch_used += 1;
+                if !prefetched && decode {
+                    // Demand loads are queued; now predict and queue prefetches behind them, then
+                    // let the CPU compute its experts while the loader and the GPU work.
+                    prefetched = true;
+                    self.prefetch(layer, xp, b)?;
+                    if !cpu_jobs.is_empty() {
+                        // The CPU helpers work on their own thread while this one launches the
+                        // cached experts and waits for loads.
+                        self.gpu.download_f32(xp, &mut self.host_x)?;
+                        let jobs = std::mem::take(&mut cpu_jobs);
+                        let x = self.host_x.clone();
+                        if let Some((cpu, _)) = self.cpu.as_ref() {
+                            let cpu = cpu.clone();
+                            let file = self.file;
+                            background = Some(scope.spawn(move || {
+                                cpu.install(|| Self::cpu_compute(file, &cpu, &jobs, layer, &x))
+                            }));
+                        }
                     }
-                    let [wg, wu, wd] = self.mats(kind, slot);
-                    let input = if decode {
-                        xp
-                    } else {
-                        self.gpu.gather_rows(xp, ip + 4 * at as u64, xsp, h, n)?;
-                        xsp
-                    };
-                    b.matmul_dev(&wg, input, n, gp)?;
-                    b.matmul_dev(&wu, input, n, up)?;
-                    self.gpu.swiglu(gp, up, n * f)?;
-                    b.matmul_dev(&wd, gp, n, dp)?;
-                    if decode {
-                        self.gpu.axpy(op, g.rows[0].1, dp, h)?;
-                    } else {
-                        let (ia, wa) = (ip + 4 * at as u64, wp + 4 * at as u64);
-                        self.gpu.scatter_axpy(op, ia, wa, dp, h, n)?;
-                    }
-                    self.cache.unprotect(kind, (layer, g.expert));
                 }
-                Some(Place::Cpu) | None => {}
+                let g = &lp.groups[i];
+                let n = g.rows.len();
+                match places[i] {
+                    Some(Place::Slot(kind, slot)) => {
+                        self.ready(kind, slot)?;
+                        let pool = self.pool_mut(kind);
+                        if std::mem::take(&mut pool.prefetched[slot]) {
+                            self.prefetch_used += 1;
+                        }
+                        let [wg, wu, wd] = self.mats(kind, slot);
+                        let input = if decode {
+                            xp
+                        } else {
+                            self.gpu.gather_rows(xp, ip + 4 * at as u64, xsp, h, n)?;
+                            xsp
+                        };
+                        b.matmul_dev(&wg, input, n, gp)?;
+                        b.matmul_dev(&wu, input, n, up)?;
+                        self.gpu.swiglu(gp, up, n * f)?;
+                        b.matmul_dev(&wd, gp, n, dp)?;
+                        if decode {
+                            self.gpu.axpy(op, g.rows[0].1, dp, h)?;
+                        } else {
+                            let (ia, wa) = (ip + 4 * at as u64, wp + 4 * at as u64);
+                            self.gpu.scatter_axpy(op, ia, wa, dp, h, n)?;
+                        }
+                        self.cache.unprotect(kind, (layer, g.expert));
+                    }
+                    Some(Place::Cpu) | None => {}
+                }
+                at += n;
             }
-            at += n;
-        }
-        // Predicted experts of this layer have been used or proven wrong.
-        for (kind, key) in std::mem::take(&mut self.protected[layer]) {
-            self.cache.unprotect(kind, key);
-        }
-        if !cpu_jobs.is_empty() {
-            self.gpu.download_f32(xp, &mut self.host_x)?;
-            self.run_cpu(&cpu_jobs, layer, &mut cpu_out)?;
-        }
+            // Predicted experts of this layer have been used or proven wrong.
+            for (kind, key) in std::mem::take(&mut self.protected[layer]) {
+                self.cache.unprotect(kind, key);
+            }
+            if let Some(handle) = background {
+                let started = Instant::now();
+                let (res, times) = handle
+                    .join()
+                    .map_err(|_| Error::Invalid("a CPU expert thread panicked".into()))?;
+                self.cpu_wait += started.elapsed();
+                self.absorb_cpu(res, times, &mut cpu_out);
+            }
+            if !cpu_jobs.is_empty() {
+                self.gpu.download_f32(xp, &mut self.host_x)?;
+                self.run_cpu(&cpu_jobs, layer, &mut cpu_out)?;
+            }
+            Ok(())
+        })?;
         if !cpu_out.is_empty() {
             // CPU results are added last (so cooperative mode rounds differently from the
             // all-GPU order; the sum is the same up to float rounding).
