@@ -1,75 +1,346 @@
 //! Dequantize-matvec bandwidth on the GPU, per stored kind, on Mixtral's expert shapes
 //! (14336x4096 gate/up and 4096x14336 down), beside the device-to-device copy bandwidth of the
 //! same GPU. Bytes counted: codes + scales + mins read once (x and y are negligible).
-//! Run on the device machine: `cargo bench --bench gpu_matvec` (skips without a GPU).
+//!
+//! Timing: CUDA events around 100 back-to-back launches queued behind a 3 ms spin kernel (so the
+//! CPU's launch rate never shows), each launch reading the next of several copies of the matrix
+//! (256 MB or more in all, five times the H100's 50 MB L2: "cold", as an expert streamed in for
+//! one token is); "warm" reads one copy over and over (an int4 or int2 matrix then sits partly in
+//! L2). The integer kinds are also timed with the kernels hob had before 2026-11-22
+//! (benches/gpu_matvec_prev.cu). Every kernel's result is checked against the CPU backend.
+//!
+//! Run on the device machine: `cargo bench --bench gpu_matvec` (skips without a GPU): the table,
+//! then checks of other layouts and inputs. The built executable also takes `explore` (the same,
+//! then a sweep of the integer kernels' block size and split, and the ceilings: an empty launch
+//! and a kernel that only reads) or `explore-only` (the sweep and ceilings alone).
 
-use std::time::Instant;
-
-use hob::backend::cuda::{self, DevMat, Gpu};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::CompileOptions;
+use hob::backend::cpu::CpuBackend;
+use hob::backend::cuda::{self, q_smem, DevMat, Gpu};
 use hob::format::{DType, MatrixView, Variant};
 use hob::quant::Matrix;
+
+const SHAPES: [(usize, usize); 2] = [(14336, 4096), (4096, 14336)];
+const ITERS: usize = 100;
+/// Bytes of matrix copies a cold timing rotates through.
+const ROTATE_BYTES: usize = 256 << 20;
+
+const SPIN: &str = r#"
+extern "C" __global__ void bench_spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+// A read of n 16-byte words and nothing else: the ceiling a kernel reading that much meets.
+extern "C" __global__ void bench_read(const uint4* __restrict__ p, unsigned long long n, unsigned* out) {
+    unsigned acc = 0;
+    const unsigned long long st = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * st < n; i += 4 * st) {
+        const uint4 a = __ldg(p + i), b = __ldg(p + i + st), c = __ldg(p + i + 2 * st), d = __ldg(p + i + 3 * st);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += st) { const uint4 a = __ldg(p + i); acc ^= a.x ^ a.y ^ a.z ^ a.w; }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+extern "C" __global__ void bench_empty() {}
+"#;
 
 fn main() {
     if let Err(why) = cuda::probe() {
         println!("gpu_matvec: skipped ({why})");
         return;
     }
-    let gpu = Gpu::open(0).expect("GPU");
-    let copy = copy_bandwidth(&gpu);
+    let explore = std::env::args().any(|a| a == "explore");
+    let explore_only = std::env::args().any(|a| a == "explore-only");
+    let gpu_arc = Gpu::open(0).expect("GPU");
+    let gpu: &Gpu = &gpu_arc;
+    let bench = BenchKernels::load(gpu);
+    let cpu = CpuBackend::new(0).expect("CPU backend");
+    let copy = copy_bandwidth(gpu);
+    if explore_only {
+        let failed = explore_candidates(gpu, &bench, &cpu, copy);
+        println!("explore: {failed} candidate result(s) outside NMSE 1e-10");
+        return;
+    }
     println!(
-        "device: {} ; device-to-device copy {:.0} GB/s (read + write)",
+        "device: {} ; {} SMs ; device-to-device copy {:.0} GB/s (read + write)",
         gpu.name,
+        gpu.q_limits.sm_count,
         copy / 1e9
     );
-    println!("| kind | shape | bytes | µs | GB/s | share of copy |");
-    println!("|---|---|---|---|---|---|");
+    println!();
+    println!("| kind | shape | bytes | kernel | cold µs | cold GB/s | cold share | warm µs | warm share | NMSE vs CPU |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut failed = 0;
     for kind in ["f16", "bf16", "int8", "int4", "int2"] {
-        for (rows, cols) in [(14336usize, 4096usize), (4096, 14336)] {
-            let (m_bytes, layout_of) = layout(kind, rows, cols);
-            let dev = gpu.alloc::<u8>(m_bytes.len(), "matrix").expect("alloc");
-            let base = cuda::ptr(&dev, &gpu.stream);
-            let m = layout_of(&m_bytes);
-            let at = |s: &[u8]| {
-                if s.is_empty() {
-                    base
-                } else {
-                    base + (s.as_ptr() as usize - m_bytes.as_ptr() as usize) as u64
-                }
-            };
-            let dm = DevMat::new(&m, base, at(m.scales), at(m.mins));
-            let x = gpu.alloc::<f32>(cols, "x").expect("alloc");
+        for (rows, cols) in SHAPES {
+            let t = TestMat::new(gpu, kind, rows, cols, false, ROTATE_BYTES);
+            let x = random(cols, 7);
+            let want = t.reference(&cpu, &x);
+            let xd = upload(gpu, &x);
             let y = gpu.alloc::<f32>(rows, "y").expect("alloc");
-            let (xp, yp) = (cuda::ptr(&x, &gpu.stream), cuda::ptr(&y, &gpu.stream));
-            let bytes = m.codes.len() + m.scales.len() + m.mins.len();
-            for _ in 0..10 {
-                gpu.matvec(&dm, xp, yp).expect("matvec");
+            let (xp, yp) = (cuda::ptr(&xd, &gpu.stream), cuda::ptr(&y, &gpu.stream));
+            let mut variants: Vec<(String, Run)> = vec![(
+                "hob".into(),
+                Box::new(|m: &DevMat| gpu.matvec(m, xp, yp).expect("matvec")),
+            )];
+            if kind.starts_with("int") {
+                let f = bench.prev(kind, rows);
+                let rpw = if kind == "int8" && rows < 8192 { 2 } else { 4 };
+                variants.push((
+                    "before".into(),
+                    Box::new(move |m: &DevMat| {
+                        let c = LaunchConfig {
+                            grid_dim: (rows.div_ceil(2 * rpw) as u32, 1, 1),
+                            block_dim: (64, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        launch(gpu, f, c, m, xp, yp, None);
+                    }),
+                ));
             }
-            gpu.sync().expect("sync");
-            let iters = 200;
-            let started = Instant::now();
-            for _ in 0..iters {
-                gpu.matvec(&dm, xp, yp).expect("matvec");
+            for (name, run) in &variants {
+                let cold = time(gpu, &bench.spin, |i| run(&t.mats[i % t.mats.len()]));
+                let warm = time(gpu, &bench.spin, |_| run(&t.mats[0]));
+                run(&t.mats[0]);
+                let e = nmse(&download(gpu, &y, rows), &want);
+                if e > 1e-10 {
+                    failed += 1;
+                }
+                let line = format!(
+                    "| {kind} | {rows}x{cols} | {:.1} MB | {name} | {:.1} | {:.0} | {:.0}% | {:.1} | {:.0}% | {e:.1e} |",
+                    t.bytes as f64 / 1e6,
+                    cold * 1e6,
+                    t.bytes as f64 / cold / 1e9,
+                    100.0 * t.bytes as f64 / cold / copy,
+                    warm * 1e6,
+                    100.0 * t.bytes as f64 / warm / copy,
+                );
+                println!("{line}");
             }
-            gpu.sync().expect("sync");
-            let secs = started.elapsed().as_secs_f64() / iters as f64;
-            let bw = bytes as f64 / secs;
-            println!(
-                "| {kind} | {rows}x{cols} | {:.1} MB | {:.1} | {:.0} | {:.0}% |",
-                bytes as f64 / 1e6,
-                secs * 1e6,
-                bw / 1e9,
-                100.0 * bw / copy
-            );
+            if let Some(p) = kind
+                .starts_with("int")
+                .then(|| gpu.q_plan(&t.mats[0]))
+                .flatten()
+            {
+                println!(
+                    "|   | plan: grid {} x {} threads, {} B shared, split {}, {} chunks per column tile |||||||||",
+                    p.grid, p.block, p.smem, p.split, p.tchunks
+                );
+            }
         }
+    }
+    println!();
+    failed += checks(gpu, &cpu);
+    if explore {
+        println!();
+        failed += explore_candidates(gpu, &bench, &cpu, copy);
+    }
+    println!();
+    if failed > 0 {
+        println!("FAILED: {failed} result(s) outside NMSE 1e-10 against the CPU backend");
+        std::process::exit(1);
+    }
+    println!("every result within NMSE 1e-10 of the CPU backend");
+}
+
+/// One way to run a matvec on a matrix copy.
+type Run<'a> = Box<dyn Fn(&DevMat) + 'a>;
+
+/// The bench's own build of cuda/kernels.cu plus the previous integer kernels and a spin kernel.
+struct BenchKernels {
+    spin: CudaFunction,
+    read: CudaFunction,
+    empty: CudaFunction,
+    prev: [CudaFunction; 4],
+}
+
+impl BenchKernels {
+    fn load(gpu: &Gpu) -> BenchKernels {
+        let src = format!(
+            "{}\n{}\n{SPIN}",
+            include_str!("../cuda/kernels.cu"),
+            include_str!("gpu_matvec_prev.cu")
+        );
+        let (major, minor) = gpu.compute_capability;
+        // Cached beside hob's own kernels ($HOB_CACHE_DIR), keyed by the source and architecture.
+        let cached = std::env::var_os("HOB_CACHE_DIR").map(|d| {
+            std::path::PathBuf::from(d).join(format!(
+                "bench-{:08x}-{major}{minor}.ptx",
+                crc32c::crc32c(src.as_bytes())
+            ))
+        });
+        let ptx = match cached
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+        {
+            Some(text) => cudarc::nvrtc::Ptx::from_src(text),
+            None => {
+                let ptx = cudarc::nvrtc::compile_ptx_with_opts(
+                    src,
+                    CompileOptions {
+                        options: vec![
+                            format!("--gpu-architecture=compute_{major}{minor}"),
+                            "-std=c++17".into(),
+                        ],
+                        ..Default::default()
+                    },
+                )
+                .expect("NVRTC");
+                if let Some(p) = &cached {
+                    let _ = std::fs::create_dir_all(p.parent().expect("a directory"));
+                    let _ = std::fs::write(p, ptx.to_src());
+                }
+                ptx
+            }
+        };
+        let module = gpu.ctx.load_module(ptx).expect("module");
+        let f = |n: &str| module.load_function(n).expect(n);
+        BenchKernels {
+            spin: f("bench_spin"),
+            read: f("bench_read"),
+            empty: f("bench_empty"),
+            prev: [
+                f("prev_matvec_int8"),
+                f("prev_matvec_int4"),
+                f("prev_matvec_int2"),
+                f("prev_matvec_int8_r2"),
+            ],
+        }
+    }
+
+    fn prev(&self, kind: &str, rows: usize) -> &CudaFunction {
+        match kind {
+            "int8" if rows < 8192 => &self.prev[3],
+            "int8" => &self.prev[0],
+            "int4" => &self.prev[1],
+            _ => &self.prev[2],
+        }
+    }
+}
+
+/// Launch an integer kernel of the bench's module: (w, x, y) and, for matvec_q_*, (split, tchunks).
+fn launch(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    c: LaunchConfig,
+    m: &DevMat,
+    x: u64,
+    y: u64,
+    q: Option<(i32, i32)>,
+) {
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(m);
+    b.arg(&x);
+    b.arg(&y);
+    let (split, tchunks) = q.unwrap_or((0, 0));
+    if q.is_some() {
+        b.arg(&split);
+        b.arg(&tchunks);
+    }
+    // SAFETY: the arguments match the kernel's signature (kernels.cu matvec_q_*, or the previous
+    // kernels' (w, x, y)); m describes a live device matrix, x holds m.cols floats and y m.rows,
+    // and the configuration is one the kernel supports (block a multiple of 32 * split, shared
+    // memory as qsmem computes it).
+    unsafe { b.launch(c) }.expect("launch");
+}
+
+/// Seconds per launch of `run(i)` for i in 0..ITERS, queued behind a spin kernel.
+fn time(gpu: &Gpu, spin: &CudaFunction, run: impl Fn(usize)) -> f64 {
+    for i in 0..3 {
+        run(i);
+    }
+    gpu.sync().expect("sync");
+    let ns: u64 = 3_000_000;
+    let mut b = gpu.stream.launch_builder(spin);
+    b.arg(&ns);
+    // SAFETY: bench_spin takes one u64 and touches no memory.
+    unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.expect("spin");
+    let ev = || {
+        gpu.stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .expect("event")
+    };
+    let start = ev();
+    for i in 0..ITERS {
+        run(i);
+    }
+    let end = ev();
+    let ms = start.elapsed_ms(&end).expect("elapsed");
+    ms as f64 / 1e3 / ITERS as f64
+}
+
+/// A matrix in `kind` with random stored bytes, uploaded as several copies (together at least
+/// `rotate` bytes), and the host bytes for the CPU reference.
+struct TestMat {
+    host: Vec<u8>,
+    viewer: Viewer,
+    _dev: CudaSlice<u8>,
+    mats: Vec<DevMat>,
+    bytes: usize,
+}
+
+impl TestMat {
+    fn new(
+        gpu: &Gpu,
+        kind: &str,
+        rows: usize,
+        cols: usize,
+        random_scales: bool,
+        rotate: usize,
+    ) -> TestMat {
+        let (host, viewer) = layout(kind, rows, cols, random_scales);
+        let stride = host.len().div_ceil(256) * 256;
+        let copies = rotate.div_ceil(stride).max(1);
+        let mut dev = gpu.alloc::<u8>(stride * copies, "matrices").expect("alloc");
+        for i in 0..copies {
+            let mut view = dev.slice_mut(i * stride..i * stride + host.len());
+            gpu.stream.memcpy_htod(&host, &mut view).expect("upload");
+        }
+        let base = cuda::ptr(&dev, &gpu.stream);
+        let m = viewer(&host);
+        let bytes = m.codes.len() + m.scales.len() + m.mins.len();
+        let off = |s: &[u8]| {
+            if s.is_empty() {
+                0
+            } else {
+                (s.as_ptr() as usize - host.as_ptr() as usize) as u64
+            }
+        };
+        let (oc, os, om) = (off(m.codes), off(m.scales), off(m.mins));
+        let mats = (0..copies)
+            .map(|i| {
+                let b = base + (i * stride) as u64;
+                DevMat::new(&m, b + oc, b + os, b + om)
+            })
+            .collect();
+        TestMat {
+            host,
+            viewer,
+            _dev: dev,
+            mats,
+            bytes,
+        }
+    }
+
+    fn reference(&self, cpu: &CpuBackend, x: &[f32]) -> Vec<f32> {
+        let m = (self.viewer)(&self.host);
+        let mut out = vec![0.0; m.rows];
+        cpu.matmul_f32(&m, x, 1, &mut out);
+        out
     }
 }
 
 /// Views stored bytes as a matrix.
 type Viewer = Box<dyn Fn(&[u8]) -> Matrix<'_>>;
 
-/// Random stored bytes of a [rows, cols] matrix in `kind` and a function viewing them.
-fn layout(kind: &str, rows: usize, cols: usize) -> (Vec<u8>, Viewer) {
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
+/// Random stored bytes of a [rows, cols] matrix in `kind` ("int4/g32" style) and a function
+/// viewing them. Scales and mins are 2^-7, or random f16 of either sign in [2^-10, 2^-3).
+fn layout(kind: &str, rows: usize, cols: usize, random_scales: bool) -> (Vec<u8>, Viewer) {
+    let mut s = 0x2545_F491_4F6C_DD1Du64 ^ (rows * 31 + cols) as u64;
     let mut rnd = move || {
         s ^= s << 13;
         s ^= s >> 7;
@@ -88,7 +359,13 @@ fn layout(kind: &str, rows: usize, cols: usize) -> (Vec<u8>, Viewer) {
     let mut bytes: Vec<u8> = (0..l.size).map(|_| rnd() as u8).collect();
     for r in [l.scales.clone(), l.mins.clone()] {
         for c in bytes[r].chunks_exact_mut(2) {
-            c.copy_from_slice(&0x2000u16.to_le_bytes());
+            let h = if random_scales {
+                let e = 5 + (rnd() % 7) as u16; // f16 exponent field: 2^-10 .. 2^-4
+                ((rnd() as u16) & 0x8000) | (e << 10) | (rnd() as u16 & 0x3ff)
+            } else {
+                0x2000
+            };
+            c.copy_from_slice(&h.to_le_bytes());
         }
     }
     (
@@ -106,18 +383,285 @@ fn layout(kind: &str, rows: usize, cols: usize) -> (Vec<u8>, Viewer) {
     )
 }
 
+/// Deterministic values in [-1, 1).
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn upload(gpu: &Gpu, v: &[f32]) -> CudaSlice<f32> {
+    let mut d = gpu.alloc::<f32>(v.len(), "vector").expect("alloc");
+    gpu.stream.memcpy_htod(v, &mut d).expect("upload");
+    d
+}
+
+fn download(gpu: &Gpu, d: &CudaSlice<f32>, n: usize) -> Vec<f32> {
+    let mut v = vec![0.0; n];
+    gpu.stream
+        .memcpy_dtoh(&d.slice(0..n), &mut v)
+        .expect("download");
+    gpu.sync().expect("sync");
+    v
+}
+
+fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    if den == 0.0 {
+        if num == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        num / den
+    }
+}
+
+/// Layouts and inputs away from the benchmark's: groups that split a 16-byte chunk, ragged row
+/// counts, x staged in several column tiles, and x outside [2^-40, 2^42) (K fitted to x).
+fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
+    let mut failed = 0;
+    let mut check = |name: String, t: &TestMat, x: &[f32], tchunks: Option<i32>| {
+        let want = t.reference(cpu, x);
+        let m = &t.mats[0];
+        let xd = upload(gpu, x);
+        let y = gpu.alloc::<f32>(m.rows as usize, "y").expect("alloc");
+        let (xp, yp) = (cuda::ptr(&xd, &gpu.stream), cuda::ptr(&y, &gpu.stream));
+        match tchunks {
+            None => gpu.matvec(m, xp, yp).expect("matvec"),
+            Some(tc) => {
+                // The production kernel with a forced column tile (several tiles per row).
+                let p = gpu.q_plan(m).expect("a plan");
+                let f = &gpu.kernels.matvec_q[(name_kind(&name) - 3) as usize].f;
+                let c = LaunchConfig {
+                    grid_dim: (p.grid, 1, 1),
+                    block_dim: (p.block, 1, 1),
+                    shared_mem_bytes: p.smem,
+                };
+                assert!(tc % 32 == 0 && tc <= p.tchunks);
+                launch(gpu, f, c, m, xp, yp, Some((p.split, tc)));
+            }
+        }
+        let got = download(gpu, &y, m.rows as usize);
+        let e = nmse(&got, &want);
+        let ok = e <= 1e-10 && got.iter().all(|v| v.is_finite());
+        println!(
+            "check {name}: NMSE {e:.2e}{}",
+            if ok { "" } else { "  FAILED" }
+        );
+        if !ok {
+            failed += 1;
+        }
+    };
+    let cases: [(&str, usize, usize); 16] = [
+        ("int8/g16", 1001, 4096),
+        ("int8/g48", 333, 4608),
+        ("int8", 1, 64),
+        ("int4/g16", 1001, 4096),
+        ("int4/g32", 77, 14336),
+        ("int4/g48", 130, 4608),
+        ("int4/g128", 4099, 1024),
+        ("int4", 3, 64),
+        ("int2/g16", 1001, 4096),
+        ("int2/g32", 999, 2048),
+        ("int2/g48", 130, 4608),
+        ("int2/g128", 8203, 128),
+        ("int2", 5, 64),
+        ("int8", 8203, 64),
+        ("int4", 20000, 4096),
+        ("int2", 4096, 28672),
+    ];
+    for (kind, rows, cols) in cases {
+        let t = TestMat::new(gpu, kind, rows, cols, true, 0);
+        check(
+            format!("{kind} [{rows}, {cols}]"),
+            &t,
+            &random(cols, 11),
+            None,
+        );
+    }
+    for (kind, rows, cols, tc) in [
+        ("int8", 515, 4096, 32),
+        ("int4", 515, 14336, 64),
+        ("int2", 515, 14336, 32),
+        ("int4/g16", 100, 4096, 32),
+        ("int2/g32", 70, 4096, 32),
+    ] {
+        let t = TestMat::new(gpu, kind, rows, cols, true, 0);
+        check(
+            format!("{kind} [{rows}, {cols}] column tiles of {tc} chunks"),
+            &t,
+            &random(cols, 12),
+            Some(tc),
+        );
+    }
+    for kind in ["int8", "int4", "int2"] {
+        let t = TestMat::new(gpu, kind, 1001, 4096, true, 0);
+        let x = random(4096, 13);
+        for (what, f) in [
+            ("x * 2^50", 2f32.powi(50)),
+            ("x * 2^-70", 2f32.powi(-70)),
+            ("x * 0", 0.0),
+        ] {
+            let xs: Vec<f32> = x.iter().map(|v| v * f).collect();
+            check(format!("{kind} [1001, 4096] {what}"), &t, &xs, None);
+        }
+        let mut xs = x.clone();
+        xs[77] = 1e20;
+        check(format!("{kind} [1001, 4096] one x of 1e20"), &t, &xs, None);
+    }
+    failed
+}
+
+fn name_kind(name: &str) -> i32 {
+    if name.starts_with("int8") {
+        3
+    } else if name.starts_with("int4") {
+        4
+    } else {
+        5
+    }
+}
+
+/// Time hob's integer kernels at every block size and split on the bench shapes (cold), check each
+/// result, and print the table beside the production plan's pick; then the ceilings: a launch
+/// doing nothing, and a kernel that only reads as many bytes as each matrix has.
+fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f64) -> usize {
+    let mut failed = 0;
+    println!(
+        "explore: | kind | shape | warps | split | grid | blocks/SM | smem | µs | share | NMSE |"
+    );
+    for kind in ["int8", "int4", "int2"] {
+        let code = name_kind(kind);
+        let q = &gpu.kernels.matvec_q[(code - 3) as usize];
+        let f = &q.f;
+        for (rows, cols) in SHAPES {
+            let t = TestMat::new(gpu, kind, rows, cols, false, ROTATE_BYTES);
+            let x = random(cols, 7);
+            let want = t.reference(cpu, &x);
+            let xd = upload(gpu, &x);
+            let y = gpu.alloc::<f32>(rows, "y").expect("alloc");
+            let (xp, yp) = (cuda::ptr(&xd, &gpu.stream), cuda::ptr(&y, &gpu.stream));
+            let n = t.mats[0].row_bytes as usize / 16;
+            let mut best = (f64::MAX, String::new());
+            let max_threads = f.max_threads_per_block().unwrap_or(1024) as u32;
+            for warps in [4usize, 8, 12, 16, 24, 32] {
+                let smem = q_smem(&q.shape, warps, n);
+                let block = 32 * warps as u32;
+                if block > max_threads || smem > gpu.q_limits.smem_max {
+                    continue;
+                }
+                let per_sm = f
+                    .occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
+                    .unwrap_or(0) as usize;
+                if per_sm == 0 {
+                    continue;
+                }
+                for split in [1usize, 2, 4, 8, 16] {
+                    if warps % split != 0 || (split > 1 && 32 * split > n) {
+                        continue;
+                    }
+                    let tiles = rows.div_ceil(warps / split * q.shape.rows);
+                    let grid = tiles.min(gpu.q_limits.sm_count * per_sm);
+                    let c = LaunchConfig {
+                        grid_dim: (grid as u32, 1, 1),
+                        block_dim: (block, 1, 1),
+                        shared_mem_bytes: smem as u32,
+                    };
+                    let qa = Some((split as i32, n as i32));
+                    let s = time(gpu, &bench.spin, |i| {
+                        launch(gpu, f, c, &t.mats[i % t.mats.len()], xp, yp, qa)
+                    });
+                    launch(gpu, f, c, &t.mats[0], xp, yp, qa);
+                    let e = nmse(&download(gpu, &y, rows), &want);
+                    if e > 1e-10 {
+                        failed += 1;
+                    }
+                    let share = 100.0 * t.bytes as f64 / s / copy;
+                    if s < best.0 {
+                        best = (s, format!("warps {warps} split {split} grid {grid}"));
+                    }
+                    println!(
+                        "explore: | {kind} | {rows}x{cols} | {warps} | {split} | {grid} | {per_sm} | {smem} | {:.2} | {share:.1}% | {e:.1e} |",
+                        s * 1e6
+                    );
+                }
+            }
+            let auto = gpu.q_plan(&t.mats[0]);
+            println!(
+                "best {kind} {rows}x{cols}: {} {:.2} µs {:.1}% (production plan: {auto:?})",
+                best.1,
+                best.0 * 1e6,
+                100.0 * t.bytes as f64 / best.0 / copy,
+            );
+            // The ceiling: reading these bytes and nothing else (one launch, same rotation).
+            let words = (t.bytes / 16) as u64;
+            let sink = gpu.alloc::<u32>(1, "sink").expect("alloc");
+            let sp = cuda::ptr(&sink, &gpu.stream);
+            let c = LaunchConfig {
+                grid_dim: (gpu.q_limits.sm_count as u32 * 8, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let s = time(gpu, &bench.spin, |i| {
+                let mut b = gpu.stream.launch_builder(&bench.read);
+                let p = t.mats[i % t.mats.len()].codes;
+                b.arg(&p);
+                b.arg(&words);
+                b.arg(&sp);
+                // SAFETY: bench_read reads `words` 16-byte words from p (inside the matrix copy:
+                // codes, scales and mins are contiguous there) and writes at most sink[0].
+                unsafe { b.launch(c) }.expect("read");
+            });
+            println!(
+                "ceiling {kind} {rows}x{cols}: reading {:.1} MB takes {:.2} µs, {:.1}% of the copy figure",
+                t.bytes as f64 / 1e6,
+                s * 1e6,
+                100.0 * t.bytes as f64 / s / copy
+            );
+        }
+    }
+    let s = time(gpu, &bench.spin, |_| {
+        let b = gpu.stream.launch_builder(&bench.empty);
+        let c = LaunchConfig {
+            grid_dim: (gpu.q_limits.sm_count as u32, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = b;
+        // SAFETY: bench_empty takes nothing and does nothing.
+        unsafe { b.launch(c) }.expect("empty");
+    });
+    println!(
+        "ceiling: an empty launch takes {:.2} µs back to back",
+        s * 1e6
+    );
+    failed
+}
+
 /// Bytes read + written per second by a device-to-device copy of 1 GiB.
 fn copy_bandwidth(gpu: &Gpu) -> f64 {
     let n = 1usize << 30;
     let a = gpu.alloc::<u8>(n, "copy source").expect("alloc");
     let mut b = gpu.alloc::<u8>(n, "copy target").expect("alloc");
-    let run = |b: &mut cudarc::driver::CudaSlice<u8>| {
+    let run = |b: &mut CudaSlice<u8>| {
         gpu.stream.memcpy_dtod(&a, b).expect("copy");
     };
     run(&mut b);
     gpu.sync().expect("sync");
     let iters = 20;
-    let started = Instant::now();
+    let started = std::time::Instant::now();
     for _ in 0..iters {
         run(&mut b);
     }

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-use super::cuda_err;
+use super::{cuda_err, QShape};
 use crate::Error;
 
 const SOURCE: &str = include_str!("../../../cuda/kernels.cu");
@@ -25,15 +26,45 @@ pub struct Kernels {
     pub scatter_axpy: CudaFunction,
     pub axpy: CudaFunction,
     pub attention: CudaFunction,
-    /// Indexed by kind code: f32, f16, bf16, int8, int4, int2.
-    pub matvec: [CudaFunction; 6],
-    /// int8 with two rows per warp (for matrices with few rows).
-    pub matvec_int8_r2: CudaFunction,
+    /// The float kinds, indexed by kind code: f32, f16, bf16.
+    pub matvec: [CudaFunction; 3],
+    /// The integer kinds (matvec_q_*): int8, int4, int2.
+    pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
     pub dequant_rows: CudaFunction,
     pub dequant_rows_h: CudaFunction,
     /// Where the PTX came from, for logs: "cache" or "nvrtc (0.21 s)".
     pub origin: String,
+}
+
+/// An integer matvec kernel (kernels.cu matvec_q_<kind>) and its shape for launch plans.
+pub struct QKernel {
+    pub f: CudaFunction,
+    pub shape: QShape,
+}
+
+impl QKernel {
+    fn new(ctx: &Arc<CudaContext>, f: CudaFunction, kind: i32) -> crate::Result<QKernel> {
+        // Mixtral's 14336 columns stage 61 KB of x: above the 48 KB a launch gets without asking.
+        let optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(cuda_err)?;
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            optin,
+        )
+        .map_err(cuda_err)?;
+        let regs = f.num_regs().map_err(cuda_err)?.max(1) as usize;
+        Ok(QKernel {
+            f,
+            // R = 4 rows per warp (kernels.cu matvec_q_*).
+            shape: QShape {
+                kind,
+                rows: 4,
+                regs,
+            },
+        })
+    }
 }
 
 /// The on-disk cache directory: $HOB_CACHE_DIR, else $XDG_CACHE_HOME/hob, else ~/.cache/hob.
@@ -111,15 +142,12 @@ impl Kernels {
             scatter_axpy: f("scatter_axpy")?,
             axpy: f("axpy")?,
             attention: f("attention")?,
-            matvec: [
-                f("matvec_f32")?,
-                f("matvec_f16")?,
-                f("matvec_bf16")?,
-                f("matvec_int8")?,
-                f("matvec_int4")?,
-                f("matvec_int2")?,
+            matvec: [f("matvec_f32")?, f("matvec_f16")?, f("matvec_bf16")?],
+            matvec_q: [
+                QKernel::new(ctx, f("matvec_q_int8")?, 3)?,
+                QKernel::new(ctx, f("matvec_q_int4")?, 4)?,
+                QKernel::new(ctx, f("matvec_q_int2")?, 5)?,
             ],
-            matvec_int8_r2: f("matvec_int8_r2")?,
             matvec_any: f("matvec_any")?,
             dequant_rows: f("dequant_rows")?,
             dequant_rows_h: f("dequant_rows_h")?,

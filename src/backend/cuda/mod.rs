@@ -10,13 +10,14 @@ mod experts;
 mod kernels;
 
 pub use experts::{CacheConfig, CudaExperts, Tier};
-pub use kernels::Kernels;
+pub use kernels::{Kernels, QKernel};
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::cublas::{sys as cublas_sys, CudaBlas};
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
@@ -118,6 +119,115 @@ impl DevMat {
     }
 }
 
+/// Shared memory an integer matvec block stages x into, at most (x of a column tile, scaled, and
+/// its 16-column sums): 96 KiB holds 23k columns (Mixtral's 14336 take 61 KB in one tile).
+const Q_XS_CAP: usize = 96 << 10;
+
+/// Warps per block the integer matvec plans try, most first.
+const Q_WARPS: [usize; 4] = [16, 12, 8, 4];
+
+/// What an SM offers the integer matvec kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct QLimits {
+    pub sm_count: usize,
+    /// Shared memory per SM, and what the hardware keeps per block out of it.
+    pub smem_per_sm: usize,
+    pub smem_reserved: usize,
+    /// Dynamic shared memory a block may have (opted in at load: kernels.rs).
+    pub smem_max: usize,
+    pub regs_per_sm: usize,
+    pub threads_per_sm: usize,
+}
+
+/// The shape of an integer matvec kernel (kernels.cu matvec_q_*).
+#[derive(Clone, Copy, Debug)]
+pub struct QShape {
+    /// Kind code: 3 int8, 4 int4, 5 int2.
+    pub kind: i32,
+    /// R: rows per warp.
+    pub rows: usize,
+    /// Registers per thread.
+    pub regs: usize,
+}
+
+/// Dynamic shared memory of an integer matvec block (the layout at the top of kernels.cu's
+/// matvec_q_body): staged x and 16-column sums for `tchunks` chunks (padded to 32), then the
+/// warps' partial sums (two tiles) and flags.
+pub fn q_smem(k: &QShape, warps: usize, tchunks: usize) -> usize {
+    let cc = 16usize << (k.kind - 3);
+    let tpad = tchunks.div_ceil(32) * 32;
+    tpad * cc * 4 + tpad * (cc / 16) * 4 + 2 * warps * k.rows * 4 + 2 * warps * 4
+}
+
+/// How an integer matvec is launched: kernels.cu matvec_q_* (w, x, y, split, tchunks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QPlan {
+    pub grid: u32,
+    pub block: u32,
+    pub smem: u32,
+    /// Warps sharing a row group (each takes a slice of the row's chunks).
+    pub split: i32,
+    /// 16-byte chunks per column tile (x is staged one tile at a time).
+    pub tchunks: i32,
+}
+
+/// Plan an integer matvec of `rows` rows of `row_bytes` bytes (a multiple of 16) for kernel `k`:
+/// the most warps per block whose shared memory holds the whole x (else the most that hold a tile
+/// of 32 chunks), a grid of as many blocks as the SMs take at once, each looping over tiles of
+/// rows, and the `split` with the fewest steps for the busiest block, a tile counting one step more
+/// (its reduction; measured on the H100, this picks within 2% of the best split and block size
+/// for Mixtral's shapes); the smallest split on a tie. None where no block fits the GPU's shared
+/// memory (matvec_any then).
+pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Option<QPlan> {
+    let n = (row_bytes / 16).max(1);
+    let cc = 16usize << (k.kind - 3);
+    let per_chunk = cc * 4 + cc / 16 * 4;
+    let ok =
+        |warps: usize, t: usize| q_smem(k, warps, t) <= lim.smem_max && t * per_chunk <= Q_XS_CAP;
+    let fit = |warps: usize| -> Option<usize> {
+        if ok(warps, n) {
+            return Some(n);
+        }
+        (1..)
+            .map(|i| 32 * i)
+            .take_while(|&t| t < n && ok(warps, t))
+            .last()
+    };
+    let (warps, tchunks) = Q_WARPS
+        .iter()
+        .find_map(|&w| fit(w).filter(|&t| t == n).map(|t| (w, t)))
+        .or_else(|| Q_WARPS.iter().find_map(|&w| fit(w).map(|t| (w, t))))?;
+    let smem = q_smem(k, warps, tchunks);
+    let block = 32 * warps;
+    let regs_per_warp = (k.regs.max(1) * 32).div_ceil(256) * 256;
+    let per_sm = (lim.regs_per_sm / (regs_per_warp * warps))
+        .min(lim.threads_per_sm / block)
+        .min(lim.smem_per_sm / (smem + lim.smem_reserved))
+        .max(1);
+    let cap = (lim.sm_count * per_sm).max(1);
+    let tn = tchunks.min(n);
+    let mut best: Option<(usize, usize, usize)> = None; // (cost, split, grid)
+    for split in (0..5).map(|i| 1usize << i) {
+        if warps % split != 0 || (split > 1 && 32 * split > tn) {
+            continue;
+        }
+        let tiles = rows.div_ceil(warps / split * k.rows).max(1);
+        let grid = tiles.min(cap);
+        let cost = tiles.div_ceil(grid) * (tn.div_ceil(32 * split) + 1);
+        if best.is_none_or(|(c, _, _)| cost < c) {
+            best = Some((cost, split, grid));
+        }
+    }
+    let (_, split, grid) = best?;
+    Some(QPlan {
+        grid: grid as u32,
+        block: block as u32,
+        smem: smem as u32,
+        split: split as i32,
+        tchunks: tchunks as i32,
+    })
+}
+
 /// Input precision of a cuBLAS product.
 #[derive(Clone, Copy, Debug)]
 enum Precision {
@@ -133,6 +243,7 @@ pub struct Gpu {
     blas: CudaBlas,
     pub name: String,
     pub compute_capability: (i32, i32),
+    pub q_limits: QLimits,
 }
 
 fn cfg(grid: u32, block: u32) -> LaunchConfig {
@@ -171,6 +282,29 @@ impl Gpu {
         let compute_capability = ctx.compute_capability().map_err(cuda_err)?;
         let stream = ctx.new_stream().map_err(cuda_err)?;
         let kernels = Kernels::load(&ctx)?;
+        let attr = |a| {
+            ctx.attribute(a)
+                .map(|v| v.max(0) as usize)
+                .map_err(cuda_err)
+        };
+        let q_limits = QLimits {
+            sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            smem_per_sm: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )?,
+            smem_reserved: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+            )?,
+            smem_max: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )?,
+            regs_per_sm: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR,
+            )?,
+            threads_per_sm: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+            )?,
+        };
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
         log::info!(
             "CUDA device {ordinal}: {name} (sm_{}{}), kernels from {}",
@@ -185,6 +319,7 @@ impl Gpu {
             blas,
             name,
             compute_capability,
+            q_limits,
         }))
     }
 
@@ -214,30 +349,37 @@ impl Gpu {
     pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
         let w = *w;
         if w.vectorizable() && x % 16 == 0 {
-            // Float kinds: one row per warp, 8 warps per block. Quantized kinds: QROWS (4) rows
-            // per warp (kernels.cu), 2 warps per block so small matrices still fill the GPU; int8
-            // matrices with few rows take 2 rows per warp (measured faster there).
-            let int8_few = w.kind == 3 && w.rows < 8192;
-            let (warps, rows_per_warp) = match (w.kind >= 3, int8_few) {
-                (false, _) => (8u32, 1usize),
-                (true, false) => (2, 4),
-                (true, true) => (2, 2),
-            };
-            let c = cfg(
-                blocks(w.rows as usize, warps as usize * rows_per_warp),
-                32 * warps,
-            );
-            let f = if int8_few {
-                &self.kernels.matvec_int8_r2
+            if w.kind >= 3 {
+                if let Some(p) = self.q_plan(&w) {
+                    let c = LaunchConfig {
+                        grid_dim: (p.grid, 1, 1),
+                        block_dim: (p.block, 1, 1),
+                        shared_mem_bytes: p.smem,
+                    };
+                    let (split, tchunks) = (p.split, p.tchunks);
+                    let f = &self.kernels.matvec_q[(w.kind - 3) as usize].f;
+                    return launch!(self, f, c; w, x, y, split, tchunks);
+                }
             } else {
-                &self.kernels.matvec[w.kind as usize]
-            };
-            launch!(self, f, c; w, x, y)
-        } else {
-            let c = cfg(blocks(w.rows as usize, 8), 256);
-            let kind = w.kind;
-            launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
+                // Float kinds: one row per warp, 8 warps per block.
+                let c = cfg(blocks(w.rows as usize, 8), 256);
+                return launch!(self, self.kernels.matvec[w.kind as usize], c; w, x, y);
+            }
         }
+        let c = cfg(blocks(w.rows as usize, 8), 256);
+        let kind = w.kind;
+        launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
+    }
+
+    /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU.
+    pub fn q_plan(&self, w: &DevMat) -> Option<QPlan> {
+        let q = &self.kernels.matvec_q[(w.kind - 3) as usize];
+        q_plan(
+            &q.shape,
+            w.rows.max(0) as usize,
+            w.row_bytes.max(0) as usize,
+            &self.q_limits,
+        )
     }
 
     /// out[t, rows] = x[t, cols] · Wᵀ for t > 1, through cuBLAS. f32 weights: SGEMM on the
@@ -754,5 +896,91 @@ impl Backend for CudaBackend {
             shared_mem_bytes: 0,
         };
         launch!(self.gpu, self.gpu.kernels.attention, c; qp, kp, vp, op, nh, nkv, hd, sp, window)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The H100's figures (sm_90: 228 KB per SM, 1 KB kept per block, 227 KB per block).
+    const H100: QLimits = QLimits {
+        sm_count: 132,
+        smem_per_sm: 233_472,
+        smem_reserved: 1024,
+        smem_max: 232_448,
+        regs_per_sm: 65536,
+        threads_per_sm: 2048,
+    };
+
+    /// Every plan gives the kernel the shared memory its layout needs, column tiles of whole warps
+    /// of chunks, a split that divides the block's warps and leaves no warp without chunks, and no
+    /// block without a tile.
+    #[test]
+    fn integer_matvec_plans_fit_the_kernel() {
+        let limits = [
+            H100,
+            // Jetson Orin (sm_87) and the RTX 4090 (sm_89).
+            QLimits {
+                sm_count: 16,
+                smem_per_sm: 167_936,
+                smem_max: 166_912,
+                ..H100
+            },
+            QLimits {
+                sm_count: 128,
+                smem_per_sm: 102_400,
+                smem_max: 101_376,
+                threads_per_sm: 1536,
+                ..H100
+            },
+        ];
+        let shapes = [
+            (14336, 4096),
+            (4096, 14336),
+            (1, 64),
+            (5, 128),
+            (8203, 128),
+            (4096, 28672),
+            (333, 65536),
+            (1536, 2048),
+        ];
+        for lim in &limits {
+            for kind in 3..=5i32 {
+                for &(rows, cols) in &shapes {
+                    let row_bytes = cols * [8, 4, 2][(kind - 3) as usize] / 8;
+                    let n = row_bytes / 16;
+                    for (r, regs) in [(4, 128), (2, 64), (8, 168)] {
+                        let k = QShape {
+                            kind,
+                            rows: r,
+                            regs,
+                        };
+                        let p = q_plan(&k, rows, row_bytes, lim).expect("a plan");
+                        let (split, tchunks, warps) =
+                            (p.split as usize, p.tchunks as usize, p.block as usize / 32);
+                        let what = format!("kind {kind} [{rows}, {cols}] {k:?}: {p:?}");
+                        assert_eq!(q_smem(&k, warps, tchunks), p.smem as usize, "{what}");
+                        assert!(p.smem as usize <= lim.smem_max, "{what}");
+                        assert!(tchunks == n || (tchunks % 32 == 0 && tchunks < n), "{what}");
+                        assert!(warps % split == 0 && p.block % 32 == 0, "{what}");
+                        assert!(split == 1 || 32 * split <= tchunks.min(n), "{what}");
+                        let tiles = rows.div_ceil(warps / split * r);
+                        assert!(p.grid >= 1 && p.grid as usize <= tiles, "{what}");
+                    }
+                }
+            }
+        }
+        // Mixtral's expert shapes on the H100: x in one column tile, (nearly) every SM busy.
+        for (kind, rows, row_bytes) in [(3, 14336, 4096), (4, 4096, 7168), (5, 14336, 1024)] {
+            let k = QShape {
+                kind,
+                rows: 4,
+                regs: 128,
+            };
+            let p = q_plan(&k, rows, row_bytes, &H100).expect("a plan");
+            assert_eq!(p.tchunks as usize, row_bytes / 16);
+            assert!(p.grid >= 128, "{p:?}");
+        }
     }
 }
