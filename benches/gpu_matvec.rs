@@ -383,18 +383,9 @@ fn layout(kind: &str, rows: usize, cols: usize, random_scales: bool) -> (Vec<u8>
     )
 }
 
-/// Deterministic values in [-1, 1).
-fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+#[path = "../tests/common/random.rs"]
+mod random;
+use random::random;
 
 fn upload(gpu: &Gpu, v: &[f32]) -> CudaSlice<f32> {
     let mut d = gpu.alloc::<f32>(v.len(), "vector").expect("alloc");

@@ -312,6 +312,20 @@ __device__ __forceinline__ constexpr int qpos(int j) {
 }
 
 // acc + sum_j code_j * x'_j over the EPW codes of one word.
+// The EPW staged x values of code word `wd` of a lane's chunk (xb: the lane's first float4 of
+// the chunk in shared memory; a chunk's float4s are 32 apart, one per lane).
+template <int EPW>
+__device__ __forceinline__ void x_word(const float4* xb, int wd, float* xv) {
+#pragma unroll
+    for (int q = 0; q < EPW / 4; q++) {
+        const float4 t4 = xb[(wd * (EPW / 4) + q) * 32];
+        xv[4 * q] = t4.x;
+        xv[4 * q + 1] = t4.y;
+        xv[4 * q + 2] = t4.z;
+        xv[4 * q + 3] = t4.w;
+    }
+}
+
 template <int KIND>
 __device__ __forceinline__ float qword_dot(u32 w, const float* xv, float acc) {
     constexpr int BITS = QTraits<KIND>::BITS, EPW = QTraits<KIND>::EPW;
@@ -546,14 +560,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 #pragma unroll
                     for (int wd = 0; wd < 4; wd++) {
                         float xv[EPW];
-#pragma unroll
-                        for (int q = 0; q < EPW / 4; q++) {
-                            const float4 t4 = xb[(wd * (EPW / 4) + q) * 32];
-                            xv[4 * q] = t4.x;
-                            xv[4 * q + 1] = t4.y;
-                            xv[4 * q + 2] = t4.z;
-                            xv[4 * q + 3] = t4.w;
-                        }
+                        x_word<EPW>(xb, wd, xv);
 #pragma unroll
                         for (int i = 0; i < R; i++) a[i] = qword_dot<KIND>(qword(cur.v[i], wd), xv, a[i]);
                     }
@@ -589,14 +596,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                         for (int wp = 0; wp < WPP; wp++) {
                             const int wd = p * WPP + wp;
                             float xv[EPW];
-#pragma unroll
-                            for (int q = 0; q < EPW / 4; q++) {
-                                const float4 t4 = xb[(wd * (EPW / 4) + q) * 32];
-                                xv[4 * q] = t4.x;
-                                xv[4 * q + 1] = t4.y;
-                                xv[4 * q + 2] = t4.z;
-                                xv[4 * q + 3] = t4.w;
-                            }
+                            x_word<EPW>(xb, wd, xv);
 #pragma unroll
                             for (int i = 0; i < R; i++) a[i] = qword_dot<KIND>(qword(cur.v[i], wd), xv, a[i]);
                         }

@@ -32,18 +32,7 @@ fn gpu() -> Option<Arc<Gpu>> {
     Some(Gpu::open(0).expect("a usable GPU opens"))
 }
 
-/// Deterministic pseudo-random values in [-1, 1) (xorshift).
-fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use common::random::random;
 
 fn to_gpu(b: &CudaBackend, v: &[f32]) -> cudarc::driver::CudaSlice<f32> {
     let mut d = b.alloc(v.len()).unwrap();

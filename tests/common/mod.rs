@@ -1,6 +1,8 @@
 //! Shared test support: the tiny Mixtral fixture converted to .hob, and its transformers reference.
 #![allow(dead_code)]
 
+pub mod random;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
