@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use common::{convert_fixture, nmse, reference};
 use hob::backend::cpu::{CpuBackend, CpuExperts};
-use hob::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Tier};
+use hob::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Split, Tier};
 use hob::experts::cache::Policy;
 use hob::experts::{PrecisionPlan, Thresholds};
 use hob::format::{DType, HobFile, MatrixView, Variant};
@@ -408,8 +408,21 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
     c.tier = Tier::Disk;
     c.prefetch = 1;
     cases.push(("SSD tier".into(), c));
+    let mut c = exact(total / 4);
+    c.pin_file = false;
+    c.prefetch = 2;
+    cases.push(("copies through pinned staging".into(), c));
     for (name, cfg) in cases {
+        let (direct, disk, mapped) = (cfg.pin_file, cfg.tier == Tier::Disk, cfg.mapped);
         let mut s = engine_session(&g, &model, cfg);
+        let how = s.describe();
+        println!("{name}: {how}");
+        if direct && !disk && !mapped {
+            // The fixture's experts fit in half of any host's RAM: page-locked, loaded by DMA.
+            assert!(how.contains("page-locked"), "{name}: {how}");
+        } else if !disk && !mapped {
+            assert!(how.contains("staging"), "{name}: {how}");
+        }
         let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
         let st = s.expert_stats();
         println!(
@@ -428,28 +441,36 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         );
     }
     // Cooperative mode: missed decode experts computed on the CPU, with and without prefetches
-    // into the idle link (a prefetch still in flight may be overtaken by the CPU).
-    for prefetch in [0, 2] {
+    // into the idle link (a prefetch still in flight may be overtaken by the CPU), and with the
+    // last half of their rows loaded and computed on the GPU (split experts: strided loads).
+    for (prefetch, split) in [(0, Split::Off), (2, Split::Auto), (0, Split::Share(0.5))] {
         let mut c = exact(total / 4);
         c.cpu_experts = Some(2);
         c.prefetch = prefetch;
+        c.split = split;
         let mut s = engine_session(&g, &model, c);
         let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
         let st = s.expert_stats();
         let e = nmse(&steps, &want_steps);
         println!(
-            "cooperative, prefetch {prefetch}: {} experts on the CPU ({} overtaking a prefetch), {} prefetched ({} used), decode NMSE {e:.2e}",
-            st.cpu_computed, st.late_to_cpu, st.prefetch_issued, st.prefetch_used
+            "cooperative, prefetch {prefetch}, split {split:?}: {} experts on the CPU ({} overtaking a prefetch, {} split with the GPU), {} prefetched ({} used), decode NMSE {e:.2e}",
+            st.cpu_computed, st.late_to_cpu, st.split_experts, st.prefetch_issued, st.prefetch_used
         );
+        if let Split::Share(_) = split {
+            assert!(
+                st.split_experts > 0,
+                "a fixed share splits every dense CPU expert"
+            );
+        }
         assert!(
             st.cpu_computed > 0,
             "a quarter cache must send misses to the CPU"
         );
         assert_eq!(all, want_all, "prefill never uses the CPU");
-        assert_eq!(ids, want_ids, "prefetch {prefetch}");
+        assert_eq!(ids, want_ids, "prefetch {prefetch}, split {split:?}");
         assert!(
             e <= 1e-10,
-            "cooperative decode NMSE {e:e} (prefetch {prefetch})"
+            "cooperative decode NMSE {e:e} (prefetch {prefetch}, split {split:?})"
         );
     }
 }

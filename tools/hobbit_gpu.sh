@@ -11,11 +11,17 @@
 # Rows: (a) high only, LRU, on demand; (b) + dynamic precision (--low, T1/T2 0.6/0.9);
 # (c) + stacked-gate prefetch (3 layers, into the idle link only); (d) + the HOBBIT cache policy;
 # (e) + cooperative CPU experts; then (d) and (e) without prefetch, and (e) with f16 experts only.
-# ROWS="a d" runs only those rows.
+# ROWS="a d" runs only those rows (spaces in a label as underscores). VARIANTS (default
+# f16,int8,int4,int2) picks the stored variants: f16,int4 is enough for the rtx4090 rows and
+# leaves room on the disk for llama.cpp's GGUF beside it.
+# The row "e, split" splits CPU experts with the GPU (--split auto; off elsewhere, the default).
+# Rows marked "staging" copy missed experts through pinned staging (--no-pin) instead of DMA from
+# the page-locked file: the A/B of the loader's two paths.
 set -uo pipefail
 LAYERS="${LAYERS:-8}"
+VARIANTS="${VARIANTS:-f16,int8,int4,int2}"
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-model=/tmp/mixtral-synthetic-${LAYERS}l-4v.hob
+model=/tmp/mixtral-synthetic-${LAYERS}l-${VARIANTS//,/-}.hob
 log="$out/hobbit.log"
 # Cache share of a budget holding full Mixtral at `per` bytes per expert, scaled to the file (GiB).
 share() { python3 -c "
@@ -36,7 +42,7 @@ prepare)
   {
     echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%F), $(nproc) CPU threads"
     [ -f "$model" ] || /usr/bin/time -v "$hob" convert --synthetic mixtral-8x7b --layers "$LAYERS" \
-        --experts f16,int8,int4,int2 -o "$model" --no-progress 2>&1 | grep -E "Elapsed|wrote|GB" || true
+        --experts "$VARIANTS" -o "$model" --no-progress 2>&1 | grep -E "Elapsed|wrote|GB" || true
     ls -l "$model"; df -h /tmp | tail -1
   } >> "$log" 2>&1
   if [ -f .gpu/llama-src.tar.xz ] && [ ! -x /tmp/llama/build/bin/llama-bench ]; then
@@ -56,6 +62,9 @@ rtx4090)
   row "d, no prefetch" "${p[@]}" --low int4 --cache-policy hobbit --prefetch 0 -p 0 -n 32
   row "e, no prefetch" "${p[@]}" --low int4 --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)" -p 0 -n 32
   row "e, f16 only" "${p[@]}" --low none --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)" -p 0 -n 32
+  row "e, split" "${p[@]}" --split auto --low int4 --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)" -p 0 -n 32
+  row "a, staging" "${p[@]}" --no-pin --low none --cache-policy lru --prefetch 0 -p 0 -n 32
+  row "e, staging" "${p[@]}" --no-pin --low int4 --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)" -p 0 -n 32
   cat "$out/$table" ;;
 jetson)
   # --no-ssd: missed experts come from the page cache paced to the profile's 3 GB/s SSD (this

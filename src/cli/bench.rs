@@ -207,8 +207,10 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
                 .collect(),
             experts_loaded_per_token: total.misses() as f64 / tok,
             bytes_moved_per_token: total.bytes_loaded as f64 / tok,
-            link_gbs: if total.load_seconds > 0.0 {
-                total.bytes_loaded as f64 / total.load_seconds / 1e9
+            // The loader's rate while busy (not bytes over the compute thread's waits, which
+            // prefetches and CPU experts hide).
+            link_gbs: if total.link_seconds > 0.0 {
+                total.bytes_loaded as f64 / total.link_seconds / 1e9
             } else {
                 0.0
             },

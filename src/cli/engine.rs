@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::backend::cpu::{CpuBackend, CpuExperts};
-use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Tier};
+use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Split, Tier};
 use crate::experts::cache::Policy;
 use crate::experts::trace::{TraceHeader, TraceWriter};
 use crate::experts::{PrecisionPlan, Thresholds};
@@ -83,6 +83,16 @@ pub struct ModelArgs {
     /// profile's SSD bandwidth: emulates that SSD on a host whose own disk is slower.
     #[arg(long = "no-ssd")]
     pub no_ssd: bool,
+    /// Cooperative mode: split a CPU-computed f16/bf16 expert with the GPU, which loads and
+    /// computes its last rows over the otherwise idle link: auto (share balanced per layer),
+    /// off, or a fixed share of the rows (0-1). Off by default: where the link's DMA and the
+    /// CPU read the same host memory, it moved bytes without saving time (see the README).
+    #[arg(long = "split", default_value = "off")]
+    pub split: String,
+    /// Copy missed experts through pinned staging buffers instead of page-locking the model
+    /// file's expert pages for direct DMA (the default, when they fit in half the RAM).
+    #[arg(long = "no-pin")]
+    pub no_pin: bool,
     /// Print a per-token breakdown after the run: hits, misses and skips per precision,
     /// prefetch accuracy, bytes per tier, time waiting for loads and CPU experts.
     #[arg(long = "stats")]
@@ -252,6 +262,7 @@ impl ModelArgs {
         let plan = self.plan(file, platform.as_ref())?;
         // Checked whatever the device, so a typo never passes silently on the CPU.
         let policy = Policy::parse(&self.cache_policy, self.cache_weights.as_deref())?;
+        let split = Split::parse(&self.split)?;
         if !(0.0..=1.0).contains(&self.low_share) {
             return Err(Error::Invalid(format!(
                 "--low-share {}: give a share of the expert cache between 0 and 1",
@@ -316,6 +327,8 @@ impl ModelArgs {
                         Tier::Memory
                     },
                     mapped: unified,
+                    pin_file: !self.no_pin,
+                    split,
                     trace: self.trace_writer(file, model)?,
                 };
                 let experts = CudaExperts::new(model, &backend, cfg)?;
@@ -408,6 +421,27 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
         s.prefetch_issued as f64 / n,
         100.0 * s.prefetch_used as f64 / s.prefetch_issued.max(1) as f64
     );
+    let rate = |bytes: u64, secs: f64| {
+        if secs > 0.0 {
+            format!("{:.1} GB/s", bytes as f64 / secs / 1e9)
+        } else {
+            "-".into()
+        }
+    };
+    eprintln!(
+        "  link busy {:.2} ms ({}); CPU experts busy {:.2} ms ({} of weights)",
+        ms(s.link_seconds),
+        rate(s.bytes_loaded, s.link_seconds),
+        ms(s.cpu_seconds),
+        rate(s.cpu_bytes, s.cpu_seconds)
+    );
+    if s.split_experts > 0 {
+        eprintln!(
+            "  split with the GPU {:.2} CPU experts ({:.1} MB of their rows loaded)",
+            s.split_experts as f64 / n,
+            s.split_bytes as f64 / n / 1e6
+        );
+    }
     for (d, (p, c)) in s.prediction.iter().enumerate() {
         if *p > 0 {
             eprintln!(

@@ -32,6 +32,14 @@ pub struct ExpertStats {
     pub late_to_cpu: u64,
     /// Bytes of the experts the CPU computed, each at its variant's size.
     pub cpu_bytes: u64,
+    /// Seconds the loader spent moving `bytes_loaded` (its link busy time).
+    pub link_seconds: f64,
+    /// Seconds CPU helpers spent computing experts (their busy time).
+    pub cpu_seconds: f64,
+    /// Cooperative mode: CPU experts split with the GPU, and the bytes of the GPU's rows
+    /// (loaded, counted in `bytes_loaded` too).
+    pub split_experts: u64,
+    pub split_bytes: u64,
     /// Per prediction distance d = 1, 2, ...: (experts predicted, of those actually routed).
     pub prediction: Vec<(u64, u64)>,
 }
@@ -85,6 +93,10 @@ impl ExpertStats {
         self.prefetch_used += s.prefetch_used;
         self.late_to_cpu += s.late_to_cpu;
         self.cpu_bytes += s.cpu_bytes;
+        self.link_seconds += s.link_seconds;
+        self.cpu_seconds += s.cpu_seconds;
+        self.split_experts += s.split_experts;
+        self.split_bytes += s.split_bytes;
     }
 }
 

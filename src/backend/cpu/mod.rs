@@ -108,6 +108,23 @@ impl CpuBackend {
         }
     }
 
+    /// out[r] = Σ_{c < cols} w[r, c] · x[c]: the product with the leading `cols` columns only
+    /// (`x` has `cols` values), as when another device computes the other columns' share. For
+    /// quantized kinds `cols` is a whole number of groups.
+    pub fn matvec_prefix(&self, w: &Matrix<'_>, cols: usize, x: &[f32], out: &mut [f32]) {
+        assert_eq!(x.len(), cols, "matvec_prefix input length");
+        assert_eq!(out.len(), w.rows, "matvec_prefix output length");
+        let chunk = self.rows_per_task(w.rows);
+        self.pool.install(|| {
+            out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| {
+                for (k, v) in o.iter_mut().enumerate() {
+                    w.row_prefix(i * chunk + k, cols)
+                        .matvec_rows(x, 0..1, std::slice::from_mut(v));
+                }
+            })
+        });
+    }
+
     /// Causal GQA attention over f32 caches [positions, kv_dim] (the new tokens written).
     pub fn attention_f32(
         &self,
@@ -290,6 +307,29 @@ impl Backend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The threaded leading-columns product equals the whole product with the other inputs zero.
+    #[test]
+    fn matvec_prefix_is_the_product_with_the_leading_columns() {
+        let b = CpuBackend::new(2).unwrap();
+        let (rows, cols, keep) = (37, 96, 40);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 23) as f32 - 11.0)
+            .collect();
+        let m = Matrix::dense(
+            crate::format::DType::F32,
+            rows,
+            cols,
+            bytemuck::cast_slice(&w),
+        );
+        let x: Vec<f32> = (0..cols).map(|i| 0.25 * (i % 5) as f32 - 0.5).collect();
+        let mut got = vec![0.0; rows];
+        b.matvec_prefix(&m, keep, &x[..keep], &mut got);
+        for (r, g) in got.iter().enumerate() {
+            let want: f32 = (0..keep).map(|c| w[r * cols + c] * x[c]).sum();
+            assert!((g - want).abs() <= 1e-4, "row {r}: {g} vs {want}");
+        }
+    }
 
     /// Two heads sharing one KV head, 3 cached positions, one new query at position 2.
     fn attend(window: Option<usize>) -> Vec<f32> {

@@ -6,8 +6,9 @@
 //!   expert; a high miss whose low copy is cached runs in low precision (unless disabled).
 //! - Misses become load jobs for the loader thread (experts::scheduler): demand before
 //!   prefetch, in 16 MiB chunks so a demand miss overtakes a prefetch in flight. Each job waits
-//!   for the compute that still reads the slot's previous expert (an event), copies through
-//!   pinned staging on its own stream, and completes with an event the compute stream waits on.
+//!   for the compute that still reads the slot's previous expert (an event), copies on its own
+//!   stream (straight from the page-locked pages of the mapped file when they fit in RAM, else
+//!   through pinned staging), and completes with an event the compute stream waits on.
 //! - Stacked-gate prediction (experts::predictor) prefetches the first later layer with a
 //!   predicted miss, in the precision the scorer would pick; predicted experts are protected
 //!   from eviction until their layer has run.
@@ -72,8 +73,48 @@ pub struct CacheConfig {
     pub tier: Tier,
     /// Slots in mapped pinned host memory, read by the GPU in place (unified-memory mode).
     pub mapped: bool,
+    /// Memory tier, device slots: page-lock the used variants' pages of the mapped file so the
+    /// copy engine reads them directly (no staging copy, no CPU thread); falls back to staging
+    /// when they do not fit in half the RAM or the driver refuses.
+    pub pin_file: bool,
+    /// Cooperative mode: how much of a CPU-computed dense expert the GPU takes over.
+    pub split: Split,
     pub trace: Option<TraceWriter>,
 }
+
+/// Cooperative decode: a missed dense (f16/bf16) expert that the CPU computes may be split with
+/// the GPU. The GPU takes its last rows of gate and up and the matching columns of down, loaded
+/// over the otherwise idle link (direct loads only) into a small arena carved from the expert
+/// budget, while the CPU computes the leading rows; the two halves of the output are summed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Split {
+    Off,
+    /// The GPU's share per layer balances the link against the CPU (cost model), 0 to 50%.
+    Auto,
+    /// A fixed share of the rows (rounded to 64), for tests and ablations.
+    Share(f64),
+}
+
+impl Split {
+    /// `off`, `auto`, or a share in (0, 1).
+    pub fn parse(s: &str) -> crate::Result<Split> {
+        match s {
+            "off" => Ok(Split::Off),
+            "auto" => Ok(Split::Auto),
+            _ => match s.parse::<f64>() {
+                Ok(f) if f > 0.0 && f < 1.0 => Ok(Split::Share(f)),
+                _ => Err(Error::Invalid(format!(
+                    "--split {s}: give auto, off, or the GPU's share of a split expert's rows (between 0 and 1)"
+                ))),
+            },
+        }
+    }
+}
+
+/// Rows of a split are whole multiples of this (keeps the GPU's rows 16-byte aligned).
+const SPLIT_ROWS: usize = 64;
+/// Auto splits give the GPU at least this many rows (fewer are not worth a load).
+const SPLIT_MIN_ROWS: usize = 256;
 
 impl CacheConfig {
     /// One variant, LRU, on-demand loads from memory: the plain cache.
@@ -91,6 +132,8 @@ impl CacheConfig {
             cpu_experts: None,
             tier: Tier::Memory,
             mapped: false,
+            pin_file: true,
+            split: Split::Off,
             trace: None,
         }
     }
@@ -137,14 +180,92 @@ impl Pool {
     }
 }
 
-/// One load: blob bytes of the file into a slot.
-struct LoadJob {
-    src: Range<usize>,
-    /// Device address of the slot (device arena), or host address (mapped arena).
+/// A rectangle of file bytes to copy: `rows` rows of `width` bytes, `pitch` apart in the file,
+/// packed densely at `dst` (a whole blob is one row).
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    src: usize,
+    pitch: usize,
+    width: usize,
+    rows: usize,
     dst: u64,
+}
+
+impl Piece {
+    fn blob(src: Range<usize>, dst: u64) -> Piece {
+        Piece {
+            src: src.start,
+            pitch: src.len(),
+            width: src.len(),
+            rows: 1,
+            dst,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.width * self.rows
+    }
+
+    fn rows_per_chunk(&self) -> usize {
+        (STAGING_CHUNK / self.width.max(1)).max(1)
+    }
+
+    /// Chunks of at most STAGING_CHUNK bytes: byte ranges of one row, whole rows of a rectangle.
+    fn chunks(&self) -> usize {
+        if self.rows == 1 {
+            self.width.div_ceil(STAGING_CHUNK)
+        } else {
+            self.rows.div_ceil(self.rows_per_chunk())
+        }
+    }
+
+    /// Chunk `i`, as a piece of its own.
+    fn chunk(&self, i: usize) -> Piece {
+        if self.rows == 1 {
+            let at = i * STAGING_CHUNK;
+            let len = STAGING_CHUNK.min(self.width - at);
+            Piece {
+                src: self.src + at,
+                pitch: len,
+                width: len,
+                rows: 1,
+                dst: self.dst + at as u64,
+            }
+        } else {
+            let k = self.rows_per_chunk();
+            let r0 = i * k;
+            Piece {
+                src: self.src + r0 * self.pitch,
+                pitch: self.pitch,
+                width: self.width,
+                rows: k.min(self.rows - r0),
+                dst: self.dst + (r0 * self.width) as u64,
+            }
+        }
+    }
+}
+
+/// One load: file bytes into a slot (a whole blob), or the rows of an expert split with the CPU.
+struct LoadJob {
+    /// Destinations: device addresses (device arena), or host addresses (mapped arena).
+    pieces: Vec<Piece>,
     mapped: bool,
-    /// Compute that may still read the slot's previous expert.
+    /// Compute that may still read the destination's previous contents.
     after: CudaEvent,
+}
+
+impl LoadJob {
+    /// Chunk `i` of the job.
+    fn chunk(&self, mut i: usize) -> Option<Piece> {
+        for p in &self.pieces {
+            let n = p.chunks();
+            if i < n {
+                return Some(p.chunk(i));
+            }
+            i -= n;
+        }
+        None
+    }
 }
 
 /// Bytes and time the loader has spent, shared with the compute thread.
@@ -171,6 +292,118 @@ struct Loader {
     /// Threads copying out of the mapped file: a few are enough to outrun any link, and they
     /// leave the other cores to CPU experts.
     fill_pool: rayon::ThreadPool,
+    /// Direct loads: chunks copied by the copy engine straight out of the page-locked file, and
+    /// the events of those still in flight (oldest first; bounded like the staging buffers, so
+    /// a demand job is never queued behind more than that of a prefetch).
+    pinned: Option<PinnedFile>,
+    in_flight: std::collections::VecDeque<CudaEvent>,
+}
+
+/// Lateness of a paced chunk still counted as back to back with the previous one (sleep
+/// overshoot, not an idle link).
+const PACE_SLACK: Duration = Duration::from_micros(500);
+
+/// Chunks a direct load keeps in flight on the copy stream.
+const DIRECT_IN_FLIGHT: usize = 2;
+
+/// An event the host can sleep on (a spinning wait would take a core from CPU experts).
+fn blocking_event(stream: &CudaStream) -> crate::Result<CudaEvent> {
+    use cudarc::driver::sys::CUevent_flags;
+    stream
+        .record_event(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+        .map_err(cuda_err)
+}
+
+/// The expert pages of the mapped file, page-locked for the copy engine (a read-only
+/// registration): a load goes from the page cache to the device by DMA, with no staging copy
+/// and no CPU thread, so it takes nothing from CPU experts but host memory bandwidth.
+struct PinnedFile {
+    ctx: Arc<CudaContext>,
+    /// Registered (address, length) ranges of `_map`, which stays mapped while they are.
+    ranges: Vec<(usize, usize)>,
+    _map: Arc<Mmap>,
+}
+
+impl PinnedFile {
+    /// Register `ranges` of `map` (widened to whole pages, merged where they touch). Err: why
+    /// not, after undoing whatever part was registered.
+    fn register(
+        ctx: &Arc<CudaContext>,
+        map: Arc<Mmap>,
+        mut ranges: Vec<Range<usize>>,
+    ) -> Result<PinnedFile, String> {
+        let page = page_size();
+        let end = map.len().div_ceil(page) * page;
+        ranges.sort_by_key(|r| r.start);
+        let mut merged: Vec<Range<usize>> = Vec::new();
+        for r in ranges {
+            let r = r.start / page * page..(r.end.div_ceil(page) * page).min(end);
+            match merged.last_mut() {
+                Some(m) if r.start <= m.end => m.end = m.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        let mut me = PinnedFile {
+            ctx: ctx.clone(),
+            ranges: Vec::new(),
+            _map: map.clone(),
+        };
+        let base = map.as_ptr() as usize;
+        for r in merged {
+            let at = base + r.start;
+            // SAFETY: at .. at + len lies inside the live mapping `map` (whole pages of it; `me`
+            // holds the mapping for as long as the registration lives), registered
+            // read-only: the device only ever reads it.
+            let res = unsafe {
+                cudarc::driver::sys::cuMemHostRegister_v2(
+                    at as *mut std::ffi::c_void,
+                    r.len(),
+                    cudarc::driver::sys::CU_MEMHOSTREGISTER_READ_ONLY,
+                )
+            }
+            .result();
+            if let Err(e) = res {
+                return Err(format!(
+                    "page-locking {:.1} MB at file offset {}: {e}",
+                    r.len() as f64 / 1e6,
+                    r.start
+                ));
+            }
+            me.ranges.push((at, r.len()));
+        }
+        Ok(me)
+    }
+
+    fn bytes(&self) -> usize {
+        self.ranges.iter().map(|r| r.1).sum()
+    }
+}
+
+impl Drop for PinnedFile {
+    fn drop(&mut self) {
+        if self.ranges.is_empty() {
+            return;
+        }
+        // Copies out of these pages must be over before they are unlocked.
+        if let Err(e) = self.ctx.synchronize() {
+            log::warn!("expert loader: {e}");
+        }
+        for &(at, _) in &self.ranges {
+            // SAFETY: `at` was registered by register() and has not been unregistered since.
+            let res =
+                unsafe { cudarc::driver::sys::cuMemHostUnregister(at as *mut std::ffi::c_void) };
+            if let Err(e) = res.result() {
+                log::warn!("expert loader: unlocking file pages: {e}");
+            }
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the running system; no memory is passed.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).unwrap_or(4096).max(4096)
 }
 
 impl Worker for Loader {
@@ -178,7 +411,7 @@ impl Worker for Loader {
     type Done = Option<CudaEvent>;
 
     fn chunks(&mut self, job: &LoadJob) -> usize {
-        job.src.len().div_ceil(STAGING_CHUNK)
+        job.pieces.iter().map(Piece::chunks).sum()
     }
 
     fn run_chunk(&mut self, job: &LoadJob, i: usize) -> crate::Result<()> {
@@ -194,18 +427,78 @@ impl Worker for Loader {
                 self.copy.wait(&job.after).map_err(cuda_err)?;
             }
         }
-        let at = i * STAGING_CHUNK;
-        let len = STAGING_CHUNK.min(job.src.len() - at);
-        let src = job.src.start + at..job.src.start + at + len;
+        let c = job
+            .chunk(i)
+            .ok_or_else(|| Error::Loader(format!("load job has no chunk {i}")))?;
+        let len = c.bytes();
+        let src = c.src..c.src + len;
+        if c.rows > 1 && (job.mapped || self.pinned.is_none()) {
+            return Err(Error::Loader(
+                "a strided load needs the page-locked file (direct loads)".into(),
+            ));
+        }
         if job.mapped {
-            // SAFETY: dst + at .. + len lies inside one slot of a live mapped arena (the engine
+            // SAFETY: dst .. + len lies inside one slot of a live mapped arena (the engine
             // outlives the loader: it shuts the scheduler down before freeing the arena), and
             // no kernel reads the slot now (the job waited for `after`, and the slot's next
             // reader waits for this job).
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut((job.dst as usize + at) as *mut u8, len) };
+            let dst = unsafe { std::slice::from_raw_parts_mut(c.dst as usize as *mut u8, len) };
             self.fill(src, dst)?;
             Self::pace_chunk(self.pace, &mut self.link_free, len);
+        } else if self.pinned.is_some() {
+            if self.in_flight.len() >= DIRECT_IN_FLIGHT {
+                if let Some(ev) = self.in_flight.pop_front() {
+                    ev.synchronize().map_err(cuda_err)?;
+                }
+            }
+            Self::pace_chunk(self.pace, &mut self.link_free, len);
+            if c.rows == 1 {
+                // SAFETY: dst .. + len lies inside the job's destination in the device arena;
+                // the source lies in page-locked pages of the mapping the loader holds.
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(
+                        c.dst,
+                        &self.map[src],
+                        self.copy.cu_stream(),
+                    )
+                    .map_err(cuda_err)?;
+                }
+            } else {
+                let last = c.src + (c.rows - 1) * c.pitch + c.width;
+                if last > self.map.len() {
+                    return Err(Error::Loader(format!(
+                        "strided load past the end of the file ({last} > {})",
+                        self.map.len()
+                    )));
+                }
+                let copy = cudarc::driver::sys::CUDA_MEMCPY2D_st {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+                    srcHost: self.map[c.src..].as_ptr() as *const std::ffi::c_void,
+                    srcDevice: 0,
+                    srcArray: std::ptr::null_mut(),
+                    srcPitch: c.pitch,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstHost: std::ptr::null_mut(),
+                    dstDevice: c.dst,
+                    dstArray: std::ptr::null_mut(),
+                    dstPitch: c.width,
+                    WidthInBytes: c.width,
+                    Height: c.rows,
+                };
+                // SAFETY: the source rows lie inside the mapping (checked above), in its
+                // page-locked pages; the destination, rows x width bytes packed, lies inside the
+                // job's region of the device arena, which no kernel reads until this job is done.
+                unsafe {
+                    cudarc::driver::sys::cuMemcpy2DAsync_v2(&copy, self.copy.cu_stream())
+                        .result()
+                        .map_err(cuda_err)?;
+                }
+            }
+            self.in_flight.push_back(blocking_event(&self.copy)?);
         } else {
             let (host, done) = &mut self.staging[self.next];
             self.next = (self.next + 1) % STAGING_BUFFERS;
@@ -216,17 +509,13 @@ impl Worker for Loader {
             let (map, disk) = (&self.map, &mut self.disk);
             Self::fill_from(&self.fill_pool, map, disk, src, host, &self.counters)?;
             Self::pace_chunk(self.pace, &mut self.link_free, len);
-            // SAFETY: dst + at .. + len lies inside the job's slot of the device arena; the
-            // staging buffer is not written again before `done` is reached.
+            // SAFETY: dst .. + len lies inside the job's slot of the device arena; the staging
+            // buffer is not written again before `done` is reached.
             unsafe {
-                cudarc::driver::result::memcpy_htod_async(
-                    job.dst + at as u64,
-                    &*host,
-                    self.copy.cu_stream(),
-                )
-                .map_err(cuda_err)?;
+                cudarc::driver::result::memcpy_htod_async(c.dst, &*host, self.copy.cu_stream())
+                    .map_err(cuda_err)?;
             }
-            *done = Some(self.copy.record_event(None).map_err(cuda_err)?);
+            *done = Some(blocking_event(&self.copy)?);
         }
         self.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
         self.counters
@@ -245,7 +534,7 @@ impl Worker for Loader {
         let done = if job.mapped {
             None
         } else {
-            Some(self.copy.record_event(None).map_err(cuda_err)?)
+            Some(blocking_event(&self.copy)?)
         };
         Ok(done)
     }
@@ -259,8 +548,16 @@ impl Loader {
     fn pace_chunk(pace: Option<f64>, link_free: &mut Instant, len: usize) {
         if let Some(bw) = pace {
             Self::sleep_until(*link_free);
-            *link_free =
-                (*link_free).max(Instant::now()) + Duration::from_secs_f64(len as f64 / bw);
+            // A sleep overshoots by tens of microseconds; a chunk that follows the previous one
+            // without a real gap crosses right behind it, so the link keeps its rate (the
+            // clock still advances len / bw per chunk: never faster than the link).
+            let now = Instant::now();
+            let start = if now.saturating_duration_since(*link_free) < PACE_SLACK {
+                *link_free
+            } else {
+                now
+            };
+            *link_free = start + Duration::from_secs_f64(len as f64 / bw);
         }
     }
 
@@ -315,25 +612,74 @@ impl Loader {
     }
 }
 
-/// Map the pages of the experts in `variants` up front, when they fit in half the host's RAM:
-/// the loader copies missed experts out of the mapped file and CPU experts compute from it, and
-/// the first touch of each 4 KiB page costs a fault (~86,000 for one f16 Mixtral expert), which
-/// would otherwise land in the middle of decoding. Best effort: logs and goes on when the
-/// kernel lacks MADV_POPULATE_READ (Linux < 5.14).
-fn populate(file: &HobFile, variants: &[usize]) {
+/// Bytes of the experts of `variants` in the file.
+fn used_bytes(file: &HobFile, variants: &[usize]) -> usize {
     let n = file.n_layers() * file.n_experts();
-    let bytes: usize = variants
+    variants
         .iter()
         .map(|&v| n * file.expert_layout(v).size)
-        .sum();
-    let ram = std::fs::read_to_string("/proc/meminfo")
+        .sum()
+}
+
+/// File ranges of every expert blob of `variants`.
+fn used_ranges(file: &HobFile, variants: &[usize]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    for l in 0..file.n_layers() {
+        for e in 0..file.n_experts() {
+            out.extend(variants.iter().map(|&v| file.blob_range(l, e, v, false)));
+        }
+    }
+    out
+}
+
+/// The host's RAM in bytes (0 when /proc/meminfo cannot be read).
+fn host_ram() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
             m.lines()
                 .find_map(|l| l.strip_prefix("MemTotal:"))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
         })
-        .map_or(0, |kb| kb * 1024);
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Page-lock the experts of `variants` for direct loads when they fit in half the RAM; None
+/// (logged) otherwise: loads go through staging.
+fn pin_file(gpu: &Gpu, file: &HobFile, variants: &[usize]) -> Option<PinnedFile> {
+    let (bytes, ram) = (used_bytes(file, variants), host_ram());
+    if bytes > ram / 2 {
+        log::info!(
+            "expert loads go through staging: {:.1} GB of experts do not fit in half of {:.1} GB of RAM to page-lock",
+            bytes as f64 / 1e9,
+            ram as f64 / 1e9
+        );
+        return None;
+    }
+    let started = Instant::now();
+    match PinnedFile::register(&gpu.ctx, file.shared_map(), used_ranges(file, variants)) {
+        Ok(p) => {
+            log::info!(
+                "page-locked {:.1} GB of expert pages for direct loads in {:.1} s",
+                p.bytes() as f64 / 1e9,
+                started.elapsed().as_secs_f64()
+            );
+            Some(p)
+        }
+        Err(why) => {
+            log::warn!("expert loads go through staging: {why}");
+            None
+        }
+    }
+}
+
+/// Map the pages of the experts in `variants` up front, when they fit in half the host's RAM:
+/// the loader copies missed experts out of the mapped file and CPU experts compute from it, and
+/// the first touch of each 4 KiB page costs a fault (~86,000 for one f16 Mixtral expert), which
+/// would otherwise land in the middle of decoding. Best effort: logs and goes on when the
+/// kernel lacks MADV_POPULATE_READ (Linux < 5.14).
+fn populate(file: &HobFile, variants: &[usize]) {
+    let (bytes, ram) = (used_bytes(file, variants), host_ram());
     if bytes > ram / 2 {
         log::info!(
             "not mapping expert pages ahead: {:.1} GB of experts, {:.1} GB of RAM",
@@ -344,16 +690,10 @@ fn populate(file: &HobFile, variants: &[usize]) {
     }
     let started = Instant::now();
     let map = file.shared_map();
-    for l in 0..file.n_layers() {
-        for e in 0..file.n_experts() {
-            for &v in variants {
-                let r = file.blob_range(l, e, v, false);
-                if let Err(err) = map.advise_range(memmap2::Advice::PopulateRead, r.start, r.len())
-                {
-                    log::warn!("cannot map expert pages ahead (madvise POPULATE_READ): {err}");
-                    return;
-                }
-            }
+    for r in used_ranges(file, variants) {
+        if let Err(err) = map.advise_range(memmap2::Advice::PopulateRead, r.start, r.len()) {
+            log::warn!("cannot map expert pages ahead (madvise POPULATE_READ): {err}");
+            return;
         }
     }
     log::info!(
@@ -375,9 +715,16 @@ enum Place {
 /// Moving averages the cooperative mode decides with.
 #[derive(Default)]
 struct CostModel {
-    /// Seconds per CPU-computed expert, per variant.
+    /// Seconds per CPU-computed expert, per variant (measured once at start, then refreshed by
+    /// every CPU expert).
     cpu_s: Vec<Option<f64>>,
+    /// Per variant: misses sent to the link since the CPU last computed one. A slow sample
+    /// would otherwise keep a variant off the CPU for good (it is only refreshed there).
+    since_cpu: Vec<u32>,
 }
+
+/// A variant's misses sent to the link in a row before one goes to the CPU to re-measure it.
+const CPU_PROBE_EVERY: u32 = 8;
 
 pub struct CudaExperts<'f> {
     file: &'f HobFile,
@@ -417,7 +764,10 @@ pub struct CudaExperts<'f> {
     prefetch_used: u64,
     wait: Duration,
     cpu_wait: Duration,
-    base_bytes: (u64, u64),
+    /// Loader counters (bytes, disk bytes, nanoseconds) at the last reset.
+    base_bytes: (u64, u64, u64),
+    /// Seconds CPU helpers spent on experts since the last reset.
+    cpu_busy: f64,
     decoded: u64,
     /// When the loader is expected to have finished everything queued so far.
     link_due: Instant,
@@ -429,6 +779,43 @@ pub struct CudaExperts<'f> {
     late_to_cpu: u64,
     /// Bytes of the experts the CPU computed (it streams them from host memory).
     cpu_bytes: u64,
+    /// The loader copies straight out of the page-locked file (no staging).
+    direct_loads: bool,
+    split: Split,
+    /// Device memory for the GPU's rows of split experts (one layer's worth at a time).
+    split_arena: Option<CudaSlice<u8>>,
+    /// Experts split with the GPU, and the bytes of their rows it loaded.
+    split_experts: u64,
+    split_bytes: u64,
+}
+
+/// The GPU's part of a split expert: its rows loaded at `at` in the split arena.
+struct SplitJob {
+    expert: usize,
+    variant: usize,
+    weight: f32,
+    /// First row (of ffn) the GPU computes; the CPU computes the rows before it.
+    from: usize,
+    /// Device addresses of its gate rows, up rows and down columns (packed [hidden, rows]).
+    at: [u64; 3],
+    ticket: Ticket<Option<CudaEvent>>,
+}
+
+/// A decode expert the CPU helpers compute: its leading `rows` rows of ffn (all of them unless
+/// split with the GPU).
+#[derive(Clone, Copy, Debug)]
+struct CpuJob {
+    expert: usize,
+    variant: usize,
+    weight: f32,
+    rows: usize,
+}
+
+/// What the CPU helpers report per job: (variant, seconds, share of the expert's rows).
+type CpuTimes = Vec<(usize, f64, f64)>;
+
+fn align256(n: usize) -> usize {
+    n.div_ceil(256) * 256
 }
 
 impl<'f> CudaExperts<'f> {
@@ -458,6 +845,24 @@ impl<'f> CudaExperts<'f> {
             None if cfg.mapped => total * (high_bytes + low_bytes.unwrap_or(0)),
             None => free.saturating_sub(reserve + work),
         };
+        let used: Vec<usize> = std::iter::once(plan.high).chain(plan.low).collect();
+        let pinned = if cfg.tier == Tier::Memory && !cfg.mapped && cfg.pin_file {
+            pin_file(&gpu, file, &used)
+        } else {
+            None
+        };
+        // Split experts: an arena of one high expert, out of the budget.
+        let split_bytes = if cfg.cpu_experts.is_some()
+            && cfg.split != Split::Off
+            && pinned.is_some()
+            && file.variants()[plan.high].kind.is_float()
+            && budget >= 2 * high_bytes
+        {
+            high_bytes
+        } else {
+            0
+        };
+        let budget = budget - split_bytes;
         let (mut high_slots, mut low_slots) = match low_bytes {
             Some(lb) => pool_slots(budget as u64, high_bytes as u64, lb as u64, cfg.low_share),
             None => (budget / high_bytes, 0),
@@ -528,6 +933,13 @@ impl<'f> CudaExperts<'f> {
                 None => None,
             },
         ];
+        if cfg.cpu_experts.is_some() {
+            // Host threads waiting on the GPU sleep instead of spinning: every core is for CPU
+            // experts, and one busy-waiting thread stalls a whole parallel matvec.
+            if let Err(e) = gpu.ctx.set_blocking_synchronize() {
+                log::warn!("CUDA: cannot make synchronization blocking ({e}); waits spin");
+            }
+        }
         let copy = gpu.ctx.new_stream().map_err(cuda_err)?;
         let staging = (0..if cfg.mapped { 0 } else { STAGING_BUFFERS })
             .map(|_| {
@@ -546,10 +958,15 @@ impl<'f> CudaExperts<'f> {
             }
             Tier::Memory => None,
         };
-        if cfg.tier == Tier::Memory {
-            let used: Vec<usize> = std::iter::once(plan.high).chain(plan.low).collect();
+        if cfg.tier == Tier::Memory && pinned.is_none() {
             populate(file, &used);
         }
+        let direct_loads = pinned.is_some();
+        let split_arena = if split_bytes > 0 {
+            Some(gpu.alloc::<u8>(split_bytes, "split experts")?)
+        } else {
+            None
+        };
         let counters = Arc::new(LoadCounters::default());
         let loader = Scheduler::spawn(Loader {
             ctx: gpu.ctx.clone(),
@@ -569,6 +986,8 @@ impl<'f> CudaExperts<'f> {
                     Error::Loader(format!("cannot start the loader's copy threads: {e}"))
                 })?,
             counters: counters.clone(),
+            pinned,
+            in_flight: std::collections::VecDeque::new(),
         })?;
         let predictor = if cfg.prefetch > 0 && n_layers > 1 {
             let routers: Vec<Matrix<'_>> =
@@ -605,6 +1024,7 @@ impl<'f> CudaExperts<'f> {
                 Arc::new(CpuBackend::new(threads)?),
                 CostModel {
                     cpu_s: vec![None; file.variants().len()],
+                    since_cpu: vec![0; file.variants().len()],
                 },
             )),
             None => None,
@@ -645,18 +1065,55 @@ impl<'f> CudaExperts<'f> {
             prefetch_used: 0,
             wait: Duration::ZERO,
             cpu_wait: Duration::ZERO,
-            base_bytes: (0, 0),
+            base_bytes: (0, 0, 0),
+            cpu_busy: 0.0,
             decoded: 0,
             link_due: Instant::now(),
             layer_s: None,
             layer_started: None,
             late_to_cpu: 0,
             cpu_bytes: 0,
+            direct_loads,
+            split: cfg.split,
+            split_arena,
+            split_experts: 0,
+            split_bytes: 0,
         };
         if cfg.preload {
             me.preload()?;
         }
+        me.calibrate_cpu(&used);
         Ok(me)
+    }
+
+    /// Cooperative mode: time one expert of each used variant on the CPU helpers (the second
+    /// of two runs, so thread start-up is not charged), the cost model's first estimates.
+    fn calibrate_cpu(&mut self, variants: &[usize]) {
+        let Some((cpu, cost)) = self.cpu.as_mut() else {
+            return;
+        };
+        let (h, f) = self.file.expert_dims();
+        let x = vec![0.01f32; h];
+        for &v in variants {
+            let jobs = [CpuJob {
+                expert: 0,
+                variant: v,
+                weight: 1.0,
+                rows: f,
+            }];
+            let mut secs = 0.0;
+            for _ in 0..2 {
+                let (_, times) = cpu.install(|| Self::cpu_compute(self.file, cpu, &jobs, 0, &x));
+                secs = times.first().map_or(0.0, |t| t.1);
+            }
+            cost.cpu_s[v] = Some(secs);
+            log::info!(
+                "CPU experts: one {} expert in {:.2} ms ({:.1} GB/s)",
+                self.file.variants()[v],
+                secs * 1e3,
+                self.file.expert_layout(v).size as f64 / secs.max(1e-9) / 1e9
+            );
+        }
     }
 
     /// Fill both pools in layer order, then forget the loads in the counters.
@@ -753,8 +1210,7 @@ impl<'f> CudaExperts<'f> {
         self.link_due = due;
         let after = self.gpu.stream.record_event(None).map_err(cuda_err)?;
         let job = LoadJob {
-            src,
-            dst,
+            pieces: vec![Piece::blob(src, dst)],
             mapped,
             after,
         };
@@ -893,23 +1349,26 @@ impl<'f> CudaExperts<'f> {
                 return Ok(Some(Place::Slot(PoolKind::Low, s)));
             }
         }
-        if decode {
-            if let Some((_, cost)) = &self.cpu {
-                // Greedy: the miss goes to whichever of the link and the CPU frees up first.
-                let bytes = self.pool(kind).slot_bytes as f64;
-                let load_s = bytes / self.load_bandwidth();
+        if decode && self.cpu.is_some() {
+            // Greedy: the miss goes to whichever of the link and the CPU frees up first.
+            let bytes = self.pool(kind).slot_bytes as f64;
+            let load_s = bytes / self.load_bandwidth();
+            if let Some((_, cost)) = self.cpu.as_mut() {
                 let cpu_s = cost.cpu_s[variant];
                 let to_cpu = match cpu_s {
                     None => true, // measure once
+                    Some(_) if cost.since_cpu[variant] >= CPU_PROBE_EVERY => true,
                     Some(c) => *cpu_busy + c < *load_busy + load_s,
                 };
                 if to_cpu {
+                    cost.since_cpu[variant] = 0;
                     *cpu_busy += cpu_s.unwrap_or(0.0);
                     self.misses[variant] += 1;
                     self.cpu_computed += 1;
                     self.cpu_bytes += self.file.expert_layout(variant).size as u64;
                     return Ok(Some(Place::Cpu));
                 }
+                cost.since_cpu[variant] += 1;
                 *load_busy += load_s;
             }
         }
@@ -1054,44 +1513,46 @@ impl<'f> CudaExperts<'f> {
         Ok(())
     }
 
-    /// CPU helper threads compute `groups` (decode: one row each) from the mapped file; returns
-    /// their weighted outputs summed, [hidden].
+    /// CPU helper threads compute `jobs` (decode: one row each, the leading `rows` of each
+    /// expert's ffn) from the mapped file; returns their weighted outputs summed, [hidden].
     fn cpu_compute(
         file: &HobFile,
         cpu: &CpuBackend,
-        jobs: &[(usize, usize, f32)],
+        jobs: &[CpuJob],
         layer: usize,
         x: &[f32],
-    ) -> (Vec<f32>, Vec<(usize, f64)>) {
+    ) -> (Vec<f32>, CpuTimes) {
         let (h, f) = file.expert_dims();
         let mut out = vec![0.0f32; h];
         let mut times = Vec::new();
         let (mut gate, mut up, mut down) = (vec![0.0; f], vec![0.0; f], vec![0.0; h]);
-        for &(expert, variant, w) in jobs {
+        for job in jobs {
             let t0 = Instant::now();
-            let view = file.expert(layer, expert, variant);
-            cpu.matmul_f32(&Matrix::from_view(view.gate()), x, 1, &mut gate);
-            cpu.matmul_f32(&Matrix::from_view(view.up()), x, 1, &mut up);
-            for (g, u) in gate.iter_mut().zip(&up) {
+            let view = file.expert(layer, job.expert, job.variant);
+            let n = job.rows;
+            let (g, u) = (&mut gate[..n], &mut up[..n]);
+            cpu.matmul_f32(&Matrix::from_view(view.gate()).top_rows(n), x, 1, g);
+            cpu.matmul_f32(&Matrix::from_view(view.up()).top_rows(n), x, 1, u);
+            for (g, u) in g.iter_mut().zip(u.iter()) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
-            cpu.matmul_f32(&Matrix::from_view(view.down()), &gate, 1, &mut down);
-            for (o, d) in out.iter_mut().zip(&down) {
-                *o += w * d;
+            let dm = Matrix::from_view(view.down());
+            if n == f {
+                cpu.matmul_f32(&dm, g, 1, &mut down);
+            } else {
+                cpu.matvec_prefix(&dm, n, g, &mut down);
             }
-            times.push((variant, t0.elapsed().as_secs_f64()));
+            for (o, d) in out.iter_mut().zip(&down) {
+                *o += job.weight * d;
+            }
+            times.push((job.variant, t0.elapsed().as_secs_f64(), n as f64 / f as f64));
         }
         (out, times)
     }
 
     /// Compute `jobs` on the CPU helpers from `host_x`, adding into `acc` ([hidden] once
     /// non-empty), and refresh the cost model.
-    fn run_cpu(
-        &mut self,
-        jobs: &[(usize, usize, f32)],
-        layer: usize,
-        acc: &mut Vec<f32>,
-    ) -> crate::Result<()> {
+    fn run_cpu(&mut self, jobs: &[CpuJob], layer: usize, acc: &mut Vec<f32>) -> crate::Result<()> {
         let started = Instant::now();
         let Some((cpu, _)) = self.cpu.as_ref() else {
             return Ok(());
@@ -1106,13 +1567,15 @@ impl<'f> CudaExperts<'f> {
     }
 
     /// Add CPU results `res` into `acc` ([hidden] once non-empty) and refresh the cost model
-    /// with the seconds each job took.
-    fn absorb_cpu(&mut self, res: Vec<f32>, times: Vec<(usize, f64)>, acc: &mut Vec<f32>) {
+    /// with the seconds each job took (scaled to a whole expert).
+    fn absorb_cpu(&mut self, res: Vec<f32>, times: CpuTimes, acc: &mut Vec<f32>) {
         if let Some((_, cost)) = self.cpu.as_mut() {
-            for (v, secs) in times {
+            for (v, secs, share) in times {
+                self.cpu_busy += secs;
+                let whole = secs / share.max(1e-3);
                 cost.cpu_s[v] = Some(match cost.cpu_s[v] {
-                    Some(old) => 0.8 * old + 0.2 * secs,
-                    None => secs,
+                    Some(old) => 0.8 * old + 0.2 * whole,
+                    None => whole,
                 });
             }
         }
@@ -1123,6 +1586,157 @@ impl<'f> CudaExperts<'f> {
                 *a += r;
             }
         }
+    }
+
+    /// Cooperative decode: give the GPU the last rows of this layer's dense CPU experts (their
+    /// loads queued now, into the split arena), so the link works while the CPU computes the
+    /// rest. Shrinks `jobs[i].rows` accordingly; returns the GPU's parts.
+    fn plan_splits(&mut self, layer: usize, jobs: &mut [CpuJob]) -> crate::Result<Vec<SplitJob>> {
+        let (Some(arena), Some((_, cost))) = (self.split_arena.as_ref(), self.cpu.as_ref()) else {
+            return Ok(Vec::new());
+        };
+        let file = self.file;
+        let (h, f) = file.expert_dims();
+        let dense = |v: usize| file.variants()[v].kind.is_float();
+        let secs = |v: usize| cost.cpu_s[v].unwrap_or(0.0);
+        let c_all: f64 = jobs.iter().map(|j| secs(j.variant)).sum();
+        let (c_dense, s_dense) =
+            jobs.iter()
+                .filter(|j| dense(j.variant))
+                .fold((0.0, 0.0), |(c, b), j| {
+                    (
+                        c + secs(j.variant),
+                        b + file.expert_layout(j.variant).size as f64,
+                    )
+                });
+        if s_dense == 0.0 {
+            return Ok(Vec::new());
+        }
+        let bw = self.load_bandwidth();
+        let share = match self.split {
+            Split::Off => return Ok(Vec::new()),
+            Split::Share(x) => x,
+            Split::Auto => {
+                // The CPU's time left, (c_all - share * c_dense), against the link's,
+                // backlog + share * bytes / bw: equal at this share.
+                let backlog = self
+                    .link_due
+                    .saturating_duration_since(Instant::now())
+                    .as_secs_f64();
+                ((c_all - backlog) / (c_dense + s_dense / bw)).clamp(0.0, 0.5)
+            }
+        };
+        let mut rows = (share * f as f64) as usize / SPLIT_ROWS * SPLIT_ROWS;
+        if matches!(self.split, Split::Share(_)) {
+            rows = rows.max(SPLIT_ROWS);
+        }
+        rows = rows.min(f.saturating_sub(SPLIT_ROWS));
+        if rows == 0 || (self.split == Split::Auto && rows < SPLIT_MIN_ROWS) {
+            return Ok(Vec::new());
+        }
+        let (cap, base) = (arena.len(), ptr(arena, &self.gpu.stream));
+        let map_base = file.shared_map().as_ptr() as usize;
+        let from = f - rows;
+        let mut at = 0usize;
+        let mut out = Vec::new();
+        for job in jobs.iter_mut().filter(|j| dense(j.variant)) {
+            let view = file.expert(layer, job.expert, job.variant);
+            let (g, u, d) = (
+                Matrix::from_view(view.gate()),
+                Matrix::from_view(view.up()),
+                Matrix::from_view(view.down()),
+            );
+            let (rb, esz) = (g.row_bytes(), d.row_bytes() / f);
+            let part = [rows * rb, rows * rb, h * rows * esz];
+            let need: usize = part.iter().map(|&n| align256(n)).sum();
+            if at + need > cap {
+                break;
+            }
+            let dst = [
+                base + at as u64,
+                base + (at + align256(part[0])) as u64,
+                base + (at + align256(part[0]) + align256(part[1])) as u64,
+            ];
+            let off = |codes: &[u8]| codes.as_ptr() as usize - map_base;
+            let pieces = vec![
+                Piece::blob(off(g.codes) + from * rb..off(g.codes) + f * rb, dst[0]),
+                Piece::blob(off(u.codes) + from * rb..off(u.codes) + f * rb, dst[1]),
+                Piece {
+                    src: off(d.codes) + from * esz,
+                    pitch: d.row_bytes(),
+                    width: rows * esz,
+                    rows: h,
+                    dst: dst[2],
+                },
+            ];
+            let bytes: usize = part.iter().sum();
+            let now = Instant::now();
+            self.link_due = self.link_due.max(now) + Duration::from_secs_f64(bytes as f64 / bw);
+            let after = self.gpu.stream.record_event(None).map_err(cuda_err)?;
+            let ticket = self
+                .loader
+                .as_ref()
+                .ok_or_else(|| Error::Invalid("expert loader already shut down".into()))?
+                .submit(
+                    LoadJob {
+                        pieces,
+                        mapped: false,
+                        after,
+                    },
+                    Priority::Demand,
+                )?;
+            job.rows = from;
+            self.split_experts += 1;
+            self.split_bytes += bytes as u64;
+            let size = file.expert_layout(job.variant).size as u64;
+            self.cpu_bytes -= size * rows as u64 / f as u64;
+            out.push(SplitJob {
+                expert: job.expert,
+                variant: job.variant,
+                weight: job.weight,
+                from,
+                at: dst,
+                ticket,
+            });
+            at += need;
+        }
+        Ok(out)
+    }
+
+    /// The GPU's rows of split experts, once loaded: added into the layer output `op`.
+    fn run_splits(
+        &mut self,
+        b: &CudaBackend,
+        layer: usize,
+        splits: Vec<SplitJob>,
+        xp: u64,
+        op: u64,
+    ) -> crate::Result<()> {
+        let (h, f) = self.file.expert_dims();
+        let s = self.gpu.stream.clone();
+        let (gp, up, dp) = (ptr(&self.gate, &s), ptr(&self.up, &s), ptr(&self.down, &s));
+        for sj in splits {
+            let started = Instant::now();
+            if let Some(ev) = sj.ticket.wait()? {
+                self.gpu.stream.wait(&ev).map_err(cuda_err)?;
+            }
+            self.wait += started.elapsed();
+            let view = self.file.expert(layer, sj.expert, sj.variant);
+            let n = f - sj.from;
+            let g = Matrix::from_view(view.gate());
+            let u = Matrix::from_view(view.up());
+            let d = Matrix::from_view(view.down());
+            // Shapes of the packed parts (DevMat reads only shapes from the host matrices).
+            let gm = DevMat::new(&Matrix { rows: n, ..g }, sj.at[0], 0, 0);
+            let um = DevMat::new(&Matrix { rows: n, ..u }, sj.at[1], 0, 0);
+            let dm = DevMat::new(&Matrix { cols: n, ..d }, sj.at[2], 0, 0);
+            b.matmul_dev(&gm, xp, 1, gp)?;
+            b.matmul_dev(&um, xp, 1, up)?;
+            self.gpu.swiglu(gp, up, n)?;
+            b.matmul_dev(&dm, gp, 1, dp)?;
+            self.gpu.axpy(op, sj.weight, dp, h)?;
+        }
+        Ok(())
     }
 
     /// Record one layer's decisions in the trace file, token by token.
@@ -1231,7 +1845,8 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         let (mut load_busy, mut cpu_busy) = (0.0f64, 0.0f64);
         let mut placed = 0usize;
         let mut prefetched = false;
-        let mut cpu_jobs: Vec<(usize, usize, f32)> = Vec::new();
+        let mut cpu_jobs: Vec<CpuJob> = Vec::new();
+        let mut splits: Vec<SplitJob> = Vec::new();
         let mut cpu_out: Vec<f32> = Vec::new();
         std::thread::scope(|scope| -> crate::Result<()> {
             let mut background = None;
@@ -1254,7 +1869,12 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
                             }
                             if p == Place::Cpu {
                                 let v = self.pool(self.kind_of(g.precision)).variant;
-                                cpu_jobs.push((g.expert, v, g.rows[0].1));
+                                cpu_jobs.push(CpuJob {
+                                    expert: g.expert,
+                                    variant: v,
+                                    weight: g.rows[0].1,
+                                    rows: f,
+                                });
                             }
                             places[placed] = Some(p);
                             placed += 1;
@@ -1295,7 +1915,8 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
                         // The CPU helpers work on their own thread while this one launches the
                         // cached experts and waits for loads.
                         self.gpu.download_f32(xp, &mut self.host_x)?;
-                        let jobs = std::mem::take(&mut cpu_jobs);
+                        let mut jobs = std::mem::take(&mut cpu_jobs);
+                        splits = self.plan_splits(layer, &mut jobs)?;
                         let x = self.host_x.clone();
                         if let Some((cpu, _)) = self.cpu.as_ref() {
                             let cpu = cpu.clone();
@@ -1338,6 +1959,7 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
                 }
                 at += n;
             }
+            self.run_splits(b, layer, std::mem::take(&mut splits), xp, op)?;
             // Predicted experts of this layer have been used or proven wrong.
             for (kind, key) in std::mem::take(&mut self.protected[layer]) {
                 self.cache.unprotect(kind, key);
@@ -1414,9 +2036,20 @@ impl ExpertReport for CudaExperts<'_> {
         }
         if let Some((c, _)) = &self.cpu {
             s += &format!(", CPU experts on {} threads", c.threads());
+            if let Some(a) = &self.split_arena {
+                s += &format!(
+                    " (split with the GPU: {:?}, {:.0} MiB arena)",
+                    self.split,
+                    a.len() as f64 / (1 << 20) as f64
+                );
+            }
         }
         if self.tier == Tier::Disk {
             s += ", loads from the SSD";
+        } else if self.direct_loads {
+            s += ", loads by DMA from page-locked file pages";
+        } else if !self.mapped {
+            s += ", loads through pinned staging";
         }
         if let Some(bw) = self.pace {
             s += &format!(", loads paced to {:.1} GB/s", bw / 1e9);
@@ -1459,6 +2092,11 @@ impl ExpertReport for CudaExperts<'_> {
             prefetch_used: self.prefetch_used,
             late_to_cpu: self.late_to_cpu,
             cpu_bytes: self.cpu_bytes,
+            link_seconds: (self.counters.nanos.load(Ordering::Relaxed) - self.base_bytes.2) as f64
+                / 1e9,
+            cpu_seconds: self.cpu_busy,
+            split_experts: self.split_experts,
+            split_bytes: self.split_bytes,
             prediction,
         }
     }
@@ -1475,9 +2113,13 @@ impl ExpertReport for CudaExperts<'_> {
         self.cpu_bytes = 0;
         self.wait = Duration::ZERO;
         self.cpu_wait = Duration::ZERO;
+        self.cpu_busy = 0.0;
+        self.split_experts = 0;
+        self.split_bytes = 0;
         self.base_bytes = (
             self.counters.bytes.load(Ordering::Relaxed),
             self.counters.disk_bytes.load(Ordering::Relaxed),
+            self.counters.nanos.load(Ordering::Relaxed),
         );
         if let Some((p, _, _)) = self.predictor.as_mut() {
             p.reset_stats();

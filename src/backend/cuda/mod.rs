@@ -9,7 +9,7 @@
 mod experts;
 mod kernels;
 
-pub use experts::{CacheConfig, CudaExperts, Tier};
+pub use experts::{CacheConfig, CudaExperts, Split, Tier};
 pub use kernels::{Kernels, QKernel};
 
 use std::collections::HashMap;
