@@ -412,6 +412,10 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
     c.pin_file = false;
     c.prefetch = 2;
     cases.push(("copies through pinned staging".into(), c));
+    let mut c = exact(total / 4);
+    c.pace_bytes_per_s = Some(2e9);
+    c.prefetch = 2;
+    cases.push(("link paced on the copy stream".into(), c));
     for (name, cfg) in cases {
         let (direct, disk, mapped) = (cfg.pin_file, cfg.tier == Tier::Disk, cfg.mapped);
         let mut s = engine_session(&g, &model, cfg);
@@ -448,6 +452,10 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         c.cpu_experts = Some(2);
         c.prefetch = prefetch;
         c.split = split;
+        if let Split::Share(_) = split {
+            // Split loads through the emulated link (paced on the copy stream).
+            c.pace_bytes_per_s = Some(2e9);
+        }
         let mut s = engine_session(&g, &model, c);
         let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
         let st = s.expert_stats();

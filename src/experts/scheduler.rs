@@ -356,6 +356,14 @@ impl<D> Ticket<D> {
         Some(r)
     }
 
+    /// `f` of the result, once the job has resolved and while the result is not taken.
+    pub fn peek<R>(&self, f: impl FnOnce(&Result<D>) -> R) -> Option<R> {
+        if !self.is_done() {
+            return None;
+        }
+        self.ready.borrow().as_ref().map(f)
+    }
+
     /// True once the job has resolved (its result may still be taken).
     pub fn is_done(&self) -> bool {
         if self.taken || self.ready.borrow().is_some() {

@@ -74,6 +74,14 @@ impl CpuBackend {
     }
 }
 
+/// One product of [`CpuBackend::matvec_many`]: out = w[.., ..cols] · x.
+pub struct MatVec<'m, 'x, 'o> {
+    pub w: Matrix<'m>,
+    pub cols: usize,
+    pub x: &'x [f32],
+    pub out: &'o mut [f32],
+}
+
 impl CpuBackend {
     /// out[t, w.rows] = x[t, w.cols] · wᵀ on host slices.
     pub fn matmul_f32(&self, w: &Matrix<'_>, x: &[f32], t: usize, out: &mut [f32]) {
@@ -108,18 +116,40 @@ impl CpuBackend {
         }
     }
 
-    /// out[r] = Σ_{c < cols} w[r, c] · x[c]: the product with the leading `cols` columns only
-    /// (`x` has `cols` values), as when another device computes the other columns' share. For
-    /// quantized kinds `cols` is a whole number of groups.
-    pub fn matvec_prefix(&self, w: &Matrix<'_>, cols: usize, x: &[f32], out: &mut [f32]) {
-        assert_eq!(x.len(), cols, "matvec_prefix input length");
-        assert_eq!(out.len(), w.rows, "matvec_prefix output length");
-        let chunk = self.rows_per_task(w.rows);
+    /// Several matrix-vector products in one parallel pass (one fork-join for all of them, their
+    /// row blocks interleaved on the pool): task.out = task.w[.., ..task.cols] · task.x. A task
+    /// with `cols` below `w.cols` multiplies each row's leading columns only, as when another
+    /// device computes the rest (quantized kinds: a whole number of groups).
+    pub fn matvec_many(&self, tasks: Vec<MatVec<'_, '_, '_>>) {
+        let mut blocks = Vec::new();
+        for task in &tasks {
+            assert_eq!(task.x.len(), task.cols, "matvec input length");
+            assert_eq!(task.out.len(), task.w.rows, "matvec output length");
+            assert!(
+                task.cols <= task.w.cols,
+                "{} of {} columns",
+                task.cols,
+                task.w.cols
+            );
+        }
+        let ws: Vec<(Matrix<'_>, usize, &[f32])> =
+            tasks.iter().map(|t| (t.w, t.cols, t.x)).collect();
+        for (t, task) in tasks.into_iter().enumerate() {
+            let chunk = self.rows_per_task(task.w.rows);
+            for (i, o) in task.out.chunks_mut(chunk).enumerate() {
+                blocks.push((t, i * chunk, o));
+            }
+        }
         self.pool.install(|| {
-            out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| {
-                for (k, v) in o.iter_mut().enumerate() {
-                    w.row_prefix(i * chunk + k, cols)
-                        .matvec_rows(x, 0..1, std::slice::from_mut(v));
+            blocks.into_par_iter().for_each(|(t, r0, o)| {
+                let (w, cols, x) = &ws[t];
+                if *cols == w.cols {
+                    w.matvec_rows(x, r0..r0 + o.len(), o);
+                } else {
+                    for (k, v) in o.iter_mut().enumerate() {
+                        w.row_prefix(r0 + k, *cols)
+                            .matvec_rows(x, 0..1, std::slice::from_mut(v));
+                    }
                 }
             })
         });
@@ -308,9 +338,9 @@ impl Backend for CpuBackend {
 mod tests {
     use super::*;
 
-    /// The threaded leading-columns product equals the whole product with the other inputs zero.
+    /// Products in one pass: whole rows, and leading columns (the other inputs as if zero).
     #[test]
-    fn matvec_prefix_is_the_product_with_the_leading_columns() {
+    fn matvec_many_multiplies_whole_rows_and_leading_columns() {
         let b = CpuBackend::new(2).unwrap();
         let (rows, cols, keep) = (37, 96, 40);
         let w: Vec<f32> = (0..rows * cols)
@@ -323,11 +353,34 @@ mod tests {
             bytemuck::cast_slice(&w),
         );
         let x: Vec<f32> = (0..cols).map(|i| 0.25 * (i % 5) as f32 - 0.5).collect();
-        let mut got = vec![0.0; rows];
-        b.matvec_prefix(&m, keep, &x[..keep], &mut got);
-        for (r, g) in got.iter().enumerate() {
+        let (mut got, mut whole) = (vec![0.0; rows], vec![0.0; rows]);
+        b.matvec_many(vec![
+            MatVec {
+                w: m,
+                cols: keep,
+                x: &x[..keep],
+                out: &mut got,
+            },
+            MatVec {
+                w: m,
+                cols,
+                x: &x,
+                out: &mut whole,
+            },
+        ]);
+        for r in 0..rows {
             let want: f32 = (0..keep).map(|c| w[r * cols + c] * x[c]).sum();
-            assert!((g - want).abs() <= 1e-4, "row {r}: {g} vs {want}");
+            assert!(
+                (got[r] - want).abs() <= 1e-4,
+                "row {r}: {} vs {want}",
+                got[r]
+            );
+            let want: f32 = (0..cols).map(|c| w[r * cols + c] * x[c]).sum();
+            assert!(
+                (whole[r] - want).abs() <= 1e-4,
+                "row {r}: {} vs {want}",
+                whole[r]
+            );
         }
     }
 

@@ -27,7 +27,7 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 
 use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu};
-use crate::backend::cpu::CpuBackend;
+use crate::backend::cpu::{CpuBackend, MatVec};
 use crate::experts::cache::{pool_slots, ExpertCache, Policy, PoolKind};
 use crate::experts::io::{open_reader, BlobSource};
 use crate::experts::predictor::Predictor;
@@ -297,14 +297,69 @@ struct Loader {
     /// a demand job is never queued behind more than that of a prefetch).
     pinned: Option<PinnedFile>,
     in_flight: std::collections::VecDeque<CudaEvent>,
+    /// Direct loads under a profile's pace: paced on the copy stream.
+    link: Option<LinkClock>,
 }
 
 /// Lateness of a paced chunk still counted as back to back with the previous one (sleep
 /// overshoot, not an idle link).
 const PACE_SLACK: Duration = Duration::from_micros(500);
 
-/// Chunks a direct load keeps in flight on the copy stream.
-const DIRECT_IN_FLIGHT: usize = 2;
+/// Chunks a direct load keeps queued on the copy stream: with the link paced on the GPU, enough
+/// to keep it busy while the loader thread waits for a core (~2.5 ms at 25 GB/s).
+const DIRECT_IN_FLIGHT: usize = 4;
+
+/// A load has landed: its job ran and its last copy (with its pacing) finished on the GPU.
+fn landed(t: &Ticket<Option<CudaEvent>>) -> bool {
+    t.peek(|r| !matches!(r, Ok(Some(ev)) if !ev.is_complete()))
+        .unwrap_or(false)
+}
+
+/// The emulated link paced on the copy stream itself (kernels link_start / link_wait): a
+/// chunk's copy holds the stream for its bytes at the profile's rate.
+struct LinkClock {
+    clock: CudaSlice<u64>,
+    start: cudarc::driver::CudaFunction,
+    wait: cudarc::driver::CudaFunction,
+    bytes_per_s: f64,
+}
+
+impl LinkClock {
+    fn launch(
+        &self,
+        stream: &CudaStream,
+        f: &cudarc::driver::CudaFunction,
+        ns: Option<u64>,
+    ) -> crate::Result<()> {
+        use cudarc::driver::{DevicePtr, PushKernelArg};
+        let clk = self.clock.device_ptr(stream).0;
+        let mut b = stream.launch_builder(f);
+        b.arg(&clk);
+        if let Some(ns) = &ns {
+            b.arg(ns);
+        }
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: link_start(u64*) and link_wait(const u64*, u64) take the clock (one live
+        // device u64 of this struct) and, for link_wait, a duration.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(cuda_err)
+    }
+
+    /// The next chunk starts crossing now.
+    fn start(&self, stream: &CudaStream) -> crate::Result<()> {
+        self.launch(stream, &self.start, None)
+    }
+
+    /// Hold the stream until a chunk of `len` bytes has crossed; returns that time.
+    fn wait(&self, stream: &CudaStream, len: usize) -> crate::Result<Duration> {
+        let d = Duration::from_secs_f64(len as f64 / self.bytes_per_s);
+        self.launch(stream, &self.wait, Some(d.as_nanos() as u64))?;
+        Ok(d)
+    }
+}
 
 /// An event the host can sleep on (a spinning wait would take a core from CPU experts).
 fn blocking_event(stream: &CudaStream) -> crate::Result<CudaEvent> {
@@ -432,6 +487,7 @@ impl Worker for Loader {
             .ok_or_else(|| Error::Loader(format!("load job has no chunk {i}")))?;
         let len = c.bytes();
         let src = c.src..c.src + len;
+        let mut paced = None;
         if c.rows > 1 && (job.mapped || self.pinned.is_none()) {
             return Err(Error::Loader(
                 "a strided load needs the page-locked file (direct loads)".into(),
@@ -451,7 +507,10 @@ impl Worker for Loader {
                     ev.synchronize().map_err(cuda_err)?;
                 }
             }
-            Self::pace_chunk(self.pace, &mut self.link_free, len);
+            match &self.link {
+                Some(l) => l.start(&self.copy)?,
+                None => Self::pace_chunk(self.pace, &mut self.link_free, len),
+            }
             if c.rows == 1 {
                 // SAFETY: dst .. + len lies inside the job's destination in the device arena;
                 // the source lies in page-locked pages of the mapping the loader holds.
@@ -498,6 +557,9 @@ impl Worker for Loader {
                         .map_err(cuda_err)?;
                 }
             }
+            if let Some(l) = &self.link {
+                paced = Some(l.wait(&self.copy, len)?);
+            }
             self.in_flight.push_back(blocking_event(&self.copy)?);
         } else {
             let (host, done) = &mut self.staging[self.next];
@@ -518,9 +580,11 @@ impl Worker for Loader {
             *done = Some(blocking_event(&self.copy)?);
         }
         self.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        // Paced on the GPU: the link is busy for the chunk's crossing time.
+        let busy = paced.unwrap_or_else(|| chunk_start.elapsed());
         self.counters
             .nanos
-            .fetch_add(chunk_start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -962,6 +1026,15 @@ impl<'f> CudaExperts<'f> {
             populate(file, &used);
         }
         let direct_loads = pinned.is_some();
+        let link = match (cfg.pace_bytes_per_s, direct_loads) {
+            (Some(bytes_per_s), true) => Some(LinkClock {
+                clock: gpu.alloc::<u64>(1, "the link clock")?,
+                start: gpu.kernels.link_start.clone(),
+                wait: gpu.kernels.link_wait.clone(),
+                bytes_per_s,
+            }),
+            _ => None,
+        };
         let split_arena = if split_bytes > 0 {
             Some(gpu.alloc::<u8>(split_bytes, "split experts")?)
         } else {
@@ -988,6 +1061,7 @@ impl<'f> CudaExperts<'f> {
             counters: counters.clone(),
             pinned,
             in_flight: std::collections::VecDeque::new(),
+            link,
         })?;
         let predictor = if cfg.prefetch > 0 && n_layers > 1 {
             let routers: Vec<Matrix<'_>> =
@@ -1102,8 +1176,10 @@ impl<'f> CudaExperts<'f> {
                 rows: f,
             }];
             let mut secs = 0.0;
+            let est = cost.cpu_s.clone();
             for _ in 0..2 {
-                let (_, times) = cpu.install(|| Self::cpu_compute(self.file, cpu, &jobs, 0, &x));
+                let (_, times) =
+                    cpu.install(|| Self::cpu_compute(self.file, cpu, &jobs, 0, &x, &est));
                 secs = times.first().map_or(0.0, |t| t.1);
             }
             cost.cpu_s[v] = Some(secs);
@@ -1238,6 +1314,9 @@ impl<'f> CudaExperts<'f> {
         let started = Instant::now();
         let done = ticket.wait()?;
         if let Some(ev) = done {
+            // The job's chunks are queued (paced on the copy stream): wait until they land, so
+            // the time shows as waiting for loads, then order the compute stream after them.
+            ev.synchronize().map_err(cuda_err)?;
             self.gpu.stream.wait(&ev).map_err(cuda_err)?;
         }
         self.wait += started.elapsed();
@@ -1393,7 +1472,7 @@ impl<'f> CudaExperts<'f> {
         let (_, cost) = self.cpu.as_ref()?;
         let pool = self.pool(kind);
         let ticket = pool.pending[s].as_ref()?;
-        if ticket.is_done() {
+        if landed(ticket) {
             return None;
         }
         let c = cost.cpu_s[variant]?;
@@ -1408,7 +1487,7 @@ impl<'f> CudaExperts<'f> {
         self.pools
             .iter()
             .flatten()
-            .any(|p| p.pending.iter().flatten().any(|t| !t.is_done()))
+            .any(|p| p.pending.iter().flatten().any(|t| !landed(t)))
     }
 
     /// Measured loader bandwidth, bytes/s (a profile's pace, or 10 GB/s, before any load).
@@ -1515,38 +1594,81 @@ impl<'f> CudaExperts<'f> {
 
     /// CPU helper threads compute `jobs` (decode: one row each, the leading `rows` of each
     /// expert's ffn) from the mapped file; returns their weighted outputs summed, [hidden].
+    /// Two parallel passes for the whole layer (gate and up of every job, then down of every
+    /// job), not three per expert: each pass costs the pool a fork-join and a ragged end.
+    /// `est` (seconds per whole expert, per variant) apportions the measured time among jobs.
     fn cpu_compute(
         file: &HobFile,
         cpu: &CpuBackend,
         jobs: &[CpuJob],
         layer: usize,
         x: &[f32],
+        est: &[Option<f64>],
     ) -> (Vec<f32>, CpuTimes) {
+        let started = Instant::now();
         let (h, f) = file.expert_dims();
-        let mut out = vec![0.0f32; h];
-        let mut times = Vec::new();
-        let (mut gate, mut up, mut down) = (vec![0.0; f], vec![0.0; f], vec![0.0; h]);
-        for job in jobs {
-            let t0 = Instant::now();
-            let view = file.expert(layer, job.expert, job.variant);
+        let mats: Vec<[Matrix<'_>; 3]> = jobs
+            .iter()
+            .map(|j| {
+                let v = file.expert(layer, j.expert, j.variant);
+                [
+                    Matrix::from_view(v.gate()),
+                    Matrix::from_view(v.up()),
+                    Matrix::from_view(v.down()),
+                ]
+            })
+            .collect();
+        let mut gu = vec![0.0f32; jobs.len() * 2 * f];
+        let mut tasks = Vec::with_capacity(2 * jobs.len());
+        for ((job, m), buf) in jobs.iter().zip(&mats).zip(gu.chunks_mut(2 * f)) {
+            let (g, u) = buf.split_at_mut(f);
             let n = job.rows;
-            let (g, u) = (&mut gate[..n], &mut up[..n]);
-            cpu.matmul_f32(&Matrix::from_view(view.gate()).top_rows(n), x, 1, g);
-            cpu.matmul_f32(&Matrix::from_view(view.up()).top_rows(n), x, 1, u);
-            for (g, u) in g.iter_mut().zip(u.iter()) {
+            for (w, out) in [(m[0], &mut g[..n]), (m[1], &mut u[..n])] {
+                tasks.push(MatVec {
+                    w: w.top_rows(n),
+                    cols: h,
+                    x,
+                    out,
+                });
+            }
+        }
+        cpu.matvec_many(tasks);
+        for (job, buf) in jobs.iter().zip(gu.chunks_mut(2 * f)) {
+            let (g, u) = buf.split_at_mut(f);
+            for (g, u) in g[..job.rows].iter_mut().zip(&u[..job.rows]) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
-            let dm = Matrix::from_view(view.down());
-            if n == f {
-                cpu.matmul_f32(&dm, g, 1, &mut down);
-            } else {
-                cpu.matvec_prefix(&dm, n, g, &mut down);
-            }
-            for (o, d) in out.iter_mut().zip(&down) {
+        }
+        let mut down = vec![0.0f32; jobs.len() * h];
+        let tasks = jobs
+            .iter()
+            .zip(&mats)
+            .zip(gu.chunks(2 * f))
+            .zip(down.chunks_mut(h))
+            .map(|(((job, m), buf), out)| MatVec {
+                w: m[2],
+                cols: job.rows,
+                x: &buf[..job.rows],
+                out,
+            })
+            .collect();
+        cpu.matvec_many(tasks);
+        let mut out = vec![0.0f32; h];
+        for (job, d) in jobs.iter().zip(down.chunks(h)) {
+            for (o, d) in out.iter_mut().zip(d) {
                 *o += job.weight * d;
             }
-            times.push((job.variant, t0.elapsed().as_secs_f64(), n as f64 / f as f64));
         }
+        let secs = started.elapsed().as_secs_f64();
+        let share = |j: &CpuJob| j.rows as f64 / f as f64;
+        let guess = |j: &CpuJob| {
+            share(j) * est[j.variant].unwrap_or(file.expert_layout(j.variant).size as f64)
+        };
+        let total: f64 = jobs.iter().map(guess).sum();
+        let times = jobs
+            .iter()
+            .map(|j| (j.variant, secs * guess(j) / total.max(1e-30), share(j)))
+            .collect();
         (out, times)
     }
 
@@ -1554,13 +1676,13 @@ impl<'f> CudaExperts<'f> {
     /// non-empty), and refresh the cost model.
     fn run_cpu(&mut self, jobs: &[CpuJob], layer: usize, acc: &mut Vec<f32>) -> crate::Result<()> {
         let started = Instant::now();
-        let Some((cpu, _)) = self.cpu.as_ref() else {
+        let Some((cpu, cost)) = self.cpu.as_ref() else {
             return Ok(());
         };
-        let cpu = cpu.clone();
+        let (cpu, est) = (cpu.clone(), cost.cpu_s.clone());
         let file = self.file;
         let x = &self.host_x;
-        let (res, times) = cpu.install(|| Self::cpu_compute(file, &cpu, jobs, layer, x));
+        let (res, times) = cpu.install(|| Self::cpu_compute(file, &cpu, jobs, layer, x, &est));
         self.cpu_wait += started.elapsed();
         self.absorb_cpu(res, times, acc);
         Ok(())
@@ -1718,6 +1840,7 @@ impl<'f> CudaExperts<'f> {
         for sj in splits {
             let started = Instant::now();
             if let Some(ev) = sj.ticket.wait()? {
+                ev.synchronize().map_err(cuda_err)?;
                 self.gpu.stream.wait(&ev).map_err(cuda_err)?;
             }
             self.wait += started.elapsed();
@@ -1918,11 +2041,13 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
                         let mut jobs = std::mem::take(&mut cpu_jobs);
                         splits = self.plan_splits(layer, &mut jobs)?;
                         let x = self.host_x.clone();
-                        if let Some((cpu, _)) = self.cpu.as_ref() {
-                            let cpu = cpu.clone();
+                        if let Some((cpu, cost)) = self.cpu.as_ref() {
+                            let (cpu, est) = (cpu.clone(), cost.cpu_s.clone());
                             let file = self.file;
                             background = Some(scope.spawn(move || {
-                                cpu.install(|| Self::cpu_compute(file, &cpu, &jobs, layer, &x))
+                                cpu.install(|| {
+                                    Self::cpu_compute(file, &cpu, &jobs, layer, &x, &est)
+                                })
                             }));
                         }
                     }

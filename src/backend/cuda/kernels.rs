@@ -33,6 +33,9 @@ pub struct Kernels {
     pub matvec_any: CudaFunction,
     pub dequant_rows: CudaFunction,
     pub dequant_rows_h: CudaFunction,
+    /// The emulated link's pacing on the copy stream.
+    pub link_start: CudaFunction,
+    pub link_wait: CudaFunction,
     /// Where the PTX came from, for logs: "cache" or "nvrtc (0.21 s)".
     pub origin: String,
 }
@@ -151,6 +154,8 @@ impl Kernels {
             matvec_any: f("matvec_any")?,
             dequant_rows: f("dequant_rows")?,
             dequant_rows_h: f("dequant_rows_h")?,
+            link_start: f("link_start")?,
+            link_wait: f("link_wait")?,
             origin,
         })
     }

@@ -328,6 +328,58 @@ impl Gpu {
         self.ctx.mem_get_info().map_err(cuda_err)
     }
 
+    /// Copy host -> device from page-locked memory in 16 MiB chunks, paced to `pace` bytes/s
+    /// when given, from when `ready` is passed until `stop` is set; returns the rate reached,
+    /// GB/s. What the link's DMA reads from host memory while the CPU streams experts (`hob
+    /// bench` measures the two together: they may share the host's memory bandwidth).
+    pub fn dma_until(
+        &self,
+        pace: Option<f64>,
+        ready: &std::sync::Barrier,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> crate::Result<f64> {
+        const CHUNK: usize = 16 << 20;
+        const CHUNKS: usize = 32; // 512 MiB of host memory: more than any cache
+        let setup = (|| -> crate::Result<_> {
+            self.ctx.bind_to_thread().map_err(cuda_err)?;
+            let stream = self.ctx.new_stream().map_err(cuda_err)?;
+            // SAFETY: page-locked host memory the copy engine reads; the CPU never reads it.
+            let host = unsafe { self.ctx.alloc_pinned::<u8>(CHUNK * CHUNKS) }.map_err(cuda_err)?;
+            let dev = self.alloc::<u8>(CHUNK, "the link measurement")?;
+            Ok((stream, host, dev))
+        })();
+        ready.wait();
+        let (stream, host, dev) = setup?;
+        let src = host.as_slice().map_err(cuda_err)?;
+        let dst = dev.device_ptr(&stream).0;
+        let started = std::time::Instant::now();
+        let mut link_free = started;
+        let mut bytes = 0usize;
+        let mut i = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Some(bw) = pace {
+                if let Some(rest) = link_free.checked_duration_since(std::time::Instant::now()) {
+                    std::thread::sleep(rest);
+                }
+                link_free = link_free.max(std::time::Instant::now())
+                    + std::time::Duration::from_secs_f64(CHUNK as f64 / bw);
+            }
+            let c = &src[(i % CHUNKS) * CHUNK..(i % CHUNKS + 1) * CHUNK];
+            // SAFETY: dst holds CHUNK bytes; `c` is CHUNK bytes of live page-locked memory.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(dst, c, stream.cu_stream())
+                    .map_err(cuda_err)?;
+            }
+            i += 1;
+            bytes += CHUNK;
+            if i % 4 == 0 {
+                stream.synchronize().map_err(cuda_err)?;
+            }
+        }
+        stream.synchronize().map_err(cuda_err)?;
+        Ok(bytes as f64 / started.elapsed().as_secs_f64() / 1e9)
+    }
+
     pub fn alloc<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
         n: usize,
