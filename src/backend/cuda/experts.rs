@@ -708,16 +708,25 @@ fn host_ram() -> usize {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Page-lock the experts of `variants` for direct loads when they fit in half the RAM; None
-/// (logged) otherwise: loads go through staging.
-fn pin_file(gpu: &Gpu, file: &HobFile, variants: &[usize]) -> Option<PinnedFile> {
+/// Whether the experts of `variants` fit in half the host's RAM (what page-locking or mapping
+/// them ahead may take); when not, logs `not` with the sizes.
+fn fit_in_half_ram(file: &HobFile, variants: &[usize], not: &str) -> bool {
     let (bytes, ram) = (used_bytes(file, variants), host_ram());
-    if bytes > ram / 2 {
+    let fits = bytes <= ram / 2;
+    if !fits {
         log::info!(
-            "expert loads go through staging: {:.1} GB of experts do not fit in half of {:.1} GB of RAM to page-lock",
+            "{not}: {:.1} GB of experts, {:.1} GB of RAM",
             bytes as f64 / 1e9,
             ram as f64 / 1e9
         );
+    }
+    fits
+}
+
+/// Page-lock the experts of `variants` for direct loads when they fit in half the RAM; None
+/// (logged) otherwise: loads go through staging.
+fn pin_file(gpu: &Gpu, file: &HobFile, variants: &[usize]) -> Option<PinnedFile> {
+    if !fit_in_half_ram(file, variants, "expert loads go through staging") {
         return None;
     }
     let started = Instant::now();
@@ -743,13 +752,7 @@ fn pin_file(gpu: &Gpu, file: &HobFile, variants: &[usize]) -> Option<PinnedFile>
 /// would otherwise land in the middle of decoding. Best effort: logs and goes on when the
 /// kernel lacks MADV_POPULATE_READ (Linux < 5.14).
 fn populate(file: &HobFile, variants: &[usize]) {
-    let (bytes, ram) = (used_bytes(file, variants), host_ram());
-    if bytes > ram / 2 {
-        log::info!(
-            "not mapping expert pages ahead: {:.1} GB of experts, {:.1} GB of RAM",
-            bytes as f64 / 1e9,
-            ram as f64 / 1e9
-        );
+    if !fit_in_half_ram(file, variants, "not mapping expert pages ahead") {
         return;
     }
     let started = Instant::now();
@@ -762,7 +765,7 @@ fn populate(file: &HobFile, variants: &[usize]) {
     }
     log::info!(
         "mapped {:.1} GB of expert pages in {:.1} s",
-        bytes as f64 / 1e9,
+        used_bytes(file, variants) as f64 / 1e9,
         started.elapsed().as_secs_f64()
     );
 }
