@@ -87,8 +87,8 @@ pub struct ModelArgs {
     /// computes its last rows over the otherwise idle link: auto (share balanced per layer),
     /// off, or a fixed share of the rows (0-1). Off by default: where the link's DMA and the
     /// CPU read the same host memory, it moved bytes without saving time (see the README).
-    #[arg(long = "split", default_value = "off")]
-    pub split: String,
+    #[arg(long = "split-experts", default_value = "off")]
+    pub split_experts: String,
     /// Copy missed experts through pinned staging buffers instead of page-locking the model
     /// file's expert pages for direct DMA (the default, when they fit in half the RAM).
     #[arg(long = "no-pin")]
@@ -262,7 +262,7 @@ impl ModelArgs {
         let plan = self.plan(file, platform.as_ref())?;
         // Checked whatever the device, so a typo never passes silently on the CPU.
         let policy = Policy::parse(&self.cache_policy, self.cache_weights.as_deref())?;
-        let split = Split::parse(&self.split)?;
+        let split = Split::parse(&self.split_experts)?;
         if !(0.0..=1.0).contains(&self.low_share) {
             return Err(Error::Invalid(format!(
                 "--low-share {}: give a share of the expert cache between 0 and 1",

@@ -104,7 +104,7 @@ impl Split {
             _ => match s.parse::<f64>() {
                 Ok(f) if f > 0.0 && f < 1.0 => Ok(Split::Share(f)),
                 _ => Err(Error::Invalid(format!(
-                    "--split {s}: give auto, off, or the GPU's share of a split expert's rows (between 0 and 1)"
+                    "--split-experts {s}: give auto, off, or the GPU's share of a split expert's rows (between 0 and 1)"
                 ))),
             },
         }
