@@ -361,7 +361,9 @@ impl LinkClock {
     }
 }
 
-/// An event the host can sleep on (a spinning wait would take a core from CPU experts).
+/// An event the host sleeps on: waits for loads may overlap CPU experts, and a spinning wait
+/// would take a core from them. (Stream syncs keep CUDA's default spin: they come where the
+/// CPU experts are idle, routing and their input and output, and spinning answers sooner.)
 fn blocking_event(stream: &CudaStream) -> crate::Result<CudaEvent> {
     use cudarc::driver::sys::CUevent_flags;
     stream
@@ -1000,13 +1002,6 @@ impl<'f> CudaExperts<'f> {
                 None => None,
             },
         ];
-        if cfg.cpu_experts.is_some() {
-            // Host threads waiting on the GPU sleep instead of spinning: every core is for CPU
-            // experts, and one busy-waiting thread stalls a whole parallel matvec.
-            if let Err(e) = gpu.ctx.set_blocking_synchronize() {
-                log::warn!("CUDA: cannot make synchronization blocking ({e}); waits spin");
-            }
-        }
         let copy = gpu.ctx.new_stream().map_err(cuda_err)?;
         let staging = (0..if cfg.mapped { 0 } else { STAGING_BUFFERS })
             .map(|_| {
