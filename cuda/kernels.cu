@@ -75,22 +75,55 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = w[i] * (xr[i] * inv);
 }
 
+// Pair `idx` of rotate-half RoPE on x ([rows, width], heads of 2 * half values; row i at
+// start_pos + i), in place; the rotated pair also stored as f16 at the same place of h when given.
+__device__ __forceinline__ void rope_pair(float* __restrict__ x, const float* __restrict__ inv_freq,
+                                          int width, int half, int start_pos, int idx,
+                                          half_bits* __restrict__ h) {
+    int heads = width / (2 * half);
+    int i = idx % half;
+    int hd = (idx / half) % heads;
+    int row = idx / (half * heads);
+    float angle = (float)(start_pos + row) * inv_freq[i];
+    float s, c;
+    sincosf(angle, &s, &c);
+    const size_t at = (size_t)row * width + hd * 2 * half;
+    float* p = x + at;
+    float a = p[i], b = p[i + half];
+    const float ra = a * c - b * s, rb = b * c + a * s;
+    p[i] = ra;
+    p[i + half] = rb;
+    if (h) {
+        h[at + i] = f2h(ra);
+        h[at + i + half] = f2h(rb);
+    }
+}
+
 // Rotate-half RoPE in place: x is [t, width], heads of 2 * half values; row i at start_pos + i.
 extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__ inv_freq, int t,
                                 int width, int half, int start_pos) {
     int heads = width / (2 * half);
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= t * heads * half) return;
-    int i = idx % half;
-    int h = (idx / half) % heads;
-    int row = idx / (half * heads);
-    float angle = (float)(start_pos + row) * inv_freq[i];
-    float s, c;
-    sincosf(angle, &s, &c);
-    float* p = x + (size_t)row * width + h * 2 * half;
-    float a = p[i], b = p[i + half];
-    p[i] = a * c - b * s;
-    p[i + half] = b * c + a * s;
+    rope_pair(x, inv_freq, width, half, start_pos, idx, nullptr);
+}
+
+// RoPE, the stored keys and values in one launch: q ([t, qw]) and k ([t, kvw]) rotated in place as
+// `rope` rotates them, the rotated k and v stored as f16 at kc and vc ([t, kvw] each: the cache
+// rows of the new positions) as `to_half` stores them.
+extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k,
+                                   const float* __restrict__ v, const float* __restrict__ inv_freq,
+                                   int t, int qw, int kvw, int half, int start_pos,
+                                   half_bits* __restrict__ kc, half_bits* __restrict__ vc) {
+    const int nq = t * qw / 2, nk = t * kvw / 2, nv = t * kvw;
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < nq) {
+        rope_pair(q, inv_freq, qw, half, start_pos, idx, nullptr);
+    } else if ((idx -= nq) < nk) {
+        rope_pair(k, inv_freq, kvw, half, start_pos, idx, kc);
+    } else if ((idx -= nk) < nv) {
+        vc[idx] = f2h(v[idx]);
+    }
 }
 
 extern "C" __global__ void add_assign(float* __restrict__ x, const float* __restrict__ y, int n) {
@@ -137,14 +170,81 @@ extern "C" __global__ void scatter_axpy(float* __restrict__ out, const int* __re
 // out[:n] += w * y[:n]
 extern "C" __global__ void axpy(float* __restrict__ out, float w, const float* __restrict__ y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = out[i] + w * y[i];
+    if (i < n) out[i] = __fmaf_rn(w, y[i], out[i]);
+}
+
+// Mixtral routing on the device, as the host's route_softmax_topk computes it: softmax over the
+// ne router logits l of a token, the top k (ties: lower index first), weights renormalized to sum
+// to 1, best first, into re (experts) and rw (weights). k <= 16.
+__device__ void route_one(const float* l, int ne, int k, int* re, float* rw) {
+    float mx = NEG_INF;
+    for (int e = 0; e < ne; e++) mx = fmaxf(mx, l[e]);
+    float sum = 0.f;
+    for (int e = 0; e < ne; e++) sum += expf(l[e] - mx);
+    float w[16];
+    int ex[16];
+    for (int j = 0; j < k; j++) {
+        w[j] = NEG_INF;
+        ex[j] = -1;
+    }
+    for (int e = 0; e < ne; e++) {
+        const float p = expf(l[e] - mx) / sum;
+        int slot = k;
+        for (int j = k - 1; j >= 0; j--)
+            if (p > w[j]) slot = j;
+        if (slot == k) continue;
+        for (int j = k - 1; j > slot; j--) {
+            w[j] = w[j - 1];
+            ex[j] = ex[j - 1];
+        }
+        w[slot] = p;
+        ex[slot] = e;
+    }
+    float total = 0.f;
+    for (int j = 0; j < k; j++) total += w[j];
+    for (int j = 0; j < k; j++) {
+        re[j] = ex[j];
+        rw[j] = w[j] / total;
+    }
+}
+
+// Routes of t tokens: routes[i * k + j] = expert (int bits) and routes[t * k + i * k + j] =
+// weight. One thread per token.
+extern "C" __global__ void route_topk(const float* __restrict__ logits, int ne, int k, int t,
+                                      float* __restrict__ routes) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= t) return;
+    route_one(logits + (size_t)i * ne, ne, k, reinterpret_cast<int*>(routes) + (size_t)i * k,
+              routes + (size_t)t * k + (size_t)i * k);
+}
+
+// x[:n] += sum_j w_j * d[j, :n] over the k routed experts of one token (routes as route_topk
+// writes them, t = 1), the experts taken in ascending index order and summed as a zeroed buffer
+// and axpy then add_assign would: the same roundings as the engine's per-expert path.
+extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __restrict__ d,
+                                       const float* __restrict__ routes, int k, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int* re = reinterpret_cast<const int*>(routes);
+    float o = 0.f;
+    int last = -1;
+    for (int m = 0; m < k; m++) {
+        // The next expert up from `last` (k is small).
+        int jb = -1;
+        for (int j = 0; j < k; j++)
+            if (re[j] > last && (jb < 0 || re[j] < re[jb])) jb = j;
+        last = re[jb];
+        o = __fmaf_rn(routes[k + jb], d[(size_t)jb * n + i], o);
+    }
+    x[i] = x[i] + o;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention over an f16 KV cache. Grid (n_heads, t); block ATT_WARPS warps. Each warp walks a
-// strided subset of the visible positions with an online softmax; the warps then merge.
+// Attention over an f16 KV cache. Grid (n_heads, t); a block of up to ATT_MAX_WARPS warps. Each
+// warp walks a strided subset of the visible positions with an online softmax; the warps then
+// merge.
 
-#define ATT_WARPS 4
+#define ATT_MAX_WARPS 16
 #define ATT_MAX_J 8  // head_dim up to 256
 
 extern "C" __global__ void attention(const float* __restrict__ q, const half_bits* __restrict__ kc,
@@ -152,7 +252,7 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
                                      int n_heads, int n_kv_heads, int hd, int start_pos,
                                      int window) {
     int h = blockIdx.x, i = blockIdx.y;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int q_dim = n_heads * hd, kv_dim = n_kv_heads * hd;
     int kvh = h / (n_heads / n_kv_heads);
     int pos = start_pos + i;
@@ -167,29 +267,37 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
         acc[j] = 0.f;
     }
     float m = NEG_INF, l = 0.f;
-    for (int p = first + warp; p <= pos; p += ATT_WARPS) {
+    for (int p = first + warp; p <= pos; p += warps) {
         const half_bits* k = kc + (size_t)p * kv_dim + kvh * hd;
+        const half_bits* v = vc + (size_t)p * kv_dim + kvh * hd;
+        // The position's keys and values load together (one memory latency per position).
+        half_bits kr[ATT_MAX_J], vr[ATT_MAX_J];
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_J; j++) {
+            int d = lane + 32 * j;
+            kr[j] = d < hd ? k[d] : 0;
+            vr[j] = d < hd ? v[d] : 0;
+        }
         float dot = 0.f;
 #pragma unroll
         for (int j = 0; j < ATT_MAX_J; j++) {
             int d = lane + 32 * j;
-            if (d < hd) dot += qv[j] * h2f(k[d]);
+            if (d < hd) dot += qv[j] * h2f(kr[j]);
         }
         float s = warp_sum(dot) * scale;
         float m_new = fmaxf(m, s);
         float corr = expf(m - m_new);
         float e = expf(s - m_new);
         l = l * corr + e;
-        const half_bits* v = vc + (size_t)p * kv_dim + kvh * hd;
 #pragma unroll
         for (int j = 0; j < ATT_MAX_J; j++) {
             int d = lane + 32 * j;
-            if (d < hd) acc[j] = acc[j] * corr + e * h2f(v[d]);
+            if (d < hd) acc[j] = acc[j] * corr + e * h2f(vr[j]);
         }
         m = m_new;
     }
-    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-    __shared__ float sm_acc[ATT_WARPS][32 * ATT_MAX_J];
+    __shared__ float sm_m[ATT_MAX_WARPS], sm_l[ATT_MAX_WARPS];
+    __shared__ float sm_acc[ATT_MAX_WARPS][32 * ATT_MAX_J];
     if (lane == 0) {
         sm_m[warp] = m;
         sm_l[warp] = l;
@@ -198,10 +306,10 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
     for (int j = 0; j < ATT_MAX_J; j++) sm_acc[warp][lane + 32 * j] = acc[j];
     __syncthreads();
     float mx = NEG_INF;
-    for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, sm_m[w]);
+    for (int w = 0; w < warps; w++) mx = fmaxf(mx, sm_m[w]);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float num = 0.f, den = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) {
+        for (int w = 0; w < warps; w++) {
             if (sm_m[w] == NEG_INF) continue;
             float f = expf(sm_m[w] - mx);
             num += sm_acc[w][d] * f;
@@ -249,12 +357,11 @@ __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restri
     }
 }
 
+// Row r of W times x, summed across the warp (every lane gets the sum): the one order of
+// summation every float-kind product of a token uses.
 template <int KIND>
-__device__ __forceinline__ void matvec_body(const Mat w, const float* __restrict__ x,
-                                            float* __restrict__ y) {
-    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (r >= w.rows) return;
+__device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __restrict__ x,
+                                         int lane) {
     const uint4* row = reinterpret_cast<const uint4*>(w.codes + (size_t)r * w.row_bytes);
     int n = w.row_bytes / 16;
     float acc = 0.f;
@@ -269,13 +376,140 @@ __device__ __forceinline__ void matvec_body(const Mat w, const float* __restrict
         acc += chunk_dot<KIND>(v3, x, c + 96, w, r);
     }
     for (; c < n; c += 32) acc += chunk_dot<KIND>(__ldg(row + c), x, c, w, r);
-    acc = warp_sum(acc);
-    if (lane == 0) y[r] = acc;
+    return warp_sum(acc);
+}
+
+template <int KIND, bool ACC = false>
+__device__ __forceinline__ void matvec_body(const Mat w, const float* __restrict__ x,
+                                            float* __restrict__ y) {
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= w.rows) return;
+    const float acc = row_dot<KIND>(w, r, x, lane);
+    if (lane == 0) y[r] = ACC ? y[r] + acc : acc;
 }
 
 extern "C" __global__ void matvec_f32(const Mat w, const float* x, float* y) { matvec_body<KIND_F32>(w, x, y); }
 extern "C" __global__ void matvec_f16(const Mat w, const float* x, float* y) { matvec_body<KIND_F16>(w, x, y); }
 extern "C" __global__ void matvec_bf16(const Mat w, const float* x, float* y) { matvec_body<KIND_BF16>(w, x, y); }
+
+// y += W x (a projection and its residual add: the sum rounded as matvec then add_assign).
+extern "C" __global__ void matvec_add_f32(const Mat w, const float* x, float* y) { matvec_body<KIND_F32, true>(w, x, y); }
+extern "C" __global__ void matvec_add_f16(const Mat w, const float* x, float* y) { matvec_body<KIND_F16, true>(w, x, y); }
+extern "C" __global__ void matvec_add_bf16(const Mat w, const float* x, float* y) { matvec_body<KIND_BF16, true>(w, x, y); }
+
+// Three products of one x in one launch (q, k and v): blockIdx.y picks the matrix; blocks past
+// its rows return.
+#define MATVEC3(NAME, KIND)                                                                    \
+    extern "C" __global__ void NAME(const Mat a, const Mat b, const Mat c, const float* x,     \
+                                    float* ya, float* yb, float* yc) {                         \
+        if (blockIdx.y == 0) matvec_body<KIND>(a, x, ya);                                      \
+        else if (blockIdx.y == 1) matvec_body<KIND>(b, x, yb);                                 \
+        else matvec_body<KIND>(c, x, yc);                                                      \
+    }
+MATVEC3(matvec3_f32, KIND_F32)
+MATVEC3(matvec3_f16, KIND_F16)
+MATVEC3(matvec3_bf16, KIND_BF16)
+
+// A table entry of resident experts' matrices: DevMat's layout in src/backend/cuda/mod.rs.
+// Tables are [experts][3] (gate, up, down).
+//
+// Decode MoE from such a table, float kinds, one token routed to k experts (routes: k expert
+// indices, then k weights):
+// - moe_route_*: the router's logits (one block, a warp per row, ne <= 256) and route_one;
+// - moe_gate_up_*: h[j, r] = silu(gate_j[r] x) * (up_j[r] x), grid (ceil(ffn / 8), k);
+// - moe_down_*: x[r] += sum_j w_j (down_j[r] h_j), experts in ascending index order.
+// Each row's sum is row_dot's, and SwiGLU and the weighted sum round as swiglu, axpy and
+// add_assign do: the same results as the per-expert path, bit for bit.
+struct MatEntry {
+    Mat m;
+    int kind, pad;
+};
+
+template <int KIND>
+__device__ __forceinline__ void moe_route_body(const Mat w, const float* __restrict__ x, int k,
+                                               float* __restrict__ routes) {
+    __shared__ float lg[256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int r = warp; r < w.rows; r += warps) {
+        const float v = row_dot<KIND>(w, r, x, lane);
+        if (lane == 0) lg[r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) route_one(lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k);
+}
+
+// The experts a token was routed to, from a table of resident experts, several matrices in one
+// launch (decode with routing left on the device; the integer kinds). tab: a table of MatEntry;
+// routes: the token's k experts (route_topk).
+// Launch j = blockIdx.y takes matrix which0 + j / k of expert routes[j % k], reading x + (j % k) *
+// xs and writing y + j * ys: gate and up of every routed expert (which0 0, 2k launches, xs 0), or
+// down (which0 2, k launches, xs the gate outputs' stride).
+
+__device__ __forceinline__ Mat sel_mat(const MatEntry* __restrict__ tab, const float* routes, int k,
+                                       int which0) {
+    const int j = blockIdx.y, e = reinterpret_cast<const int*>(routes)[j % k];
+    return tab[e * 3 + which0 + j / k].m;
+}
+
+template <int KIND>
+__device__ __forceinline__ void moe_gate_up_body(const MatEntry* __restrict__ tab,
+                                                 const float* __restrict__ routes, int k,
+                                                 const float* __restrict__ x,
+                                                 float* __restrict__ h) {
+    const int j = blockIdx.y, e = reinterpret_cast<const int*>(routes)[j];
+    const Mat g = tab[e * 3].m, u = tab[e * 3 + 1].m;
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= g.rows) return;
+    const float gv = row_dot<KIND>(g, r, x, lane);
+    const float uv = row_dot<KIND>(u, r, x, lane);
+    if (lane == 0) h[(size_t)j * g.rows + r] = gv / (1.0f + expf(-gv)) * uv;
+}
+
+template <int KIND>
+__device__ __forceinline__ void moe_down_body(const MatEntry* __restrict__ tab,
+                                              const float* __restrict__ routes, int k,
+                                              const float* __restrict__ h,
+                                              float* __restrict__ x) {
+    const int* re = reinterpret_cast<const int*>(routes);
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= tab[re[0] * 3 + 2].m.rows) return;
+    float o = 0.f;
+    int last = -1;
+    for (int m = 0; m < k; m++) {
+        int jb = -1;
+        for (int j = 0; j < k; j++)
+            if (re[j] > last && (jb < 0 || re[j] < re[jb])) jb = j;
+        last = re[jb];
+        const Mat d = tab[last * 3 + 2].m;
+        const float v = row_dot<KIND>(d, r, h + (size_t)jb * d.cols, lane);
+        o = __fmaf_rn(routes[k + jb], v, o);
+    }
+    if (lane == 0) x[r] = x[r] + o;
+}
+
+#define MOE_KERNELS(SUFFIX, KIND)                                                              \
+    extern "C" __global__ void moe_route_##SUFFIX(const Mat w, const float* x, int k,          \
+                                                  float* routes) {                             \
+        moe_route_body<KIND>(w, x, k, routes);                                                 \
+    }                                                                                          \
+    extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \
+                                                    int k, const float* x, float* h) {         \
+        moe_gate_up_body<KIND>(tab, routes, k, x, h);                                          \
+    }                                                                                          \
+    extern "C" __global__ void moe_down_##SUFFIX(const MatEntry* tab, const float* routes,     \
+                                                 int k, const float* h, float* x) {            \
+        moe_down_body<KIND>(tab, routes, k, h, x);                                             \
+    }
+MOE_KERNELS(f32, KIND_F32)
+MOE_KERNELS(f16, KIND_F16)
+MOE_KERNELS(bf16, KIND_BF16)
+
+#define SEL_ARGS \
+    const MatEntry *tab, const float *routes, int k, int which0, const float *x, int xs, float *y, int ys
+#define SEL_X x + (size_t)(blockIdx.y % k) * xs
+#define SEL_Y y + (size_t)blockIdx.y * ys
+
 
 // ---------------------------------------------------------------------------------------------
 // Integer dequantize-matvec (int8/int4/int2), the kernels the launcher picks for every layout whose
@@ -662,6 +896,15 @@ extern "C" __global__ void matvec_q_int4(const Mat w, const float* x, float* y, 
 }
 extern "C" __global__ void matvec_q_int2(const Mat w, const float* x, float* y, int split, int tchunks) {
     matvec_q_body<KIND_INT2, 4>(w, x, y, split, tchunks);
+}
+extern "C" __global__ void matvec_q_int8_sel(SEL_ARGS, int split, int tchunks) {
+    matvec_q_body<KIND_INT8, 4>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);
+}
+extern "C" __global__ void matvec_q_int4_sel(SEL_ARGS, int split, int tchunks) {
+    matvec_q_body<KIND_INT4, 4>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);
+}
+extern "C" __global__ void matvec_q_int2_sel(SEL_ARGS, int split, int tchunks) {
+    matvec_q_body<KIND_INT2, 4>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);
 }
 
 // Element (r, c) of any kind, dequantized.

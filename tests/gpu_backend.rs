@@ -278,6 +278,8 @@ fn fixture_on_the_gpu_matches_the_cpu_and_transformers() {
     let (c_all, c_ids, c_steps) = greedy(&mut *cpu_session(&file, &model), &r.input_ids, 32);
     let mut full = gpu_session(&g, &file, &model, None);
     let (g_all, g_ids, g_steps) = greedy(&mut *full, &r.input_ids, 32);
+    // Every expert resident: decode routes and computes its experts on the device.
+    assert_eq!(full.expert_stats().device_routed, 32, "{}", full.describe());
     let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
     let e_ref = nmse(&g_all, &r.logits);
     println!("fixture: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}; vs transformers {e_ref:.2e}");
@@ -302,6 +304,7 @@ fn fixture_on_the_gpu_matches_the_cpu_and_transformers() {
         stats.bytes_loaded
     );
     assert!(stats.misses() > 0, "a quarter cache must miss");
+    assert_eq!(stats.device_routed, 0, "a quarter cache routes on the host");
     assert_eq!(q_ids, g_ids);
     assert!(
         q_all == g_all && q_steps == g_steps,
@@ -329,14 +332,26 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
             .unwrap(),
         );
         let mut gs = engine_session(&g, &model, CacheConfig::simple(v, None));
-        let want = cpu.forward(&r.input_ids, Logits::All).unwrap().to_vec();
-        let got = gs.forward(&r.input_ids, Logits::All).unwrap().to_vec();
-        let e = nmse(&got, &want);
-        println!(
-            "{} experts: GPU vs CPU prefill NMSE {e:.2e}",
-            file.variants()[v]
+        let (want, want_ids, want_steps) = greedy(&mut *cpu, &r.input_ids, 8);
+        let (got, ids, steps) = greedy(&mut *gs, &r.input_ids, 8);
+        let (e, e_dec) = (nmse(&got, &want), nmse(&steps, &want_steps));
+        let name = &file.variants()[v];
+        println!("{name} experts: GPU vs CPU prefill NMSE {e:.2e}, decode {e_dec:.2e}");
+        assert!(e <= 1e-5 && e_dec <= 1e-5);
+        assert_eq!(ids, want_ids, "{name}");
+        // Decode routed on the device (the routed-expert kernels) computes what host routing
+        // and the per-expert kernels compute, bit for bit.
+        assert_eq!(gs.expert_stats().device_routed, 8, "{name}");
+        let mut c = CacheConfig::simple(v, None);
+        c.device_routing = false;
+        let mut hs = engine_session(&g, &model, c);
+        let (h_all, h_ids, h_steps) = greedy(&mut *hs, &r.input_ids, 8);
+        assert_eq!(hs.expert_stats().device_routed, 0, "{name}");
+        assert_eq!(h_ids, ids, "{name}");
+        assert!(
+            h_all == got && h_steps == steps,
+            "{name}: host and device routing differ"
         );
-        assert!(e <= 1e-5);
     }
 }
 

@@ -93,6 +93,11 @@ pub struct ModelArgs {
     /// file's expert pages for direct DMA (the default, when they fit in half the RAM).
     #[arg(long = "no-pin")]
     pub no_pin: bool,
+    /// Route every decode token on the host, even when every expert is resident in one
+    /// precision (where decode otherwise routes and computes its experts on the device, with
+    /// no round trip per layer). For A/B runs.
+    #[arg(long = "host-routing")]
+    pub host_routing: bool,
     /// Print a per-token breakdown after the run: hits, misses and skips per precision,
     /// prefetch accuracy, bytes per tier, time waiting for loads and CPU experts.
     #[arg(long = "stats")]
@@ -329,6 +334,7 @@ impl ModelArgs {
                     mapped: unified,
                     pin_file: !self.no_pin,
                     split,
+                    device_routing: !self.host_routing,
                     trace: self.trace_writer(file, model)?,
                 };
                 let experts = CudaExperts::new(model, &backend, cfg)?;
@@ -435,6 +441,12 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
         ms(s.cpu_seconds),
         rate(s.cpu_bytes, s.cpu_seconds)
     );
+    if s.device_routed > 0 {
+        eprintln!(
+            "  routed on the device (every expert resident): {} of {tokens} tokens",
+            s.device_routed
+        );
+    }
     if s.split_experts > 0 {
         eprintln!(
             "  split with the GPU {:.2} CPU experts ({:.1} MB of their rows loaded)",

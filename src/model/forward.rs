@@ -217,12 +217,22 @@ impl<'f> Model<'f> {
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
             backend.rms_norm(&b.x, 0..t, &lw.attn_norm, cfg.rms_eps, &mut b.xn)?;
-            backend.matmul(&lw.wq, &b.xn, t, &mut b.q)?;
-            backend.matmul(&lw.wk, &b.xn, t, &mut b.k)?;
-            backend.matmul(&lw.wv, &b.xn, t, &mut b.v)?;
-            backend.rope(&mut b.q, t, qd, start, &self.inv_freq)?;
-            backend.rope(&mut b.k, t, kvd, start, &self.inv_freq)?;
-            backend.kv_write(&mut st.kv, l, start, t, &b.k, &b.v)?;
+            backend.matmul_qkv(
+                [&lw.wq, &lw.wk, &lw.wv],
+                &b.xn,
+                t,
+                [&mut b.q, &mut b.k, &mut b.v],
+            )?;
+            backend.rope_kv_write(
+                &mut b.q,
+                &mut b.k,
+                &b.v,
+                (t, qd, kvd),
+                start,
+                &self.inv_freq,
+                &mut st.kv,
+                l,
+            )?;
             backend.attention(
                 AttentionShape {
                     n_heads: cfg.n_heads,
@@ -237,20 +247,17 @@ impl<'f> Model<'f> {
                 l,
                 &mut b.att,
             )?;
-            backend.matmul(&lw.wo, &b.att, t, &mut b.out)?;
-            backend.add_assign(&mut b.x, &b.out, t * h)?;
+            backend.matmul_add(&lw.wo, &b.att, t, &mut b.out, &mut b.x)?;
 
-            // Mixture-of-experts block: routing is decided on the host (the expert engine needs
-            // it there), from router logits computed by the backend.
+            // Mixture-of-experts block: a decode token whose experts are all resident may be
+            // routed and computed without leaving the device; otherwise routing comes to the
+            // host (the expert engine decides loads there).
             backend.rms_norm(&b.x, 0..t, &lw.ffn_norm, cfg.rms_eps, &mut b.xn)?;
-            backend.matmul(&lw.router, &b.xn, t, &mut b.router)?;
-            backend.download(&b.router, &mut st.router[..t * ne])?;
-            for i in 0..t {
-                route_softmax_topk(
-                    &st.router[i * ne..(i + 1) * ne],
-                    &mut st.routes[i * k..(i + 1) * k],
-                );
+            if t == 1 && experts.forward_on_device(backend, l, &b.xn, &lw.router, &mut b.x)? {
+                continue;
             }
+            backend.matmul(&lw.router, &b.xn, t, &mut b.router)?;
+            backend.route(&b.router, t, ne, &mut st.routes[..t * k], &mut st.router)?;
             experts.forward(backend, l, &b.xn, t, &st.routes[..t * k], &mut b.out)?;
             backend.add_assign(&mut b.x, &b.out, t * h)?;
         }

@@ -100,6 +100,73 @@ pub trait Backend {
         layer: usize,
         out: &mut Self::Buf,
     ) -> crate::Result<()>;
+
+    /// q, k and v of the same input: `matmul` three times (a backend may fuse them).
+    fn matmul_qkv(
+        &self,
+        w: [&Matrix<'_>; 3],
+        x: &Self::Buf,
+        t: usize,
+        out: [&mut Self::Buf; 3],
+    ) -> crate::Result<()> {
+        for (w, out) in w.into_iter().zip(out) {
+            self.matmul(w, x, t, out)?;
+        }
+        Ok(())
+    }
+
+    /// RoPE on q ([t, q_width]) and k ([t, kv_width]) at positions start.., then k and v into
+    /// `layer`'s cache: `rope` twice and `kv_write` (a backend may fuse them).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_write(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        (t, q_width, kv_width): (usize, usize, usize),
+        start: usize,
+        inv_freq: &[f32],
+        kv: &mut Self::Kv,
+        layer: usize,
+    ) -> crate::Result<()> {
+        self.rope(q, t, q_width, start, inv_freq)?;
+        self.rope(k, t, kv_width, start, inv_freq)?;
+        self.kv_write(kv, layer, start, t, k, v)
+    }
+
+    /// out[t, w.rows] += x · wᵀ (the residual add of a projection), `tmp` room for the
+    /// product: `matmul` then `add_assign` (a backend may fuse them, with the same sums).
+    fn matmul_add(
+        &self,
+        w: &Matrix<'_>,
+        x: &Self::Buf,
+        t: usize,
+        tmp: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) -> crate::Result<()> {
+        self.matmul(w, x, t, tmp)?;
+        self.add_assign(out, tmp, t * w.rows)
+    }
+
+    /// Mixtral routing of t tokens ([`route_softmax_topk`](super::forward::route_softmax_topk))
+    /// from their router logits ([t, n_experts] in `logits`): `routes` ([t, k]) on the host.
+    /// `host` is room the default uses for the logits.
+    fn route(
+        &self,
+        logits: &Self::Buf,
+        t: usize,
+        n_experts: usize,
+        routes: &mut [Route],
+        host: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        host.resize(t * n_experts, 0.0);
+        self.download(logits, host)?;
+        let k = routes.len() / t.max(1);
+        for (l, r) in host.chunks_exact(n_experts).zip(routes.chunks_exact_mut(k)) {
+            super::forward::route_softmax_topk(l, r);
+        }
+        Ok(())
+    }
 }
 
 /// Computes a layer's experts for a batch of tokens: where the offload engine (cache, loader,
@@ -122,6 +189,22 @@ pub trait ExpertExecutor<B: Backend> {
         routes: &[Route],
         out: &mut B::Buf,
     ) -> crate::Result<()>;
+
+    /// Decode one token's layer with its routing left in the backend: from xs ([hidden],
+    /// post-norm) and the layer's `router`, route (as the backend's `route` would) and add the
+    /// experts' output (as `forward` computes it, summed the same way) into the residual stream
+    /// `x`. Ok(false) when this executor cannot now; the caller then routes on the host and
+    /// calls `forward`.
+    fn forward_on_device(
+        &mut self,
+        _backend: &B,
+        _layer: usize,
+        _xs: &B::Buf,
+        _router: &Matrix<'_>,
+        _x: &mut B::Buf,
+    ) -> crate::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// The batch rows routed to each expert: `groups[e]` gets (token index, gate weight) for every

@@ -42,6 +42,9 @@ pub struct ExpertStats {
     pub split_bytes: u64,
     /// Per prediction distance d = 1, 2, ...: (experts predicted, of those actually routed).
     pub prediction: Vec<(u64, u64)>,
+    /// Decode tokens routed and computed on the device with no host round trip per layer
+    /// (every expert resident in one precision).
+    pub device_routed: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

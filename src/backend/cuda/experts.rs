@@ -79,6 +79,10 @@ pub struct CacheConfig {
     pub pin_file: bool,
     /// Cooperative mode: how much of a CPU-computed dense expert the GPU takes over.
     pub split: Split,
+    /// Decode tokens route and compute on the device, with no host round trip per layer, once
+    /// every expert is resident in one precision (exact plan, no CPU experts); off: every
+    /// layer's routes come to the host (for A/B runs).
+    pub device_routing: bool,
     pub trace: Option<TraceWriter>,
 }
 
@@ -134,6 +138,7 @@ impl CacheConfig {
             mapped: false,
             pin_file: true,
             split: Split::Off,
+            device_routing: true,
             trace: None,
         }
     }
@@ -856,6 +861,30 @@ pub struct CudaExperts<'f> {
     /// Experts split with the GPU, and the bytes of their rows it loaded.
     split_experts: u64,
     split_bytes: u64,
+    top_k: usize,
+    /// Device-routed decode: allowed by the configuration (exact plan, one pool holding every
+    /// expert, no CPU experts), its tables once every expert has landed, and whether the
+    /// current token takes it (decided at layer 0).
+    device_allowed: bool,
+    device: Option<DeviceRouting>,
+    device_token: bool,
+    /// Decode tokens that took the device-routed path.
+    device_tokens: u64,
+}
+
+/// Decode with routing on the device (every expert resident in the high pool).
+struct DeviceRouting {
+    /// [layers][experts][gate, up, down] matrices in their slots.
+    table: CudaSlice<DevMat>,
+    /// Per layer: the token's k expert indices then their k weights (Gpu::route).
+    routes: CudaSlice<f32>,
+    /// gate and up of the k experts ([2k, ffn]), then their down outputs ([k, hidden]; also
+    /// room for router logits).
+    work: CudaSlice<f32>,
+    /// One expert's gate and down matrices (shape and kind of every expert's).
+    gate: DevMat,
+    down: DevMat,
+    host: Vec<f32>,
 }
 
 /// The GPU's part of a split expert: its rows loaded at `at` in the split arena.
@@ -1150,7 +1179,17 @@ impl<'f> CudaExperts<'f> {
             split_arena,
             split_experts: 0,
             split_bytes: 0,
+            top_k: model.cfg.top_k,
+            device_allowed: false,
+            device: None,
+            device_token: false,
+            device_tokens: 0,
         };
+        me.device_allowed = cfg.device_routing
+            && me.plan.is_exact()
+            && me.plan.low.is_none()
+            && me.cpu.is_none()
+            && high_slots == total;
         if cfg.preload {
             me.preload()?;
         }
@@ -1860,6 +1899,117 @@ impl<'f> CudaExperts<'f> {
         Ok(())
     }
 
+    /// Whether this decode token can route on the device: allowed, and every expert resident
+    /// (the first time: wait for their loads and build the tables).
+    fn device_ready(&mut self) -> crate::Result<bool> {
+        if !self.device_allowed {
+            return Ok(false);
+        }
+        if self.device.is_some() {
+            return Ok(true);
+        }
+        let (nl, ne) = (self.file.n_layers(), self.file.n_experts());
+        if self.cache.len(PoolKind::High) < nl * ne {
+            return Ok(false);
+        }
+        for slot in 0..self.cache.capacity(PoolKind::High) {
+            self.ready(PoolKind::High, slot)?;
+        }
+        let mut table = Vec::with_capacity(nl * ne * 3);
+        for l in 0..nl {
+            for e in 0..ne {
+                let slot = self.cache.lookup(PoolKind::High, (l, e)).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "expert cache: layer {l} expert {e} missing from a full cache"
+                    ))
+                })?;
+                table.extend(self.mats(PoolKind::High, slot));
+            }
+        }
+        let (h, f) = self.file.expert_dims();
+        if h % 4 != 0 || f % 4 != 0 || !table.iter().all(|m| self.gpu.sel_supports(m)) {
+            log::info!(
+                "decode routes on the host: the experts' layout does not suit the routed kernels"
+            );
+            self.device_allowed = false;
+            return Ok(false);
+        }
+        let k = self.top_k;
+        let g = &self.gpu;
+        let dev = DeviceRouting {
+            table: g.stream.clone_htod(&table).map_err(cuda_err)?,
+            routes: g.alloc(nl * 2 * k, "device routes")?,
+            work: g.alloc(2 * k * f + (k * h).max(ne), "routed expert activations")?,
+            gate: table[0],
+            down: table[2],
+            host: vec![0.0; nl * 2 * k],
+        };
+        log::info!("every expert is resident: decode routes on the device");
+        self.device = Some(dev);
+        Ok(true)
+    }
+
+    /// After a device-routed token: its routes to the host, counted and recorded as `forward`
+    /// would (hits, the cache's use counters, the trace).
+    fn account_device(&mut self) -> crate::Result<()> {
+        let Some(d) = self.device.as_mut() else {
+            return Ok(());
+        };
+        let (ne, k) = (self.file.n_experts(), self.top_k);
+        let rp = ptr(&d.routes, &self.gpu.stream);
+        self.gpu.download_f32(rp, &mut d.host)?;
+        let host = std::mem::take(&mut d.host);
+        self.decoded += 1;
+        self.device_tokens += 1;
+        self.cache.begin_token();
+        let high = self.pool(PoolKind::High).variant;
+        let mut routes = vec![
+            Route {
+                expert: 0,
+                weight: 0.0
+            };
+            k
+        ];
+        let mut lp = std::mem::take(&mut self.layer_plan);
+        let mut bad = None;
+        for (l, lr) in host.chunks_exact(2 * k).enumerate() {
+            for (j, r) in routes.iter_mut().enumerate() {
+                let expert = lr[j].to_bits() as usize;
+                if expert >= ne {
+                    bad = Some(l);
+                }
+                *r = Route {
+                    expert: expert.min(ne - 1),
+                    weight: lr[k + j],
+                };
+            }
+            self.cache.set_layer(l);
+            self.plan.plan_layer(&routes, 1, &mut lp);
+            self.layer_plan = lp;
+            self.record(l, &routes, 1)?;
+            lp = std::mem::take(&mut self.layer_plan);
+            for (r, dec) in routes.iter().zip(&lp.decisions) {
+                self.cache.record_use((l, r.expert), *dec);
+            }
+            self.hits[high] += k as u64;
+        }
+        self.layer_plan = lp;
+        if let Some(d) = self.device.as_mut() {
+            d.host = host;
+        }
+        match bad {
+            Some(l) => Err(Error::Invalid(format!(
+                "routing: layer {l} found no expert among {ne} (router logits not finite?)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Decode tokens that routed on the device (every expert resident).
+    pub fn device_routed_tokens(&self) -> u64 {
+        self.device_tokens
+    }
+
     /// Record one layer's decisions in the trace file, token by token.
     fn record(&mut self, layer: usize, routes: &[Route], t: usize) -> crate::Result<()> {
         let Some(tw) = self.trace.as_mut() else {
@@ -1879,6 +2029,52 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
             p.forget();
         }
         Ok(())
+    }
+
+    fn forward_on_device(
+        &mut self,
+        b: &CudaBackend,
+        layer: usize,
+        xs: &CudaSlice<f32>,
+        router: &Matrix<'_>,
+        x: &mut CudaSlice<f32>,
+    ) -> crate::Result<bool> {
+        if layer == 0 {
+            self.device_token = self.device_ready()?;
+        }
+        if !self.device_token {
+            return Ok(false);
+        }
+        let Some(d) = self.device.as_ref() else {
+            return Ok(false);
+        };
+        let (ne, k) = (self.file.n_experts(), self.top_k);
+        let (h, f) = self.file.expert_dims();
+        let s = &self.gpu.stream;
+        let routes = ptr(&d.routes, s) + (layer * 2 * k * 4) as u64;
+        let tab = ptr(&d.table, s) + (layer * ne * 3 * std::mem::size_of::<DevMat>()) as u64;
+        let g = ptr(&d.work, s);
+        let dn = g + (2 * k * f * 4) as u64;
+        let gpu = &self.gpu;
+        let (xsp, xp) = (ptr(xs, s), ptr(x, s));
+        gpu.moe_route(b.mat(router)?, xsp, k, routes, dn)?;
+        if d.gate.kind < 3 {
+            // Float kinds: gate and up with SwiGLU in one launch, down with the weighted sum
+            // and the residual add in another.
+            gpu.moe_gate_up(&d.gate, tab, routes, k, xsp, g)?;
+            gpu.moe_down(&d.down, tab, routes, k, g, xp)?;
+        } else {
+            // Integer kinds: gate and up of the k experts in one launch, SwiGLU over all k,
+            // down of all k, then the weighted sum and residual add.
+            gpu.matvec_sel(&d.gate, tab, routes, k, 0, 2 * k, (xsp, 0), (g, f))?;
+            gpu.swiglu(g, g + (k * f * 4) as u64, k * f)?;
+            gpu.matvec_sel(&d.down, tab, routes, k, 2, k, (g, f), (dn, h))?;
+            gpu.moe_combine(xp, dn, routes, k, h)?;
+        }
+        if layer + 1 == self.file.n_layers() {
+            self.account_device()?;
+        }
+        Ok(true)
     }
 
     fn forward(
@@ -2157,6 +2353,9 @@ impl ExpertReport for CudaExperts<'_> {
         if let Some((p, _, _)) = &self.predictor {
             s += &format!(", prefetch {} layers", p.depth());
         }
+        if self.device_allowed {
+            s += ", decode routed on the device";
+        }
         if let Some((c, _)) = &self.cpu {
             s += &format!(", CPU experts on {} threads", c.threads());
             if let Some(a) = &self.split_arena {
@@ -2221,12 +2420,14 @@ impl ExpertReport for CudaExperts<'_> {
             split_experts: self.split_experts,
             split_bytes: self.split_bytes,
             prediction,
+            device_routed: self.device_tokens,
         }
     }
 
     fn reset_stats(&mut self) {
         self.hits.fill(0);
         self.misses.fill(0);
+        self.device_tokens = 0;
         self.skipped = 0;
         self.substituted = 0;
         self.cpu_computed = 0;

@@ -31,6 +31,21 @@ pub struct Kernels {
     /// The integer kinds (matvec_q_*): int8, int4, int2.
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
+    /// Routed integer-kind experts from a device table, several matrices per launch
+    /// (kernels.cu matvec_q_*_sel).
+    pub matvec_q_sel: [QKernel; 3],
+    /// Float kinds by kind code: y += W x (matvec_add_*), and three matrices of one x
+    /// (matvec3_*).
+    pub matvec_add: [CudaFunction; 3],
+    pub matvec3: [CudaFunction; 3],
+    pub rope_kv: CudaFunction,
+    /// Decode MoE of float-kind experts from a device table (kernels.cu moe_*): routing from the
+    /// router's rows, gate+up with SwiGLU, down with the weighted sum and residual add.
+    pub moe_route: [CudaFunction; 3],
+    pub moe_gate_up: [CudaFunction; 3],
+    pub moe_down: [CudaFunction; 3],
+    pub route_topk: CudaFunction,
+    pub moe_combine: CudaFunction,
     pub dequant_rows: CudaFunction,
     pub dequant_rows_h: CudaFunction,
     /// The emulated link's pacing on the copy stream.
@@ -152,6 +167,31 @@ impl Kernels {
                 QKernel::new(ctx, f("matvec_q_int2")?, 5)?,
             ],
             matvec_any: f("matvec_any")?,
+            matvec_q_sel: [
+                QKernel::new(ctx, f("matvec_q_int8_sel")?, 3)?,
+                QKernel::new(ctx, f("matvec_q_int4_sel")?, 4)?,
+                QKernel::new(ctx, f("matvec_q_int2_sel")?, 5)?,
+            ],
+            matvec_add: [
+                f("matvec_add_f32")?,
+                f("matvec_add_f16")?,
+                f("matvec_add_bf16")?,
+            ],
+            matvec3: [f("matvec3_f32")?, f("matvec3_f16")?, f("matvec3_bf16")?],
+            rope_kv: f("rope_kv")?,
+            moe_route: [
+                f("moe_route_f32")?,
+                f("moe_route_f16")?,
+                f("moe_route_bf16")?,
+            ],
+            moe_gate_up: [
+                f("moe_gate_up_f32")?,
+                f("moe_gate_up_f16")?,
+                f("moe_gate_up_bf16")?,
+            ],
+            moe_down: [f("moe_down_f32")?, f("moe_down_f16")?, f("moe_down_bf16")?],
+            route_topk: f("route_topk")?,
+            moe_combine: f("moe_combine")?,
             dequant_rows: f("dequant_rows")?,
             dequant_rows_h: f("dequant_rows_h")?,
             link_start: f("link_start")?,

@@ -22,7 +22,7 @@ use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
-use crate::model::ops::{AttentionShape, Backend};
+use crate::model::ops::{AttentionShape, Backend, Route};
 use crate::model::Model;
 use crate::quant::{Matrix, WeightKind};
 use crate::Error;
@@ -94,8 +94,10 @@ pub struct DevMat {
 }
 
 // SAFETY: DevMat is #[repr(C)], plain integers, and its leading fields match `struct Mat` in
-// cuda/kernels.cu (the kernels ignore the trailing `kind`).
+// cuda/kernels.cu (the kernels ignore the trailing `kind`); as a table entry it is kernels.cu's
+// `struct MatEntry` (Mat, kind, pad: 48 bytes, checked below).
 unsafe impl DeviceRepr for DevMat {}
+const _: () = assert!(std::mem::size_of::<DevMat>() == 48);
 
 impl DevMat {
     /// Describe a matrix whose codes, scales and mins start at the given device addresses.
@@ -423,9 +425,156 @@ impl Gpu {
         launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
     }
 
+    /// Integer-kind matrices of the routed experts of one token, `ny` of them in one launch
+    /// (kernels.cu matvec_q_*_sel): matrix `which0 + j / k` of expert `routes[j % k]` from the
+    /// device table `tab` ([experts][3] DevMat: gate, up, down) times x + (j % k) * xs floats,
+    /// into y + j * ys floats. `w` is any one of those matrices (they share kind and shape).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_sel(
+        &self,
+        w: &DevMat,
+        tab: u64,
+        routes: u64,
+        k: usize,
+        which0: i32,
+        ny: usize,
+        (x, xs): (u64, usize),
+        (y, ys): (u64, usize),
+    ) -> crate::Result<()> {
+        if w.kind < 3 {
+            return Err(Error::Invalid(
+                "CUDA: matvec_sel takes integer kinds (float kinds: moe_gate_up, moe_down)".into(),
+            ));
+        }
+        let (ki, xsi, ysi) = (k as i32, xs as i32, ys as i32);
+        // The plain kernel's plan (the same split and column tiles: the same sums as
+        // `matvec`). Its grid fills the GPU once; the ny matrices share it (a block loops over
+        // its matrix's row tiles, so any grid computes the same sums).
+        let q = &self.kernels.matvec_q_sel[(w.kind - 3) as usize];
+        let p = self.q_plan(w).ok_or_else(|| {
+            Error::Invalid("CUDA: no integer matvec plan for a routed expert".into())
+        })?;
+        let c = LaunchConfig {
+            grid_dim: (p.grid.div_ceil(ny as u32).max(1), ny as u32, 1),
+            block_dim: (p.block, 1, 1),
+            shared_mem_bytes: p.smem,
+        };
+        let (split, tchunks) = (p.split, p.tchunks);
+        launch!(self, q.f, c; tab, routes, ki, which0, x, xsi, y, ysi, split, tchunks)
+    }
+
+    /// One token's routes ([k] experts then [k] weights at `routes`) from the router `w` and
+    /// x: one launch for a float-kind router of at most 256 rows (kernels.cu moe_route_*), else
+    /// the product into `logits` ([w.rows]) and route_topk. The same routes either way.
+    pub fn moe_route(
+        &self,
+        w: &DevMat,
+        x: u64,
+        k: usize,
+        routes: u64,
+        logits: u64,
+    ) -> crate::Result<()> {
+        let small = w.rows <= 256 && k <= 16 && k <= w.rows as usize;
+        if w.kind >= 3 || !w.vectorizable() || x % 16 != 0 || !small {
+            self.matvec(w, x, logits)?;
+            return self.route(logits, 1, w.rows as usize, k, routes);
+        }
+        let warps = (w.rows as u32).clamp(1, 32);
+        let (wm, ki) = (*w, k as i32);
+        launch!(self, self.kernels.moe_route[w.kind as usize], cfg(1, 32 * warps); wm, x, ki, routes)
+    }
+
+    /// Float-kind experts of one token from the table `tab`: h ([k, ffn]) = SwiGLU of the
+    /// routed experts' gate and up rows (`gate` is one of those gate matrices: kind and shape).
+    pub fn moe_gate_up(
+        &self,
+        gate: &DevMat,
+        tab: u64,
+        routes: u64,
+        k: usize,
+        x: u64,
+        h: u64,
+    ) -> crate::Result<()> {
+        let c = LaunchConfig {
+            grid_dim: (blocks(gate.rows as usize, 8), k as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ki = k as i32;
+        launch!(self, self.kernels.moe_gate_up[gate.kind as usize], c; tab, routes, ki, x, h)
+    }
+
+    /// Float-kind experts of one token: x += the routed experts' down rows times h, weighted
+    /// and summed in ascending expert order (`down` is one of those down matrices).
+    pub fn moe_down(
+        &self,
+        down: &DevMat,
+        tab: u64,
+        routes: u64,
+        k: usize,
+        h: u64,
+        x: u64,
+    ) -> crate::Result<()> {
+        let ki = k as i32;
+        let c = cfg(blocks(down.rows as usize, 8), 256);
+        launch!(self, self.kernels.moe_down[down.kind as usize], c; tab, routes, ki, h, x)
+    }
+
+    /// Whether decode's routed-expert kernels take matrices like `w`: a vectorizable layout
+    /// (and for integer kinds, a plan for matvec_sel).
+    pub fn sel_supports(&self, w: &DevMat) -> bool {
+        if !w.vectorizable() {
+            return false;
+        }
+        if w.kind < 3 {
+            return true;
+        }
+        // The selecting kernel runs with the plain kernel's plan: its registers must allow the
+        // plan's block.
+        let regs = self.kernels.matvec_q_sel[(w.kind - 3) as usize].shape.regs;
+        self.q_plan(w)
+            .is_some_and(|p| regs.div_ceil(8) * 8 * p.block as usize <= self.q_limits.regs_per_sm)
+    }
+
+    /// Mixtral routing of t tokens from router logits ([t, ne] at `logits`) into `routes`:
+    /// [t, k] expert indices (i32) then [t, k] weights (kernels.cu route_topk).
+    pub fn route(
+        &self,
+        logits: u64,
+        t: usize,
+        ne: usize,
+        k: usize,
+        routes: u64,
+    ) -> crate::Result<()> {
+        if k == 0 || k > 16 || k > ne {
+            return Err(Error::Invalid(format!(
+                "CUDA: routing to {k} of {ne} experts (the kernel takes 1 to 16)"
+            )));
+        }
+        let (nei, ki, ti) = (ne as i32, k as i32, t as i32);
+        launch!(self, self.kernels.route_topk, cfg(blocks(t, 128), 128); logits, nei, ki, ti, routes)
+    }
+
+    /// x[:n] += the k routed experts' outputs d ([k, n]) weighted by `routes` (one token), summed
+    /// in ascending expert order with the roundings of zero + axpy per expert + add.
+    pub fn moe_combine(
+        &self,
+        x: u64,
+        d: u64,
+        routes: u64,
+        k: usize,
+        n: usize,
+    ) -> crate::Result<()> {
+        let (ki, ni) = (k as i32, n as i32);
+        launch!(self, self.kernels.moe_combine, cfg(blocks(n, 256), 256); x, d, routes, ki, ni)
+    }
+
     /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU.
     pub fn q_plan(&self, w: &DevMat) -> Option<QPlan> {
-        let q = &self.kernels.matvec_q[(w.kind - 3) as usize];
+        self.q_plan_for(&self.kernels.matvec_q[(w.kind - 3) as usize], w)
+    }
+
+    fn q_plan_for(&self, q: &QKernel, w: &DevMat) -> Option<QPlan> {
         q_plan(
             &q.shape,
             w.rows.max(0) as usize,
@@ -942,12 +1091,144 @@ impl Backend for CudaBackend {
             shape.start_pos as i32,
         );
         let window = shape.window.map_or(0, |w| w as i32);
+        // Decode: 16 warps share a head's positions (latency-bound); prefill: 4 per query.
         let c = LaunchConfig {
             grid_dim: (shape.n_heads as u32, shape.t as u32, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (if shape.t == 1 { 512 } else { 128 }, 1, 1),
             shared_mem_bytes: 0,
         };
         launch!(self.gpu, self.gpu.kernels.attention, c; qp, kp, vp, op, nh, nkv, hd, sp, window)
+    }
+
+    /// One token: one launch for the three products when they are float kinds (matvec3_*).
+    fn matmul_qkv(
+        &self,
+        w: [&Matrix<'_>; 3],
+        x: &CudaSlice<f32>,
+        t: usize,
+        out: [&mut CudaSlice<f32>; 3],
+    ) -> crate::Result<()> {
+        let m = [*self.mat(w[0])?, *self.mat(w[1])?, *self.mat(w[2])?];
+        let xp = self.p(x);
+        let fused = t == 1
+            && xp % 16 == 0
+            && m.iter()
+                .all(|d| d.kind < 3 && d.kind == m[0].kind && d.vectorizable());
+        let [q, k, v] = out;
+        if !fused {
+            self.matmul(w[0], x, t, q)?;
+            self.matmul(w[1], x, t, k)?;
+            return self.matmul(w[2], x, t, v);
+        }
+        for (w, o) in w.iter().zip([&*q, &*k, &*v]) {
+            check_len("matmul input", x.len(), w.cols)?;
+            check_len("matmul output", o.len(), w.rows)?;
+        }
+        let (yq, yk, yv) = (self.p(q), self.p(k), self.p(v));
+        let rows = m.iter().map(|d| d.rows as usize).max().unwrap_or(0);
+        let c = LaunchConfig {
+            grid_dim: (blocks(rows, 8), 3, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = &self.gpu.kernels.matvec3[m[0].kind as usize];
+        let [a, b, d] = m;
+        launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv)
+    }
+
+    /// RoPE and the KV store in one launch (rope_kv).
+    fn rope_kv_write(
+        &self,
+        q: &mut CudaSlice<f32>,
+        k: &mut CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        (t, q_width, kv_width): (usize, usize, usize),
+        start: usize,
+        inv_freq: &[f32],
+        kv: &mut CudaKv,
+        layer: usize,
+    ) -> crate::Result<()> {
+        check_len("rope input", q.len(), t * q_width)?;
+        check_len("kv_write input", k.len().min(v.len()), t * kv_width)?;
+        if kv_width != kv.kv_dim {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: keys of {kv_width} values for a cache of {}",
+                kv.kv_dim
+            )));
+        }
+        if start + t > kv.ctx {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: KV write past the context ({} > {})",
+                start + t,
+                kv.ctx
+            )));
+        }
+        let at = ((layer * kv.ctx + start) * kv_width * 2) as u64;
+        let s = &self.gpu.stream;
+        let (kd, vd) = (ptr(&kv.k, s) + at, ptr(&kv.v, s) + at);
+        let (qp, kp, vp, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
+        let n = t * (q_width / 2 + kv_width / 2 + kv_width);
+        let (ti, qw, kw, hi, si) = (
+            t as i32,
+            q_width as i32,
+            kv_width as i32,
+            inv_freq.len() as i32,
+            start as i32,
+        );
+        launch!(self.gpu, self.gpu.kernels.rope_kv, cfg(blocks(n, 256), 256); qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd)
+    }
+
+    /// One token with float weights: the residual add inside the product (matvec_add_*).
+    fn matmul_add(
+        &self,
+        w: &Matrix<'_>,
+        x: &CudaSlice<f32>,
+        t: usize,
+        tmp: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        let d = *self.mat(w)?;
+        let xp = self.p(x);
+        if t != 1 || d.kind >= 3 || !d.vectorizable() || xp % 16 != 0 {
+            self.matmul(w, x, t, tmp)?;
+            return self.add_assign(out, tmp, t * w.rows);
+        }
+        check_len("matmul input", x.len(), w.cols)?;
+        check_len("matmul output", out.len(), w.rows)?;
+        let yp = self.p(out);
+        let c = cfg(blocks(w.rows, 8), 256);
+        launch!(self.gpu, self.gpu.kernels.matvec_add[d.kind as usize], c; d, xp, yp)
+    }
+
+    /// Routing on the device (Gpu::route, into the prefill tile's scratch), the routes copied
+    /// to the host: the same routes as the engine's device-routed decode.
+    fn route(
+        &self,
+        logits: &CudaSlice<f32>,
+        t: usize,
+        n_experts: usize,
+        routes: &mut [Route],
+        host: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let k = routes.len() / t.max(1);
+        check_len("route input", logits.len(), t * n_experts)?;
+        check_len("route scratch", self.scratch_len, 2 * t * k)?;
+        let scratch = self.p(&self.scratch);
+        self.gpu.route(self.p(logits), t, n_experts, k, scratch)?;
+        host.resize(2 * t * k, 0.0);
+        self.gpu.download_f32(scratch, &mut host[..2 * t * k])?;
+        let (ids, wts) = host.split_at(t * k);
+        for (i, ((r, id), w)) in routes.iter_mut().zip(ids).zip(wts).enumerate() {
+            let expert = id.to_bits() as usize;
+            if expert >= n_experts {
+                return Err(Error::Invalid(format!(
+                    "routing: token {} found no expert among {n_experts} (router logits not finite?)",
+                    i / k.max(1)
+                )));
+            }
+            *r = Route { expert, weight: *w };
+        }
+        Ok(())
     }
 }
 
