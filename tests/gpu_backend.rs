@@ -109,6 +109,10 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         ("f16", 33, 36),
         ("int8/g16", 17, 48),
         ("int4/g16", 19, 48),
+        // Tall float matrices (an odd last row).
+        ("f32", 8193, 64),
+        ("f16", 8203, 128),
+        ("bf16", 8193, 256),
         // 8192 rows and more take the 4-rows-per-warp kernels (a ragged last warp here).
         ("int8", 8203, 64),
         ("int4", 8203, 64),
