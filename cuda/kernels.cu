@@ -218,6 +218,16 @@ extern "C" __global__ void route_topk(const float* __restrict__ logits, int ne, 
               routes + (size_t)t * k + (size_t)i * k);
 }
 
+// The route (index into re's k experts) with the next expert index above route `prev`'s (prev
+// -1: the lowest): walks a token's routes in ascending expert order (k is small).
+__device__ __forceinline__ int next_route_up(const int* re, int k, int prev) {
+    const int last = prev < 0 ? -1 : re[prev];
+    int jb = -1;
+    for (int j = 0; j < k; j++)
+        if (re[j] > last && (jb < 0 || re[j] < re[jb])) jb = j;
+    return jb;
+}
+
 // x[:n] += sum_j w_j * d[j, :n] over the k routed experts of one token (routes as route_topk
 // writes them, t = 1), the experts taken in ascending index order and summed as a zeroed buffer
 // and axpy then add_assign would: the same roundings as the engine's per-expert path.
@@ -227,13 +237,8 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
     if (i >= n) return;
     const int* re = reinterpret_cast<const int*>(routes);
     float o = 0.f;
-    int last = -1;
-    for (int m = 0; m < k; m++) {
-        // The next expert up from `last` (k is small).
-        int jb = -1;
-        for (int j = 0; j < k; j++)
-            if (re[j] > last && (jb < 0 || re[j] < re[jb])) jb = j;
-        last = re[jb];
+    for (int m = 0, jb = -1; m < k; m++) {
+        jb = next_route_up(re, k, jb);
         o = __fmaf_rn(routes[k + jb], d[(size_t)jb * n + i], o);
     }
     x[i] = x[i] + o;
@@ -475,13 +480,9 @@ __device__ __forceinline__ void moe_down_body(const MatEntry* __restrict__ tab,
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= tab[re[0] * 3 + 2].m.rows) return;
     float o = 0.f;
-    int last = -1;
-    for (int m = 0; m < k; m++) {
-        int jb = -1;
-        for (int j = 0; j < k; j++)
-            if (re[j] > last && (jb < 0 || re[j] < re[jb])) jb = j;
-        last = re[jb];
-        const Mat d = tab[last * 3 + 2].m;
+    for (int m = 0, jb = -1; m < k; m++) {
+        jb = next_route_up(re, k, jb);
+        const Mat d = tab[re[jb] * 3 + 2].m;
         const float v = row_dot<KIND>(d, r, h + (size_t)jb * d.cols, lane);
         o = __fmaf_rn(routes[k + jb], v, o);
     }

@@ -775,6 +775,27 @@ pub struct CudaKv {
     v: CudaSlice<u16>,
 }
 
+impl CudaKv {
+    /// Device addresses of `layer`'s key and value rows for positions start..start + t.
+    fn rows(
+        &self,
+        layer: usize,
+        start: usize,
+        t: usize,
+        s: &CudaStream,
+    ) -> crate::Result<(u64, u64)> {
+        if start + t > self.ctx {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: KV write past the context ({} > {})",
+                start + t,
+                self.ctx
+            )));
+        }
+        let at = ((layer * self.ctx + start) * self.kv_dim * 2) as u64;
+        Ok((ptr(&self.k, s) + at, ptr(&self.v, s) + at))
+    }
+}
+
 /// Dense weights resident on the device, found by the host address of their mmap bytes.
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
@@ -1044,19 +1065,9 @@ impl Backend for CudaBackend {
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
     ) -> crate::Result<()> {
-        let d = kv.kv_dim;
-        let n = t * d;
+        let n = t * kv.kv_dim;
         check_len("kv_write input", k.len().min(v.len()), n)?;
-        if start + t > kv.ctx {
-            return Err(Error::Invalid(format!(
-                "CUDA backend: KV write past the context ({} > {})",
-                start + t,
-                kv.ctx
-            )));
-        }
-        let at = ((layer * kv.ctx + start) * d * 2) as u64;
-        let s = &self.gpu.stream;
-        let (kd, vd) = (ptr(&kv.k, s) + at, ptr(&kv.v, s) + at);
+        let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
         let (kp, vp, ni) = (self.p(k), self.p(v), n as i32);
         let c = cfg(blocks(n, 256), 256);
         launch!(self.gpu, self.gpu.kernels.to_half, c; kp, kd, ni)?;
@@ -1156,16 +1167,7 @@ impl Backend for CudaBackend {
                 kv.kv_dim
             )));
         }
-        if start + t > kv.ctx {
-            return Err(Error::Invalid(format!(
-                "CUDA backend: KV write past the context ({} > {})",
-                start + t,
-                kv.ctx
-            )));
-        }
-        let at = ((layer * kv.ctx + start) * kv_width * 2) as u64;
-        let s = &self.gpu.stream;
-        let (kd, vd) = (ptr(&kv.k, s) + at, ptr(&kv.v, s) + at);
+        let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
         let (qp, kp, vp, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
         let n = t * (q_width / 2 + kv_width / 2 + kv_width);
         let (ti, qw, kw, hi, si) = (
