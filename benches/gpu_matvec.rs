@@ -87,6 +87,16 @@ fn main() {
                 "hob".into(),
                 Box::new(|m: &DevMat| gpu.matvec(m, xp, yp).expect("matvec")),
             )];
+            if kind.starts_with("int") && gpu.q_kernels(&t.mats[0]).0.shape.mma {
+                // The scalar integer kernel (what runs before sm_80, or for other groups).
+                let q = &gpu.kernels.matvec_q[(name_kind(kind) - 3) as usize];
+                variants.push((
+                    "scalar".into(),
+                    Box::new(move |m: &DevMat| {
+                        assert!(gpu.matvec_int(m, q, xp, yp).expect("matvec"));
+                    }),
+                ));
+            }
             if kind.starts_with("int") {
                 let f = bench.prev(kind, rows);
                 let rpw = if kind == "int8" && rows < 8192 { 2 } else { 4 };
@@ -434,7 +444,7 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
             Some(tc) => {
                 // The production kernel with a forced column tile (several tiles per row).
                 let p = gpu.q_plan(m).expect("a plan");
-                let f = &gpu.kernels.matvec_q[(name_kind(&name) - 3) as usize].f;
+                let f = &gpu.q_kernels(m).0.f;
                 let c = LaunchConfig {
                     grid_dim: (p.grid, 1, 1),
                     block_dim: (p.block, 1, 1),
@@ -455,8 +465,10 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
             failed += 1;
         }
     };
-    let cases: [(&str, usize, usize); 16] = [
+    let cases: [(&str, usize, usize); 18] = [
         ("int8/g16", 1001, 4096),
+        ("int8/g128", 300, 4096),
+        ("int4/g384", 100, 4608),
         ("int8/g48", 333, 4608),
         ("int8", 1, 64),
         ("int4/g16", 1001, 4096),
@@ -534,11 +546,10 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
         "explore: | kind | shape | warps | split | grid | blocks/SM | smem | µs | share | NMSE |"
     );
     for kind in ["int8", "int4", "int2"] {
-        let code = name_kind(kind);
-        let q = &gpu.kernels.matvec_q[(code - 3) as usize];
-        let f = &q.f;
         for (rows, cols) in SHAPES {
             let t = TestMat::new(gpu, kind, rows, cols, false, ROTATE_BYTES);
+            let q = gpu.q_kernels(&t.mats[0]).0;
+            let f = &q.f;
             let x = random(cols, 7);
             let want = t.reference(cpu, &x);
             let xd = upload(gpu, &x);
@@ -560,7 +571,7 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
                     continue;
                 }
                 for split in [1usize, 2, 4, 8, 16] {
-                    if warps % split != 0 || (split > 1 && 32 * split > n) {
+                    if warps % split != 0 || (split > 1 && q.shape.step_chunks() * split > n) {
                         continue;
                     }
                     let tiles = rows.div_ceil(warps / split * q.shape.rows);

@@ -34,6 +34,10 @@ pub struct Kernels {
     /// Routed integer-kind experts from a device table, several matrices per launch
     /// (kernels.cu matvec_q_*_sel).
     pub matvec_q_sel: [QKernel; 3],
+    /// The integer kinds on the tensor cores (kernels.cu matvec_qm_*, and matvec_qm_*_sel like
+    /// matvec_q_*_sel): sm_80 and later, None before.
+    pub matvec_qm: Option<[QKernel; 3]>,
+    pub matvec_qm_sel: Option<[QKernel; 3]>,
     /// Float kinds by kind code: y += W x (matvec_add_*), and three matrices of one x
     /// (matvec3_*).
     pub matvec_add: [CudaFunction; 3],
@@ -55,14 +59,15 @@ pub struct Kernels {
     pub origin: String,
 }
 
-/// An integer matvec kernel (kernels.cu matvec_q_<kind>) and its shape for launch plans.
+/// An integer matvec kernel (kernels.cu matvec_q_<kind> or matvec_qm_<kind>) and its shape for
+/// launch plans.
 pub struct QKernel {
     pub f: CudaFunction,
     pub shape: QShape,
 }
 
 impl QKernel {
-    fn new(ctx: &Arc<CudaContext>, f: CudaFunction, kind: i32) -> crate::Result<QKernel> {
+    fn new(ctx: &Arc<CudaContext>, f: CudaFunction, kind: i32, mma: bool) -> crate::Result<QKernel> {
         // Mixtral's 14336 columns stage 61 KB of x: above the 48 KB a launch gets without asking.
         let optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -75,11 +80,12 @@ impl QKernel {
         let regs = f.num_regs().map_err(cuda_err)?.max(1) as usize;
         Ok(QKernel {
             f,
-            // R = 4 rows per warp (kernels.cu matvec_q_*).
+            // R = 4 rows per warp (kernels.cu matvec_q_*), or an mma's 16 (matvec_qm_*).
             shape: QShape {
                 kind,
-                rows: 4,
+                rows: if mma { 16 } else { 4 },
                 regs,
+                mma,
             },
         })
     }
@@ -150,6 +156,15 @@ impl Kernels {
                 .load_function(name)
                 .map_err(|e| Error::Invalid(format!("kernel {name}: {e}")))
         };
+        // The three integer kinds of one kernel family.
+        let qkernels = |stem: &str, suffix: &str, mma: bool| -> crate::Result<[QKernel; 3]> {
+            let k = |kind: i32, name: &str| {
+                QKernel::new(ctx, f(&format!("{stem}_{name}{suffix}"))?, kind, mma)
+            };
+            Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
+        };
+        // mma.sync m16n8k16 with f16 inputs: sm_80 and later.
+        let mma = major >= 8;
         Ok(Kernels {
             rms_norm: f("rms_norm")?,
             rope: f("rope")?,
@@ -161,17 +176,11 @@ impl Kernels {
             axpy: f("axpy")?,
             attention: f("attention")?,
             matvec: [f("matvec_f32")?, f("matvec_f16")?, f("matvec_bf16")?],
-            matvec_q: [
-                QKernel::new(ctx, f("matvec_q_int8")?, 3)?,
-                QKernel::new(ctx, f("matvec_q_int4")?, 4)?,
-                QKernel::new(ctx, f("matvec_q_int2")?, 5)?,
-            ],
+            matvec_q: qkernels("matvec_q", "", false)?,
             matvec_any: f("matvec_any")?,
-            matvec_q_sel: [
-                QKernel::new(ctx, f("matvec_q_int8_sel")?, 3)?,
-                QKernel::new(ctx, f("matvec_q_int4_sel")?, 4)?,
-                QKernel::new(ctx, f("matvec_q_int2_sel")?, 5)?,
-            ],
+            matvec_q_sel: qkernels("matvec_q", "_sel", false)?,
+            matvec_qm: mma.then(|| qkernels("matvec_qm", "", true)).transpose()?,
+            matvec_qm_sel: mma.then(|| qkernels("matvec_qm", "_sel", true)).transpose()?,
             matvec_add: [
                 f("matvec_add_f32")?,
                 f("matvec_add_f16")?,

@@ -141,24 +141,61 @@ pub struct QLimits {
     pub threads_per_sm: usize,
 }
 
-/// The shape of an integer matvec kernel (kernels.cu matvec_q_*).
+/// The shape of an integer matvec kernel (kernels.cu matvec_q_* or matvec_qm_*).
 #[derive(Clone, Copy, Debug)]
 pub struct QShape {
     /// Kind code: 3 int8, 4 int4, 5 int2.
     pub kind: i32,
-    /// R: rows per warp.
+    /// Rows per warp: R for matvec_q_*, 16 for matvec_qm_* (an mma's rows).
     pub rows: usize,
     /// Registers per thread.
     pub regs: usize,
+    /// The tensor-core kernel (matvec_qm_*).
+    pub mma: bool,
 }
 
-/// Dynamic shared memory of an integer matvec block (the layout at the top of kernels.cu's
-/// matvec_q_body): staged x and 16-column sums for `tchunks` chunks (padded to 32), then the
+/// Quads (four 16-byte chunks of each of a warp's rows) per step of matvec_qm_* (its U).
+const QM_QUADS_PER_STEP: usize = 2;
+
+impl QShape {
+    /// Columns per 16-byte chunk of codes.
+    fn chunk_cols(&self) -> usize {
+        16usize << (self.kind - 3)
+    }
+
+    /// Chunks of a row a warp reads per step: one per lane (matvec_q_*), or U quads.
+    pub fn step_chunks(&self) -> usize {
+        if self.mma {
+            4 * QM_QUADS_PER_STEP
+        } else {
+            32
+        }
+    }
+
+    /// Shared memory per staged chunk of x.
+    fn staged_per_chunk(&self) -> usize {
+        let cc = self.chunk_cols();
+        if self.mma {
+            // Two f16 parts per column, and the chunk's sum.
+            cc * 4 + 4
+        } else {
+            // The scaled f32 x, and its 16-column sums.
+            cc * 4 + cc / 16 * 4
+        }
+    }
+}
+
+/// Dynamic shared memory of an integer matvec block (the layouts at the top of kernels.cu's
+/// matvec_q_body and matvec_qm_body): staged x for `tchunks` chunks (padded to 32), then the
 /// warps' partial sums (two tiles) and flags.
 pub fn q_smem(k: &QShape, warps: usize, tchunks: usize) -> usize {
-    let cc = 16usize << (k.kind - 3);
     let tpad = tchunks.div_ceil(32) * 32;
-    tpad * cc * 4 + tpad * (cc / 16) * 4 + 2 * warps * k.rows * 4 + 2 * warps * 4
+    let staged = tpad * k.staged_per_chunk();
+    if k.mma {
+        staged + 2 * warps * 16 * 4 + warps * 4
+    } else {
+        staged + 2 * warps * k.rows * 4 + 2 * warps * 4
+    }
 }
 
 /// How an integer matvec is launched: kernels.cu matvec_q_* (w, x, y, split, tchunks).
@@ -182,8 +219,7 @@ pub struct QPlan {
 /// memory (matvec_any then).
 pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Option<QPlan> {
     let n = (row_bytes / 16).max(1);
-    let cc = 16usize << (k.kind - 3);
-    let per_chunk = cc * 4 + cc / 16 * 4;
+    let per_chunk = k.staged_per_chunk();
     let ok =
         |warps: usize, t: usize| q_smem(k, warps, t) <= lim.smem_max && t * per_chunk <= Q_XS_CAP;
     let fit = |warps: usize| -> Option<usize> {
@@ -209,13 +245,14 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
     let cap = (lim.sm_count * per_sm).max(1);
     let tn = tchunks.min(n);
     let mut best: Option<(usize, usize, usize)> = None; // (cost, split, grid)
+    let sc = k.step_chunks();
     for split in (0..5).map(|i| 1usize << i) {
-        if warps % split != 0 || (split > 1 && 32 * split > tn) {
+        if warps % split != 0 || (split > 1 && sc * split > tn) {
             continue;
         }
         let tiles = rows.div_ceil(warps / split * k.rows).max(1);
         let grid = tiles.min(cap);
-        let cost = tiles.div_ceil(grid) * (tn.div_ceil(32 * split) + 1);
+        let cost = tiles.div_ceil(grid) * (tn.div_ceil(sc * split) + 1);
         if best.is_none_or(|(c, _, _)| cost < c) {
             best = Some((cost, split, grid));
         }
@@ -404,15 +441,8 @@ impl Gpu {
         let w = *w;
         if w.vectorizable() && x % 16 == 0 {
             if w.kind >= 3 {
-                if let Some(p) = self.q_plan(&w) {
-                    let c = LaunchConfig {
-                        grid_dim: (p.grid, 1, 1),
-                        block_dim: (p.block, 1, 1),
-                        shared_mem_bytes: p.smem,
-                    };
-                    let (split, tchunks) = (p.split, p.tchunks);
-                    let f = &self.kernels.matvec_q[(w.kind - 3) as usize].f;
-                    return launch!(self, f, c; w, x, y, split, tchunks);
+                if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
+                    return Ok(());
                 }
             } else {
                 // Float kinds: one row per warp, 8 warps per block.
@@ -423,6 +453,36 @@ impl Gpu {
         let c = cfg(blocks(w.rows as usize, 8), 256);
         let kind = w.kind;
         launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
+    }
+
+    /// y = W · x through the integer kernel `q` (matvec_q_* or matvec_qm_* of w's kind, for a
+    /// vectorizable w) with its plan; false (nothing launched) where no plan fits.
+    pub fn matvec_int(&self, w: &DevMat, q: &QKernel, x: u64, y: u64) -> crate::Result<bool> {
+        let Some(p) = self.q_plan_for(q, w) else {
+            return Ok(false);
+        };
+        let c = LaunchConfig {
+            grid_dim: (p.grid, 1, 1),
+            block_dim: (p.block, 1, 1),
+            shared_mem_bytes: p.smem,
+        };
+        let (w, split, tchunks) = (*w, p.split, p.tchunks);
+        launch!(self, q.f, c; w, x, y, split, tchunks)?;
+        Ok(true)
+    }
+
+    /// The integer matvec kernels for `w` (plain, selecting): the tensor-core ones where the GPU
+    /// has them and w's groups are 1, 2 or a multiple of 4 whole chunks (kernels.cu
+    /// matvec_qm_body), else matvec_q_*.
+    pub fn q_kernels(&self, w: &DevMat) -> (&QKernel, &QKernel) {
+        let i = (w.kind - 3) as usize;
+        let cc = 16 << (w.kind - 3);
+        let cpg = w.group / cc;
+        let whole = w.group > 0 && w.group % cc == 0 && (cpg <= 2 || cpg % 4 == 0);
+        match (&self.kernels.matvec_qm, &self.kernels.matvec_qm_sel) {
+            (Some(p), Some(s)) if whole => (&p[i], &s[i]),
+            _ => (&self.kernels.matvec_q[i], &self.kernels.matvec_q_sel[i]),
+        }
     }
 
     /// Integer-kind matrices of the routed experts of one token, `ny` of them in one launch
@@ -450,7 +510,7 @@ impl Gpu {
         // The plain kernel's plan (the same split and column tiles: the same sums as
         // `matvec`). Its grid fills the GPU once; the ny matrices share it (a block loops over
         // its matrix's row tiles, so any grid computes the same sums).
-        let q = &self.kernels.matvec_q_sel[(w.kind - 3) as usize];
+        let q = self.q_kernels(w).1;
         let p = self.q_plan(w).ok_or_else(|| {
             Error::Invalid("CUDA: no integer matvec plan for a routed expert".into())
         })?;
@@ -531,7 +591,7 @@ impl Gpu {
         }
         // The selecting kernel runs with the plain kernel's plan: its registers must allow the
         // plan's block.
-        let regs = self.kernels.matvec_q_sel[(w.kind - 3) as usize].shape.regs;
+        let regs = self.q_kernels(w).1.shape.regs;
         self.q_plan(w)
             .is_some_and(|p| regs.div_ceil(8) * 8 * p.block as usize <= self.q_limits.regs_per_sm)
     }
@@ -569,12 +629,14 @@ impl Gpu {
         launch!(self, self.kernels.moe_combine, cfg(blocks(n, 256), 256); x, d, routes, ki, ni)
     }
 
-    /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU.
+    /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU, for the kernel
+    /// `matvec` runs.
     pub fn q_plan(&self, w: &DevMat) -> Option<QPlan> {
-        self.q_plan_for(&self.kernels.matvec_q[(w.kind - 3) as usize], w)
+        self.q_plan_for(self.q_kernels(w).0, w)
     }
 
-    fn q_plan_for(&self, q: &QKernel, w: &DevMat) -> Option<QPlan> {
+    /// The plan of an integer matvec through kernel `q`.
+    pub fn q_plan_for(&self, q: &QKernel, w: &DevMat) -> Option<QPlan> {
         q_plan(
             &q.shape,
             w.rows.max(0) as usize,
@@ -1285,11 +1347,14 @@ mod tests {
                 for &(rows, cols) in &shapes {
                     let row_bytes = cols * [8, 4, 2][(kind - 3) as usize] / 8;
                     let n = row_bytes / 16;
-                    for (r, regs) in [(4, 128), (2, 64), (8, 168)] {
+                    for (r, regs, mma) in
+                        [(4, 128, false), (2, 64, false), (8, 168, false), (16, 96, true)]
+                    {
                         let k = QShape {
                             kind,
                             rows: r,
                             regs,
+                            mma,
                         };
                         let p = q_plan(&k, rows, row_bytes, lim).expect("a plan");
                         let (split, tchunks, warps) =
@@ -1299,7 +1364,10 @@ mod tests {
                         assert!(p.smem as usize <= lim.smem_max, "{what}");
                         assert!(tchunks == n || (tchunks % 32 == 0 && tchunks < n), "{what}");
                         assert!(warps % split == 0 && p.block % 32 == 0, "{what}");
-                        assert!(split == 1 || 32 * split <= tchunks.min(n), "{what}");
+                        assert!(
+                            split == 1 || k.step_chunks() * split <= tchunks.min(n),
+                            "{what}"
+                        );
                         let tiles = rows.div_ceil(warps / split * r);
                         assert!(p.grid >= 1 && p.grid as usize <= tiles, "{what}");
                     }
@@ -1308,14 +1376,19 @@ mod tests {
         }
         // Mixtral's expert shapes on the H100: x in one column tile, (nearly) every SM busy.
         for (kind, rows, row_bytes) in [(3, 14336, 4096), (4, 4096, 7168), (5, 14336, 1024)] {
-            let k = QShape {
-                kind,
-                rows: 4,
-                regs: 128,
-            };
-            let p = q_plan(&k, rows, row_bytes, &H100).expect("a plan");
-            assert_eq!(p.tchunks as usize, row_bytes / 16);
-            assert!(p.grid >= 128, "{p:?}");
+            for (r, mma) in [(4, false), (16, true)] {
+                let k = QShape {
+                    kind,
+                    rows: r,
+                    regs: 128,
+                    mma,
+                };
+                let p = q_plan(&k, rows, row_bytes, &H100).expect("a plan");
+                assert_eq!(p.tchunks as usize, row_bytes / 16);
+                // 16-row tiles leave fewer tiles than SMs at some splits; the cost model may
+                // take one of those.
+                assert!(p.grid >= if mma { 100 } else { 128 }, "{p:?}");
+            }
         }
     }
 }
