@@ -18,7 +18,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::CompileOptions;
 use hob::backend::cpu::CpuBackend;
-use hob::backend::cuda::{self, q_smem, DevMat, Gpu};
+use hob::backend::cuda::{self, q_smem, DevMat, Gpu, QKernel};
 use hob::format::{DType, MatrixView, Variant};
 use hob::quant::Matrix;
 
@@ -46,6 +46,19 @@ extern "C" __global__ void bench_read(const uint4* __restrict__ p, unsigned long
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
 extern "C" __global__ void bench_empty() {}
+// matvec_qm_* variants for the exploration: U quads per step, and (ns) x not staged (timing only).
+#define QM_VARIANT(NAME, KIND, U, ST, S) \
+    extern "C" __global__ void __launch_bounds__(512) NAME(const Mat w, const float* x, float* y, int split, int tchunks) { \
+        matvec_qm_body<KIND, U, ST, S>(w, x, y, split, tchunks); \
+    }
+QM_VARIANT(qm_int4_u2ns, KIND_INT4, 2, false, 0)
+QM_VARIANT(qm_int2_u2ns, KIND_INT2, 2, false, 0)
+QM_VARIANT(qm_int8_u2s3, KIND_INT8, 2, true, 3)
+QM_VARIANT(qm_int4_u2s3, KIND_INT4, 2, true, 3)
+QM_VARIANT(qm_int4_u2s4, KIND_INT4, 2, true, 4)
+QM_VARIANT(qm_int4_u1s6, KIND_INT4, 1, true, 6)
+QM_VARIANT(qm_int2_u2s3, KIND_INT2, 2, true, 3)
+QM_VARIANT(qm_int2_u2s4, KIND_INT2, 2, true, 4)
 "#;
 
 fn main() {
@@ -87,15 +100,23 @@ fn main() {
                 "hob".into(),
                 Box::new(|m: &DevMat| gpu.matvec(m, xp, yp).expect("matvec")),
             )];
-            if kind.starts_with("int") && gpu.q_kernels(&t.mats[0]).0.shape.mma {
-                // The scalar integer kernel (what runs before sm_80, or for other groups).
-                let q = &gpu.kernels.matvec_q[(name_kind(kind) - 3) as usize];
-                variants.push((
-                    "scalar".into(),
-                    Box::new(move |m: &DevMat| {
-                        assert!(gpu.matvec_int(m, q, xp, yp).expect("matvec"));
-                    }),
-                ));
+            if kind.starts_with("int") {
+                // The integer kernel production does not take here: the scalar one (what runs
+                // before sm_80, or for other groups) or the tensor-core one.
+                let i = (name_kind(kind) - 3) as usize;
+                let other = if gpu.q_kernels(&t.mats[0]).0.shape.mma() {
+                    Some(("scalar", &gpu.kernels.matvec_q[i]))
+                } else {
+                    gpu.kernels.matvec_qm.as_ref().map(|q| ("mma", &q[i]))
+                };
+                if let Some((name, q)) = other {
+                    variants.push((
+                        name.into(),
+                        Box::new(move |m: &DevMat| {
+                            assert!(gpu.matvec_int(m, q, xp, yp).expect("matvec"));
+                        }),
+                    ));
+                }
             }
             if kind.starts_with("int") {
                 let f = bench.prev(kind, rows);
@@ -166,6 +187,8 @@ struct BenchKernels {
     read: CudaFunction,
     empty: CudaFunction,
     prev: [CudaFunction; 4],
+    /// matvec_qm_* variants: (name, kind code, U, staged).
+    qm: Vec<(String, QKernel, bool)>,
 }
 
 impl BenchKernels {
@@ -219,6 +242,26 @@ impl BenchKernels {
                 f("prev_matvec_int2"),
                 f("prev_matvec_int8_r2"),
             ],
+            qm: if gpu.kernels.matvec_qm.is_some() {
+                [
+                    ("qm_int4_u2ns", 4, 2, 0),
+                    ("qm_int2_u2ns", 5, 2, 0),
+                    ("qm_int8_u2s3", 3, 2, 3),
+                    ("qm_int4_u2s3", 4, 2, 3),
+                    ("qm_int4_u2s4", 4, 2, 4),
+                    ("qm_int4_u1s6", 4, 1, 6),
+                    ("qm_int2_u2s3", 5, 2, 3),
+                    ("qm_int2_u2s4", 5, 2, 4),
+                ]
+                .iter()
+                .map(|&(n, kind, u, st)| {
+                    let q = QKernel::new(&gpu.ctx, f(n), kind, (u, st)).expect("kernel");
+                    (n.to_string(), q, !n.ends_with("ns"))
+                })
+                .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -542,70 +585,90 @@ fn name_kind(name: &str) -> i32 {
 /// doing nothing, and a kernel that only reads as many bytes as each matrix has.
 fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f64) -> usize {
     let mut failed = 0;
-    println!(
-        "explore: | kind | shape | warps | split | grid | blocks/SM | smem | µs | share | NMSE |"
-    );
     for kind in ["int8", "int4", "int2"] {
+        let code = name_kind(kind);
         for (rows, cols) in SHAPES {
             let t = TestMat::new(gpu, kind, rows, cols, false, ROTATE_BYTES);
-            let q = gpu.q_kernels(&t.mats[0]).0;
-            let f = &q.f;
             let x = random(cols, 7);
             let want = t.reference(cpu, &x);
             let xd = upload(gpu, &x);
             let y = gpu.alloc::<f32>(rows, "y").expect("alloc");
             let (xp, yp) = (cuda::ptr(&xd, &gpu.stream), cuda::ptr(&y, &gpu.stream));
             let n = t.mats[0].row_bytes as usize / 16;
-            let mut best = (f64::MAX, String::new());
-            let max_threads = f.max_threads_per_block().unwrap_or(1024) as u32;
-            for warps in [4usize, 8, 12, 16, 24, 32] {
-                let smem = q_smem(&q.shape, warps, n);
-                let block = 32 * warps as u32;
-                if block > max_threads || smem > gpu.q_limits.smem_max {
-                    continue;
+            let i = (code - 3) as usize;
+            let mut cands: Vec<(String, &QKernel, bool)> =
+                vec![("scalar".into(), &gpu.kernels.matvec_q[i], true)];
+            if let Some(q) = &gpu.kernels.matvec_qm {
+                cands.push(("mma".into(), &q[i], true));
+            }
+            for (name, q, staged) in &bench.qm {
+                if q.shape.kind == code {
+                    cands.push((name.clone(), q, *staged));
                 }
-                let per_sm = f
-                    .occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
-                    .unwrap_or(0) as usize;
-                if per_sm == 0 {
-                    continue;
-                }
-                for split in [1usize, 2, 4, 8, 16] {
-                    if warps % split != 0 || (split > 1 && q.shape.step_chunks() * split > n) {
+            }
+            for (cname, q, checked) in cands {
+                let f = &q.f;
+                let mut best = (f64::MAX, String::new());
+                let max_threads = f.max_threads_per_block().unwrap_or(1024) as u32;
+                for warps in [4usize, 8, 12, 16, 24, 32] {
+                    let smem = q_smem(&q.shape, warps, n);
+                    let block = 32 * warps as u32;
+                    if block > max_threads || smem > gpu.q_limits.smem_max {
                         continue;
                     }
-                    let tiles = rows.div_ceil(warps / split * q.shape.rows);
-                    let grid = tiles.min(gpu.q_limits.sm_count * per_sm);
-                    let c = LaunchConfig {
-                        grid_dim: (grid as u32, 1, 1),
-                        block_dim: (block, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    };
-                    let qa = Some((split as i32, n as i32));
-                    let s = time(gpu, &bench.spin, |i| {
-                        launch(gpu, f, c, &t.mats[i % t.mats.len()], xp, yp, qa)
-                    });
-                    launch(gpu, f, c, &t.mats[0], xp, yp, qa);
-                    let e = nmse(&download(gpu, &y, rows), &want);
-                    if e > 1e-10 {
-                        failed += 1;
+                    let per_sm = f
+                        .occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
+                        .unwrap_or(0) as usize;
+                    if per_sm == 0 {
+                        continue;
                     }
-                    let share = 100.0 * t.bytes as f64 / s / copy;
-                    if s < best.0 {
-                        best = (s, format!("warps {warps} split {split} grid {grid}"));
+                    for split in [1usize, 2, 4, 8, 16] {
+                        if warps % split != 0 || (split > 1 && q.shape.step_chunks() * split > n)
+                        {
+                            continue;
+                        }
+                        let tiles = rows.div_ceil(warps / split * q.shape.rows);
+                        let grid = tiles.min(gpu.q_limits.sm_count * per_sm);
+                        let c = LaunchConfig {
+                            grid_dim: (grid as u32, 1, 1),
+                            block_dim: (block, 1, 1),
+                            shared_mem_bytes: smem as u32,
+                        };
+                        let qa = Some((split as i32, n as i32));
+                        let s = time(gpu, &bench.spin, |i| {
+                            launch(gpu, f, c, &t.mats[i % t.mats.len()], xp, yp, qa)
+                        });
+                        launch(gpu, f, c, &t.mats[0], xp, yp, qa);
+                        let e = nmse(&download(gpu, &y, rows), &want);
+                        if checked && e > 1e-10 {
+                            failed += 1;
+                        }
+                        if s < best.0 {
+                            best = (
+                                s,
+                                format!(
+                                    "warps {warps} split {split} grid {grid} ({per_sm}/SM, {} regs) NMSE {e:.1e}",
+                                    q.shape.regs
+                                ),
+                            );
+                        }
                     }
-                    println!(
-                        "explore: | {kind} | {rows}x{cols} | {warps} | {split} | {grid} | {per_sm} | {smem} | {:.2} | {share:.1}% | {e:.1e} |",
-                        s * 1e6
-                    );
                 }
+                println!(
+                    "explore {kind} {rows}x{cols} {cname}: {:.2} µs {:.1}% at {}",
+                    best.0 * 1e6,
+                    100.0 * t.bytes as f64 / best.0 / copy,
+                    best.1,
+                );
             }
             let auto = gpu.q_plan(&t.mats[0]);
             println!(
-                "best {kind} {rows}x{cols}: {} {:.2} µs {:.1}% (production plan: {auto:?})",
-                best.1,
-                best.0 * 1e6,
-                100.0 * t.bytes as f64 / best.0 / copy,
+                "production {kind} {rows}x{cols}: {} kernel, {auto:?}",
+                if gpu.q_kernels(&t.mats[0]).0.shape.mma() {
+                    "mma"
+                } else {
+                    "scalar"
+                }
             );
             // The ceiling: reading these bytes and nothing else (one launch, same rotation).
             let words = (t.bytes / 16) as u64;

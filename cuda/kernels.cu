@@ -923,13 +923,14 @@ extern "C" __global__ void matvec_q_int2_sel(SEL_ARGS, int split, int tchunks) {
 //   "quad" q of four chunks, and the order of a row's columns inside an mma is whatever the code
 //   words give (the staged x follows it).
 // - B (16 x 8): x * 2^K in two f16 parts (hi = f16(x'), lo = f16(x' - hi): 22 bits of x) times
-//   2^-p, so every product is q * x' * 2^-24; K puts max |x'| in [2^14, 2^15). Column n of B is
+//   2^-p, so every product is q * x' * 2^-24; K, one per quad, puts the quad's max |x'| in
+//   [2^14, 2^15) (found by the 16 lanes that stage the quad: no pass over x first). Column n of B is
 //   part n % 2 of local group n / 2 of the quad (the groups a quad's chunks fall into: 4 of one
 //   chunk, 2 of two, or 1), zero for the other groups' columns: the accumulator's columns 2 t and
 //   2 t + 1 are then local group t's two parts, in lane t of each row group.
-// - Per quad: each row's group sum times its scale, plus min (or -128 for int8's q + 128 codes)
-//   times the group's sum of x, added in f32 (the same terms as matvec_q_*); lanes t then warps
-//   sharing a row group (split) add in a fixed order; y = that * 2^(24 - K).
+// - Per quad: each row's group sum times 2^(24 - K) and its scale, plus min (or -128 for int8's
+//   q + 128 codes) times the group's sum of x, added in f32 (the same terms as matvec_q_*); lanes
+//   t then warps sharing a row group (split) add in a fixed order.
 // Accuracy: the f16 split of x (relative error <= 2^-22 per element) and the tensor cores' f32
 // accumulation; kernels-vs-CPU NMSE is bounded like the scalar kernels (benches/gpu_matvec.rs).
 
@@ -975,33 +976,20 @@ __device__ __forceinline__ void qm_split2(float v, float u, u32& hi, u32& lo) {
 // Stage columns [0, tn * CC) of xt for matvec_qm_body: xb holds, per quad q, B-fragment entry
 // v (0 .. NR - 1: two mmas) of chunk t and part p at uint4 ((q * NR + v) * 4 + t) * 2 + p (a
 // warp's 8 distinct entries of one load are 128 contiguous bytes); chunks tn .. 4 q + 3 of a
-// partial quad are zeros. sxc: each chunk's sum of x, times 2^(K - 24). Returns K. One code
-// word's columns per thread, a chunk's four words in adjacent lanes. Block-wide (blockDim.x a
-// multiple of 32); ends with a barrier.
+// partial quad are zeros. Each quad has its own K (x * 2^K below 2^15 there): qf[q] = 2^(24 - K).
+// sxc: each chunk's sum of x. One code word's columns per thread: a quad's 16 words are 16
+// adjacent lanes. Block-wide (blockDim.x a multiple of 32); ends with a barrier.
 template <int KIND>
-__device__ int qmstage(const float* __restrict__ xt, int tn, uint4* xb, float* sxc, int* wsm) {
+__device__ void qmstage(const float* __restrict__ xt, int tn, uint4* xb, float* sxc, float* qf) {
     constexpr int EPW = 32 / QMTraits<KIND>::BITS, NR = EPW / 2, CC = 4 * EPW;
-    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float4* x4 = reinterpret_cast<const float4*>(xt);
     __syncthreads();  // earlier readers of the shared arrays are done
-    float mx = 0.f;
-    for (int m = threadIdx.x; m < tn * CC / 4; m += blockDim.x) {
-        const float4 v = __ldg(x4 + m);
-        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    }
-    mx = warp_max(mx);
-    if (lane == 0) wsm[warp] = __float_as_int(mx);
-    __syncthreads();
-    for (int i = 0; i < warps; i++) mx = fmaxf(mx, __int_as_float(wsm[i]));
-    // |x| < 2^(e - 126) for the largest biased exponent e (subnormals as e = 1), so x * 2^K with
-    // K = 140 - e stays below 2^15. K is in [-114, 139].
-    const int e = max((int)((__float_as_uint(mx) >> 23) & 0xff), 1);
-    const int k = 140 - e;
     const int nwords = ((tn + 3) & ~3) * 4;
     for (int m0 = 0; m0 < nwords; m0 += blockDim.x) {
         const int it = m0 + threadIdx.x, c = it >> 2, wd = it & 3;
         const bool in = it < nwords && c < tn;
         float xv[EPW];
+        float mx = 0.f, sum = 0.f;
 #pragma unroll
         for (int i = 0; i < EPW / 4; i++) {
             const float4 v = in ? __ldg(x4 + (c * CC + wd * EPW) / 4 + i)
@@ -1010,14 +998,23 @@ __device__ int qmstage(const float* __restrict__ xt, int tn, uint4* xb, float* s
             xv[4 * i + 1] = v.y;
             xv[4 * i + 2] = v.z;
             xv[4 * i + 3] = v.w;
+            mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
         }
-        float sum = 0.f;
 #pragma unroll
         for (int i = 0; i < EPW; i++) sum += xv[i];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+#pragma unroll
+        for (int o = 1; o < 16; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         if (it >= nwords) continue;
-        if (wd == 0) sxc[c] = ldexp2(sum, k - 24);
+        // |x| < 2^(e - 126) for the quad's largest biased exponent e (subnormals as e = 1), so
+        // x * 2^K with K = 140 - e stays below 2^15; K >= -103 keeps 2^(24 - K) a float (an |x|
+        // of 2^117 or more becomes infinite).
+        const int e = max((int)((__float_as_uint(mx) >> 23) & 0xff), 1);
+        const int k = max(140 - e, -103);
+        const int q = c >> 2, t = c & 3;
+        if (wd == 0) sxc[c] = sum;
+        if ((it & 15) == 0) qf[q] = __uint_as_float((u32)(127 + 24 - k) << 23);
         // The word's mmas j = wd * NR / 2 + m: registers 2 m and 2 m + 1, each codes r and r + NR.
         u32 h[NR], l[NR];
 #pragma unroll
@@ -1025,7 +1022,6 @@ __device__ int qmstage(const float* __restrict__ xt, int tn, uint4* xb, float* s
             const int ex = k - qm_pos<KIND>(r);
             qm_split2(ldexp2(xv[r], ex), ldexp2(xv[r + NR], ex), h[r], l[r]);
         }
-        const int q = c >> 2, t = c & 3;
         if (NR == 2) {
             // int8: one mma per word, half an entry.
             uint2* d = reinterpret_cast<uint2*>(xb + ((q * NR + (wd >> 1)) * 4 + t) * 2) + (wd & 1);
@@ -1041,7 +1037,6 @@ __device__ int qmstage(const float* __restrict__ xt, int tn, uint4* xb, float* s
         }
     }
     __syncthreads();
-    return k;
 }
 
 // One step's loads of a lane: U quads' chunks of its two rows, with the scale and min bits of
@@ -1057,7 +1052,31 @@ struct QMBuf {
 // quads, the split warps of a row group taking steps in turn; the columns go in tiles of tchunks
 // chunks (a multiple of 32 when there is more than one), each staged in turn. Dynamic shared
 // memory: q_smem in mod.rs.
-template <int KIND, int U>
+// 16 bytes global -> shared without registers (zeros where !valid); groups of them complete in
+// order (sm_80+).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((u32)a), "l"(src),
+                 "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
+// S > 0: the codes go through a ring of S steps per warp in shared memory (cp.async, S - 1 steps
+// ahead) instead of registers (one step ahead); the scales stay one step ahead in registers.
+template <int KIND, int U, bool STAGE = true, int S = 0>
 __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restrict__ x,
                                                float* __restrict__ y, int split, int tchunks) {
 #if __CUDA_ARCH__ >= 800
@@ -1072,8 +1091,10 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
     const int tpad = (tchunks + 31) & ~31;
     uint4* xb = reinterpret_cast<uint4*>(qsm);
     float* sxc = reinterpret_cast<float*>(xb + tpad * NR * 2);
-    float* red = sxc + tpad;                                 // [2][warps][16]
-    int* wsm = reinterpret_cast<int*>(red + 2 * warps * 16);  // [warps]
+    float* qf = sxc + tpad;          // [tpad / 4]
+    float* red = qf + tpad / 4;      // [2][warps][16]
+    // S > 0: this warp's ring, [S][U][2][32] 16-byte entries (a lane's own chunks).
+    uint4* ring = reinterpret_cast<uint4*>(red + 2 * warps * 16) + warp * (S * U * 2 * 32);
     const int gpr = w.cols / w.group;
     const int cpg = w.group / CC;             // chunks per group: 1, 2 or a multiple of 4
     const int cpq = min(cpg, 4);              // chunks per local group of a quad
@@ -1110,7 +1131,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                 const int gi = cpg_shift >= 0 ? (ct0 + cq) >> cpg_shift : (ct0 + cq) / cpg;
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    b.v[u][i] = in ? qld(lrow[i] + c) : make_uint4(0, 0, 0, 0);
+                    if (S == 0) b.v[u][i] = in ? qld(lrow[i] + c) : make_uint4(0, 0, 0, 0);
                     u32 sm = 0;
                     if (gin) {
                         sm = __ldg(w.scales + lsrow[i] + gi);
@@ -1120,10 +1141,41 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                 }
             }
         };
+        // S > 0: the step fetched next (ft, fk) and the ring slot it goes to.
+        int ft = blockIdx.x, fk = 0;
+        auto fetch = [&](int slot) {
+            if (ft < ntiles) {
+                const uint4* rw[2];
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int r = min(ft * tile_rows + g * 16 + qg + 8 * i, w.rows - 1);
+                    rw[i] = reinterpret_cast<const uint4*>(w.codes + (size_t)r * w.row_bytes) + ct0;
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int c = 4 * ((s + fk * split) * U + u) + qt;
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        cp_async16(ring + ((slot * U + u) * 2 + i) * 32 + lane, rw[i] + min(c, tn - 1),
+                                   c < tn);
+                }
+                if (++fk == ksteps) {
+                    fk = 0;
+                    ft += gridDim.x;
+                }
+            }
+            cp_async_commit();
+        };
+        if (S > 0) {
+#pragma unroll
+            for (int i = 0; i < S - 1; i++) fetch(i);
+        }
+        int slot = 0;
         QMBuf<U> cur, nxt;
         int t = blockIdx.x, k = 0;
         load(cur, t, k);
-        const int kx = qmstage<KIND>(x + (size_t)ct0 * CC, tn, xb, sxc, wsm);
+        // (STAGE false: timing only, benches/gpu_matvec.rs.)
+        if (STAGE) qmstage<KIND>(x + (size_t)ct0 * CC, tn, xb, sxc, qf);
         float acc[2] = {0.f, 0.f};
         for (;;) {
             int nk = k + 1, nt = t;
@@ -1132,6 +1184,15 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                 nt += gridDim.x;
             }
             const bool more = nt < ntiles;
+            if (S > 0) {
+                fetch(slot == 0 ? S - 1 : slot - 1);
+                cp_async_wait<(S > 0 ? S - 1 : 0)>();
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) cur.v[u][i] = ring[((slot * U + u) * 2 + i) * 32 + lane];
+                slot = slot == S - 1 ? 0 : slot + 1;
+            }
             if (more) load(nxt, nt, nk);
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -1162,10 +1223,11 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                         const int cq = 4 * q + qt * cpq;
                         float sx = sxc[cq];
                         for (int i = 1; i < cpq; i++) sx += sxc[cq + i];
+                        const float f = qf[q];
 #pragma unroll
                         for (int i = 0; i < 2; i++) {
                             const float sc = h2f((half_bits)(cur.sm[u][i] & 0xffff));
-                            const float a = c4[2 * i] + c4[2 * i + 1];
+                            const float a = (c4[2 * i] + c4[2 * i + 1]) * f;
                             if (KIND == KIND_INT8) {
                                 acc[i] = fmaf(sc, fmaf(-128.f, sx, a), acc[i]);
                             } else {
@@ -1188,8 +1250,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                     for (int i = 0; i < 2; i++) {
                         const int r = t * tile_rows + g * 16 + qg + 8 * i;
                         if (qt == 0 && r < w.rows) {
-                            const float o = ldexp2(acc[i], 24 - kx);
-                            y[r] = ct0 > 0 ? y[r] + o : o;
+                            y[r] = ct0 > 0 ? y[r] + acc[i] : acc[i];
                         }
                     }
                 } else {
@@ -1203,8 +1264,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                     if (s == 0 && lane < 16 && r < w.rows) {
                         float sum = 0.f;
                         for (int ss = 0; ss < split; ss++) sum += rb[(g * split + ss) * 16 + lane];
-                        const float o = ldexp2(sum, 24 - kx);
-                        y[r] = ct0 > 0 ? y[r] + o : o;
+                        y[r] = ct0 > 0 ? y[r] + sum : sum;
                     }
                     parity ^= 1;
                 }
@@ -1215,18 +1275,21 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
             t = nt;
             k = nk;
         }
+        if (S > 0) cp_async_wait<0>();
     }
 #endif
 }
 
-// U = 2 quads per step (a lane loads 64 bytes of codes per step, as matvec_q_* do).
-extern "C" __global__ void matvec_qm_int8(const Mat w, const float* x, float* y, int split, int tchunks) {
+// U = 2 quads per step (a lane loads 64 bytes of codes per step, as matvec_q_* do). At most 512
+// threads (the plans' 16 warps), so at most 128 registers: the selecting kernels then run with
+// the plain kernels' plans.
+extern "C" __global__ void __launch_bounds__(512) matvec_qm_int8(const Mat w, const float* x, float* y, int split, int tchunks) {
     matvec_qm_body<KIND_INT8, 2>(w, x, y, split, tchunks);
 }
-extern "C" __global__ void matvec_qm_int4(const Mat w, const float* x, float* y, int split, int tchunks) {
+extern "C" __global__ void __launch_bounds__(512) matvec_qm_int4(const Mat w, const float* x, float* y, int split, int tchunks) {
     matvec_qm_body<KIND_INT4, 2>(w, x, y, split, tchunks);
 }
-extern "C" __global__ void matvec_qm_int2(const Mat w, const float* x, float* y, int split, int tchunks) {
+extern "C" __global__ void __launch_bounds__(512) matvec_qm_int2(const Mat w, const float* x, float* y, int split, int tchunks) {
     matvec_qm_body<KIND_INT2, 2>(w, x, y, split, tchunks);
 }
 extern "C" __global__ void matvec_qm_int8_sel(SEL_ARGS, int split, int tchunks) {

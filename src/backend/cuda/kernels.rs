@@ -10,7 +10,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-use super::{cuda_err, QShape};
+use super::{cuda_err, QShape, QM_QUADS_PER_STEP};
 use crate::Error;
 
 const SOURCE: &str = include_str!("../../../cuda/kernels.cu");
@@ -67,7 +67,13 @@ pub struct QKernel {
 }
 
 impl QKernel {
-    fn new(ctx: &Arc<CudaContext>, f: CudaFunction, kind: i32, mma: bool) -> crate::Result<QKernel> {
+    /// `quads`, `stages`: U and S of a matvec_qm_* kernel, 0 for matvec_q_*.
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        f: CudaFunction,
+        kind: i32,
+        (quads, stages): (usize, usize),
+    ) -> crate::Result<QKernel> {
         // Mixtral's 14336 columns stage 61 KB of x: above the 48 KB a launch gets without asking.
         let optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -83,9 +89,10 @@ impl QKernel {
             // R = 4 rows per warp (kernels.cu matvec_q_*), or an mma's 16 (matvec_qm_*).
             shape: QShape {
                 kind,
-                rows: if mma { 16 } else { 4 },
+                rows: if quads > 0 { 16 } else { 4 },
                 regs,
-                mma,
+                quads,
+                stages,
             },
         })
     }
@@ -159,7 +166,8 @@ impl Kernels {
         // The three integer kinds of one kernel family.
         let qkernels = |stem: &str, suffix: &str, mma: bool| -> crate::Result<[QKernel; 3]> {
             let k = |kind: i32, name: &str| {
-                QKernel::new(ctx, f(&format!("{stem}_{name}{suffix}"))?, kind, mma)
+                let quads = if mma { QM_QUADS_PER_STEP } else { 0 };
+                QKernel::new(ctx, f(&format!("{stem}_{name}{suffix}"))?, kind, (quads, 0))
             };
             Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
         };

@@ -150,12 +150,16 @@ pub struct QShape {
     pub rows: usize,
     /// Registers per thread.
     pub regs: usize,
-    /// The tensor-core kernel (matvec_qm_*).
-    pub mma: bool,
+    /// The tensor-core kernel (matvec_qm_*): its quads (four 16-byte chunks of each of a warp's
+    /// rows) per step, U. 0: the scalar kernel (matvec_q_*).
+    pub quads: usize,
+    /// matvec_qm_*'s S: steps of codes each warp keeps in flight in a shared-memory ring (0: one
+    /// step ahead in registers).
+    pub stages: usize,
 }
 
-/// Quads (four 16-byte chunks of each of a warp's rows) per step of matvec_qm_* (its U).
-const QM_QUADS_PER_STEP: usize = 2;
+/// matvec_qm_*'s U (kernels.cu).
+pub const QM_QUADS_PER_STEP: usize = 2;
 
 impl QShape {
     /// Columns per 16-byte chunk of codes.
@@ -163,10 +167,15 @@ impl QShape {
         16usize << (self.kind - 3)
     }
 
+    /// The tensor-core kernel (matvec_qm_*).
+    pub fn mma(&self) -> bool {
+        self.quads > 0
+    }
+
     /// Chunks of a row a warp reads per step: one per lane (matvec_q_*), or U quads.
     pub fn step_chunks(&self) -> usize {
-        if self.mma {
-            4 * QM_QUADS_PER_STEP
+        if self.mma() {
+            4 * self.quads
         } else {
             32
         }
@@ -175,9 +184,9 @@ impl QShape {
     /// Shared memory per staged chunk of x.
     fn staged_per_chunk(&self) -> usize {
         let cc = self.chunk_cols();
-        if self.mma {
-            // Two f16 parts per column, and the chunk's sum.
-            cc * 4 + 4
+        if self.mma() {
+            // Two f16 parts per column, the chunk's sum, and its quad's scale (4 bytes a quad).
+            cc * 4 + 4 + 1
         } else {
             // The scaled f32 x, and its 16-column sums.
             cc * 4 + cc / 16 * 4
@@ -191,8 +200,8 @@ impl QShape {
 pub fn q_smem(k: &QShape, warps: usize, tchunks: usize) -> usize {
     let tpad = tchunks.div_ceil(32) * 32;
     let staged = tpad * k.staged_per_chunk();
-    if k.mma {
-        staged + 2 * warps * 16 * 4 + warps * 4
+    if k.mma() {
+        staged + 2 * warps * 16 * 4 + warps * k.stages * k.quads * 2 * 32 * 16
     } else {
         staged + 2 * warps * k.rows * 4 + 2 * warps * 4
     }
@@ -283,7 +292,16 @@ pub struct Gpu {
     pub name: String,
     pub compute_capability: (i32, i32),
     pub q_limits: QLimits,
+    /// The integer kinds (int8, int4, int2) whose matvecs take the tensor-core kernels
+    /// (matvec_qm_*) where those apply: QM_KINDS, or all / none with HOB_INT_MATVEC=mma / scalar
+    /// (for A/B runs).
+    pub qm_kinds: [bool; 3],
 }
+
+/// Where the tensor-core integer matvec is the faster one, measured on the H100
+/// (benches/results/2026-11-23-h100-int-matvec-mma.md): int2 only; int8 and int4 keep the scalar
+/// kernels.
+const QM_KINDS: [bool; 3] = [false, false, true];
 
 fn cfg(grid: u32, block: u32) -> LaunchConfig {
     LaunchConfig {
@@ -359,6 +377,11 @@ impl Gpu {
             name,
             compute_capability,
             q_limits,
+            qm_kinds: match std::env::var("HOB_INT_MATVEC").as_deref() {
+                Ok("mma") => [true; 3],
+                Ok("scalar") => [false; 3],
+                _ => QM_KINDS,
+            },
         }))
     }
 
@@ -480,7 +503,7 @@ impl Gpu {
         let cpg = w.group / cc;
         let whole = w.group > 0 && w.group % cc == 0 && (cpg <= 2 || cpg % 4 == 0);
         match (&self.kernels.matvec_qm, &self.kernels.matvec_qm_sel) {
-            (Some(p), Some(s)) if whole => (&p[i], &s[i]),
+            (Some(p), Some(s)) if whole && self.qm_kinds[i] => (&p[i], &s[i]),
             _ => (&self.kernels.matvec_q[i], &self.kernels.matvec_q_sel[i]),
         }
     }
@@ -1354,7 +1377,8 @@ mod tests {
                             kind,
                             rows: r,
                             regs,
-                            mma,
+                            quads: if mma { QM_QUADS_PER_STEP } else { 0 },
+                            stages: 0,
                         };
                         let p = q_plan(&k, rows, row_bytes, lim).expect("a plan");
                         let (split, tchunks, warps) =
@@ -1381,7 +1405,8 @@ mod tests {
                     kind,
                     rows: r,
                     regs: 128,
-                    mma,
+                    quads: if mma { QM_QUADS_PER_STEP } else { 0 },
+                    stages: 0,
                 };
                 let p = q_plan(&k, rows, row_bytes, &H100).expect("a plan");
                 assert_eq!(p.tchunks as usize, row_bytes / 16);
