@@ -47,18 +47,12 @@ extern "C" __global__ void bench_read(const uint4* __restrict__ p, unsigned long
 }
 extern "C" __global__ void bench_empty() {}
 // matvec_qm_* variants for the exploration: U quads per step, and (ns) x not staged (timing only).
-#define QM_VARIANT(NAME, KIND, U, ST, S) \
+#define QM_VARIANT(NAME, KIND, U, ST) \
     extern "C" __global__ void __launch_bounds__(512) NAME(const Mat w, const float* x, float* y, int split, int tchunks) { \
-        matvec_qm_body<KIND, U, ST, S>(w, x, y, split, tchunks); \
+        matvec_qm_body<KIND, U, ST>(w, x, y, split, tchunks); \
     }
-QM_VARIANT(qm_int4_u2ns, KIND_INT4, 2, false, 0)
-QM_VARIANT(qm_int2_u2ns, KIND_INT2, 2, false, 0)
-QM_VARIANT(qm_int8_u2s3, KIND_INT8, 2, true, 3)
-QM_VARIANT(qm_int4_u2s3, KIND_INT4, 2, true, 3)
-QM_VARIANT(qm_int4_u2s4, KIND_INT4, 2, true, 4)
-QM_VARIANT(qm_int4_u1s6, KIND_INT4, 1, true, 6)
-QM_VARIANT(qm_int2_u2s3, KIND_INT2, 2, true, 3)
-QM_VARIANT(qm_int2_u2s4, KIND_INT2, 2, true, 4)
+QM_VARIANT(qm_int4_u2ns, KIND_INT4, 2, false)
+QM_VARIANT(qm_int2_u2ns, KIND_INT2, 2, false)
 "#;
 
 fn main() {
@@ -243,22 +237,13 @@ impl BenchKernels {
                 f("prev_matvec_int8_r2"),
             ],
             qm: if gpu.kernels.matvec_qm.is_some() {
-                [
-                    ("qm_int4_u2ns", 4, 2, 0),
-                    ("qm_int2_u2ns", 5, 2, 0),
-                    ("qm_int8_u2s3", 3, 2, 3),
-                    ("qm_int4_u2s3", 4, 2, 3),
-                    ("qm_int4_u2s4", 4, 2, 4),
-                    ("qm_int4_u1s6", 4, 1, 6),
-                    ("qm_int2_u2s3", 5, 2, 3),
-                    ("qm_int2_u2s4", 5, 2, 4),
-                ]
-                .iter()
-                .map(|&(n, kind, u, st)| {
-                    let q = QKernel::new(&gpu.ctx, f(n), kind, (u, st)).expect("kernel");
-                    (n.to_string(), q, !n.ends_with("ns"))
-                })
-                .collect()
+                [("qm_int4_u2ns", 4, 2), ("qm_int2_u2ns", 5, 2)]
+                    .iter()
+                    .map(|&(n, kind, u)| {
+                        let q = QKernel::new(&gpu.ctx, f(n), kind, u).expect("kernel");
+                        (n.to_string(), q, !n.ends_with("ns"))
+                    })
+                    .collect()
             } else {
                 Vec::new()
             },
@@ -623,8 +608,7 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
                         continue;
                     }
                     for split in [1usize, 2, 4, 8, 16] {
-                        if warps % split != 0 || (split > 1 && q.shape.step_chunks() * split > n)
-                        {
+                        if warps % split != 0 || (split > 1 && q.shape.step_chunks() * split > n) {
                             continue;
                         }
                         let tiles = rows.div_ceil(warps / split * q.shape.rows);

@@ -909,13 +909,14 @@ extern "C" __global__ void matvec_q_int2_sel(SEL_ARGS, int split, int tchunks) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Integer dequantize-matvec on the tensor cores (sm_80 and later; the launcher uses it where the
-// groups are whole chunks: group = 1, 2 or a multiple of 4 chunks; else matvec_q_* above).
+// Integer dequantize-matvec on the tensor cores (sm_80 and later, for groups of 1, 2 or a multiple
+// of 4 whole chunks; the launcher takes it for the kinds where it measured faster: Gpu::qm_kinds).
 //
 // The scalar kernels above spend about three instructions per weight (an AND and an FMA each,
-// plus addressing): on the H100 they issue-bound int4 and int2 far below the memory's speed.
-// Here the products go to mma.sync m16n8k16 (f16 inputs, f32 accumulation), one instruction per
-// 256 weights of a warp, and dequantization is one AND per two codes:
+// plus addressing). Here the products go to mma.sync m16n8k16 (f16 inputs, f32 accumulation),
+// one instruction per 256 weights of a warp, and dequantization is one AND per two codes. On the
+// H100 that made int2 12-17% faster, but int4 no faster and int8 slower: instruction issue was
+// not what held them (benches/results/2026-11-23-h100-int-matvec-mma.md).
 // - A (16 rows x 16 columns per mma): the codes, masked in place in each 16-bit half of a code
 //   word, are read as f16 subnormals q * 2^(p - 24), exact (p: the code's bit position in its half
 //   after at most one shift of the word, p <= 8). A warp's lanes (g = lane / 4, t = lane % 4) load
@@ -1052,31 +1053,7 @@ struct QMBuf {
 // quads, the split warps of a row group taking steps in turn; the columns go in tiles of tchunks
 // chunks (a multiple of 32 when there is more than one), each staged in turn. Dynamic shared
 // memory: q_smem in mod.rs.
-// 16 bytes global -> shared without registers (zeros where !valid); groups of them complete in
-// order (sm_80+).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-#if __CUDA_ARCH__ >= 800
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((u32)a), "l"(src),
-                 "r"(valid ? 16 : 0));
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-#endif
-}
-
-// S > 0: the codes go through a ring of S steps per warp in shared memory (cp.async, S - 1 steps
-// ahead) instead of registers (one step ahead); the scales stay one step ahead in registers.
-template <int KIND, int U, bool STAGE = true, int S = 0>
+template <int KIND, int U, bool STAGE = true>
 __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restrict__ x,
                                                float* __restrict__ y, int split, int tchunks) {
 #if __CUDA_ARCH__ >= 800
@@ -1093,8 +1070,6 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
     float* sxc = reinterpret_cast<float*>(xb + tpad * NR * 2);
     float* qf = sxc + tpad;          // [tpad / 4]
     float* red = qf + tpad / 4;      // [2][warps][16]
-    // S > 0: this warp's ring, [S][U][2][32] 16-byte entries (a lane's own chunks).
-    uint4* ring = reinterpret_cast<uint4*>(red + 2 * warps * 16) + warp * (S * U * 2 * 32);
     const int gpr = w.cols / w.group;
     const int cpg = w.group / CC;             // chunks per group: 1, 2 or a multiple of 4
     const int cpq = min(cpg, 4);              // chunks per local group of a quad
@@ -1131,7 +1106,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                 const int gi = cpg_shift >= 0 ? (ct0 + cq) >> cpg_shift : (ct0 + cq) / cpg;
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    if (S == 0) b.v[u][i] = in ? qld(lrow[i] + c) : make_uint4(0, 0, 0, 0);
+                    b.v[u][i] = in ? qld(lrow[i] + c) : make_uint4(0, 0, 0, 0);
                     u32 sm = 0;
                     if (gin) {
                         sm = __ldg(w.scales + lsrow[i] + gi);
@@ -1141,36 +1116,6 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                 }
             }
         };
-        // S > 0: the step fetched next (ft, fk) and the ring slot it goes to.
-        int ft = blockIdx.x, fk = 0;
-        auto fetch = [&](int slot) {
-            if (ft < ntiles) {
-                const uint4* rw[2];
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int r = min(ft * tile_rows + g * 16 + qg + 8 * i, w.rows - 1);
-                    rw[i] = reinterpret_cast<const uint4*>(w.codes + (size_t)r * w.row_bytes) + ct0;
-                }
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int c = 4 * ((s + fk * split) * U + u) + qt;
-#pragma unroll
-                    for (int i = 0; i < 2; i++)
-                        cp_async16(ring + ((slot * U + u) * 2 + i) * 32 + lane, rw[i] + min(c, tn - 1),
-                                   c < tn);
-                }
-                if (++fk == ksteps) {
-                    fk = 0;
-                    ft += gridDim.x;
-                }
-            }
-            cp_async_commit();
-        };
-        if (S > 0) {
-#pragma unroll
-            for (int i = 0; i < S - 1; i++) fetch(i);
-        }
-        int slot = 0;
         QMBuf<U> cur, nxt;
         int t = blockIdx.x, k = 0;
         load(cur, t, k);
@@ -1184,15 +1129,6 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                 nt += gridDim.x;
             }
             const bool more = nt < ntiles;
-            if (S > 0) {
-                fetch(slot == 0 ? S - 1 : slot - 1);
-                cp_async_wait<(S > 0 ? S - 1 : 0)>();
-#pragma unroll
-                for (int u = 0; u < U; u++)
-#pragma unroll
-                    for (int i = 0; i < 2; i++) cur.v[u][i] = ring[((slot * U + u) * 2 + i) * 32 + lane];
-                slot = slot == S - 1 ? 0 : slot + 1;
-            }
             if (more) load(nxt, nt, nk);
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -1275,7 +1211,6 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
             t = nt;
             k = nk;
         }
-        if (S > 0) cp_async_wait<0>();
     }
 #endif
 }

@@ -67,12 +67,12 @@ pub struct QKernel {
 }
 
 impl QKernel {
-    /// `quads`, `stages`: U and S of a matvec_qm_* kernel, 0 for matvec_q_*.
+    /// `quads`: U of a matvec_qm_* kernel, 0 for matvec_q_*.
     pub fn new(
         ctx: &Arc<CudaContext>,
         f: CudaFunction,
         kind: i32,
-        (quads, stages): (usize, usize),
+        quads: usize,
     ) -> crate::Result<QKernel> {
         // Mixtral's 14336 columns stage 61 KB of x: above the 48 KB a launch gets without asking.
         let optin = ctx
@@ -92,7 +92,6 @@ impl QKernel {
                 rows: if quads > 0 { 16 } else { 4 },
                 regs,
                 quads,
-                stages,
             },
         })
     }
@@ -167,7 +166,7 @@ impl Kernels {
         let qkernels = |stem: &str, suffix: &str, mma: bool| -> crate::Result<[QKernel; 3]> {
             let k = |kind: i32, name: &str| {
                 let quads = if mma { QM_QUADS_PER_STEP } else { 0 };
-                QKernel::new(ctx, f(&format!("{stem}_{name}{suffix}"))?, kind, (quads, 0))
+                QKernel::new(ctx, f(&format!("{stem}_{name}{suffix}"))?, kind, quads)
             };
             Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
         };
@@ -188,7 +187,9 @@ impl Kernels {
             matvec_any: f("matvec_any")?,
             matvec_q_sel: qkernels("matvec_q", "_sel", false)?,
             matvec_qm: mma.then(|| qkernels("matvec_qm", "", true)).transpose()?,
-            matvec_qm_sel: mma.then(|| qkernels("matvec_qm", "_sel", true)).transpose()?,
+            matvec_qm_sel: mma
+                .then(|| qkernels("matvec_qm", "_sel", true))
+                .transpose()?,
             matvec_add: [
                 f("matvec_add_f32")?,
                 f("matvec_add_f16")?,

@@ -153,9 +153,6 @@ pub struct QShape {
     /// The tensor-core kernel (matvec_qm_*): its quads (four 16-byte chunks of each of a warp's
     /// rows) per step, U. 0: the scalar kernel (matvec_q_*).
     pub quads: usize,
-    /// matvec_qm_*'s S: steps of codes each warp keeps in flight in a shared-memory ring (0: one
-    /// step ahead in registers).
-    pub stages: usize,
 }
 
 /// matvec_qm_*'s U (kernels.cu).
@@ -201,7 +198,7 @@ pub fn q_smem(k: &QShape, warps: usize, tchunks: usize) -> usize {
     let tpad = tchunks.div_ceil(32) * 32;
     let staged = tpad * k.staged_per_chunk();
     if k.mma() {
-        staged + 2 * warps * 16 * 4 + warps * k.stages * k.quads * 2 * 32 * 16
+        staged + 2 * warps * 16 * 4
     } else {
         staged + 2 * warps * k.rows * 4 + 2 * warps * 4
     }
@@ -1370,15 +1367,17 @@ mod tests {
                 for &(rows, cols) in &shapes {
                     let row_bytes = cols * [8, 4, 2][(kind - 3) as usize] / 8;
                     let n = row_bytes / 16;
-                    for (r, regs, mma) in
-                        [(4, 128, false), (2, 64, false), (8, 168, false), (16, 96, true)]
-                    {
+                    for (r, regs, mma) in [
+                        (4, 128, false),
+                        (2, 64, false),
+                        (8, 168, false),
+                        (16, 96, true),
+                    ] {
                         let k = QShape {
                             kind,
                             rows: r,
                             regs,
                             quads: if mma { QM_QUADS_PER_STEP } else { 0 },
-                            stages: 0,
                         };
                         let p = q_plan(&k, rows, row_bytes, lim).expect("a plan");
                         let (split, tchunks, warps) =
@@ -1406,7 +1405,6 @@ mod tests {
                     rows: r,
                     regs: 128,
                     quads: if mma { QM_QUADS_PER_STEP } else { 0 },
-                    stages: 0,
                 };
                 let p = q_plan(&k, rows, row_bytes, &H100).expect("a plan");
                 assert_eq!(p.tchunks as usize, row_bytes / 16);
