@@ -1274,6 +1274,56 @@ extern "C" __global__ void dequant_rows_h(const Mat w, int kind, half_bits* __re
     out[(size_t)r * w.cols + c] = f2h(element(w, kind, r0 + r, c));
 }
 
+// The same for the integer kinds, one 32-bit code word (4, 8 or 16 codes of one group) per thread,
+// stored as 8-32 contiguous bytes: codes and rows 4-byte aligned, cols % 8 == 0, group a multiple
+// of the codes per word (Gpu::matmul checks; dequant_rows_h otherwise). Each value as element()
+// computes it. Grid (ceil(row_bytes / 4 / block), nrows).
+template <int KIND>
+__device__ __forceinline__ void dequant_word_h(const Mat& w, half_bits* __restrict__ out, int r0,
+                                               int r, int wi) {
+    constexpr int BITS = KIND == KIND_INT8 ? 8 : KIND == KIND_INT4 ? 4 : 2, EPW = 32 / BITS;
+    const size_t row = (size_t)(r0 + r);
+    const int c0 = wi * EPW;
+    const u32 word = reinterpret_cast<const u32*>(w.codes + row * w.row_bytes)[wi];
+    const size_t g = row * (w.cols / w.group) + c0 / w.group;
+    const float s = h2f(w.scales[g]);
+    const float mn = KIND == KIND_INT8 ? 0.f : h2f(w.mins[g]);
+    u32 h[EPW / 2];
+#pragma unroll
+    for (int j = 0; j < EPW; j += 2) {
+        float a, b;
+        if (KIND == KIND_INT8) {
+            a = s * (float)(signed char)(word >> (8 * j));
+            b = s * (float)(signed char)(word >> (8 * j + 8));
+        } else {
+            constexpr u32 M = (1u << BITS) - 1;
+            a = s * (float)((word >> (BITS * j)) & M) + mn;
+            b = s * (float)((word >> (BITS * j + BITS)) & M) + mn;
+        }
+        h[j / 2] = (u32)f2h(a) | ((u32)f2h(b) << 16);
+    }
+    half_bits* o = out + (size_t)r * w.cols + c0;
+    if (EPW == 4) {
+        *reinterpret_cast<uint2*>(o) = make_uint2(h[0], h[1]);
+    } else {
+#pragma unroll
+        for (int v = 0; v < EPW / 8; v++)
+            reinterpret_cast<uint4*>(o)[v] = make_uint4(h[4 * v], h[4 * v + 1], h[4 * v + 2], h[4 * v + 3]);
+    }
+}
+
+extern "C" __global__ void dequant_words_h(const Mat w, int kind, half_bits* __restrict__ out, int r0,
+                                           int nrows) {
+    const int wi = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (wi * 4 >= w.row_bytes || r >= nrows) return;
+    switch (kind) {
+        case KIND_INT8: dequant_word_h<KIND_INT8>(w, out, r0, r, wi); break;
+        case KIND_INT4: dequant_word_h<KIND_INT4>(w, out, r0, r, wi); break;
+        case KIND_INT2: dequant_word_h<KIND_INT2>(w, out, r0, r, wi); break;
+        default: break;
+    }
+}
+
 // out[(r - r0) * cols + c] = W[r, c] for rows r0..r0 + nrows (f32 tiles for cuBLAS).
 extern "C" __global__ void dequant_rows(const Mat w, int kind, float* __restrict__ out, int r0,
                                         int nrows) {

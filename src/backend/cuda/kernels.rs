@@ -52,6 +52,8 @@ pub struct Kernels {
     pub moe_combine: CudaFunction,
     pub dequant_rows: CudaFunction,
     pub dequant_rows_h: CudaFunction,
+    /// Integer kinds a code word per thread (dequant_words_h), where the layout allows.
+    pub dequant_words_h: CudaFunction,
     /// The emulated link's pacing on the copy stream.
     pub link_start: CudaFunction,
     pub link_wait: CudaFunction,
@@ -212,6 +214,7 @@ impl Kernels {
             moe_combine: f("moe_combine")?,
             dequant_rows: f("dequant_rows")?,
             dequant_rows_h: f("dequant_rows_h")?,
+            dequant_words_h: f("dequant_words_h")?,
             link_start: f("link_start")?,
             link_wait: f("link_wait")?,
             origin,

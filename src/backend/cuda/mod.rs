@@ -692,6 +692,20 @@ impl Gpu {
         let xh = scratch;
         let tile = scratch + (chunk * cols * 2) as u64;
         let (kind, wm) = (w.kind, *w);
+        // Integer kinds a code word per thread where the layout allows (kernels.cu
+        // dequant_words_h): 4-byte aligned words, 16-byte aligned output rows, one group a word.
+        let per_word = match kind {
+            3 => 4,
+            4 => 8,
+            _ => 16,
+        };
+        let words = kind >= 3
+            && w.codes % 4 == 0
+            && w.row_bytes % 4 == 0
+            && cols % 8 == 0
+            && w.group > 0
+            && w.group % per_word == 0
+            && w.cols % w.group == 0;
         let mut t0 = 0;
         while t0 < t {
             let tn = chunk.min(t - t0);
@@ -705,12 +719,21 @@ impl Gpu {
                 while r0 < rows {
                     let n = tile_rows.min(rows - r0);
                     let (r0i, ni) = (r0 as i32, n as i32);
-                    let grid = LaunchConfig {
-                        grid_dim: (blocks(cols, 256), n as u32, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    launch!(self, self.kernels.dequant_rows_h, grid; wm, kind, tile, r0i, ni)?;
+                    if words {
+                        let grid = LaunchConfig {
+                            grid_dim: (blocks(wm.row_bytes as usize / 4, 128), n as u32, 1),
+                            block_dim: (128, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        launch!(self, self.kernels.dequant_words_h, grid; wm, kind, tile, r0i, ni)?;
+                    } else {
+                        let grid = LaunchConfig {
+                            grid_dim: (blocks(cols, 256), n as u32, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        launch!(self, self.kernels.dequant_rows_h, grid; wm, kind, tile, r0i, ni)?;
+                    }
                     self.gemm(tile, Precision::F16, xh, tn, dst, n, cols, r0, rows)?;
                     r0 += n;
                 }
