@@ -886,27 +886,35 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     }
 }
 
+// The plain and routed-expert (_sel) kernels of one integer family for int8, int4 and int2:
+// PREFIX##_int8 ... PREFIX##_int2_sel, each BODY<kind, ARG>.
+#define INT_MATVEC_KERNELS(PREFIX, BODY, ARG, ATTR)                                                  \
+    extern "C" __global__ void ATTR PREFIX##_int8(const Mat w, const float* x, float* y, int split,   \
+                                                  int tchunks) {                                   \
+        BODY<KIND_INT8, ARG>(w, x, y, split, tchunks);                                             \
+    }                                                                                              \
+    extern "C" __global__ void ATTR PREFIX##_int4(const Mat w, const float* x, float* y, int split,   \
+                                                  int tchunks) {                                   \
+        BODY<KIND_INT4, ARG>(w, x, y, split, tchunks);                                             \
+    }                                                                                              \
+    extern "C" __global__ void ATTR PREFIX##_int2(const Mat w, const float* x, float* y, int split,   \
+                                                  int tchunks) {                                   \
+        BODY<KIND_INT2, ARG>(w, x, y, split, tchunks);                                             \
+    }                                                                                              \
+    extern "C" __global__ void ATTR PREFIX##_int8_sel(SEL_ARGS, int split, int tchunks) {            \
+        BODY<KIND_INT8, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);       \
+    }                                                                                              \
+    extern "C" __global__ void ATTR PREFIX##_int4_sel(SEL_ARGS, int split, int tchunks) {            \
+        BODY<KIND_INT4, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);       \
+    }                                                                                              \
+    extern "C" __global__ void ATTR PREFIX##_int2_sel(SEL_ARGS, int split, int tchunks) {            \
+        BODY<KIND_INT2, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);       \
+    }
+
 // R = 4 rows per warp, one chunk position per step: measured best on the H100 against 2 or 8 rows,
 // two positions per step, and a cp.async ring in shared memory keeping 2-5 steps in flight
 // (benches/results/2026-11-22-h100-int-matvec.md).
-extern "C" __global__ void matvec_q_int8(const Mat w, const float* x, float* y, int split, int tchunks) {
-    matvec_q_body<KIND_INT8, 4>(w, x, y, split, tchunks);
-}
-extern "C" __global__ void matvec_q_int4(const Mat w, const float* x, float* y, int split, int tchunks) {
-    matvec_q_body<KIND_INT4, 4>(w, x, y, split, tchunks);
-}
-extern "C" __global__ void matvec_q_int2(const Mat w, const float* x, float* y, int split, int tchunks) {
-    matvec_q_body<KIND_INT2, 4>(w, x, y, split, tchunks);
-}
-extern "C" __global__ void matvec_q_int8_sel(SEL_ARGS, int split, int tchunks) {
-    matvec_q_body<KIND_INT8, 4>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);
-}
-extern "C" __global__ void matvec_q_int4_sel(SEL_ARGS, int split, int tchunks) {
-    matvec_q_body<KIND_INT4, 4>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);
-}
-extern "C" __global__ void matvec_q_int2_sel(SEL_ARGS, int split, int tchunks) {
-    matvec_q_body<KIND_INT2, 4>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);
-}
+INT_MATVEC_KERNELS(matvec_q, matvec_q_body, 4, )
 
 // ---------------------------------------------------------------------------------------------
 // Integer dequantize-matvec on the tensor cores (sm_80 and later, for groups of 1, 2 or a multiple
@@ -1218,24 +1226,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
 // U = 2 quads per step (a lane loads 64 bytes of codes per step, as matvec_q_* do). At most 512
 // threads (the plans' 16 warps), so at most 128 registers: the selecting kernels then run with
 // the plain kernels' plans.
-extern "C" __global__ void __launch_bounds__(512) matvec_qm_int8(const Mat w, const float* x, float* y, int split, int tchunks) {
-    matvec_qm_body<KIND_INT8, 2>(w, x, y, split, tchunks);
-}
-extern "C" __global__ void __launch_bounds__(512) matvec_qm_int4(const Mat w, const float* x, float* y, int split, int tchunks) {
-    matvec_qm_body<KIND_INT4, 2>(w, x, y, split, tchunks);
-}
-extern "C" __global__ void __launch_bounds__(512) matvec_qm_int2(const Mat w, const float* x, float* y, int split, int tchunks) {
-    matvec_qm_body<KIND_INT2, 2>(w, x, y, split, tchunks);
-}
-extern "C" __global__ void matvec_qm_int8_sel(SEL_ARGS, int split, int tchunks) {
-    matvec_qm_body<KIND_INT8, 2>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);
-}
-extern "C" __global__ void matvec_qm_int4_sel(SEL_ARGS, int split, int tchunks) {
-    matvec_qm_body<KIND_INT4, 2>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);
-}
-extern "C" __global__ void matvec_qm_int2_sel(SEL_ARGS, int split, int tchunks) {
-    matvec_qm_body<KIND_INT2, 2>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);
-}
+INT_MATVEC_KERNELS(matvec_qm, matvec_qm_body, 2, __launch_bounds__(512))
 
 // Element (r, c) of any kind, dequantized.
 __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {
