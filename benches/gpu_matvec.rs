@@ -46,13 +46,74 @@ extern "C" __global__ void bench_read(const uint4* __restrict__ p, unsigned long
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
 extern "C" __global__ void bench_empty() {}
-// matvec_qm_* variants for the exploration: U quads per step, and (ns) x not staged (timing only).
-#define QM_VARIANT(NAME, KIND, U, ST) \
-    extern "C" __global__ void __launch_bounds__(512) NAME(const Mat w, const float* x, float* y, int split, int tchunks) { \
-        matvec_qm_body<KIND, U, ST>(w, x, y, split, tchunks); \
+// Reading a matrix's codes in the integer kernels' access patterns and nothing else, one step
+// ahead in registers as they load: a warp takes tiles of RR * 32 / LPR rows; LPR lanes share a row
+// (lane % LPR: its 16-byte column within a run of LPR), each lane RR rows, U runs per step; split
+// warps take a tile's steps in turn. mma kernel: LPR 4, RR 2, U 2. Scalar kernel: LPR 32, RR 4, U 1.
+template <int LPR, int RR, int U>
+__device__ void read_rows_body(const uint4* __restrict__ p, int rows, int n, int split, unsigned* out) {
+    const int lane = threadIdx.x & 31;
+    const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
+    constexpr int RPI = 32 / LPR, TR = RR * RPI, RUN = LPR * U;
+    const int tiles = (rows + TR - 1) / TR, items = tiles * split, nsteps = (n + RUN - 1) / RUN;
+    auto load = [&](uint4 (&b)[RR][U], int it, int st) {
+        const int tile = it / split;
+#pragma unroll
+        for (int i = 0; i < RR; i++) {
+            const int r = min(tile * TR + lane / LPR + i * RPI, rows - 1);
+#pragma unroll
+            for (int v = 0; v < U; v++) {
+                const int c = st * RUN + v * LPR + lane % LPR;
+                b[i][v] = c < n ? __ldg(p + (size_t)r * n + c) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    unsigned acc = 0;
+    int it = gw, st = gw % split;
+    if (it >= items || st >= nsteps) return;
+    uint4 cur[RR][U], nxt[RR][U];
+    load(cur, it, st);
+    for (;;) {
+        int nit = it, nst = st + split;
+        if (nst >= nsteps) {
+            nit += nw;
+            nst = nit % split;
+        }
+        const bool more = nit < items && nst < nsteps;
+        if (more) load(nxt, nit, nst);
+#pragma unroll
+        for (int i = 0; i < RR; i++)
+#pragma unroll
+            for (int v = 0; v < U; v++) acc ^= cur[i][v].x ^ cur[i][v].y ^ cur[i][v].z ^ cur[i][v].w;
+        if (!more) break;
+#pragma unroll
+        for (int i = 0; i < RR; i++)
+#pragma unroll
+            for (int v = 0; v < U; v++) cur[i][v] = nxt[i][v];
+        it = nit;
+        st = nst;
     }
-QM_VARIANT(qm_int4_u2ns, KIND_INT4, 2, false)
-QM_VARIANT(qm_int2_u2ns, KIND_INT2, 2, false)
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+extern "C" __global__ void bench_read_rows_mma(const uint4* p, int rows, int n, int split, unsigned* out) {
+    read_rows_body<4, 2, 2>(p, rows, n, split, out);
+}
+extern "C" __global__ void bench_read_rows_scalar(const uint4* p, int rows, int n, int split, unsigned* out) {
+    read_rows_body<32, 4, 1>(p, rows, n, split, out);
+}
+// matvec_qm_* with parts of its work skipped (timing only: kernels.cu matvec_qm_body's SKIP).
+#define QM_VARIANT(NAME, KIND, SKIP) \
+    extern "C" __global__ void __launch_bounds__(512) NAME(const Mat w, const float* x, float* y, int split, int tchunks) { \
+        matvec_qm_body<KIND, 2, SKIP>(w, x, y, split, tchunks); \
+    }
+QM_VARIANT(qm_int4_no_staging, KIND_INT4, 1)
+QM_VARIANT(qm_int4_no_scales, KIND_INT4, 2)
+QM_VARIANT(qm_int4_no_mma, KIND_INT4, 4)
+QM_VARIANT(qm_int4_no_staging_scales, KIND_INT4, 3)
+QM_VARIANT(qm_int4_loads_only, KIND_INT4, 7)
+QM_VARIANT(qm_int2_no_staging, KIND_INT2, 1)
+QM_VARIANT(qm_int2_no_staging_scales, KIND_INT2, 3)
+QM_VARIANT(qm_int2_loads_only, KIND_INT2, 7)
 "#;
 
 fn main() {
@@ -181,7 +242,8 @@ struct BenchKernels {
     read: CudaFunction,
     empty: CudaFunction,
     prev: [CudaFunction; 4],
-    /// matvec_qm_* variants: (name, kind code, U, staged).
+    read_rows: [CudaFunction; 2],
+    /// matvec_qm_* timing variants: (name, kernel, whether its result is checked).
     qm: Vec<(String, QKernel, bool)>,
 }
 
@@ -230,6 +292,7 @@ impl BenchKernels {
             spin: f("bench_spin"),
             read: f("bench_read"),
             empty: f("bench_empty"),
+            read_rows: [f("bench_read_rows_mma"), f("bench_read_rows_scalar")],
             prev: [
                 f("prev_matvec_int8"),
                 f("prev_matvec_int4"),
@@ -237,13 +300,22 @@ impl BenchKernels {
                 f("prev_matvec_int8_r2"),
             ],
             qm: if gpu.kernels.matvec_qm.is_some() {
-                [("qm_int4_u2ns", 4, 2), ("qm_int2_u2ns", 5, 2)]
-                    .iter()
-                    .map(|&(n, kind, u)| {
-                        let q = QKernel::new(&gpu.ctx, f(n), kind, u).expect("kernel");
-                        (n.to_string(), q, !n.ends_with("ns"))
-                    })
-                    .collect()
+                [
+                    ("qm_int4_no_staging", 4),
+                    ("qm_int4_no_scales", 4),
+                    ("qm_int4_no_mma", 4),
+                    ("qm_int4_no_staging_scales", 4),
+                    ("qm_int4_loads_only", 4),
+                    ("qm_int2_no_staging", 5),
+                    ("qm_int2_no_staging_scales", 5),
+                    ("qm_int2_loads_only", 5),
+                ]
+                .iter()
+                .map(|&(n, kind)| {
+                    let q = QKernel::new(&gpu.ctx, f(n), kind, 2).expect("kernel");
+                    (n.to_string(), q, false)
+                })
+                .collect()
             } else {
                 Vec::new()
             },
@@ -679,6 +751,62 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
                 s * 1e6,
                 100.0 * t.bytes as f64 / s / copy
             );
+            // The codes alone: read in one stream, and in the kernels' row patterns (best split).
+            let m0 = t.mats[0];
+            let n16 = m0.row_bytes / 16;
+            let code_bytes = rows as f64 * m0.row_bytes as f64;
+            let words = (rows * m0.row_bytes as usize / 16) as u64;
+            let s = time(gpu, &bench.spin, |i| {
+                let mut b = gpu.stream.launch_builder(&bench.read);
+                let p = t.mats[i % t.mats.len()].codes;
+                b.arg(&p);
+                b.arg(&words);
+                b.arg(&sp);
+                // SAFETY: as above, `words` 16-byte words of the codes.
+                unsafe { b.launch(c) }.expect("read");
+            });
+            let mut line = format!(
+                "pattern {kind} {rows}x{cols}: codes {:.1} MB in one stream {:.2} µs ({:.1}%)",
+                code_bytes / 1e6,
+                s * 1e6,
+                100.0 * code_bytes / s / copy
+            );
+            for (what, f) in [
+                ("mma", &bench.read_rows[0]),
+                ("scalar", &bench.read_rows[1]),
+            ] {
+                let rc = LaunchConfig {
+                    grid_dim: (gpu.q_limits.sm_count as u32, 1, 1),
+                    block_dim: (512, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut best = (f64::MAX, 0);
+                for split in [1i32, 2, 4, 8, 16] {
+                    let rows_i = rows as i32;
+                    let s = time(gpu, &bench.spin, |i| {
+                        let mut b = gpu.stream.launch_builder(f);
+                        let p = t.mats[i % t.mats.len()].codes;
+                        b.arg(&p);
+                        b.arg(&rows_i);
+                        b.arg(&n16);
+                        b.arg(&split);
+                        b.arg(&sp);
+                        // SAFETY: bench_read_rows_* read rows x n16 16-byte words from p (the
+                        // matrix copy's codes) and writes at most sink[0].
+                        unsafe { b.launch(rc) }.expect("read_rows");
+                    });
+                    if s < best.0 {
+                        best = (s, split);
+                    }
+                }
+                line += &format!(
+                    "; {what} pattern {:.2} µs ({:.1}%, split {})",
+                    best.0 * 1e6,
+                    100.0 * code_bytes / best.0 / copy,
+                    best.1
+                );
+            }
+            println!("{line}");
         }
     }
     let s = time(gpu, &bench.spin, |_| {

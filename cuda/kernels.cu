@@ -1061,7 +1061,10 @@ struct QMBuf {
 // quads, the split warps of a row group taking steps in turn; the columns go in tiles of tchunks
 // chunks (a multiple of 32 when there is more than one), each staged in turn. Dynamic shared
 // memory: q_smem in mod.rs.
-template <int KIND, int U, bool STAGE = true>
+// SKIP (timing only, benches/gpu_matvec.rs; wrong results): bit 0 no x staging, bit 1 no scale
+// loads, bit 2 no mma (the codes folded into the sums instead). Loading a second step of codes
+// before staging x measured slower (1-2 µs on Mixtral's shapes).
+template <int KIND, int U, int SKIP = 0>
 __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restrict__ x,
                                                float* __restrict__ y, int split, int tchunks) {
 #if __CUDA_ARCH__ >= 800
@@ -1116,7 +1119,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                 for (int i = 0; i < 2; i++) {
                     b.v[u][i] = in ? qld(lrow[i] + c) : make_uint4(0, 0, 0, 0);
                     u32 sm = 0;
-                    if (gin) {
+                    if (gin && !(SKIP & 2)) {
                         sm = __ldg(w.scales + lsrow[i] + gi);
                         if (KIND != KIND_INT8) sm |= (u32)__ldg(w.mins + lsrow[i] + gi) << 16;
                     }
@@ -1127,8 +1130,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
         QMBuf<U> cur, nxt;
         int t = blockIdx.x, k = 0;
         load(cur, t, k);
-        // (STAGE false: timing only, benches/gpu_matvec.rs.)
-        if (STAGE) qmstage<KIND>(x + (size_t)ct0 * CC, tn, xb, sxc, qf);
+        if (!(SKIP & 1)) qmstage<KIND>(x + (size_t)ct0 * CC, tn, xb, sxc, qf);
         float acc[2] = {0.f, 0.f};
         for (;;) {
             int nk = k + 1, nt = t;
@@ -1158,9 +1160,15 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                             const int j = wd * (NR / 2) + m;
                             if ((j & 1) == 0 && bon) bv = bq[(j >> 1) * 8];
                             const u32 b0 = (j & 1) ? bv.z : bv.x, b1 = (j & 1) ? bv.w : bv.y;
-                            mma16816(c4, qm_reg<KIND>(w0, h0, 2 * m), qm_reg<KIND>(w1, h1, 2 * m),
-                                     qm_reg<KIND>(w0, h0, 2 * m + 1), qm_reg<KIND>(w1, h1, 2 * m + 1),
-                                     b0, b1);
+                            if (SKIP & 4) {
+                                c4[m & 3] += __uint_as_float((qm_reg<KIND>(w0, h0, 2 * m) ^
+                                                              qm_reg<KIND>(w1, h1, 2 * m + 1) ^ b0 ^ b1) &
+                                                             0x007fffffu);
+                            } else {
+                                mma16816(c4, qm_reg<KIND>(w0, h0, 2 * m), qm_reg<KIND>(w1, h1, 2 * m),
+                                         qm_reg<KIND>(w0, h0, 2 * m + 1),
+                                         qm_reg<KIND>(w1, h1, 2 * m + 1), b0, b1);
+                            }
                         }
                     }
                     if (con) {
