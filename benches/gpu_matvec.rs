@@ -735,16 +735,20 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let s = time(gpu, &bench.spin, |i| {
-                let mut b = gpu.stream.launch_builder(&bench.read);
-                let p = t.mats[i % t.mats.len()].codes;
-                b.arg(&p);
-                b.arg(&words);
-                b.arg(&sp);
-                // SAFETY: bench_read reads `words` 16-byte words from p (inside the matrix copy:
-                // codes, scales and mins are contiguous there) and writes at most sink[0].
-                unsafe { b.launch(c) }.expect("read");
-            });
+            // Seconds to read the first `words` 16-byte words of each matrix copy.
+            let read = |words: u64| {
+                time(gpu, &bench.spin, |i| {
+                    let mut b = gpu.stream.launch_builder(&bench.read);
+                    let p = t.mats[i % t.mats.len()].codes;
+                    b.arg(&p);
+                    b.arg(&words);
+                    b.arg(&sp);
+                    // SAFETY: bench_read reads `words` 16-byte words from p (inside the matrix
+                    // copy: codes, scales and mins are contiguous there) and writes at most sink[0].
+                    unsafe { b.launch(c) }.expect("read");
+                })
+            };
+            let s = read(words);
             println!(
                 "ceiling {kind} {rows}x{cols}: reading {:.1} MB takes {:.2} µs, {:.1}% of the copy figure",
                 t.bytes as f64 / 1e6,
@@ -755,16 +759,7 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
             let m0 = t.mats[0];
             let n16 = m0.row_bytes / 16;
             let code_bytes = rows as f64 * m0.row_bytes as f64;
-            let words = (rows * m0.row_bytes as usize / 16) as u64;
-            let s = time(gpu, &bench.spin, |i| {
-                let mut b = gpu.stream.launch_builder(&bench.read);
-                let p = t.mats[i % t.mats.len()].codes;
-                b.arg(&p);
-                b.arg(&words);
-                b.arg(&sp);
-                // SAFETY: as above, `words` 16-byte words of the codes.
-                unsafe { b.launch(c) }.expect("read");
-            });
+            let s = read((rows * m0.row_bytes as usize / 16) as u64);
             let mut line = format!(
                 "pattern {kind} {rows}x{cols}: codes {:.1} MB in one stream {:.2} µs ({:.1}%)",
                 code_bytes / 1e6,

@@ -702,6 +702,17 @@ __device__ __forceinline__ uint4 qld(const uint4* p) {
     return v;
 }
 
+// The step after step k of tile t, for a block walking its tiles (blockIdx.x, + gridDim.x, ...)
+// ksteps steps each: (nt, nk).
+__device__ __forceinline__ void next_step(int t, int k, int ksteps, int& nt, int& nk) {
+    nk = k + 1;
+    nt = t;
+    if (nk == ksteps) {
+        nk = 0;
+        nt += gridDim.x;
+    }
+}
+
 // One step's loads of a lane: a chunk of each of the R rows, with its scale and min bits.
 template <int R>
 struct QBuf {
@@ -778,11 +789,8 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 #pragma unroll
         for (int i = 0; i < R; i++) racc[i] = 0.f;
         for (;;) {
-            int nk = k + 1, nt = t;
-            if (nk == ksteps) {
-                nk = 0;
-                nt += gridDim.x;
-            }
+            int nk, nt;
+            next_step(t, k, ksteps, nt, nk);
             const bool more = nt < ntiles;
             if (more) load(nxt, nt, nk);
             const int c = c0 + k * step;
@@ -1133,11 +1141,8 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
         if (!(SKIP & 1)) qmstage<KIND>(x + (size_t)ct0 * CC, tn, xb, sxc, qf);
         float acc[2] = {0.f, 0.f};
         for (;;) {
-            int nk = k + 1, nt = t;
-            if (nk == ksteps) {
-                nk = 0;
-                nt += gridDim.x;
-            }
+            int nk, nt;
+            next_step(t, k, ksteps, nt, nk);
             const bool more = nt < ntiles;
             if (more) load(nxt, nt, nk);
 #pragma unroll
