@@ -172,6 +172,14 @@ impl Kernels {
             };
             Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
         };
+        // The float kinds of one kernel, by kind code: STEM_f32, STEM_f16, STEM_bf16.
+        let floats = |stem: &str| -> crate::Result<[CudaFunction; 3]> {
+            Ok([
+                f(&format!("{stem}_f32"))?,
+                f(&format!("{stem}_f16"))?,
+                f(&format!("{stem}_bf16"))?,
+            ])
+        };
         // mma.sync m16n8k16 with f16 inputs: sm_80 and later.
         let mma = major >= 8;
         Ok(Kernels {
@@ -184,7 +192,7 @@ impl Kernels {
             scatter_axpy: f("scatter_axpy")?,
             axpy: f("axpy")?,
             attention: f("attention")?,
-            matvec: [f("matvec_f32")?, f("matvec_f16")?, f("matvec_bf16")?],
+            matvec: floats("matvec")?,
             matvec_q: qkernels("matvec_q", "", false)?,
             matvec_any: f("matvec_any")?,
             matvec_q_sel: qkernels("matvec_q", "_sel", false)?,
@@ -192,24 +200,12 @@ impl Kernels {
             matvec_qm_sel: mma
                 .then(|| qkernels("matvec_qm", "_sel", true))
                 .transpose()?,
-            matvec_add: [
-                f("matvec_add_f32")?,
-                f("matvec_add_f16")?,
-                f("matvec_add_bf16")?,
-            ],
-            matvec3: [f("matvec3_f32")?, f("matvec3_f16")?, f("matvec3_bf16")?],
+            matvec_add: floats("matvec_add")?,
+            matvec3: floats("matvec3")?,
             rope_kv: f("rope_kv")?,
-            moe_route: [
-                f("moe_route_f32")?,
-                f("moe_route_f16")?,
-                f("moe_route_bf16")?,
-            ],
-            moe_gate_up: [
-                f("moe_gate_up_f32")?,
-                f("moe_gate_up_f16")?,
-                f("moe_gate_up_bf16")?,
-            ],
-            moe_down: [f("moe_down_f32")?, f("moe_down_f16")?, f("moe_down_bf16")?],
+            moe_route: floats("moe_route")?,
+            moe_gate_up: floats("moe_gate_up")?,
+            moe_down: floats("moe_down")?,
             route_topk: f("route_topk")?,
             moe_combine: f("moe_combine")?,
             dequant_rows: f("dequant_rows")?,
