@@ -15,7 +15,7 @@ use crate::bench::{
     MoeStats,
 };
 use crate::format::keys;
-use crate::model::{ExpertStats, Logits, Model};
+use crate::model::{ExpertStats, Logits, Model, Session};
 use crate::Error;
 
 #[derive(Args, Debug)]
@@ -37,6 +37,10 @@ pub struct BenchArgs {
     /// Seed of the token trace.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
+    /// After each test, one more run with every GPU kernel timed (an event pair per launch; not
+    /// in the table): GPU time per kernel per token, and the time outside kernels.
+    #[arg(long)]
+    pub kernel_times: bool,
 }
 
 /// A deterministic token trace over the vocabulary (xorshift64*), skipping ids 0..3 (special).
@@ -188,22 +192,8 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         let mut total = ExpertStats::default();
         let mut tokens = 0usize;
         for rep in 0..args.reps {
-            session.truncate(0);
             session.reset_stats();
-            let started = Instant::now();
-            let n = match test {
-                BenchTest::Prompt(n) => {
-                    session.forward(&trace[..n], Logits::Last)?;
-                    n
-                }
-                BenchTest::Generate(n) => {
-                    for &t in &trace[..n] {
-                        session.forward(&[t], Logits::Last)?;
-                    }
-                    n
-                }
-            };
-            let secs = started.elapsed().as_secs_f64();
+            let (n, secs) = run_test(&mut *session, test, &trace)?;
             samples.push(n as f64 / secs);
             tokens += n;
             total.accumulate(&session.expert_stats());
@@ -213,6 +203,9 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
                 args.reps,
                 n as f64 / secs
             );
+        }
+        if args.kernel_times {
+            print_kernel_times(&mut *session, test, &trace)?;
         }
         let tok = tokens as f64;
         let expert_read_per_token: f64 = total
@@ -298,6 +291,75 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         "json" => println!("{}", render_json(&rows)),
         _ => print!("{}", render_markdown(&rows)),
     }
+    Ok(())
+}
+
+/// One run of `test` from an empty context: (tokens, seconds).
+fn run_test(
+    session: &mut dyn Session,
+    test: BenchTest,
+    trace: &[u32],
+) -> crate::Result<(usize, f64)> {
+    session.truncate(0);
+    let started = Instant::now();
+    let n = match test {
+        BenchTest::Prompt(n) => {
+            session.forward(&trace[..n], Logits::Last)?;
+            n
+        }
+        BenchTest::Generate(n) => {
+            for &t in &trace[..n] {
+                session.forward(&[t], Logits::Last)?;
+            }
+            n
+        }
+    };
+    Ok((n, started.elapsed().as_secs_f64()))
+}
+
+/// One more run of `test` with every kernel timed; the GPU time per kernel and token to stderr.
+fn print_kernel_times(
+    session: &mut dyn Session,
+    test: BenchTest,
+    trace: &[u32],
+) -> crate::Result<()> {
+    if !session.kernel_clock(true) {
+        eprintln!("bench: --kernel-times: no kernel clock on this device (CUDA only)");
+        return Ok(());
+    }
+    session.kernel_times()?; // drop anything recorded before
+    let run = run_test(session, test, trace);
+    session.kernel_clock(false);
+    let (n, secs) = run?;
+    let times = session.kernel_times()?;
+    let us = |s: f64| s * 1e6 / n as f64;
+    let in_kernels: f64 = times.iter().map(|t| t.seconds).sum();
+    eprintln!(
+        "bench: {test}, kernels timed (one extra run, {:.2} tok/s with the events): per token",
+        n as f64 / secs
+    );
+    eprintln!(
+        "  {:<28} {:>9} {:>10} {:>11} {:>7}",
+        "kernel", "launches", "us", "us/launch", "share"
+    );
+    for t in &times {
+        eprintln!(
+            "  {:<28} {:>9.2} {:>10.1} {:>11.2} {:>6.1}%",
+            t.name,
+            t.launches as f64 / n as f64,
+            us(t.seconds),
+            t.seconds * 1e6 / t.launches.max(1) as f64,
+            100.0 * t.seconds / secs
+        );
+    }
+    eprintln!(
+        "  {:<28} {:>9} {:>10.1} {:>11} {:>6.1}%",
+        "(outside kernels)",
+        "",
+        us(secs - in_kernels),
+        "",
+        100.0 * (secs - in_kernels) / secs
+    );
     Ok(())
 }
 

@@ -27,6 +27,14 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
+/// GPU time of one kernel over the launches recorded (`hob bench --kernel-times`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    pub name: String,
+    pub launches: u64,
+    pub seconds: f64,
+}
+
 /// The dense compute a backend provides. Results must not depend on the thread count.
 /// Buffers hold f32 values; an op reads and writes the first `rows * width` of them.
 pub trait Backend {
@@ -166,6 +174,16 @@ pub trait Backend {
             super::forward::route_softmax_topk(l, r);
         }
         Ok(())
+    }
+
+    /// Time every kernel launch from now on (true) or stop (false); false where the backend
+    /// cannot (the CPU).
+    fn kernel_clock(&self, _on: bool) -> bool {
+        false
+    }
+    /// GPU time per kernel since the last call (waits for the recorded launches).
+    fn kernel_times(&self) -> crate::Result<Vec<KernelTime>> {
+        Ok(Vec::new())
     }
 }
 

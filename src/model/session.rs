@@ -2,7 +2,7 @@
 //! commands (run, perplexity, bench) drive, whatever the device.
 
 use super::forward::{Logits, Model, RunState};
-use super::ops::{Backend, ExpertExecutor};
+use super::ops::{Backend, ExpertExecutor, KernelTime};
 use super::ModelConfig;
 
 /// Expert-engine counters since the last reset, per variant in the file's order.
@@ -119,6 +119,14 @@ pub trait Session {
     /// Expert counters since the last `reset_stats`.
     fn expert_stats(&self) -> ExpertStats;
     fn reset_stats(&mut self);
+    /// Time every kernel launch from now on (true) or stop; false where the device cannot.
+    fn kernel_clock(&mut self, _on: bool) -> bool {
+        false
+    }
+    /// GPU time per kernel since the last call.
+    fn kernel_times(&mut self) -> crate::Result<Vec<KernelTime>> {
+        Ok(Vec::new())
+    }
 }
 
 /// What an expert executor reports about itself.
@@ -196,5 +204,11 @@ impl<B: Backend> Session for Bound<'_, B> {
     }
     fn reset_stats(&mut self) {
         self.experts.reset_stats();
+    }
+    fn kernel_clock(&mut self, on: bool) -> bool {
+        self.backend.kernel_clock(on)
+    }
+    fn kernel_times(&mut self) -> crate::Result<Vec<KernelTime>> {
+        self.backend.kernel_times()
     }
 }

@@ -59,6 +59,8 @@ pub struct Kernels {
     pub link_wait: CudaFunction,
     /// Where the PTX came from, for logs: "cache" or "nvrtc (0.21 s)".
     pub origin: String,
+    /// Every handle loaded (CUfunction as usize) and its kernel's name.
+    pub names: Vec<(usize, String)>,
 }
 
 /// An integer matvec kernel (kernels.cu matvec_q_<kind> or matvec_qm_<kind>) and its shape for
@@ -159,10 +161,15 @@ impl Kernels {
         let module = ctx
             .load_module(ptx)
             .map_err(|e| Error::Invalid(format!("loading the compiled kernels: {e}")))?;
+        let names = std::cell::RefCell::new(Vec::new());
         let f = |name: &str| {
-            module
+            let k = module
                 .load_function(name)
-                .map_err(|e| Error::Invalid(format!("kernel {name}: {e}")))
+                .map_err(|e| Error::Invalid(format!("kernel {name}: {e}")))?;
+            names
+                .borrow_mut()
+                .push((k.cu_function() as usize, name.to_string()));
+            Ok::<_, Error>(k)
         };
         // The three integer kinds of one kernel family.
         let qkernels = |stem: &str, suffix: &str, mma: bool| -> crate::Result<[QKernel; 3]> {
@@ -182,7 +189,7 @@ impl Kernels {
         };
         // mma.sync m16n8k16 with f16 inputs: sm_80 and later.
         let mma = major >= 8;
-        Ok(Kernels {
+        let mut kernels = Kernels {
             rms_norm: f("rms_norm")?,
             rope: f("rope")?,
             add_assign: f("add_assign")?,
@@ -214,6 +221,9 @@ impl Kernels {
             link_start: f("link_start")?,
             link_wait: f("link_wait")?,
             origin,
-        })
+            names: Vec::new(),
+        };
+        kernels.names = names.take();
+        Ok(kernels)
     }
 }

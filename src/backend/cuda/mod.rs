@@ -6,6 +6,7 @@
 //! synchronization; the expert cache (experts.rs) adds a copy stream ordered by events.
 //! `unsafe` here is the CUDA launch and raw-pointer copy surface, each with a SAFETY note.
 
+mod clock;
 mod experts;
 mod kernels;
 
@@ -22,7 +23,7 @@ use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
-use crate::model::ops::{AttentionShape, Backend, Route};
+use crate::model::ops::{AttentionShape, Backend, KernelTime, Route};
 use crate::model::Model;
 use crate::quant::{Matrix, WeightKind};
 use crate::Error;
@@ -293,6 +294,8 @@ pub struct Gpu {
     /// (matvec_qm_*) where those apply: QM_KINDS, or all / none with HOB_INT_MATVEC=mma / scalar
     /// (for A/B runs).
     pub qm_kinds: [bool; 3],
+    /// Per-kernel GPU time while switched on (`hob bench --kernel-times`).
+    pub clock: clock::KernelClock,
 }
 
 /// Where the tensor-core integer matvec is the faster one, measured on the H100
@@ -315,12 +318,15 @@ fn blocks(n: usize, per: usize) -> u32 {
 /// Launch `f` on the compute stream with the given arguments (locals, borrowed until launch).
 macro_rules! launch {
     ($gpu:expr, $f:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
-        let mut b = $gpu.stream.launch_builder(&$f);
+        let f = &$f;
+        let mut b = $gpu.stream.launch_builder(f);
         $( b.arg(&$arg); )*
+        let t0 = $gpu.clock.start(&$gpu.stream)?;
         // SAFETY: the argument list matches the kernel's signature in cuda/kernels.cu, and every
         // pointer argument addresses a live device allocation of at least the extent the kernel
         // reads or writes for the given sizes (checked by the callers).
-        unsafe { b.launch($cfg) }.map(|_| ()).map_err(cuda_err)
+        unsafe { b.launch($cfg) }.map_err(cuda_err)?;
+        $gpu.clock.stop(&$gpu.stream, f, t0)
     }};
 }
 
@@ -366,10 +372,12 @@ impl Gpu {
             compute_capability.1,
             kernels.origin
         );
+        let clock = clock::KernelClock::new(kernels.names.iter().cloned());
         Ok(Arc::new(Gpu {
             ctx,
             stream,
             kernels,
+            clock,
             blas,
             name,
             compute_capability,
@@ -1131,7 +1139,9 @@ impl Backend for CudaBackend {
         check_len("rms_norm output", out.len(), rows.len() * n)?;
         let (xp, wp, op) = (self.p(x), self.vector(w)?, self.p(out));
         let (ni, r0) = (n as i32, rows.start as i32);
-        launch!(self.gpu, self.gpu.kernels.rms_norm, cfg(rows.len() as u32, 256); xp, wp, op, ni, r0, eps)
+        // A thread per float4 of the row, 32 to 1024 (kernels.cu rms_norm).
+        let block = (n.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        launch!(self.gpu, self.gpu.kernels.rms_norm, cfg(rows.len() as u32, block); xp, wp, op, ni, r0, eps)
     }
 
     fn rope(
@@ -1336,6 +1346,15 @@ impl Backend for CudaBackend {
             *r = Route { expert, weight: *w };
         }
         Ok(())
+    }
+
+    fn kernel_clock(&self, on: bool) -> bool {
+        self.gpu.clock.set(on);
+        true
+    }
+
+    fn kernel_times(&self) -> crate::Result<Vec<KernelTime>> {
+        self.gpu.clock.take()
     }
 }
 
