@@ -54,18 +54,18 @@ __device__ __forceinline__ float bf2f(unsigned short bits) {
 // ---------------------------------------------------------------------------------------------
 // Element-wise and normalization kernels.
 
-// out[r, :] = w * (x[r0 + r, :] * rsqrt(mean(x²) + eps)); one block per row, up to 1024 threads
-// reading float4s where the row allows: a row is a few KB, so the cost is load latency (a block of
-// 256 threads walking 16 dependent loads took ~10 us per row on the H100), not bandwidth.
-extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
-                                    float* __restrict__ out, int n, int r0, float eps) {
-    const float* xr = x + (size_t)(r0 + blockIdx.x) * n;
-    float* o = out + (size_t)blockIdx.x * n;
+// o = w * (xr * rsqrt(mean(xr²) + eps)) for one row of n, by the whole block (up to 1024 threads,
+// float4s where the row allows: a row is a few KB, so the cost is load latency; a block of 256
+// threads walking 16 dependent loads took ~10 us per row on the H100), also into `so` (shared
+// memory, 16-byte aligned) when given. The bits depend on blockDim: every caller launches
+// rms_block(n) threads (src/backend/cuda/mod.rs).
+__device__ __forceinline__ void rms_norm_row(const float* __restrict__ xr,
+                                             const float* __restrict__ w, float* __restrict__ o,
+                                             float* __restrict__ so, int n, float eps) {
     const bool vec = (n & 3) == 0 && ((reinterpret_cast<size_t>(xr) | reinterpret_cast<size_t>(o) |
                                        reinterpret_cast<size_t>(w)) & 15) == 0;
     const float4* x4 = reinterpret_cast<const float4*>(xr);
     const float4* w4 = reinterpret_cast<const float4*>(w);
-    float4* o4 = reinterpret_cast<float4*>(o);
     float ss = 0.f;
     if (vec) {
         for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
@@ -89,12 +89,25 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     if (vec) {
         for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
             const float4 v = x4[i], g = w4[i];
-            o4[i] = make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv),
-                                g.w * (v.w * inv));
+            const float4 r = make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv),
+                                         g.w * (v.w * inv));
+            reinterpret_cast<float4*>(o)[i] = r;
+            if (so) reinterpret_cast<float4*>(so)[i] = r;
         }
     } else {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = w[i] * (xr[i] * inv);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float r = w[i] * (xr[i] * inv);
+            o[i] = r;
+            if (so) so[i] = r;
+        }
     }
+}
+
+// out[r, :] = RMSNorm(x[r0 + r, :]) * w; one block per row.
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
+                                    float* __restrict__ out, int n, int r0, float eps) {
+    rms_norm_row(x + (size_t)(r0 + blockIdx.x) * n, w, out + (size_t)blockIdx.x * n, nullptr, n,
+                 eps);
 }
 
 // Pair `idx` of rotate-half RoPE on x ([rows, width], heads of 2 * half values; row i at
@@ -198,36 +211,45 @@ extern "C" __global__ void axpy(float* __restrict__ out, float w, const float* _
 // Mixtral routing on the device, as the host's route_softmax_topk computes it: softmax over the
 // ne router logits l of a token, the top k (ties: lower index first), weights renormalized to sum
 // to 1, best first, into re (experts) and rw (weights). k <= 16.
+#define ROUTE_MAX_K 16
 __device__ void route_one(const float* l, int ne, int k, int* re, float* rw) {
     float mx = NEG_INF;
     for (int e = 0; e < ne; e++) mx = fmaxf(mx, l[e]);
     float sum = 0.f;
     for (int e = 0; e < ne; e++) sum += expf(l[e] - mx);
-    float w[16];
-    int ex[16];
-    for (int j = 0; j < k; j++) {
+    // The best k so far, descending, in registers (every index below is a constant once the
+    // loops unroll: a dynamically indexed array would live in local memory).
+    float w[ROUTE_MAX_K];
+    int ex[ROUTE_MAX_K];
+#pragma unroll
+    for (int j = 0; j < ROUTE_MAX_K; j++) {
         w[j] = NEG_INF;
         ex[j] = -1;
     }
     for (int e = 0; e < ne; e++) {
         const float p = expf(l[e] - mx) / sum;
-        int slot = k;
-        for (int j = k - 1; j >= 0; j--)
-            if (p > w[j]) slot = j;
-        if (slot == k) continue;
-        for (int j = k - 1; j > slot; j--) {
-            w[j] = w[j - 1];
-            ex[j] = ex[j - 1];
+        // p goes to the first slot it beats (strictly: ties keep the lower index first); the
+        // slots after it shift down one.
+#pragma unroll
+        for (int j = ROUTE_MAX_K - 1; j >= 0; j--) {
+            const int jp = j > 0 ? j - 1 : 0;
+            if (j < k && p > w[j]) {
+                const bool shift = j > 0 && p > w[jp];
+                w[j] = shift ? w[jp] : p;
+                ex[j] = shift ? ex[jp] : e;
+            }
         }
-        w[slot] = p;
-        ex[slot] = e;
     }
     float total = 0.f;
-    for (int j = 0; j < k; j++) total += w[j];
-    for (int j = 0; j < k; j++) {
-        re[j] = ex[j];
-        rw[j] = w[j] / total;
-    }
+#pragma unroll
+    for (int j = 0; j < ROUTE_MAX_K; j++)
+        if (j < k) total += w[j];
+#pragma unroll
+    for (int j = 0; j < ROUTE_MAX_K; j++)
+        if (j < k) {
+            re[j] = ex[j];
+            rw[j] = w[j] / total;
+        }
 }
 
 // Routes of t tokens: routes[i * k + j] = expert (int bits) and routes[t * k + i * k + j] =
@@ -438,6 +460,67 @@ MATVEC3(matvec3_f32, KIND_F32)
 MATVEC3(matvec3_f16, KIND_F16)
 MATVEC3(matvec3_bf16, KIND_BF16)
 
+// One decode token's q, k and v with RoPE and the KV store in one launch: matvec3's products (each
+// row's sum as row_dot makes it) and then rope_kv's rotation (rope_pair's arithmetic at position
+// pos) and f16 stores into the cache rows kc and vc. Blocks of 8 warps: blockIdx.y 0 (q) and 1 (k)
+// take 4 rotation pairs each (rows i and i + half of a head: warps w and w + 4), 2 (v) 8 rows.
+template <int KIND>
+__device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, const Mat c,
+                                                  const float* __restrict__ x, float* yq,
+                                                  float* yk, float* yv,
+                                                  const float* __restrict__ inv_freq, int half,
+                                                  int pos, half_bits* __restrict__ kc,
+                                                  half_bits* __restrict__ vc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (blockIdx.y == 2) {
+        const int r = blockIdx.x * 8 + warp;
+        if (r >= c.rows) return;
+        const float v = row_dot<KIND>(c, r, x, lane);
+        if (lane == 0) {
+            yv[r] = v;
+            vc[r] = f2h(v);
+        }
+        return;
+    }
+    const bool isq = blockIdx.y == 0;
+    const Mat w = isq ? a : b;
+    float* y = isq ? yq : yk;
+    const int pairs = w.rows / 2;
+    __shared__ float d[8];
+    const int p = blockIdx.x * 4 + (warp & 3);
+    if (p < pairs) {
+        const int at = (p / half) * 2 * half, i = p % half;
+        const float v = row_dot<KIND>(w, at + i + (warp >> 2) * half, x, lane);
+        if (lane == 0) d[warp] = v;
+    }
+    __syncthreads();
+    const int q = blockIdx.x * 4 + threadIdx.x;
+    if (threadIdx.x < 4 && q < pairs) {
+        const int at = (q / half) * 2 * half, i = q % half;
+        const float angle = (float)pos * inv_freq[i];
+        float sn, cs;
+        sincosf(angle, &sn, &cs);
+        const float va = d[threadIdx.x], vb = d[threadIdx.x + 4];
+        const float ra = va * cs - vb * sn, rb = vb * cs + va * sn;
+        y[at + i] = ra;
+        y[at + i + half] = rb;
+        if (!isq) {
+            kc[at + i] = f2h(ra);
+            kc[at + i + half] = f2h(rb);
+        }
+    }
+}
+
+#define MATVEC3_ROPE(NAME, KIND)                                                                \
+    extern "C" __global__ void NAME(const Mat a, const Mat b, const Mat c, const float* x,      \
+                                    float* yq, float* yk, float* yv, const float* inv_freq,     \
+                                    int half, int pos, half_bits* kc, half_bits* vc) {          \
+        matvec3_rope_body<KIND>(a, b, c, x, yq, yk, yv, inv_freq, half, pos, kc, vc);           \
+    }
+MATVEC3_ROPE(matvec3_rope_f32, KIND_F32)
+MATVEC3_ROPE(matvec3_rope_f16, KIND_F16)
+MATVEC3_ROPE(matvec3_rope_bf16, KIND_BF16)
+
 // A table entry of resident experts' matrices: DevMat's layout in src/backend/cuda/mod.rs.
 // Tables are [experts][3] (gate, up, down).
 //
@@ -511,10 +594,30 @@ __device__ __forceinline__ void moe_down_body(const MatEntry* __restrict__ tab,
     if (lane == 0) x[r] = x[r] + o;
 }
 
+// The MoE block's RMSNorm and the routing in one launch: xn = RMSNorm(x) * g (as rms_norm
+// writes it, for the expert launches), kept in shared memory (w.cols floats, dynamic) for the
+// router's rows. rms_block(w.cols) threads.
+template <int KIND>
+__device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __restrict__ x,
+                                                    const float* __restrict__ g, float eps,
+                                                    float* __restrict__ xn, int k,
+                                                    float* __restrict__ routes) {
+    extern __shared__ float4 xs4[];
+    float* xs = reinterpret_cast<float*>(xs4);
+    rms_norm_row(x, g, xn, xs, w.cols, eps);
+    __syncthreads();
+    moe_route_body<KIND>(w, xs, k, routes);
+}
+
 #define MOE_KERNELS(SUFFIX, KIND)                                                              \
     extern "C" __global__ void moe_route_##SUFFIX(const Mat w, const float* x, int k,          \
                                                   float* routes) {                             \
         moe_route_body<KIND>(w, x, k, routes);                                                 \
+    }                                                                                          \
+    extern "C" __global__ void moe_route_norm_##SUFFIX(const Mat w, const float* x,            \
+                                                       const float* g, float eps, float* xn,   \
+                                                       int k, float* routes) {                 \
+        moe_route_norm_body<KIND>(w, x, g, eps, xn, k, routes);                                \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \
                                                     int k, const float* x, float* h) {         \

@@ -217,16 +217,10 @@ impl<'f> Model<'f> {
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
             backend.rms_norm(&b.x, 0..t, &lw.attn_norm, cfg.rms_eps, &mut b.xn)?;
-            backend.matmul_qkv(
+            backend.qkv_rope_kv(
                 [&lw.wq, &lw.wk, &lw.wv],
                 &b.xn,
-                t,
                 [&mut b.q, &mut b.k, &mut b.v],
-            )?;
-            backend.rope_kv_write(
-                &mut b.q,
-                &mut b.k,
-                &b.v,
                 (t, qd, kvd),
                 start,
                 &self.inv_freq,
@@ -252,10 +246,19 @@ impl<'f> Model<'f> {
             // Mixture-of-experts block: a decode token whose experts are all resident may be
             // routed and computed without leaving the device; otherwise routing comes to the
             // host (the expert engine decides loads there).
-            backend.rms_norm(&b.x, 0..t, &lw.ffn_norm, cfg.rms_eps, &mut b.xn)?;
-            if t == 1 && experts.forward_on_device(backend, l, &b.xn, &lw.router, &mut b.x)? {
+            if t == 1
+                && experts.forward_on_device(
+                    backend,
+                    l,
+                    (&lw.ffn_norm, cfg.rms_eps),
+                    &mut b.xn,
+                    &lw.router,
+                    &mut b.x,
+                )?
+            {
                 continue;
             }
+            backend.rms_norm(&b.x, 0..t, &lw.ffn_norm, cfg.rms_eps, &mut b.xn)?;
             backend.matmul(&lw.router, &b.xn, t, &mut b.router)?;
             backend.route(&b.router, t, ne, &mut st.routes[..t * k], &mut st.router)?;
             experts.forward(backend, l, &b.xn, t, &st.routes[..t * k], &mut b.out)?;
@@ -265,13 +268,17 @@ impl<'f> Model<'f> {
 
         let v = cfg.vocab;
         let rows = match want {
-            Logits::None => return Ok(&[]),
+            Logits::None => {
+                experts.end_forward(backend)?;
+                return Ok(&[]);
+            }
             Logits::Last => t - 1..t,
             Logits::All => 0..t,
         };
         let n = rows.len();
         backend.rms_norm(&b.x, rows, &self.w.output_norm, cfg.rms_eps, &mut b.xn)?;
         backend.matmul(&self.w.output, &b.xn, n, &mut b.logits)?;
+        experts.end_forward(backend)?;
         st.logits.resize(n * v, 0.0);
         backend.download(&b.logits, &mut st.logits[..n * v])?;
         Ok(&st.logits[..n * v])

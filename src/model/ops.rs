@@ -142,6 +142,24 @@ pub trait Backend {
         self.kv_write(kv, layer, start, t, k, v)
     }
 
+    /// The attention block's inputs: `matmul_qkv` into q, k and v, then `rope_kv_write` (a
+    /// backend may fuse them).
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_rope_kv(
+        &self,
+        w: [&Matrix<'_>; 3],
+        x: &Self::Buf,
+        [q, k, v]: [&mut Self::Buf; 3],
+        (t, q_width, kv_width): (usize, usize, usize),
+        start: usize,
+        inv_freq: &[f32],
+        kv: &mut Self::Kv,
+        layer: usize,
+    ) -> crate::Result<()> {
+        self.matmul_qkv(w, x, t, [&mut *q, &mut *k, &mut *v])?;
+        self.rope_kv_write(q, k, v, (t, q_width, kv_width), start, inv_freq, kv, layer)
+    }
+
     /// out[t, w.rows] += x · wᵀ (the residual add of a projection), `tmp` room for the
     /// product: `matmul` then `add_assign` (a backend may fuse them, with the same sums).
     fn matmul_add(
@@ -208,16 +226,25 @@ pub trait ExpertExecutor<B: Backend> {
         out: &mut B::Buf,
     ) -> crate::Result<()>;
 
-    /// Decode one token's layer with its routing left in the backend: from xs ([hidden],
-    /// post-norm) and the layer's `router`, route (as the backend's `route` would) and add the
-    /// experts' output (as `forward` computes it, summed the same way) into the residual stream
-    /// `x`. Ok(false) when this executor cannot now; the caller then routes on the host and
-    /// calls `forward`.
+    /// Everything of one `Model::forward` call up to its logits is launched, and the logits are
+    /// about to be read back: an executor may account the batch here (without holding the
+    /// device between the last layer and the output head).
+    fn end_forward(&mut self, _backend: &B) -> crate::Result<()> {
+        Ok(())
+    }
+
+    /// Decode one token's layer with its routing left in the backend: xs ([hidden]) = the MoE
+    /// block's RMSNorm of the residual stream `x` with `norm` = (weights, eps), as the backend's
+    /// `rms_norm` computes it; from xs and the layer's `router`, route (as the backend's `route`
+    /// would) and add the experts' output (as `forward` computes it, summed the same way) into
+    /// `x`. Ok(false), nothing computed, when this executor cannot now; the caller then
+    /// normalizes, routes on the host and calls `forward`.
     fn forward_on_device(
         &mut self,
         _backend: &B,
         _layer: usize,
-        _xs: &B::Buf,
+        _norm: (&[f32], f32),
+        _xs: &mut B::Buf,
         _router: &Matrix<'_>,
         _x: &mut B::Buf,
     ) -> crate::Result<bool> {

@@ -868,6 +868,8 @@ pub struct CudaExperts<'f> {
     device_allowed: bool,
     device: Option<DeviceRouting>,
     device_token: bool,
+    /// The routes of a device-routed token wait to be read back (end_forward).
+    device_pending: bool,
     /// Decode tokens that took the device-routed path.
     device_tokens: u64,
 }
@@ -1183,6 +1185,7 @@ impl<'f> CudaExperts<'f> {
             device_allowed: false,
             device: None,
             device_token: false,
+            device_pending: false,
             device_tokens: 0,
         };
         me.device_allowed = cfg.device_routing
@@ -2035,7 +2038,8 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         &mut self,
         b: &CudaBackend,
         layer: usize,
-        xs: &CudaSlice<f32>,
+        (norm, eps): (&[f32], f32),
+        xs: &mut CudaSlice<f32>,
         router: &Matrix<'_>,
         x: &mut CudaSlice<f32>,
     ) -> crate::Result<bool> {
@@ -2057,7 +2061,11 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         let dn = g + (2 * k * f * 4) as u64;
         let gpu = &self.gpu;
         let (xsp, xp) = (ptr(xs, s), ptr(x, s));
-        gpu.moe_route(b.mat(router)?, xsp, k, routes, dn)?;
+        let rw = b.mat(router)?;
+        if !gpu.moe_route_norm(rw, xp, (b.vector(norm)?, eps), xsp, k, routes)? {
+            crate::model::Backend::rms_norm(b, x, 0..1, norm, eps, xs)?;
+            gpu.moe_route(rw, xsp, k, routes, dn)?;
+        }
         if d.gate.kind < 3 {
             // Float kinds: gate and up with SwiGLU in one launch, down with the weighted sum
             // and the residual add in another.
@@ -2072,9 +2080,17 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
             gpu.moe_combine(xp, dn, routes, k, h)?;
         }
         if layer + 1 == self.file.n_layers() {
-            self.account_device()?;
+            // Read back in end_forward, once the output head is launched too.
+            self.device_pending = true;
         }
         Ok(true)
+    }
+
+    fn end_forward(&mut self, _b: &CudaBackend) -> crate::Result<()> {
+        if std::mem::take(&mut self.device_pending) {
+            self.account_device()?;
+        }
+        Ok(())
     }
 
     fn forward(

@@ -42,10 +42,14 @@ pub struct Kernels {
     /// (matvec3_*).
     pub matvec_add: [CudaFunction; 3],
     pub matvec3: [CudaFunction; 3],
+    /// matvec3 with RoPE and the KV store of one decode token (matvec3_rope_*).
+    pub matvec3_rope: [CudaFunction; 3],
     pub rope_kv: CudaFunction,
     /// Decode MoE of float-kind experts from a device table (kernels.cu moe_*): routing from the
     /// router's rows, gate+up with SwiGLU, down with the weighted sum and residual add.
     pub moe_route: [CudaFunction; 3],
+    /// The MoE block's RMSNorm and moe_route in one launch.
+    pub moe_route_norm: [CudaFunction; 3],
     pub moe_gate_up: [CudaFunction; 3],
     pub moe_down: [CudaFunction; 3],
     pub route_topk: CudaFunction,
@@ -209,8 +213,10 @@ impl Kernels {
                 .transpose()?,
             matvec_add: floats("matvec_add")?,
             matvec3: floats("matvec3")?,
+            matvec3_rope: floats("matvec3_rope")?,
             rope_kv: f("rope_kv")?,
             moe_route: floats("moe_route")?,
+            moe_route_norm: floats("moe_route_norm")?,
             moe_gate_up: floats("moe_gate_up")?,
             moe_down: floats("moe_down")?,
             route_topk: f("route_topk")?,

@@ -311,6 +311,12 @@ fn cfg(grid: u32, block: u32) -> LaunchConfig {
     }
 }
 
+/// Threads of a block that normalizes a row of n (kernels.cu rms_norm_row): one per float4, 32 to
+/// 1024. The sum of squares rounds by this shape, so every launch of that code uses it.
+fn rms_block(n: usize) -> u32 {
+    (n.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
 }
@@ -570,6 +576,36 @@ impl Gpu {
         let warps = (w.rows as u32).clamp(1, 32);
         let (wm, ki) = (*w, k as i32);
         launch!(self, self.kernels.moe_route[w.kind as usize], cfg(1, 32 * warps); wm, x, ki, routes)
+    }
+
+    /// The MoE block's RMSNorm and routing of one token in one launch (kernels.cu
+    /// moe_route_norm_*): xn = RMSNorm(x) * g as `rms_norm` writes it, and the routes as
+    /// `moe_route` computes them from xn. Ok(false), nothing launched, where that kernel does not
+    /// apply (the caller then launches the two).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_route_norm(
+        &self,
+        w: &DevMat,
+        x: u64,
+        (g, eps): (u64, f32),
+        xn: u64,
+        k: usize,
+        routes: u64,
+    ) -> crate::Result<bool> {
+        let n = w.cols as usize;
+        let small = w.rows <= 256 && k <= 16 && k <= w.rows as usize;
+        // The row in shared memory within the 48 KB a launch gets without opting in.
+        if w.kind >= 3 || !w.vectorizable() || !small || n * 4 > 48 << 10 {
+            return Ok(false);
+        }
+        let c = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (rms_block(n), 1, 1),
+            shared_mem_bytes: (n * 4) as u32,
+        };
+        let (wm, ki) = (*w, k as i32);
+        launch!(self, self.kernels.moe_route_norm[w.kind as usize], c; wm, x, g, eps, xn, ki, routes)?;
+        Ok(true)
     }
 
     /// Float-kind experts of one token from the table `tab`: h ([k, ffn]) = SwiGLU of the
@@ -1139,9 +1175,7 @@ impl Backend for CudaBackend {
         check_len("rms_norm output", out.len(), rows.len() * n)?;
         let (xp, wp, op) = (self.p(x), self.vector(w)?, self.p(out));
         let (ni, r0) = (n as i32, rows.start as i32);
-        // A thread per float4 of the row, 32 to 1024 (kernels.cu rms_norm).
-        let block = (n.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
-        launch!(self.gpu, self.gpu.kernels.rms_norm, cfg(rows.len() as u32, block); xp, wp, op, ni, r0, eps)
+        launch!(self.gpu, self.gpu.kernels.rms_norm, cfg(rows.len() as u32, rms_block(n)); xp, wp, op, ni, r0, eps)
     }
 
     fn rope(
@@ -1260,6 +1294,58 @@ impl Backend for CudaBackend {
         let f = &self.gpu.kernels.matvec3[m[0].kind as usize];
         let [a, b, d] = m;
         launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv)
+    }
+
+    /// One token with float weights: the three products, RoPE and the KV store in one launch
+    /// (matvec3_rope_*); otherwise matmul_qkv and rope_kv_write.
+    fn qkv_rope_kv(
+        &self,
+        w: [&Matrix<'_>; 3],
+        x: &CudaSlice<f32>,
+        [q, k, v]: [&mut CudaSlice<f32>; 3],
+        (t, q_width, kv_width): (usize, usize, usize),
+        start: usize,
+        inv_freq: &[f32],
+        kv: &mut CudaKv,
+        layer: usize,
+    ) -> crate::Result<()> {
+        let m = [*self.mat(w[0])?, *self.mat(w[1])?, *self.mat(w[2])?];
+        let xp = self.p(x);
+        let half = inv_freq.len();
+        let fused = t == 1
+            && xp % 16 == 0
+            && half > 0
+            && m.iter()
+                .all(|d| d.kind < 3 && d.kind == m[0].kind && d.vectorizable())
+            && m[0].rows as usize == q_width
+            && m[1].rows as usize == kv_width
+            && m[2].rows as usize == kv_width
+            && q_width % (2 * half) == 0
+            && kv_width % (2 * half) == 0
+            && kv_width == kv.kv_dim;
+        if !fused {
+            self.matmul_qkv(w, x, t, [&mut *q, &mut *k, &mut *v])?;
+            return self.rope_kv_write(q, k, v, (t, q_width, kv_width), start, inv_freq, kv, layer);
+        }
+        for (w, o) in w.iter().zip([&*q, &*k, &*v]) {
+            check_len("matmul input", x.len(), w.cols)?;
+            check_len("matmul output", o.len(), w.rows)?;
+        }
+        let (kd, vd) = kv.rows(layer, start, 1, &self.gpu.stream)?;
+        let (yq, yk, yv, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
+        // q and k: 4 rotation pairs per block of 8 warps; v: 8 rows.
+        let grid = blocks(q_width / 2, 4)
+            .max(blocks(kv_width / 2, 4))
+            .max(blocks(kv_width, 8));
+        let c = LaunchConfig {
+            grid_dim: (grid, 3, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = &self.gpu.kernels.matvec3_rope[m[0].kind as usize];
+        let [a, b, d] = m;
+        let (hi, si) = (half as i32, start as i32);
+        launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv, fp, hi, si, kd, vd)
     }
 
     /// RoPE and the KV store in one launch (rope_kv).
