@@ -299,12 +299,13 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 extern "C" __global__ void attention(const float* __restrict__ q, const half_bits* __restrict__ kc,
                                      const half_bits* __restrict__ vc, float* __restrict__ out,
                                      int n_heads, int n_kv_heads, int hd, int start_pos,
-                                     int window) {
+                                     int window, const int* __restrict__ posp) {
     int h = blockIdx.x, i = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int q_dim = n_heads * hd, kv_dim = n_kv_heads * hd;
     int kvh = h / (n_heads / n_kv_heads);
-    int pos = start_pos + i;
+    // A decode step reads its position from device memory (the same launch serves every token).
+    int pos = (posp ? *posp : start_pos) + i;
     int first = window > 0 ? max(0, pos + 1 - window) : 0;
     float scale = 1.0f / sqrtf((float)hd);
 
@@ -462,16 +463,21 @@ MATVEC3(matvec3_bf16, KIND_BF16)
 
 // One decode token's q, k and v with RoPE and the KV store in one launch: matvec3's products (each
 // row's sum as row_dot makes it) and then rope_kv's rotation (rope_pair's arithmetic at position
-// pos) and f16 stores into the cache rows kc and vc. Blocks of 8 warps: blockIdx.y 0 (q) and 1 (k)
+// *posp, read from device memory so the same launch serves every token) and f16 stores into row
+// *posp of the layer's caches kc and vc. Blocks of 8 warps: blockIdx.y 0 (q) and 1 (k)
 // take 4 rotation pairs each (rows i and i + half of a head: warps w and w + 4), 2 (v) 8 rows.
 template <int KIND>
 __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, const Mat c,
                                                   const float* __restrict__ x, float* yq,
                                                   float* yk, float* yv,
                                                   const float* __restrict__ inv_freq, int half,
-                                                  int pos, half_bits* __restrict__ kc,
+                                                  const int* __restrict__ posp,
+                                                  half_bits* __restrict__ kc,
                                                   half_bits* __restrict__ vc) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int pos = *posp;
+    kc += (size_t)pos * b.rows;
+    vc += (size_t)pos * c.rows;
     if (blockIdx.y == 2) {
         const int r = blockIdx.x * 8 + warp;
         if (r >= c.rows) return;
@@ -514,8 +520,8 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
 #define MATVEC3_ROPE(NAME, KIND)                                                                \
     extern "C" __global__ void NAME(const Mat a, const Mat b, const Mat c, const float* x,      \
                                     float* yq, float* yk, float* yv, const float* inv_freq,     \
-                                    int half, int pos, half_bits* kc, half_bits* vc) {          \
-        matvec3_rope_body<KIND>(a, b, c, x, yq, yk, yv, inv_freq, half, pos, kc, vc);           \
+                                    int half, const int* posp, half_bits* kc, half_bits* vc) {  \
+        matvec3_rope_body<KIND>(a, b, c, x, yq, yk, yv, inv_freq, half, posp, kc, vc);          \
     }
 MATVEC3_ROPE(matvec3_rope_f32, KIND_F32)
 MATVEC3_ROPE(matvec3_rope_f16, KIND_F16)

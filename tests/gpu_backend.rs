@@ -284,6 +284,8 @@ fn fixture_on_the_gpu_matches_the_cpu_and_transformers() {
     let (g_all, g_ids, g_steps) = greedy(&mut *full, &r.input_ids, 32);
     // Every expert resident: decode routes and computes its experts on the device.
     assert_eq!(full.expert_stats().device_routed, 32, "{}", full.describe());
+    // ... from one recording of a decode step (a CUDA graph), replayed for every later token.
+    assert_eq!(full.decode_replays(), 32, "{}", full.describe());
     let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
     let e_ref = nmse(&g_all, &r.logits);
     println!("fixture: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}; vs transformers {e_ref:.2e}");
@@ -346,11 +348,13 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
         // Decode routed on the device (the routed-expert kernels) computes what host routing
         // and the per-expert kernels compute, bit for bit.
         assert_eq!(gs.expert_stats().device_routed, 8, "{name}");
+        assert_eq!(gs.decode_replays(), 8, "{name}");
         let mut c = CacheConfig::simple(v, None);
         c.device_routing = false;
         let mut hs = engine_session(&g, &model, c);
         let (h_all, h_ids, h_steps) = greedy(&mut *hs, &r.input_ids, 8);
         assert_eq!(hs.expert_stats().device_routed, 0, "{name}");
+        assert_eq!(hs.decode_replays(), 0, "{name}");
         assert_eq!(h_ids, ids, "{name}");
         assert!(
             h_all == got && h_steps == steps,

@@ -191,6 +191,7 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         let mut samples = Vec::new();
         let mut total = ExpertStats::default();
         let mut tokens = 0usize;
+        let replays = session.decode_replays();
         for rep in 0..args.reps {
             session.reset_stats();
             let (n, secs) = run_test(&mut *session, test, &trace)?;
@@ -203,6 +204,11 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
                 args.reps,
                 n as f64 / secs
             );
+        }
+        if let (BenchTest::Generate(_), n) = (test, session.decode_replays() - replays) {
+            if n > 0 {
+                eprintln!("bench: {test}: {n} of {tokens} decode steps replayed from a CUDA graph");
+            }
         }
         if args.kernel_times {
             print_kernel_times(&mut *session, test, &trace)?;

@@ -3,7 +3,10 @@
 //! embed -> per layer [RMSNorm -> q,k,v -> RoPE -> causal GQA attention -> o -> residual ->
 //! RMSNorm -> router softmax, top-k, renormalize -> experts -> residual] -> RMSNorm -> lm_head.
 
-use super::ops::{AttentionShape, Backend, ExpertExecutor, Route};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::ops::{AttentionShape, Backend, DecodeStep, ExpertExecutor, Route};
 use super::weights::Weights;
 use super::{ModelConfig, ModelError};
 use crate::format::HobFile;
@@ -40,6 +43,16 @@ pub struct RunState<B: Backend> {
     routes: Vec<Route>,
     logits: Vec<f32>,
     embed: Vec<f32>,
+    /// Names this state's device buffers (KV cache and activations) for decode-step replay: new
+    /// whenever they are allocated.
+    epoch: u64,
+}
+
+/// Epochs of run states, unique in the process.
+static EPOCH: AtomicU64 = AtomicU64::new(1);
+
+fn next_epoch() -> u64 {
+    EPOCH.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Activations for a batch of t tokens, grown to the largest batch seen, never per token.
@@ -150,6 +163,7 @@ impl<'f> Model<'f> {
             routes: Vec::new(),
             logits: Vec::new(),
             embed: Vec::new(),
+            epoch: next_epoch(),
         })
     }
 
@@ -186,14 +200,9 @@ impl<'f> Model<'f> {
         }
         if st.buf.as_ref().is_none_or(|b| b.t < t) {
             st.buf = Some(Buffers::new(backend, cfg, t)?);
+            st.epoch = next_epoch();
         }
-        let (h, qd, kvd, ne, k) = (
-            cfg.hidden,
-            cfg.q_dim(),
-            cfg.kv_dim(),
-            cfg.n_experts,
-            cfg.top_k,
-        );
+        let (h, ne, k) = (cfg.hidden, cfg.n_experts, cfg.top_k);
         let Some(b) = st.buf.as_mut() else {
             unreachable!("buffers are allocated above")
         };
@@ -214,6 +223,72 @@ impl<'f> Model<'f> {
             },
         );
 
+        let rows = match want {
+            Logits::None => None,
+            Logits::Last => Some(t - 1..t),
+            Logits::All => Some(0..t),
+        };
+        // A decode token that never leaves the device may be recorded once and replayed.
+        let key = st.epoch * 2 + u64::from(rows.is_some());
+        let step = if t == 1 && experts.decode_on_device(backend)? {
+            backend.decode_step(key, start)?
+        } else {
+            DecodeStep::Direct
+        };
+        let mut run = || {
+            self.layers_and_head(
+                b,
+                &mut st.kv,
+                (&mut st.routes, &mut st.router),
+                (start, t),
+                backend,
+                experts,
+                rows.clone(),
+            )
+        };
+        match step {
+            DecodeStep::Replayed => {}
+            DecodeStep::Direct => run()?,
+            DecodeStep::Recording => {
+                // Nothing recorded has run yet: where the recording is refused, run directly.
+                let recorded = run();
+                if !backend.record_end(key, recorded)? {
+                    run()?;
+                }
+            }
+        }
+        st.pos += t;
+        experts.end_forward(backend)?;
+        let Some(rows) = rows else {
+            return Ok(&[]);
+        };
+        let n = rows.len() * cfg.vocab;
+        st.logits.resize(n, 0.0);
+        backend.download(&b.logits, &mut st.logits[..n])?;
+        Ok(&st.logits[..n])
+    }
+
+    /// Every layer of tokens start..start + t (embedded in b.x), then the output head of `rows`
+    /// into b.logits (none for None).
+    #[allow(clippy::too_many_arguments)]
+    fn layers_and_head<B: Backend>(
+        &self,
+        b: &mut Buffers<B>,
+        kv: &mut B::Kv,
+        (routes, router): (&mut [Route], &mut Vec<f32>),
+        (start, t): (usize, usize),
+        backend: &B,
+        experts: &mut dyn ExpertExecutor<B>,
+        rows: Option<Range<usize>>,
+    ) -> crate::Result<()> {
+        let cfg = &self.cfg;
+        let (h, qd, kvd, ne, k) = (
+            cfg.hidden,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.n_experts,
+            cfg.top_k,
+        );
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
             backend.rms_norm(&b.x, 0..t, &lw.attn_norm, cfg.rms_eps, &mut b.xn)?;
@@ -224,7 +299,7 @@ impl<'f> Model<'f> {
                 (t, qd, kvd),
                 start,
                 &self.inv_freq,
-                &mut st.kv,
+                kv,
                 l,
             )?;
             backend.attention(
@@ -237,7 +312,7 @@ impl<'f> Model<'f> {
                     window: cfg.sliding_window,
                 },
                 &b.q,
-                &st.kv,
+                kv,
                 l,
                 &mut b.att,
             )?;
@@ -260,28 +335,16 @@ impl<'f> Model<'f> {
             }
             backend.rms_norm(&b.x, 0..t, &lw.ffn_norm, cfg.rms_eps, &mut b.xn)?;
             backend.matmul(&lw.router, &b.xn, t, &mut b.router)?;
-            backend.route(&b.router, t, ne, &mut st.routes[..t * k], &mut st.router)?;
-            experts.forward(backend, l, &b.xn, t, &st.routes[..t * k], &mut b.out)?;
+            backend.route(&b.router, t, ne, &mut routes[..t * k], router)?;
+            experts.forward(backend, l, &b.xn, t, &routes[..t * k], &mut b.out)?;
             backend.add_assign(&mut b.x, &b.out, t * h)?;
         }
-        st.pos += t;
-
-        let v = cfg.vocab;
-        let rows = match want {
-            Logits::None => {
-                experts.end_forward(backend)?;
-                return Ok(&[]);
-            }
-            Logits::Last => t - 1..t,
-            Logits::All => 0..t,
-        };
-        let n = rows.len();
-        backend.rms_norm(&b.x, rows, &self.w.output_norm, cfg.rms_eps, &mut b.xn)?;
-        backend.matmul(&self.w.output, &b.xn, n, &mut b.logits)?;
-        experts.end_forward(backend)?;
-        st.logits.resize(n * v, 0.0);
-        backend.download(&b.logits, &mut st.logits[..n * v])?;
-        Ok(&st.logits[..n * v])
+        if let Some(rows) = rows {
+            let n = rows.len();
+            backend.rms_norm(&b.x, rows, &self.w.output_norm, cfg.rms_eps, &mut b.xn)?;
+            backend.matmul(&self.w.output, &b.xn, n, &mut b.logits)?;
+        }
+        Ok(())
     }
 }
 

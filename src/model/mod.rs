@@ -15,7 +15,7 @@ pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use forward::{Logits, Model, RunState};
-pub use ops::{Backend, ExpertExecutor, KernelTime, Route};
+pub use ops::{Backend, DecodeStep, ExpertExecutor, KernelTime, Route};
 pub use session::{Bound, ExpertReport, ExpertStats, Experts, Session, VariantStats};
 
 use crate::format::FormatError;

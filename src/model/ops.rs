@@ -35,6 +35,17 @@ pub struct KernelTime {
     pub seconds: f64,
 }
 
+/// How a decode step's launches are made (`Backend::decode_step`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeStep {
+    /// One by one, as the forward pass calls the ops.
+    Direct,
+    /// One by one and recorded for replay, until `record_end`.
+    Recording,
+    /// Replayed from a recording: the step's ops are launched already.
+    Replayed,
+}
+
 /// The dense compute a backend provides. Results must not depend on the thread count.
 /// Buffers hold f32 values; an op reads and writes the first `rows * width` of them.
 pub trait Backend {
@@ -194,6 +205,26 @@ pub trait Backend {
         Ok(())
     }
 
+    /// A decode token at position `pos` whose every op, through the output head, stays on the
+    /// backend (no host round trip): the backend may replay what it recorded under `key`
+    /// (Replayed), or record the launches that follow until `record_end` (Recording). `key`
+    /// names the buffers and cache the launches use; another key drops the recording.
+    fn decode_step(&self, _key: u64, _pos: usize) -> crate::Result<DecodeStep> {
+        Ok(DecodeStep::Direct)
+    }
+    /// The recorded step's launches are made (`recorded`: how that went): stop recording and run
+    /// the recording, kept under `key` for replay (true); false when nothing ran (a launch failed
+    /// while recording, or the step cannot be replayed): the caller then makes the launches
+    /// directly, and the backend runs `key`'s steps directly from then on.
+    fn record_end(&self, _key: u64, _recorded: crate::Result<()>) -> crate::Result<bool> {
+        Ok(false)
+    }
+
+    /// Decode steps run from a recording so far (the recording runs included).
+    fn decode_replays(&self) -> u64 {
+        0
+    }
+
     /// Time every kernel launch from now on (true) or stop (false); false where the backend
     /// cannot (the CPU).
     fn kernel_clock(&self, _on: bool) -> bool {
@@ -225,6 +256,13 @@ pub trait ExpertExecutor<B: Backend> {
         routes: &[Route],
         out: &mut B::Buf,
     ) -> crate::Result<()>;
+
+    /// Whether this decode token's every layer will take `forward_on_device` (asked once,
+    /// before the first layer, so that the backend may record or replay the token's launches;
+    /// a replayed token's layers are not called).
+    fn decode_on_device(&mut self, _backend: &B) -> crate::Result<bool> {
+        Ok(false)
+    }
 
     /// Everything of one `Model::forward` call up to its logits is launched, and the logits are
     /// about to be read back: an executor may account the batch here (without holding the

@@ -119,6 +119,10 @@ pub trait Session {
     /// Expert counters since the last `reset_stats`.
     fn expert_stats(&self) -> ExpertStats;
     fn reset_stats(&mut self);
+    /// Decode steps the backend ran from a recording (CUDA graphs) so far.
+    fn decode_replays(&self) -> u64 {
+        0
+    }
     /// Time every kernel launch from now on (true) or stop; false where the device cannot.
     fn kernel_clock(&mut self, _on: bool) -> bool {
         false
@@ -204,6 +208,9 @@ impl<B: Backend> Session for Bound<'_, B> {
     }
     fn reset_stats(&mut self) {
         self.experts.reset_stats();
+    }
+    fn decode_replays(&self) -> u64 {
+        self.backend.decode_replays()
     }
     fn kernel_clock(&mut self, on: bool) -> bool {
         self.backend.kernel_clock(on)

@@ -39,6 +39,10 @@ impl KernelClock {
         self.on.store(on, Ordering::Relaxed);
     }
 
+    pub fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
     /// An event before a launch, when the clock runs.
     pub fn start(&self, stream: &CudaStream) -> crate::Result<Option<CudaEvent>> {
         if !self.on.load(Ordering::Relaxed) {

@@ -2086,6 +2086,13 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         Ok(true)
     }
 
+    fn decode_on_device(&mut self, _b: &CudaBackend) -> crate::Result<bool> {
+        self.device_token = self.device_ready()?;
+        // A replayed token skips forward_on_device: its routes are read back all the same.
+        self.device_pending |= self.device_token;
+        Ok(self.device_token)
+    }
+
     fn end_forward(&mut self, _b: &CudaBackend) -> crate::Result<()> {
         if std::mem::take(&mut self.device_pending) {
             self.account_device()?;

@@ -15,7 +15,8 @@ pub use kernels::{Kernels, QKernel};
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{sys as cublas_sys, CudaBlas};
 use cudarc::driver::sys::CUdevice_attribute;
@@ -23,7 +24,7 @@ use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
-use crate::model::ops::{AttentionShape, Backend, KernelTime, Route};
+use crate::model::ops::{AttentionShape, Backend, DecodeStep, KernelTime, Route};
 use crate::model::Model;
 use crate::quant::{Matrix, WeightKind};
 use crate::Error;
@@ -953,7 +954,26 @@ pub struct CudaBackend {
     scratch: CudaSlice<f32>,
     scratch_len: usize,
     resident_bytes: usize,
+    /// A decode step's position, in device memory (read by its attention and RoPE launches, so
+    /// that one recording serves every token), and the value last written there.
+    pos: CudaSlice<i32>,
+    pos_now: Mutex<Option<usize>>,
+    /// The recorded decode step (a CUDA graph) and its key; None: that key's steps run direct.
+    graph: Mutex<Option<(u64, Option<DecodeGraph>)>>,
+    /// A launch since the recording began took the decode position as an argument.
+    baked: AtomicBool,
+    /// Decode steps run from the recording.
+    replays: AtomicU64,
+    /// Decode steps recorded and replayed (off with HOB_CUDA_GRAPHS=0).
+    graphs: bool,
 }
+
+/// A CUDA graph of one decode step.
+struct DecodeGraph(cudarc::driver::CudaGraph);
+
+// SAFETY: a CUgraph/CUgraphExec may be used from any thread as long as calls on it are
+// serialized; DecodeGraph is only reached through CudaBackend's Mutex.
+unsafe impl Send for DecodeGraph {}
 
 /// Floats of the dequantization tile used by prefill products (64 MiB).
 const SCRATCH_FLOATS: usize = 16 << 20;
@@ -985,14 +1005,7 @@ impl CudaBackend {
                 gib(total)
             )));
         }
-        let mut b = CudaBackend {
-            scratch: gpu.alloc::<f32>(SCRATCH_FLOATS, "the prefill tile")?,
-            scratch_len: SCRATCH_FLOATS,
-            gpu,
-            mats: HashMap::new(),
-            vectors: HashMap::new(),
-            resident_bytes: 0,
-        };
+        let mut b = CudaBackend::empty(gpu)?;
         for m in mats {
             b.upload_matrix(m)?;
         }
@@ -1013,11 +1026,35 @@ impl CudaBackend {
         Ok(CudaBackend {
             scratch: gpu.alloc::<f32>(SCRATCH_FLOATS, "the prefill tile")?,
             scratch_len: SCRATCH_FLOATS,
+            pos: gpu.alloc::<i32>(1, "the decode position")?,
+            pos_now: Mutex::new(None),
+            graph: Mutex::new(None),
+            baked: AtomicBool::new(false),
+            replays: AtomicU64::new(0),
+            graphs: std::env::var("HOB_CUDA_GRAPHS").as_deref() != Ok("0"),
             gpu,
             mats: HashMap::new(),
             vectors: HashMap::new(),
             resident_bytes: 0,
         })
+    }
+
+    /// The device address holding decode position `pos`, written there first if it holds
+    /// another (never while a step is recorded: decode_step writes it before).
+    fn pos_ptr(&self, pos: usize) -> crate::Result<u64> {
+        let p = ptr(&self.pos, &self.gpu.stream);
+        let mut now = self.pos_now.lock().unwrap_or_else(|e| e.into_inner());
+        if *now != Some(pos) {
+            let v = [pos as i32];
+            // SAFETY: p holds one i32; a copy from pageable host memory is staged before the call
+            // returns, so `v` may go; the stream orders it before the launches that read it.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(p, &v[..], self.gpu.stream.cu_stream())
+                    .map_err(cuda_err)?;
+            }
+            *now = Some(pos);
+        }
+        Ok(p)
     }
 
     /// Copy a host matrix to the device; later calls with the same view find it.
@@ -1186,6 +1223,8 @@ impl Backend for CudaBackend {
         start_pos: usize,
         inv_freq: &[f32],
     ) -> crate::Result<()> {
+        // The position is an argument here: a recorded decode step cannot replay this.
+        self.baked.store(true, Ordering::Relaxed);
         check_len("rope input", x.len(), t * width)?;
         let half = inv_freq.len();
         let (xp, fp) = (self.p(x), self.vector(inv_freq)?);
@@ -1214,6 +1253,8 @@ impl Backend for CudaBackend {
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
     ) -> crate::Result<()> {
+        // The position is an argument here: a recorded decode step cannot replay this.
+        self.baked.store(true, Ordering::Relaxed);
         let n = t * kv.kv_dim;
         check_len("kv_write input", k.len().min(v.len()), n)?;
         let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
@@ -1257,7 +1298,12 @@ impl Backend for CudaBackend {
             block_dim: (if shape.t == 1 { 512 } else { 128 }, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(self.gpu, self.gpu.kernels.attention, c; qp, kp, vp, op, nh, nkv, hd, sp, window)
+        let posp = if shape.t == 1 {
+            self.pos_ptr(shape.start_pos)?
+        } else {
+            0u64
+        };
+        launch!(self.gpu, self.gpu.kernels.attention, c; qp, kp, vp, op, nh, nkv, hd, sp, window, posp)
     }
 
     /// One token: one launch for the three products when they are float kinds (matvec3_*).
@@ -1331,7 +1377,10 @@ impl Backend for CudaBackend {
             check_len("matmul input", x.len(), w.cols)?;
             check_len("matmul output", o.len(), w.rows)?;
         }
-        let (kd, vd) = kv.rows(layer, start, 1, &self.gpu.stream)?;
+        // The layer's cache rows from position 0: the kernel adds the position it reads.
+        kv.rows(layer, start, 1, &self.gpu.stream)?;
+        let (kd, vd) = kv.rows(layer, 0, 1, &self.gpu.stream)?;
+        let posp = self.pos_ptr(start)?;
         let (yq, yk, yv, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
         // q and k: 4 rotation pairs per block of 8 warps; v: 8 rows.
         let grid = blocks(q_width / 2, 4)
@@ -1344,8 +1393,8 @@ impl Backend for CudaBackend {
         };
         let f = &self.gpu.kernels.matvec3_rope[m[0].kind as usize];
         let [a, b, d] = m;
-        let (hi, si) = (half as i32, start as i32);
-        launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv, fp, hi, si, kd, vd)
+        let hi = half as i32;
+        launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv, fp, hi, posp, kd, vd)
     }
 
     /// RoPE and the KV store in one launch (rope_kv).
@@ -1360,6 +1409,8 @@ impl Backend for CudaBackend {
         kv: &mut CudaKv,
         layer: usize,
     ) -> crate::Result<()> {
+        // The position is an argument here: a recorded decode step cannot replay this.
+        self.baked.store(true, Ordering::Relaxed);
         check_len("rope input", q.len(), t * q_width)?;
         check_len("kv_write input", k.len().min(v.len()), t * kv_width)?;
         if kv_width != kv.kv_dim {
@@ -1432,6 +1483,62 @@ impl Backend for CudaBackend {
             *r = Route { expert, weight: *w };
         }
         Ok(())
+    }
+
+    fn decode_step(&self, key: u64, pos: usize) -> crate::Result<DecodeStep> {
+        self.pos_ptr(pos)?;
+        // Kernel timing records events around each launch: those steps run direct.
+        if !self.graphs || self.gpu.clock.on() {
+            return Ok(DecodeStep::Direct);
+        }
+        let mut graph = self.graph.lock().unwrap_or_else(|e| e.into_inner());
+        match graph.as_ref() {
+            Some((k, Some(g))) if *k == key => {
+                g.0.launch().map_err(cuda_err)?;
+                self.replays.fetch_add(1, Ordering::Relaxed);
+                return Ok(DecodeStep::Replayed);
+            }
+            Some((k, None)) if *k == key => return Ok(DecodeStep::Direct),
+            _ => {}
+        }
+        *graph = None;
+        self.baked.store(false, Ordering::Relaxed);
+        self.gpu
+            .stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(cuda_err)?;
+        Ok(DecodeStep::Recording)
+    }
+
+    fn record_end(&self, key: u64, recorded: crate::Result<()>) -> crate::Result<bool> {
+        let g = self
+            .gpu
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags_enum(0));
+        let mut graph = self.graph.lock().unwrap_or_else(|e| e.into_inner());
+        // Until a new key: the steps of this one run direct unless recorded below.
+        *graph = Some((key, None));
+        let why = match (recorded, g) {
+            (Err(e), _) => format!("a launch failed while recording: {e}"),
+            (Ok(()), Err(e)) => format!("{e}"),
+            (Ok(()), Ok(None)) => "nothing was recorded".into(),
+            // A launch took this token's position as an argument: replays would repeat it.
+            (Ok(()), Ok(Some(_))) if self.baked.load(Ordering::Relaxed) => {
+                "an op of this model takes the position as an argument".into()
+            }
+            (Ok(()), Ok(Some(g))) => {
+                g.launch().map_err(cuda_err)?;
+                self.replays.fetch_add(1, Ordering::Relaxed);
+                *graph = Some((key, Some(DecodeGraph(g))));
+                return Ok(true);
+            }
+        };
+        log::info!("decode steps run without a CUDA graph: {why}");
+        Ok(false)
+    }
+
+    fn decode_replays(&self) -> u64 {
+        self.replays.load(Ordering::Relaxed)
     }
 
     fn kernel_clock(&self, on: bool) -> bool {
