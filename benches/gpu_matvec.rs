@@ -104,7 +104,7 @@ extern "C" __global__ void bench_read_rows_scalar(const uint4* p, int rows, int 
 // matvec_qm_* with parts of its work skipped (timing only: kernels.cu matvec_qm_body's SKIP).
 #define QM_VARIANT(NAME, KIND, SKIP) \
     extern "C" __global__ void __launch_bounds__(512) NAME(const Mat w, const float* x, float* y, int split, int tchunks) { \
-        matvec_qm_body<KIND, 2, SKIP>(w, x, y, split, tchunks); \
+        matvec_qm_body<KIND, 2, SKIP>(w, x, nullptr, y, split, tchunks); \
     }
 QM_VARIANT(qm_int4_no_staging, KIND_INT4, 1)
 QM_VARIANT(qm_int4_no_scales, KIND_INT4, 2)

@@ -637,9 +637,12 @@ MOE_KERNELS(f32, KIND_F32)
 MOE_KERNELS(f16, KIND_F16)
 MOE_KERNELS(bf16, KIND_BF16)
 
-#define SEL_ARGS \
-    const MatEntry *tab, const float *routes, int k, int which0, const float *x, int xs, float *y, int ys
+#define SEL_ARGS                                                                                  \
+    const MatEntry *tab, const float *routes, int k, int which0, const float *x, int xs, int glu,  \
+        float *y, int ys
 #define SEL_X x + (size_t)(blockIdx.y % k) * xs
+// glu: x holds k gate products and then k up products (xs apart): the input is their SwiGLU.
+#define SEL_U (glu ? x + (size_t)(blockIdx.y % k + k) * xs : nullptr)
 #define SEL_Y y + (size_t)blockIdx.y * ys
 
 
@@ -732,18 +735,35 @@ __device__ __forceinline__ int qexp(float v) {
 // Stage columns [0, tn * CC) of xt into shared memory: xs4 (the scaled x, laid out so that lane l
 // of a warp reads chunk 32 i + l's quad q at float4 (i * CC/4 + q) * 32 + l: no bank conflicts)
 // and sxp (sum of each 16 columns, times 2^-K). Returns 2^K. Block-wide; ends with a barrier.
+// Four staged inputs at x4[m]; with u4 (the up products of a SwiGLU), silu(x) * u as the swiglu
+// kernel rounds it, so a down product can stage its input without that launch.
+__device__ __forceinline__ float4 xin(const float4* __restrict__ x4, const float4* __restrict__ u4,
+                                      int m) {
+    float4 v = __ldg(x4 + m);
+    if (u4) {
+        const float4 u = __ldg(u4 + m);
+        v.x = v.x / (1.0f + expf(-v.x)) * u.x;
+        v.y = v.y / (1.0f + expf(-v.y)) * u.y;
+        v.z = v.z / (1.0f + expf(-v.z)) * u.z;
+        v.w = v.w / (1.0f + expf(-v.w)) * u.w;
+    }
+    return v;
+}
+
 template <int KIND>
-__device__ float qstage(const float* __restrict__ xt, int tn, float4* xs4, float* sxp, int* wsm) {
+__device__ float qstage(const float* __restrict__ xt, const float* __restrict__ ut, int tn, float4* xs4,
+                       float* sxp, int* wsm) {
     constexpr int CC = QTraits<KIND>::CC, Q = CC / 4, EPW = QTraits<KIND>::EPW;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float4* x4 = reinterpret_cast<const float4*>(xt);
+    const float4* u4 = reinterpret_cast<const float4*>(ut);
     const int nq = tn * Q;
     int fl = 0;
     __syncthreads();  // earlier readers of the shared arrays are done
     for (int m0 = 0; m0 < nq; m0 += blockDim.x) {
         const int m = m0 + threadIdx.x;
         const bool in = m < nq;
-        const float4 v = in ? __ldg(x4 + m) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 v = in ? xin(x4, u4, m) : make_float4(0.f, 0.f, 0.f, 0.f);
         fl |= qflags(v.x) | qflags(v.y) | qflags(v.z) | qflags(v.w);
         if (in) {
             const int c = m / Q, q = m - c * Q, j0 = (4 * m) % EPW;
@@ -771,7 +791,7 @@ __device__ float qstage(const float* __restrict__ xt, int tn, float4* xs4, float
     // the largest |x'| stays below 2^127) and stage again.
     int e = 0;
     for (int m = threadIdx.x; m < nq; m += blockDim.x) {
-        const float4 v = __ldg(x4 + m);
+        const float4 v = xin(x4, u4, m);
         e = max(max(e, max(qexp(v.x), qexp(v.y))), max(qexp(v.z), qexp(v.w)));
     }
 #pragma unroll
@@ -784,7 +804,7 @@ __device__ float qstage(const float* __restrict__ xt, int tn, float4* xs4, float
     for (int m0 = 0; m0 < nq; m0 += blockDim.x) {
         const int m = m0 + threadIdx.x;
         const bool in = m < nq;
-        const float4 v = in ? __ldg(x4 + m) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 v = in ? xin(x4, u4, m) : make_float4(0.f, 0.f, 0.f, 0.f);
         if (in) {
             const int c = m / Q, q = m - c * Q, j0 = (4 * m) % EPW;
             float4 o;
@@ -858,6 +878,7 @@ struct QBuf {
 // Dynamic shared memory: q_smem in mod.rs.
 template <int KIND, int R>
 __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restrict__ x,
+                                              const float* __restrict__ u,
                                               float* __restrict__ y, int split, int tchunks) {
     constexpr int CC = QTraits<KIND>::CC, P = QTraits<KIND>::P, Q = CC / 4,
                   EPW = QTraits<KIND>::EPW;
@@ -915,7 +936,8 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         QBuf<R> cur, nxt;
         int t = blockIdx.x, k = 0;
         load(cur, t, k);
-        const float kscale = qstage<KIND>(x + (size_t)ct0 * CC, tn, xs4, sxp, wsm);
+        const float kscale = qstage<KIND>(x + (size_t)ct0 * CC, u ? u + (size_t)ct0 * CC : nullptr, tn,
+                                             xs4, sxp, wsm);
         float racc[R];
 #pragma unroll
         for (int i = 0; i < R; i++) racc[i] = 0.f;
@@ -1026,34 +1048,36 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 }
 
 // The plain and routed-expert (_sel) kernels of one integer family for int8, int4 and int2:
-// PREFIX##_int8 ... PREFIX##_int2_sel, each BODY<kind, ARG>.
-#define INT_MATVEC_KERNELS(PREFIX, BODY, ARG, ATTR)                                                  \
+// PREFIX##_int8 ... PREFIX##_int2_sel, each BODY<kind, ARG>. A _sel kernel runs with its plain
+// kernel's launch plan (Gpu::sel_supports): SEL_ATTR bounds its registers to the largest block a
+// plan takes (512 threads), which its SwiGLU staging would otherwise exceed for int8.
+#define INT_MATVEC_KERNELS(PREFIX, BODY, ARG, ATTR, SEL_ATTR)                                         \
     extern "C" __global__ void ATTR PREFIX##_int8(const Mat w, const float* x, float* y, int split,   \
-                                                  int tchunks) {                                   \
-        BODY<KIND_INT8, ARG>(w, x, y, split, tchunks);                                             \
-    }                                                                                              \
+                                                  int tchunks) {                                      \
+        BODY<KIND_INT8, ARG>(w, x, nullptr, y, split, tchunks);                                       \
+    }                                                                                                 \
     extern "C" __global__ void ATTR PREFIX##_int4(const Mat w, const float* x, float* y, int split,   \
-                                                  int tchunks) {                                   \
-        BODY<KIND_INT4, ARG>(w, x, y, split, tchunks);                                             \
-    }                                                                                              \
+                                                  int tchunks) {                                      \
+        BODY<KIND_INT4, ARG>(w, x, nullptr, y, split, tchunks);                                       \
+    }                                                                                                 \
     extern "C" __global__ void ATTR PREFIX##_int2(const Mat w, const float* x, float* y, int split,   \
-                                                  int tchunks) {                                   \
-        BODY<KIND_INT2, ARG>(w, x, y, split, tchunks);                                             \
-    }                                                                                              \
-    extern "C" __global__ void ATTR PREFIX##_int8_sel(SEL_ARGS, int split, int tchunks) {            \
-        BODY<KIND_INT8, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);       \
-    }                                                                                              \
-    extern "C" __global__ void ATTR PREFIX##_int4_sel(SEL_ARGS, int split, int tchunks) {            \
-        BODY<KIND_INT4, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);       \
-    }                                                                                              \
-    extern "C" __global__ void ATTR PREFIX##_int2_sel(SEL_ARGS, int split, int tchunks) {            \
-        BODY<KIND_INT2, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_Y, split, tchunks);       \
+                                                  int tchunks) {                                      \
+        BODY<KIND_INT2, ARG>(w, x, nullptr, y, split, tchunks);                                       \
+    }                                                                                                 \
+    extern "C" __global__ void SEL_ATTR PREFIX##_int8_sel(SEL_ARGS, int split, int tchunks) {         \
+        BODY<KIND_INT8, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
+    }                                                                                                 \
+    extern "C" __global__ void SEL_ATTR PREFIX##_int4_sel(SEL_ARGS, int split, int tchunks) {         \
+        BODY<KIND_INT4, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
+    }                                                                                                 \
+    extern "C" __global__ void SEL_ATTR PREFIX##_int2_sel(SEL_ARGS, int split, int tchunks) {         \
+        BODY<KIND_INT2, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
     }
 
 // R = 4 rows per warp, one chunk position per step: measured best on the H100 against 2 or 8 rows,
 // two positions per step, and a cp.async ring in shared memory keeping 2-5 steps in flight
 // (benches/results/2026-11-22-h100-int-matvec.md).
-INT_MATVEC_KERNELS(matvec_q, matvec_q_body, 4, )
+INT_MATVEC_KERNELS(matvec_q, matvec_q_body, 4, , __launch_bounds__(512))
 
 // ---------------------------------------------------------------------------------------------
 // Integer dequantize-matvec on the tensor cores (sm_80 and later, for groups of 1, 2 or a multiple
@@ -1128,9 +1152,11 @@ __device__ __forceinline__ void qm_split2(float v, float u, u32& hi, u32& lo) {
 // sxc: each chunk's sum of x. One code word's columns per thread: a quad's 16 words are 16
 // adjacent lanes. Block-wide (blockDim.x a multiple of 32); ends with a barrier.
 template <int KIND>
-__device__ void qmstage(const float* __restrict__ xt, int tn, uint4* xb, float* sxc, float* qf) {
+__device__ void qmstage(const float* __restrict__ xt, const float* __restrict__ ut, int tn, uint4* xb,
+                        float* sxc, float* qf) {
     constexpr int EPW = 32 / QMTraits<KIND>::BITS, NR = EPW / 2, CC = 4 * EPW;
     const float4* x4 = reinterpret_cast<const float4*>(xt);
+    const float4* u4 = reinterpret_cast<const float4*>(ut);
     __syncthreads();  // earlier readers of the shared arrays are done
     const int nwords = ((tn + 3) & ~3) * 4;
     for (int m0 = 0; m0 < nwords; m0 += blockDim.x) {
@@ -1140,7 +1166,7 @@ __device__ void qmstage(const float* __restrict__ xt, int tn, uint4* xb, float* 
         float mx = 0.f, sum = 0.f;
 #pragma unroll
         for (int i = 0; i < EPW / 4; i++) {
-            const float4 v = in ? __ldg(x4 + (c * CC + wd * EPW) / 4 + i)
+            const float4 v = in ? xin(x4, u4, (c * CC + wd * EPW) / 4 + i)
                                 : make_float4(0.f, 0.f, 0.f, 0.f);
             xv[4 * i] = v.x;
             xv[4 * i + 1] = v.y;
@@ -1205,6 +1231,7 @@ struct QMBuf {
 // before staging x measured slower (1-2 µs on Mixtral's shapes).
 template <int KIND, int U, int SKIP = 0>
 __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restrict__ x,
+                                               const float* __restrict__ u,
                                                float* __restrict__ y, int split, int tchunks) {
 #if __CUDA_ARCH__ >= 800
     constexpr int EPW = 32 / QMTraits<KIND>::BITS, NR = EPW / 2, CC = 4 * EPW;
@@ -1269,7 +1296,8 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
         QMBuf<U> cur, nxt;
         int t = blockIdx.x, k = 0;
         load(cur, t, k);
-        if (!(SKIP & 1)) qmstage<KIND>(x + (size_t)ct0 * CC, tn, xb, sxc, qf);
+        if (!(SKIP & 1))
+            qmstage<KIND>(x + (size_t)ct0 * CC, u ? u + (size_t)ct0 * CC : nullptr, tn, xb, sxc, qf);
         float acc[2] = {0.f, 0.f};
         for (;;) {
             int nk, nt;
@@ -1370,7 +1398,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
 // U = 2 quads per step (a lane loads 64 bytes of codes per step, as matvec_q_* do). At most 512
 // threads (the plans' 16 warps), so at most 128 registers: the selecting kernels then run with
 // the plain kernels' plans.
-INT_MATVEC_KERNELS(matvec_qm, matvec_qm_body, 2, __launch_bounds__(512))
+INT_MATVEC_KERNELS(matvec_qm, matvec_qm_body, 2, __launch_bounds__(512), __launch_bounds__(512))
 
 // Element (r, c) of any kind, dequantized.
 __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {

@@ -2072,11 +2072,11 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
             gpu.moe_gate_up(&d.gate, tab, routes, k, xsp, g)?;
             gpu.moe_down(&d.down, tab, routes, k, g, xp)?;
         } else {
-            // Integer kinds: gate and up of the k experts in one launch, SwiGLU over all k,
-            // down of all k, then the weighted sum and residual add.
-            gpu.matvec_sel(&d.gate, tab, routes, k, 0, 2 * k, (xsp, 0), (g, f))?;
-            gpu.swiglu(g, g + (k * f * 4) as u64, k * f)?;
-            gpu.matvec_sel(&d.down, tab, routes, k, 2, k, (g, f), (dn, h))?;
+            // Integer kinds: gate and up of the k experts in one launch, down of all k (its
+            // input staged as the SwiGLU of the gate and up products, rounded as `swiglu`
+            // rounds it), then the weighted sum and residual add.
+            gpu.matvec_sel(&d.gate, tab, routes, k, 0, 2 * k, (xsp, 0, false), (g, f))?;
+            gpu.matvec_sel(&d.down, tab, routes, k, 2, k, (g, f, true), (dn, h))?;
             gpu.moe_combine(xp, dn, routes, k, h)?;
         }
         if layer + 1 == self.file.n_layers() {

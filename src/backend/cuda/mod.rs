@@ -523,7 +523,9 @@ impl Gpu {
     /// Integer-kind matrices of the routed experts of one token, `ny` of them in one launch
     /// (kernels.cu matvec_q_*_sel): matrix `which0 + j / k` of expert `routes[j % k]` from the
     /// device table `tab` ([experts][3] DevMat: gate, up, down) times x + (j % k) * xs floats,
-    /// into y + j * ys floats. `w` is any one of those matrices (they share kind and shape).
+    /// into y + j * ys floats; with `glu`, times SwiGLU(x + (j % k) * xs, x + (j % k + k) * xs)
+    /// instead (k gate products, then k up products). `w` is any one of those matrices (they
+    /// share kind and shape).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_sel(
         &self,
@@ -533,7 +535,7 @@ impl Gpu {
         k: usize,
         which0: i32,
         ny: usize,
-        (x, xs): (u64, usize),
+        (x, xs, glu): (u64, usize, bool),
         (y, ys): (u64, usize),
     ) -> crate::Result<()> {
         if w.kind < 3 {
@@ -541,7 +543,7 @@ impl Gpu {
                 "CUDA: matvec_sel takes integer kinds (float kinds: moe_gate_up, moe_down)".into(),
             ));
         }
-        let (ki, xsi, ysi) = (k as i32, xs as i32, ys as i32);
+        let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
         // The plain kernel's plan (the same split and column tiles: the same sums as
         // `matvec`). Its grid fills the GPU once; the ny matrices share it (a block loops over
         // its matrix's row tiles, so any grid computes the same sums).
@@ -555,7 +557,7 @@ impl Gpu {
             shared_mem_bytes: p.smem,
         };
         let (split, tchunks) = (p.split, p.tchunks);
-        launch!(self, q.f, c; tab, routes, ki, which0, x, xsi, y, ysi, split, tchunks)
+        launch!(self, q.f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, split, tchunks)
     }
 
     /// One token's routes ([k] experts then [k] weights at `routes`) from the router `w` and
