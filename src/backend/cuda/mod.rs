@@ -1129,6 +1129,31 @@ impl CudaBackend {
             })
     }
 
+    /// The three matrices of one token's fused products (matvec3_*): resident float kinds, all
+    /// one kind, 16-byte rows and x, the buffers long enough; None where the fused kernels do
+    /// not apply.
+    fn one_token_floats(
+        &self,
+        w: [&Matrix<'_>; 3],
+        x: &CudaSlice<f32>,
+        t: usize,
+        out: [&CudaSlice<f32>; 3],
+    ) -> crate::Result<Option<[DevMat; 3]>> {
+        let m = [*self.mat(w[0])?, *self.mat(w[1])?, *self.mat(w[2])?];
+        let fused = t == 1
+            && self.p(x) % 16 == 0
+            && m.iter()
+                .all(|d| d.kind < 3 && d.kind == m[0].kind && d.vectorizable());
+        if !fused {
+            return Ok(None);
+        }
+        for (w, o) in w.iter().zip(out) {
+            check_len("matmul input", x.len(), w.cols)?;
+            check_len("matmul output", o.len(), w.rows)?;
+        }
+        Ok(Some(m))
+    }
+
     fn p(&self, s: &CudaSlice<f32>) -> u64 {
         ptr(s, &self.gpu.stream)
     }
@@ -1316,22 +1341,13 @@ impl Backend for CudaBackend {
         t: usize,
         out: [&mut CudaSlice<f32>; 3],
     ) -> crate::Result<()> {
-        let m = [*self.mat(w[0])?, *self.mat(w[1])?, *self.mat(w[2])?];
-        let xp = self.p(x);
-        let fused = t == 1
-            && xp % 16 == 0
-            && m.iter()
-                .all(|d| d.kind < 3 && d.kind == m[0].kind && d.vectorizable());
         let [q, k, v] = out;
-        if !fused {
+        let Some(m) = self.one_token_floats(w, x, t, [&*q, &*k, &*v])? else {
             self.matmul(w[0], x, t, q)?;
             self.matmul(w[1], x, t, k)?;
             return self.matmul(w[2], x, t, v);
-        }
-        for (w, o) in w.iter().zip([&*q, &*k, &*v]) {
-            check_len("matmul input", x.len(), w.cols)?;
-            check_len("matmul output", o.len(), w.rows)?;
-        }
+        };
+        let xp = self.p(x);
         let (yq, yk, yv) = (self.p(q), self.p(k), self.p(v));
         let rows = m.iter().map(|d| d.rows as usize).max().unwrap_or(0);
         let c = LaunchConfig {
@@ -1357,28 +1373,23 @@ impl Backend for CudaBackend {
         kv: &mut CudaKv,
         layer: usize,
     ) -> crate::Result<()> {
-        let m = [*self.mat(w[0])?, *self.mat(w[1])?, *self.mat(w[2])?];
-        let xp = self.p(x);
         let half = inv_freq.len();
-        let fused = t == 1
-            && xp % 16 == 0
-            && half > 0
-            && m.iter()
-                .all(|d| d.kind < 3 && d.kind == m[0].kind && d.vectorizable())
-            && m[0].rows as usize == q_width
-            && m[1].rows as usize == kv_width
-            && m[2].rows as usize == kv_width
-            && q_width % (2 * half) == 0
-            && kv_width % (2 * half) == 0
-            && kv_width == kv.kv_dim;
-        if !fused {
+        let m = self
+            .one_token_floats(w, x, t, [&*q, &*k, &*v])?
+            .filter(|m| {
+                half > 0
+                    && m[0].rows as usize == q_width
+                    && m[1].rows as usize == kv_width
+                    && m[2].rows as usize == kv_width
+                    && q_width % (2 * half) == 0
+                    && kv_width % (2 * half) == 0
+                    && kv_width == kv.kv_dim
+            });
+        let Some(m) = m else {
             self.matmul_qkv(w, x, t, [&mut *q, &mut *k, &mut *v])?;
             return self.rope_kv_write(q, k, v, (t, q_width, kv_width), start, inv_freq, kv, layer);
-        }
-        for (w, o) in w.iter().zip([&*q, &*k, &*v]) {
-            check_len("matmul input", x.len(), w.cols)?;
-            check_len("matmul output", o.len(), w.rows)?;
-        }
+        };
+        let xp = self.p(x);
         // The layer's cache rows from position 0: the kernel adds the position it reads.
         kv.rows(layer, start, 1, &self.gpu.stream)?;
         let (kd, vd) = kv.rows(layer, 0, 1, &self.gpu.stream)?;
