@@ -637,6 +637,27 @@ MOE_KERNELS(f32, KIND_F32)
 MOE_KERNELS(f16, KIND_F16)
 MOE_KERNELS(bf16, KIND_BF16)
 
+// The routed experts of one host-routed decode layer (experts in cache slots), for the routed
+// kernels below and moe_gate_up/moe_down/moe_combine: a table of their matrices and their routes,
+// passed by value (stream-ordered, no host copy). Expert "indices" are ranks 0..n-1 in ascending
+// order of the real indices, so the kernels sum in the same order as for the real ones.
+#define SLOTS_MAX_K 8
+struct SlotArgs {
+    MatEntry e[3 * SLOTS_MAX_K];
+    float routes[2 * SLOTS_MAX_K];  // n ranks (int bits), then n weights
+    int n, pad;
+};
+
+extern "C" __global__ void put_slots(const SlotArgs a, MatEntry* __restrict__ tab,
+                                     float* __restrict__ routes) {
+    const int i = threadIdx.x;
+    if (i < 3 * a.n) tab[i] = a.e[i];
+    if (i < a.n) {
+        routes[i] = a.routes[i];
+        routes[a.n + i] = a.routes[a.n + i];
+    }
+}
+
 #define SEL_ARGS                                                                                  \
     const MatEntry *tab, const float *routes, int k, int which0, const float *x, int xs, int glu,  \
         float *y, int ys

@@ -311,10 +311,26 @@ fn fixture_on_the_gpu_matches_the_cpu_and_transformers() {
     );
     assert!(stats.misses() > 0, "a quarter cache must miss");
     assert_eq!(stats.device_routed, 0, "a quarter cache routes on the host");
+    // Its decode layers (both experts in slots, loads waited for) take the routed kernels.
+    let layers = 32 * file.n_layers() as u64;
+    assert_eq!(stats.slot_routed_layers, layers, "{}", quarter.describe());
     assert_eq!(q_ids, g_ids);
     assert!(
         q_all == g_all && q_steps == g_steps,
         "logits differ with a quarter cache"
+    );
+    // ... and so does the per-expert path (five launches an expert).
+    let slot = file.expert_layout(0).padded_size;
+    let mut cfg = CacheConfig::simple(0, Some(total / 4 * slot));
+    cfg.preload = false;
+    cfg.routed_slots = false;
+    let mut per_expert = engine_session(&g, &model, cfg);
+    let (p_all, p_ids, p_steps) = greedy(&mut *per_expert, &r.input_ids, 32);
+    assert_eq!(per_expert.expert_stats().slot_routed_layers, 0);
+    assert_eq!(p_ids, g_ids);
+    assert!(
+        p_all == g_all && p_steps == g_steps,
+        "logits differ with a quarter cache, experts one at a time"
     );
 }
 
@@ -349,17 +365,27 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
         // and the per-expert kernels compute, bit for bit.
         assert_eq!(gs.expert_stats().device_routed, 8, "{name}");
         assert_eq!(gs.decode_replays(), 8, "{name}");
-        let mut c = CacheConfig::simple(v, None);
-        c.device_routing = false;
-        let mut hs = engine_session(&g, &model, c);
-        let (h_all, h_ids, h_steps) = greedy(&mut *hs, &r.input_ids, 8);
-        assert_eq!(hs.expert_stats().device_routed, 0, "{name}");
-        assert_eq!(hs.decode_replays(), 0, "{name}");
-        assert_eq!(h_ids, ids, "{name}");
-        assert!(
-            h_all == got && h_steps == steps,
-            "{name}: host and device routing differ"
-        );
+        // Host routing: the routed kernels on a table of slots, then one expert at a time.
+        for slots in [true, false] {
+            let mut c = CacheConfig::simple(v, None);
+            c.device_routing = false;
+            c.routed_slots = slots;
+            let mut hs = engine_session(&g, &model, c);
+            let (h_all, h_ids, h_steps) = greedy(&mut *hs, &r.input_ids, 8);
+            let st = hs.expert_stats();
+            assert_eq!(st.device_routed, 0, "{name}");
+            let want_layers = if slots { 8 * file.n_layers() as u64 } else { 0 };
+            assert_eq!(
+                st.slot_routed_layers, want_layers,
+                "{name} routed slots {slots}"
+            );
+            assert_eq!(hs.decode_replays(), 0, "{name}");
+            assert_eq!(h_ids, ids, "{name}");
+            assert!(
+                h_all == got && h_steps == steps,
+                "{name}: host (routed slots {slots}) and device routing differ"
+            );
+        }
     }
 }
 

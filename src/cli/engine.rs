@@ -335,6 +335,7 @@ impl ModelArgs {
                     pin_file: !self.no_pin,
                     split,
                     device_routing: !self.host_routing,
+                    routed_slots: true,
                     trace: self.trace_writer(file, model)?,
                 };
                 let experts = CudaExperts::new(model, &backend, cfg)?;
@@ -445,6 +446,12 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
         eprintln!(
             "  routed on the device (every expert resident): {} of {tokens} tokens",
             s.device_routed
+        );
+    }
+    if s.slot_routed_layers > 0 {
+        eprintln!(
+            "  host-routed layers through the routed kernels (experts in slots of one precision): {:.2} per token",
+            s.slot_routed_layers as f64 / n
         );
     }
     if s.split_experts > 0 {

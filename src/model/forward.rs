@@ -282,13 +282,7 @@ impl<'f> Model<'f> {
         rows: Option<Range<usize>>,
     ) -> crate::Result<()> {
         let cfg = &self.cfg;
-        let (h, qd, kvd, ne, k) = (
-            cfg.hidden,
-            cfg.q_dim(),
-            cfg.kv_dim(),
-            cfg.n_experts,
-            cfg.top_k,
-        );
+        let (h, qd, kvd, k) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.top_k);
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
             backend.rms_norm(&b.x, 0..t, &lw.attn_norm, cfg.rms_eps, &mut b.xn)?;
@@ -333,11 +327,25 @@ impl<'f> Model<'f> {
             {
                 continue;
             }
-            backend.rms_norm(&b.x, 0..t, &lw.ffn_norm, cfg.rms_eps, &mut b.xn)?;
-            backend.matmul(&lw.router, &b.xn, t, &mut b.router)?;
-            backend.route(&b.router, t, ne, &mut routes[..t * k], router)?;
-            experts.forward(backend, l, &b.xn, t, &routes[..t * k], &mut b.out)?;
-            backend.add_assign(&mut b.x, &b.out, t * h)?;
+            backend.norm_route(
+                &b.x,
+                t,
+                (&lw.ffn_norm, cfg.rms_eps),
+                &mut b.xn,
+                &lw.router,
+                &mut b.router,
+                &mut routes[..t * k],
+                router,
+            )?;
+            experts.forward_add(
+                backend,
+                l,
+                (&b.xn, h),
+                t,
+                &routes[..t * k],
+                &mut b.out,
+                &mut b.x,
+            )?;
         }
         if let Some(rows) = rows {
             let n = rows.len();

@@ -205,6 +205,26 @@ pub trait Backend {
         Ok(())
     }
 
+    /// The MoE block's input and routing of t tokens: xn = RMSNorm(x[..t]) with `norm` =
+    /// (weights, eps), the router's logits into `logits`, and `route` from them. A backend may
+    /// fuse them (with the same results).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_route(
+        &self,
+        x: &Self::Buf,
+        t: usize,
+        (norm, eps): (&[f32], f32),
+        xn: &mut Self::Buf,
+        router: &Matrix<'_>,
+        logits: &mut Self::Buf,
+        routes: &mut [Route],
+        host: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        self.rms_norm(x, 0..t, norm, eps, xn)?;
+        self.matmul(router, xn, t, logits)?;
+        self.route(logits, t, router.rows, routes, host)
+    }
+
     /// A decode token at position `pos` whose every op, through the output head, stays on the
     /// backend (no host round trip): the backend may replay what it recorded under `key`
     /// (Replayed), or record the launches that follow until `record_end` (Recording). `key`
@@ -256,6 +276,23 @@ pub trait ExpertExecutor<B: Backend> {
         routes: &[Route],
         out: &mut B::Buf,
     ) -> crate::Result<()>;
+
+    /// `forward` into `out`, then the residual add x[t, hidden] += out (`hidden` wide rows).
+    /// An executor may add into x itself, with the same sums, and leave `out` undefined.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_add(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        (xs, hidden): (&B::Buf, usize),
+        t: usize,
+        routes: &[Route],
+        out: &mut B::Buf,
+        x: &mut B::Buf,
+    ) -> crate::Result<()> {
+        self.forward(backend, layer, xs, t, routes, out)?;
+        backend.add_assign(x, out, t * hidden)
+    }
 
     /// Whether this decode token's every layer will take `forward_on_device` (asked once,
     /// before the first layer, so that the backend may record or replay the token's launches;

@@ -45,6 +45,9 @@ pub struct ExpertStats {
     /// Decode tokens routed and computed on the device with no host round trip per layer
     /// (every expert resident in one precision).
     pub device_routed: u64,
+    /// Host-routed decode layers whose experts (all in GPU cache slots of one precision) ran
+    /// through the routed kernels, a table of their slots written on the stream.
+    pub slot_routed_layers: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

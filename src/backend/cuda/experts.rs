@@ -26,7 +26,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSl
 use memmap2::Mmap;
 use rayon::prelude::*;
 
-use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu};
+use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu, SlotArgs, SLOTS_MAX_K};
 use crate::backend::cpu::{CpuBackend, MatVec};
 use crate::experts::cache::{pool_slots, ExpertCache, Policy, PoolKind};
 use crate::experts::io::{open_reader, BlobSource};
@@ -83,6 +83,10 @@ pub struct CacheConfig {
     /// every expert is resident in one precision (exact plan, no CPU experts); off: every
     /// layer's routes come to the host (for A/B runs).
     pub device_routing: bool,
+    /// A host-routed decode layer whose experts are all in cache slots of one pool runs them
+    /// with the routed kernels (a table of those slots written on the stream: two or three
+    /// launches instead of five per expert; the same sums). Off also with HOB_ROUTED_SLOTS=0.
+    pub routed_slots: bool,
     pub trace: Option<TraceWriter>,
 }
 
@@ -139,6 +143,7 @@ impl CacheConfig {
             pin_file: true,
             split: Split::Off,
             device_routing: true,
+            routed_slots: true,
             trace: None,
         }
     }
@@ -837,6 +842,10 @@ pub struct CudaExperts<'f> {
     prefetch_issued: u64,
     prefetch_used: u64,
     wait: Duration,
+    /// Loads the compute stream waits for on the GPU (no CPU experts: the host does not wait):
+    /// (an event where the stream reached the wait, the load's last event), timed once both
+    /// have completed and added to `wait`.
+    gpu_waits: Vec<(CudaEvent, CudaEvent)>,
     cpu_wait: Duration,
     /// Loader counters (bytes, disk bytes, nanoseconds) at the last reset.
     base_bytes: (u64, u64, u64),
@@ -872,6 +881,21 @@ pub struct CudaExperts<'f> {
     device_pending: bool,
     /// Decode tokens that took the device-routed path.
     device_tokens: u64,
+    /// Host-routed decode layers through the routed kernels (CacheConfig::routed_slots): whether
+    /// allowed, each pool's matrices suit them (decided on first use), their buffers, and how
+    /// many layers took them.
+    routed_slots: bool,
+    slot_kinds: [Option<bool>; 2],
+    slot_work: Option<SlotWork>,
+    slot_layers: u64,
+}
+
+/// Buffers of host-routed decode layers computed by the routed kernels: the table and routes
+/// `put_slots` writes, the gate/up products ([2k, ffn]) and the down outputs ([k, hidden]).
+struct SlotWork {
+    tab: CudaSlice<u8>,
+    routes: CudaSlice<f32>,
+    work: CudaSlice<f32>,
 }
 
 /// Decode with routing on the device (every expert resident in the high pool).
@@ -1167,6 +1191,7 @@ impl<'f> CudaExperts<'f> {
             prefetch_issued: 0,
             prefetch_used: 0,
             wait: Duration::ZERO,
+            gpu_waits: Vec::new(),
             cpu_wait: Duration::ZERO,
             base_bytes: (0, 0, 0),
             cpu_busy: 0.0,
@@ -1187,6 +1212,11 @@ impl<'f> CudaExperts<'f> {
             device_token: false,
             device_pending: false,
             device_tokens: 0,
+            routed_slots: cfg.routed_slots
+                && std::env::var("HOB_ROUTED_SLOTS").as_deref() != Ok("0"),
+            slot_kinds: [None; 2],
+            slot_work: None,
+            slot_layers: 0,
         };
         me.device_allowed = cfg.device_routing
             && me.plan.is_exact()
@@ -1352,14 +1382,49 @@ impl<'f> CudaExperts<'f> {
             return Ok(());
         };
         let started = Instant::now();
-        let done = ticket.wait()?;
-        if let Some(ev) = done {
-            // The job's chunks are queued (paced on the copy stream): wait until they land, so
-            // the time shows as waiting for loads, then order the compute stream after them.
+        if self.cpu.is_none() && !landed(&ticket) {
+            // The compute stream waits for the load on the GPU, so what follows runs the moment
+            // it lands (a host wait would add its wake-up and the launches after it). Timed on
+            // the GPU, from where the stream reached this wait to the load's last event.
+            let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let reached = self.gpu.stream.record_event(timed).map_err(cuda_err)?;
+            match ticket.wait()? {
+                Some(ev) => {
+                    self.gpu.stream.wait(&ev).map_err(cuda_err)?;
+                    self.gpu_waits.push((reached, ev));
+                }
+                None => self.wait += started.elapsed(),
+            }
+            return Ok(());
+        }
+        if let Some(ev) = ticket.wait()? {
+            // The job's chunks are queued (paced on the copy stream): the host sleeps until they
+            // land (CPU experts need its cores), the time showing as waiting for loads, then
+            // orders the compute stream after them.
             ev.synchronize().map_err(cuda_err)?;
             self.gpu.stream.wait(&ev).map_err(cuda_err)?;
         }
         self.wait += started.elapsed();
+        Ok(())
+    }
+
+    /// Add the GPU-side waits for loads to `wait`, once they have happened (spinning: no CPU
+    /// experts run in this mode, and the logits read back next come later on the stream).
+    fn time_gpu_waits(&mut self) -> crate::Result<()> {
+        for (reached, landed) in std::mem::take(&mut self.gpu_waits) {
+            let spin = Instant::now();
+            while !(landed.is_complete() && reached.is_complete()) {
+                if spin.elapsed() > Duration::from_millis(2) {
+                    // Long (or failed: synchronize reports the error): sleep instead.
+                    landed.synchronize().map_err(cuda_err)?;
+                    reached.synchronize().map_err(cuda_err)?;
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            let ms = reached.elapsed_ms(&landed).map_err(cuda_err)?;
+            self.wait += Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3);
+        }
         Ok(())
     }
 
@@ -2008,6 +2073,89 @@ impl<'f> CudaExperts<'f> {
         }
     }
 
+    /// The pool whose slots hold every expert of a decode layer placed as `places`, when the
+    /// routed kernels can compute them there (forward_slots); None otherwise (CPU experts, two
+    /// pools, more experts than the table takes, or matrices those kernels do not take).
+    fn slot_pool(&mut self, places: &[Option<Place>]) -> Option<PoolKind> {
+        if !self.routed_slots || places.is_empty() || places.len() > SLOTS_MAX_K {
+            return None;
+        }
+        let kind = match places[0] {
+            Some(Place::Slot(kind, _)) => kind,
+            _ => return None,
+        };
+        if !places
+            .iter()
+            .all(|p| matches!(p, Some(Place::Slot(k, _)) if *k == kind))
+        {
+            return None;
+        }
+        if let Some(ok) = self.slot_kinds[kind as usize] {
+            return ok.then_some(kind);
+        }
+        let (h, f) = self.file.expert_dims();
+        let ok =
+            h % 4 == 0 && f % 4 == 0 && self.mats(kind, 0).iter().all(|m| self.gpu.sel_supports(m));
+        if !ok {
+            log::info!(
+                "host-routed decode runs experts one at a time: the {:?} pool's layout does not suit the routed kernels",
+                kind
+            );
+        }
+        self.slot_kinds[kind as usize] = Some(ok);
+        ok.then_some(kind)
+    }
+
+    /// One decode token's experts, each (index, weight, slot) in pool `kind` with its load
+    /// waited for, through the routed kernels: `put_slots` writes their table and routes on
+    /// the stream, then gate and up of all (one launch), down of all, and out += their
+    /// weighted sum (out: the residual, or a zeroed buffer), in ascending expert order as the
+    /// per-expert path sums them.
+    fn forward_slots(
+        &mut self,
+        kind: PoolKind,
+        experts: &[(usize, f32, usize)],
+        x: u64,
+        out: u64,
+    ) -> crate::Result<()> {
+        let (h, f) = self.file.expert_dims();
+        let k = experts.len();
+        let list: Vec<(usize, f32, [DevMat; 3])> = experts
+            .iter()
+            .map(|&(e, w, s)| (e, w, self.mats(kind, s)))
+            .collect();
+        let args = SlotArgs::new(&list)?;
+        if self.slot_work.is_none() {
+            let g = &self.gpu;
+            self.slot_work = Some(SlotWork {
+                tab: g.alloc(
+                    3 * SLOTS_MAX_K * std::mem::size_of::<DevMat>(),
+                    "the routed expert table",
+                )?,
+                routes: g.alloc(2 * SLOTS_MAX_K, "the routed expert table")?,
+                work: g.alloc(SLOTS_MAX_K * (2 * f + h), "routed expert activations")?,
+            });
+        }
+        let Some(w) = self.slot_work.as_ref() else {
+            return Ok(());
+        };
+        let (gpu, s) = (&self.gpu, &self.gpu.stream);
+        let (tab, rp, g) = (ptr(&w.tab, s), ptr(&w.routes, s), ptr(&w.work, s));
+        let dn = g + (2 * k * f * 4) as u64;
+        gpu.put_slots(&args, tab, rp)?;
+        let (gate, down) = (list[0].2[0], list[0].2[2]);
+        if gate.kind < 3 {
+            gpu.moe_gate_up(&gate, tab, rp, k, x, g)?;
+            gpu.moe_down(&down, tab, rp, k, g, out)?;
+        } else {
+            gpu.matvec_sel(&gate, tab, rp, k, 0, 2 * k, (x, 0, false), (g, f))?;
+            gpu.matvec_sel(&down, tab, rp, k, 2, k, (g, f, true), (dn, h))?;
+            gpu.moe_combine(out, dn, rp, k, h)?;
+        }
+        self.slot_layers += 1;
+        Ok(())
+    }
+
     /// Decode tokens that routed on the device (every expert resident).
     pub fn device_routed_tokens(&self) -> u64 {
         self.device_tokens
@@ -2097,7 +2245,8 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         if std::mem::take(&mut self.device_pending) {
             self.account_device()?;
         }
-        Ok(())
+        // The logits are read back next (after every load this pass waited for).
+        self.time_gpu_waits()
     }
 
     fn forward(
@@ -2109,6 +2258,42 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         routes: &[Route],
         out: &mut CudaSlice<f32>,
     ) -> crate::Result<()> {
+        self.run_layer(b, layer, xs, t, routes, out, None)
+            .map(|_| ())
+    }
+
+    fn forward_add(
+        &mut self,
+        b: &CudaBackend,
+        layer: usize,
+        (xs, hidden): (&CudaSlice<f32>, usize),
+        t: usize,
+        routes: &[Route],
+        out: &mut CudaSlice<f32>,
+        x: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        let xp = ptr(x, &self.gpu.stream);
+        if !self.run_layer(b, layer, xs, t, routes, out, Some(xp))? {
+            crate::model::Backend::add_assign(b, x, out, t * hidden)?;
+        }
+        Ok(())
+    }
+}
+
+impl CudaExperts<'_> {
+    /// `forward`; with `residual` (x, [t, hidden]), the layer may add its output into x itself
+    /// (the routed-kernel path of a decode layer) and returns whether it did.
+    #[allow(clippy::too_many_arguments)]
+    fn run_layer(
+        &mut self,
+        b: &CudaBackend,
+        layer: usize,
+        xs: &CudaSlice<f32>,
+        t: usize,
+        routes: &[Route],
+        out: &mut CudaSlice<f32>,
+        residual: Option<u64>,
+    ) -> crate::Result<bool> {
         let (h, f) = self.file.expert_dims();
         self.ensure_cap(t)?;
         let decode = t == 1;
@@ -2159,7 +2344,12 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
 
         let s = self.gpu.stream.clone();
         let (xp, op) = (ptr(xs, &s), ptr(out, &s));
-        self.gpu.zero(op, t * h * 4)?;
+        // A decode layer that may add into the residual directly zeroes `out` only once it
+        // knows it will not.
+        let defer_zero = decode && residual.is_some() && self.routed_slots;
+        if !defer_zero || lp.groups.is_empty() {
+            self.gpu.zero(op, t * h * 4)?;
+        }
         let (gp, up, dp) = (ptr(&self.gate, &s), ptr(&self.up, &s), ptr(&self.down, &s));
         let xsp = ptr(&self.xs, &s);
         if t > 1 {
@@ -2188,6 +2378,10 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         let mut cpu_jobs: Vec<CpuJob> = Vec::new();
         let mut splits: Vec<SplitJob> = Vec::new();
         let mut cpu_out: Vec<f32> = Vec::new();
+        // A decode layer whose experts all sit in slots of one pool: the routed kernels
+        // (forward_slots) once their loads have landed.
+        let mut slot_mode: Option<PoolKind> = None;
+        let mut slot_list: Vec<(usize, f32, usize)> = Vec::new();
         std::thread::scope(|scope| -> crate::Result<()> {
             let mut background = None;
             let mut at = 0usize;
@@ -2269,6 +2463,12 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
                         }
                     }
                 }
+                if i == 0 && decode && placed == lp.groups.len() {
+                    slot_mode = self.slot_pool(&places);
+                }
+                if i == 0 && defer_zero && slot_mode.is_none() {
+                    self.gpu.zero(op, t * h * 4)?;
+                }
                 let g = &lp.groups[i];
                 let n = g.rows.len();
                 match places[i] {
@@ -2277,6 +2477,11 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
                         let pool = self.pool_mut(kind);
                         if std::mem::take(&mut pool.prefetched[slot]) {
                             self.prefetch_used += 1;
+                        }
+                        if slot_mode.is_some() {
+                            slot_list.push((g.expert, g.rows[0].1, slot));
+                            at += n;
+                            continue;
                         }
                         let [wg, wu, wd] = self.mats(kind, slot);
                         let input = if decode {
@@ -2300,6 +2505,12 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
                     Some(Place::Cpu) | None => {}
                 }
                 at += n;
+            }
+            if let Some(kind) = slot_mode {
+                self.forward_slots(kind, &slot_list, xp, residual.unwrap_or(op))?;
+                for &(e, _, _) in &slot_list {
+                    self.cache.unprotect(kind, (layer, e));
+                }
             }
             self.run_splits(b, layer, std::mem::take(&mut splits), xp, op)?;
             // Predicted experts of this layer have been used or proven wrong.
@@ -2327,7 +2538,7 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
             self.gpu.axpy(op, 1.0, dp, h)?;
         }
         self.layer_plan = lp;
-        Ok(())
+        Ok(slot_mode.is_some() && residual.is_some())
     }
 }
 
@@ -2444,6 +2655,7 @@ impl ExpertReport for CudaExperts<'_> {
             split_bytes: self.split_bytes,
             prediction,
             device_routed: self.device_tokens,
+            slot_routed_layers: self.slot_layers,
         }
     }
 
@@ -2451,6 +2663,7 @@ impl ExpertReport for CudaExperts<'_> {
         self.hits.fill(0);
         self.misses.fill(0);
         self.device_tokens = 0;
+        self.slot_layers = 0;
         self.skipped = 0;
         self.substituted = 0;
         self.cpu_computed = 0;

@@ -54,6 +54,8 @@ pub struct Kernels {
     pub moe_down: [CudaFunction; 3],
     pub route_topk: CudaFunction,
     pub moe_combine: CudaFunction,
+    /// The routed experts' table and routes of a host-routed decode layer (put_slots).
+    pub put_slots: CudaFunction,
     pub dequant_rows: CudaFunction,
     pub dequant_rows_h: CudaFunction,
     /// Integer kinds a code word per thread (dequant_words_h), where the layout allows.
@@ -221,6 +223,7 @@ impl Kernels {
             moe_down: floats("moe_down")?,
             route_topk: f("route_topk")?,
             moe_combine: f("moe_combine")?,
+            put_slots: f("put_slots")?,
             dequant_rows: f("dequant_rows")?,
             dequant_rows_h: f("dequant_rows_h")?,
             dequant_words_h: f("dequant_words_h")?,

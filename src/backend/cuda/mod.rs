@@ -101,6 +101,56 @@ pub struct DevMat {
 unsafe impl DeviceRepr for DevMat {}
 const _: () = assert!(std::mem::size_of::<DevMat>() == 48);
 
+/// The most routed experts `Gpu::put_slots` takes (kernels.cu SLOTS_MAX_K).
+pub const SLOTS_MAX_K: usize = 8;
+
+/// kernels.cu `struct SlotArgs`: the routed experts of one host-routed decode layer, passed by
+/// value to `put_slots`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SlotArgs {
+    /// gate, up, down of each routed expert, by rank.
+    pub mats: [DevMat; 3 * SLOTS_MAX_K],
+    /// n ranks (as f32 bits), then n weights.
+    pub routes: [f32; 2 * SLOTS_MAX_K],
+    pub n: i32,
+    _pad: i32,
+}
+
+// SAFETY: #[repr(C)], plain integers and floats, laid out as kernels.cu's `struct SlotArgs`
+// (48-byte entries, then 16 floats and two ints: 1224 bytes, checked below).
+unsafe impl DeviceRepr for SlotArgs {}
+const _: () = assert!(std::mem::size_of::<SlotArgs>() == 1224);
+
+impl SlotArgs {
+    /// The table and routes of `experts` ((expert index, weight, its three matrices), at most
+    /// SLOTS_MAX_K, distinct indices): entry j is the expert of rank j by index, so that
+    /// kernels walking routes in ascending index order walk them in the same order.
+    pub fn new(experts: &[(usize, f32, [DevMat; 3])]) -> crate::Result<SlotArgs> {
+        let n = experts.len();
+        if n == 0 || n > SLOTS_MAX_K {
+            return Err(Error::Invalid(format!(
+                "CUDA: {n} routed experts for the slot table (1 to {SLOTS_MAX_K})"
+            )));
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&j| experts[j].0);
+        let mut a = SlotArgs {
+            mats: [experts[0].2[0]; 3 * SLOTS_MAX_K],
+            routes: [0.0; 2 * SLOTS_MAX_K],
+            n: n as i32,
+            _pad: 0,
+        };
+        for (rank, &j) in order.iter().enumerate() {
+            let (_, w, m) = experts[j];
+            a.mats[3 * rank..3 * rank + 3].copy_from_slice(&m);
+            a.routes[rank] = f32::from_bits(rank as u32);
+            a.routes[n + rank] = w;
+        }
+        Ok(a)
+    }
+}
+
 impl DevMat {
     /// Describe a matrix whose codes, scales and mins start at the given device addresses.
     pub fn new(m: &Matrix<'_>, codes: u64, scales: u64, mins: u64) -> DevMat {
@@ -682,6 +732,13 @@ impl Gpu {
         launch!(self, self.kernels.route_topk, cfg(blocks(t, 128), 128); logits, nei, ki, ti, routes)
     }
 
+    /// Write `a`'s table ([n][gate, up, down] at `tab`) and routes (n ranks then n weights at
+    /// `routes`) on the compute stream.
+    pub fn put_slots(&self, a: &SlotArgs, tab: u64, routes: u64) -> crate::Result<()> {
+        let a = *a;
+        launch!(self, self.kernels.put_slots, cfg(1, (3 * SLOTS_MAX_K) as u32); a, tab, routes)
+    }
+
     /// x[:n] += the k routed experts' outputs d ([k, n]) weighted by `routes` (one token), summed
     /// in ascending expert order with the roundings of zero + axpy per expert + add.
     pub fn moe_combine(
@@ -1159,6 +1216,33 @@ impl CudaBackend {
     }
 
     /// Multiply by a device matrix (e.g. an expert in the cache).
+    /// Routes of t tokens as Gpu::route writes them at `dev` ([t, k] indices, then weights),
+    /// read back into `routes` ([t, k]); `host` is room for them.
+    fn routes_back(
+        &self,
+        dev: u64,
+        t: usize,
+        n_experts: usize,
+        routes: &mut [Route],
+        host: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let k = routes.len() / t.max(1);
+        host.resize(2 * t * k, 0.0);
+        self.gpu.download_f32(dev, &mut host[..2 * t * k])?;
+        let (ids, wts) = host.split_at(t * k);
+        for (i, ((r, id), w)) in routes.iter_mut().zip(ids).zip(wts).enumerate() {
+            let expert = id.to_bits() as usize;
+            if expert >= n_experts {
+                return Err(Error::Invalid(format!(
+                    "routing: token {} found no expert among {n_experts} (router logits not finite?)",
+                    i / k.max(1)
+                )));
+            }
+            *r = Route { expert, weight: *w };
+        }
+        Ok(())
+    }
+
     pub fn matmul_dev(&self, w: &DevMat, x: u64, t: usize, out: u64) -> crate::Result<()> {
         let scratch = self.p(&self.scratch);
         self.gpu.matmul(w, x, t, out, scratch, self.scratch_len)
@@ -1482,20 +1566,40 @@ impl Backend for CudaBackend {
         check_len("route scratch", self.scratch_len, 2 * t * k)?;
         let scratch = self.p(&self.scratch);
         self.gpu.route(self.p(logits), t, n_experts, k, scratch)?;
-        host.resize(2 * t * k, 0.0);
-        self.gpu.download_f32(scratch, &mut host[..2 * t * k])?;
-        let (ids, wts) = host.split_at(t * k);
-        for (i, ((r, id), w)) in routes.iter_mut().zip(ids).zip(wts).enumerate() {
-            let expert = id.to_bits() as usize;
-            if expert >= n_experts {
-                return Err(Error::Invalid(format!(
-                    "routing: token {} found no expert among {n_experts} (router logits not finite?)",
-                    i / k.max(1)
-                )));
+        self.routes_back(scratch, t, n_experts, routes, host)
+    }
+
+    fn norm_route(
+        &self,
+        x: &CudaSlice<f32>,
+        t: usize,
+        (norm, eps): (&[f32], f32),
+        xn: &mut CudaSlice<f32>,
+        router: &Matrix<'_>,
+        logits: &mut CudaSlice<f32>,
+        routes: &mut [Route],
+        host: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let (n, ne, k) = (router.cols, router.rows, routes.len());
+        if t == 1 && k <= self.scratch_len / 2 {
+            // One token: RMSNorm, the router and top-k in one launch (the same results as the
+            // three launches: moe_route_norm).
+            check_len("norm_route input", x.len(), n)?;
+            check_len("norm_route output", xn.len(), n)?;
+            check_len("norm_route weights", norm.len(), n)?;
+            let scratch = self.p(&self.scratch);
+            let rw = *self.mat(router)?;
+            let g = (self.vector(norm)?, eps);
+            if self
+                .gpu
+                .moe_route_norm(&rw, self.p(x), g, self.p(xn), k, scratch)?
+            {
+                return self.routes_back(scratch, 1, ne, routes, host);
             }
-            *r = Route { expert, weight: *w };
         }
-        Ok(())
+        self.rms_norm(x, 0..t, norm, eps, xn)?;
+        self.matmul(router, xn, t, logits)?;
+        self.route(logits, t, ne, routes, host)
     }
 
     fn decode_step(&self, key: u64, pos: usize) -> crate::Result<DecodeStep> {
