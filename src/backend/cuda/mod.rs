@@ -1215,7 +1215,6 @@ impl CudaBackend {
         ptr(s, &self.gpu.stream)
     }
 
-    /// Multiply by a device matrix (e.g. an expert in the cache).
     /// Routes of t tokens as Gpu::route writes them at `dev` ([t, k] indices, then weights),
     /// read back into `routes` ([t, k]); `host` is room for them.
     fn routes_back(
@@ -1243,6 +1242,7 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Multiply by a device matrix (e.g. an expert in the cache).
     pub fn matmul_dev(&self, w: &DevMat, x: u64, t: usize, out: u64) -> crate::Result<()> {
         let scratch = self.p(&self.scratch);
         self.gpu.matmul(w, x, t, out, scratch, self.scratch_len)
