@@ -3,12 +3,14 @@
 //! as `--cpu-experts` reads them), beside a plain parallel read of the host's memory.
 //! `cargo bench --bench cpu_stream [-- THREADS...]` prints a markdown table (wall time, best of 3).
 //! It answers where cooperative decoding loses bandwidth: in the kernel, or in file-backed pages.
+//! The last columns run the int8/int4/int2 (groups of 64) kernels the same way from anonymous
+//! memory: weight bytes (codes, scales and mins) per second.
 
 use std::io::Write;
 use std::time::Instant;
 
 use hob::backend::cpu::CpuBackend;
-use hob::format::DType;
+use hob::format::{DType, MatrixLayout, MatrixView, Variant};
 use hob::quant::Matrix;
 
 const FFN: usize = 14336;
@@ -18,11 +20,25 @@ const MATS: usize = 8;
 
 fn pass_gbs(cpu: &CpuBackend, bytes: &[u8], x: &[f32], out: &mut [f32]) -> f64 {
     let per = FFN * HIDDEN * 2;
+    pass_with(cpu, bytes, per, x, out, |b| {
+        Matrix::dense(DType::F16, FFN, HIDDEN, b)
+    })
+}
+
+/// Best of 3 passes over MATS matrices of `per` bytes each, `matrix` viewing one.
+fn pass_with<'a>(
+    cpu: &CpuBackend,
+    bytes: &'a [u8],
+    per: usize,
+    x: &[f32],
+    out: &mut [f32],
+    matrix: impl Fn(&'a [u8]) -> Matrix<'a>,
+) -> f64 {
     let mut best = 0.0f64;
     for _ in 0..3 {
         let started = Instant::now();
         for m in 0..MATS {
-            let w = Matrix::dense(DType::F16, FFN, HIDDEN, &bytes[m * per..(m + 1) * per]);
+            let w = matrix(&bytes[m * per..(m + 1) * per]);
             cpu.matmul_f32(&w, x, 1, out);
         }
         best = best.max((MATS * per) as f64 / started.elapsed().as_secs_f64() / 1e9);
@@ -58,8 +74,19 @@ fn main() {
     let map = unsafe { memmap2::Mmap::map(&file) }.expect("map the weights file");
     let x = vec![0.5f32; HIDDEN];
     let mut out = vec![0.0f32; FFN];
-    println!("| threads | host read GB/s | f16 matvec, anonymous memory GB/s | f16 matvec, mapped file GB/s | mapped file after MADV_POPULATE_READ GB/s |");
-    println!("|---:|---:|---:|---:|---:|");
+    // The quantized variants: every byte 0x21 (codes, and f16 scales/mins of ~0.0106); the
+    // values do not matter for speed.
+    let quant: Vec<(Variant, MatrixLayout, Vec<u8>)> = ["int8", "int4", "int2"]
+        .iter()
+        .map(|name| {
+            let v = Variant::parse(name, Some(64)).expect("known variant");
+            let l = v.matrix_layout(FFN, HIDDEN).expect("layout");
+            let bytes = vec![0x21u8; MATS * l.size];
+            (v, l, bytes)
+        })
+        .collect();
+    println!("| threads | host read GB/s | f16 matvec, anonymous memory GB/s | f16 matvec, mapped file GB/s | mapped file after MADV_POPULATE_READ GB/s | int8/g64 GB/s | int4/g64 GB/s | int2/g64 GB/s |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &t in &threads {
         let cpu = CpuBackend::new(t).expect("CPU threads");
         let read = cpu.read_bandwidth_gbs(1 << 30);
@@ -71,10 +98,27 @@ fn main() {
         let populated = map
             .advise(memmap2::Advice::PopulateRead)
             .map(|_| pass_gbs(&cpu, &map, &x, &mut out));
+        let q: Vec<String> = quant
+            .iter()
+            .map(|(v, l, bytes)| {
+                let g = pass_with(&cpu, bytes, l.size, &x, &mut out, |b| {
+                    Matrix::from_view(MatrixView {
+                        variant: *v,
+                        rows: FFN,
+                        cols: HIDDEN,
+                        codes: &b[l.codes.clone()],
+                        scales: &b[l.scales.clone()],
+                        mins: &b[l.mins.clone()],
+                    })
+                });
+                format!("{g:.1}")
+            })
+            .collect();
         println!(
-            "| {} | {read:.1} | {a:.1} | {m:.1} | {} |",
+            "| {} | {read:.1} | {a:.1} | {m:.1} | {} | {} |",
             cpu.threads(),
-            populated.map_or_else(|e| format!("n/a ({e})"), |p| format!("{p:.1}"))
+            populated.map_or_else(|e| format!("n/a ({e})"), |p| format!("{p:.1}")),
+            q.join(" | ")
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

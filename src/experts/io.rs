@@ -91,7 +91,8 @@ fn read_error(path: &Path, offset: u64, len: usize, e: io::Error) -> Error {
 /// The checks every read makes before touching the file: alignment (for O_DIRECT) and bounds.
 fn check_request(path: &Path, file_len: u64, align: usize, offset: u64, dst: &[u8]) -> Result<()> {
     let (len, addr) = (dst.len(), dst.as_ptr() as usize);
-    if align > 1 && (offset % align as u64 != 0 || len % align != 0 || addr % align != 0) {
+    if align > 1 && (!offset.is_multiple_of(align as u64) || len % align != 0 || addr % align != 0)
+    {
         return Err(Error::io(
             path,
             "read",
@@ -277,7 +278,7 @@ mod uring {
                 )));
             }
             if opts.chunk_bytes == 0
-                || opts.chunk_bytes % DIRECT_ALIGN != 0
+                || !opts.chunk_bytes.is_multiple_of(DIRECT_ALIGN)
                 || opts.chunk_bytes > 1 << 30
             {
                 return Err(Error::Invalid(format!(

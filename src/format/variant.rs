@@ -229,7 +229,10 @@ impl Variant {
                     self.group_size
                 ));
             }
-        } else if self.group_size < 16 || self.group_size > 4096 || self.group_size % 16 != 0 {
+        } else if self.group_size < 16
+            || self.group_size > 4096
+            || !self.group_size.is_multiple_of(16)
+        {
             return Err(format!(
                 "{}: group size must be a multiple of 16 in 16..=4096, found {}",
                 self.kind.name(),
@@ -266,7 +269,7 @@ impl Variant {
             });
         }
         let g = self.group_size as usize;
-        if g == 0 || cols % g != 0 {
+        if g == 0 || !cols.is_multiple_of(g) {
             return Err(format!(
                 "{}: {cols} columns are not a multiple of the group size {g} (try --group-size)",
                 self.name()

@@ -133,14 +133,14 @@ impl ModelConfig {
                 return bad(key, v, "must be positive");
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(
                 keys::HEAD_COUNT_KV,
                 self.n_kv_heads,
                 "must divide the head count",
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(
                 keys::KEY_LENGTH,
                 self.head_dim,

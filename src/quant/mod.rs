@@ -3,7 +3,8 @@
 //!
 //! - `quantize`: per-group clip search for int8/int4/int2, round-to-nearest-even for f16/bf16.
 //! - `scalar`: the plain reference kernels and dequantization.
-//! - `x86` / `neon`: the SIMD fast paths (AVX2+FMA+F16C chosen at run time; NEON always on aarch64).
+//! - `x86` / `neon`: the SIMD fast paths (AVX2+FMA+F16C chosen at run time, AVX-512F for int4/int2
+//!   where present; NEON always on aarch64).
 //!
 //! Every kernel computes one row at a time in a fixed order, so the result of a row does not
 //! depend on which other rows are in the requested range. Asymmetric variants use
@@ -156,8 +157,8 @@ impl<'a> Matrix<'a> {
         if self.kind.is_quantized() {
             assert!(
                 self.group_size >= 16
-                    && self.group_size % 16 == 0
-                    && self.cols % self.group_size == 0,
+                    && self.group_size.is_multiple_of(16)
+                    && self.cols.is_multiple_of(self.group_size),
                 "{:?} [{}, {}]: bad group size {}",
                 self.kind,
                 self.rows,
@@ -199,7 +200,7 @@ impl<'a> Matrix<'a> {
         let codes = &self.codes[r * rb..r * rb + cols * self.kind.bits() / 8];
         let (scales, mins): (&[u8], &[u8]) = if self.kind.is_quantized() {
             assert!(
-                cols % self.group_size == 0,
+                cols.is_multiple_of(self.group_size),
                 "{cols} columns: not a whole number of groups of {}",
                 self.group_size
             );

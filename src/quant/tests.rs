@@ -36,7 +36,11 @@ fn heavy_tailed(rng: &mut Rng, n: usize, g: usize) -> Vec<f32> {
     for grp in v.chunks_mut(g) {
         for _ in 0..2 {
             let i = (rng.next_u64() % grp.len() as u64) as usize;
-            let sign = if rng.next_u64() % 2 == 0 { 1.0 } else { -1.0 };
+            let sign = if rng.next_u64().is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            };
             grp[i] = sign * (6.0 + 6.0 * rng.uniform() as f32);
         }
     }
@@ -218,14 +222,24 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
     let mut rng = Rng(7);
     let finite = |bits: u16, exp_mask: u16| bits & exp_mask != exp_mask;
     for kind in ALL_KINDS {
-        let colss: &[usize] = if kind.is_quantized() {
-            &[16, 48, 112]
+        // Quantized kinds: groups of 16, and of 64 (the packed kernels' wider steps).
+        let shapes: &[(usize, u32)] = if kind.is_quantized() {
+            &[(16, 16), (48, 16), (112, 16), (64, 64), (192, 64)]
         } else {
-            &[1, 3, 4, 5, 15, 16, 17, 35, 67]
+            &[
+                (1, 0),
+                (3, 0),
+                (4, 0),
+                (5, 0),
+                (15, 0),
+                (16, 0),
+                (17, 0),
+                (35, 0),
+                (67, 0),
+            ]
         };
-        for &cols in colss {
+        for &(cols, g) in shapes {
             let rows = 3;
-            let g = if kind.is_quantized() { 16u32 } else { 0 };
             let bytes: Vec<u8>;
             let vl;
             match kind {

@@ -1,9 +1,17 @@
-//! AVX2 + FMA + F16C kernels. Loads are unaligned: only the 64-byte alignment of each sub-array is
-//! guaranteed, not that of a row inside it.
+//! AVX2 + FMA + F16C kernels, and AVX-512F for the int4/int2 ones where the CPU has it. Loads are
+//! unaligned: only the 64-byte alignment of each sub-array is guaranteed, not that of a row inside
+//! it.
+//!
+//! The integer kernels take two rows at a time (independent accumulators hide the FMA latency) and
+//! widen one byte of codes per 32-bit lane; for int4/int2 the input is reordered once per call to
+//! match (`with_reordered_x`), so a byte's nibbles or 2-bit fields need one shift and mask each.
+//! On the device host's Xeon (benches/results/2026-11-23-h100-cpu-int-kernels.md) this and a software
+//! prefetch of the codes took the int4 kernel from ~3 GB/s to ~7 GB/s of weights on one thread.
 //!
 //! Every function here is `unsafe` for two reasons, checked by the callers in mod.rs: the CPU must
-//! have AVX2, FMA and F16C (detected at run time), and the slices must be as long as the matrix
-//! shape says (`Matrix::check`, `Matrix::check_call`).
+//! have AVX2, FMA and F16C (detected at run time; AVX-512F too for the `_512` functions, checked
+//! before they are called), and the slices must be as long as the matrix shape says
+//! (`Matrix::check`, `Matrix::check_call`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -25,25 +33,273 @@ pub(super) unsafe fn matvec_rows(
     out: &mut [f32],
 ) {
     let rb = m.row_bytes();
-    let gpr = m.groups_per_row();
-    for (o, r) in out.iter_mut().zip(rows) {
-        let codes = &m.codes[r * rb..(r + 1) * rb];
-        let side = r * gpr * 2..(r + 1) * gpr * 2;
-        *o = match m.kind {
-            WeightKind::F32 => dot_f32(codes, x),
-            WeightKind::F16 => dot_f16(codes, x),
-            WeightKind::Bf16 => dot_bf16(codes, x),
-            WeightKind::Int8 => dot_int8(codes, &m.scales[side], m.group_size, x),
-            WeightKind::Int4 | WeightKind::Int2 => {
-                let qx = if m.kind == WeightKind::Int4 {
-                    dot_int4(codes, &m.scales[side.clone()], m.group_size, x)
-                } else {
-                    dot_int2(codes, &m.scales[side.clone()], m.group_size, x)
-                };
-                qx + dot_f16(&m.mins[side], &xsums[..gpr])
-            }
-        };
+    let gs = m.group_size;
+    // SAFETY (the AVX-512 call): avx512() detected AVX-512F at run time; the slices are as long
+    // as this function's own contract requires.
+    if m.kind.has_mins() && avx512() && packed_rows_512(m, x, xsums, rows.clone(), out) {
+        return;
     }
+    match m.kind {
+        WeightKind::Int8 => grouped_rows(m, x, xsums, rows, out, |p, i| {
+            let lo = _mm_loadl_epi64(p.add(i) as *const __m128i);
+            let hi = _mm_loadl_epi64(p.add(i + 8) as *const __m128i);
+            [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+            ]
+        }),
+        WeightKind::Int4 => with_reordered_x(x, 16, 8, |xr| {
+            let mask = _mm256_set1_epi32(0x0f);
+            grouped_rows(m, xr, xsums, rows, out, |p, i| {
+                // Eight bytes hold columns i..i+16, column 2k in the low nibble of byte k: one
+                // byte per 32-bit lane, its nibbles are columns 2k and 2k+1 (x is reordered to
+                // match: the 8 even columns, then the 8 odd ones).
+                let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(i / 2) as *const __m128i));
+                [
+                    _mm256_cvtepi32_ps(_mm256_and_si256(b, mask)),
+                    _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(b)),
+                ]
+            })
+        }),
+        WeightKind::Int2 if gs.is_multiple_of(32) => with_reordered_x(x, 32, 8, |xr| {
+            let mask = _mm256_set1_epi32(0x03);
+            grouped_rows(m, xr, xsums, rows, out, |p, i| {
+                // Eight bytes hold columns i..i+32, column 4k+j in bits 2j of byte k: one byte
+                // per lane, x reordered to columns 4k+0 (k = 0..8), then 4k+1, 4k+2, 4k+3.
+                let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(i / 4) as *const __m128i));
+                [
+                    _mm256_cvtepi32_ps(_mm256_and_si256(b, mask)),
+                    _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32::<2>(b), mask)),
+                    _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32::<4>(b), mask)),
+                    _mm256_cvtepi32_ps(_mm256_srli_epi32::<6>(b)),
+                ]
+            })
+        }),
+        _ => {
+            let gpr = m.groups_per_row();
+            for (o, r) in out.iter_mut().zip(rows) {
+                let codes = &m.codes[r * rb..(r + 1) * rb];
+                let side = r * gpr * 2..(r + 1) * gpr * 2;
+                *o = match m.kind {
+                    WeightKind::F32 => dot_f32(codes, x),
+                    WeightKind::F16 => dot_f16(codes, x),
+                    WeightKind::Bf16 => dot_bf16(codes, x),
+                    // int2 in groups that are not a multiple of 32 columns.
+                    _ => {
+                        dot_int2(codes, &m.scales[side.clone()], gs, x)
+                            + dot_f16(&m.mins[side], &xsums[..gpr])
+                    }
+                };
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The reordered input of the 4-bit and 2-bit kernels, kept per thread between calls.
+    static REORDERED_X: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on x reordered for the packed kernels, whose vectors take one byte of codes per
+/// 32-bit lane: in each `block` columns (x.len() is a multiple of it; `lanes` bytes of codes),
+/// the columns at the same position of their byte come together: s = block / lanes runs of
+/// `lanes`, run j holding columns j, j + s, j + 2s, ...
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn with_reordered_x(x: &[f32], block: usize, lanes: usize, f: impl FnOnce(&[f32])) {
+    debug_assert_eq!(x.len() % block, 0);
+    let per_byte = block / lanes;
+    REORDERED_X.with(|cell| {
+        let mut xr = cell.borrow_mut();
+        xr.resize(x.len(), 0.0);
+        for (src, dst) in x.chunks_exact(block).zip(xr.chunks_exact_mut(block)) {
+            for (k, byte) in src.chunks_exact(per_byte).enumerate() {
+                for (j, &v) in byte.iter().enumerate() {
+                    dst[lanes * j + k] = v;
+                }
+            }
+        }
+        f(&xr);
+    });
+}
+
+/// The grouped kernels of one vector width: `$rows` (the rows of a quantized matrix, two at a
+/// time: independent accumulators hide the FMA latency, and each row's arithmetic is the same as
+/// alone, so results do not depend on the pairing; plus the min term for int4/int2) over `$dot`
+/// (sum_g s_g * sum_{i in g} q_i x_i for R rows at once). `decode(codes, i)` gives a row's codes
+/// of columns i..i + N * lanes as N vectors of f32 in the order of x (which the caller may have
+/// reordered to match); group sizes are multiples of N * lanes. N accumulators per row and group,
+/// summed pairwise. The callers checked that every row has x.len() columns of codes and
+/// x.len() / gs scales.
+macro_rules! grouped_kernels {
+    ($rows:ident, $dot:ident, $feature:literal, $v:ty, $lanes:literal, $zero:ident, $fmadd:ident,
+     $add:ident, $load:ident, $set1:ident, $hsum:path) => {
+        #[target_feature(enable = $feature)]
+        #[inline]
+        unsafe fn $rows<const N: usize>(
+            m: &Matrix,
+            x: &[f32],
+            xsums: &[f32],
+            rows: Range<usize>,
+            out: &mut [f32],
+            decode: impl Fn(*const u8, usize) -> [$v; N],
+        ) {
+            let (rb, gpr, gs) = (m.row_bytes(), m.groups_per_row(), m.group_size);
+            let gb = gs * m.kind.bits() / 8;
+            let codes = |r: usize| m.codes[r * rb..(r + 1) * rb].as_ptr();
+            let scales = |r: usize| m.scales[r * gpr * 2..(r + 1) * gpr * 2].as_ptr() as *const u16;
+            let mins = |r: usize, v: f32| {
+                if m.kind.has_mins() {
+                    v + dot_f16(&m.mins[r * gpr * 2..(r + 1) * gpr * 2], &xsums[..gpr])
+                } else {
+                    v
+                }
+            };
+            let start = rows.start;
+            let mut pairs = out.chunks_exact_mut(2);
+            for (p, o) in pairs.by_ref().enumerate() {
+                let r = start + 2 * p;
+                let v = $dot::<2, N>(
+                    [codes(r), codes(r + 1)],
+                    [scales(r), scales(r + 1)],
+                    (gs, gb),
+                    x,
+                    &decode,
+                );
+                o[0] = mins(r, v[0]);
+                o[1] = mins(r + 1, v[1]);
+            }
+            if let [o] = pairs.into_remainder() {
+                let r = rows.end - 1;
+                *o = mins(
+                    r,
+                    $dot::<1, N>([codes(r)], [scales(r)], (gs, gb), x, &decode)[0],
+                );
+            }
+        }
+
+        #[target_feature(enable = $feature)]
+        #[inline]
+        unsafe fn $dot<const R: usize, const N: usize>(
+            codes: [*const u8; R],
+            scales: [*const u16; R],
+            (gs, gb): (usize, usize),
+            x: &[f32],
+            decode: &impl Fn(*const u8, usize) -> [$v; N],
+        ) -> [f32; R] {
+            let xp = x.as_ptr();
+            let mut acc = [$zero(); R];
+            let mut i = 0;
+            for g in 0..x.len() / gs {
+                // Each row's codes PREFETCH_AHEAD bytes on, once per group (gb bytes of codes;
+                // past a row's end it is the next row's start, and a prefetch never faults).
+                for c in codes {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        c.wrapping_add(g * gb + PREFETCH_AHEAD) as *const i8
+                    );
+                }
+                let mut a = [[$zero(); N]; R];
+                let end = i + gs;
+                while i < end {
+                    for r in 0..R {
+                        let q = decode(codes[r], i);
+                        for n in 0..N {
+                            a[r][n] = $fmadd(q[n], $load(xp.add(i + $lanes * n)), a[r][n]);
+                        }
+                    }
+                    i += $lanes * N;
+                }
+                for r in 0..R {
+                    let bits = scales[r].add(g).read_unaligned() as i32;
+                    let s = $set1(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits))));
+                    let mut width = N;
+                    while width > 1 {
+                        width /= 2;
+                        for n in 0..width {
+                            a[r][n] = $add(a[r][n], a[r][n + width]);
+                        }
+                    }
+                    acc[r] = $fmadd(s, a[r][0], acc[r]);
+                }
+            }
+            acc.map(|v| $hsum(v))
+        }
+    };
+}
+
+grouped_kernels!(
+    grouped_rows,
+    dot_grouped,
+    "avx2,fma,f16c",
+    __m256,
+    8,
+    _mm256_setzero_ps,
+    _mm256_fmadd_ps,
+    _mm256_add_ps,
+    _mm256_loadu_ps,
+    _mm256_set1_ps,
+    hsum
+);
+grouped_kernels!(
+    grouped_rows_512,
+    dot_grouped_512,
+    "avx512f,avx2,fma,f16c",
+    __m512,
+    16,
+    _mm512_setzero_ps,
+    _mm512_fmadd_ps,
+    _mm512_add_ps,
+    _mm512_loadu_ps,
+    _mm512_set1_ps,
+    _mm512_reduce_add_ps
+);
+
+/// Whether the int4/int2 kernels may use AVX-512 (detected at run time; `HOB_CPU_AVX512=0`
+/// keeps them on AVX2, for A/B runs).
+fn avx512() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && std::env::var("HOB_CPU_AVX512").map_or(true, |v| v != "0")
+    })
+}
+
+/// int4 and int2 on AVX-512 (16 bytes of codes per step: 32 or 64 columns; the group size a
+/// multiple of it). Returns false, doing nothing, where that does not apply.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn packed_rows_512(
+    m: &Matrix,
+    x: &[f32],
+    xsums: &[f32],
+    rows: Range<usize>,
+    out: &mut [f32],
+) -> bool {
+    let load = |p: *const u8| _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+    match m.kind {
+        WeightKind::Int4 if m.group_size.is_multiple_of(32) => with_reordered_x(x, 32, 16, |xr| {
+            let mask = _mm512_set1_epi32(0x0f);
+            grouped_rows_512(m, xr, xsums, rows, out, |p, i| {
+                let b = load(p.add(i / 2));
+                [
+                    _mm512_cvtepi32_ps(_mm512_and_si512(b, mask)),
+                    _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(b)),
+                ]
+            })
+        }),
+        WeightKind::Int2 if m.group_size.is_multiple_of(64) => with_reordered_x(x, 64, 16, |xr| {
+            let mask = _mm512_set1_epi32(0x03);
+            grouped_rows_512(m, xr, xsums, rows, out, |p, i| {
+                let b = load(p.add(i / 4));
+                [
+                    _mm512_cvtepi32_ps(_mm512_and_si512(b, mask)),
+                    _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32::<2>(b), mask)),
+                    _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32::<4>(b), mask)),
+                    _mm512_cvtepi32_ps(_mm512_srli_epi32::<6>(b)),
+                ]
+            })
+        }),
+        _ => return false,
+    }
+    true
 }
 
 /// Sum of x over each group of `gs` (a multiple of 16) columns, one slot of `out` per group.
@@ -157,88 +413,37 @@ unsafe fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
     )
 }
 
-/// sum_g s_g * sum_{i in g} q_i x_i, where `codes(i)` gives the 8 codes of columns i..i+8 as f32.
-/// Group sizes are multiples of 16: two accumulators per group, 16 columns a step.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_grouped(
-    scales: &[u8],
-    gs: usize,
-    x: &[f32],
-    codes: impl Fn(usize) -> (__m256, __m256),
-) -> f32 {
-    let xp = x.as_ptr();
-    let sp = scales.as_ptr() as *const u16;
-    let mut acc = _mm256_setzero_ps();
-    let mut i = 0;
-    for g in 0..x.len() / gs {
-        let mut a0 = _mm256_setzero_ps();
-        let mut a1 = _mm256_setzero_ps();
-        let end = i + gs;
-        while i < end {
-            let (q0, q1) = codes(i);
-            a0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xp.add(i)), a0);
-            a1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xp.add(i + 8)), a1);
-            i += 16;
-        }
-        let s = _mm256_cvtph_ps(_mm_set1_epi16(sp.add(g).read_unaligned() as i16));
-        acc = _mm256_fmadd_ps(s, _mm256_add_ps(a0, a1), acc);
-    }
-    hsum(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_int8(codes: &[u8], scales: &[u8], gs: usize, x: &[f32]) -> f32 {
-    debug_assert_eq!(codes.len(), x.len());
-    let cp = codes.as_ptr();
-    dot_grouped(scales, gs, x, |i| {
-        let lo = _mm_loadl_epi64(cp.add(i) as *const __m128i);
-        let hi = _mm_loadl_epi64(cp.add(i + 8) as *const __m128i);
-        (
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
-        )
-    })
-}
-
 /// Widen 16 unsigned byte codes to two vectors of eight f32.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn u8x16_to_f32(v: __m128i) -> (__m256, __m256) {
-    (
+unsafe fn u8x16_to_f32(v: __m128i) -> [__m256; 2] {
+    [
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(v, v))),
-    )
+    ]
 }
 
+/// int2 in groups that are not a multiple of 32 columns (16 columns a step, x in column order).
 /// Byte and 16-bit lane shuffles only: the variable shifts (vpsrlvd) are slow on some AMD cores.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_int4(codes: &[u8], scales: &[u8], gs: usize, x: &[f32]) -> f32 {
-    debug_assert_eq!(codes.len() * 2, x.len());
-    let cp = codes.as_ptr();
-    let mask = _mm_set1_epi8(0x0f);
-    dot_grouped(scales, gs, x, |i| {
-        // Eight bytes hold columns i..i+16, column 2k in the low nibble of byte k: split the
-        // nibbles and interleave them back into column order.
-        let b = _mm_loadl_epi64(cp.add(i / 2) as *const __m128i);
-        let lo = _mm_and_si128(b, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
-        u8x16_to_f32(_mm_unpacklo_epi8(lo, hi))
-    })
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_int2(codes: &[u8], scales: &[u8], gs: usize, x: &[f32]) -> f32 {
     debug_assert_eq!(codes.len() * 4, x.len());
-    let cp = codes.as_ptr();
+    debug_assert_eq!(scales.len() * gs, 2 * x.len());
     let mask = _mm_set1_epi8(0x03);
-    dot_grouped(scales, gs, x, |i| {
+    let decode = |p: *const u8, i: usize| {
         // Four bytes hold columns i..i+16, column 4k+j in bits 2j of byte k. Shifting 16-bit
         // lanes lets bits of the next byte in above bit 1, which the mask removes; two rounds of
         // interleaving put (byte k >> 2j) at position 4k+j.
-        let b = _mm_cvtsi32_si128((cp.add(i / 4) as *const i32).read_unaligned());
+        let b = _mm_cvtsi32_si128((p.add(i / 4) as *const i32).read_unaligned());
         let s01 = _mm_unpacklo_epi8(b, _mm_srli_epi16::<2>(b));
         let s23 = _mm_unpacklo_epi8(_mm_srli_epi16::<4>(b), _mm_srli_epi16::<6>(b));
         u8x16_to_f32(_mm_and_si128(_mm_unpacklo_epi16(s01, s23), mask))
-    })
+    };
+    dot_grouped::<1, 2>(
+        [codes.as_ptr()],
+        [scales.as_ptr() as *const u16],
+        (gs, gs / 4),
+        x,
+        &decode,
+    )[0]
 }

@@ -169,7 +169,7 @@ impl DevMat {
 
     /// The 16-byte vector kernel applies (the other layouts take matvec_any).
     fn vectorizable(&self) -> bool {
-        self.row_bytes % 16 == 0 && self.codes % 16 == 0
+        self.row_bytes % 16 == 0 && self.codes.is_multiple_of(16)
     }
 }
 
@@ -524,7 +524,7 @@ impl Gpu {
     /// y[rows] = W · x for one token (pointers to device memory).
     pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
         let w = *w;
-        if w.vectorizable() && x % 16 == 0 {
+        if w.vectorizable() && x.is_multiple_of(16) {
             if w.kind >= 3 {
                 if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
                     return Ok(());
@@ -622,7 +622,7 @@ impl Gpu {
         logits: u64,
     ) -> crate::Result<()> {
         let small = w.rows <= 256 && k <= 16 && k <= w.rows as usize;
-        if w.kind >= 3 || !w.vectorizable() || x % 16 != 0 || !small {
+        if w.kind >= 3 || !w.vectorizable() || !x.is_multiple_of(16) || !small {
             self.matvec(w, x, logits)?;
             return self.route(logits, 1, w.rows as usize, k, routes);
         }
@@ -804,7 +804,7 @@ impl Gpu {
             _ => 16,
         };
         let words = kind >= 3
-            && w.codes % 4 == 0
+            && w.codes.is_multiple_of(4)
             && w.row_bytes % 4 == 0
             && cols % 8 == 0
             && w.group > 0
@@ -1198,7 +1198,7 @@ impl CudaBackend {
     ) -> crate::Result<Option<[DevMat; 3]>> {
         let m = [*self.mat(w[0])?, *self.mat(w[1])?, *self.mat(w[2])?];
         let fused = t == 1
-            && self.p(x) % 16 == 0
+            && self.p(x).is_multiple_of(16)
             && m.iter()
                 .all(|d| d.kind < 3 && d.kind == m[0].kind && d.vectorizable());
         if !fused {
@@ -1540,7 +1540,7 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let d = *self.mat(w)?;
         let xp = self.p(x);
-        if t != 1 || d.kind >= 3 || !d.vectorizable() || xp % 16 != 0 {
+        if t != 1 || d.kind >= 3 || !d.vectorizable() || !xp.is_multiple_of(16) {
             self.matmul(w, x, t, tmp)?;
             return self.add_assign(out, tmp, t * w.rows);
         }
@@ -1738,7 +1738,7 @@ mod tests {
                         assert_eq!(q_smem(&k, warps, tchunks), p.smem as usize, "{what}");
                         assert!(p.smem as usize <= lim.smem_max, "{what}");
                         assert!(tchunks == n || (tchunks % 32 == 0 && tchunks < n), "{what}");
-                        assert!(warps % split == 0 && p.block % 32 == 0, "{what}");
+                        assert!(warps % split == 0 && p.block.is_multiple_of(32), "{what}");
                         assert!(
                             split == 1 || k.step_chunks() * split <= tchunks.min(n),
                             "{what}"
