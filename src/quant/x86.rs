@@ -5,8 +5,8 @@
 //! The integer kernels take two rows at a time (independent accumulators hide the FMA latency) and
 //! widen one byte of codes per 32-bit lane; for int4/int2 the input is reordered once per call to
 //! match (`with_reordered_x`), so a byte's nibbles or 2-bit fields need one shift and mask each.
-//! On the device host's Xeon (benches/results/2026-11-23-h100-cpu-int-kernels.md) this and a software
-//! prefetch of the codes took the int4 kernel from ~3 GB/s to ~7 GB/s of weights on one thread.
+//! With a software prefetch of the codes, on the device host's 16-core Xeon: int4 at 69-71 GB/s of
+//! weights with 16 threads against 46-50 before (benches/results/2026-11-23-h100-cpu-int-kernels.md).
 //!
 //! Every function here is `unsafe` for two reasons, checked by the callers in mod.rs: the CPU must
 //! have AVX2, FMA and F16C (detected at run time; AVX-512F too for the `_512` functions, checked
