@@ -5,6 +5,12 @@
 #   bash tools/hobbit_gpu.sh prepare     convert the synthetic model (and build llama.cpp if staged)
 #   bash tools/hobbit_gpu.sh rtx4090     rows (a)-(e) under rtx4090-24g   -> $OUT/hobbit-rtx4090.md
 #   bash tools/hobbit_gpu.sh jetson      rows (a)-(e) under jetson-orin-32g -> $OUT/hobbit-jetson.md
+#   TRACE=t.jsonl T1=.. T2=.. bash tools/hobbit_gpu.sh replay
+#                                        rows (a), (b), (d), (e) under rtx4090-24g with every layer's
+#                                        routing replayed from a trained router's trace (--replay-trace;
+#                                        no prefetch row: the stacked gates predict the synthetic router)
+#                                        at T1/T2 (calibrated for the traced model) and at 0.6/0.9
+#                                        -> $OUT/hobbit-replay.md
 # LAYERS (default 8) of the 32 layers: the device's disk holds ~8 with all four variants.
 # The expert cache is scaled to the file: the share of Mixtral's experts the profile's budget holds
 # beside 3.21 GB of non-expert weights and ~1 GB of KV cache and buffers, times the file's experts.
@@ -82,7 +88,25 @@ jetson)
   row "a, SSD" "${p[@]}" --ssd -n 8 --low none --cache-policy lru --prefetch 0
   row "d, SSD" "${p[@]}" --ssd -n 8 --low int2 --cache-policy hobbit --prefetch 3
   cat "$out/$table" ;;
+replay)
+  table=hobbit-replay.md; header
+  c=$(share 24 352.3e6)
+  echo "rtx4090-24g expert cache scaled to $LAYERS layers: $c GiB; routing replayed from $TRACE" >> "$log"
+  p=(--platform rtx4090-24g --expert-variant f16 --expert-cache "$c" -r 3 -p 0 -n 32 --prefetch 0)
+  r=(--replay-trace "$TRACE"); cal=(--low int4 --t1 "$T1" --t2 "$T2"); paper=(--low int4 --t1 0.6 --t2 0.9)
+  cpu=(--cpu-experts -t "$(nproc)")
+  row "a, random routing" "${p[@]}" --low none --cache-policy lru
+  row "d, random routing" "${p[@]}" "${paper[@]}" --cache-policy hobbit
+  row a "${p[@]}" "${r[@]}" --low none --cache-policy lru
+  row b "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy lru
+  row d "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy hobbit
+  row e "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy hobbit "${cpu[@]}"
+  row "e, f16 only" "${p[@]}" "${r[@]}" --low none --cache-policy hobbit "${cpu[@]}"
+  row "b, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy lru
+  row "d, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy hobbit
+  row "e, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy hobbit "${cpu[@]}"
+  cat "$out/$table" ;;
 llamacpp)
   bash tools/llamacpp_gpu.sh bench "$LAYERS" >> "$log" 2>&1; cat "$out/llamacpp.md" ;;
-*) echo "usage: hobbit_gpu.sh prepare|rtx4090|jetson|llamacpp"; exit 2 ;;
+*) echo "usage: hobbit_gpu.sh prepare|rtx4090|jetson|replay|llamacpp"; exit 2 ;;
 esac

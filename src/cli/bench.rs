@@ -119,6 +119,11 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         ),
         None => format!("{name} {}", file.variants()[variant]),
     };
+    let model_label = if args.model.replay_trace.is_some() {
+        format!("{model_label}, replayed routing")
+    } else {
+        model_label
+    };
 
     // Bytes one decode token reads on the device: every dense matrix except the embedding table
     // (one row), plus each expert it computes.

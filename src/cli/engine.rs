@@ -8,6 +8,7 @@ use clap::Args;
 use crate::backend::cpu::{CpuBackend, CpuExperts};
 use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Split, Tier};
 use crate::experts::cache::Policy;
+use crate::experts::replay::{Replay, Replayed};
 use crate::experts::trace::{TraceHeader, TraceWriter};
 use crate::experts::{PrecisionPlan, Thresholds};
 use crate::format::{keys, HobFile};
@@ -106,6 +107,12 @@ pub struct ModelArgs {
     /// `hob sim`.
     #[arg(long = "record-trace", value_name = "FILE")]
     pub record_trace: Option<PathBuf>,
+    /// Take every MoE layer's experts and gate weights from a trace written by --record-trace
+    /// instead of the model's router (model layer l uses the trace's layer l mod its layers;
+    /// each sequence starts at the trace's next one). For speed studies of synthetic-weight
+    /// models routed as a trained router routes: the text such a run writes is meaningless.
+    #[arg(long = "replay-trace", value_name = "FILE")]
+    pub replay_trace: Option<PathBuf>,
     /// Where to compute.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
@@ -274,8 +281,15 @@ impl ModelArgs {
                 self.low_share
             )));
         }
-        let variant = plan.high;
-        let _ = variant;
+        let replay = match &self.replay_trace {
+            Some(_) if self.prefetch > 0 => {
+                return Err(Error::Invalid(
+                    "--replay-trace with --prefetch: the stacked gates predict the model's own router, which a replayed routing does not follow; leave --prefetch at 0".into(),
+                ))
+            }
+            Some(path) => Some(Replay::read(path, &model.cfg)?),
+            None => None,
+        };
         let gpu_mem = self
             .gpu_mem
             .or(platform.as_ref().and_then(|p| p.gpu_mem_gib));
@@ -346,7 +360,7 @@ impl ModelArgs {
                     gpu.compute_capability.1,
                     backend.resident_bytes() as f64 / GIB
                 );
-                bind(model, backend, Box::new(experts), ctx, label)
+                bind(model, backend, Box::new(experts), replay, ctx, label)
             }
             _ => {
                 let backend = self.backend()?;
@@ -354,20 +368,25 @@ impl ModelArgs {
                 let experts = CpuExperts::with_plan(file, plan)?
                     .with_trace(self.trace_writer(file, model)?)
                     .with_predictor(model, if self.stats { self.prefetch } else { 0 })?;
-                bind(model, backend, Box::new(experts), ctx, label)
+                bind(model, backend, Box::new(experts), replay, ctx, label)
             }
         }
     }
 }
 
-/// A boxed session of `model` on `backend` with `experts`.
+/// A boxed session of `model` on `backend` with `experts`, routed by `replay` where given.
 fn bind<'a, B: Backend + 'a>(
     model: &'a Model<'a>,
     backend: B,
     experts: Box<dyn Experts<B> + 'a>,
+    replay: Option<Replay>,
     ctx: usize,
     label: String,
 ) -> crate::Result<Box<dyn Session + 'a>> {
+    let experts: Box<dyn Experts<B> + 'a> = match replay {
+        Some(r) => Box::new(Replayed::new(experts, r, model.cfg.n_layers)),
+        None => experts,
+    };
     Ok(Box::new(Bound::new(model, backend, experts, ctx, label)?))
 }
 

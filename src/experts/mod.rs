@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod io;
 pub mod predictor;
+pub mod replay;
 pub mod scheduler;
 pub mod scorer;
 pub mod trace;
