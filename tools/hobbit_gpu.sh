@@ -10,7 +10,8 @@
 #                                        routing replayed from a trained router's trace (--replay-trace;
 #                                        no prefetch row: the stacked gates predict the synthetic router)
 #                                        at T1/T2 (calibrated for the traced model) and at 0.6/0.9
-#                                        -> $OUT/hobbit-replay.md
+#                                        -> $OUT/hobbit-replay.md (cooperative rows with and
+#                                        without --no-load-behind)
 # LAYERS (default 8) of the 32 layers: the device's disk holds ~8 with all four variants.
 # The expert cache is scaled to the file: the share of Mixtral's experts the profile's budget holds
 # beside 3.21 GB of non-expert weights and ~1 GB of KV cache and buffers, times the file's experts.
@@ -37,7 +38,7 @@ row() { # label, profile, args...
   local label="$1"; shift
   [ -n "${ROWS:-}" ] && [[ " $ROWS " != *" ${label// /_} "* ]] && return 0
   echo "== $label: $*" >> "$log"
-  "$hob" bench -m "$model" --stats "$@" 2>>"$log" | grep -v '^| ---\|^| model' | sed "s/^|/| $label |/" >> "$out/$table"
+  "$hob" bench -m "$model" --stats "$@" 2>>"$log" | grep -v '^| ---\|^| model' | sed "s#^|#| $label |#" >> "$out/$table"
 }
 header() {
   echo "| row | model | size | params | backend | profile | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit |" > "$out/$table"
@@ -97,11 +98,15 @@ replay)
   cpu=(--cpu-experts -t "$(nproc)")
   row "a, random routing" "${p[@]}" --low none --cache-policy lru
   row "d, random routing" "${p[@]}" "${paper[@]}" --cache-policy hobbit
+  row "e, random routing" "${p[@]}" "${paper[@]}" --cache-policy hobbit "${cpu[@]}"
+  row "e, random routing, no load-behind" "${p[@]}" "${paper[@]}" --cache-policy hobbit "${cpu[@]}" --no-load-behind
   row a "${p[@]}" "${r[@]}" --low none --cache-policy lru
   row b "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy lru
   row d "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy hobbit
   row e "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy hobbit "${cpu[@]}"
+  row "e, no load-behind" "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy hobbit "${cpu[@]}" --no-load-behind
   row "e, f16 only" "${p[@]}" "${r[@]}" --low none --cache-policy hobbit "${cpu[@]}"
+  row "e, f16 only, no load-behind" "${p[@]}" "${r[@]}" --low none --cache-policy hobbit "${cpu[@]}" --no-load-behind
   row "b, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy lru
   row "d, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy hobbit
   row "e, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy hobbit "${cpu[@]}"

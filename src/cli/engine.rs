@@ -76,6 +76,10 @@ pub struct ModelArgs {
     /// (cooperative mode; -t sets the threads).
     #[arg(long = "cpu-experts")]
     pub cpu_experts: bool,
+    /// Cooperative mode: never load a miss the CPU computes into the cache (by default it is
+    /// loaded behind the CPU when the link is idle, so that the cache follows the routing).
+    #[arg(long = "no-load-behind")]
+    pub no_load_behind: bool,
     /// Read missed experts from the SSD (io_uring + O_DIRECT) instead of the page cache
     /// (default on unified-memory platforms).
     #[arg(long = "ssd", conflicts_with = "no_ssd")]
@@ -340,6 +344,7 @@ impl ModelArgs {
                     upgrade_low: true,
                     prefetch: self.prefetch,
                     cpu_experts: self.cpu_experts.then_some(self.threads),
+                    load_behind: !self.no_load_behind,
                     tier: if self.ssd || (unified && !self.no_ssd) {
                         Tier::Disk
                     } else {
@@ -433,11 +438,12 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
         );
     }
     eprintln!(
-        "  skipped {:.2}  high->low substitutions {:.2}  computed on the CPU {:.2} ({:.2} while their prefetch was in flight)",
+        "  skipped {:.2}  high->low substitutions {:.2}  computed on the CPU {:.2} ({:.2} while their load was in flight; {:.2} loaded behind them)",
         s.skipped as f64 / n,
         s.substituted as f64 / n,
         s.cpu_computed as f64 / n,
-        s.late_to_cpu as f64 / n
+        s.late_to_cpu as f64 / n,
+        s.loaded_behind as f64 / n
     );
     eprintln!(
         "  bytes loaded {:.1} MB ({:.1} MB from the SSD), streamed by CPU experts {:.1} MB; prefetches {:.2} ({:.0}% used)",

@@ -30,6 +30,8 @@ pub struct ExpertStats {
     /// Cooperative mode: experts whose load (a prefetch) had not landed when needed, so the
     /// CPU computed them (counted in `cpu_computed` too).
     pub late_to_cpu: u64,
+    /// Cooperative mode: CPU-computed misses also loaded into the cache over an idle link.
+    pub loaded_behind: u64,
     /// Bytes of the experts the CPU computed, each at its variant's size.
     pub cpu_bytes: u64,
     /// Seconds the loader spent moving `bytes_loaded` (its link busy time).
@@ -98,6 +100,7 @@ impl ExpertStats {
         self.prefetch_issued += s.prefetch_issued;
         self.prefetch_used += s.prefetch_used;
         self.late_to_cpu += s.late_to_cpu;
+        self.loaded_behind += s.loaded_behind;
         self.cpu_bytes += s.cpu_bytes;
         self.link_seconds += s.link_seconds;
         self.cpu_seconds += s.cpu_seconds;

@@ -28,7 +28,8 @@ use rayon::prelude::*;
 
 use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu, SlotArgs, SLOTS_MAX_K};
 use crate::backend::cpu::{CpuBackend, MatVec};
-use crate::experts::cache::{pool_slots, ExpertCache, Policy, PoolKind};
+use crate::experts::behind::LoadBehind;
+use crate::experts::cache::{pool_slots, ExpertCache, Insertion, Policy, PoolKind};
 use crate::experts::io::{open_reader, BlobSource};
 use crate::experts::predictor::Predictor;
 use crate::experts::scheduler::{Priority, Scheduler, Ticket, Worker};
@@ -70,6 +71,10 @@ pub struct CacheConfig {
     pub prefetch: usize,
     /// CPU threads computing missed experts (cooperative mode); None: off.
     pub cpu_experts: Option<usize>,
+    /// Cooperative mode: a miss the CPU computes is also loaded into the cache, at prefetch
+    /// priority, when the link is idle, so that the cache keeps following the routing (as it
+    /// does without CPU experts) for later tokens that reuse the expert.
+    pub load_behind: bool,
     pub tier: Tier,
     /// Slots in mapped pinned host memory, read by the GPU in place (unified-memory mode).
     pub mapped: bool,
@@ -138,6 +143,7 @@ impl CacheConfig {
             upgrade_low: true,
             prefetch: 0,
             cpu_experts: None,
+            load_behind: true,
             tier: Tier::Memory,
             mapped: false,
             pin_file: true,
@@ -860,6 +866,10 @@ pub struct CudaExperts<'f> {
     layer_started: Option<(usize, Instant)>,
     /// Cooperative decode: experts whose load was still in flight, computed by the CPU.
     late_to_cpu: u64,
+    /// CacheConfig::load_behind, whether it pays on this routing, and the loads it queued.
+    load_behind: bool,
+    behind: LoadBehind,
+    loaded_behind: u64,
     /// Bytes of the experts the CPU computed (it streams them from host memory).
     cpu_bytes: u64,
     /// The loader copies straight out of the page-locked file (no staging).
@@ -1200,6 +1210,9 @@ impl<'f> CudaExperts<'f> {
             layer_s: None,
             layer_started: None,
             late_to_cpu: 0,
+            load_behind: cfg.load_behind,
+            behind: LoadBehind::default(),
+            loaded_behind: 0,
             cpu_bytes: 0,
             direct_loads,
             split: cfg.split,
@@ -1321,6 +1334,15 @@ impl<'f> CudaExperts<'f> {
     /// A slot for `key` in pool `kind`: evicts by the policy; None when every slot is protected.
     /// Waits for a load still filling the victim slot (it must not land after the new one).
     fn claim(&mut self, kind: PoolKind, key: (usize, usize)) -> crate::Result<Option<usize>> {
+        Ok(self.claim_evicting(kind, key)?.map(|ins| ins.slot))
+    }
+
+    /// `claim`, saying which expert it evicted.
+    fn claim_evicting(
+        &mut self,
+        kind: PoolKind,
+        key: (usize, usize),
+    ) -> crate::Result<Option<Insertion>> {
         let Some(ins) = self.cache.insert(kind, key) else {
             return Ok(None);
         };
@@ -1329,7 +1351,7 @@ impl<'f> CudaExperts<'f> {
         }
         let pool = self.pool_mut(kind);
         pool.prefetched[ins.slot] = false;
-        Ok(Some(ins.slot))
+        Ok(Some(ins))
     }
 
     /// Queue the load of `key` into slot `s` of pool `kind`.
@@ -1520,6 +1542,9 @@ impl<'f> CudaExperts<'f> {
             }
             let v = self.pool(k).variant;
             self.hits[v] += g.rows.len() as u64;
+            if decode {
+                self.behind.hit(key, self.decoded);
+            }
             return Ok(Some(Place::Slot(k, s)));
         }
         if kind == PoolKind::High && self.substitute_low && decode && !top1 {
@@ -1530,8 +1555,12 @@ impl<'f> CudaExperts<'f> {
                 self.substituted += 1;
                 let v = self.pool(PoolKind::Low).variant;
                 self.hits[v] += 1;
+                self.behind.hit(key, self.decoded);
                 return Ok(Some(Place::Slot(PoolKind::Low, s)));
             }
+        }
+        if decode {
+            self.behind.miss(key, self.decoded);
         }
         if decode && self.cpu.is_some() {
             // Greedy: the miss goes to whichever of the link and the CPU frees up first.
@@ -1550,6 +1579,18 @@ impl<'f> CudaExperts<'f> {
                     self.misses[variant] += 1;
                     self.cpu_computed += 1;
                     self.cpu_bytes += self.file.expert_layout(variant).size as u64;
+                    // Into an idle link only: behind a demand load it would delay the next
+                    // miss the link takes. The slot is claimed by the policy like any miss's
+                    // (this layer's placed experts are protected), so the cache follows the
+                    // routing for the tokens that reuse the expert, while that pays
+                    // (experts::behind).
+                    if self.load_behind && !self.link_busy() && self.behind.wanted() {
+                        if let Some(ins) = self.claim_evicting(kind, key)? {
+                            self.submit(kind, key, ins.slot, Priority::Prefetch)?;
+                            self.behind.loaded(key, ins.evicted, self.decoded);
+                            self.loaded_behind += 1;
+                        }
+                    }
                     return Ok(Some(Place::Cpu));
                 }
                 cost.since_cpu[variant] += 1;
@@ -2647,6 +2688,7 @@ impl ExpertReport for CudaExperts<'_> {
             prefetch_issued: self.prefetch_issued,
             prefetch_used: self.prefetch_used,
             late_to_cpu: self.late_to_cpu,
+            loaded_behind: self.loaded_behind,
             cpu_bytes: self.cpu_bytes,
             link_seconds: (self.counters.nanos.load(Ordering::Relaxed) - self.base_bytes.2) as f64
                 / 1e9,
@@ -2670,6 +2712,7 @@ impl ExpertReport for CudaExperts<'_> {
         self.prefetch_issued = 0;
         self.prefetch_used = 0;
         self.late_to_cpu = 0;
+        self.loaded_behind = 0;
         self.cpu_bytes = 0;
         self.wait = Duration::ZERO;
         self.cpu_wait = Duration::ZERO;
