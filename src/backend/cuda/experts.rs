@@ -1587,6 +1587,8 @@ impl<'f> CudaExperts<'f> {
                     if self.load_behind && !self.link_busy() && self.behind.wanted() {
                         if let Some(ins) = self.claim_evicting(kind, key)? {
                             self.submit(kind, key, ins.slot, Priority::Prefetch)?;
+                            // Not a prediction: kept out of the prefetch accuracy.
+                            self.pool_mut(kind).prefetched[ins.slot] = false;
                             self.behind.loaded(key, ins.evicted, self.decoded);
                             self.loaded_behind += 1;
                         }
