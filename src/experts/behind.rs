@@ -186,13 +186,16 @@ mod tests {
         let mut r = rng(11);
         let mut pair = vec![0, 1];
         let (loads, eligible, net) = run(4000, 2, |_| {
-            if r() % 4 == 0 {
+            if r().is_multiple_of(4) {
                 pair = two_of(8, &mut r);
             }
             pair.clone()
         });
         assert!(net >= MARGIN, "net {net}");
-        assert!(loads as f64 > 0.7 * eligible as f64, "{loads} of {eligible}");
+        assert!(
+            loads as f64 > 0.7 * eligible as f64,
+            "{loads} of {eligible}"
+        );
     }
 
     #[test]
