@@ -499,12 +499,19 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
     }
     // Cooperative mode: missed decode experts computed on the CPU, with and without prefetches
     // into the idle link (a prefetch still in flight may be overtaken by the CPU), and with the
-    // last half of their rows loaded and computed on the GPU (split experts: strided loads).
-    for (prefetch, split) in [(0, Split::Off), (2, Split::Auto), (0, Split::Share(0.5))] {
+    // last half of their rows loaded and computed on the GPU (split experts: strided loads),
+    // with and without loads behind the CPU (a CPU-computed miss also loaded over an idle link).
+    for (prefetch, split, behind) in [
+        (0, Split::Off, true),
+        (0, Split::Off, false),
+        (2, Split::Auto, true),
+        (0, Split::Share(0.5), true),
+    ] {
         let mut c = exact(total / 4);
         c.cpu_experts = Some(2);
         c.prefetch = prefetch;
         c.split = split;
+        c.load_behind = behind;
         if let Split::Share(_) = split {
             // Split loads through the emulated link (paced on the copy stream).
             c.pace_bytes_per_s = Some(2e9);
@@ -514,9 +521,15 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         let st = s.expert_stats();
         let e = nmse(&steps, &want_steps);
         println!(
-            "cooperative, prefetch {prefetch}, split {split:?}: {} experts on the CPU ({} overtaking a prefetch, {} split with the GPU), {} prefetched ({} used), decode NMSE {e:.2e}",
-            st.cpu_computed, st.late_to_cpu, st.split_experts, st.prefetch_issued, st.prefetch_used
+            "cooperative, prefetch {prefetch}, split {split:?}, load-behind {behind}: {} experts on the CPU ({} overtaking a load, {} split with the GPU, {} loaded behind), {} prefetched ({} used), decode NMSE {e:.2e}",
+            st.cpu_computed, st.late_to_cpu, st.split_experts, st.loaded_behind, st.prefetch_issued, st.prefetch_used
         );
+        if !behind {
+            assert_eq!(st.loaded_behind, 0, "--no-load-behind loads nothing behind");
+        } else if prefetch == 0 && split == Split::Off {
+            // Nothing else uses the link, and the judge loads its first misses whatever the score.
+            assert!(st.loaded_behind > 0, "an idle link loads CPU misses behind");
+        }
         if let Split::Share(_) = split {
             assert!(
                 st.split_experts > 0,
@@ -528,10 +541,13 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
             "a quarter cache must send misses to the CPU"
         );
         assert_eq!(all, want_all, "prefill never uses the CPU");
-        assert_eq!(ids, want_ids, "prefetch {prefetch}, split {split:?}");
+        assert_eq!(
+            ids, want_ids,
+            "prefetch {prefetch}, split {split:?}, load-behind {behind}"
+        );
         assert!(
             e <= 1e-10,
-            "cooperative decode NMSE {e:e} (prefetch {prefetch}, split {split:?})"
+            "cooperative decode NMSE {e:e} (prefetch {prefetch}, split {split:?}, load-behind {behind})"
         );
     }
 }
