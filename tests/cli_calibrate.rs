@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{convert_fixture, hob};
+use common::{convert_fixture, hob, perplexity_stdout};
 use hob::platform::Platform;
 
 fn text(dir: &Path) -> std::path::PathBuf {
@@ -31,22 +31,9 @@ fn number_after(out: &str, key: &str) -> f64 {
 }
 
 fn perplexity(model: &Path, text: &Path, extra: &[&str]) -> String {
-    let mut args = vec![
-        "perplexity",
-        "-m",
-        model.to_str().unwrap(),
-        "-f",
-        text.to_str().unwrap(),
-        "-c",
-        "64",
-        "--device",
-        "cpu",
-        "--kl-baseline",
-    ];
+    let mut args = vec!["--kl-baseline"];
     args.extend_from_slice(extra);
-    let (ok, stdout, stderr) = hob(&args);
-    assert!(ok, "{args:?}:\n{stderr}");
-    stdout
+    perplexity_stdout(model, text, 64, &args)
 }
 
 #[test]

@@ -6,29 +6,13 @@ mod common;
 
 use std::path::Path;
 
-use common::{convert_fixture, hob};
+use common::{convert_fixture, hob, perplexity_stdout};
 
+/// The final perplexity estimate, with dynamic precision on (so the scorer reads the weights).
 fn perplexity(model: &Path, text: &Path, extra: &[&str]) -> String {
-    let mut args = vec![
-        "perplexity",
-        "-m",
-        model.to_str().unwrap(),
-        "-f",
-        text.to_str().unwrap(),
-        "-c",
-        "32",
-        "--device",
-        "cpu",
-        "--low",
-        "int4",
-        "--t1",
-        "0.55",
-        "--t2",
-        "0.8",
-    ];
+    let mut args = vec!["--low", "int4", "--t1", "0.55", "--t2", "0.8"];
     args.extend_from_slice(extra);
-    let (ok, stdout, stderr) = hob(&args);
-    assert!(ok, "{args:?}:\n{stderr}");
+    let stdout = perplexity_stdout(model, text, 32, &args);
     stdout
         .split("Final estimate: PPL = ")
         .nth(1)

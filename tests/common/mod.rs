@@ -55,6 +55,27 @@ pub fn hob(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `hob perplexity` of `model` on `text` on the CPU with a context of `ctx`, plus `extra`
+/// flags; asserts success and returns stdout.
+pub fn perplexity_stdout(model: &Path, text: &Path, ctx: usize, extra: &[&str]) -> String {
+    let ctx = ctx.to_string();
+    let mut args = vec![
+        "perplexity",
+        "-m",
+        model.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        &ctx,
+        "--device",
+        "cpu",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = hob(&args);
+    assert!(ok, "{args:?}:\n{stderr}");
+    stdout
+}
+
 /// Convert the tiny fixture with the given `--experts` list into a fresh temporary directory.
 pub fn convert_fixture(experts: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
