@@ -3,8 +3,10 @@
 //! the thread count (`-t 1` and `-t N` give identical logits).
 
 mod experts;
+mod ffn;
 
 pub use experts::CpuExperts;
+pub use ffn::FfnJob;
 
 use rayon::prelude::*;
 

@@ -27,7 +27,7 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 
 use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu, SlotArgs, SLOTS_MAX_K};
-use crate::backend::cpu::{CpuBackend, MatVec};
+use crate::backend::cpu::{CpuBackend, FfnJob};
 use crate::experts::behind::LoadBehind;
 use crate::experts::cache::{pool_slots, ExpertCache, Insertion, Policy, PoolKind};
 use crate::experts::io::{open_reader, BlobSource};
@@ -1741,10 +1741,9 @@ impl<'f> CudaExperts<'f> {
     }
 
     /// CPU helper threads compute `jobs` (decode: one row each, the leading `rows` of each
-    /// expert's ffn) from the mapped file; returns their weighted outputs summed, [hidden].
-    /// Two parallel passes for the whole layer (gate and up of every job, then down of every
-    /// job), not three per expert: each pass costs the pool a fork-join and a ragged end.
-    /// `est` (seconds per whole expert, per variant) apportions the measured time among jobs.
+    /// expert's ffn) from the mapped file; returns their weighted outputs summed, [hidden]
+    /// (`CpuBackend::ffn_decode`). `est` (seconds per whole expert, per variant) apportions the
+    /// measured time among jobs.
     fn cpu_compute(
         file: &HobFile,
         cpu: &CpuBackend,
@@ -1754,59 +1753,23 @@ impl<'f> CudaExperts<'f> {
         est: &[Option<f64>],
     ) -> (Vec<f32>, CpuTimes) {
         let started = Instant::now();
-        let (h, f) = file.expert_dims();
-        let mats: Vec<[Matrix<'_>; 3]> = jobs
+        let f = file.expert_dims().1;
+        let ffn: Vec<FfnJob<'_>> = jobs
             .iter()
             .map(|j| {
                 let v = file.expert(layer, j.expert, j.variant);
-                [
-                    Matrix::from_view(v.gate()),
-                    Matrix::from_view(v.up()),
-                    Matrix::from_view(v.down()),
-                ]
+                FfnJob {
+                    mats: [
+                        Matrix::from_view(v.gate()),
+                        Matrix::from_view(v.up()),
+                        Matrix::from_view(v.down()),
+                    ],
+                    rows: j.rows,
+                    weight: j.weight,
+                }
             })
             .collect();
-        let mut gu = vec![0.0f32; jobs.len() * 2 * f];
-        let mut tasks = Vec::with_capacity(2 * jobs.len());
-        for ((job, m), buf) in jobs.iter().zip(&mats).zip(gu.chunks_mut(2 * f)) {
-            let (g, u) = buf.split_at_mut(f);
-            let n = job.rows;
-            for (w, out) in [(m[0], &mut g[..n]), (m[1], &mut u[..n])] {
-                tasks.push(MatVec {
-                    w: w.top_rows(n),
-                    cols: h,
-                    x,
-                    out,
-                });
-            }
-        }
-        cpu.matvec_many(tasks);
-        for (job, buf) in jobs.iter().zip(gu.chunks_mut(2 * f)) {
-            let (g, u) = buf.split_at_mut(f);
-            for (g, u) in g[..job.rows].iter_mut().zip(&u[..job.rows]) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-        }
-        let mut down = vec![0.0f32; jobs.len() * h];
-        let tasks = jobs
-            .iter()
-            .zip(&mats)
-            .zip(gu.chunks(2 * f))
-            .zip(down.chunks_mut(h))
-            .map(|(((job, m), buf), out)| MatVec {
-                w: m[2],
-                cols: job.rows,
-                x: &buf[..job.rows],
-                out,
-            })
-            .collect();
-        cpu.matvec_many(tasks);
-        let mut out = vec![0.0f32; h];
-        for (job, d) in jobs.iter().zip(down.chunks(h)) {
-            for (o, d) in out.iter_mut().zip(d) {
-                *o += job.weight * d;
-            }
-        }
+        let out = cpu.ffn_decode(&ffn, x);
         let secs = started.elapsed().as_secs_f64();
         let share = |j: &CpuJob| j.rows as f64 / f as f64;
         let guess = |j: &CpuJob| {
