@@ -11,7 +11,12 @@ out="${OUT:-/tmp/hob-out}"
 case "${1:-}" in
 pack)
   d=$(mktemp -d)
-  python3 -m pip download "llama-cpp-python==$PKG_VERSION" --no-binary :all: --no-deps -d "$d" -q
+  # The sdist straight from the index: `pip download --no-binary` would build cmake from source
+  # just to read the package's metadata.
+  url=$(curl -fsS https://pypi.org/simple/llama-cpp-python/ \
+    | grep -o "https://[^\"#]*llama_cpp_python-$PKG_VERSION.tar.gz" | head -1)
+  [ -n "$url" ] || { echo "llamacpp_gpu.sh: no sdist of llama-cpp-python $PKG_VERSION on PyPI" >&2; exit 1; }
+  curl -fsSL -o "$d/llama_cpp_python-$PKG_VERSION.tar.gz" "$url"
   tar xzf "$d"/llama_cpp_python-$PKG_VERSION.tar.gz -C "$d"
   mkdir -p .gpu
   (cd "$d/llama_cpp_python-$PKG_VERSION/vendor" && tar cJf - --exclude=llama.cpp/docs --exclude=llama.cpp/models \

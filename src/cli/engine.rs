@@ -467,6 +467,17 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
         ms(s.cpu_seconds),
         rate(s.cpu_bytes, s.cpu_seconds)
     );
+    let g = s.cpu_gaps;
+    if g.iter().sum::<f64>() > 0.0 {
+        eprintln!(
+            "  CPU experts idle between layers {:.2} ms = results back {:.2} + attention and routing {:.2} + placing {:.2} + thread start {:.2}",
+            ms(g.iter().sum()),
+            ms(g[0]),
+            ms(g[1]),
+            ms(g[2]),
+            ms(g[3])
+        );
+    }
     if s.device_routed > 0 {
         eprintln!(
             "  routed on the device (every expert resident): {} of {tokens} tokens",

@@ -24,6 +24,12 @@ pub struct ExpertStats {
     pub load_seconds: f64,
     /// Wall time the compute thread spent waiting for CPU-computed experts, in seconds.
     pub cpu_wait_seconds: f64,
+    /// Cooperative decode: seconds the CPU helpers sat idle between two consecutive layers'
+    /// jobs of one token, in four parts: the finished layer's results going back to the GPU
+    /// (join, upload, add), the GPU's work between the layers (attention, routing and the
+    /// routes' trip to the host), placing the next layer's experts (cache, loads, the input's
+    /// trip to the host), and the helper thread starting.
+    pub cpu_gaps: [f64; 4],
     /// Prefetch loads issued, and how many of them were used before eviction.
     pub prefetch_issued: u64,
     pub prefetch_used: u64,
@@ -97,6 +103,9 @@ impl ExpertStats {
         self.bytes_from_disk += s.bytes_from_disk;
         self.load_seconds += s.load_seconds;
         self.cpu_wait_seconds += s.cpu_wait_seconds;
+        for (a, b) in self.cpu_gaps.iter_mut().zip(s.cpu_gaps) {
+            *a += b;
+        }
         self.prefetch_issued += s.prefetch_issued;
         self.prefetch_used += s.prefetch_used;
         self.late_to_cpu += s.late_to_cpu;

@@ -45,6 +45,12 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
+    /// Run `f` on this thread with a scope whose spawned tasks run on the pool; returns once
+    /// they have all finished.
+    pub fn in_place_scope<'s, R>(&self, f: impl FnOnce(&rayon::Scope<'s>) -> R) -> R {
+        self.pool.in_place_scope(f)
+    }
+
     /// Run `f` inside the pool (so nested parallel calls use its threads).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)

@@ -853,6 +853,11 @@ pub struct CudaExperts<'f> {
     /// have completed and added to `wait`.
     gpu_waits: Vec<(CudaEvent, CudaEvent)>,
     cpu_wait: Duration,
+    /// Cooperative decode: the CPU helpers' idle time between two consecutive layers' jobs of
+    /// one token, in the parts of `ExpertStats::cpu_gaps`; and the last layer with background
+    /// CPU jobs: (layer, when its CPU work ended, when the layer returned).
+    cpu_gaps: [Duration; 4],
+    cpu_mark: Option<(usize, Instant, Instant)>,
     /// Loader counters (bytes, disk bytes, nanoseconds) at the last reset.
     base_bytes: (u64, u64, u64),
     /// Seconds CPU helpers spent on experts since the last reset.
@@ -1203,6 +1208,8 @@ impl<'f> CudaExperts<'f> {
             wait: Duration::ZERO,
             gpu_waits: Vec::new(),
             cpu_wait: Duration::ZERO,
+            cpu_gaps: [Duration::ZERO; 4],
+            cpu_mark: None,
             base_bytes: (0, 0, 0),
             cpu_busy: 0.0,
             decoded: 0,
@@ -2286,7 +2293,7 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
     }
 }
 
-impl CudaExperts<'_> {
+impl<'f> CudaExperts<'f> {
     /// `forward`; with `residual` (x, [t, hidden]), the layer may add its output into x itself
     /// (the routed-kernel path of a decode layer) and returns whether it did.
     #[allow(clippy::too_many_arguments)]
@@ -2303,8 +2310,9 @@ impl CudaExperts<'_> {
         let (h, f) = self.file.expert_dims();
         self.ensure_cap(t)?;
         let decode = t == 1;
+        let entered = Instant::now();
         if decode {
-            let now = Instant::now();
+            let now = entered;
             if let Some((l, at)) = self.layer_started {
                 if l + 1 == layer {
                     let secs = now.duration_since(at).as_secs_f64();
@@ -2388,7 +2396,12 @@ impl CudaExperts<'_> {
         // (forward_slots) once their loads have landed.
         let mut slot_mode: Option<PoolKind> = None;
         let mut slot_list: Vec<(usize, f32, usize)> = Vec::new();
-        std::thread::scope(|scope| -> crate::Result<()> {
+        let (mut spawned, mut cpu_span) = (entered, None);
+        // The CPU helpers get this layer's experts as one task on their own pool (no thread
+        // started per layer); this thread goes on launching the cached experts and waiting for
+        // loads, then takes the CPU's result from `done`.
+        let helpers = self.cpu.as_ref().map(|(cpu, _)| cpu.clone());
+        let mut body = |scope: Option<&rayon::Scope<'f>>| -> crate::Result<()> {
             let mut background = None;
             let mut at = 0usize;
             for i in 0..lp.groups.len() {
@@ -2458,14 +2471,19 @@ impl CudaExperts<'_> {
                         let mut jobs = std::mem::take(&mut cpu_jobs);
                         splits = self.plan_splits(layer, &mut jobs)?;
                         let x = self.host_x.clone();
-                        if let Some((cpu, cost)) = self.cpu.as_ref() {
+                        if let (Some((cpu, cost)), Some(scope)) = (self.cpu.as_ref(), scope) {
                             let (cpu, est) = (cpu.clone(), cost.cpu_s.clone());
                             let file = self.file;
-                            background = Some(scope.spawn(move || {
-                                cpu.install(|| {
-                                    Self::cpu_compute(file, &cpu, &jobs, layer, &x, &est)
-                                })
-                            }));
+                            let (tx, done) = crossbeam_channel::bounded(1);
+                            spawned = Instant::now();
+                            scope.spawn(move |_| {
+                                let start = Instant::now();
+                                let (res, times) =
+                                    Self::cpu_compute(file, &cpu, &jobs, layer, &x, &est);
+                                // The receiver waits for this unless the layer failed first.
+                                let _ = tx.send((res, times, start, Instant::now()));
+                            });
+                            background = Some(done);
                         }
                     }
                 }
@@ -2523,20 +2541,25 @@ impl CudaExperts<'_> {
             for (kind, key) in std::mem::take(&mut self.protected[layer]) {
                 self.cache.unprotect(kind, key);
             }
-            if let Some(handle) = background {
+            if let Some(done) = background {
                 let started = Instant::now();
-                let (res, times) = handle
-                    .join()
-                    .map_err(|_| Error::Invalid("a CPU expert thread panicked".into()))?;
+                let (res, times, start, end) = done
+                    .recv()
+                    .map_err(|_| Error::Invalid("a CPU expert task failed".into()))?;
                 self.cpu_wait += started.elapsed();
                 self.absorb_cpu(res, times, &mut cpu_out);
+                cpu_span = Some((start, end));
             }
             if !cpu_jobs.is_empty() {
                 self.gpu.download_f32(xp, &mut self.host_x)?;
                 self.run_cpu(&cpu_jobs, layer, &mut cpu_out)?;
             }
             Ok(())
-        })?;
+        };
+        match helpers {
+            Some(cpu) => cpu.in_place_scope(|scope| body(Some(scope)))?,
+            None => body(None)?,
+        }
         if !cpu_out.is_empty() {
             // CPU results are added last (so cooperative mode rounds differently from the
             // all-GPU order; the sum is the same up to float rounding).
@@ -2544,6 +2567,24 @@ impl CudaExperts<'_> {
             self.gpu.axpy(op, 1.0, dp, h)?;
         }
         self.layer_plan = lp;
+        if let Some((start, end)) = cpu_span {
+            if let Some((l, prev_end, prev_exit)) = self.cpu_mark {
+                if l + 1 == layer {
+                    let parts = [
+                        prev_exit.saturating_duration_since(prev_end),
+                        entered.saturating_duration_since(prev_exit),
+                        spawned.saturating_duration_since(entered),
+                        start.saturating_duration_since(spawned),
+                    ];
+                    for (g, p) in self.cpu_gaps.iter_mut().zip(parts) {
+                        *g += p;
+                    }
+                }
+            }
+            self.cpu_mark = Some((layer, end, Instant::now()));
+        } else {
+            self.cpu_mark = None;
+        }
         Ok(slot_mode.is_some() && residual.is_some())
     }
 }
@@ -2650,6 +2691,7 @@ impl ExpertReport for CudaExperts<'_> {
             bytes_from_disk: self.counters.disk_bytes.load(Ordering::Relaxed) - self.base_bytes.1,
             load_seconds: self.wait.as_secs_f64(),
             cpu_wait_seconds: self.cpu_wait.as_secs_f64(),
+            cpu_gaps: self.cpu_gaps.map(|d| d.as_secs_f64()),
             prefetch_issued: self.prefetch_issued,
             prefetch_used: self.prefetch_used,
             late_to_cpu: self.late_to_cpu,
@@ -2681,6 +2723,8 @@ impl ExpertReport for CudaExperts<'_> {
         self.cpu_bytes = 0;
         self.wait = Duration::ZERO;
         self.cpu_wait = Duration::ZERO;
+        self.cpu_gaps = [Duration::ZERO; 4];
+        self.cpu_mark = None;
         self.cpu_busy = 0.0;
         self.split_experts = 0;
         self.split_bytes = 0;
