@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use hob::backend::cpu::{CpuBackend, FfnJob};
-use hob::format::{DType, MatrixView, Variant};
+use hob::format::{DType, Variant};
 use hob::quant::Matrix;
 
 const FFN: usize = 14336;
@@ -68,14 +68,7 @@ impl Store {
             None => Matrix::dense(DType::F16, rows, cols, b),
             Some(v) => {
                 let l = v.matrix_layout(rows, cols).expect("layout");
-                Matrix::from_view(MatrixView {
-                    variant: v,
-                    rows,
-                    cols,
-                    codes: &b[l.codes.clone()],
-                    scales: &b[l.scales.clone()],
-                    mins: &b[l.mins.clone()],
-                })
+                Matrix::from_view(l.view(v, b))
             }
         }
     }

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use hob::backend::cpu::CpuBackend;
-use hob::format::{DType, MatrixLayout, MatrixView, Variant};
+use hob::format::{DType, MatrixLayout, Variant};
 use hob::quant::Matrix;
 
 const FFN: usize = 14336;
@@ -102,14 +102,7 @@ fn main() {
             .iter()
             .map(|(v, l, bytes)| {
                 let g = pass_with(&cpu, bytes, l.size, &x, &mut out, |b| {
-                    Matrix::from_view(MatrixView {
-                        variant: *v,
-                        rows: FFN,
-                        cols: HIDDEN,
-                        codes: &b[l.codes.clone()],
-                        scales: &b[l.scales.clone()],
-                        mins: &b[l.mins.clone()],
-                    })
+                    Matrix::from_view(l.view(*v, b))
                 });
                 format!("{g:.1}")
             })

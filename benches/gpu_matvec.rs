@@ -19,7 +19,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::CompileOptions;
 use hob::backend::cpu::CpuBackend;
 use hob::backend::cuda::{self, q_smem, DevMat, Gpu, QKernel};
-use hob::format::{DType, MatrixView, Variant};
+use hob::format::{DType, Variant};
 use hob::quant::Matrix;
 
 const SHAPES: [(usize, usize); 2] = [(14336, 4096), (4096, 14336)];
@@ -478,19 +478,7 @@ fn layout(kind: &str, rows: usize, cols: usize, random_scales: bool) -> (Vec<u8>
             c.copy_from_slice(&h.to_le_bytes());
         }
     }
-    (
-        bytes,
-        Box::new(move |b| {
-            Matrix::from_view(MatrixView {
-                variant: v,
-                rows,
-                cols,
-                codes: &b[l.codes.clone()],
-                scales: &b[l.scales.clone()],
-                mins: &b[l.mins.clone()],
-            })
-        }),
-    )
+    (bytes, Box::new(move |b| Matrix::from_view(l.view(v, b))))
 }
 
 #[path = "../tests/common/random.rs"]

@@ -8,7 +8,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use hob::format::{DType, MatrixView, Variant};
+use hob::format::{DType, Variant};
 use hob::quant::{quantize_matrix, Matrix};
 
 /// Gate/up shape [ffn, hidden]; the down projection is [hidden, ffn].
@@ -160,16 +160,7 @@ fn main() {
                 ..down_layout.clone()
             }
         );
-        let view = |l: &hob::format::MatrixLayout| {
-            Matrix::from_view(MatrixView {
-                variant: v,
-                rows: l.rows,
-                cols: l.cols,
-                codes: &stored[l.codes.clone()],
-                scales: &stored[l.scales.clone()],
-                mins: &stored[l.mins.clone()],
-            })
-        };
+        let view = |l: &hob::format::MatrixLayout| Matrix::from_view(l.view(v, &stored));
         let bpw = v.bits_per_weight(FFN, HIDDEN);
         row(
             &v.name(),

@@ -19,7 +19,7 @@ use hob::backend::cpu::{CpuBackend, CpuExperts};
 use hob::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Split, Tier};
 use hob::experts::cache::Policy;
 use hob::experts::{PrecisionPlan, Thresholds};
-use hob::format::{DType, HobFile, MatrixView, Variant};
+use hob::format::{DType, HobFile, Variant};
 use hob::model::ops::AttentionShape;
 use hob::model::{Backend, Bound, Logits, Model, Session};
 use hob::quant::{quantize_matrix, Matrix};
@@ -80,14 +80,7 @@ fn matrix<'a>(
         None => Matrix::dense(dt, rows, cols, bytes),
         Some(v) => {
             let l = v.matrix_layout(rows, cols).unwrap();
-            Matrix::from_view(MatrixView {
-                variant: v,
-                rows,
-                cols,
-                codes: &bytes[l.codes.clone()],
-                scales: &bytes[l.scales.clone()],
-                mins: &bytes[l.mins.clone()],
-            })
+            Matrix::from_view(l.view(v, bytes))
         }
     }
 }

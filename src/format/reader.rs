@@ -106,15 +106,7 @@ impl<'a> ExpertView<'a> {
 
     fn matrix(&self, offset: usize, m: &MatrixLayout) -> MatrixView<'a> {
         // parse() checked data.len() == layout.size, which contains every matrix.
-        let data: &'a [u8] = &self.data[offset..offset + m.size];
-        MatrixView {
-            variant: self.variant,
-            rows: m.rows,
-            cols: m.cols,
-            codes: &data[m.codes.clone()],
-            scales: &data[m.scales.clone()],
-            mins: &data[m.mins.clone()],
-        }
+        m.view(self.variant, &self.data[offset..offset + m.size])
     }
 }
 

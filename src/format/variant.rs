@@ -163,6 +163,21 @@ pub struct MatrixLayout {
     pub size: usize,
 }
 
+impl MatrixLayout {
+    /// The matrix stored in `data` (its `size` bytes, from the matrix start) as `variant`.
+    /// Panics if `data` is shorter than the layout says: callers slice checked blobs.
+    pub fn view<'a>(&self, variant: Variant, data: &'a [u8]) -> super::MatrixView<'a> {
+        super::MatrixView {
+            variant,
+            rows: self.rows,
+            cols: self.cols,
+            codes: &data[self.codes.clone()],
+            scales: &data[self.scales.clone()],
+            mins: &data[self.mins.clone()],
+        }
+    }
+}
+
 /// The three matrices of one SwiGLU expert, contiguous in one blob, in this order:
 /// gate (w1, [ffn, hidden]), up (w3, [ffn, hidden]), down (w2, [hidden, ffn]).
 #[derive(Clone, Debug, PartialEq, Eq)]
