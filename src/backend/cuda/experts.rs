@@ -2465,7 +2465,7 @@ impl<'f> CudaExperts<'f> {
                     prefetched = true;
                     self.prefetch(layer, xp, b)?;
                     if !cpu_jobs.is_empty() {
-                        // The CPU helpers work on their own thread while this one launches the
+                        // The CPU helpers work on their pool while this thread launches the
                         // cached experts and waits for loads.
                         self.gpu.download_f32(xp, &mut self.host_x)?;
                         let mut jobs = std::mem::take(&mut cpu_jobs);
