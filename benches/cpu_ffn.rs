@@ -9,6 +9,8 @@
 //! Seen on the device host (2026-11-23, 16 threads, read 100.8 GB/s, f16 stream 87.7): two f16
 //! experts 98-102 GB/s, split to 75% of rows 87-91, f16 + int4 83, two int4 53-55.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use hob::backend::cpu::{CpuBackend, FfnJob};
@@ -32,16 +34,7 @@ struct Store {
 impl Store {
     fn f16() -> Store {
         let per = FFN * HIDDEN * 2;
-        // f16 1.0 and -1.0 alternating: values do not matter for speed.
-        let bytes = (0..EXPERTS * 3 * per / 2)
-            .flat_map(|i| {
-                if i % 2 == 0 {
-                    [0x00, 0x3c]
-                } else {
-                    [0x00, 0xbc]
-                }
-            })
-            .collect();
+        let bytes = common::f16_weights(EXPERTS * 3 * per);
         Store {
             variant: None,
             bytes,

@@ -6,6 +6,8 @@
 //! The last columns run the int8/int4/int2 (groups of 64) kernels the same way from anonymous
 //! memory: weight bytes (codes, scales and mins) per second.
 
+mod common;
+
 use std::io::Write;
 use std::time::Instant;
 
@@ -53,16 +55,7 @@ fn main() {
         .collect();
     let threads = if threads.is_empty() { vec![0] } else { threads };
     let per = FFN * HIDDEN * 2;
-    // f16 1.0 and -1.0 alternating: the values do not matter for speed.
-    let anon: Vec<u8> = (0..MATS * per / 2)
-        .flat_map(|i| {
-            if i % 2 == 0 {
-                [0x00, 0x3c]
-            } else {
-                [0x00, 0xbc]
-            }
-        })
-        .collect();
+    let anon = common::f16_weights(MATS * per);
     let dir = std::env::temp_dir().join(format!("hob-cpu-stream-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("weights.bin");
