@@ -28,6 +28,7 @@ use rayon::prelude::*;
 
 use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu, SlotArgs, SLOTS_MAX_K};
 use crate::backend::cpu::{CpuBackend, FfnJob};
+use crate::experts::assign::{assign, MissCost};
 use crate::experts::behind::LoadBehind;
 use crate::experts::cache::{pool_slots, ExpertCache, Insertion, Policy, PoolKind};
 use crate::experts::io::{open_reader, BlobSource};
@@ -875,6 +876,8 @@ pub struct CudaExperts<'f> {
     load_behind: bool,
     behind: LoadBehind,
     loaded_behind: u64,
+    /// Misses the layer's joint plan loaded where the miss-by-miss choice would have used the CPU.
+    planned_to_link: u64,
     /// Bytes of the experts the CPU computed (it streams them from host memory).
     cpu_bytes: u64,
     /// The loader copies straight out of the page-locked file (no staging).
@@ -1220,6 +1223,7 @@ impl<'f> CudaExperts<'f> {
             load_behind: cfg.load_behind,
             behind: LoadBehind::default(),
             loaded_behind: 0,
+            planned_to_link: 0,
             cpu_bytes: 0,
             direct_loads,
             split: cfg.split,
@@ -1512,18 +1516,16 @@ impl<'f> CudaExperts<'f> {
 
     /// Decide where group `g` runs: a cached slot (hit, or substituted low copy), the CPU, or a
     /// newly claimed slot with its load queued. None: no slot can be claimed now.
-    fn place(
-        &mut self,
-        layer: usize,
-        g: &Group,
+    /// Where a group's expert already sits on the device: its own pool (for a low group that may
+    /// upgrade, the high pool first), else, for a decode high group other than the top-1 that
+    /// may be substituted, the low pool. (pool, slot, substituted).
+    fn find(
+        &self,
+        key: (usize, usize),
+        kind: PoolKind,
         top1: bool,
         decode: bool,
-        load_busy: &mut f64,
-        cpu_busy: &mut f64,
-    ) -> crate::Result<Option<Place>> {
-        let key = (layer, g.expert);
-        let kind = self.kind_of(g.precision);
-        let variant = self.pool(kind).variant;
+    ) -> Option<(PoolKind, usize, bool)> {
         let mut held = None;
         if kind == PoolKind::Low && self.upgrade_low {
             held = self
@@ -1535,42 +1537,113 @@ impl<'f> CudaExperts<'f> {
             held = self.cache.lookup(kind, key).map(|s| (kind, s));
         }
         if let Some((k, s)) = held {
-            if decode {
-                if let Some(c) = self.cpu_before_load(k, s, variant, *cpu_busy) {
-                    // Its load (a prefetch still queued or in flight) lands later than the CPU
-                    // would finish: compute it there; the load goes on, for later tokens.
-                    *cpu_busy += c;
-                    self.misses[variant] += 1;
-                    self.cpu_computed += 1;
-                    self.cpu_bytes += self.file.expert_layout(variant).size as u64;
-                    self.late_to_cpu += 1;
-                    return Ok(Some(Place::Cpu));
-                }
-            }
-            let v = self.pool(k).variant;
-            self.hits[v] += g.rows.len() as u64;
-            if decode {
-                self.behind.hit(key, self.decoded);
-            }
-            return Ok(Some(Place::Slot(k, s)));
+            return Some((k, s, false));
         }
         if kind == PoolKind::High && self.substitute_low && decode && !top1 {
             if let Some(s) = self.pools[PoolKind::Low as usize]
                 .as_ref()
                 .and_then(|_| self.cache.lookup(PoolKind::Low, key))
             {
+                return Some((PoolKind::Low, s, true));
+            }
+        }
+        None
+    }
+
+    /// Cooperative decode: the joint CPU-or-link choice for this layer's misses
+    /// (experts::assign), per group (None: not a miss, or its variant must go to the CPU to be
+    /// measured; `place` decides those).
+    fn plan_misses(
+        &self,
+        layer: usize,
+        groups: &[Group],
+        top1: Option<usize>,
+    ) -> Vec<Option<bool>> {
+        let mut out = vec![None; groups.len()];
+        let Some((_, cost)) = self.cpu.as_ref() else {
+            return out;
+        };
+        let bw = self.load_bandwidth();
+        let (mut at, mut misses, mut forced) = (Vec::new(), Vec::new(), 0.0);
+        for (i, g) in groups.iter().enumerate() {
+            let kind = self.kind_of(g.precision);
+            if self
+                .find((layer, g.expert), kind, top1 == Some(g.expert), true)
+                .is_some()
+            {
+                continue;
+            }
+            let v = self.pool(kind).variant;
+            match cost.cpu_s[v] {
+                Some(c) if cost.since_cpu[v] < CPU_PROBE_EVERY => {
+                    at.push(i);
+                    misses.push(MissCost {
+                        cpu_s: c,
+                        load_s: self.pool(kind).slot_bytes as f64 / bw,
+                    });
+                }
+                c => forced += c.unwrap_or(0.0),
+            }
+        }
+        for (i, to_cpu) in at.into_iter().zip(assign(forced, 0.0, &misses)) {
+            out[i] = Some(to_cpu);
+        }
+        out
+    }
+
+    /// Place a group's expert for this layer: its slot (a hit, or a miss whose load is now
+    /// queued), or the CPU helpers (cooperative decode). `planned`: this miss's side in the
+    /// layer's joint plan. None when every slot the group could take is protected.
+    #[allow(clippy::too_many_arguments)]
+    fn place(
+        &mut self,
+        layer: usize,
+        g: &Group,
+        top1: bool,
+        decode: bool,
+        planned: Option<bool>,
+        load_busy: &mut f64,
+        cpu_busy: &mut f64,
+    ) -> crate::Result<Option<Place>> {
+        let key = (layer, g.expert);
+        let kind = self.kind_of(g.precision);
+        let variant = self.pool(kind).variant;
+        match self.find(key, kind, top1, decode) {
+            Some((k, s, false)) => {
+                if decode {
+                    if let Some(c) = self.cpu_before_load(k, s, variant, *cpu_busy) {
+                        // Its load (a prefetch still queued or in flight) lands later than the
+                        // CPU would finish: compute it there; the load goes on, for later tokens.
+                        *cpu_busy += c;
+                        self.misses[variant] += 1;
+                        self.cpu_computed += 1;
+                        self.cpu_bytes += self.file.expert_layout(variant).size as u64;
+                        self.late_to_cpu += 1;
+                        return Ok(Some(Place::Cpu));
+                    }
+                }
+                let v = self.pool(k).variant;
+                self.hits[v] += g.rows.len() as u64;
+                if decode {
+                    self.behind.hit(key, self.decoded);
+                }
+                return Ok(Some(Place::Slot(k, s)));
+            }
+            Some((k, s, true)) => {
                 self.substituted += 1;
-                let v = self.pool(PoolKind::Low).variant;
+                let v = self.pool(k).variant;
                 self.hits[v] += 1;
                 self.behind.hit(key, self.decoded);
-                return Ok(Some(Place::Slot(PoolKind::Low, s)));
+                return Ok(Some(Place::Slot(k, s)));
             }
+            None => {}
         }
         if decode {
             self.behind.miss(key, self.decoded);
         }
         if decode && self.cpu.is_some() {
-            // Greedy: the miss goes to whichever of the link and the CPU frees up first.
+            // The layer's joint plan, or (a miss outside it) whichever of the link and the CPU
+            // frees up first.
             let bytes = self.pool(kind).slot_bytes as f64;
             let load_s = bytes / self.load_bandwidth();
             if let Some((_, cost)) = self.cpu.as_mut() {
@@ -1578,7 +1651,13 @@ impl<'f> CudaExperts<'f> {
                 let to_cpu = match cpu_s {
                     None => true, // measure once
                     Some(_) if cost.since_cpu[variant] >= CPU_PROBE_EVERY => true,
-                    Some(c) => *cpu_busy + c < *load_busy + load_s,
+                    Some(c) => {
+                        let greedy = *cpu_busy + c < *load_busy + load_s;
+                        if greedy && planned == Some(false) {
+                            self.planned_to_link += 1;
+                        }
+                        planned.unwrap_or(greedy)
+                    }
                 };
                 if to_cpu {
                     cost.since_cpu[variant] = 0;
@@ -2384,6 +2463,11 @@ impl<'f> CudaExperts<'f> {
         }
         let (ip, wp) = (ptr(&self.idx, &s), ptr(&self.wts, &s));
 
+        let miss_plan = if decode {
+            self.plan_misses(layer, &lp.groups, top1)
+        } else {
+            vec![None; lp.groups.len()]
+        };
         // This layer's experts stay put until computed.
         let mut places: Vec<Option<Place>> = vec![None; lp.groups.len()];
         let (mut load_busy, mut cpu_busy) = (0.0f64, 0.0f64);
@@ -2413,6 +2497,7 @@ impl<'f> CudaExperts<'f> {
                         g,
                         top1 == Some(g.expert),
                         decode,
+                        miss_plan[placed],
                         &mut load_busy,
                         &mut cpu_busy,
                     )? {
@@ -2442,7 +2527,15 @@ impl<'f> CudaExperts<'f> {
                             }
                             let g = &lp.groups[placed];
                             let p = self
-                                .place(layer, g, top1 == Some(g.expert), decode, &mut load_busy, &mut cpu_busy)?
+                                .place(
+                                    layer,
+                                    g,
+                                    top1 == Some(g.expert),
+                                    decode,
+                                    miss_plan[placed],
+                                    &mut load_busy,
+                                    &mut cpu_busy,
+                                )?
                                 .ok_or_else(|| {
                                     Error::Invalid(format!(
                                         "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
@@ -2696,6 +2789,7 @@ impl ExpertReport for CudaExperts<'_> {
             prefetch_used: self.prefetch_used,
             late_to_cpu: self.late_to_cpu,
             loaded_behind: self.loaded_behind,
+            planned_to_link: self.planned_to_link,
             cpu_bytes: self.cpu_bytes,
             link_seconds: (self.counters.nanos.load(Ordering::Relaxed) - self.base_bytes.2) as f64
                 / 1e9,
@@ -2720,6 +2814,7 @@ impl ExpertReport for CudaExperts<'_> {
         self.prefetch_used = 0;
         self.late_to_cpu = 0;
         self.loaded_behind = 0;
+        self.planned_to_link = 0;
         self.cpu_bytes = 0;
         self.wait = Duration::ZERO;
         self.cpu_wait = Duration::ZERO;
