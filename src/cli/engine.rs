@@ -467,12 +467,6 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
         ms(s.cpu_seconds),
         rate(s.cpu_bytes, s.cpu_seconds)
     );
-    if s.planned_to_link > 0 {
-        eprintln!(
-            "  joint CPU/link plan: {:.2} misses loaded that a miss-by-miss choice would have computed on the CPU",
-            s.planned_to_link as f64 / n
-        );
-    }
     let g = s.cpu_gaps;
     if g.iter().sum::<f64>() > 0.0 {
         eprintln!(

@@ -2,7 +2,6 @@
 //! scorer, the precision-aware cache policy, routing traces and their replay, the load
 //! scheduler thread and the slow-tier readers. Backends (backend/cuda, backend/cpu) drive these.
 
-pub mod assign;
 pub mod behind;
 pub mod cache;
 pub mod io;

@@ -38,9 +38,6 @@ pub struct ExpertStats {
     pub late_to_cpu: u64,
     /// Cooperative mode: CPU-computed misses also loaded into the cache over an idle link.
     pub loaded_behind: u64,
-    /// Cooperative mode: misses the layer's joint CPU/link plan loaded where a miss-by-miss
-    /// choice would have computed them on the CPU.
-    pub planned_to_link: u64,
     /// Bytes of the experts the CPU computed, each at its variant's size.
     pub cpu_bytes: u64,
     /// Seconds the loader spent moving `bytes_loaded` (its link busy time).
@@ -113,7 +110,6 @@ impl ExpertStats {
         self.prefetch_used += s.prefetch_used;
         self.late_to_cpu += s.late_to_cpu;
         self.loaded_behind += s.loaded_behind;
-        self.planned_to_link += s.planned_to_link;
         self.cpu_bytes += s.cpu_bytes;
         self.link_seconds += s.link_seconds;
         self.cpu_seconds += s.cpu_seconds;

@@ -189,7 +189,16 @@ macro_rules! grouped_kernels {
             let xp = x.as_ptr();
             let mut acc = [$zero(); R];
             let mut i = 0;
-            for g in 0..x.len() / gs {
+            let groups = x.len() / gs;
+            // Each row's scales as f32, 16 groups at a time (one conversion per 8), so a group's
+            // scale is a broadcast from memory, not a conversion and a shuffle per group.
+            let mut sf = [[0.0f32; 16]; R];
+            for g in 0..groups {
+                if g % 16 == 0 {
+                    for r in 0..R {
+                        scales_f32(scales[r].add(g), (groups - g).min(16), &mut sf[r]);
+                    }
+                }
                 // Each row's codes PREFETCH_AHEAD bytes on, once per group (gb bytes of codes;
                 // past a row's end it is the next row's start, and a prefetch never faults).
                 for c in codes {
@@ -209,8 +218,7 @@ macro_rules! grouped_kernels {
                     i += $lanes * N;
                 }
                 for r in 0..R {
-                    let bits = scales[r].add(g).read_unaligned() as i32;
-                    let s = $set1(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits))));
+                    let s = $set1(sf[r][g % 16]);
                     let mut width = N;
                     while width > 1 {
                         width /= 2;
@@ -253,6 +261,23 @@ grouped_kernels!(
     _mm512_reduce_add_ps
 );
 
+/// `n` (at most 16) f16 scales from `src` as f32 into `dst`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scales_f32(src: *const u16, n: usize, dst: &mut [f32; 16]) {
+    let mut k = 0;
+    while k + 8 <= n {
+        let v = _mm256_cvtph_ps(_mm_loadu_si128(src.add(k) as *const __m128i));
+        _mm256_storeu_ps(dst.as_mut_ptr().add(k), v);
+        k += 8;
+    }
+    while k < n {
+        let bits = src.add(k).read_unaligned() as i32;
+        dst[k] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
+        k += 1;
+    }
+}
+
 /// Whether the int4/int2 kernels may use AVX-512 (detected at run time; `HOB_CPU_AVX512=0`
 /// keeps them on AVX2, for A/B runs).
 fn avx512() -> bool {
@@ -275,25 +300,34 @@ unsafe fn packed_rows_512(
 ) -> bool {
     let load = |p: *const u8| _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
     match m.kind {
+        // A code becomes its f32 value through a 16-entry table (vpermps reads only the low 4
+        // bits of each lane's index): one permute instead of a mask and a conversion, which
+        // shared the FMA's port; the values are the same integers, so the results are too.
         WeightKind::Int4 if m.group_size.is_multiple_of(32) => with_reordered_x(x, 32, 16, |xr| {
-            let mask = _mm512_set1_epi32(0x0f);
+            let lut = _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
+                15.0,
+            );
             grouped_rows_512(m, xr, xsums, rows, out, |p, i| {
                 let b = load(p.add(i / 2));
                 [
-                    _mm512_cvtepi32_ps(_mm512_and_si512(b, mask)),
-                    _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(b)),
+                    _mm512_permutexvar_ps(b, lut),
+                    _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(b), lut),
                 ]
             })
         }),
+        // For 2-bit fields the table repeats 0..4: index bits 2-3 (the next field) are ignored.
         WeightKind::Int2 if m.group_size.is_multiple_of(64) => with_reordered_x(x, 64, 16, |xr| {
-            let mask = _mm512_set1_epi32(0x03);
+            let lut = _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0,
+            );
             grouped_rows_512(m, xr, xsums, rows, out, |p, i| {
                 let b = load(p.add(i / 4));
                 [
-                    _mm512_cvtepi32_ps(_mm512_and_si512(b, mask)),
-                    _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32::<2>(b), mask)),
-                    _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32::<4>(b), mask)),
-                    _mm512_cvtepi32_ps(_mm512_srli_epi32::<6>(b)),
+                    _mm512_permutexvar_ps(b, lut),
+                    _mm512_permutexvar_ps(_mm512_srli_epi32::<2>(b), lut),
+                    _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(b), lut),
+                    _mm512_permutexvar_ps(_mm512_srli_epi32::<6>(b), lut),
                 ]
             })
         }),

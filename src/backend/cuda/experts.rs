@@ -28,7 +28,6 @@ use rayon::prelude::*;
 
 use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu, SlotArgs, SLOTS_MAX_K};
 use crate::backend::cpu::{CpuBackend, FfnJob};
-use crate::experts::assign::{assign, MissCost};
 use crate::experts::behind::LoadBehind;
 use crate::experts::cache::{pool_slots, ExpertCache, Insertion, Policy, PoolKind};
 use crate::experts::io::{open_reader, BlobSource};
@@ -876,8 +875,6 @@ pub struct CudaExperts<'f> {
     load_behind: bool,
     behind: LoadBehind,
     loaded_behind: u64,
-    /// Misses the layer's joint plan loaded where the miss-by-miss choice would have used the CPU.
-    planned_to_link: u64,
     /// Bytes of the experts the CPU computed (it streams them from host memory).
     cpu_bytes: u64,
     /// The loader copies straight out of the page-locked file (no staging).
@@ -1223,7 +1220,6 @@ impl<'f> CudaExperts<'f> {
             load_behind: cfg.load_behind,
             behind: LoadBehind::default(),
             loaded_behind: 0,
-            planned_to_link: 0,
             cpu_bytes: 0,
             direct_loads,
             split: cfg.split,
@@ -1441,6 +1437,61 @@ impl<'f> CudaExperts<'f> {
         Ok(())
     }
 
+    /// Slot `s` of pool `kind` holds its expert already (no load pending, or it has landed).
+    fn slot_landed(&self, kind: PoolKind, s: usize) -> bool {
+        self.pool(kind).pending[s].as_ref().is_none_or(landed)
+    }
+
+    /// Wait for slot `s`'s load (if any) before its use, counting a used prefetch.
+    fn take_slot(&mut self, kind: PoolKind, s: usize) -> crate::Result<()> {
+        self.ready(kind, s)?;
+        let pool = self.pool_mut(kind);
+        if std::mem::take(&mut pool.prefetched[s]) {
+            self.prefetch_used += 1;
+        }
+        Ok(())
+    }
+
+    /// Compute group `g` (its routes from row `at` of the layer's) with the expert in `slot`
+    /// (pool, index), adding into the layer output at `op`; then release the slot.
+    #[allow(clippy::too_many_arguments)]
+    fn run_slot(
+        &mut self,
+        b: &CudaBackend,
+        layer: usize,
+        (kind, slot): (PoolKind, usize),
+        g: &Group,
+        at: usize,
+        decode: bool,
+        xp: u64,
+        op: u64,
+    ) -> crate::Result<()> {
+        let (h, f) = self.file.expert_dims();
+        let s = self.gpu.stream.clone();
+        let (gp, up, dp) = (ptr(&self.gate, &s), ptr(&self.up, &s), ptr(&self.down, &s));
+        let (ip, wp, xsp) = (ptr(&self.idx, &s), ptr(&self.wts, &s), ptr(&self.xs, &s));
+        let n = g.rows.len();
+        let [wg, wu, wd] = self.mats(kind, slot);
+        let input = if decode {
+            xp
+        } else {
+            self.gpu.gather_rows(xp, ip + 4 * at as u64, xsp, h, n)?;
+            xsp
+        };
+        b.matmul_dev(&wg, input, n, gp)?;
+        b.matmul_dev(&wu, input, n, up)?;
+        self.gpu.swiglu(gp, up, n * f)?;
+        b.matmul_dev(&wd, gp, n, dp)?;
+        if decode {
+            self.gpu.axpy(op, g.rows[0].1, dp, h)?;
+        } else {
+            let (ia, wa) = (ip + 4 * at as u64, wp + 4 * at as u64);
+            self.gpu.scatter_axpy(op, ia, wa, dp, h, n)?;
+        }
+        self.cache.unprotect(kind, (layer, g.expert));
+        Ok(())
+    }
+
     /// Add the GPU-side waits for loads to `wait`, once they have happened (spinning: no CPU
     /// experts run in this mode, and the logits read back next come later on the stream).
     fn time_gpu_waits(&mut self) -> crate::Result<()> {
@@ -1516,16 +1567,18 @@ impl<'f> CudaExperts<'f> {
 
     /// Decide where group `g` runs: a cached slot (hit, or substituted low copy), the CPU, or a
     /// newly claimed slot with its load queued. None: no slot can be claimed now.
-    /// Where a group's expert already sits on the device: its own pool (for a low group that may
-    /// upgrade, the high pool first), else, for a decode high group other than the top-1 that
-    /// may be substituted, the low pool. (pool, slot, substituted).
-    fn find(
-        &self,
-        key: (usize, usize),
-        kind: PoolKind,
+    fn place(
+        &mut self,
+        layer: usize,
+        g: &Group,
         top1: bool,
         decode: bool,
-    ) -> Option<(PoolKind, usize, bool)> {
+        load_busy: &mut f64,
+        cpu_busy: &mut f64,
+    ) -> crate::Result<Option<Place>> {
+        let key = (layer, g.expert);
+        let kind = self.kind_of(g.precision);
+        let variant = self.pool(kind).variant;
         let mut held = None;
         if kind == PoolKind::Low && self.upgrade_low {
             held = self
@@ -1537,113 +1590,42 @@ impl<'f> CudaExperts<'f> {
             held = self.cache.lookup(kind, key).map(|s| (kind, s));
         }
         if let Some((k, s)) = held {
-            return Some((k, s, false));
+            if decode {
+                if let Some(c) = self.cpu_before_load(k, s, variant, *cpu_busy) {
+                    // Its load (a prefetch still queued or in flight) lands later than the CPU
+                    // would finish: compute it there; the load goes on, for later tokens.
+                    *cpu_busy += c;
+                    self.misses[variant] += 1;
+                    self.cpu_computed += 1;
+                    self.cpu_bytes += self.file.expert_layout(variant).size as u64;
+                    self.late_to_cpu += 1;
+                    return Ok(Some(Place::Cpu));
+                }
+            }
+            let v = self.pool(k).variant;
+            self.hits[v] += g.rows.len() as u64;
+            if decode {
+                self.behind.hit(key, self.decoded);
+            }
+            return Ok(Some(Place::Slot(k, s)));
         }
         if kind == PoolKind::High && self.substitute_low && decode && !top1 {
             if let Some(s) = self.pools[PoolKind::Low as usize]
                 .as_ref()
                 .and_then(|_| self.cache.lookup(PoolKind::Low, key))
             {
-                return Some((PoolKind::Low, s, true));
-            }
-        }
-        None
-    }
-
-    /// Cooperative decode: the joint CPU-or-link choice for this layer's misses
-    /// (experts::assign), per group (None: not a miss, or its variant must go to the CPU to be
-    /// measured; `place` decides those).
-    fn plan_misses(
-        &self,
-        layer: usize,
-        groups: &[Group],
-        top1: Option<usize>,
-    ) -> Vec<Option<bool>> {
-        let mut out = vec![None; groups.len()];
-        let Some((_, cost)) = self.cpu.as_ref() else {
-            return out;
-        };
-        let bw = self.load_bandwidth();
-        let (mut at, mut misses, mut forced) = (Vec::new(), Vec::new(), 0.0);
-        for (i, g) in groups.iter().enumerate() {
-            let kind = self.kind_of(g.precision);
-            if self
-                .find((layer, g.expert), kind, top1 == Some(g.expert), true)
-                .is_some()
-            {
-                continue;
-            }
-            let v = self.pool(kind).variant;
-            match cost.cpu_s[v] {
-                Some(c) if cost.since_cpu[v] < CPU_PROBE_EVERY => {
-                    at.push(i);
-                    misses.push(MissCost {
-                        cpu_s: c,
-                        load_s: self.pool(kind).slot_bytes as f64 / bw,
-                    });
-                }
-                c => forced += c.unwrap_or(0.0),
-            }
-        }
-        for (i, to_cpu) in at.into_iter().zip(assign(forced, 0.0, &misses)) {
-            out[i] = Some(to_cpu);
-        }
-        out
-    }
-
-    /// Place a group's expert for this layer: its slot (a hit, or a miss whose load is now
-    /// queued), or the CPU helpers (cooperative decode). `planned`: this miss's side in the
-    /// layer's joint plan. None when every slot the group could take is protected.
-    #[allow(clippy::too_many_arguments)]
-    fn place(
-        &mut self,
-        layer: usize,
-        g: &Group,
-        top1: bool,
-        decode: bool,
-        planned: Option<bool>,
-        load_busy: &mut f64,
-        cpu_busy: &mut f64,
-    ) -> crate::Result<Option<Place>> {
-        let key = (layer, g.expert);
-        let kind = self.kind_of(g.precision);
-        let variant = self.pool(kind).variant;
-        match self.find(key, kind, top1, decode) {
-            Some((k, s, false)) => {
-                if decode {
-                    if let Some(c) = self.cpu_before_load(k, s, variant, *cpu_busy) {
-                        // Its load (a prefetch still queued or in flight) lands later than the
-                        // CPU would finish: compute it there; the load goes on, for later tokens.
-                        *cpu_busy += c;
-                        self.misses[variant] += 1;
-                        self.cpu_computed += 1;
-                        self.cpu_bytes += self.file.expert_layout(variant).size as u64;
-                        self.late_to_cpu += 1;
-                        return Ok(Some(Place::Cpu));
-                    }
-                }
-                let v = self.pool(k).variant;
-                self.hits[v] += g.rows.len() as u64;
-                if decode {
-                    self.behind.hit(key, self.decoded);
-                }
-                return Ok(Some(Place::Slot(k, s)));
-            }
-            Some((k, s, true)) => {
                 self.substituted += 1;
-                let v = self.pool(k).variant;
+                let v = self.pool(PoolKind::Low).variant;
                 self.hits[v] += 1;
                 self.behind.hit(key, self.decoded);
-                return Ok(Some(Place::Slot(k, s)));
+                return Ok(Some(Place::Slot(PoolKind::Low, s)));
             }
-            None => {}
         }
         if decode {
             self.behind.miss(key, self.decoded);
         }
         if decode && self.cpu.is_some() {
-            // The layer's joint plan, or (a miss outside it) whichever of the link and the CPU
-            // frees up first.
+            // Greedy: the miss goes to whichever of the link and the CPU frees up first.
             let bytes = self.pool(kind).slot_bytes as f64;
             let load_s = bytes / self.load_bandwidth();
             if let Some((_, cost)) = self.cpu.as_mut() {
@@ -1651,13 +1633,7 @@ impl<'f> CudaExperts<'f> {
                 let to_cpu = match cpu_s {
                     None => true, // measure once
                     Some(_) if cost.since_cpu[variant] >= CPU_PROBE_EVERY => true,
-                    Some(c) => {
-                        let greedy = *cpu_busy + c < *load_busy + load_s;
-                        if greedy && planned == Some(false) {
-                            self.planned_to_link += 1;
-                        }
-                        planned.unwrap_or(greedy)
-                    }
+                    Some(c) => *cpu_busy + c < *load_busy + load_s,
                 };
                 if to_cpu {
                     cost.since_cpu[variant] = 0;
@@ -1722,6 +1698,18 @@ impl<'f> CudaExperts<'f> {
             .iter()
             .flatten()
             .any(|p| p.pending.iter().flatten().any(|t| !landed(t)))
+    }
+
+    /// Seconds before a demand load queued now would take the link: the loads still queued,
+    /// at most the chunks a demand load goes behind (loads of earlier layers have landed by
+    /// now; prefetches and loads behind CPU experts it overtakes between chunks).
+    fn link_backlog(&self) -> f64 {
+        let bw = self.load_bandwidth();
+        let queued = self
+            .link_due
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
+        queued.min((DIRECT_IN_FLIGHT * STAGING_CHUNK) as f64 / bw)
     }
 
     /// Measured loader bandwidth, bytes/s (a profile's pace, or 10 GB/s, before any load).
@@ -2443,8 +2431,7 @@ impl<'f> CudaExperts<'f> {
         if !defer_zero || lp.groups.is_empty() {
             self.gpu.zero(op, t * h * 4)?;
         }
-        let (gp, up, dp) = (ptr(&self.gate, &s), ptr(&self.up, &s), ptr(&self.down, &s));
-        let xsp = ptr(&self.xs, &s);
+        let dp = ptr(&self.down, &s);
         if t > 1 {
             let idx: Vec<i32> = lp
                 .groups
@@ -2461,16 +2448,10 @@ impl<'f> CudaExperts<'f> {
             self.gpu.upload_i32(&idx, ip)?;
             self.gpu.upload_f32(&wts, wp)?;
         }
-        let (ip, wp) = (ptr(&self.idx, &s), ptr(&self.wts, &s));
 
-        let miss_plan = if decode {
-            self.plan_misses(layer, &lp.groups, top1)
-        } else {
-            vec![None; lp.groups.len()]
-        };
         // This layer's experts stay put until computed.
         let mut places: Vec<Option<Place>> = vec![None; lp.groups.len()];
-        let (mut load_busy, mut cpu_busy) = (0.0f64, 0.0f64);
+        let (mut load_busy, mut cpu_busy) = (self.link_backlog(), 0.0f64);
         let mut placed = 0usize;
         let mut prefetched = false;
         let mut cpu_jobs: Vec<CpuJob> = Vec::new();
@@ -2488,6 +2469,8 @@ impl<'f> CudaExperts<'f> {
         let mut body = |scope: Option<&rayon::Scope<'f>>| -> crate::Result<()> {
             let mut background = None;
             let mut at = 0usize;
+            // Slot groups (index, first route row) computed after the CPU helpers' result.
+            let mut deferred: Vec<(usize, usize)> = Vec::new();
             for i in 0..lp.groups.len() {
                 // Place as many groups ahead as slots allow (their loads queue up together).
                 while placed < lp.groups.len() {
@@ -2497,7 +2480,6 @@ impl<'f> CudaExperts<'f> {
                         g,
                         top1 == Some(g.expert),
                         decode,
-                        miss_plan[placed],
                         &mut load_busy,
                         &mut cpu_busy,
                     )? {
@@ -2532,8 +2514,7 @@ impl<'f> CudaExperts<'f> {
                                     g,
                                     top1 == Some(g.expert),
                                     decode,
-                                    miss_plan[placed],
-                                    &mut load_busy,
+                                                &mut load_busy,
                                     &mut cpu_busy,
                                 )?
                                 .ok_or_else(|| {
@@ -2589,35 +2570,24 @@ impl<'f> CudaExperts<'f> {
                 let g = &lp.groups[i];
                 let n = g.rows.len();
                 match places[i] {
+                    Some(Place::Slot(kind, slot))
+                        if background.is_some()
+                            && slot_mode.is_none()
+                            && !self.slot_landed(kind, slot) =>
+                    {
+                        // Its load lands while the CPU helpers work: computed once their
+                        // result is back, so this thread is not woken for it while they
+                        // hold every core.
+                        deferred.push((i, at));
+                    }
                     Some(Place::Slot(kind, slot)) => {
-                        self.ready(kind, slot)?;
-                        let pool = self.pool_mut(kind);
-                        if std::mem::take(&mut pool.prefetched[slot]) {
-                            self.prefetch_used += 1;
-                        }
+                        self.take_slot(kind, slot)?;
                         if slot_mode.is_some() {
                             slot_list.push((g.expert, g.rows[0].1, slot));
                             at += n;
                             continue;
                         }
-                        let [wg, wu, wd] = self.mats(kind, slot);
-                        let input = if decode {
-                            xp
-                        } else {
-                            self.gpu.gather_rows(xp, ip + 4 * at as u64, xsp, h, n)?;
-                            xsp
-                        };
-                        b.matmul_dev(&wg, input, n, gp)?;
-                        b.matmul_dev(&wu, input, n, up)?;
-                        self.gpu.swiglu(gp, up, n * f)?;
-                        b.matmul_dev(&wd, gp, n, dp)?;
-                        if decode {
-                            self.gpu.axpy(op, g.rows[0].1, dp, h)?;
-                        } else {
-                            let (ia, wa) = (ip + 4 * at as u64, wp + 4 * at as u64);
-                            self.gpu.scatter_axpy(op, ia, wa, dp, h, n)?;
-                        }
-                        self.cache.unprotect(kind, (layer, g.expert));
+                        self.run_slot(b, layer, (kind, slot), g, at, decode, xp, op)?;
                     }
                     Some(Place::Cpu) | None => {}
                 }
@@ -2642,6 +2612,12 @@ impl<'f> CudaExperts<'f> {
                 self.cpu_wait += started.elapsed();
                 self.absorb_cpu(res, times, &mut cpu_out);
                 cpu_span = Some((start, end));
+            }
+            for (i, at) in deferred {
+                if let Some(Place::Slot(kind, slot)) = places[i] {
+                    self.take_slot(kind, slot)?;
+                    self.run_slot(b, layer, (kind, slot), &lp.groups[i], at, decode, xp, op)?;
+                }
             }
             if !cpu_jobs.is_empty() {
                 self.gpu.download_f32(xp, &mut self.host_x)?;
@@ -2789,7 +2765,6 @@ impl ExpertReport for CudaExperts<'_> {
             prefetch_used: self.prefetch_used,
             late_to_cpu: self.late_to_cpu,
             loaded_behind: self.loaded_behind,
-            planned_to_link: self.planned_to_link,
             cpu_bytes: self.cpu_bytes,
             link_seconds: (self.counters.nanos.load(Ordering::Relaxed) - self.base_bytes.2) as f64
                 / 1e9,
@@ -2814,7 +2789,6 @@ impl ExpertReport for CudaExperts<'_> {
         self.prefetch_used = 0;
         self.late_to_cpu = 0;
         self.loaded_behind = 0;
-        self.planned_to_link = 0;
         self.cpu_bytes = 0;
         self.wait = Duration::ZERO;
         self.cpu_wait = Duration::ZERO;
