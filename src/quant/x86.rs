@@ -4,9 +4,12 @@
 //!
 //! The integer kernels take two rows at a time (independent accumulators hide the FMA latency) and
 //! widen one byte of codes per 32-bit lane; for int4/int2 the input is reordered once per call to
-//! match (`with_reordered_x`), so a byte's nibbles or 2-bit fields need one shift and mask each.
-//! With a software prefetch of the codes, on the device host's 16-core Xeon: int4 at 69-71 GB/s of
-//! weights with 16 threads against 46-50 before (benches/results/2026-11-23-h100-cpu-int-kernels.md).
+//! match (`with_reordered_x`), so a byte's nibbles or 2-bit fields need one shift and mask each (on
+//! AVX-512, one shift and a 16-entry table lookup, `vpermps`, that also converts to f32). Scales are
+//! converted 16 groups at a time. With a software prefetch of the codes, on the device host's
+//! 16-core Xeon: int4 at 69-71 GB/s of weights with 16 threads against 46-50 before
+//! (benches/results/2026-11-23-h100-cpu-int-kernels.md); one thread 4.3 -> 5.1 GB/s with the table
+//! (benches/results/2026-11-23-h100-coop-waits.md).
 //!
 //! Every function here is `unsafe` for two reasons, checked by the callers in mod.rs: the CPU must
 //! have AVX2, FMA and F16C (detected at run time; AVX-512F too for the `_512` functions, checked
