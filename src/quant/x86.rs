@@ -319,7 +319,7 @@ unsafe fn packed_rows_512(
                 ]
             })
         }),
-        // For 2-bit fields the table repeats 0..4: index bits 2-3 (the next field) are ignored.
+        // For 2-bit fields the table repeats 0, 1, 2, 3: index bits 2-3 (the next field) are ignored.
         WeightKind::Int2 if m.group_size.is_multiple_of(64) => with_reordered_x(x, 64, 16, |xr| {
             let lut = _mm512_setr_ps(
                 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0,
