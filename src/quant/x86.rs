@@ -8,8 +8,8 @@
 //! AVX-512, one shift and a 16-entry table lookup, `vpermps`, that also converts to f32). Scales are
 //! converted 16 groups at a time. With a software prefetch of the codes, on the device host's
 //! 16-core Xeon: int4 at 69-71 GB/s of weights with 16 threads against 46-50 before
-//! (benches/results/2026-11-23-h100-cpu-int-kernels.md); one thread 4.3 -> 5.1 GB/s with the table
-//! (benches/results/2026-11-23-h100-coop-waits.md).
+//! (benches/results/2026-11-23-h100-cpu-int-kernels.md); the table: int4 with 16 threads 50-55 ->
+//! 65-72 GB/s on a noisy host (benches/results/2026-11-23-h100-coop-waits.md).
 //!
 //! Every function here is `unsafe` for two reasons, checked by the callers in mod.rs: the CPU must
 //! have AVX2, FMA and F16C (detected at run time; AVX-512F too for the `_512` functions, checked
