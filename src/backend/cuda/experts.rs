@@ -1468,20 +1468,15 @@ impl<'f> CudaExperts<'f> {
     ) -> crate::Result<()> {
         let (h, f) = self.file.expert_dims();
         let s = self.gpu.stream.clone();
-        let (gp, up, dp) = (ptr(&self.gate, &s), ptr(&self.up, &s), ptr(&self.down, &s));
         let (ip, wp, xsp) = (ptr(&self.idx, &s), ptr(&self.wts, &s), ptr(&self.xs, &s));
         let n = g.rows.len();
-        let [wg, wu, wd] = self.mats(kind, slot);
         let input = if decode {
             xp
         } else {
             self.gpu.gather_rows(xp, ip + 4 * at as u64, xsp, h, n)?;
             xsp
         };
-        b.matmul_dev(&wg, input, n, gp)?;
-        b.matmul_dev(&wu, input, n, up)?;
-        self.gpu.swiglu(gp, up, n * f)?;
-        b.matmul_dev(&wd, gp, n, dp)?;
+        let dp = self.expert_ffn(b, &self.mats(kind, slot), input, n, f)?;
         if decode {
             self.gpu.axpy(op, g.rows[0].1, dp, h)?;
         } else {
@@ -1490,6 +1485,25 @@ impl<'f> CudaExperts<'f> {
         }
         self.cache.unprotect(kind, (layer, g.expert));
         Ok(())
+    }
+
+    /// An expert's FFN on `n` tokens at `input`: gate and up ([`mats`](Self::mats) order, `ffn`
+    /// rows each), SwiGLU, down. Returns the device address of its [n, hidden] output.
+    fn expert_ffn(
+        &self,
+        b: &CudaBackend,
+        [wg, wu, wd]: &[DevMat; 3],
+        input: u64,
+        n: usize,
+        ffn: usize,
+    ) -> crate::Result<u64> {
+        let s = &self.gpu.stream;
+        let (gp, up, dp) = (ptr(&self.gate, s), ptr(&self.up, s), ptr(&self.down, s));
+        b.matmul_dev(wg, input, n, gp)?;
+        b.matmul_dev(wu, input, n, up)?;
+        self.gpu.swiglu(gp, up, n * ffn)?;
+        b.matmul_dev(wd, gp, n, dp)?;
+        Ok(dp)
     }
 
     /// Add the GPU-side waits for loads to `wait`, once they have happened (spinning: no CPU
@@ -2020,8 +2034,6 @@ impl<'f> CudaExperts<'f> {
         op: u64,
     ) -> crate::Result<()> {
         let (h, f) = self.file.expert_dims();
-        let s = self.gpu.stream.clone();
-        let (gp, up, dp) = (ptr(&self.gate, &s), ptr(&self.up, &s), ptr(&self.down, &s));
         for sj in splits {
             let started = Instant::now();
             if let Some(ev) = sj.ticket.wait()? {
@@ -2038,10 +2050,7 @@ impl<'f> CudaExperts<'f> {
             let gm = DevMat::new(&Matrix { rows: n, ..g }, sj.at[0], 0, 0);
             let um = DevMat::new(&Matrix { rows: n, ..u }, sj.at[1], 0, 0);
             let dm = DevMat::new(&Matrix { cols: n, ..d }, sj.at[2], 0, 0);
-            b.matmul_dev(&gm, xp, 1, gp)?;
-            b.matmul_dev(&um, xp, 1, up)?;
-            self.gpu.swiglu(gp, up, n)?;
-            b.matmul_dev(&dm, gp, 1, dp)?;
+            let dp = self.expert_ffn(b, &[gm, um, dm], xp, 1, n)?;
             self.gpu.axpy(op, sj.weight, dp, h)?;
         }
         Ok(())
