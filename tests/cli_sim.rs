@@ -98,9 +98,21 @@ fn table_of_penalties() {
     // As the unit test: the last low route runs from its cached high copy.
     assert_eq!(row(&out, "lru"), ["lru", "3.50 (44.4% hit)"]);
 
-    // Budget fractions: all experts at f16 = 2 x 4 x 4 = 32 bytes; 50% = 16, a quarter (4) buys
-    // 4 int4 slots, the other 12 three f16 slots.
-    let out = stdout_of(&["sim", "--trace", &t, "--cache-frac", "0.5", "--fit"]);
+    // Budget fractions: all experts at f16 = 2 x 4 x 4 = 32 bytes; 50% = 16. The default share
+    // (0.05: 0.8 bytes) buys no int4 slot by itself, but one is kept: 1 int4 + 3 f16.
+    let out = stdout_of(&["sim", "--trace", &t, "--cache-frac", "0.5"]);
+    assert_eq!(row(&out, "policy"), ["policy", "50%: 3 high + 1 low"]);
+    // A quarter (4 bytes) buys 4 int4 slots, the other 12 three f16 slots.
+    let out = stdout_of(&[
+        "sim",
+        "--trace",
+        &t,
+        "--cache-frac",
+        "0.5",
+        "--low-share",
+        "0.25",
+        "--fit",
+    ]);
     assert_eq!(row(&out, "policy"), ["policy", "50%: 3 high + 4 low"]);
     for p in [
         "lru",

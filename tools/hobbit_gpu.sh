@@ -12,6 +12,9 @@
 #                                        at T1/T2 (calibrated for the traced model) and at 0.6/0.9
 #                                        -> $OUT/hobbit-replay.md (cooperative rows with and
 #                                        without --no-load-behind)
+#   TRACE=t.jsonl T1=.. T2=.. VARIANTS=int8,int2 bash tools/hobbit_gpu.sh replay-jetson
+#                                        rows (a), (b), (d) under jetson-orin-32g, replayed routing
+#                                        -> $OUT/hobbit-replay-jetson.md
 # LAYERS (default 8) of the 32 layers: the device's disk holds ~8 with all four variants.
 # The expert cache is scaled to the file: the share of Mixtral's experts the profile's budget holds
 # beside 3.21 GB of non-expert weights and ~1 GB of KV cache and buffers, times the file's experts.
@@ -111,7 +114,22 @@ replay)
   row "d, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy hobbit
   row "e, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy hobbit "${cpu[@]}"
   cat "$out/$table" ;;
+replay-jetson)
+  # Rows (a), (b), (d) under jetson-orin-32g (int8 high, int2 low) with routing replayed from $TRACE
+  # at T1/T2, emulated SSD (--no-ssd: page cache paced to 3 GB/s) and the device's real disk.
+  table=hobbit-replay-jetson.md; header
+  c=$(share 24 185.6e6)
+  echo "jetson-orin-32g expert cache scaled to $LAYERS layers: $c GiB (int8 sizing); routing replayed from $TRACE" >> "$log"
+  p=(--platform jetson-orin-32g --expert-variant int8 --expert-cache "$c" -r 2 -p 0 --prefetch 0 --replay-trace "$TRACE")
+  cal=(--low int2 --t1 "$T1" --t2 "$T2")
+  row a "${p[@]}" --no-ssd -n 24 --low none --cache-policy lru
+  row b "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy lru
+  row d "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy hobbit
+  row "d, low-share 0.25" "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy hobbit --low-share 0.25
+  row "a, SSD" "${p[@]}" --ssd -n 8 --low none --cache-policy lru
+  row "d, SSD" "${p[@]}" --ssd -n 8 "${cal[@]}" --cache-policy hobbit
+  cat "$out/$table" ;;
 llamacpp)
   bash tools/llamacpp_gpu.sh bench "$LAYERS" >> "$log" 2>&1; cat "$out/llamacpp.md" ;;
-*) echo "usage: hobbit_gpu.sh prepare|rtx4090|jetson|replay|llamacpp"; exit 2 ;;
+*) echo "usage: hobbit_gpu.sh prepare|rtx4090|jetson|replay|replay-jetson|llamacpp"; exit 2 ;;
 esac

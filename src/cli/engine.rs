@@ -62,7 +62,7 @@ pub struct ModelArgs {
     #[arg(long = "cache-weights")]
     pub cache_weights: Option<String>,
     /// Share of the expert cache's bytes for low-precision experts (with --low).
-    #[arg(long = "low-share", default_value_t = 0.25)]
+    #[arg(long = "low-share", default_value_t = crate::experts::cache::DEFAULT_LOW_SHARE)]
     pub low_share: f64,
     /// Never run a high-precision miss from its cached low-precision copy (default: do, except
     /// for a token's top-1 expert).

@@ -46,7 +46,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "F,...", value_delimiter = ',')]
     pub cache_frac: Vec<f64>,
     /// With --cache-frac: the share of each budget's bytes given to the low pool.
-    #[arg(long, value_name = "S", default_value_t = 0.25)]
+    #[arg(long, value_name = "S", default_value_t = crate::experts::cache::DEFAULT_LOW_SHARE)]
     pub low_share: f64,
     /// Policies, one row each: lru, lfu, lhu, fld, fld-back, hobbit, hobbit-back.
     #[arg(

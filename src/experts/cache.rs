@@ -470,10 +470,19 @@ impl ExpertCache {
     }
 }
 
+/// The default share of the expert cache's bytes for the low-precision pool (`--low-share`, run
+/// and sim). Chosen with `hob sim` on a trained router's trace (shakespeare-moe's Hamlet
+/// routing, 8 layers, Mixtral's f16 and int4 sizes, T1/T2 calibrated to 67/30/3): at caches of
+/// 10-60% of the experts, shares of 0-0.1 missed 5-20% fewer bytes than 0.25 and 0.5 (a missed
+/// low route costs 0.28 of a high one; a cached high copy also serves the expert's low routes).
+/// Measured under rtx4090-24g: benches/results/2026-11-23-h100-low-share.md.
+pub const DEFAULT_LOW_SHARE: f64 = 0.05;
+
 /// Split a byte budget into pool sizes: `low_share` (clamped to [0, 1]) of the bytes buy low
-/// slots of `low_bytes` each (none when `low_bytes` is 0), and everything left over buys high
-/// slots of `high_bytes` each. `hob sim --cache-frac F` uses budget = F × layers × experts ×
-/// high_bytes (F of the whole model at high precision).
+/// slots of `low_bytes` each (none when `low_bytes` is 0), at least one when the share is above
+/// 0 and the budget holds a slot of each; everything left over buys high slots of `high_bytes`
+/// each. `hob sim --cache-frac F` uses budget = F × layers × experts × high_bytes (F of the
+/// whole model at high precision).
 pub fn pool_slots(
     budget_bytes: u64,
     high_bytes: u64,
@@ -487,7 +496,14 @@ pub fn pool_slots(
     };
     let low_slots = match low_bytes {
         0 => 0,
-        b => ((budget_bytes as f64 * share).floor() as u64) / b,
+        b => {
+            let n = ((budget_bytes as f64 * share).floor() as u64) / b;
+            if n == 0 && share > 0.0 && budget_bytes >= b + high_bytes {
+                1
+            } else {
+                n
+            }
+        }
     };
     let left = budget_bytes - low_slots * low_bytes;
     let high_slots = match high_bytes {
@@ -852,6 +868,10 @@ mod tests {
         assert_eq!(pool_slots(1000, 100, 30, 0.0), (10, 0));
         assert_eq!(pool_slots(1000, 100, 30, 1.0), (0, 33));
         assert_eq!(pool_slots(99, 100, 30, 0.25), (0, 0));
+        // A share too small for one low slot still gets one when a high slot fits beside it.
+        assert_eq!(pool_slots(1000, 100, 30, 0.01), (9, 1));
+        assert_eq!(pool_slots(129, 100, 30, 0.01), (1, 0));
+        assert_eq!(pool_slots(130, 100, 30, 0.01), (1, 1));
     }
 
     fn rec(seq: u64, tok: u64, layer: usize, routes: &[(usize, f32, Precision)]) -> TraceRecord {
