@@ -478,6 +478,15 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
             ms(g[3])
         );
     }
+    if s.cpu_passes > 0 {
+        let p = s.cpu_passes as f64;
+        eprintln!(
+            "  CPU passes {:.1} per token: {:.1} helper threads took part in each; the last finished {:.3} ms after the first",
+            p / n,
+            s.cpu_pass_threads as f64 / p,
+            1e3 * s.cpu_pass_spread_seconds / p
+        );
+    }
     if s.device_routed > 0 {
         eprintln!(
             "  routed on the device (every expert resident): {} of {tokens} tokens",

@@ -30,6 +30,12 @@ pub struct ExpertStats {
     /// routes' trip to the host), placing the next layer's experts (cache, loads, the input's
     /// trip to the host), and the helper thread starting.
     pub cpu_gaps: [f64; 4],
+    /// Cooperative decode: the CPU helpers' parallel passes (two per layer with CPU experts),
+    /// the helper threads that took part in them (summed over passes), and their ragged ends
+    /// (the last helper's finish after the first's, seconds, summed).
+    pub cpu_passes: u64,
+    pub cpu_pass_threads: u64,
+    pub cpu_pass_spread_seconds: f64,
     /// Prefetch loads issued, and how many of them were used before eviction.
     pub prefetch_issued: u64,
     pub prefetch_used: u64,
@@ -106,6 +112,9 @@ impl ExpertStats {
         for (a, b) in self.cpu_gaps.iter_mut().zip(s.cpu_gaps) {
             *a += b;
         }
+        self.cpu_passes += s.cpu_passes;
+        self.cpu_pass_threads += s.cpu_pass_threads;
+        self.cpu_pass_spread_seconds += s.cpu_pass_spread_seconds;
         self.prefetch_issued += s.prefetch_issued;
         self.prefetch_used += s.prefetch_used;
         self.late_to_cpu += s.late_to_cpu;

@@ -11,6 +11,8 @@ pub use ffn::FfnJob;
 use rayon::prelude::*;
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use crate::model::forward;
 use crate::model::ops::{AttentionShape, Backend};
@@ -18,6 +20,38 @@ use crate::quant::Matrix;
 
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
+    passes: PassCounters,
+}
+
+/// How [`CpuBackend::matvec_many`]'s parallel passes went, summed since the backend started:
+/// how many passes ran, how many worker threads took part in each, and how long after the
+/// first of them the last one finished (a pass's ragged end: normally about one block's time;
+/// longer when a thread stalls, as when the host deschedules its core).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PassStats {
+    pub passes: u64,
+    /// Sum over passes of the threads that computed at least one block.
+    pub threads: u64,
+    /// Sum over passes of the last thread's finish minus the first's, seconds.
+    pub spread_seconds: f64,
+}
+
+impl PassStats {
+    /// self minus an earlier snapshot `base`.
+    pub fn since(self, base: PassStats) -> PassStats {
+        PassStats {
+            passes: self.passes - base.passes,
+            threads: self.threads - base.threads,
+            spread_seconds: self.spread_seconds - base.spread_seconds,
+        }
+    }
+}
+
+#[derive(Default)]
+struct PassCounters {
+    passes: AtomicU64,
+    threads: AtomicU64,
+    spread_ns: AtomicU64,
 }
 
 /// Rows handed to one task: enough work to amortize scheduling, small enough to balance.
@@ -38,11 +72,23 @@ impl CpuBackend {
             .map_err(|e| {
                 crate::Error::Invalid(format!("cannot start {threads} CPU threads: {e}"))
             })?;
-        Ok(CpuBackend { pool })
+        Ok(CpuBackend {
+            pool,
+            passes: PassCounters::default(),
+        })
     }
 
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// [`PassStats`] since this backend started.
+    pub fn pass_stats(&self) -> PassStats {
+        PassStats {
+            passes: self.passes.passes.load(Ordering::Relaxed),
+            threads: self.passes.threads.load(Ordering::Relaxed),
+            spread_seconds: self.passes.spread_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        }
     }
 
     /// Run `f` on this thread with a scope whose spawned tasks run on the pool; returns once
@@ -148,6 +194,9 @@ impl CpuBackend {
                 blocks.push((t, i * chunk, o));
             }
         }
+        // Per worker: when it finished its last block, ns after the pass started (0: none).
+        let finished: Vec<AtomicU64> = (0..self.threads()).map(|_| AtomicU64::new(0)).collect();
+        let started = Instant::now();
         self.pool.install(|| {
             blocks.into_par_iter().for_each(|(t, r0, o)| {
                 let (w, cols, x) = &ws[t];
@@ -159,8 +208,25 @@ impl CpuBackend {
                             .matvec_rows(x, 0..1, std::slice::from_mut(v));
                     }
                 }
+                if let Some(f) = rayon::current_thread_index().and_then(|i| finished.get(i)) {
+                    f.fetch_max(
+                        started.elapsed().as_nanos().max(1) as u64,
+                        Ordering::Relaxed,
+                    );
+                }
             })
         });
+        let ends: Vec<u64> = finished
+            .iter()
+            .map(|f| f.load(Ordering::Relaxed))
+            .filter(|&e| e > 0)
+            .collect();
+        if let (Some(first), Some(last)) = (ends.iter().min(), ends.iter().max()) {
+            let c = &self.passes;
+            c.passes.fetch_add(1, Ordering::Relaxed);
+            c.threads.fetch_add(ends.len() as u64, Ordering::Relaxed);
+            c.spread_ns.fetch_add(last - first, Ordering::Relaxed);
+        }
     }
 
     /// Causal GQA attention over f32 caches [positions, kv_dim] (the new tokens written).
@@ -376,6 +442,22 @@ mod tests {
                 out: &mut whole,
             },
         ]);
+        // One pass counted, with one or both workers; a second call adds one more.
+        let first = b.pass_stats();
+        assert_eq!(first.passes, 1);
+        assert!((1..=2).contains(&first.threads), "{first:?}");
+        assert!(first.spread_seconds >= 0.0);
+        let mut again = vec![0.0; rows];
+        b.matvec_many(vec![MatVec {
+            w: m,
+            cols,
+            x: &x,
+            out: &mut again,
+        }]);
+        assert_eq!(again, whole);
+        let since = b.pass_stats().since(first);
+        assert_eq!(since.passes, 1);
+        assert!((1..=2).contains(&since.threads), "{since:?}");
         for r in 0..rows {
             let want: f32 = (0..keep).map(|c| w[r * cols + c] * x[c]).sum();
             assert!(

@@ -27,7 +27,7 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 
 use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu, SlotArgs, SLOTS_MAX_K};
-use crate::backend::cpu::{CpuBackend, FfnJob};
+use crate::backend::cpu::{CpuBackend, FfnJob, PassStats};
 use crate::experts::behind::LoadBehind;
 use crate::experts::cache::{pool_slots, ExpertCache, Insertion, Policy, PoolKind};
 use crate::experts::io::{open_reader, BlobSource};
@@ -857,6 +857,8 @@ pub struct CudaExperts<'f> {
     /// one token, in the parts of `ExpertStats::cpu_gaps`; and the last layer with background
     /// CPU jobs: (layer, when its CPU work ended, when the layer returned).
     cpu_gaps: [Duration; 4],
+    /// The helpers' pass counters at the last reset.
+    pass_base: PassStats,
     cpu_mark: Option<(usize, Instant, Instant)>,
     /// Loader counters (bytes, disk bytes, nanoseconds) at the last reset.
     base_bytes: (u64, u64, u64),
@@ -1209,6 +1211,7 @@ impl<'f> CudaExperts<'f> {
             gpu_waits: Vec::new(),
             cpu_wait: Duration::ZERO,
             cpu_gaps: [Duration::ZERO; 4],
+            pass_base: PassStats::default(),
             cpu_mark: None,
             base_bytes: (0, 0, 0),
             cpu_busy: 0.0,
@@ -2760,8 +2763,16 @@ impl ExpertReport for CudaExperts<'_> {
                     .collect()
             })
             .unwrap_or_default();
+        let passes = self
+            .cpu
+            .as_ref()
+            .map(|(cpu, _)| cpu.pass_stats().since(self.pass_base))
+            .unwrap_or_default();
         ExpertStats {
             per_variant,
+            cpu_passes: passes.passes,
+            cpu_pass_threads: passes.threads,
+            cpu_pass_spread_seconds: passes.spread_seconds,
             skipped: self.skipped,
             substituted: self.substituted,
             cpu_computed: self.cpu_computed,
@@ -2802,6 +2813,9 @@ impl ExpertReport for CudaExperts<'_> {
         self.wait = Duration::ZERO;
         self.cpu_wait = Duration::ZERO;
         self.cpu_gaps = [Duration::ZERO; 4];
+        if let Some((cpu, _)) = self.cpu.as_ref() {
+            self.pass_base = cpu.pass_stats();
+        }
         self.cpu_mark = None;
         self.cpu_busy = 0.0;
         self.split_experts = 0;
