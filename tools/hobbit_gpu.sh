@@ -12,6 +12,12 @@
 #                                        at T1/T2 (calibrated for the traced model) and at 0.6/0.9
 #                                        -> $OUT/hobbit-replay.md (cooperative rows with and
 #                                        without --no-load-behind)
+#   TRACE=t.jsonl T1=.. T2=.. [ROUNDS=8] bash tools/hobbit_gpu.sh versus
+#                                        row (e) under rtx4090-24g (f16 + int4, CPU experts, replayed
+#                                        routing, tg64 -r 5) and llama.cpp f16 --n-cpu-moe 6, alternated
+#                                        ROUNDS times on one machine (host speed drifts: only alternated
+#                                        rows compare) -> $OUT/versus.md with the ratio per round
+#                                        (needs llama.cpp built or restored, and the f16 GGUF)
 #   TRACE=t.jsonl T1=.. T2=.. VARIANTS=int8,int2 bash tools/hobbit_gpu.sh replay-jetson
 #                                        rows (a), (b), (d) under jetson-orin-32g, replayed routing
 #                                        -> $OUT/hobbit-replay-jetson.md
@@ -114,6 +120,25 @@ replay)
   row "d, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy hobbit
   row "e, 0.6/0.9" "${p[@]}" "${r[@]}" "${paper[@]}" --cache-policy hobbit "${cpu[@]}"
   cat "$out/$table" ;;
+versus)
+  g=/tmp/mixtral-synthetic-${LAYERS}l-f16.gguf
+  [ -f "$g" ] || PYTHONPATH=/tmp/llama/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$g" --layers "$LAYERS" > /dev/null
+  c=$(share 24 352.3e6); cpu=$((LAYERS * 3 / 4))
+  p=(--platform rtx4090-24g --expert-variant f16 --expert-cache "$c" -r 5 -p 0 -n 64 --prefetch 0
+     --replay-trace "$TRACE" --low int4 --t1 "$T1" --t2 "$T2" --cache-policy hobbit --cpu-experts -t "$(nproc)")
+  echo "| round | hob (e) t/s | llama.cpp f16 --n-cpu-moe $cpu t/s | ratio |" > "$out/versus.md"
+  echo "|---|---:|---:|---:|" >> "$out/versus.md"
+  for i in $(seq 1 "${ROUNDS:-8}"); do
+    echo "== versus round $i: $*" >> "$log"
+    # Both print llama-bench's JSON rows: the decode row's (no prompt) avg_ts.
+    tg='import json, sys; print(next(r["avg_ts"] for r in json.load(sys.stdin) if r["n_gen"] > 0 and r["n_prompt"] == 0))'
+    h=$(timeout 120 "$hob" bench -m "$model" --stats "${p[@]}" -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    l=$(timeout 120 /tmp/llama/build/bin/llama-bench -m "$g" -ngl 99 --n-cpu-moe "$cpu" -t "$(nproc)" -p 0 -n 64 -r 5 \
+      -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    r=$(awk -v h="${h:-0}" -v l="${l:-0}" 'BEGIN { if (h > 0 && l > 0) printf "%.2f", h / l; else print "-" }')
+    echo "| $i | ${h:-failed} | ${l:-failed} | $r |" >> "$out/versus.md"
+  done
+  cat "$out/versus.md" ;;
 replay-jetson)
   # Rows (a), (b), (d) under jetson-orin-32g (int8 high, int2 low) with routing replayed from $TRACE
   # at T1/T2, emulated SSD (--no-ssd: page cache paced to 3 GB/s) and the device's real disk.
@@ -131,5 +156,5 @@ replay-jetson)
   cat "$out/$table" ;;
 llamacpp)
   bash tools/llamacpp_gpu.sh bench "$LAYERS" >> "$log" 2>&1; cat "$out/llamacpp.md" ;;
-*) echo "usage: hobbit_gpu.sh prepare|rtx4090|jetson|replay|replay-jetson|llamacpp"; exit 2 ;;
+*) echo "usage: hobbit_gpu.sh prepare|rtx4090|jetson|replay|replay-jetson|versus|llamacpp"; exit 2 ;;
 esac
