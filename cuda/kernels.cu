@@ -31,6 +31,34 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Programmatic dependent launch (sm_90 and later; src/backend/cuda/mod.rs Gpu::launch): a kernel
+// launched with it may start while the kernel before it in the stream still runs. Every kernel
+// calls pdl_wait() before it reads anything an earlier kernel wrote or writes anything an earlier
+// kernel may read: that waits until the kernel before has finished and its writes are visible.
+// Weights (written only by copies, never by kernels) may be read before it: a matrix product
+// issues its first weight loads, then waits, so the loads overlap the previous kernel's tail.
+// pdl_trigger() lets the next kernel's blocks be scheduled at once (into whatever an SM has free;
+// they then sit in their own pdl_wait). Both are no-ops before sm_90 and in launches without the
+// attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// The prologue of a kernel that reads no weights before it waits.
+#define PDL_ENTRY() \
+    do {            \
+        pdl_trigger(); \
+        pdl_wait();    \
+    } while (0)
+
 typedef unsigned short half_bits;
 
 __device__ __forceinline__ float h2f(half_bits bits) {
@@ -106,6 +134,7 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ xr,
 // out[r, :] = RMSNorm(x[r0 + r, :]) * w; one block per row.
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                     float* __restrict__ out, int n, int r0, float eps) {
+    PDL_ENTRY();
     rms_norm_row(x + (size_t)(r0 + blockIdx.x) * n, w, out + (size_t)blockIdx.x * n, nullptr, n,
                  eps);
 }
@@ -137,6 +166,7 @@ __device__ __forceinline__ void rope_pair(float* __restrict__ x, const float* __
 // Rotate-half RoPE in place: x is [t, width], heads of 2 * half values; row i at start_pos + i.
 extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__ inv_freq, int t,
                                 int width, int half, int start_pos) {
+    PDL_ENTRY();
     int heads = width / (2 * half);
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= t * heads * half) return;
@@ -150,6 +180,7 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k,
                                    const float* __restrict__ v, const float* __restrict__ inv_freq,
                                    int t, int qw, int kvw, int half, int start_pos,
                                    half_bits* __restrict__ kc, half_bits* __restrict__ vc) {
+    PDL_ENTRY();
     const int nq = t * qw / 2, nk = t * kvw / 2, nv = t * kvw;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < nq) {
@@ -162,12 +193,14 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k,
 }
 
 extern "C" __global__ void add_assign(float* __restrict__ x, const float* __restrict__ y, int n) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 // g = silu(g) * u, as the CPU computes it: g / (1 + exp(-g)) * u.
 extern "C" __global__ void swiglu(float* __restrict__ g, const float* __restrict__ u, int n) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float v = g[i];
@@ -177,6 +210,7 @@ extern "C" __global__ void swiglu(float* __restrict__ g, const float* __restrict
 
 // Store n f32 values as f16 at dst.
 extern "C" __global__ void to_half(const float* __restrict__ src, half_bits* __restrict__ dst, int n) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = f2h(src[i]);
 }
@@ -184,6 +218,7 @@ extern "C" __global__ void to_half(const float* __restrict__ src, half_bits* __r
 // dst[j, :] = src[idx[j], :] for j < m; rows of n values.
 extern "C" __global__ void gather_rows(const float* __restrict__ src, const int* __restrict__ idx,
                                        float* __restrict__ dst, int n, int m) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * m) return;
     int j = i / n;
@@ -195,6 +230,7 @@ extern "C" __global__ void gather_rows(const float* __restrict__ src, const int*
 extern "C" __global__ void scatter_axpy(float* __restrict__ out, const int* __restrict__ idx,
                                         const float* __restrict__ w, const float* __restrict__ y,
                                         int n, int m) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * m) return;
     int j = i / n;
@@ -204,6 +240,7 @@ extern "C" __global__ void scatter_axpy(float* __restrict__ out, const int* __re
 
 // out[:n] += w * y[:n]
 extern "C" __global__ void axpy(float* __restrict__ out, float w, const float* __restrict__ y, int n) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __fmaf_rn(w, y[i], out[i]);
 }
@@ -256,6 +293,7 @@ __device__ void route_one(const float* l, int ne, int k, int* re, float* rw) {
 // weight. One thread per token.
 extern "C" __global__ void route_topk(const float* __restrict__ logits, int ne, int k, int t,
                                       float* __restrict__ routes) {
+    PDL_ENTRY();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= t) return;
     route_one(logits + (size_t)i * ne, ne, k, reinterpret_cast<int*>(routes) + (size_t)i * k,
@@ -277,6 +315,7 @@ __device__ __forceinline__ int next_route_up(const int* re, int k, int prev) {
 // and axpy then add_assign would: the same roundings as the engine's per-expert path.
 extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __restrict__ d,
                                        const float* __restrict__ routes, int k, int n) {
+    PDL_ENTRY();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int* re = reinterpret_cast<const int*>(routes);
@@ -300,6 +339,7 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
                                      const half_bits* __restrict__ vc, float* __restrict__ out,
                                      int n_heads, int n_kv_heads, int hd, int start_pos,
                                      int window, const int* __restrict__ posp) {
+    PDL_ENTRY();
     int h = blockIdx.x, i = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int q_dim = n_heads * hd, kv_dim = n_kv_heads * hd;
@@ -411,20 +451,27 @@ __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restri
 // summation every float-kind product of a token uses.
 // DEPTH chunks in flight per lane; the chunks are summed in ascending order whatever DEPTH is, so
 // every DEPTH gives the same bits (a lone router launch loads deeper: it is latency-bound).
-template <int KIND, int DEPTH = 4>
+// WAIT: pdl_wait() once the first DEPTH chunks of the row are loading (before x is read).
+template <int KIND, int DEPTH = 4, bool WAIT = false>
 __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __restrict__ x,
                                          int lane) {
     const uint4* row = reinterpret_cast<const uint4*>(w.codes + (size_t)r * w.row_bytes);
     int n = w.row_bytes / 16;
     float acc = 0.f;
     int c = lane;
+    bool waited = !WAIT;
     for (; c + 32 * (DEPTH - 1) < n; c += 32 * DEPTH) {
         uint4 v[DEPTH];
 #pragma unroll
         for (int d = 0; d < DEPTH; d++) v[d] = __ldg(row + c + 32 * d);
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
 #pragma unroll
         for (int d = 0; d < DEPTH; d++) acc += chunk_dot<KIND>(v[d], x, c + 32 * d, w, r);
     }
+    if (!waited) pdl_wait();
     for (; c < n; c += 32) acc += chunk_dot<KIND>(__ldg(row + c), x, c, w, r);
     return warp_sum(acc);
 }
@@ -432,10 +479,11 @@ __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __res
 template <int KIND, bool ACC = false>
 __device__ __forceinline__ void matvec_body(const Mat w, const float* __restrict__ x,
                                             float* __restrict__ y) {
+    pdl_trigger();
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= w.rows) return;
-    const float acc = row_dot<KIND>(w, r, x, lane);
+    const float acc = row_dot<KIND, 4, true>(w, r, x, lane);
     if (lane == 0) y[r] = ACC ? y[r] + acc : acc;
 }
 
@@ -474,14 +522,13 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
                                                   const int* __restrict__ posp,
                                                   half_bits* __restrict__ kc,
                                                   half_bits* __restrict__ vc) {
+    pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int pos = *posp;
-    kc += (size_t)pos * b.rows;
-    vc += (size_t)pos * c.rows;
     if (blockIdx.y == 2) {
         const int r = blockIdx.x * 8 + warp;
         if (r >= c.rows) return;
-        const float v = row_dot<KIND>(c, r, x, lane);
+        const float v = row_dot<KIND, 4, true>(c, r, x, lane);
+        vc += (size_t)*posp * c.rows;
         if (lane == 0) {
             yv[r] = v;
             vc[r] = f2h(v);
@@ -496,10 +543,13 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
     const int p = blockIdx.x * 4 + (warp & 3);
     if (p < pairs) {
         const int at = (p / half) * 2 * half, i = p % half;
-        const float v = row_dot<KIND>(w, at + i + (warp >> 2) * half, x, lane);
+        const float v = row_dot<KIND, 4, true>(w, at + i + (warp >> 2) * half, x, lane);
         if (lane == 0) d[warp] = v;
     }
+    pdl_wait();  // (a no-op where row_dot waited: every warp that writes below did)
     __syncthreads();
+    const int pos = *posp;
+    kc += (size_t)pos * b.rows;
     const int q = blockIdx.x * 4 + threadIdx.x;
     if (threadIdx.x < 4 && q < pairs) {
         const int at = (q / half) * 2 * half, i = q % half;
@@ -618,19 +668,23 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
 #define MOE_KERNELS(SUFFIX, KIND)                                                              \
     extern "C" __global__ void moe_route_##SUFFIX(const Mat w, const float* x, int k,          \
                                                   float* routes) {                             \
+        PDL_ENTRY();                                                                           \
         moe_route_body<KIND>(w, x, k, routes);                                                 \
     }                                                                                          \
     extern "C" __global__ void moe_route_norm_##SUFFIX(const Mat w, const float* x,            \
                                                        const float* g, float eps, float* xn,   \
                                                        int k, float* routes) {                 \
+        PDL_ENTRY();                                                                           \
         moe_route_norm_body<KIND>(w, x, g, eps, xn, k, routes);                                \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \
                                                     int k, const float* x, float* h) {         \
+        PDL_ENTRY();                                                                           \
         moe_gate_up_body<KIND>(tab, routes, k, x, h);                                          \
     }                                                                                          \
     extern "C" __global__ void moe_down_##SUFFIX(const MatEntry* tab, const float* routes,     \
                                                  int k, const float* h, float* x) {            \
+        PDL_ENTRY();                                                                           \
         moe_down_body<KIND>(tab, routes, k, h, x);                                             \
     }
 MOE_KERNELS(f32, KIND_F32)
@@ -650,6 +704,7 @@ struct SlotArgs {
 
 extern "C" __global__ void put_slots(const SlotArgs a, MatEntry* __restrict__ tab,
                                      float* __restrict__ routes) {
+    PDL_ENTRY();
     const int i = threadIdx.x;
     if (i < 3 * a.n) tab[i] = a.e[i];
     if (i < a.n) {
@@ -901,6 +956,7 @@ template <int KIND, int R>
 __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restrict__ x,
                                               const float* __restrict__ u,
                                               float* __restrict__ y, int split, int tchunks) {
+    pdl_trigger();
     constexpr int CC = QTraits<KIND>::CC, P = QTraits<KIND>::P, Q = CC / 4,
                   EPW = QTraits<KIND>::EPW;
     extern __shared__ float4 qsm[];
@@ -957,6 +1013,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         QBuf<R> cur, nxt;
         int t = blockIdx.x, k = 0;
         load(cur, t, k);
+        pdl_wait();  // the first codes are loading; x may come from the kernel before
         const float kscale = qstage<KIND>(x + (size_t)ct0 * CC, u ? u + (size_t)ct0 * CC : nullptr, tn,
                                              xs4, sxp, wsm);
         float racc[R];
@@ -1086,12 +1143,15 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         BODY<KIND_INT2, ARG>(w, x, nullptr, y, split, tchunks);                                       \
     }                                                                                                 \
     extern "C" __global__ void SEL_ATTR PREFIX##_int8_sel(SEL_ARGS, int split, int tchunks) {         \
+        PDL_ENTRY();                                                                                  \
         BODY<KIND_INT8, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
     }                                                                                                 \
     extern "C" __global__ void SEL_ATTR PREFIX##_int4_sel(SEL_ARGS, int split, int tchunks) {         \
+        PDL_ENTRY();                                                                                  \
         BODY<KIND_INT4, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
     }                                                                                                 \
     extern "C" __global__ void SEL_ATTR PREFIX##_int2_sel(SEL_ARGS, int split, int tchunks) {         \
+        PDL_ENTRY();                                                                                  \
         BODY<KIND_INT2, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
     }
 
@@ -1255,6 +1315,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
                                                const float* __restrict__ u,
                                                float* __restrict__ y, int split, int tchunks) {
 #if __CUDA_ARCH__ >= 800
+    pdl_trigger();
     constexpr int EPW = 32 / QMTraits<KIND>::BITS, NR = EPW / 2, CC = 4 * EPW;
     extern __shared__ float4 qsm[];
     const int n = w.row_bytes >> 4;
@@ -1317,6 +1378,7 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
         QMBuf<U> cur, nxt;
         int t = blockIdx.x, k = 0;
         load(cur, t, k);
+        pdl_wait();
         if (!(SKIP & 1))
             qmstage<KIND>(x + (size_t)ct0 * CC, u ? u + (size_t)ct0 * CC : nullptr, tn, xb, sxc, qf);
         float acc[2] = {0.f, 0.f};
@@ -1441,6 +1503,7 @@ __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {
 // Any layout: one warp per row, one element per lane step.
 extern "C" __global__ void matvec_any(const Mat w, int kind, const float* __restrict__ x,
                                       float* __restrict__ y) {
+    PDL_ENTRY();
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= w.rows) return;
@@ -1453,6 +1516,7 @@ extern "C" __global__ void matvec_any(const Mat w, int kind, const float* __rest
 // The same as f16 (tiles for cuBLAS's tensor-core GEMM). Grid (ceil(cols / block), nrows).
 extern "C" __global__ void dequant_rows_h(const Mat w, int kind, half_bits* __restrict__ out, int r0,
                                           int nrows) {
+    PDL_ENTRY();
     int c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
     if (c >= w.cols || r >= nrows) return;
     out[(size_t)r * w.cols + c] = f2h(element(w, kind, r0 + r, c));
@@ -1498,6 +1562,7 @@ __device__ __forceinline__ void dequant_word_h(const Mat& w, half_bits* __restri
 
 extern "C" __global__ void dequant_words_h(const Mat w, int kind, half_bits* __restrict__ out, int r0,
                                            int nrows) {
+    PDL_ENTRY();
     const int wi = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
     if (wi * 4 >= w.row_bytes || r >= nrows) return;
     switch (kind) {
@@ -1511,6 +1576,7 @@ extern "C" __global__ void dequant_words_h(const Mat w, int kind, half_bits* __r
 // out[(r - r0) * cols + c] = W[r, c] for rows r0..r0 + nrows (f32 tiles for cuBLAS).
 extern "C" __global__ void dequant_rows(const Mat w, int kind, float* __restrict__ out, int r0,
                                         int nrows) {
+    PDL_ENTRY();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)nrows * w.cols) return;
     int r = (int)(i / w.cols), c = (int)(i % w.cols);

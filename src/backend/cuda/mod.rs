@@ -20,9 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{sys as cublas_sys, CudaBlas};
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig};
 
 use crate::model::ops::{AttentionShape, Backend, DecodeStep, KernelTime, Route};
 use crate::model::Model;
@@ -347,6 +345,11 @@ pub struct Gpu {
     pub qm_kinds: [bool; 3],
     /// Per-kernel GPU time while switched on (`hob bench --kernel-times`).
     pub clock: clock::KernelClock,
+    /// Launch with programmatic dependent launch (sm_90 and later; off with HOB_PDL=0): a kernel
+    /// may start while the one before it in the stream still runs, and waits for it inside
+    /// (kernels.cu pdl_wait). Its blocks are then resident when the earlier kernel ends, and the
+    /// products' first weight loads overlap that kernel's tail.
+    pub pdl: bool,
 }
 
 /// Where the tensor-core integer matvec is the faster one, measured on the H100
@@ -376,13 +379,13 @@ fn blocks(n: usize, per: usize) -> u32 {
 macro_rules! launch {
     ($gpu:expr, $f:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
         let f = &$f;
-        let mut b = $gpu.stream.launch_builder(f);
-        $( b.arg(&$arg); )*
+        let mut params = [$( (&$arg) as *const _ as *mut ::std::ffi::c_void ),*];
         let t0 = $gpu.clock.start(&$gpu.stream)?;
-        // SAFETY: the argument list matches the kernel's signature in cuda/kernels.cu, and every
-        // pointer argument addresses a live device allocation of at least the extent the kernel
-        // reads or writes for the given sizes (checked by the callers).
-        unsafe { b.launch($cfg) }.map_err(cuda_err)?;
+        // SAFETY: the argument list matches the kernel's signature in cuda/kernels.cu (each
+        // parameter a pointer to a live local of the kernel parameter's type), and every pointer
+        // argument addresses a live device allocation of at least the extent the kernel reads or
+        // writes for the given sizes (checked by the callers).
+        unsafe { $gpu.launch_raw(f, $cfg, &mut params) }?;
         $gpu.clock.stop(&$gpu.stream, f, t0)
     }};
 }
@@ -423,11 +426,13 @@ impl Gpu {
             )?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
+        let pdl = compute_capability.0 >= 9 && std::env::var("HOB_PDL").as_deref() != Ok("0");
         log::info!(
-            "CUDA device {ordinal}: {name} (sm_{}{}), kernels from {}",
+            "CUDA device {ordinal}: {name} (sm_{}{}), kernels from {}, dependent launches {}",
             compute_capability.0,
             compute_capability.1,
-            kernels.origin
+            kernels.origin,
+            if pdl { "on" } else { "off" }
         );
         let clock = clock::KernelClock::new(kernels.names.iter().cloned());
         Ok(Arc::new(Gpu {
@@ -444,7 +449,67 @@ impl Gpu {
                 Ok("scalar") => [false; 3],
                 _ => QM_KINDS,
             },
+            pdl,
         }))
+    }
+
+    /// Launch `f` on the compute stream, with programmatic dependent launch where `self.pdl`.
+    ///
+    /// # Safety
+    /// `params` holds one pointer per kernel parameter, each to a live value of that parameter's
+    /// type, and the kernel's memory accesses for these arguments stay inside live allocations.
+    /// Every kernel of cuda/kernels.cu waits (pdl_wait) before it touches memory an earlier
+    /// kernel may write or read, so it may be launched either way.
+    pub unsafe fn launch_raw(
+        &self,
+        f: &cudarc::driver::CudaFunction,
+        c: LaunchConfig,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> crate::Result<()> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        if !self.pdl {
+            // SAFETY: as this function's contract.
+            return unsafe {
+                cudarc::driver::result::launch_kernel(
+                    f.cu_function(),
+                    c.grid_dim,
+                    c.block_dim,
+                    c.shared_mem_bytes,
+                    self.stream.cu_stream(),
+                    params,
+                )
+            }
+            .map_err(cuda_err);
+        }
+        // SAFETY: CUlaunchAttribute is a plain C struct (an id and a union of plain values), for
+        // which all-zero bytes are valid.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: c.grid_dim.0,
+            gridDimY: c.grid_dim.1,
+            gridDimZ: c.grid_dim.2,
+            blockDimX: c.block_dim.0,
+            blockDimY: c.block_dim.1,
+            blockDimZ: c.block_dim.2,
+            sharedMemBytes: c.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: config and attr outlive the call; params as this function's contract.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(cuda_err)
     }
 
     /// (free, total) device memory in bytes.
