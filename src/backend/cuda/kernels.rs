@@ -122,7 +122,16 @@ impl Kernels {
     pub fn load(ctx: &Arc<CudaContext>) -> crate::Result<Kernels> {
         let (major, minor) = ctx.compute_capability().map_err(cuda_err)?;
         let arch = format!("compute_{major}{minor}");
-        let options = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+        let mut options = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+        // Switches of cuda/kernels.cu for A/B runs (e.g. HOB_NVRTC_DEFINES=HOB_L2_PREFETCH=0),
+        // separated by spaces or commas; part of the cache key like every option.
+        if let Ok(defs) = std::env::var("HOB_NVRTC_DEFINES") {
+            options.extend(
+                defs.split([' ', ','])
+                    .filter(|d| !d.is_empty())
+                    .map(|d| format!("-D{d}")),
+            );
+        }
         let key = {
             let mut h = crc32c::crc32c(SOURCE.as_bytes());
             for o in &options {

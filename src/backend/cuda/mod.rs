@@ -276,8 +276,13 @@ pub struct QPlan {
 pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Option<QPlan> {
     let n = (row_bytes / 16).max(1);
     let per_chunk = k.staged_per_chunk();
-    let ok =
-        |warps: usize, t: usize| q_smem(k, warps, t) <= lim.smem_max && t * per_chunk <= Q_XS_CAP;
+    // A block's registers (allocated per warp in units of 256) must fit an SM's.
+    let regs_per_warp = (k.regs.max(1) * 32).div_ceil(256) * 256;
+    let ok = |warps: usize, t: usize| {
+        q_smem(k, warps, t) <= lim.smem_max
+            && t * per_chunk <= Q_XS_CAP
+            && regs_per_warp * warps <= lim.regs_per_sm
+    };
     let fit = |warps: usize| -> Option<usize> {
         if ok(warps, n) {
             return Some(n);
@@ -293,7 +298,6 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
         .or_else(|| Q_WARPS.iter().find_map(|&w| fit(w).map(|t| (w, t))))?;
     let smem = q_smem(k, warps, tchunks);
     let block = 32 * warps;
-    let regs_per_warp = (k.regs.max(1) * 32).div_ceil(256) * 256;
     let per_sm = (lim.regs_per_sm / (regs_per_warp * warps))
         .min(lim.threads_per_sm / block)
         .min(lim.smem_per_sm / (smem + lim.smem_reserved))
@@ -1789,6 +1793,8 @@ mod tests {
                         (2, 64, false),
                         (8, 168, false),
                         (16, 96, true),
+                        // More than 128 registers: a 512-thread block cannot launch.
+                        (4, 255, false),
                     ] {
                         let k = QShape {
                             kind,
@@ -1804,6 +1810,10 @@ mod tests {
                         assert!(p.smem as usize <= lim.smem_max, "{what}");
                         assert!(tchunks == n || (tchunks % 32 == 0 && tchunks < n), "{what}");
                         assert!(warps % split == 0 && p.block.is_multiple_of(32), "{what}");
+                        assert!(
+                            (regs * 32).div_ceil(256) * 256 * warps <= lim.regs_per_sm,
+                            "{what}"
+                        );
                         assert!(
                             split == 1 || k.step_chunks() * split <= tchunks.min(n),
                             "{what}"
