@@ -82,6 +82,36 @@ __device__ __forceinline__ float bf2f(unsigned short bits) {
 // ---------------------------------------------------------------------------------------------
 // Element-wise and normalization kernels.
 
+// A float4's sum of squares, in the order every RMSNorm of hob's kernels adds them.
+__device__ __forceinline__ float sq4(const float4 v) {
+    return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+}
+
+// 1 / sqrt(mean + eps) of a row of n from each thread's partial sum of squares, summed across
+// the block in a fixed order (warps, then their sums); every thread gets it.
+__device__ __forceinline__ float rms_inv(float ss, int n, float eps) {
+    __shared__ float part[32];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    return 1.0f / sqrtf(part[0] / (float)n + eps);
+}
+
+// Prefetch into L2 the 128-byte lines of [p, p + bytes), a line per thread of the block: small
+// weights a latency-bound kernel reads after it waits for the kernel before (pdl_wait).
+__device__ __forceinline__ void l2_prefetch_block(const void* p, size_t bytes) {
+    const size_t a = reinterpret_cast<size_t>(p) & ~(size_t)127;
+    const size_t end = reinterpret_cast<size_t>(p) + bytes;
+    for (size_t l = a + (size_t)threadIdx.x * 128; l < end; l += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(l));
+}
+
 // o = w * (xr * rsqrt(mean(xr²) + eps)) for one row of n, by the whole block (up to 1024 threads,
 // float4s where the row allows: a row is a few KB, so the cost is load latency; a block of 256
 // threads walking 16 dependent loads took ~10 us per row on the H100), also into `so` (shared
@@ -96,24 +126,11 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ xr,
     const float4* w4 = reinterpret_cast<const float4*>(w);
     float ss = 0.f;
     if (vec) {
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-            const float4 v = x4[i];
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) ss += sq4(x4[i]);
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     }
-    __shared__ float part[32];
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    const float inv = 1.0f / sqrtf(part[0] / (float)n + eps);
+    const float inv = rms_inv(ss, n, eps);
     if (vec) {
         for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
             const float4 v = x4[i], g = w4[i];
@@ -134,7 +151,9 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ xr,
 // out[r, :] = RMSNorm(x[r0 + r, :]) * w; one block per row.
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                     float* __restrict__ out, int n, int r0, float eps) {
-    PDL_ENTRY();
+    pdl_trigger();
+    l2_prefetch_block(w, (size_t)n * 4);
+    pdl_wait();
     rms_norm_row(x + (size_t)(r0 + blockIdx.x) * n, w, out + (size_t)blockIdx.x * n, nullptr, n,
                  eps);
 }
@@ -327,6 +346,46 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
     x[i] = x[i] + o;
 }
 
+// moe_combine, then the next RMSNorm of the new x (xn = RMSNorm(x) * g, as rms_norm_row's float4
+// path computes it) in one launch: one block of rms_block(n) threads, n % 4 == 0, x, d, g and xn
+// 16-byte aligned (Gpu::moe_combine_norm checks). Each thread computes its float4s of the new x
+// twice (for the sum of squares, then to store them with their normalized values), from the old
+// x: no thread reads what another wrote.
+extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* __restrict__ d,
+                                            const float* __restrict__ routes, int k, int n,
+                                            const float* __restrict__ g, float eps,
+                                            float* __restrict__ xn) {
+    pdl_trigger();
+    l2_prefetch_block(g, (size_t)n * 4);
+    pdl_wait();
+    const int* re = reinterpret_cast<const int*>(routes);
+    float4* x4 = reinterpret_cast<float4*>(x);
+    auto val = [&](int i) {
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int m = 0, jb = -1; m < k; m++) {
+            jb = next_route_up(re, k, jb);
+            const float wj = routes[k + jb];
+            const float4 dv = reinterpret_cast<const float4*>(d + (size_t)jb * n)[i];
+            o.x = __fmaf_rn(wj, dv.x, o.x);
+            o.y = __fmaf_rn(wj, dv.y, o.y);
+            o.z = __fmaf_rn(wj, dv.z, o.z);
+            o.w = __fmaf_rn(wj, dv.w, o.w);
+        }
+        const float4 v = x4[i];
+        return make_float4(v.x + o.x, v.y + o.y, v.z + o.z, v.w + o.w);
+    };
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) ss += sq4(val(i));
+    const float inv = rms_inv(ss, n, eps);
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+        const float4 v = val(i), w = g4[i];
+        x4[i] = v;
+        reinterpret_cast<float4*>(xn)[i] =
+            make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Attention over an f16 KV cache. Grid (n_heads, t); a block of up to ATT_MAX_WARPS warps. Each
 // warp walks a strided subset of the visible positions with an online softmax; the warps then
@@ -334,16 +393,34 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 
 #define ATT_MAX_WARPS 16
 #define ATT_MAX_J 8  // head_dim up to 256
+#define ATT_PREFETCH 128  // positions whose keys and values a block prefetches into L2
 
 extern "C" __global__ void attention(const float* __restrict__ q, const half_bits* __restrict__ kc,
                                      const half_bits* __restrict__ vc, float* __restrict__ out,
                                      int n_heads, int n_kv_heads, int hd, int start_pos,
                                      int window, const int* __restrict__ posp) {
-    PDL_ENTRY();
+    pdl_trigger();
     int h = blockIdx.x, i = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int q_dim = n_heads * hd, kv_dim = n_kv_heads * hd;
     int kvh = h / (n_heads / n_kv_heads);
+    {
+        // The keys and values of the first ATT_PREFETCH positions this block reads, into L2
+        // while the kernel before runs (L2 is coherent: a line the kernel before still writes is
+        // only fetched early). The position is read around L1; a stale one would only prefetch
+        // other lines.
+        int pp = start_pos;
+        if (posp) asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(pp) : "l"(posp));
+        pp += i;
+        const int f0 = window > 0 ? max(0, pp + 1 - window) : 0;
+        const int np = min(pp + 1 - f0, ATT_PREFETCH), lines = (hd * 2 + 127) / 128;
+        for (int j = threadIdx.x; j < np * lines * 2; j += blockDim.x) {
+            const int p = f0 + j / (2 * lines), part = j % (2 * lines);
+            const half_bits* base = (part < lines ? kc : vc) + (size_t)p * kv_dim + kvh * hd;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (part % lines) * 64));
+        }
+    }
+    pdl_wait();
     // A decode step reads its position from device memory (the same launch serves every token).
     int pos = (posp ? *posp : start_pos) + i;
     int first = window > 0 ? max(0, pos + 1 - window) : 0;
@@ -674,7 +751,10 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
     extern "C" __global__ void moe_route_norm_##SUFFIX(const Mat w, const float* x,            \
                                                        const float* g, float eps, float* xn,   \
                                                        int k, float* routes) {                 \
-        PDL_ENTRY();                                                                           \
+        pdl_trigger();                                                                         \
+        l2_prefetch_block(g, (size_t)w.cols * 4);                                              \
+        l2_prefetch_block(w.codes, (size_t)w.rows * w.row_bytes);                              \
+        pdl_wait();                                                                            \
         moe_route_norm_body<KIND>(w, x, g, eps, xn, k, routes);                                \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \

@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::ops::{AttentionShape, Backend, DecodeStep, ExpertExecutor, Route};
+use super::ops::{AttentionShape, Backend, DecodeStep, ExpertExecutor, OnDevice, Route};
 use super::weights::Weights;
 use super::{ModelConfig, ModelError};
 use crate::format::HobFile;
@@ -283,9 +283,13 @@ impl<'f> Model<'f> {
     ) -> crate::Result<()> {
         let cfg = &self.cfg;
         let (h, qd, kvd, k) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.top_k);
+        // b.xn already holds the RMSNorm that comes next (folded into the last MoE step).
+        let mut normed = false;
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
-            backend.rms_norm(&b.x, 0..t, &lw.attn_norm, cfg.rms_eps, &mut b.xn)?;
+            if !std::mem::take(&mut normed) {
+                backend.rms_norm(&b.x, 0..t, &lw.attn_norm, cfg.rms_eps, &mut b.xn)?;
+            }
             backend.qkv_rope_kv(
                 [&lw.wq, &lw.wk, &lw.wv],
                 &b.xn,
@@ -315,17 +319,29 @@ impl<'f> Model<'f> {
             // Mixture-of-experts block: a decode token whose experts are all resident may be
             // routed and computed without leaving the device; otherwise routing comes to the
             // host (the expert engine decides loads there).
-            if t == 1
-                && experts.forward_on_device(
+            if t == 1 {
+                // The norm after this block: the next layer's, or the output head's for a
+                // head over the one token.
+                let next = match self.w.layers.get(l + 1) {
+                    Some(nl) => Some(&nl.attn_norm[..]),
+                    None => (rows == Some(0..1)).then_some(&self.w.output_norm[..]),
+                };
+                match experts.forward_on_device(
                     backend,
                     l,
                     (&lw.ffn_norm, cfg.rms_eps),
                     &mut b.xn,
                     &lw.router,
                     &mut b.x,
-                )?
-            {
-                continue;
+                    next.map(|n| (n, cfg.rms_eps)),
+                )? {
+                    OnDevice::No => {}
+                    OnDevice::Done => continue,
+                    OnDevice::DoneNormed => {
+                        normed = true;
+                        continue;
+                    }
+                }
             }
             backend.norm_route(
                 &b.x,
@@ -349,7 +365,9 @@ impl<'f> Model<'f> {
         }
         if let Some(rows) = rows {
             let n = rows.len();
-            backend.rms_norm(&b.x, rows, &self.w.output_norm, cfg.rms_eps, &mut b.xn)?;
+            if !normed {
+                backend.rms_norm(&b.x, rows, &self.w.output_norm, cfg.rms_eps, &mut b.xn)?;
+            }
             backend.matmul(&self.w.output, &b.xn, n, &mut b.logits)?;
         }
         Ok(())

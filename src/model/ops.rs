@@ -312,8 +312,11 @@ pub trait ExpertExecutor<B: Backend> {
     /// block's RMSNorm of the residual stream `x` with `norm` = (weights, eps), as the backend's
     /// `rms_norm` computes it; from xs and the layer's `router`, route (as the backend's `route`
     /// would) and add the experts' output (as `forward` computes it, summed the same way) into
-    /// `x`. Ok(false), nothing computed, when this executor cannot now; the caller then
-    /// normalizes, routes on the host and calls `forward`.
+    /// `x`. `next`: the RMSNorm that follows (the next layer's attention norm, or the output
+    /// norm), which the executor may fold into its last step (xs = RMSNorm(x) as `rms_norm`
+    /// computes it: OnDevice::DoneNormed). OnDevice::No, nothing computed, when this executor
+    /// cannot now; the caller then normalizes, routes on the host and calls `forward`.
+    #[allow(clippy::too_many_arguments)]
     fn forward_on_device(
         &mut self,
         _backend: &B,
@@ -322,9 +325,21 @@ pub trait ExpertExecutor<B: Backend> {
         _xs: &mut B::Buf,
         _router: &Matrix<'_>,
         _x: &mut B::Buf,
-    ) -> crate::Result<bool> {
-        Ok(false)
+        _next: Option<(&[f32], f32)>,
+    ) -> crate::Result<OnDevice> {
+        Ok(OnDevice::No)
     }
+}
+
+/// What `ExpertExecutor::forward_on_device` did with a decode layer's MoE block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnDevice {
+    /// Nothing: the caller normalizes, routes on the host and calls `forward`.
+    No,
+    /// The block is done.
+    Done,
+    /// The block is done, and xs holds the `next` RMSNorm of x.
+    DoneNormed,
 }
 
 /// The batch rows routed to each expert: `groups[e]` gets (token index, gate weight) for every

@@ -36,7 +36,7 @@ use crate::experts::scheduler::{Priority, Scheduler, Ticket, Worker};
 use crate::experts::trace::TraceWriter;
 use crate::experts::{Group, LayerPlan, Precision, PrecisionPlan};
 use crate::format::{ExpertLayout, HobFile};
-use crate::model::ops::{ExpertExecutor, Route};
+use crate::model::ops::{ExpertExecutor, OnDevice, Route};
 use crate::model::{ExpertReport, ExpertStats, VariantStats};
 use crate::quant::Matrix;
 use crate::Error;
@@ -2282,15 +2282,16 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         xs: &mut CudaSlice<f32>,
         router: &Matrix<'_>,
         x: &mut CudaSlice<f32>,
-    ) -> crate::Result<bool> {
+        next: Option<(&[f32], f32)>,
+    ) -> crate::Result<OnDevice> {
         if layer == 0 {
             self.device_token = self.device_ready()?;
         }
         if !self.device_token {
-            return Ok(false);
+            return Ok(OnDevice::No);
         }
         let Some(d) = self.device.as_ref() else {
-            return Ok(false);
+            return Ok(OnDevice::No);
         };
         let (ne, k) = (self.file.n_experts(), self.top_k);
         let (h, f) = self.file.expert_dims();
@@ -2302,6 +2303,7 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         let gpu = &self.gpu;
         let (xsp, xp) = (ptr(xs, s), ptr(x, s));
         let rw = b.mat(router)?;
+        let mut normed = false;
         if !gpu.moe_route_norm(rw, xp, (b.vector(norm)?, eps), xsp, k, routes)? {
             crate::model::Backend::rms_norm(b, x, 0..1, norm, eps, xs)?;
             gpu.moe_route(rw, xsp, k, routes, dn)?;
@@ -2317,13 +2319,25 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
             // rounds it), then the weighted sum and residual add.
             gpu.matvec_sel(&d.gate, tab, routes, k, 0, 2 * k, (xsp, 0, false), (g, f))?;
             gpu.matvec_sel(&d.down, tab, routes, k, 2, k, (g, f, true), (dn, h))?;
-            gpu.moe_combine(xp, dn, routes, k, h)?;
+            // The weighted sum, with the norm that follows where it folds in.
+            if let Some((nw, neps)) = next {
+                if gpu.moe_combine_norm(xp, dn, routes, k, h, (b.vector(nw)?, neps), xsp)? {
+                    normed = true;
+                }
+            }
+            if !normed {
+                gpu.moe_combine(xp, dn, routes, k, h)?;
+            }
         }
         if layer + 1 == self.file.n_layers() {
             // Read back in end_forward, once the output head is launched too.
             self.device_pending = true;
         }
-        Ok(true)
+        Ok(if normed {
+            OnDevice::DoneNormed
+        } else {
+            OnDevice::Done
+        })
     }
 
     fn decode_on_device(&mut self, _b: &CudaBackend) -> crate::Result<bool> {

@@ -54,6 +54,8 @@ pub struct Kernels {
     pub moe_down: [CudaFunction; 3],
     pub route_topk: CudaFunction,
     pub moe_combine: CudaFunction,
+    /// moe_combine and the next RMSNorm of x in one launch.
+    pub moe_combine_norm: CudaFunction,
     /// The routed experts' table and routes of a host-routed decode layer (put_slots).
     pub put_slots: CudaFunction,
     pub dequant_rows: CudaFunction,
@@ -232,6 +234,7 @@ impl Kernels {
             moe_down: floats("moe_down")?,
             route_topk: f("route_topk")?,
             moe_combine: f("moe_combine")?,
+            moe_combine_norm: f("moe_combine_norm")?,
             put_slots: f("put_slots")?,
             dequant_rows: f("dequant_rows")?,
             dequant_rows_h: f("dequant_rows_h")?,

@@ -822,6 +822,28 @@ impl Gpu {
         launch!(self, self.kernels.moe_combine, cfg(blocks(n, 256), 256); x, d, routes, ki, ni)
     }
 
+    /// `moe_combine`, then xn = RMSNorm(x) * g with `eps` (as `rms_norm` computes it) in one
+    /// launch. Ok(false), nothing launched, where the fused kernel does not apply (n % 4 != 0, a
+    /// pointer not 16-byte aligned): the caller then launches the two.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_combine_norm(
+        &self,
+        x: u64,
+        d: u64,
+        routes: u64,
+        k: usize,
+        n: usize,
+        (g, eps): (u64, f32),
+        xn: u64,
+    ) -> crate::Result<bool> {
+        if !n.is_multiple_of(4) || ((x | d | g | xn) & 15) != 0 {
+            return Ok(false);
+        }
+        let (ki, ni) = (k as i32, n as i32);
+        launch!(self, self.kernels.moe_combine_norm, cfg(1, rms_block(n)); x, d, routes, ki, ni, g, eps, xn)?;
+        Ok(true)
+    }
+
     /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU, for the kernel
     /// `matvec` runs.
     pub fn q_plan(&self, w: &DevMat) -> Option<QPlan> {
