@@ -529,6 +529,12 @@ __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restri
 // DEPTH chunks in flight per lane; the chunks are summed in ascending order whatever DEPTH is, so
 // every DEPTH gives the same bits (a lone router launch loads deeper: it is latency-bound).
 // WAIT: pdl_wait() once the first DEPTH chunks of the row are loading (before x is read).
+// ROW_DEPTH: the depth of the float products of the attention block and the output head: rows of
+// a few KB, so each round trip counts (8: resident decode +1.5% over 4 on the H100; an A/B
+// switch: HOB_NVRTC_DEFINES=ROW_DEPTH=4).
+#ifndef ROW_DEPTH
+#define ROW_DEPTH 8
+#endif
 template <int KIND, int DEPTH = 4, bool WAIT = false>
 __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __restrict__ x,
                                          int lane) {
@@ -560,7 +566,7 @@ __device__ __forceinline__ void matvec_body(const Mat w, const float* __restrict
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= w.rows) return;
-    const float acc = row_dot<KIND, 4, true>(w, r, x, lane);
+    const float acc = row_dot<KIND, ROW_DEPTH, true>(w, r, x, lane);
     if (lane == 0) y[r] = ACC ? y[r] + acc : acc;
 }
 
@@ -604,7 +610,7 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
     if (blockIdx.y == 2) {
         const int r = blockIdx.x * 8 + warp;
         if (r >= c.rows) return;
-        const float v = row_dot<KIND, 4, true>(c, r, x, lane);
+        const float v = row_dot<KIND, ROW_DEPTH, true>(c, r, x, lane);
         vc += (size_t)*posp * c.rows;
         if (lane == 0) {
             yv[r] = v;
@@ -620,7 +626,7 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
     const int p = blockIdx.x * 4 + (warp & 3);
     if (p < pairs) {
         const int at = (p / half) * 2 * half, i = p % half;
-        const float v = row_dot<KIND, 4, true>(w, at + i + (warp >> 2) * half, x, lane);
+        const float v = row_dot<KIND, ROW_DEPTH, true>(w, at + i + (warp >> 2) * half, x, lane);
         if (lane == 0) d[warp] = v;
     }
     pdl_wait();  // (a no-op where row_dot waited: every warp that writes below did)
