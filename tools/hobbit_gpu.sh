@@ -136,6 +136,7 @@ versus)
     l=$(timeout 120 /tmp/llama/build/bin/llama-bench -m "$g" -ngl 99 --n-cpu-moe "$cpu" -t "$(nproc)" -p 0 -n 64 -r 5 \
       -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
     r=$(awk -v h="${h:-0}" -v l="${l:-0}" 'BEGIN { if (h > 0 && l > 0) printf "%.2f", h / l; else print "-" }')
+    [ -n "$h" ] && h=$(printf "%.2f" "$h"); [ -n "$l" ] && l=$(printf "%.2f" "$l")
     echo "| $i | ${h:-failed} | ${l:-failed} | $r |" >> "$out/versus.md"
   done
   cat "$out/versus.md" ;;
