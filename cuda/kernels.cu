@@ -404,11 +404,11 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int q_dim = n_heads * hd, kv_dim = n_kv_heads * hd;
     int kvh = h / (n_heads / n_kv_heads);
-    {
-        // The keys and values of the first ATT_PREFETCH positions this block reads, into L2
-        // while the kernel before runs (L2 is coherent: a line the kernel before still writes is
-        // only fetched early). The position is read around L1; a stale one would only prefetch
-        // other lines.
+    if (gridDim.y == 1) {
+        // Decode: the keys and values of the first ATT_PREFETCH positions this block reads, into
+        // L2 while the kernel before runs (L2 is coherent: a line the kernel before still writes
+        // is only fetched early). The position is read around L1; a stale one would only
+        // prefetch other lines. (Prefill's many blocks would prefetch the same lines again.)
         int pp = start_pos;
         if (posp) asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(pp) : "l"(posp));
         pp += i;
