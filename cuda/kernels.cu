@@ -2,6 +2,10 @@
 // hand and cached on disk. Activations are f32; weights are read in their stored form (f32, f16,
 // bf16, or the planar int8/int4/int2 variants of formats/hob.md) and dequantized in registers.
 //
+// Every kernel waits for the kernel before it (pdl_wait, below) before it touches memory an
+// earlier kernel writes or reads: on sm_90 the compute stream launches with programmatic dependent
+// launch (src/backend/cuda/kernels.rs tests this for every __global__ function).
+//
 // Conventions: every matrix is row-major [rows, cols]; a "row_bytes" is the stored bytes of one
 // row of codes; scales and mins are f16 [rows, cols / group]. Kind codes match WeightKind in
 // src/backend/cuda/mod.rs: 0 f32, 1 f16, 2 bf16, 3 int8, 4 int4, 5 int2.

@@ -248,3 +248,82 @@ impl Kernels {
         Ok(kernels)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SOURCE;
+
+    /// The text of the block that opens at the first `{` at or after `from` (braces balanced).
+    fn block(src: &str, from: usize) -> &str {
+        let open = from + src[from..].find('{').expect("a body");
+        let mut depth = 0usize;
+        for (i, ch) in src[open..].char_indices() {
+            match ch {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return &src[open..open + i + 1];
+                    }
+                }
+                _ => {}
+            }
+        }
+        panic!("unbalanced braces after byte {from}");
+    }
+
+    /// Every `__global__` function of the source: (name, body).
+    fn kernels(src: &str) -> Vec<(String, &str)> {
+        let key = "__global__ void ";
+        src.match_indices(key)
+            .map(|(at, _)| {
+                let rest = &src[at + key.len()..];
+                let rest = rest
+                    .trim_start_matches("ATTR ")
+                    .trim_start_matches("SEL_ATTR ");
+                let name = rest[..rest.find('(').expect("a parameter list")]
+                    .trim()
+                    .to_string();
+                (name, block(src, at))
+            })
+            .collect()
+    }
+
+    /// Under programmatic dependent launch (Gpu::launch_raw) a kernel may start while the one
+    /// before it still runs, so every kernel must wait (kernels.cu pdl_wait) before it touches
+    /// memory an earlier kernel writes or reads: in its own body, or in the device function that
+    /// does its work. A kernel that forgot would race only on sm_90 and only sometimes.
+    #[test]
+    fn every_kernel_waits_for_the_one_before() {
+        // Device functions that wait themselves (after their first weight loads).
+        let waiting = [
+            "matvec_body",
+            "matvec3_rope_body",
+            "matvec_q_body",
+            "matvec_qm_body",
+        ];
+        for f in waiting {
+            let at = SOURCE
+                .find(&format!("void {f}("))
+                .unwrap_or_else(|| panic!("{f} not found"));
+            let body = block(SOURCE, at);
+            assert!(
+                body.contains("pdl_wait()") || body.contains("row_dot<KIND, ROW_DEPTH, true>"),
+                "{f} does not wait"
+            );
+        }
+        let all = kernels(SOURCE);
+        assert!(all.len() >= 30, "{} kernels found", all.len());
+        for (name, body) in all {
+            // The emulated link's clock runs on the copy stream, launched without the attribute.
+            if name.starts_with("link_") {
+                continue;
+            }
+            let waits = body.contains("PDL_ENTRY()")
+                || body.contains("pdl_wait()")
+                || body.contains("BODY<")
+                || waiting.iter().any(|f| body.contains(&format!("{f}<")));
+            assert!(waits, "kernel {name} never waits for the kernel before it");
+        }
+    }
+}
