@@ -2242,7 +2242,7 @@ impl<'f> CudaExperts<'f> {
         } else {
             gpu.matvec_sel(&gate, tab, rp, k, 0, 2 * k, (x, 0, false), (g, f))?;
             gpu.matvec_sel(&down, tab, rp, k, 2, k, (g, f, true), (dn, h))?;
-            gpu.moe_combine(out, dn, rp, k, h)?;
+            gpu.moe_combine(out, dn, rp, (k, h), None)?;
         }
         self.slot_layers += 1;
         Ok(())
@@ -2320,14 +2320,11 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
             gpu.matvec_sel(&d.gate, tab, routes, k, 0, 2 * k, (xsp, 0, false), (g, f))?;
             gpu.matvec_sel(&d.down, tab, routes, k, 2, k, (g, f, true), (dn, h))?;
             // The weighted sum, with the norm that follows where it folds in.
-            if let Some((nw, neps)) = next {
-                if gpu.moe_combine_norm(xp, dn, routes, k, h, (b.vector(nw)?, neps), xsp)? {
-                    normed = true;
-                }
-            }
-            if !normed {
-                gpu.moe_combine(xp, dn, routes, k, h)?;
-            }
+            let norm = match next {
+                Some((nw, neps)) => Some(((b.vector(nw)?, neps), xsp)),
+                None => None,
+            };
+            normed = gpu.moe_combine(xp, dn, routes, (k, h), norm)?;
         }
         if layer + 1 == self.file.n_layers() {
             // Read back in end_forward, once the output head is launched too.

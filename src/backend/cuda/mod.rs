@@ -809,39 +809,27 @@ impl Gpu {
     }
 
     /// x[:n] += the k routed experts' outputs d ([k, n]) weighted by `routes` (one token), summed
-    /// in ascending expert order with the roundings of zero + axpy per expert + add.
+    /// in ascending expert order with the roundings of zero + axpy per expert + add. With `norm`
+    /// = ((g, eps), xn), also xn = RMSNorm(x) * g (as `rms_norm` computes it) in the same launch
+    /// where that kernel applies (n % 4 == 0, every pointer 16-byte aligned); returns whether xn
+    /// was written (if not, the caller normalizes).
     pub fn moe_combine(
         &self,
         x: u64,
         d: u64,
         routes: u64,
-        k: usize,
-        n: usize,
-    ) -> crate::Result<()> {
-        let (ki, ni) = (k as i32, n as i32);
-        launch!(self, self.kernels.moe_combine, cfg(blocks(n, 256), 256); x, d, routes, ki, ni)
-    }
-
-    /// `moe_combine`, then xn = RMSNorm(x) * g with `eps` (as `rms_norm` computes it) in one
-    /// launch. Ok(false), nothing launched, where the fused kernel does not apply (n % 4 != 0, a
-    /// pointer not 16-byte aligned): the caller then launches the two.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine_norm(
-        &self,
-        x: u64,
-        d: u64,
-        routes: u64,
-        k: usize,
-        n: usize,
-        (g, eps): (u64, f32),
-        xn: u64,
+        (k, n): (usize, usize),
+        norm: Option<((u64, f32), u64)>,
     ) -> crate::Result<bool> {
-        if !n.is_multiple_of(4) || ((x | d | g | xn) & 15) != 0 {
-            return Ok(false);
-        }
         let (ki, ni) = (k as i32, n as i32);
-        launch!(self, self.kernels.moe_combine_norm, cfg(1, rms_block(n)); x, d, routes, ki, ni, g, eps, xn)?;
-        Ok(true)
+        if let Some(((g, eps), xn)) = norm {
+            if n.is_multiple_of(4) && ((x | d | g | xn) & 15) == 0 {
+                launch!(self, self.kernels.moe_combine_norm, cfg(1, rms_block(n)); x, d, routes, ki, ni, g, eps, xn)?;
+                return Ok(true);
+            }
+        }
+        launch!(self, self.kernels.moe_combine, cfg(blocks(n, 256), 256); x, d, routes, ki, ni)?;
+        Ok(false)
     }
 
     /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU, for the kernel
