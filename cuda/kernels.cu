@@ -352,7 +352,7 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 
 // moe_combine, then the next RMSNorm of the new x (xn = RMSNorm(x) * g, as rms_norm_row's float4
 // path computes it) in one launch: one block of rms_block(n) threads, n % 4 == 0, x, d, g and xn
-// 16-byte aligned (Gpu::moe_combine_norm checks). Each thread computes its float4s of the new x
+// 16-byte aligned (Gpu::moe_combine checks). Each thread computes its float4s of the new x
 // twice (for the sum of squares, then to store them with their normalized values), from the old
 // x: no thread reads what another wrote.
 extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* __restrict__ d,
