@@ -989,6 +989,169 @@ __device__ float qstage(const float* __restrict__ xt, const float* __restrict__ 
     return __uint_as_float((u32)(127 + k) << 23);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The integer-dot-product form of matvec_q_body (DP = true: the matvec_qd_* kernels), for layouts
+// whose groups are whole chunks. x is staged as integers: per chunk, xq = round(x * 2^-e) with e
+// chosen so that the chunk's largest |x| lies in [2^(XB-2), 2^(XB-1)) (XB = 8 * QD_PARTS bits), held
+// in QD_PARTS byte planes (the top one signed, the rest unsigned: xq = sum of plane p << 8 (PARTS-1-p)).
+// A code word's codes, masked in place into its four bytes (set s: codes b * S + s of bytes b), meet
+// each plane in one dp4a (four 8-bit products summed in 32-bit integers, exact): eight int4 codes
+// take 3 mask and shift instructions and 2 * QD_PARTS dp4a where the scalar kernel spends an AND
+// and an FMA on each code (plus shifts). Per chunk and row, the
+// planes' integer sums become one float (exact, or one rounding) times 2^e, then scale and min
+// as in the scalar kernel. The only approximation is x's rounding to XB bits relative to its
+// chunk's largest |x| (2^-(XB-1)); NaN or infinite x make the chunk's sums NaN.
+#ifndef QD_PARTS
+#define QD_PARTS 2
+#endif
+
+template <int KIND> struct QDTraits;
+// S: sets (bytes' worth of codes) per 32-bit word; M: the mask keeping one code per byte; AHEAD:
+// the steps loaded ahead of the one computed (matvec_q_body), measured on the H100
+// (benches/results/2026-11-24-h100-dp4a.md: two for int8 and int4, +4-5 points of copy
+// bandwidth; one for int2, whose down shape lost 6 points with two). -DQD_AHEAD=n sets all.
+template <> struct QDTraits<KIND_INT8> { enum : u32 { S = 1, M = 0xffffffffu, AHEAD = 2 }; };
+template <> struct QDTraits<KIND_INT4> { enum : u32 { S = 2, M = 0x0f0f0f0fu, AHEAD = 2 }; };
+template <> struct QDTraits<KIND_INT2> { enum : u32 { S = 4, M = 0x03030303u, AHEAD = 1 }; };
+#ifdef QD_AHEAD
+#define QD_AHEAD_OF(KIND) QD_AHEAD
+#else
+#define QD_AHEAD_OF(KIND) ((int)QDTraits<KIND>::AHEAD)
+#endif
+
+// Set s of code word w: one code per byte (int8: the word, its bytes signed).
+template <int KIND>
+__device__ __forceinline__ u32 qd_codes(u32 w, int s) {
+    if (KIND == KIND_INT8) return w;
+    return (s == 0 ? w : w >> (QTraits<KIND>::BITS * s)) & (u32)QDTraits<KIND>::M;
+}
+
+// acc + the dot product of four codes (a: signed bytes for int8, else unsigned) and four bytes of
+// an x plane (b: signed for the top plane, else unsigned).
+template <int KIND, bool TOP>
+__device__ __forceinline__ int qd_dot(u32 a, u32 b, int acc) {
+    int d;
+#if __CUDA_ARCH__ < 610
+    // No dp4a (the launcher does not take these kernels there; this keeps the module loading).
+    d = acc;
+    for (int j = 0; j < 4; j++) {
+        const int xb = (int)((b >> (8 * j)) & 0xffu), cb = (int)((a >> (8 * j)) & 0xffu);
+        d += (TOP ? (int)(signed char)xb : xb) * (KIND == KIND_INT8 ? (int)(signed char)cb : cb);
+    }
+#else
+    if (KIND == KIND_INT8) {
+        if (TOP) asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc));
+        else asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc));
+    } else {
+        if (TOP) asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc));
+        else asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc));
+    }
+#endif
+    return d;
+}
+
+// u32 index of plane p, word wd, set s of chunk c in the staged x: lane-contiguous runs of S words
+// (a lane reads its chunk's S words of one plane and word with one vector load, no bank conflicts).
+template <int KIND>
+__device__ __forceinline__ int qd_at(int c, int p, int wd) {
+    constexpr int S = QDTraits<KIND>::S;
+    return ((((c >> 5) * QD_PARTS + p) * 4 + wd) * 32 + (c & 31)) * S;
+}
+
+template <int S>
+__device__ __forceinline__ void qd_load(const u32* __restrict__ p, u32 (&o)[S]) {
+    if (S == 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        o[0] = v.x; o[1] = v.y; o[2 % S] = v.z; o[3 % S] = v.w;
+    } else if (S == 2) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
+        o[0] = v.x; o[1 % S] = v.y;
+    } else {
+        o[0] = p[0];
+    }
+}
+
+// The planes of one chunk's staged x as one float per row: (top << 8 (PARTS-1)) + the rest.
+template <int R>
+__device__ __forceinline__ float qd_sum(const int (&a)[QD_PARTS][R], int i) {
+    if (QD_PARTS == 2) return (float)(a[0][i] * 256 + a[1][i]);
+    return fmaf((float)a[0][i], 65536.f, (float)(a[1][i] * 256 + a[2][i]));
+}
+
+// Stage columns [0, tn * CC) of xt (or SwiGLU(xt, ut)) for the DP kernels: the byte planes at xq
+// (qd_at) and, per chunk, (2^e, the chunk's f32 sum of x) at xsx. Block-wide; ends with a barrier.
+template <int KIND>
+__device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ ut, int tn,
+                        u32* __restrict__ xq, float2* __restrict__ xsx) {
+    constexpr int EPW = QTraits<KIND>::EPW, S = QDTraits<KIND>::S, XB = 8 * QD_PARTS;
+    constexpr int QMAX = (1 << (XB - 1)) - 1;
+    const float4* x4 = reinterpret_cast<const float4*>(xt);
+    const float4* u4 = reinterpret_cast<const float4*>(ut);
+    const int nw = tn * 4;  // code words (a thread each), four per chunk in adjacent lanes
+    __syncthreads();  // earlier readers of the shared arrays are done
+    for (int m0 = 0; m0 < nw; m0 += blockDim.x) {
+        const int m = m0 + threadIdx.x;
+        const bool in = m < nw;
+        float v[EPW];
+#pragma unroll
+        for (int q = 0; q < EPW / 4; q++) {
+            const float4 t = in ? xin(x4, u4, m * (EPW / 4) + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[4 * q] = t.x;
+            v[4 * q + 1] = t.y;
+            v[4 * q + 2] = t.z;
+            v[4 * q + 3] = t.w;
+        }
+        // The largest |x| by its bits (NaN above infinity above every finite value), and the sum.
+        u32 mb = 0;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < EPW; j++) {
+            mb = max(mb, __float_as_uint(v[j]) & 0x7fffffffu);
+            sum += v[j];
+        }
+        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a + b == b + a: every lane of the chunk
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // ends with the same sum
+        const int E = (int)(mb >> 23);
+        const bool bad = E == 255;
+        // |x| < 2^(E - 126): x * 2^(XB + 125 - E) < 2^(XB - 1). E >= XB - 2 keeps that factor a
+        // normal float (smaller chunks, below 2^-100, keep fewer bits).
+        const int ep = max(E, XB - 2);
+        const float mul = __uint_as_float((u32)(XB + 252 - ep) << 23);
+        const float xs = bad ? __uint_as_float(0x7fc00000u) : ldexp2(1.0f, ep - 125 - XB);
+        if (in) {
+            int q[EPW];
+#pragma unroll
+            for (int j = 0; j < EPW; j++)
+                q[j] = bad ? 0 : min(max(__float2int_rn(v[j] * mul), -QMAX), QMAX);
+            const int c = m >> 2, wd = m & 3;
+#pragma unroll
+            for (int p = 0; p < QD_PARTS; p++) {
+                const int sh = 8 * (QD_PARTS - 1 - p);
+                u32 o[S];
+#pragma unroll
+                for (int s = 0; s < S; s++) {
+                    u32 b = 0;
+#pragma unroll
+                    for (int by = 0; by < 4; by++) b |= ((u32)(q[by * S + s] >> sh) & 0xffu) << (8 * by);
+                    o[s] = b;
+                }
+                u32* dst = xq + qd_at<KIND>(c, p, wd);
+                if (S == 4) {
+                    *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1 % S], o[2 % S], o[3 % S]);
+                } else if (S == 2) {
+                    *reinterpret_cast<uint2*>(dst) = make_uint2(o[0], o[1 % S]);
+                } else {
+                    dst[0] = o[0];
+                }
+            }
+            if (wd == 0) xsx[c] = make_float2(xs, sum);
+        }
+    }
+    __syncthreads();
+}
+
 // The sums of R rows held across a warp: returns, in lanes l with l % (32 / R) == 0, the full sum
 // of row l / (32 / R) (the other lanes hold partial or repeated sums). Fixed order.
 template <int R>
@@ -1041,8 +1204,9 @@ struct QBuf {
 // 2-byte). blockDim.x = 32 * warps, warps % split == 0; a tile is (warps / split) * R rows, tiles
 // go to blocks round-robin; the columns go in tiles of tchunks chunks (a multiple of 32 when there
 // is more than one), each staged in turn (y then accumulated by the same thread, in order).
-// Dynamic shared memory: q_smem in mod.rs.
-template <int KIND, int R>
+// Dynamic shared memory: q_smem in mod.rs. DP: the integer-dot-product form (qdstage), for groups
+// of whole chunks.
+template <int KIND, int R, bool DP = false, int AHEAD = 1>
 __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restrict__ x,
                                               const float* __restrict__ u,
                                               float* __restrict__ y, int split, int tchunks) {
@@ -1059,10 +1223,13 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     const int tpad = (tchunks + 31) & ~31;
     float4* xs4 = qsm;
     float* sxp = reinterpret_cast<float*>(qsm + tpad * Q);
-    float* red = sxp + tpad * P;  // [2][warps][R]
+    // DP: the byte planes (QD_PARTS * S 16-byte words a chunk), then (2^e, sum) per chunk.
+    u32* xq = reinterpret_cast<u32*>(qsm);
+    float2* xsx = reinterpret_cast<float2*>(qsm + tpad * QD_PARTS * QDTraits<KIND>::S);
+    float* red = DP ? reinterpret_cast<float*>(xsx + tpad) : sxp + tpad * P;  // [2][warps][R]
     int* wsm = reinterpret_cast<int*>(red + 2 * warps * R);  // [2][warps]
     const int gpr = w.cols / w.group;
-    const bool fast = KIND == KIND_INT8 || w.group % CC == 0;
+    const bool fast = DP || KIND == KIND_INT8 || w.group % CC == 0;
     const int cpg = w.group / CC;
     const int cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;
     const int step = 32 * split, c0 = s * 32 + lane;
@@ -1100,22 +1267,77 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 b.sm[i] = sm;
             }
         };
-        QBuf<R> cur, nxt;
-        int t = blockIdx.x, k = 0;
-        load(cur, t, k);
+        // A ring of AHEAD + 1 buffers: step (t, k) computes from one while the next AHEAD steps
+        // load into the others ((lt, lk): the last step loaded).
+        QBuf<R> b0, b1, b2;
+        int t = blockIdx.x, k = 0, lt = t, lk = 0;
+        load(b0, t, k);
+        if (AHEAD == 2) {
+            int nt, nk;
+            next_step(lt, lk, ksteps, nt, nk);
+            lt = nt;
+            lk = nk;
+            if (lt < ntiles) load(b1, lt, lk);
+        }
         pdl_wait();  // the first codes are loading; x may come from the kernel before
-        const float kscale = qstage<KIND>(x + (size_t)ct0 * CC, u ? u + (size_t)ct0 * CC : nullptr, tn,
-                                             xs4, sxp, wsm);
+        const float* xt = x + (size_t)ct0 * CC;
+        const float* ut = u ? u + (size_t)ct0 * CC : nullptr;
+        float kscale = 1.f;
+        if (DP) {
+            qdstage<KIND>(xt, ut, tn, xq, xsx);
+        } else {
+            kscale = qstage<KIND>(xt, ut, tn, xs4, sxp, wsm);
+        }
         float racc[R];
 #pragma unroll
         for (int i = 0; i < R; i++) racc[i] = 0.f;
-        for (;;) {
+        // One step: load the step after (lt, lk) into `fill`, compute (t, k) from `cur`, move on;
+        // false when no step is left.
+        auto run = [&](const QBuf<R>& cur, QBuf<R>& fill) -> bool {
             int nk, nt;
+            next_step(lt, lk, ksteps, nt, nk);
+            lt = nt;
+            lk = nk;
+            if (lt < ntiles) load(fill, lt, lk);
             next_step(t, k, ksteps, nt, nk);
-            const bool more = nt < ntiles;
-            if (more) load(nxt, nt, nk);
             const int c = c0 + k * step;
-            if (c < tn) {
+            if (DP && c < tn) {
+                constexpr int S = QDTraits<KIND>::S;
+                int a[QD_PARTS][R];
+#pragma unroll
+                for (int p = 0; p < QD_PARTS; p++)
+#pragma unroll
+                    for (int i = 0; i < R; i++) a[p][i] = 0;
+#pragma unroll
+                for (int wd = 0; wd < 4; wd++) {
+                    u32 xp[QD_PARTS][S];
+#pragma unroll
+                    for (int p = 0; p < QD_PARTS; p++) qd_load<S>(xq + qd_at<KIND>(c, p, wd), xp[p]);
+#pragma unroll
+                    for (int i = 0; i < R; i++) {
+                        const u32 wv = qword(cur.v[i], wd);
+#pragma unroll
+                        for (int s = 0; s < S; s++) {
+                            const u32 cd = qd_codes<KIND>(wv, s);
+                            a[0][i] = qd_dot<KIND, true>(cd, xp[0][s], a[0][i]);
+#pragma unroll
+                            for (int p = 1; p < QD_PARTS; p++) a[p][i] = qd_dot<KIND, false>(cd, xp[p][s], a[p][i]);
+                        }
+                    }
+                }
+                const float2 es = xsx[c];
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    const float sc = h2f((half_bits)(cur.sm[i] & 0xffff));
+                    const float d = qd_sum<R>(a, i) * es.x;
+                    if (KIND == KIND_INT8) {
+                        racc[i] = fmaf(sc, d, racc[i]);
+                    } else {
+                        const float mn = h2f((half_bits)(cur.sm[i] >> 16));
+                        racc[i] = fmaf(sc, d, fmaf(mn, es.y, racc[i]));
+                    }
+                }
+            } else if (!DP && c < tn) {
                 const float4* xb = xs4 + (c >> 5) * Q * 32 + lane;
                 if (fast) {
                     float a[R];
@@ -1207,10 +1429,16 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 #pragma unroll
                 for (int i = 0; i < R; i++) racc[i] = 0.f;
             }
-            if (!more) break;
-            cur = nxt;
             t = nt;
             k = nk;
+            return t < ntiles;
+        };
+        if (AHEAD == 2) {
+            while (run(b0, b2) && run(b1, b0) && run(b2, b1)) {
+            }
+        } else {
+            while (run(b0, b1) && run(b1, b0)) {
+            }
         }
     }
 }
@@ -1249,6 +1477,15 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 // two positions per step, and a cp.async ring in shared memory keeping 2-5 steps in flight
 // (benches/results/2026-11-22-h100-int-matvec.md).
 INT_MATVEC_KERNELS(matvec_q, matvec_q_body, 4, , __launch_bounds__(512))
+
+// The integer-dot-product kernels (matvec_qd_*), for layouts whose groups are whole chunks.
+template <int KIND, int R>
+__device__ __forceinline__ void matvec_qd_body(const Mat w, const float* __restrict__ x,
+                                               const float* __restrict__ u,
+                                               float* __restrict__ y, int split, int tchunks) {
+    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND)>(w, x, u, y, split, tchunks);
+}
+INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, 4, , __launch_bounds__(512))
 
 // ---------------------------------------------------------------------------------------------
 // Integer dequantize-matvec on the tensor cores (sm_80 and later, for groups of 1, 2 or a multiple

@@ -38,6 +38,10 @@ pub struct Kernels {
     /// matvec_q_*_sel): sm_80 and later, None before.
     pub matvec_qm: Option<[QKernel; 3]>,
     pub matvec_qm_sel: Option<[QKernel; 3]>,
+    /// The integer kinds through dp4a on x staged as integers (kernels.cu matvec_qd_*, and
+    /// matvec_qd_*_sel), for groups of whole 16-byte chunks.
+    pub matvec_qd: [QKernel; 3],
+    pub matvec_qd_sel: [QKernel; 3],
     /// Float kinds by kind code: y += W x (matvec_add_*), and three matrices of one x
     /// (matvec3_*).
     pub matvec_add: [CudaFunction; 3],
@@ -78,13 +82,23 @@ pub struct QKernel {
     pub shape: QShape,
 }
 
+/// Which family a QKernel belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QFamily {
+    /// matvec_q_*: f32 products of codes and staged x.
+    Scalar,
+    /// matvec_qm_*: tensor cores.
+    Mma,
+    /// matvec_qd_*: dp4a with x in this many byte planes (kernels.cu QD_PARTS).
+    Dp(usize),
+}
+
 impl QKernel {
-    /// `quads`: U of a matvec_qm_* kernel, 0 for matvec_q_*.
     pub fn new(
         ctx: &Arc<CudaContext>,
         f: CudaFunction,
         kind: i32,
-        quads: usize,
+        family: QFamily,
     ) -> crate::Result<QKernel> {
         // Mixtral's 14336 columns stage 61 KB of x: above the 48 KB a launch gets without asking.
         let optin = ctx
@@ -98,12 +112,21 @@ impl QKernel {
         let regs = f.num_regs().map_err(cuda_err)?.max(1) as usize;
         Ok(QKernel {
             f,
-            // R = 4 rows per warp (kernels.cu matvec_q_*), or an mma's 16 (matvec_qm_*).
+            // R = 4 rows per warp (kernels.cu matvec_q_*, matvec_qd_*), or an mma's 16
+            // (matvec_qm_*).
             shape: QShape {
                 kind,
-                rows: if quads > 0 { 16 } else { 4 },
+                rows: if family == QFamily::Mma { 16 } else { 4 },
                 regs,
-                quads,
+                quads: if family == QFamily::Mma {
+                    QM_QUADS_PER_STEP
+                } else {
+                    0
+                },
+                dp_parts: match family {
+                    QFamily::Dp(p) => p,
+                    _ => 0,
+                },
             },
         })
     }
@@ -124,7 +147,17 @@ impl Kernels {
     pub fn load(ctx: &Arc<CudaContext>) -> crate::Result<Kernels> {
         let (major, minor) = ctx.compute_capability().map_err(cuda_err)?;
         let arch = format!("compute_{major}{minor}");
-        let mut options = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+        // x's byte planes in the dp4a kernels (matvec_qd_*): 2 (16 bits; measured faster in
+        // decode than 3, benches/results/2026-11-24-h100-dp4a.md), or 3 with HOB_QD_PARTS=3.
+        let qd_parts = match std::env::var("HOB_QD_PARTS").as_deref() {
+            Ok("3") => 3,
+            _ => 2,
+        };
+        let mut options = vec![
+            format!("--gpu-architecture={arch}"),
+            "-std=c++17".into(),
+            format!("-DQD_PARTS={qd_parts}"),
+        ];
         // Switches of cuda/kernels.cu for A/B runs (e.g. HOB_NVRTC_DEFINES=HOB_L2_PREFETCH=0),
         // separated by spaces or commas; part of the cache key like every option.
         if let Ok(defs) = std::env::var("HOB_NVRTC_DEFINES") {
@@ -189,10 +222,9 @@ impl Kernels {
             Ok::<_, Error>(k)
         };
         // The three integer kinds of one kernel family.
-        let qkernels = |stem: &str, suffix: &str, mma: bool| -> crate::Result<[QKernel; 3]> {
+        let qkernels = |stem: &str, suffix: &str, family: QFamily| -> crate::Result<[QKernel; 3]> {
             let k = |kind: i32, name: &str| {
-                let quads = if mma { QM_QUADS_PER_STEP } else { 0 };
-                QKernel::new(ctx, f(&format!("{stem}_{name}{suffix}"))?, kind, quads)
+                QKernel::new(ctx, f(&format!("{stem}_{name}{suffix}"))?, kind, family)
             };
             Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
         };
@@ -217,13 +249,17 @@ impl Kernels {
             axpy: f("axpy")?,
             attention: f("attention")?,
             matvec: floats("matvec")?,
-            matvec_q: qkernels("matvec_q", "", false)?,
+            matvec_q: qkernels("matvec_q", "", QFamily::Scalar)?,
             matvec_any: f("matvec_any")?,
-            matvec_q_sel: qkernels("matvec_q", "_sel", false)?,
-            matvec_qm: mma.then(|| qkernels("matvec_qm", "", true)).transpose()?,
-            matvec_qm_sel: mma
-                .then(|| qkernels("matvec_qm", "_sel", true))
+            matvec_q_sel: qkernels("matvec_q", "_sel", QFamily::Scalar)?,
+            matvec_qm: mma
+                .then(|| qkernels("matvec_qm", "", QFamily::Mma))
                 .transpose()?,
+            matvec_qm_sel: mma
+                .then(|| qkernels("matvec_qm", "_sel", QFamily::Mma))
+                .transpose()?,
+            matvec_qd: qkernels("matvec_qd", "", QFamily::Dp(qd_parts))?,
+            matvec_qd_sel: qkernels("matvec_qd", "_sel", QFamily::Dp(qd_parts))?,
             matvec_add: floats("matvec_add")?,
             matvec3: floats("matvec3")?,
             matvec3_rope: floats("matvec3_rope")?,

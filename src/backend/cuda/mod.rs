@@ -11,7 +11,7 @@ mod experts;
 mod kernels;
 
 pub use experts::{CacheConfig, CudaExperts, Split, Tier};
-pub use kernels::{Kernels, QKernel};
+pub use kernels::{Kernels, QFamily, QKernel};
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -203,6 +203,8 @@ pub struct QShape {
     /// The tensor-core kernel (matvec_qm_*): its quads (four 16-byte chunks of each of a warp's
     /// rows) per step, U. 0: the scalar kernel (matvec_q_*).
     pub quads: usize,
+    /// The dp4a kernel (matvec_qd_*): x's byte planes (kernels.cu QD_PARTS); 0 for the others.
+    pub dp_parts: usize,
 }
 
 /// matvec_qm_*'s U (kernels.cu).
@@ -217,6 +219,18 @@ impl QShape {
     /// The tensor-core kernel (matvec_qm_*).
     pub fn mma(&self) -> bool {
         self.quads > 0
+    }
+
+    /// The NMSE bound of this kernel's products against the CPU backend (cuda/README.md): 1e-10
+    /// where the products are exact and only the summation order differs (24-bit x planes
+    /// included); 1e-8 for the dp4a kernel with x in two byte planes (x rounded to 16 bits of its
+    /// chunk's largest |x|: measured up to 1.2e-9).
+    pub fn nmse_bound(&self) -> f64 {
+        if self.dp_parts == 2 {
+            1e-8
+        } else {
+            1e-10
+        }
     }
 
     /// Chunks of a row a warp reads per step: one per lane (matvec_q_*), or U quads.
@@ -234,6 +248,9 @@ impl QShape {
         if self.mma() {
             // Two f16 parts per column, the chunk's sum, and its quad's scale (4 bytes a quad).
             cc * 4 + 4 + 1
+        } else if self.dp_parts > 0 {
+            // A byte per column per plane, and the chunk's power of two and sum.
+            cc * self.dp_parts + 8
         } else {
             // The scaled f32 x, and its 16-column sums.
             cc * 4 + cc / 16 * 4
@@ -347,6 +364,10 @@ pub struct Gpu {
     /// (matvec_qm_*) where those apply: QM_KINDS, or all / none with HOB_INT_MATVEC=mma / scalar
     /// (for A/B runs).
     pub qm_kinds: [bool; 3],
+    /// The integer kinds whose matvecs take the dp4a kernels (matvec_qd_*) where those apply
+    /// (groups of whole chunks), before the tensor-core ones: QD_KINDS, or all / none with
+    /// HOB_INT_MATVEC=dp4a / scalar or mma.
+    pub qd_kinds: [bool; 3],
     /// Per-kernel GPU time while switched on (`hob bench --kernel-times`).
     pub clock: clock::KernelClock,
     /// Launch with programmatic dependent launch (sm_90 and later; off with HOB_PDL=0): a kernel
@@ -360,6 +381,11 @@ pub struct Gpu {
 /// (benches/results/2026-11-23-h100-int-matvec-mma.md): int2 only; int8 and int4 keep the scalar
 /// kernels.
 const QM_KINDS: [bool; 3] = [false, false, true];
+
+/// Where the dp4a integer matvec (matvec_qd_*) is taken for groups of whole chunks (int8, int4,
+/// int2): every kind, measured faster than the scalar and tensor-core kernels on the H100
+/// (benches/results/2026-11-24-h100-dp4a.md); sm_61 and later (dp4a).
+const QD_KINDS: [bool; 3] = [true, true, true];
 
 fn cfg(grid: u32, block: u32) -> LaunchConfig {
     LaunchConfig {
@@ -450,8 +476,14 @@ impl Gpu {
             q_limits,
             qm_kinds: match std::env::var("HOB_INT_MATVEC").as_deref() {
                 Ok("mma") => [true; 3],
-                Ok("scalar") => [false; 3],
+                Ok("scalar") | Ok("dp4a") => [false; 3],
                 _ => QM_KINDS,
+            },
+            qd_kinds: match std::env::var("HOB_INT_MATVEC").as_deref() {
+                _ if compute_capability < (6, 1) => [false; 3],
+                Ok("dp4a") => [true; 3],
+                Ok("scalar") | Ok("mma") => [false; 3],
+                _ => QD_KINDS,
             },
             pdl,
         }))
@@ -632,6 +664,9 @@ impl Gpu {
         let i = (w.kind - 3) as usize;
         let cc = 16 << (w.kind - 3);
         let cpg = w.group / cc;
+        if w.group > 0 && w.group % cc == 0 && self.qd_kinds[i] {
+            return (&self.kernels.matvec_qd[i], &self.kernels.matvec_qd_sel[i]);
+        }
         let whole = w.group > 0 && w.group % cc == 0 && (cpg <= 2 || cpg % 4 == 0);
         match (&self.kernels.matvec_qm, &self.kernels.matvec_qm_sel) {
             (Some(p), Some(s)) if whole && self.qm_kinds[i] => (&p[i], &s[i]),
@@ -830,6 +865,17 @@ impl Gpu {
         }
         launch!(self, self.kernels.moe_combine, cfg(blocks(n, 256), 256); x, d, routes, ki, ni)?;
         Ok(false)
+    }
+
+    /// The NMSE bound of a one-token product (`matvec`) of `m` against the CPU backend: the
+    /// integer kernel's (QShape::nmse_bound), 1e-10 for the rest.
+    pub fn matvec_nmse_bound(&self, m: &Matrix<'_>) -> f64 {
+        let d = DevMat::new(m, 0, 0, 0);
+        if d.kind >= 3 && d.row_bytes % 16 == 0 {
+            self.q_kernels(&d).0.shape.nmse_bound()
+        } else {
+            1e-10
+        }
     }
 
     /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU, for the kernel
@@ -1798,19 +1844,22 @@ mod tests {
                 for &(rows, cols) in &shapes {
                     let row_bytes = cols * [8, 4, 2][(kind - 3) as usize] / 8;
                     let n = row_bytes / 16;
-                    for (r, regs, mma) in [
-                        (4, 128, false),
-                        (2, 64, false),
-                        (8, 168, false),
-                        (16, 96, true),
+                    for (r, regs, mma, dp_parts) in [
+                        (4, 128, false, 0),
+                        (2, 64, false, 0),
+                        (8, 168, false, 0),
+                        (16, 96, true, 0),
+                        (4, 128, false, 3),
+                        (4, 96, false, 2),
                         // More than 128 registers: a 512-thread block cannot launch.
-                        (4, 255, false),
+                        (4, 255, false, 0),
                     ] {
                         let k = QShape {
                             kind,
                             rows: r,
                             regs,
                             quads: if mma { QM_QUADS_PER_STEP } else { 0 },
+                            dp_parts,
                         };
                         let p = q_plan(&k, rows, row_bytes, lim).expect("a plan");
                         let (split, tchunks, warps) =
@@ -1836,12 +1885,13 @@ mod tests {
         }
         // Mixtral's expert shapes on the H100: x in one column tile, (nearly) every SM busy.
         for (kind, rows, row_bytes) in [(3, 14336, 4096), (4, 4096, 7168), (5, 14336, 1024)] {
-            for (r, mma) in [(4, false), (16, true)] {
+            for (r, mma, dp_parts) in [(4, false, 0), (16, true, 0), (4, false, 3)] {
                 let k = QShape {
                     kind,
                     rows: r,
                     regs: 128,
                     quads: if mma { QM_QUADS_PER_STEP } else { 0 },
+                    dp_parts,
                 };
                 let p = q_plan(&k, rows, row_bytes, &H100).expect("a plan");
                 assert_eq!(p.tchunks as usize, row_bytes / 16);
