@@ -657,17 +657,19 @@ impl Gpu {
         Ok(true)
     }
 
-    /// The integer matvec kernels for `w` (plain, selecting): the tensor-core ones where the GPU
-    /// has them and w's groups are 1, 2 or a multiple of 4 whole chunks (kernels.cu
-    /// matvec_qm_body), else matvec_q_*.
+    /// The integer matvec kernels for `w` (plain, selecting): for groups of whole 16-byte chunks
+    /// the dp4a ones (matvec_qd_*) where `qd_kinds` has the kind, else the tensor-core ones where
+    /// the GPU has them and the groups are 1, 2 or a multiple of 4 chunks (kernels.cu
+    /// matvec_qm_body) and `qm_kinds` has the kind, else matvec_q_*.
     pub fn q_kernels(&self, w: &DevMat) -> (&QKernel, &QKernel) {
         let i = (w.kind - 3) as usize;
         let cc = 16 << (w.kind - 3);
         let cpg = w.group / cc;
-        if w.group > 0 && w.group % cc == 0 && self.qd_kinds[i] {
+        let chunks = w.group > 0 && w.group % cc == 0;
+        if chunks && self.qd_kinds[i] {
             return (&self.kernels.matvec_qd[i], &self.kernels.matvec_qd_sel[i]);
         }
-        let whole = w.group > 0 && w.group % cc == 0 && (cpg <= 2 || cpg % 4 == 0);
+        let whole = chunks && (cpg <= 2 || cpg % 4 == 0);
         match (&self.kernels.matvec_qm, &self.kernels.matvec_qm_sel) {
             (Some(p), Some(s)) if whole && self.qm_kinds[i] => (&p[i], &s[i]),
             _ => (&self.kernels.matvec_q[i], &self.kernels.matvec_q_sel[i]),
