@@ -997,9 +997,8 @@ __device__ float qstage(const float* __restrict__ xt, const float* __restrict__ 
 // A code word's codes, masked in place into its four bytes (set s: codes b * S + s of bytes b), meet
 // each plane in one dp4a (four 8-bit products summed in 32-bit integers, exact): eight int4 codes
 // take 3 mask and shift instructions and 2 * QD_PARTS dp4a where the scalar kernel spends an AND
-// and an FMA on each code (plus shifts). Per chunk and row, the
-// planes' integer sums become one float (exact, or one rounding) times 2^e, then scale and min
-// as in the scalar kernel. The only approximation is x's rounding to XB bits relative to its
+// and an FMA on each code (plus shifts). Per chunk and row, the planes' integer sums become one
+// float (exact, or one rounding) times 2^e, then scale and min as in the scalar kernel. The only approximation is x's rounding to XB bits relative to its
 // chunk's largest |x| (2^-(XB-1)); NaN or infinite x make the chunk's sums NaN.
 #ifndef QD_PARTS
 #define QD_PARTS 2
@@ -1050,8 +1049,8 @@ __device__ __forceinline__ int qd_dot(u32 a, u32 b, int acc) {
     return d;
 }
 
-// u32 index of plane p, word wd, set s of chunk c in the staged x: lane-contiguous runs of S words
-// (a lane reads its chunk's S words of one plane and word with one vector load, no bank conflicts).
+// u32 index of plane p, code word wd of chunk c in the staged x (its S sets follow): lane-contiguous
+// runs of S words, so a lane reads one plane's sets of a word with one vector load, no bank conflicts.
 template <int KIND>
 __device__ __forceinline__ int qd_at(int c, int p, int wd) {
     constexpr int S = QDTraits<KIND>::S;
