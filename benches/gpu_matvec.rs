@@ -18,7 +18,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::CompileOptions;
 use hob::backend::cpu::CpuBackend;
-use hob::backend::cuda::{self, q_smem, DevMat, Gpu, QFamily, QKernel};
+use hob::backend::cuda::{self, q_smem, DevMat, Gpu, QFamily, QKernel, SlotArgs, SLOTS_MAX_K};
 use hob::format::{DType, Variant};
 use hob::quant::Matrix;
 
@@ -143,7 +143,15 @@ fn main() {
     println!("| kind | shape | bytes | kernel | cold µs | cold GB/s | cold share | warm µs | warm share | NMSE vs CPU |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut failed = 0;
+    // GPU_MATVEC_KINDS=int2,int4: only those kinds (a quicker A/B of one kernel).
+    let only = std::env::var("GPU_MATVEC_KINDS").ok();
     for kind in ["f16", "bf16", "int8", "int4", "int2"] {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|k| k == kind))
+        {
+            continue;
+        }
         for (rows, cols) in SHAPES {
             let t = TestMat::new(gpu, kind, rows, cols, false, ROTATE_BYTES);
             let x = random(cols, 7);
@@ -234,6 +242,8 @@ fn main() {
         }
     }
     println!();
+    failed += routed(gpu, &bench, copy, only.as_deref());
+    println!();
     failed += checks(gpu, &cpu);
     if explore {
         println!();
@@ -248,6 +258,129 @@ fn main() {
     }
     println!("every result within its kernel's NMSE bound (1e-10; 1e-8 for dp4a on 16-bit x) of the CPU backend");
 }
+
+/// Decode's routed form of the integer kinds, as the engine launches it (Gpu::matvec_sel, k = 2
+/// experts): one launch for both experts' gate and up products (four 14336x4096 matrices), one for
+/// their down products (two 4096x14336, the kernel staging SwiGLU of the gate and up outputs),
+/// beside the four plain launches the first replaces. Cold: each launch reads the next of several
+/// sets of matrices. The gate and up outputs are checked bit for bit against plain launches (the
+/// same plan: the same sums). Returns the failed checks.
+fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usize {
+    const K: usize = 2;
+    let (ffn, dim) = (14336, 4096);
+    println!("Routed launches (k = {K} experts, decode's form: Gpu::matvec_sel):");
+    println!();
+    println!("| kind | launch | bytes | cold µs | cold GB/s | cold share | warm µs | warm share |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut failed = 0;
+    for kind in ["int8", "int4", "int2"] {
+        if only.is_some_and(|o| !o.split(',').any(|k| k == kind)) {
+            continue;
+        }
+        let gu = TestMat::new(gpu, kind, ffn, dim, false, 2 * ROTATE_BYTES);
+        let dn = TestMat::new(gpu, kind, dim, ffn, false, ROTATE_BYTES);
+        let sets = (gu.mats.len() / (2 * K)).min(dn.mats.len() / K).max(1);
+        let mut tables = Vec::new();
+        for st in 0..sets {
+            let at = |v: &[DevMat], i: usize| v[i % v.len()];
+            let experts: Vec<(usize, f32, [DevMat; 3])> = (0..K)
+                .map(|e| {
+                    let gate = at(&gu.mats, 2 * K * st + e);
+                    let up = at(&gu.mats, 2 * K * st + K + e);
+                    (
+                        e,
+                        0.6 - 0.2 * e as f32,
+                        [gate, up, at(&dn.mats, K * st + e)],
+                    )
+                })
+                .collect();
+            let tab = gpu
+                .alloc::<u8>(
+                    3 * SLOTS_MAX_K * std::mem::size_of::<DevMat>(),
+                    "expert table",
+                )
+                .expect("alloc");
+            let rt = gpu.alloc::<f32>(2 * SLOTS_MAX_K, "routes").expect("alloc");
+            let (tp, rp) = (cuda::ptr(&tab, &gpu.stream), cuda::ptr(&rt, &gpu.stream));
+            gpu.put_slots(&SlotArgs::new(&experts).expect("slots"), tp, rp)
+                .expect("put_slots");
+            tables.push((tab, rt, tp, rp, experts));
+        }
+        let xd = upload(gpu, &random(dim, 11));
+        let h = gpu
+            .alloc::<f32>(2 * K * ffn, "gate and up outputs")
+            .expect("alloc");
+        let o = gpu.alloc::<f32>(K * dim, "down outputs").expect("alloc");
+        let one = gpu.alloc::<f32>(ffn, "a plain output").expect("alloc");
+        let s = &gpu.stream;
+        let (xp, hp, op, onep) = (
+            cuda::ptr(&xd, s),
+            cuda::ptr(&h, s),
+            cuda::ptr(&o, s),
+            cuda::ptr(&one, s),
+        );
+        let gate_up = |i: usize| {
+            let t = &tables[i % sets];
+            gpu.matvec_sel(
+                &gu.mats[0],
+                t.2,
+                t.3,
+                K,
+                0,
+                2 * K,
+                (xp, 0, false),
+                (hp, ffn),
+            )
+            .expect("matvec_sel");
+        };
+        let down = |i: usize| {
+            let t = &tables[i % sets];
+            gpu.matvec_sel(&dn.mats[0], t.2, t.3, K, 2, K, (hp, ffn, true), (op, dim))
+                .expect("matvec_sel");
+        };
+        let plain4 = |i: usize| {
+            for j in 0..2 * K {
+                let m = &gu.mats[(2 * K * (i % sets) + j) % gu.mats.len()];
+                gpu.matvec(m, xp, onep).expect("matvec");
+            }
+        };
+        let rows: [(&str, usize, &RunAt); 3] = [
+            ("gate + up, one launch", 2 * K * gu.bytes, &gate_up),
+            ("gate + up, four plain launches", 2 * K * gu.bytes, &plain4),
+            ("down (SwiGLU staged), one launch", K * dn.bytes, &down),
+        ];
+        for (name, bytes, run) in rows {
+            let cold = time(gpu, &bench.spin, run);
+            let warm = time(gpu, &bench.spin, |_| run(0));
+            println!(
+                "| {kind} | {name} | {:.1} MB | {:.1} | {:.0} | {:.0}% | {:.1} | {:.0}% |",
+                bytes as f64 / 1e6,
+                cold * 1e6,
+                bytes as f64 / cold / 1e9,
+                100.0 * bytes as f64 / cold / copy,
+                warm * 1e6,
+                100.0 * bytes as f64 / warm / copy,
+            );
+        }
+        // The routed gate and up outputs against plain launches on the same matrices.
+        gate_up(0);
+        let got = download(gpu, &h, 2 * K * ffn);
+        let experts = &tables[0].4;
+        for j in 0..2 * K {
+            let m = &experts[j % K].2[j / K];
+            gpu.matvec(m, xp, onep).expect("matvec");
+            let want = download(gpu, &one, ffn);
+            if got[j * ffn..(j + 1) * ffn] != want[..] {
+                println!("FAILED: {kind} routed output {j} differs from the plain launch's");
+                failed += 1;
+            }
+        }
+    }
+    failed
+}
+
+/// A timed launch of its `i`th matrix set.
+type RunAt<'a> = dyn Fn(usize) + 'a;
 
 /// One way to run a matvec on a matrix copy.
 type Run<'a> = Box<dyn Fn(&DevMat) + 'a>;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile cuda/kernels.cu with NVRTC on a machine without a GPU: compile errors, and ptxas's spill report.
 
-    python3 tools/nvrtc_check.py [--arch sm_90 sm_89 sm_87] [-v]
+    python3 tools/nvrtc_check.py [--arch sm_90 sm_89 sm_87] [-D NAME=VALUE ...] [-v]
 
 NVRTC comes from the nvidia-cuda-nvrtc-cu12 wheel (PyPI), downloaded once into ~/.cache/hob-nvrtc; nothing is
 installed. Exit status 1 if any architecture fails to compile. -v prints ptxas's full report (registers per kernel).
@@ -28,6 +28,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", nargs="+", default=["sm_90", "sm_89", "sm_87"])
     ap.add_argument("--source", default=os.path.join(ROOT, "cuda", "kernels.cu"))
+    ap.add_argument("-D", dest="defines", action="append", default=[],
+                    help="a macro for the source, as HOB_NVRTC_DEFINES passes them (repeatable)")
     ap.add_argument("-v", action="store_true", help="print ptxas's whole report")
     a = ap.parse_args()
     lib, src, failed = libnvrtc(), open(a.source, "rb").read(), False
@@ -36,6 +38,7 @@ def main():
         if lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"kernels.cu", 0, None, None) != 0:
             sys.exit("nvrtcCreateProgram failed")
         opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-Xptxas", b"-v"]
+        opts += [f"-D{d}".encode() for d in a.defines]
         rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
         n = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
