@@ -1003,6 +1003,18 @@ __device__ float qstage(const float* __restrict__ xt, const float* __restrict__ 
 #ifndef QD_PARTS
 #define QD_PARTS 2
 #endif
+// int2's planes (QD_PARTS unless set; Rust passes HOB_QD_PARTS_INT2). One plane (8-bit x) measured
+// +4 points of copy bandwidth with QD_SETACC=2 (benches/results/2026-11-24-h100-routed.md).
+#ifndef QD_PARTS_INT2
+#define QD_PARTS_INT2 QD_PARTS
+#endif
+// Per-set accumulators (bit 0: int4, bit 1: int2): set s is masked in place (codes times
+// 2^(BITS s), no shift) into its own sums, joined per chunk by shifts (exact: integers). Off by
+// default: with 16-bit x it measured no faster (int4: more registers, -14 points), with int2's
+// 8-bit x +2 points.
+#ifndef QD_SETACC
+#define QD_SETACC 0
+#endif
 
 template <int KIND> struct QDTraits;
 // S: sets (bytes' worth of codes) per 32-bit word; M: the mask keeping one code per byte; AHEAD:
@@ -1012,6 +1024,18 @@ template <int KIND> struct QDTraits;
 template <> struct QDTraits<KIND_INT8> { enum : u32 { S = 1, M = 0xffffffffu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT4> { enum : u32 { S = 2, M = 0x0f0f0f0fu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT2> { enum : u32 { S = 4, M = 0x03030303u, AHEAD = 1 }; };
+// x's byte planes for KIND.
+template <int KIND>
+__device__ __forceinline__ constexpr int qd_parts() {
+    return KIND == KIND_INT2 ? QD_PARTS_INT2 : QD_PARTS;
+}
+// Accumulator sets of KIND: S with per-set accumulators (QD_SETACC), else 1.
+template <int KIND>
+__device__ __forceinline__ constexpr int qd_sa() {
+    return (KIND == KIND_INT4 && (QD_SETACC & 1)) || (KIND == KIND_INT2 && (QD_SETACC & 2))
+               ? (int)QDTraits<KIND>::S
+               : 1;
+}
 #ifdef QD_AHEAD
 #define QD_AHEAD_OF(KIND) QD_AHEAD
 #else
@@ -1054,7 +1078,7 @@ __device__ __forceinline__ int qd_dot(u32 a, u32 b, int acc) {
 template <int KIND>
 __device__ __forceinline__ int qd_at(int c, int p, int wd) {
     constexpr int S = QDTraits<KIND>::S;
-    return ((((c >> 5) * QD_PARTS + p) * 4 + wd) * 32 + (c & 31)) * S;
+    return ((((c >> 5) * qd_parts<KIND>() + p) * 4 + wd) * 32 + (c & 31)) * S;
 }
 
 template <int S>
@@ -1071,10 +1095,27 @@ __device__ __forceinline__ void qd_load(const u32* __restrict__ p, u32 (&o)[S]) 
 }
 
 // The planes of one chunk's staged x as one float per row: (top << 8 (PARTS-1)) + the rest.
-template <int R>
-__device__ __forceinline__ float qd_sum(const int (&a)[QD_PARTS][R], int i) {
-    if (QD_PARTS == 2) return (float)(a[0][i] * 256 + a[1][i]);
-    return fmaf((float)a[0][i], 65536.f, (float)(a[1][i] * 256 + a[2][i]));
+// With per-set accumulators (SA > 1) a plane's sets are joined first: sum of set s << BITS (SA-1-s),
+// the whole then 2^(BITS (SA-1)) times too large (qd_unit).
+template <int KIND, int PP, int SA, int R>
+__device__ __forceinline__ float qd_sum(const int (&a)[PP][SA][R], int i) {
+    int t[PP];
+#pragma unroll
+    for (int p = 0; p < PP; p++) {
+        int v = a[p][SA - 1][i];
+#pragma unroll
+        for (int s = SA - 2; s >= 0; s--) v += a[p][s][i] << (QTraits<KIND>::BITS * (SA - 1 - s));
+        t[p] = v;
+    }
+    if (PP == 1) return (float)t[0];
+    if (PP == 2) return (float)(t[0] * 256 + t[1 % PP]);
+    return fmaf((float)t[0], 65536.f, (float)(t[1 % PP] * 256 + t[2 % PP]));
+}
+
+// The factor undoing qd_sum's scale: 2^-(BITS (SA-1)).
+template <int KIND>
+__device__ __forceinline__ constexpr float qd_unit() {
+    return 1.0f / (float)(1 << (QTraits<KIND>::BITS * (qd_sa<KIND>() - 1)));
 }
 
 // Stage columns [0, tn * CC) of xt (or SwiGLU(xt, ut)) for the DP kernels: the byte planes at xq
@@ -1082,7 +1123,7 @@ __device__ __forceinline__ float qd_sum(const int (&a)[QD_PARTS][R], int i) {
 template <int KIND>
 __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ ut, int tn,
                         u32* __restrict__ xq, float2* __restrict__ xsx) {
-    constexpr int EPW = QTraits<KIND>::EPW, S = QDTraits<KIND>::S, XB = 8 * QD_PARTS;
+    constexpr int EPW = QTraits<KIND>::EPW, S = QDTraits<KIND>::S, PP = qd_parts<KIND>(), XB = 8 * PP;
     constexpr int QMAX = (1 << (XB - 1)) - 1;
     const float4* x4 = reinterpret_cast<const float4*>(xt);
     const float4* u4 = reinterpret_cast<const float4*>(ut);
@@ -1126,8 +1167,8 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
                 q[j] = bad ? 0 : min(max(__float2int_rn(v[j] * mul), -QMAX), QMAX);
             const int c = m >> 2, wd = m & 3;
 #pragma unroll
-            for (int p = 0; p < QD_PARTS; p++) {
-                const int sh = 8 * (QD_PARTS - 1 - p);
+            for (int p = 0; p < PP; p++) {
+                const int sh = 8 * (PP - 1 - p);
                 u32 o[S];
 #pragma unroll
                 for (int s = 0; s < S; s++) {
@@ -1224,7 +1265,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     float* sxp = reinterpret_cast<float*>(qsm + tpad * Q);
     // DP: the byte planes (QD_PARTS * S 16-byte words a chunk), then (2^e, sum) per chunk.
     u32* xq = reinterpret_cast<u32*>(qsm);
-    float2* xsx = reinterpret_cast<float2*>(qsm + tpad * QD_PARTS * QDTraits<KIND>::S);
+    float2* xsx = reinterpret_cast<float2*>(qsm + tpad * qd_parts<KIND>() * QDTraits<KIND>::S);
     float* red = DP ? reinterpret_cast<float*>(xsx + tpad) : sxp + tpad * P;  // [2][warps][R]
     int* wsm = reinterpret_cast<int*>(red + 2 * warps * R);  // [2][warps]
     const int gpr = w.cols / w.group;
@@ -1301,34 +1342,39 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
             next_step(t, k, ksteps, nt, nk);
             const int c = c0 + k * step;
             if (DP && c < tn) {
-                constexpr int S = QDTraits<KIND>::S;
-                int a[QD_PARTS][R];
+                constexpr int S = QDTraits<KIND>::S, PP = qd_parts<KIND>(), SA = qd_sa<KIND>();
+                int a[PP][SA][R];
 #pragma unroll
-                for (int p = 0; p < QD_PARTS; p++)
+                for (int p = 0; p < PP; p++)
 #pragma unroll
-                    for (int i = 0; i < R; i++) a[p][i] = 0;
+                    for (int sa = 0; sa < SA; sa++)
+#pragma unroll
+                        for (int i = 0; i < R; i++) a[p][sa][i] = 0;
 #pragma unroll
                 for (int wd = 0; wd < 4; wd++) {
-                    u32 xp[QD_PARTS][S];
+                    u32 xp[PP][S];
 #pragma unroll
-                    for (int p = 0; p < QD_PARTS; p++) qd_load<S>(xq + qd_at<KIND>(c, p, wd), xp[p]);
+                    for (int p = 0; p < PP; p++) qd_load<S>(xq + qd_at<KIND>(c, p, wd), xp[p]);
 #pragma unroll
                     for (int i = 0; i < R; i++) {
                         const u32 wv = qword(cur.v[i], wd);
 #pragma unroll
                         for (int s = 0; s < S; s++) {
-                            const u32 cd = qd_codes<KIND>(wv, s);
-                            a[0][i] = qd_dot<KIND, true>(cd, xp[0][s], a[0][i]);
+                            const int sa = SA > 1 ? s : 0;
+                            const u32 cd = SA > 1 ? wv & ((u32)QDTraits<KIND>::M << (QTraits<KIND>::BITS * s))
+                                                  : qd_codes<KIND>(wv, s);
+                            a[0][sa][i] = qd_dot<KIND, true>(cd, xp[0][s], a[0][sa][i]);
 #pragma unroll
-                            for (int p = 1; p < QD_PARTS; p++) a[p][i] = qd_dot<KIND, false>(cd, xp[p][s], a[p][i]);
+                            for (int p = 1; p < PP; p++) a[p][sa][i] = qd_dot<KIND, false>(cd, xp[p][s], a[p][sa][i]);
                         }
                     }
                 }
                 const float2 es = xsx[c];
+                const float ex = es.x * qd_unit<KIND>();
 #pragma unroll
                 for (int i = 0; i < R; i++) {
                     const float sc = h2f((half_bits)(cur.sm[i] & 0xffff));
-                    const float d = qd_sum<R>(a, i) * es.x;
+                    const float d = qd_sum<KIND, PP, SA, R>(a, i) * ex;
                     if (KIND == KIND_INT8) {
                         racc[i] = fmaf(sc, d, racc[i]);
                     } else {

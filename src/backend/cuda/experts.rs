@@ -2241,7 +2241,9 @@ impl<'f> CudaExperts<'f> {
             gpu.moe_down(&down, tab, rp, k, g, out)?;
         } else {
             gpu.matvec_sel(&gate, tab, rp, k, 0, 2 * k, (x, 0, false), (g, f))?;
-            gpu.matvec_sel(&down, tab, rp, k, 2, k, (g, f, true), (dn, h))?;
+            // SwiGLU in its own launch, as on the device-routed path below.
+            gpu.swiglu(g, g + (k * f * 4) as u64, k * f)?;
+            gpu.matvec_sel(&down, tab, rp, k, 2, k, (g, f, false), (dn, h))?;
             gpu.moe_combine(out, dn, rp, (k, h), None)?;
         }
         self.slot_layers += 1;
@@ -2314,11 +2316,13 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
             gpu.moe_gate_up(&d.gate, tab, routes, k, xsp, g)?;
             gpu.moe_down(&d.down, tab, routes, k, g, xp)?;
         } else {
-            // Integer kinds: gate and up of the k experts in one launch, down of all k (its
-            // input staged as the SwiGLU of the gate and up products, rounded as `swiglu`
-            // rounds it), then the weighted sum and residual add.
+            // Integer kinds: gate and up of the k experts in one launch, their SwiGLU in place
+            // (its own launch: each block of the down launch staging it measured slower,
+            // benches/results/2026-11-24-h100-routed.md), down of all k, then the weighted sum
+            // and residual add.
             gpu.matvec_sel(&d.gate, tab, routes, k, 0, 2 * k, (xsp, 0, false), (g, f))?;
-            gpu.matvec_sel(&d.down, tab, routes, k, 2, k, (g, f, true), (dn, h))?;
+            gpu.swiglu(g, g + (k * f * 4) as u64, k * f)?;
+            gpu.matvec_sel(&d.down, tab, routes, k, 2, k, (g, f, false), (dn, h))?;
             // The weighted sum, with the norm that follows where it folds in.
             let norm = match next {
                 Some((nw, neps)) => Some(((b.vector(nw)?, neps), xsp)),

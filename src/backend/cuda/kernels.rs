@@ -153,10 +153,18 @@ impl Kernels {
             Ok("3") => 3,
             _ => 2,
         };
+        // int2's planes: HOB_QD_PARTS_INT2=1|2|3, else as the others.
+        let qd_parts_int2 = match std::env::var("HOB_QD_PARTS_INT2").as_deref() {
+            Ok("1") => 1,
+            Ok("2") => 2,
+            Ok("3") => 3,
+            _ => qd_parts,
+        };
         let mut options = vec![
             format!("--gpu-architecture={arch}"),
             "-std=c++17".into(),
             format!("-DQD_PARTS={qd_parts}"),
+            format!("-DQD_PARTS_INT2={qd_parts_int2}"),
         ];
         // Switches of cuda/kernels.cu for A/B runs (e.g. HOB_NVRTC_DEFINES=HOB_L2_PREFETCH=0),
         // separated by spaces or commas; part of the cache key like every option.
@@ -224,6 +232,10 @@ impl Kernels {
         // The three integer kinds of one kernel family.
         let qkernels = |stem: &str, suffix: &str, family: QFamily| -> crate::Result<[QKernel; 3]> {
             let k = |kind: i32, name: &str| {
+                let family = match family {
+                    QFamily::Dp(_) if kind == 5 => QFamily::Dp(qd_parts_int2),
+                    other => other,
+                };
                 QKernel::new(ctx, f(&format!("{stem}_{name}{suffix}"))?, kind, family)
             };
             Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
