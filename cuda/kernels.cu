@@ -1263,7 +1263,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     const int tpad = (tchunks + 31) & ~31;
     float4* xs4 = qsm;
     float* sxp = reinterpret_cast<float*>(qsm + tpad * Q);
-    // DP: the byte planes (QD_PARTS * S 16-byte words a chunk), then (2^e, sum) per chunk.
+    // DP: the byte planes (qd_parts * S 16-byte words a chunk), then (2^e, sum) per chunk.
     u32* xq = reinterpret_cast<u32*>(qsm);
     float2* xsx = reinterpret_cast<float2*>(qsm + tpad * qd_parts<KIND>() * QDTraits<KIND>::S);
     float* red = DP ? reinterpret_cast<float*>(xsx + tpad) : sxp + tpad * P;  // [2][warps][R]
