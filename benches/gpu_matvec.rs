@@ -261,8 +261,9 @@ fn main() {
 
 /// Decode's routed form of the integer kinds, as the engine launches it (Gpu::matvec_sel, k = 2
 /// experts): one launch for both experts' gate and up products (four 14336x4096 matrices), one for
-/// their down products (two 4096x14336, the kernel staging SwiGLU of the gate and up outputs),
-/// beside the four plain launches the first replaces. Cold: each launch reads the next of several
+/// their down products (two 4096x14336) on plain x as decode runs it (after the `swiglu` launch,
+/// timed alone) and with each block staging SwiGLU itself (decode's form before 2026-11-24), and
+/// the four plain launches the gate and up launch replaces. Cold: each launch reads the next of several
 /// sets of matrices. The gate and up outputs are checked bit for bit against plain launches (the
 /// same plan: the same sums). Returns the failed checks.
 fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usize {
