@@ -272,44 +272,90 @@ extern "C" __global__ void axpy(float* __restrict__ out, float w, const float* _
 // ne router logits l of a token, the top k (ties: lower index first), weights renormalized to sum
 // to 1, best first, into re (experts) and rw (weights). k <= 16.
 #define ROUTE_MAX_K 16
-__device__ void route_one(const float* l, int ne, int k, int* re, float* rw) {
-    float mx = NEG_INF;
-    for (int e = 0; e < ne; e++) mx = fmaxf(mx, l[e]);
-    float sum = 0.f;
-    for (int e = 0; e < ne; e++) sum += expf(l[e] - mx);
+// The top K of the probabilities p(e) (e < ne), descending, weights renormalized, into re and
+// rw (k <= K entries). A template on K: the insertion below unrolls over K slots, so the common
+// k = 1, 2 take a few instructions per expert instead of ROUTE_MAX_K's (the same results: slots
+// at or past k are never touched).
+template <int K, typename P>
+__device__ __forceinline__ void route_top(P p, int ne, int k, int* re, float* rw) {
     // The best k so far, descending, in registers (every index below is a constant once the
     // loops unroll: a dynamically indexed array would live in local memory).
-    float w[ROUTE_MAX_K];
-    int ex[ROUTE_MAX_K];
+    float w[K];
+    int ex[K];
 #pragma unroll
-    for (int j = 0; j < ROUTE_MAX_K; j++) {
+    for (int j = 0; j < K; j++) {
         w[j] = NEG_INF;
         ex[j] = -1;
     }
     for (int e = 0; e < ne; e++) {
-        const float p = expf(l[e] - mx) / sum;
-        // p goes to the first slot it beats (strictly: ties keep the lower index first); the
+        const float pe = p(e);
+        // pe goes to the first slot it beats (strictly: ties keep the lower index first); the
         // slots after it shift down one.
 #pragma unroll
-        for (int j = ROUTE_MAX_K - 1; j >= 0; j--) {
+        for (int j = K - 1; j >= 0; j--) {
             const int jp = j > 0 ? j - 1 : 0;
-            if (j < k && p > w[j]) {
-                const bool shift = j > 0 && p > w[jp];
-                w[j] = shift ? w[jp] : p;
+            if (j < k && pe > w[j]) {
+                const bool shift = j > 0 && pe > w[jp];
+                w[j] = shift ? w[jp] : pe;
                 ex[j] = shift ? ex[jp] : e;
             }
         }
     }
     float total = 0.f;
 #pragma unroll
-    for (int j = 0; j < ROUTE_MAX_K; j++)
+    for (int j = 0; j < K; j++)
         if (j < k) total += w[j];
 #pragma unroll
-    for (int j = 0; j < ROUTE_MAX_K; j++)
+    for (int j = 0; j < K; j++)
         if (j < k) {
             re[j] = ex[j];
             rw[j] = w[j] / total;
         }
+}
+
+// route_top for any k <= ROUTE_MAX_K, called (not inlined) so that its registers do not count
+// against the common k's.
+template <typename P>
+__device__ __noinline__ void route_top_max(P p, int ne, int k, int* re, float* rw) {
+    route_top<ROUTE_MAX_K>(p, ne, k, re, rw);
+}
+
+template <typename P>
+__device__ __forceinline__ void route_top_k(P p, int ne, int k, int* re, float* rw) {
+    if (k == 1) {
+        route_top<1>(p, ne, k, re, rw);
+    } else if (k == 2) {
+        route_top<2>(p, ne, k, re, rw);
+    } else {
+        route_top_max(p, ne, k, re, rw);
+    }
+}
+
+// One thread: softmax over l[:ne], then route_top_k.
+__device__ void route_one(const float* l, int ne, int k, int* re, float* rw) {
+    float mx = NEG_INF;
+    for (int e = 0; e < ne; e++) mx = fmaxf(mx, l[e]);
+    float sum = 0.f;
+    for (int e = 0; e < ne; e++) sum += expf(l[e] - mx);
+    route_top_k([&](int e) { return expf(l[e] - mx) / sum; }, ne, k, re, rw);
+}
+
+// route_one by one warp, the same results: the maximum and the exponentials across the lanes
+// (fmaxf's maximum does not depend on the order; each exponential is the same expf), their sum
+// in expert order and the top k by lane 0. l and p: shared memory of ne floats (p may be l).
+__device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne, int k, int* re,
+                                               float* rw, int lane) {
+    float mx = NEG_INF;
+    for (int e = lane; e < ne; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int e = lane; e < ne; e += 32) p[e] = expf(l[e] - mx);
+    __syncwarp();
+    if (lane == 0) {
+        float sum = 0.f;
+        for (int e = 0; e < ne; e++) sum += p[e];
+        route_top_k([&](int e) { return p[e] / sum; }, ne, k, re, rw);
+    }
 }
 
 // Routes of t tokens: routes[i * k + j] = expert (int bits) and routes[t * k + i * k + j] =
@@ -689,7 +735,7 @@ __device__ __forceinline__ void moe_route_body(const Mat w, const float* __restr
         if (lane == 0) lg[r] = v;
     }
     __syncthreads();
-    if (threadIdx.x == 0) route_one(lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k);
+    if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
 }
 
 // The experts a token was routed to, from a table of resident experts, several matrices in one
@@ -753,14 +799,14 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
 }
 
 #define MOE_KERNELS(SUFFIX, KIND)                                                              \
-    extern "C" __global__ void moe_route_##SUFFIX(const Mat w, const float* x, int k,          \
-                                                  float* routes) {                             \
+    extern "C" __global__ void __launch_bounds__(1024)                                         \
+        moe_route_##SUFFIX(const Mat w, const float* x, int k, float* routes) {                \
         PDL_ENTRY();                                                                           \
         moe_route_body<KIND>(w, x, k, routes);                                                 \
     }                                                                                          \
-    extern "C" __global__ void moe_route_norm_##SUFFIX(const Mat w, const float* x,            \
-                                                       const float* g, float eps, float* xn,   \
-                                                       int k, float* routes) {                 \
+    extern "C" __global__ void __launch_bounds__(1024)                                         \
+        moe_route_norm_##SUFFIX(const Mat w, const float* x, const float* g, float eps,         \
+                                float* xn, int k, float* routes) {                             \
         pdl_trigger();                                                                         \
         l2_prefetch_block(g, (size_t)w.cols * 4);                                              \
         l2_prefetch_block(w.codes, (size_t)w.rows * w.row_bytes);                              \
@@ -1004,14 +1050,16 @@ __device__ float qstage(const float* __restrict__ xt, const float* __restrict__ 
 #define QD_PARTS 2
 #endif
 // int2's planes (QD_PARTS unless set; Rust passes HOB_QD_PARTS_INT2). One plane (8-bit x) measured
-// +4 points of copy bandwidth with QD_SETACC=2 (benches/results/2026-11-24-h100-routed.md).
+// +4 points of copy bandwidth (benches/results/2026-11-24-h100-routed.md) and +3.5% int2 decode,
+// for a mean KL of 0.0032 nats on a trained model's decoded logits
+// (benches/results/2026-11-24-h100-int2-8bit-x.md).
 #ifndef QD_PARTS_INT2
 #define QD_PARTS_INT2 QD_PARTS
 #endif
 // Per-set accumulators (bit 0: int4, bit 1: int2): set s is masked in place (codes times
-// 2^(BITS s), no shift) into its own sums, joined per chunk by shifts (exact: integers). Off by
-// default: with 16-bit x it measured no faster (int4: more registers, -14 points), with int2's
-// 8-bit x +2 points.
+// 2^(BITS s), no shift) into its own sums, joined per chunk by shifts (exact: integers, so the
+// same results). Off by default: with 16-bit x it measured no faster (int4: more registers, -14
+// points), with int2's 8-bit x +2 points.
 #ifndef QD_SETACC
 #define QD_SETACC 0
 #endif

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{convert_fixture, hob, perplexity_stdout};
+use common::{convert_fixture, hob, perplexity_run, perplexity_stdout};
 use hob::platform::Platform;
 
 fn text(dir: &Path) -> std::path::PathBuf {
@@ -159,4 +159,65 @@ fn calibrate_input_errors_are_clear() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
     assert!(!out.exists());
+}
+
+/// `--kl-divergence-base FILE` writes one run's logits, `--kl-divergence` compares another
+/// process with them; `-b 1` scores through the decode path.
+#[test]
+fn kl_divergence_base_file_compares_two_runs() {
+    let (dir, model) = convert_fixture("f16,int4");
+    let text = text(dir.path());
+    let base = dir.path().join("base.kld");
+    let b = base.to_str().unwrap();
+    let run = |extra: &[&str]| perplexity_stdout(&model, &text, 64, extra);
+
+    let out = run(&["--kl-divergence-base", b]);
+    assert!(base.exists(), "{out}");
+    let ppl = number_after(&out, "Final estimate: PPL = ");
+    // The same configuration in another process: the same logits, KL exactly 0, and the
+    // baseline's perplexity is the written run's.
+    let out = run(&["--kl-divergence-base", b, "--kl-divergence"]);
+    assert_eq!(
+        number_after(&out, "Mean KL(baseline || tested): "),
+        0.0,
+        "{out}"
+    );
+    assert_eq!(number_after(&out, "): PPL = "), ppl, "{out}");
+    assert_eq!(number_after(&out, "Final estimate: PPL = "), ppl, "{out}");
+    // Token by token through the decode path: the same model within rounding.
+    let out = run(&["--kl-divergence-base", b, "--kl-divergence", "-b", "1"]);
+    let kl = number_after(&out, "Mean KL(baseline || tested): ");
+    assert!((0.0..1e-6).contains(&kl), "{out}");
+    assert_eq!(number_after(&out, "Same top token: "), 100.0, "{out}");
+    // Only the top-1 expert: a real divergence.
+    let out = run(&[
+        "--kl-divergence-base",
+        b,
+        "--kl-divergence",
+        "--t1",
+        "0",
+        "--t2",
+        "0",
+    ]);
+    assert!(
+        number_after(&out, "Mean KL(baseline || tested): ") > 1e-4,
+        "{out}"
+    );
+
+    // Another context size is refused by name, and the file is left as it was.
+    let before = std::fs::read(&base).unwrap();
+    let (ok, _, stderr) = perplexity_run(
+        &model,
+        &text,
+        32,
+        &["--kl-divergence-base", b, "--kl-divergence"],
+    );
+    assert!(
+        !ok && stderr.contains("written with --ctx-size 64, this run has 32"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&base).unwrap(), before);
+    // --kl-divergence needs the file.
+    let (ok, _, stderr) = perplexity_run(&model, &text, 64, &["--kl-divergence"]);
+    assert!(!ok && stderr.contains("--kl-divergence-base"), "{stderr}");
 }

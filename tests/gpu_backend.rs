@@ -100,6 +100,9 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         ("int4/g32", 40, 256),
         ("int2", 72, 512),
         ("int2/g16", 24, 128),
+        // The fixture's expert shapes: rows of one and two 16-byte chunks of int2 codes.
+        ("int2", 128, 64),
+        ("int2", 64, 128),
         ("f16", 33, 36),
         ("int8/g16", 17, 48),
         ("int4/g16", 19, 48),
@@ -272,6 +275,17 @@ fn greedy(s: &mut dyn Session, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>,
     (all, ids, steps)
 }
 
+/// The decode logits after each of `ids` (prompt first, then one token at a time).
+fn teacher_forced(s: &mut dyn Session, prompt: &[u32], ids: &[u32]) -> Vec<f32> {
+    s.truncate(0);
+    s.forward(prompt, Logits::Last).unwrap();
+    let mut steps = Vec::new();
+    for &id in ids {
+        steps.extend_from_slice(s.forward(&[id], Logits::Last).unwrap());
+    }
+    steps
+}
+
 #[test]
 fn fixture_on_the_gpu_matches_the_cpu_and_transformers() {
     let Some(g) = gpu() else { return };
@@ -356,11 +370,24 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
         let mut gs = engine_session(&g, &model, CacheConfig::simple(v, None));
         let (want, want_ids, want_steps) = greedy(&mut *cpu, &r.input_ids, 8);
         let (got, ids, steps) = greedy(&mut *gs, &r.input_ids, 8);
-        let (e, e_dec) = (nmse(&got, &want), nmse(&steps, &want_steps));
         let name = &file.variants()[v];
-        println!("{name} experts: GPU vs CPU prefill NMSE {e:.2e}, decode {e_dec:.2e}");
-        assert!(e <= 1e-5 && e_dec <= 1e-5);
-        assert_eq!(ids, want_ids, "{name}");
+        // Decode's products round x (kernels.cu qdstage): to 16 bits of each chunk's largest
+        // value (bound 1e-8 a product), or with HOB_QD_PARTS_INT2=1 int2's to 8 bits (bound 1e-3
+        // a product; this random fixture's decode logits then measured NMSE 1.95e-2 on the H100,
+        // 2026-11-24, and may pick other greedy tokens). The decode logits are compared on the
+        // CPU's tokens, so a token picked differently cannot hide a larger error.
+        let x8 = g.matvec_nmse_bound(&Matrix::from_view(file.expert(0, 0, v).gate())) > 1e-8;
+        let mut fs = engine_session(&g, &model, CacheConfig::simple(v, None));
+        let forced = teacher_forced(&mut *fs, &r.input_ids, &want_ids);
+        let (e, e_dec) = (nmse(&got, &want), nmse(&forced, &want_steps));
+        println!(
+            "{name} experts: GPU vs CPU prefill NMSE {e:.2e}, decode {e_dec:.2e}{}",
+            if x8 { " (8-bit x)" } else { "" }
+        );
+        assert!(e <= 1e-5 && e_dec <= if x8 { 5e-2 } else { 1e-5 }, "{name}");
+        if !x8 {
+            assert_eq!(ids, want_ids, "{name}");
+        }
         // Decode routed on the device (the routed-expert kernels) computes what host routing
         // and the per-expert kernels compute, bit for bit.
         assert_eq!(gs.expert_stats().device_routed, 8, "{name}");

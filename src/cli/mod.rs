@@ -9,6 +9,7 @@ pub mod calibrate;
 pub mod convert;
 pub mod engine;
 pub mod inspect;
+pub mod kl_file;
 pub mod perplexity;
 pub mod run;
 pub mod sim;

@@ -5,7 +5,9 @@
 //! `--kl-baseline` also runs an all-high session (the same high variant, T1 = T2 = 1) over the
 //! same chunks and compares the two distributions token by token, like llama.cpp's
 //! `--kl-divergence`: mean and 99th percentile of KL(baseline || tested), and how often the two
-//! agree on the most likely token.
+//! agree on the most likely token. `--kl-divergence-base FILE` does the same across two processes
+//! (src/cli/kl_file.rs: one run writes its logits, a later one compares with them), and `-b N`
+//! sets the tokens per forward pass (`-b 1`: the decode path).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -33,8 +35,43 @@ pub struct PerplexityArgs {
     pub chunks: Option<usize>,
     /// Also run an all-high baseline (the same high variant, T1 = T2 = 1, nothing skipped) and
     /// report the KL divergence of this run from it, top-token agreement and both perplexities.
-    #[arg(long = "kl-baseline")]
+    #[arg(long = "kl-baseline", conflicts_with = "kl_divergence")]
     pub kl_baseline: bool,
+    /// Tokens per forward pass (llama.cpp's -b; default: half a chunk, the scored half in one
+    /// pass). `-b 1` sends every token through the decode path (the kernels `hob run` and
+    /// `hob bench`'s tg rows use) instead of prefill's.
+    #[arg(short = 'b', long = "batch-size", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: Option<u32>,
+    /// Logits of another run, to compare with (llama.cpp's flag): without --kl-divergence this
+    /// run writes its scored logits to FILE; with it, this run reads them and reports its KL
+    /// divergence from them. Compares two processes (another build, variant or kernel switch).
+    #[arg(long = "kl-divergence-base", value_name = "FILE")]
+    pub kl_base: Option<PathBuf>,
+    /// With --kl-divergence-base FILE: compare this run with the logits in FILE.
+    #[arg(long = "kl-divergence", requires = "kl_base")]
+    pub kl_divergence: bool,
+}
+
+/// A chunk's logits, llama.cpp's way: from an empty context, the first `first` tokens
+/// unscored, then the logits of every later position, `batch` tokens per forward pass.
+fn chunk_logits(
+    session: &mut (dyn crate::model::Session + '_),
+    chunk: &[u32],
+    first: usize,
+    batch: Option<u32>,
+    out: &mut Vec<f32>,
+) -> crate::Result<()> {
+    session.truncate(0);
+    out.clear();
+    let b = batch.map_or(first.max(chunk.len() - first), |b| b as usize);
+    for part in chunk[..first].chunks(b) {
+        session.forward(part, Logits::None)?;
+    }
+    for part in chunk[first..].chunks(b) {
+        out.extend_from_slice(session.forward(part, Logits::All)?);
+    }
+    Ok(())
 }
 
 /// The text of `path` tokenized once, BOS first when the model adds one.
@@ -219,6 +256,18 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
         None => None,
     };
     let first = n_ctx / 2;
+    let shape = super::kl_file::Shape {
+        vocab: model.cfg.vocab,
+        ctx: n_ctx,
+        chunks: n_chunk,
+        scored: n_ctx - 1 - first,
+    };
+    let (mut base_file, mut base_out) = match &args.kl_base {
+        Some(p) if args.kl_divergence => (Some(super::kl_file::Reader::open(p, shape)?), None),
+        Some(p) => (None, Some(super::kl_file::Writer::create(p, shape)?)),
+        None => (None, None),
+    };
+    let compare = baseline.is_some() || base_file.is_some();
     eprintln!(
         "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}; {}",
         tokens.len(),
@@ -231,7 +280,7 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     let mut nll = Nll::default();
     let mut base_nll = Nll::default();
     let mut kl = KlStats::default();
-    let mut base_logits = Vec::new();
+    let (mut base_logits, mut logits) = (Vec::new(), Vec::new());
     let vocab = model.cfg.vocab;
     for i in 0..n_chunk {
         let start = i * n_ctx;
@@ -240,19 +289,20 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
             chunk[0] = tok.bos_id();
         }
         if let Some(b) = baseline.as_mut() {
-            b.truncate(0);
-            b.forward(&chunk[..first], Logits::None)?;
-            base_logits.clear();
-            base_logits.extend_from_slice(b.forward(&chunk[first..], Logits::All)?);
+            chunk_logits(b.as_mut(), &chunk, first, args.batch, &mut base_logits)?;
         }
-        session.truncate(0);
-        session.forward(&chunk[..first], Logits::None)?;
-        let logits = session.forward(&chunk[first..], Logits::All)?;
-        for j in 0..n_ctx - 1 - first {
+        if let Some(r) = base_file.as_mut() {
+            r.chunk(&chunk, &mut base_logits)?;
+        }
+        chunk_logits(session.as_mut(), &chunk, first, args.batch, &mut logits)?;
+        if let Some(w) = base_out.as_mut() {
+            w.chunk(&chunk, &logits[..shape.scored * vocab])?;
+        }
+        for j in 0..shape.scored {
             let target = tokens[start + first + j + 1];
             let row = j * vocab..(j + 1) * vocab;
             nll.add(&logits[row.clone()], target);
-            if baseline.is_some() {
+            if compare {
                 base_nll.add(&base_logits[row.clone()], target);
                 kl.add(&base_logits[row.clone()], &logits[row]);
             }
@@ -273,10 +323,22 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
         nll.ppl(),
         nll.ppl_error()
     );
-    if baseline.is_some() {
+    if let Some(w) = base_out {
+        w.finish()?;
+        if let Some(p) = &args.kl_base {
+            eprintln!(
+                "perplexity: logits of {n_chunk} chunks written to {}",
+                p.display()
+            );
+        }
+    }
+    if compare {
+        let what = match &args.kl_base {
+            Some(p) if base_file.is_some() => format!("{}", p.display()),
+            _ => format!("all high, {}", file.variants()[plan.high]),
+        };
         println!(
-            "Baseline (all high, {}): PPL = {:.4} +/- {:.5}",
-            file.variants()[plan.high],
+            "Baseline ({what}): PPL = {:.4} +/- {:.5}",
             base_nll.ppl(),
             base_nll.ppl_error()
         );
@@ -292,7 +354,7 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
         );
         println!("Same top token: {:.3} %", 100.0 * kl.same_top_share());
     }
-    if baseline.is_some() || !plan.is_exact() {
+    if compare || !plan.is_exact() {
         if let Some([h, l, s]) = route_split(&session.expert_stats(), &plan) {
             let v = file.variants();
             let low = match plan.low {

@@ -59,6 +59,9 @@ pub struct ExpertStats {
     /// Decode tokens routed and computed on the device with no host round trip per layer
     /// (every expert resident in one precision).
     pub device_routed: u64,
+    /// Host seconds spent counting those tokens' routes after they arrived (the GPU idles
+    /// meanwhile: the next token's launch waits for it).
+    pub device_account_seconds: f64,
     /// Host-routed decode layers whose experts (all in GPU cache slots of one precision) ran
     /// through the routed kernels, a table of their slots written on the stream.
     pub slot_routed_layers: u64,
@@ -124,6 +127,9 @@ impl ExpertStats {
         self.cpu_seconds += s.cpu_seconds;
         self.split_experts += s.split_experts;
         self.split_bytes += s.split_bytes;
+        self.device_routed += s.device_routed;
+        self.device_account_seconds += s.device_account_seconds;
+        self.slot_routed_layers += s.slot_routed_layers;
     }
 }
 

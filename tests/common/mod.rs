@@ -56,8 +56,13 @@ pub fn hob(args: &[&str]) -> (bool, String, String) {
 }
 
 /// `hob perplexity` of `model` on `text` on the CPU with a context of `ctx`, plus `extra`
-/// flags; asserts success and returns stdout.
-pub fn perplexity_stdout(model: &Path, text: &Path, ctx: usize, extra: &[&str]) -> String {
+/// flags: (success, stdout, stderr).
+pub fn perplexity_run(
+    model: &Path,
+    text: &Path,
+    ctx: usize,
+    extra: &[&str],
+) -> (bool, String, String) {
     let ctx = ctx.to_string();
     let mut args = vec![
         "perplexity",
@@ -71,8 +76,13 @@ pub fn perplexity_stdout(model: &Path, text: &Path, ctx: usize, extra: &[&str]) 
         "cpu",
     ];
     args.extend_from_slice(extra);
-    let (ok, stdout, stderr) = hob(&args);
-    assert!(ok, "{args:?}:\n{stderr}");
+    hob(&args)
+}
+
+/// perplexity_run; asserts success and returns stdout.
+pub fn perplexity_stdout(model: &Path, text: &Path, ctx: usize, extra: &[&str]) -> String {
+    let (ok, stdout, stderr) = perplexity_run(model, text, ctx, extra);
+    assert!(ok, "{extra:?}:\n{stderr}");
     stdout
 }
 

@@ -898,6 +898,8 @@ pub struct CudaExperts<'f> {
     device_pending: bool,
     /// Decode tokens that took the device-routed path.
     device_tokens: u64,
+    /// Host time spent counting device-routed tokens' routes once they arrived (account_device).
+    device_account: Duration,
     /// Host-routed decode layers through the routed kernels (CacheConfig::routed_slots): whether
     /// allowed, each pool's matrices suit them (decided on first use), their buffers, and how
     /// many layers took them.
@@ -1235,6 +1237,7 @@ impl<'f> CudaExperts<'f> {
             device_token: false,
             device_pending: false,
             device_tokens: 0,
+            device_account: Duration::ZERO,
             routed_slots: cfg.routed_slots
                 && std::env::var("HOB_ROUTED_SLOTS").as_deref() != Ok("0"),
             slot_kinds: [None; 2],
@@ -2118,6 +2121,7 @@ impl<'f> CudaExperts<'f> {
         let (ne, k) = (self.file.n_experts(), self.top_k);
         let rp = ptr(&d.routes, &self.gpu.stream);
         self.gpu.download_f32(rp, &mut d.host)?;
+        let arrived = Instant::now();
         let host = std::mem::take(&mut d.host);
         self.decoded += 1;
         self.device_tokens += 1;
@@ -2157,6 +2161,7 @@ impl<'f> CudaExperts<'f> {
         if let Some(d) = self.device.as_mut() {
             d.host = host;
         }
+        self.device_account += arrived.elapsed();
         match bad {
             Some(l) => Err(Error::Invalid(format!(
                 "routing: layer {l} found no expert among {ne} (router logits not finite?)"
@@ -2808,6 +2813,7 @@ impl ExpertReport for CudaExperts<'_> {
             split_bytes: self.split_bytes,
             prediction,
             device_routed: self.device_tokens,
+            device_account_seconds: self.device_account.as_secs_f64(),
             slot_routed_layers: self.slot_layers,
         }
     }
@@ -2816,6 +2822,7 @@ impl ExpertReport for CudaExperts<'_> {
         self.hits.fill(0);
         self.misses.fill(0);
         self.device_tokens = 0;
+        self.device_account = Duration::ZERO;
         self.slot_layers = 0;
         self.skipped = 0;
         self.substituted = 0;

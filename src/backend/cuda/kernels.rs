@@ -153,7 +153,10 @@ impl Kernels {
             Ok("3") => 3,
             _ => 2,
         };
-        // int2's planes: HOB_QD_PARTS_INT2=1|2|3, else as the others.
+        // int2's planes: as the others, or HOB_QD_PARTS_INT2=1|2|3. One plane (8-bit x, as
+        // llama.cpp's q8_1 activations) measured +3.5% int2 decode for a mean KL of 0.0032 nats
+        // on shakespeare-moe's decoded logits, but NMSE 2e-2 on the random fixture's
+        // (benches/results/2026-11-24-h100-int2-8bit-x.md): not the default.
         let qd_parts_int2 = match std::env::var("HOB_QD_PARTS_INT2").as_deref() {
             Ok("1") => 1,
             Ok("2") => 2,

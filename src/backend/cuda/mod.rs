@@ -322,19 +322,28 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
         .max(1);
     let cap = (lim.sm_count * per_sm).max(1);
     let tn = tchunks.min(n);
-    let mut best: Option<(usize, usize, usize)> = None; // (cost, split, grid)
     let sc = k.step_chunks();
-    for split in (0..5).map(|i| 1usize << i) {
-        if warps % split != 0 || (split > 1 && sc * split > tn) {
-            continue;
+    let pick = |forced: Option<usize>| {
+        let mut best: Option<(usize, usize, usize)> = None; // (cost, split, grid)
+        for split in (0..5).map(|i| 1usize << i) {
+            if warps % split != 0 || (split > 1 && sc * split > tn) {
+                continue;
+            }
+            if forced.is_some_and(|f| f != split) {
+                continue;
+            }
+            let tiles = rows.div_ceil(warps / split * k.rows).max(1);
+            let grid = tiles.min(cap);
+            let cost = tiles.div_ceil(grid) * (tn.div_ceil(sc * split) + 1);
+            if best.is_none_or(|(c, _, _)| cost < c) {
+                best = Some((cost, split, grid));
+            }
         }
-        let tiles = rows.div_ceil(warps / split * k.rows).max(1);
-        let grid = tiles.min(cap);
-        let cost = tiles.div_ceil(grid) * (tn.div_ceil(sc * split) + 1);
-        if best.is_none_or(|(c, _, _)| cost < c) {
-            best = Some((cost, split, grid));
-        }
-    }
+        best
+    };
+    let best = forced_split(rows)
+        .and_then(|f| pick(Some(f)))
+        .or_else(|| pick(None));
     let (_, split, grid) = best?;
     Some(QPlan {
         grid: grid as u32,
@@ -343,6 +352,30 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
         split: split as i32,
         tchunks: tchunks as i32,
     })
+}
+
+/// The split forced for matrices of `rows` rows by HOB_Q_SPLIT ("ROWS:SPLIT,...", e.g.
+/// "4096:4,14336:2"; for A/B runs of integer plans: a split the shape cannot take is ignored).
+fn forced_split(rows: usize) -> Option<usize> {
+    static FORCED: std::sync::OnceLock<Vec<(usize, usize)>> = std::sync::OnceLock::new();
+    FORCED
+        .get_or_init(|| {
+            let v: Vec<(usize, usize)> = std::env::var("HOB_Q_SPLIT")
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|p| {
+                    let (r, s) = p.split_once(':')?;
+                    Some((r.trim().parse().ok()?, s.trim().parse().ok()?))
+                })
+                .collect();
+            if !v.is_empty() {
+                log::info!("HOB_Q_SPLIT: integer matvec splits forced (rows, split): {v:?}");
+            }
+            v
+        })
+        .iter()
+        .find(|&&(r, _)| r == rows)
+        .map(|&(_, s)| s)
 }
 
 /// Input precision of a cuBLAS product.
