@@ -140,13 +140,9 @@ impl Reader {
         let f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
         let mut input = BufReader::with_capacity(1 << 20, f);
         let mut h = [0u8; 24];
-        input.read_exact(&mut h).map_err(|e| {
-            Error::io(
-                path,
-                "read the header of (not a logits file from --kl-divergence-base?)",
-                e,
-            )
-        })?;
+        input
+            .read_exact(&mut h)
+            .map_err(|e| Error::io(path, "read the header (too short for a logits file)", e))?;
         if &h[..8] != MAGIC {
             return Err(Error::Invalid(format!(
                 "{}: not a logits file written by `hob perplexity --kl-divergence-base` \
