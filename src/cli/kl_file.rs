@@ -121,6 +121,12 @@ impl Writer {
     }
 }
 
+/// The little-endian u32 at the start of `b` (at least 4 bytes: callers slice fixed headers and
+/// `chunks_exact(4)`).
+fn u32_at(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
 fn le_u32(v: &[u32]) -> Vec<u32> {
     v.iter().map(|x| x.to_le()).collect()
 }
@@ -151,7 +157,7 @@ impl Reader {
                 String::from_utf8_lossy(&h[..8])
             )));
         }
-        let field = |i: usize| u32::from_le_bytes(h[8 + 4 * i..12 + 4 * i].try_into().unwrap());
+        let field = |i: usize| u32_at(&h[8 + 4 * i..]);
         let shape = Shape {
             vocab: field(0) as usize,
             ctx: field(1) as usize,
@@ -178,8 +184,10 @@ impl Reader {
         }
         // The file's length must be what its header says (a truncated copy fails here, not
         // midway through the run).
-        let expect =
-            24 + shape.chunks as u64 * (4 * shape.ctx + 4 * shape.scored * shape.vocab) as u64;
+        let per_chunk = (4 * shape.ctx + 4 * shape.scored * shape.vocab) as u64;
+        let expect = (shape.chunks as u64)
+            .saturating_mul(per_chunk)
+            .saturating_add(24);
         let len = input
             .get_ref()
             .metadata()
@@ -215,7 +223,7 @@ impl Reader {
                 .bytes
                 .chunks_exact(4)
                 .zip(tokens)
-                .all(|(b, &t)| u32::from_le_bytes(b.try_into().unwrap()) == t);
+                .all(|(b, &t)| u32_at(b) == t);
         if !same {
             return Err(Error::Invalid(format!(
                 "{}: chunk {chunk}'s tokens differ from this run's (another text, tokenizer or \
@@ -231,7 +239,7 @@ impl Reader {
         logits.extend(
             self.bytes
                 .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap())),
+                .map(|b| f32::from_bits(u32_at(b))),
         );
         self.read += 1;
         Ok(())
