@@ -245,6 +245,13 @@ pub trait Backend {
         0
     }
 
+    /// Host seconds since the last reset spent (submitting recorded decode steps, reading results
+    /// back: waiting for the device included); zeros where the backend does neither.
+    fn host_times(&self) -> (f64, f64) {
+        (0.0, 0.0)
+    }
+    fn reset_host_times(&self) {}
+
     /// Time every kernel launch from now on (true) or stop (false); false where the backend
     /// cannot (the CPU).
     fn kernel_clock(&self, _on: bool) -> bool {

@@ -65,6 +65,11 @@ pub struct ExpertStats {
     /// Host-routed decode layers whose experts (all in GPU cache slots of one precision) ran
     /// through the routed kernels, a table of their slots written on the stream.
     pub slot_routed_layers: u64,
+    /// Host seconds submitting recorded decode steps (CUDA graph launches).
+    pub graph_launch_seconds: f64,
+    /// Host seconds reading results back (logits, device routes), waiting for the device
+    /// included.
+    pub device_wait_seconds: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -130,6 +135,8 @@ impl ExpertStats {
         self.device_routed += s.device_routed;
         self.device_account_seconds += s.device_account_seconds;
         self.slot_routed_layers += s.slot_routed_layers;
+        self.graph_launch_seconds += s.graph_launch_seconds;
+        self.device_wait_seconds += s.device_wait_seconds;
     }
 }
 
@@ -234,10 +241,13 @@ impl<B: Backend> Session for Bound<'_, B> {
         format!("{}, experts: {}", self.label, self.experts.describe())
     }
     fn expert_stats(&self) -> ExpertStats {
-        self.experts.stats()
+        let mut s = self.experts.stats();
+        (s.graph_launch_seconds, s.device_wait_seconds) = self.backend.host_times();
+        s
     }
     fn reset_stats(&mut self) {
         self.experts.reset_stats();
+        self.backend.reset_host_times();
     }
     fn decode_replays(&self) -> u64 {
         self.backend.decode_replays()

@@ -2245,10 +2245,7 @@ impl<'f> CudaExperts<'f> {
             gpu.moe_gate_up(&gate, tab, rp, k, x, g)?;
             gpu.moe_down(&down, tab, rp, k, g, out)?;
         } else {
-            gpu.matvec_sel(&gate, tab, rp, k, 0, 2 * k, (x, 0, false), (g, f))?;
-            // SwiGLU in its own launch, as on the device-routed path below.
-            gpu.swiglu(g, g + (k * f * 4) as u64, k * f)?;
-            gpu.matvec_sel(&down, tab, rp, k, 2, k, (g, f, false), (dn, h))?;
+            gpu.routed_ffn((&gate, &down), tab, rp, k, x, (g, dn), (h, f))?;
             gpu.moe_combine(out, dn, rp, (k, h), None)?;
         }
         self.slot_layers += 1;
@@ -2321,13 +2318,9 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
             gpu.moe_gate_up(&d.gate, tab, routes, k, xsp, g)?;
             gpu.moe_down(&d.down, tab, routes, k, g, xp)?;
         } else {
-            // Integer kinds: gate and up of the k experts in one launch, their SwiGLU in place
-            // (its own launch: each block of the down launch staging it measured slower,
-            // benches/results/2026-11-24-h100-routed.md), down of all k, then the weighted sum
-            // and residual add.
-            gpu.matvec_sel(&d.gate, tab, routes, k, 0, 2 * k, (xsp, 0, false), (g, f))?;
-            gpu.swiglu(g, g + (k * f * 4) as u64, k * f)?;
-            gpu.matvec_sel(&d.down, tab, routes, k, 2, k, (g, f, false), (dn, h))?;
+            // Integer kinds: gate and up of the k experts in one launch, their SwiGLU, down of
+            // all k (Gpu::routed_ffn), then the weighted sum and residual add.
+            gpu.routed_ffn((&d.gate, &d.down), tab, routes, k, xsp, (g, dn), (h, f))?;
             // The weighted sum, with the norm that follows where it folds in.
             let norm = match next {
                 Some((nw, neps)) => Some(((b.vector(nw)?, neps), xsp)),
@@ -2815,6 +2808,8 @@ impl ExpertReport for CudaExperts<'_> {
             device_routed: self.device_tokens,
             device_account_seconds: self.device_account.as_secs_f64(),
             slot_routed_layers: self.slot_layers,
+            // The session fills in the backend's host times.
+            ..ExpertStats::default()
         }
     }
 

@@ -17,10 +17,13 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use cudarc::cublas::{sys as cublas_sys, CudaBlas};
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PinnedHostSlice,
+};
 
 use crate::model::ops::{AttentionShape, Backend, DecodeStep, KernelTime, Route};
 use crate::model::Model;
@@ -409,7 +412,17 @@ pub struct Gpu {
     /// (kernels.cu pdl_wait). Its blocks are then resident when the earlier kernel ends, and the
     /// products' first weight loads overlap that kernel's tail.
     pub pdl: bool,
+    /// Nanoseconds the host spent in `download_f32` (for --stats): a copy into pageable memory
+    /// returns once done, so this is where the host waits for the device's results.
+    pub read_ns: AtomicU64,
+    /// Page-locked memory results of at least PINNED_READ_MIN floats are read back through (the
+    /// copy goes straight to it by DMA; a copy into pageable memory is staged by the driver in
+    /// pieces). None with HOB_PINNED_READ=0.
+    readback: Option<Mutex<Option<PinnedHostSlice<f32>>>>,
 }
+
+/// The smallest read-back (in floats) that goes through Gpu's page-locked buffer.
+const PINNED_READ_MIN: usize = 1024;
 
 /// Where the tensor-core integer matvec is the faster one, measured on the H100
 /// (benches/results/2026-11-23-h100-int-matvec-mma.md): int2 only; int8 and int4 keep the scalar
@@ -520,6 +533,9 @@ impl Gpu {
                 _ => QD_KINDS,
             },
             pdl,
+            read_ns: AtomicU64::new(0),
+            readback: (std::env::var("HOB_PINNED_READ").as_deref() != Ok("0"))
+                .then(|| Mutex::new(None)),
         }))
     }
 
@@ -748,6 +764,29 @@ impl Gpu {
         };
         let (split, tchunks) = (p.split, p.tchunks);
         launch!(self, q.f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, split, tchunks)
+    }
+
+    /// One decode token's routed experts from the table `tab` (integer kinds, every matrix like
+    /// `gate` / `down`), through the routed kernels: gate and up of the k experts in one launch
+    /// into g ([2k, f]: k gate rows, then k up rows), their SwiGLU, and down of all k into dn
+    /// ([k, h]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn routed_ffn(
+        &self,
+        (gate, down): (&DevMat, &DevMat),
+        tab: u64,
+        routes: u64,
+        k: usize,
+        x: u64,
+        (g, dn): (u64, u64),
+        (h, f): (usize, usize),
+    ) -> crate::Result<()> {
+        self.matvec_sel(gate, tab, routes, k, 0, 2 * k, (x, 0, false), (g, f))?;
+        // SwiGLU in its own launch: each block of the down launch staging it measured slower
+        // (benches/results/2026-11-24-h100-routed.md), as did staging its x once for the launch
+        // (benches/results/2026-11-25-h100-decode-host.md).
+        self.swiglu(g, g + (k * f * 4) as u64, k * f)?;
+        self.matvec_sel(down, tab, routes, k, 2, k, (g, f, false), (dn, h))
     }
 
     /// One token's routes ([k] experts then [k] weights at `routes`) from the router `w` and
@@ -1126,13 +1165,48 @@ impl Gpu {
 
     /// Device-to-host copy of f32 values (waits for the compute stream).
     pub fn download_f32(&self, src: u64, dst: &mut [f32]) -> crate::Result<()> {
-        // SAFETY: src addresses at least dst.len() floats; the stream is synchronized before dst
-        // is read.
+        let t = Instant::now();
+        let r = match &self.readback {
+            Some(rb) if dst.len() >= PINNED_READ_MIN => self.download_pinned(rb, src, dst),
+            // SAFETY: src addresses at least dst.len() floats; the stream is synchronized
+            // before dst is read.
+            _ => unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())
+                    .map_err(cuda_err)
+            }
+            .and_then(|()| self.sync()),
+        };
+        self.read_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
+    }
+
+    /// download_f32 through the page-locked buffer `rb` (grown to dst's length).
+    fn download_pinned(
+        &self,
+        rb: &Mutex<Option<PinnedHostSlice<f32>>>,
+        src: u64,
+        dst: &mut [f32],
+    ) -> crate::Result<()> {
+        let mut rb = rb.lock().unwrap_or_else(|e| e.into_inner());
+        if rb.as_ref().is_none_or(|b| b.len() < dst.len()) {
+            // SAFETY: page-locked host memory of dst.len() floats, written only by the copy
+            // below and read after the stream is synchronized.
+            *rb = Some(unsafe { self.ctx.alloc_pinned::<f32>(dst.len()) }.map_err(cuda_err)?);
+        }
+        let Some(buf) = rb.as_mut() else {
+            unreachable!("allocated above")
+        };
+        let host = &mut buf.as_mut_slice().map_err(cuda_err)?[..dst.len()];
+        // SAFETY: src addresses at least dst.len() floats, host holds as many; the stream is
+        // synchronized before host is read.
         unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())
+            cudarc::driver::result::memcpy_dtoh_async(host, src, self.stream.cu_stream())
                 .map_err(cuda_err)?;
         }
-        self.sync()
+        self.sync()?;
+        dst.copy_from_slice(host);
+        Ok(())
     }
 
     pub fn upload_i32(&self, src: &[i32], dst: u64) -> crate::Result<()> {
@@ -1197,6 +1271,8 @@ pub struct CudaBackend {
     baked: AtomicBool,
     /// Decode steps run from the recording.
     replays: AtomicU64,
+    /// Nanoseconds spent submitting them (for --stats).
+    launch_ns: AtomicU64,
     /// Decode steps recorded and replayed (off with HOB_CUDA_GRAPHS=0).
     graphs: bool,
 }
@@ -1264,6 +1340,7 @@ impl CudaBackend {
             graph: Mutex::new(None),
             baked: AtomicBool::new(false),
             replays: AtomicU64::new(0),
+            launch_ns: AtomicU64::new(0),
             graphs: std::env::var("HOB_CUDA_GRAPHS").as_deref() != Ok("0"),
             gpu,
             mats: HashMap::new(),
@@ -1461,14 +1538,7 @@ impl Backend for CudaBackend {
 
     fn download(&self, src: &CudaSlice<f32>, dst: &mut [f32]) -> crate::Result<()> {
         check_len("download source", src.len(), dst.len())?;
-        let s = self.p(src);
-        // SAFETY: src holds at least dst.len() floats; the stream is synchronized before dst is
-        // read.
-        unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(dst, s, self.gpu.stream.cu_stream())
-                .map_err(cuda_err)?;
-        }
-        self.gpu.sync()
+        self.gpu.download_f32(self.p(src), dst)
     }
 
     fn matmul(
@@ -1785,7 +1855,10 @@ impl Backend for CudaBackend {
         let mut graph = self.graph.lock().unwrap_or_else(|e| e.into_inner());
         match graph.as_ref() {
             Some((k, Some(g))) if *k == key => {
+                let t = Instant::now();
                 g.0.launch().map_err(cuda_err)?;
+                self.launch_ns
+                    .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 self.replays.fetch_add(1, Ordering::Relaxed);
                 return Ok(DecodeStep::Replayed);
             }
@@ -1830,6 +1903,16 @@ impl Backend for CudaBackend {
 
     fn decode_replays(&self) -> u64 {
         self.replays.load(Ordering::Relaxed)
+    }
+
+    fn host_times(&self) -> (f64, f64) {
+        let s = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-9;
+        (s(&self.launch_ns), s(&self.gpu.read_ns))
+    }
+
+    fn reset_host_times(&self) {
+        self.launch_ns.store(0, Ordering::Relaxed);
+        self.gpu.read_ns.store(0, Ordering::Relaxed);
     }
 
     fn kernel_clock(&self, on: bool) -> bool {
