@@ -784,7 +784,7 @@ impl Gpu {
         self.matvec_sel(gate, tab, routes, k, 0, 2 * k, (x, 0, false), (g, f))?;
         // SwiGLU in its own launch: each block of the down launch staging it measured slower
         // (benches/results/2026-11-24-h100-routed.md), as did staging its x once for the launch
-        // (benches/results/2026-11-25-h100-decode-host.md).
+        // (benches/results/2026-11-24-h100-decode-host.md).
         self.swiglu(g, g + (k * f * 4) as u64, k * f)?;
         self.matvec_sel(down, tab, routes, k, 2, k, (g, f, false), (dn, h))
     }
