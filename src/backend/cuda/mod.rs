@@ -415,9 +415,9 @@ pub struct Gpu {
     /// Nanoseconds the host spent in `download_f32` (for --stats): a copy into pageable memory
     /// returns once done, so this is where the host waits for the device's results.
     pub read_ns: AtomicU64,
-    /// Page-locked memory results of at least PINNED_READ_MIN floats are read back through (the
-    /// copy goes straight to it by DMA; a copy into pageable memory is staged by the driver in
-    /// pieces). None with HOB_PINNED_READ=0.
+    /// The page-locked buffer that results of at least PINNED_READ_MIN floats are read back
+    /// through (the copy lands in it by DMA; a copy into pageable memory is staged by the driver
+    /// in pieces). None with HOB_PINNED_READ=0.
     readback: Option<Mutex<Option<PinnedHostSlice<f32>>>>,
 }
 
@@ -1189,13 +1189,11 @@ impl Gpu {
         dst: &mut [f32],
     ) -> crate::Result<()> {
         let mut rb = rb.lock().unwrap_or_else(|e| e.into_inner());
-        if rb.as_ref().is_none_or(|b| b.len() < dst.len()) {
+        let buf = match rb.take() {
+            Some(b) if b.len() >= dst.len() => rb.insert(b),
             // SAFETY: page-locked host memory of dst.len() floats, written only by the copy
             // below and read after the stream is synchronized.
-            *rb = Some(unsafe { self.ctx.alloc_pinned::<f32>(dst.len()) }.map_err(cuda_err)?);
-        }
-        let Some(buf) = rb.as_mut() else {
-            unreachable!("allocated above")
+            _ => rb.insert(unsafe { self.ctx.alloc_pinned::<f32>(dst.len()) }.map_err(cuda_err)?),
         };
         let host = &mut buf.as_mut_slice().map_err(cuda_err)?[..dst.len()];
         // SAFETY: src addresses at least dst.len() floats, host holds as many; the stream is
