@@ -286,11 +286,13 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
             if mean > l.overlap_tok_s {
                 // A profile emulated on a faster device paces only its link: what stays resident
                 // is read at this device's speed, not the profile's.
-                log::warn!(
-                    "bench: {test} ran above the {} profile's limit: this device's memory is faster than the profile's {} GB/s, and an emulated profile paces only the loads; the row does not measure that platform",
-                    platform.as_ref().map_or("native", |p| p.name.as_str()),
-                    platform.as_ref().map_or(0.0, |p| p.memory_bandwidth_gbs)
-                );
+                if let Some(p) = &platform {
+                    log::warn!(
+                        "bench: {test} ran above the {} profile's limit: this device's memory is faster than the profile's {} GB/s, and an emulated profile paces only the loads; the row does not measure that platform",
+                        p.name,
+                        p.memory_bandwidth_gbs
+                    );
+                }
             }
         }
         rows.push(BenchRow {

@@ -494,11 +494,11 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
             1e6 * s.device_account_seconds / s.device_routed as f64
         );
     }
-    if s.graph_launch_seconds > 0.0 || s.device_wait_seconds > 0.0 {
+    if s.graph_launch_seconds > 0.0 || s.read_back_seconds > 0.0 {
         eprintln!(
             "  host per token: {:.1} us submitting recorded decode steps (CUDA graphs), {:.1} us reading results back (waiting for the device included)",
             1e6 * s.graph_launch_seconds / n,
-            1e6 * s.device_wait_seconds / n
+            1e6 * s.read_back_seconds / n
         );
     }
     if s.slot_routed_layers > 0 {

@@ -69,7 +69,7 @@ pub struct ExpertStats {
     pub graph_launch_seconds: f64,
     /// Host seconds reading results back (logits, device routes), waiting for the device
     /// included.
-    pub device_wait_seconds: f64,
+    pub read_back_seconds: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -136,7 +136,7 @@ impl ExpertStats {
         self.device_account_seconds += s.device_account_seconds;
         self.slot_routed_layers += s.slot_routed_layers;
         self.graph_launch_seconds += s.graph_launch_seconds;
-        self.device_wait_seconds += s.device_wait_seconds;
+        self.read_back_seconds += s.read_back_seconds;
     }
 }
 
@@ -242,7 +242,7 @@ impl<B: Backend> Session for Bound<'_, B> {
     }
     fn expert_stats(&self) -> ExpertStats {
         let mut s = self.experts.stats();
-        (s.graph_launch_seconds, s.device_wait_seconds) = self.backend.host_times();
+        (s.graph_launch_seconds, s.read_back_seconds) = self.backend.host_times();
         s
     }
     fn reset_stats(&mut self) {
