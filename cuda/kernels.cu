@@ -401,15 +401,34 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 // 16-byte aligned (Gpu::moe_combine checks). Each thread computes its float4s of the new x
 // twice (for the sum of squares, then to store them with their normalized values), from the old
 // x: no thread reads what another wrote.
+// It follows a routed down launch (Gpu::routed_ffn), so the routes and x are complete before it
+// starts (kernels.cu sel_mat, "Ordering"): with COMBINE_EARLY (HOB_NVRTC_DEFINES A/B switch) it
+// copies the routes (k <= 16) into shared memory and reads its first float4 of x before it
+// waits; only the experts' outputs d are read after.
+#ifndef COMBINE_EARLY
+#define COMBINE_EARLY 1
+#endif
 extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* __restrict__ d,
                                             const float* __restrict__ routes, int k, int n,
                                             const float* __restrict__ g, float eps,
                                             float* __restrict__ xn) {
+    __shared__ float rs[32];
     pdl_trigger();
     l2_prefetch_block(g, (size_t)n * 4);
-    pdl_wait();
-    const int* re = reinterpret_cast<const int*>(routes);
     float4* x4 = reinterpret_cast<float4*>(x);
+    const int i0 = threadIdx.x;
+    const bool early = COMBINE_EARLY && k <= 16;
+    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (early) {
+        if (threadIdx.x < 2 * k) rs[threadIdx.x] = __ldcg(routes + threadIdx.x);
+        if (i0 < n / 4) x0 = __ldcg(x4 + i0);
+    }
+    pdl_wait();
+    if (early) {
+        __syncthreads();
+        routes = rs;
+    }
+    const int* re = reinterpret_cast<const int*>(routes);
     auto val = [&](int i) {
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int m = 0, jb = -1; m < k; m++) {
@@ -421,7 +440,7 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
             o.z = __fmaf_rn(wj, dv.z, o.z);
             o.w = __fmaf_rn(wj, dv.w, o.w);
         }
-        const float4 v = x4[i];
+        const float4 v = early && i == i0 ? x0 : x4[i];
         return make_float4(v.x + o.x, v.y + o.y, v.z + o.z, v.w + o.w);
     };
     float ss = 0.f;
@@ -745,10 +764,38 @@ __device__ __forceinline__ void moe_route_body(const Mat w, const float* __restr
 // xs and writing y + j * ys: gate and up of every routed expert (which0 0, 2k launches, xs 0), or
 // down (which0 2, k launches, xs the gate outputs' stride).
 
+//
+// Ordering (sm_90, dependent launches): the first routed launch of a token (which0 0: gate and
+// up) reads routes the kernel right before it wrote, so it waits first, and only then lets the
+// kernels after it start (pdl_trigger). A later routed launch (which0 > 0: down) therefore starts
+// only once the routes and the table are complete and visible in L2: it reads them (through L2,
+// __ldcg: an SM's L1 may hold the previous token's) before it waits, and its first weight loads
+// go out while the kernel before it (SwiGLU) still runs, as a plain product's do (resident int4
+// decode +3%, int2 +2% on the H100: benches/results/2026-11-24-h100-early-down.md). SEL_EARLY=0
+// (HOB_NVRTC_DEFINES) makes every routed launch wait first (the A/B switch).
+#ifndef SEL_EARLY
+#define SEL_EARLY 1
+#endif
 __device__ __forceinline__ Mat sel_mat(const MatEntry* __restrict__ tab, const float* routes, int k,
                                        int which0) {
-    const int j = blockIdx.y, e = reinterpret_cast<const int*>(routes)[j % k];
-    return tab[e * 3 + which0 + j / k].m;
+    const int j = blockIdx.y, e = __ldcg(reinterpret_cast<const int*>(routes) + j % k);
+    static_assert(sizeof(MatEntry) == 48, "MatEntry: three 16-byte words");
+    const uint4* p = reinterpret_cast<const uint4*>(tab + e * 3 + which0 + j / k);
+    union {
+        uint4 w[3];
+        MatEntry m;
+    } u;
+#pragma unroll
+    for (int i = 0; i < 3; i++) u.w[i] = __ldcg(p + i);
+    return u.m.m;
+}
+
+// The prologue of a routed launch (the ordering above).
+__device__ __forceinline__ void sel_entry(int which0) {
+    if (which0 == 0 || !SEL_EARLY) {
+        pdl_wait();
+        pdl_trigger();
+    }
 }
 
 template <int KIND>
@@ -1554,15 +1601,15 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         BODY<KIND_INT2, ARG>(w, x, nullptr, y, split, tchunks);                                       \
     }                                                                                                 \
     extern "C" __global__ void SEL_ATTR PREFIX##_int8_sel(SEL_ARGS, int split, int tchunks) {         \
-        PDL_ENTRY();                                                                                  \
+        sel_entry(which0);                                                                            \
         BODY<KIND_INT8, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
     }                                                                                                 \
     extern "C" __global__ void SEL_ATTR PREFIX##_int4_sel(SEL_ARGS, int split, int tchunks) {         \
-        PDL_ENTRY();                                                                                  \
+        sel_entry(which0);                                                                            \
         BODY<KIND_INT4, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
     }                                                                                                 \
     extern "C" __global__ void SEL_ATTR PREFIX##_int2_sel(SEL_ARGS, int split, int tchunks) {         \
-        PDL_ENTRY();                                                                                  \
+        sel_entry(which0);                                                                            \
         BODY<KIND_INT2, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
     }
 

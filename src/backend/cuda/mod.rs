@@ -731,7 +731,9 @@ impl Gpu {
     /// device table `tab` ([experts][3] DevMat: gate, up, down) times x + (j % k) * xs floats,
     /// into y + j * ys floats; with `glu`, times SwiGLU(x + (j % k) * xs, x + (j % k + k) * xs)
     /// instead (k gate products, then k up products). `w` is any one of those matrices (they
-    /// share kind and shape).
+    /// share kind and shape). A launch with which0 > 0 reads the routes and the table before it
+    /// waits for the kernel before it (kernels.cu sel_mat, "Ordering"): it must follow the
+    /// which0 = 0 launch of the same routes, as in `routed_ffn`.
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_sel(
         &self,
@@ -922,7 +924,9 @@ impl Gpu {
     /// in ascending expert order with the roundings of zero + axpy per expert + add. With `norm`
     /// = ((g, eps), xn), also xn = RMSNorm(x) * g (as `rms_norm` computes it) in the same launch
     /// where that kernel applies (n % 4 == 0, every pointer 16-byte aligned); returns whether xn
-    /// was written (if not, the caller normalizes).
+    /// was written (if not, the caller normalizes). With `norm`, it must follow `routed_ffn` of
+    /// the same routes: that kernel reads the routes and x before it waits (kernels.cu
+    /// moe_combine_norm).
     pub fn moe_combine(
         &self,
         x: u64,
