@@ -403,8 +403,8 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 // x: no thread reads what another wrote.
 // It follows a routed down launch (Gpu::routed_ffn), so the routes and x are complete before it
 // starts (kernels.cu sel_mat, "Ordering"): with COMBINE_EARLY (HOB_NVRTC_DEFINES A/B switch) it
-// copies the routes (k <= 16) into shared memory and reads its first float4 of x before it
-// waits; only the experts' outputs d are read after.
+// copies the routes (k <= 16) into shared memory and reads its first float4 of x and of g before
+// it waits; only the experts' outputs d are read after.
 #ifndef COMBINE_EARLY
 #define COMBINE_EARLY 1
 #endif
@@ -418,10 +418,14 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
     float4* x4 = reinterpret_cast<float4*>(x);
     const int i0 = threadIdx.x;
     const bool early = COMBINE_EARLY && k <= 16;
-    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), g0 = x0;
     if (early) {
         if (threadIdx.x < 2 * k) rs[threadIdx.x] = __ldcg(routes + threadIdx.x);
-        if (i0 < n / 4) x0 = __ldcg(x4 + i0);
+        if (i0 < n / 4) {
+            x0 = __ldcg(x4 + i0);
+            g0 = g4[i0];
+        }
     }
     pdl_wait();
     if (early) {
@@ -446,9 +450,8 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
     float ss = 0.f;
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) ss += sq4(val(i));
     const float inv = rms_inv(ss, n, eps);
-    const float4* g4 = reinterpret_cast<const float4*>(g);
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-        const float4 v = val(i), w = g4[i];
+        const float4 v = val(i), w = early && i == i0 ? g0 : g4[i];
         x4[i] = v;
         reinterpret_cast<float4*>(xn)[i] =
             make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
@@ -833,16 +836,62 @@ __device__ __forceinline__ void moe_down_body(const MatEntry* __restrict__ tab,
 // The MoE block's RMSNorm and the routing in one launch: xn = RMSNorm(x) * g (as rms_norm
 // writes it, for the expert launches), kept in shared memory (w.cols floats, dynamic) for the
 // router's rows. rms_block(w.cols) threads.
+//
+// With `pre` the router's rows follow in shared memory (w.rows * w.row_bytes more, dynamic),
+// copied there before the kernel waits for the one before it (the router is a weight: written
+// only by copies), so that the copy overlaps that kernel's tail, where a single block reading
+// them after the wait took an L2 round trip per 16 chunks at one SM's share of L2 bandwidth
+// (128 KB for Mixtral's f32 router). The sums are row_dot's, in its order: the same routes.
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem));
+}
+#endif
+
 template <int KIND>
 __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __restrict__ x,
                                                     const float* __restrict__ g, float eps,
                                                     float* __restrict__ xn, int k,
-                                                    float* __restrict__ routes) {
+                                                    float* __restrict__ routes, int pre) {
     extern __shared__ float4 xs4[];
     float* xs = reinterpret_cast<float*>(xs4);
+    uint4* wsm = reinterpret_cast<uint4*>(xs4 + w.cols / 4);
+    const int nc = w.row_bytes / 16, total = w.rows * nc;
+    if (pre) {
+        const uint4* src = reinterpret_cast<const uint4*>(w.codes);
+#if __CUDA_ARCH__ >= 800
+        for (int c = threadIdx.x; c < total; c += blockDim.x) cp_async16(wsm + c, src + c);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+#else
+        for (int c = threadIdx.x; c < total; c += blockDim.x) wsm[c] = __ldg(src + c);
+#endif
+    } else {
+        l2_prefetch_block(w.codes, (size_t)w.rows * w.row_bytes);
+    }
+    pdl_wait();
     rms_norm_row(x, g, xn, xs, w.cols, eps);
+    if (!pre) {
+        __syncthreads();
+        moe_route_body<KIND>(w, xs, k, routes);
+        return;
+    }
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
     __syncthreads();
-    moe_route_body<KIND>(w, xs, k, routes);
+    __shared__ float lg[256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int r = warp; r < w.rows; r += warps) {
+        // row_dot's order: lane l adds chunks l, l + 32, ... in turn, then warp_sum.
+        const uint4* row = wsm + (size_t)r * nc;
+        float acc = 0.f;
+        for (int c = lane; c < nc; c += 32) acc += chunk_dot<KIND>(row[c], xs, c, w, r);
+        acc = warp_sum(acc);
+        if (lane == 0) lg[r] = acc;
+    }
+    __syncthreads();
+    if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
 }
 
 #define MOE_KERNELS(SUFFIX, KIND)                                                              \
@@ -853,12 +902,10 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(1024)                                         \
         moe_route_norm_##SUFFIX(const Mat w, const float* x, const float* g, float eps,         \
-                                float* xn, int k, float* routes) {                             \
+                                float* xn, int k, float* routes, int pre) {                    \
         pdl_trigger();                                                                         \
         l2_prefetch_block(g, (size_t)w.cols * 4);                                              \
-        l2_prefetch_block(w.codes, (size_t)w.rows * w.row_bytes);                              \
-        pdl_wait();                                                                            \
-        moe_route_norm_body<KIND>(w, x, g, eps, xn, k, routes);                                \
+        moe_route_norm_body<KIND>(w, x, g, eps, xn, k, routes, pre);                           \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \
                                                     int k, const float* x, float* h) {         \

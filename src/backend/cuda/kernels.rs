@@ -54,6 +54,9 @@ pub struct Kernels {
     pub moe_route: [CudaFunction; 3],
     /// The MoE block's RMSNorm and moe_route in one launch.
     pub moe_route_norm: [CudaFunction; 3],
+    /// The dynamic shared memory a moe_route_norm launch may take (opted in up to the device's
+    /// limit less the kernels' static shared memory): room for the router's rows beside x.
+    pub route_norm_smem: usize,
     pub moe_gate_up: [CudaFunction; 3],
     pub moe_down: [CudaFunction; 3],
     pub route_topk: CudaFunction,
@@ -281,6 +284,7 @@ impl Kernels {
             rope_kv: f("rope_kv")?,
             moe_route: floats("moe_route")?,
             moe_route_norm: floats("moe_route_norm")?,
+            route_norm_smem: 0,
             moe_gate_up: floats("moe_gate_up")?,
             moe_down: floats("moe_down")?,
             route_topk: f("route_topk")?,
@@ -296,6 +300,27 @@ impl Kernels {
             names: Vec::new(),
         };
         kernels.names = names.take();
+        // moe_route_norm may copy the router's rows into shared memory (kernels.cu
+        // moe_route_norm_body): opt in to what the device allows.
+        let optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(cuda_err)?
+            .max(0) as usize;
+        let mut smem = optin;
+        for f in &kernels.moe_route_norm {
+            let fixed = f
+                .get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                .map_err(cuda_err)?
+                .max(0) as usize;
+            let dynamic = optin.saturating_sub(fixed);
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dynamic as i32,
+            )
+            .map_err(cuda_err)?;
+            smem = smem.min(dynamic);
+        }
+        kernels.route_norm_smem = smem;
         Ok(kernels)
     }
 }
@@ -348,6 +373,7 @@ mod tests {
     fn every_kernel_waits_for_the_one_before() {
         // Device functions that wait themselves (after their first weight loads).
         let waiting = [
+            "moe_route_norm_body",
             "matvec_body",
             "matvec3_rope_body",
             "matvec_q_body",

@@ -419,6 +419,9 @@ pub struct Gpu {
     /// through (the copy lands in it by DMA; a copy into pageable memory is staged by the driver
     /// in pieces). None with HOB_PINNED_READ=0.
     readback: Option<Mutex<Option<PinnedHostSlice<f32>>>>,
+    /// Whether moe_route_norm copies the router's rows into shared memory before it waits
+    /// (kernels.cu moe_route_norm_body; off with HOB_ROUTER_PRELOAD=0).
+    router_preload: bool,
 }
 
 /// The smallest read-back (in floats) that goes through Gpu's page-locked buffer.
@@ -536,6 +539,7 @@ impl Gpu {
             read_ns: AtomicU64::new(0),
             readback: (std::env::var("HOB_PINNED_READ").as_deref() != Ok("0"))
                 .then(|| Mutex::new(None)),
+            router_preload: std::env::var("HOB_ROUTER_PRELOAD").as_deref() != Ok("0"),
         }))
     }
 
@@ -832,13 +836,19 @@ impl Gpu {
         if w.kind >= 3 || !w.vectorizable() || !small || n * 4 > 48 << 10 {
             return Ok(false);
         }
+        // The router's rows copied into shared memory before the kernel waits, where they fit
+        // beside x (off with HOB_ROUTER_PRELOAD=0).
+        let rows_bytes = w.rows as usize * w.row_bytes as usize;
+        let pre = self.router_preload
+            && n.is_multiple_of(4)
+            && n * 4 + rows_bytes <= self.kernels.route_norm_smem;
         let c = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (rms_block(n), 1, 1),
-            shared_mem_bytes: (n * 4) as u32,
+            shared_mem_bytes: (n * 4 + if pre { rows_bytes } else { 0 }) as u32,
         };
-        let (wm, ki) = (*w, k as i32);
-        launch!(self, self.kernels.moe_route_norm[w.kind as usize], c; wm, x, g, eps, xn, ki, routes)?;
+        let (wm, ki, prei) = (*w, k as i32, i32::from(pre));
+        launch!(self, self.kernels.moe_route_norm[w.kind as usize], c; wm, x, g, eps, xn, ki, routes, prei)?;
         Ok(true)
     }
 
