@@ -678,12 +678,15 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
                                                   half_bits* __restrict__ kc,
                                                   half_bits* __restrict__ vc) {
     pdl_trigger();
+    // The position and the frequencies are written only by copies (the host's, ordered before
+    // this launch), so they load before the wait, beside the first weights.
+    const int pos = __ldg(posp);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (blockIdx.y == 2) {
         const int r = blockIdx.x * 8 + warp;
         if (r >= c.rows) return;
         const float v = row_dot<KIND, ROW_DEPTH, true>(c, r, x, lane);
-        vc += (size_t)*posp * c.rows;
+        vc += (size_t)pos * c.rows;
         if (lane == 0) {
             yv[r] = v;
             vc[r] = f2h(v);
@@ -695,6 +698,8 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
     float* y = isq ? yq : yk;
     const int pairs = w.rows / 2;
     __shared__ float d[8];
+    const int q = blockIdx.x * 4 + threadIdx.x;
+    const float freq = threadIdx.x < 4 && q < pairs ? __ldg(inv_freq + q % half) : 0.f;
     const int p = blockIdx.x * 4 + (warp & 3);
     if (p < pairs) {
         const int at = (p / half) * 2 * half, i = p % half;
@@ -703,12 +708,10 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
     }
     pdl_wait();  // (a no-op where row_dot waited: every warp that writes below did)
     __syncthreads();
-    const int pos = *posp;
     kc += (size_t)pos * b.rows;
-    const int q = blockIdx.x * 4 + threadIdx.x;
     if (threadIdx.x < 4 && q < pairs) {
         const int at = (q / half) * 2 * half, i = q % half;
-        const float angle = (float)pos * inv_freq[i];
+        const float angle = (float)pos * freq;
         float sn, cs;
         sincosf(angle, &sn, &cs);
         const float va = d[threadIdx.x], vb = d[threadIdx.x + 4];
