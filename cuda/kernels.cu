@@ -607,7 +607,9 @@ __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restri
 #ifndef ROW_DEPTH
 #define ROW_DEPTH 8
 #endif
-template <int KIND, int DEPTH = 4, bool WAIT = false>
+// TRIG: pdl_trigger() right after that wait (a kernel whose dependents may then rely on everything
+// the kernel before it finished: matvec3_rope, see matvec_body's `early`).
+template <int KIND, int DEPTH = 4, bool WAIT = false, bool TRIG = false>
 __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __restrict__ x,
                                          int lane) {
     const uint4* row = reinterpret_cast<const uint4*>(w.codes + (size_t)r * w.row_bytes);
@@ -621,25 +623,33 @@ __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __res
         for (int d = 0; d < DEPTH; d++) v[d] = __ldg(row + c + 32 * d);
         if (!waited) {
             pdl_wait();
+            if (TRIG) pdl_trigger();
             waited = true;
         }
 #pragma unroll
         for (int d = 0; d < DEPTH; d++) acc += chunk_dot<KIND>(v[d], x, c + 32 * d, w, r);
     }
-    if (!waited) pdl_wait();
+    if (!waited) {
+        pdl_wait();
+        if (TRIG) pdl_trigger();
+    }
     for (; c < n; c += 32) acc += chunk_dot<KIND>(__ldg(row + c), x, c, w, r);
     return warp_sum(acc);
 }
 
+// ACC with `early`: y (the residual) is read before the wait, which holds where the q/k/v launch
+// of the layer (matvec3_rope) came between its last writer and this launch: that launch lets
+// later kernels start only after its own wait (Gpu's caller passes early only then).
 template <int KIND, bool ACC = false>
 __device__ __forceinline__ void matvec_body(const Mat w, const float* __restrict__ x,
-                                            float* __restrict__ y) {
+                                            float* __restrict__ y, int early = 0) {
     pdl_trigger();
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= w.rows) return;
+    const float y0 = ACC && early && lane == 0 ? __ldcg(y + r) : 0.f;
     const float acc = row_dot<KIND, ROW_DEPTH, true>(w, r, x, lane);
-    if (lane == 0) y[r] = ACC ? y[r] + acc : acc;
+    if (lane == 0) y[r] = ACC ? (early ? y0 : y[r]) + acc : acc;
 }
 
 extern "C" __global__ void matvec_f32(const Mat w, const float* x, float* y) { matvec_body<KIND_F32>(w, x, y); }
@@ -647,9 +657,9 @@ extern "C" __global__ void matvec_f16(const Mat w, const float* x, float* y) { m
 extern "C" __global__ void matvec_bf16(const Mat w, const float* x, float* y) { matvec_body<KIND_BF16>(w, x, y); }
 
 // y += W x (a projection and its residual add: the sum rounded as matvec then add_assign).
-extern "C" __global__ void matvec_add_f32(const Mat w, const float* x, float* y) { matvec_body<KIND_F32, true>(w, x, y); }
-extern "C" __global__ void matvec_add_f16(const Mat w, const float* x, float* y) { matvec_body<KIND_F16, true>(w, x, y); }
-extern "C" __global__ void matvec_add_bf16(const Mat w, const float* x, float* y) { matvec_body<KIND_BF16, true>(w, x, y); }
+extern "C" __global__ void matvec_add_f32(const Mat w, const float* x, float* y, int early) { matvec_body<KIND_F32, true>(w, x, y, early); }
+extern "C" __global__ void matvec_add_f16(const Mat w, const float* x, float* y, int early) { matvec_body<KIND_F16, true>(w, x, y, early); }
+extern "C" __global__ void matvec_add_bf16(const Mat w, const float* x, float* y, int early) { matvec_body<KIND_BF16, true>(w, x, y, early); }
 
 // Three products of one x in one launch (q, k and v): blockIdx.y picks the matrix; blocks past
 // its rows return.
@@ -677,7 +687,7 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
                                                   const int* __restrict__ posp,
                                                   half_bits* __restrict__ kc,
                                                   half_bits* __restrict__ vc) {
-    pdl_trigger();
+    // Dependents start only after this launch's wait (row_dot TRIG, or below): see matvec_body.
     // The position and the frequencies are written only by copies (the host's, ordered before
     // this launch), so they load before the wait, beside the first weights.
     const int pos = __ldg(posp);
@@ -685,7 +695,7 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
     if (blockIdx.y == 2) {
         const int r = blockIdx.x * 8 + warp;
         if (r >= c.rows) return;
-        const float v = row_dot<KIND, ROW_DEPTH, true>(c, r, x, lane);
+        const float v = row_dot<KIND, ROW_DEPTH, true, true>(c, r, x, lane);
         vc += (size_t)pos * c.rows;
         if (lane == 0) {
             yv[r] = v;
@@ -703,10 +713,12 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
     const int p = blockIdx.x * 4 + (warp & 3);
     if (p < pairs) {
         const int at = (p / half) * 2 * half, i = p % half;
-        const float v = row_dot<KIND, ROW_DEPTH, true>(w, at + i + (warp >> 2) * half, x, lane);
+        const float v =
+            row_dot<KIND, ROW_DEPTH, true, true>(w, at + i + (warp >> 2) * half, x, lane);
         if (lane == 0) d[warp] = v;
     }
     pdl_wait();  // (a no-op where row_dot waited: every warp that writes below did)
+    pdl_trigger();
     __syncthreads();
     kc += (size_t)pos * b.rows;
     if (threadIdx.x < 4 && q < pairs) {
@@ -861,15 +873,24 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
     float* xs = reinterpret_cast<float*>(xs4);
     uint4* wsm = reinterpret_cast<uint4*>(xs4 + w.cols / 4);
     const int nc = w.row_bytes / 16, total = w.rows * nc;
+    // With pre, the norm's weights too (w.cols floats after the rows).
+    uint4* gsm = wsm + total;
     if (pre) {
         const uint4* src = reinterpret_cast<const uint4*>(w.codes);
+        const uint4* gsrc = reinterpret_cast<const uint4*>(g);
 #if __CUDA_ARCH__ >= 800
         for (int c = threadIdx.x; c < total; c += blockDim.x) cp_async16(wsm + c, src + c);
+        for (int c = threadIdx.x; c < w.cols / 4; c += blockDim.x) cp_async16(gsm + c, gsrc + c);
         asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_all;" ::: "memory");
 #else
         for (int c = threadIdx.x; c < total; c += blockDim.x) wsm[c] = __ldg(src + c);
+        for (int c = threadIdx.x; c < w.cols / 4; c += blockDim.x) gsm[c] = __ldg(gsrc + c);
 #endif
+        __syncthreads();
+        g = reinterpret_cast<const float*>(gsm);
     } else {
+        l2_prefetch_block(g, (size_t)w.cols * 4);
         l2_prefetch_block(w.codes, (size_t)w.rows * w.row_bytes);
     }
     pdl_wait();
@@ -879,9 +900,6 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         moe_route_body<KIND>(w, xs, k, routes);
         return;
     }
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
     __syncthreads();
     __shared__ float lg[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -907,7 +925,6 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         moe_route_norm_##SUFFIX(const Mat w, const float* x, const float* g, float eps,         \
                                 float* xn, int k, float* routes, int pre) {                    \
         pdl_trigger();                                                                         \
-        l2_prefetch_block(g, (size_t)w.cols * 4);                                              \
         moe_route_norm_body<KIND>(w, x, g, eps, xn, k, routes, pre);                           \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \

@@ -836,16 +836,17 @@ impl Gpu {
         if w.kind >= 3 || !w.vectorizable() || !small || n * 4 > 48 << 10 {
             return Ok(false);
         }
-        // The router's rows copied into shared memory before the kernel waits, where they fit
-        // beside x (off with HOB_ROUTER_PRELOAD=0).
+        // The router's rows and the norm's weights copied into shared memory before the kernel
+        // waits, where they fit beside x (off with HOB_ROUTER_PRELOAD=0).
         let rows_bytes = w.rows as usize * w.row_bytes as usize;
         let pre = self.router_preload
             && n.is_multiple_of(4)
-            && n * 4 + rows_bytes <= self.kernels.route_norm_smem;
+            && 2 * n * 4 + rows_bytes <= self.kernels.route_norm_smem;
         let c = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (rms_block(n), 1, 1),
-            shared_mem_bytes: (n * 4 + if pre { rows_bytes } else { 0 }) as u32,
+            // x, then with `pre` the router's rows and the norm's weights.
+            shared_mem_bytes: (n * 4 + if pre { rows_bytes + n * 4 } else { 0 }) as u32,
         };
         let (wm, ki, prei) = (*w, k as i32, i32::from(pre));
         launch!(self, self.kernels.moe_route_norm[w.kind as usize], c; wm, x, g, eps, xn, ki, routes, prei)?;
@@ -1287,6 +1288,10 @@ pub struct CudaBackend {
     launch_ns: AtomicU64,
     /// Decode steps recorded and replayed (off with HOB_CUDA_GRAPHS=0).
     graphs: bool,
+    /// The last q/k/v launch was matvec3_rope, which lets later kernels start only after its
+    /// own wait: the o projection that follows may read the residual before it waits
+    /// (kernels.cu matvec_body `early`). Taken by that projection (matmul_add).
+    qkv_settled: AtomicBool,
 }
 
 /// A CUDA graph of one decode step.
@@ -1349,6 +1354,7 @@ impl CudaBackend {
             scratch_len: SCRATCH_FLOATS,
             pos: gpu.alloc::<i32>(1, "the decode position")?,
             pos_now: Mutex::new(None),
+            qkv_settled: AtomicBool::new(false),
             graph: Mutex::new(None),
             baked: AtomicBool::new(false),
             replays: AtomicU64::new(0),
@@ -1713,6 +1719,7 @@ impl Backend for CudaBackend {
         kv: &mut CudaKv,
         layer: usize,
     ) -> crate::Result<()> {
+        self.qkv_settled.store(false, Ordering::Relaxed);
         let half = inv_freq.len();
         let m = self
             .one_token_floats(w, x, t, [&*q, &*k, &*v])?
@@ -1747,7 +1754,9 @@ impl Backend for CudaBackend {
         let f = &self.gpu.kernels.matvec3_rope[m[0].kind as usize];
         let [a, b, d] = m;
         let hi = half as i32;
-        launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv, fp, hi, posp, kd, vd)
+        launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv, fp, hi, posp, kd, vd)?;
+        self.qkv_settled.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// RoPE and the KV store in one launch (rope_kv).
@@ -1794,6 +1803,7 @@ impl Backend for CudaBackend {
         tmp: &mut CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
     ) -> crate::Result<()> {
+        let early = i32::from(self.qkv_settled.swap(false, Ordering::Relaxed));
         let d = *self.mat(w)?;
         let xp = self.p(x);
         if t != 1 || d.kind >= 3 || !d.vectorizable() || !xp.is_multiple_of(16) {
@@ -1804,7 +1814,7 @@ impl Backend for CudaBackend {
         check_len("matmul output", out.len(), w.rows)?;
         let yp = self.p(out);
         let c = cfg(blocks(w.rows, 8), 256);
-        launch!(self.gpu, self.gpu.kernels.matvec_add[d.kind as usize], c; d, xp, yp)
+        launch!(self.gpu, self.gpu.kernels.matvec_add[d.kind as usize], c; d, xp, yp, early)
     }
 
     /// Routing on the device (Gpu::route, into the prefill tile's scratch), the routes copied
