@@ -55,7 +55,8 @@ pub struct Kernels {
     /// The MoE block's RMSNorm and moe_route in one launch.
     pub moe_route_norm: [CudaFunction; 3],
     /// The dynamic shared memory a moe_route_norm launch may take (opted in up to the device's
-    /// limit less the kernels' static shared memory): room for the router's rows beside x.
+    /// limit less the kernels' static shared memory): room for the router's rows and the norm's
+    /// weights beside x.
     pub route_norm_smem: usize,
     pub moe_gate_up: [CudaFunction; 3],
     pub moe_down: [CudaFunction; 3],
