@@ -438,12 +438,13 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
         );
     }
     eprintln!(
-        "  skipped {:.2}  high->low substitutions {:.2}  computed on the CPU {:.2} ({:.2} while their load was in flight; {:.2} loaded behind them)",
+        "  skipped {:.2}  high->low substitutions {:.2}  computed on the CPU {:.2} ({:.2} while their load was in flight; {:.2} loaded behind them, of {:.2} with the link idle and load-behind wanted)",
         s.skipped as f64 / n,
         s.substituted as f64 / n,
         s.cpu_computed as f64 / n,
         s.late_to_cpu as f64 / n,
-        s.loaded_behind as f64 / n
+        s.loaded_behind as f64 / n,
+        s.behind_chances as f64 / n
     );
     eprintln!(
         "  bytes loaded {:.1} MB ({:.1} MB from the SSD), streamed by CPU experts {:.1} MB; prefetches {:.2} ({:.0}% used)",

@@ -44,6 +44,9 @@ pub struct ExpertStats {
     pub late_to_cpu: u64,
     /// Cooperative mode: CPU-computed misses also loaded into the cache over an idle link.
     pub loaded_behind: u64,
+    /// Cooperative mode: CPU-computed misses that found the link idle and load-behind wanted
+    /// (each loaded behind unless every slot it could take was protected).
+    pub behind_chances: u64,
     /// Bytes of the experts the CPU computed, each at its variant's size.
     pub cpu_bytes: u64,
     /// Seconds the loader spent moving `bytes_loaded` (its link busy time).
@@ -127,6 +130,7 @@ impl ExpertStats {
         self.prefetch_used += s.prefetch_used;
         self.late_to_cpu += s.late_to_cpu;
         self.loaded_behind += s.loaded_behind;
+        self.behind_chances += s.behind_chances;
         self.cpu_bytes += s.cpu_bytes;
         self.link_seconds += s.link_seconds;
         self.cpu_seconds += s.cpu_seconds;

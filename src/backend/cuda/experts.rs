@@ -877,6 +877,7 @@ pub struct CudaExperts<'f> {
     load_behind: bool,
     behind: LoadBehind,
     loaded_behind: u64,
+    behind_chances: u64,
     /// Bytes of the experts the CPU computed (it streams them from host memory).
     cpu_bytes: u64,
     /// The loader copies straight out of the page-locked file (no staging).
@@ -1225,6 +1226,7 @@ impl<'f> CudaExperts<'f> {
             load_behind: cfg.load_behind,
             behind: LoadBehind::default(),
             loaded_behind: 0,
+            behind_chances: 0,
             cpu_bytes: 0,
             direct_loads,
             split: cfg.split,
@@ -1667,6 +1669,7 @@ impl<'f> CudaExperts<'f> {
                     // routing for the tokens that reuse the expert, while that pays
                     // (experts::behind).
                     if self.load_behind && !self.link_busy() && self.behind.wanted() {
+                        self.behind_chances += 1;
                         if let Some(ins) = self.claim_evicting(kind, key)? {
                             self.submit(kind, key, ins.slot, Priority::Prefetch)?;
                             // Not a prediction: kept out of the prefetch accuracy.
@@ -2798,6 +2801,7 @@ impl ExpertReport for CudaExperts<'_> {
             prefetch_used: self.prefetch_used,
             late_to_cpu: self.late_to_cpu,
             loaded_behind: self.loaded_behind,
+            behind_chances: self.behind_chances,
             cpu_bytes: self.cpu_bytes,
             link_seconds: (self.counters.nanos.load(Ordering::Relaxed) - self.base_bytes.2) as f64
                 / 1e9,
@@ -2826,6 +2830,7 @@ impl ExpertReport for CudaExperts<'_> {
         self.prefetch_used = 0;
         self.late_to_cpu = 0;
         self.loaded_behind = 0;
+        self.behind_chances = 0;
         self.cpu_bytes = 0;
         self.wait = Duration::ZERO;
         self.cpu_wait = Duration::ZERO;
