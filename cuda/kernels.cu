@@ -740,7 +740,7 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
 // QKV_MINB: blocks of 256 threads an SM must hold (__launch_bounds__). 4 caps the kernel at 64
 // registers (68 uncapped; f16 and bf16 spill nothing on sm_90, 12 bytes on sm_87 and sm_89), so an
 // SM holds 4 of its blocks instead of 3, and Mixtral's 768 (q 512, k and v 128 each) run in 1.45
-// waves of 528 instead of 1.94 of 396: resident decode int4 +3.7-4%, int2 +4.6-4.9% on the H100
+// waves of 528 instead of 1.94 of 396: resident decode int4 +3-5%, int2 +4.5-6.6% on the H100
 // (benches/results/2026-11-24-h100-launch-bounds.md). HOB_NVRTC_DEFINES=QKV_MINB=1 for A/B.
 #ifndef QKV_MINB
 #define QKV_MINB 4
