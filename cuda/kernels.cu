@@ -63,6 +63,38 @@ __device__ __forceinline__ void pdl_trigger() {
         pdl_wait();    \
     } while (0)
 
+// Timing of a latency-bound kernel's stages (a measurement switch, off by default:
+// HOB_NVRTC_DEFINES=STAMPS=1): thread 0 of block 0 keeps clock64() at STAMP(i) and prints the
+// cycles between stages and the global time (ns) at the start once the kernel ends.
+#ifndef STAMPS
+#define STAMPS 0
+#endif
+#if STAMPS
+#define STAMP_INIT()                                                       \
+    long long stamp_[8] = {0, 0, 0, 0, 0, 0, 0, 0};                       \
+    unsigned long long stamp_t0_ = 0;                                      \
+    if (threadIdx.x == 0 && blockIdx.x == 0) {                             \
+        stamp_[0] = clock64();                                             \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp_t0_));      \
+    }
+#define STAMP(i) \
+    if (threadIdx.x == 0 && blockIdx.x == 0) stamp_[i] = clock64();
+#define STAMP_PRINT(name)                                                                        \
+    if (threadIdx.x == 0 && blockIdx.x == 0) {                                                   \
+        unsigned long long t1_;                                                                  \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1_));                                  \
+        printf("stamps %s t0 %llu ns %llu d1 %lld d2 %lld d3 %lld d4 %lld d5 %lld d6 %lld d7 %lld\n", \
+               name, stamp_t0_, t1_ - stamp_t0_, stamp_[1] ? stamp_[1] - stamp_[0] : 0LL,        \
+               stamp_[2] - stamp_[0], stamp_[3] - stamp_[0], stamp_[4] - stamp_[0],              \
+               stamp_[5] - stamp_[0], stamp_[6] ? stamp_[6] - stamp_[0] : 0LL,                   \
+               stamp_[7] ? stamp_[7] - stamp_[0] : 0LL);                                         \
+    }
+#else
+#define STAMP_INIT()
+#define STAMP(i)
+#define STAMP_PRINT(name)
+#endif
+
 typedef unsigned short half_bits;
 
 __device__ __forceinline__ float h2f(half_bits bits) {
@@ -86,9 +118,12 @@ __device__ __forceinline__ float bf2f(unsigned short bits) {
 // ---------------------------------------------------------------------------------------------
 // Element-wise and normalization kernels.
 
-// A float4's sum of squares, in the order every RMSNorm of hob's kernels adds them.
+// A float4's sum of squares, in the order every RMSNorm of hob's kernels adds them, each rounding
+// spelled out: written as a * a + b * b + ..., NVVM contracted it into FMAs differently where it
+// was inlined (v.x² rounded first in one kernel, v.y² in another), so two RMSNorms of the same
+// row differed in the last bit (moe_combine_norm against rms_norm, 2026-11-24).
 __device__ __forceinline__ float sq4(const float4 v) {
-    return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
 }
 
 // 1 / sqrt(mean + eps) of a row of n from each thread's partial sum of squares, summed across
@@ -398,9 +433,9 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 
 // moe_combine, then the next RMSNorm of the new x (xn = RMSNorm(x) * g, as rms_norm_row's float4
 // path computes it) in one launch: one block of rms_block(n) threads, n % 4 == 0, x, d, g and xn
-// 16-byte aligned (Gpu::moe_combine checks). Each thread computes its float4s of the new x
-// twice (for the sum of squares, then to store them with their normalized values), from the old
-// x: no thread reads what another wrote.
+// 16-byte aligned (Gpu::moe_combine checks). Each thread computes its float4s of the new x from
+// the old x (no thread reads what another wrote): its first one once, kept in registers from the
+// sum of squares to the stores (COMBINE_KEEP), the rest (rows over 4 * 1024) again for the stores.
 // It follows a routed down launch (Gpu::routed_ffn), so the routes and x are complete before it
 // starts (kernels.cu sel_mat, "Ordering"): with COMBINE_EARLY (HOB_NVRTC_DEFINES A/B switch) it
 // copies the routes (k <= 16) into shared memory and reads its first float4 of x and of g before
@@ -408,11 +443,15 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 #ifndef COMBINE_EARLY
 #define COMBINE_EARLY 1
 #endif
+#ifndef COMBINE_KEEP
+#define COMBINE_KEEP 1
+#endif
 extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* __restrict__ d,
                                             const float* __restrict__ routes, int k, int n,
                                             const float* __restrict__ g, float eps,
                                             float* __restrict__ xn) {
     __shared__ float rs[32];
+    STAMP_INIT();
     pdl_trigger();
     l2_prefetch_block(g, (size_t)n * 4);
     float4* x4 = reinterpret_cast<float4*>(x);
@@ -428,6 +467,7 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
         }
     }
     pdl_wait();
+    STAMP(2);
     if (early) {
         __syncthreads();
         routes = rs;
@@ -438,7 +478,7 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
         for (int m = 0, jb = -1; m < k; m++) {
             jb = next_route_up(re, k, jb);
             const float wj = routes[k + jb];
-            const float4 dv = reinterpret_cast<const float4*>(d + (size_t)jb * n)[i];
+            const float4 dv = __ldcg(reinterpret_cast<const float4*>(d + (size_t)jb * n) + i);
             o.x = __fmaf_rn(wj, dv.x, o.x);
             o.y = __fmaf_rn(wj, dv.y, o.y);
             o.z = __fmaf_rn(wj, dv.z, o.z);
@@ -447,15 +487,28 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
         const float4 v = early && i == i0 ? x0 : x4[i];
         return make_float4(v.x + o.x, v.y + o.y, v.z + o.z, v.w + o.w);
     };
+    // The thread's first float4 of the new x, kept from the sum of squares to the stores: computed
+    // again, its second loads of d took ~1.3 us of the launch on the H100 (0.3-0.45 us kept).
+    // COMBINE_KEEP=0 (HOB_NVRTC_DEFINES): computed again (the A/B switch; the same bits since
+    // sq4's roundings are spelled out).
+    float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f);
     float ss = 0.f;
-    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) ss += sq4(val(i));
-    const float inv = rms_inv(ss, n, eps);
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-        const float4 v = val(i), w = early && i == i0 ? g0 : g4[i];
+        const float4 v = val(i);
+        if (COMBINE_KEEP && i == i0) v0 = v;
+        ss += sq4(v);
+    }
+    STAMP(3);
+    const float inv = rms_inv(ss, n, eps);
+    STAMP(4);
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+        const float4 v = COMBINE_KEEP && i == i0 ? v0 : val(i), w = early && i == i0 ? g0 : g4[i];
         x4[i] = v;
         reinterpret_cast<float4*>(xn)[i] =
             make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
     }
+    STAMP(5);
+    STAMP_PRINT("combine");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -571,15 +624,22 @@ struct Mat {
     int rows, cols, group, row_bytes;
 };
 
+// Four f32 weights (their bits) times four x values: the one expression every f32 product adds,
+// its roundings spelled out (as sq4's: the same bits wherever it is inlined).
+__device__ __forceinline__ float dot4_f32(const uint4& v, const float4& xv) {
+    return __fmaf_rn(__uint_as_float(v.w), xv.w,
+                     __fmaf_rn(__uint_as_float(v.z), xv.z,
+                               __fmaf_rn(__uint_as_float(v.y), xv.y,
+                                         __fmul_rn(__uint_as_float(v.x), xv.x))));
+}
+
 // The contribution of one 16-byte chunk `c` of row r (float kinds).
 template <int KIND>
 __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restrict__ x, int c,
                                            const Mat& w, int r) {
     const u32 word[4] = {v.x, v.y, v.z, v.w};
     if (KIND == KIND_F32) {
-        const float4 xv = *reinterpret_cast<const float4*>(x + c * 4);
-        return __uint_as_float(v.x) * xv.x + __uint_as_float(v.y) * xv.y +
-               __uint_as_float(v.z) * xv.z + __uint_as_float(v.w) * xv.w;
+        return dot4_f32(v, *reinterpret_cast<const float4*>(x + c * 4));
     } else {  // f16, bf16
         const float4 xa = *reinterpret_cast<const float4*>(x + c * 8);
         const float4 xb = *reinterpret_cast<const float4*>(x + c * 8 + 4);
@@ -590,7 +650,8 @@ __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restri
             unsigned short lo = word[k] & 0xffff, hi = word[k] >> 16;
             float a = KIND == KIND_F16 ? h2f(lo) : bf2f(lo);
             float b = KIND == KIND_F16 ? h2f(hi) : bf2f(hi);
-            s += a * xs[2 * k] + b * xs[2 * k + 1];
+            // Roundings spelled out, as in dot4_f32.
+            s = __fmaf_rn(b, xs[2 * k + 1], __fmaf_rn(a, xs[2 * k], s));
         }
         return s;
     }
@@ -873,12 +934,77 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 #endif
 
+// moe_route_norm_body for a router of f32 rows with one 16-byte chunk of each row a thread
+// (cols == 4 * blockDim.x: Mixtral's 4096 with 1024 threads) and up to ROUTE_REG_ROWS rows: each
+// thread loads its chunk of every row into registers before the wait (the router is a weight),
+// normalizes its own float4 of x (rms_norm_row's arithmetic), multiplies it into its chunks and
+// leaves the products in shared memory (sp: rows * blockDim.x floats); warp r then adds row r's
+// products in row_dot's order (lane l: chunks l, l + 32, ..., then the warp sum; dot4_f32's
+// roundings): the same logits as the other forms, from 36 KB of shared-memory traffic where a warp
+// a row reading x and the row took 256 KB. On the H100 the norm and the router's sums took 2.1 us
+// after the wait instead of 3.2 (tools/kernel_stamps.py). ROUTE_REGS=0 (HOB_NVRTC_DEFINES): the
+// A/B switch.
+#ifndef ROUTE_REGS
+#define ROUTE_REGS 1
+#endif
+#define ROUTE_REG_ROWS 8
+__device__ __forceinline__ bool route_regs_apply(const Mat& w, const float* x, const float* g,
+                                                 const float* xn) {
+    return ROUTE_REGS && w.rows <= ROUTE_REG_ROWS && w.cols == 4 * (int)blockDim.x &&
+           w.row_bytes == 4 * w.cols &&
+           ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(g) |
+             reinterpret_cast<size_t>(xn) | reinterpret_cast<size_t>(w.codes)) & 15) == 0;
+}
+
+__device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __restrict__ x,
+                                                const float* __restrict__ g, float eps,
+                                                float* __restrict__ xn, int k,
+                                                float* __restrict__ routes, float* sp) {
+    __shared__ float lg[ROUTE_REG_ROWS];
+    STAMP_INIT();
+    const int t = threadIdx.x, nc = blockDim.x, warp = t >> 5, lane = t & 31;
+    const uint4* rows = reinterpret_cast<const uint4*>(w.codes);
+    uint4 rc[ROUTE_REG_ROWS];
+#pragma unroll
+    for (int r = 0; r < ROUTE_REG_ROWS; r++)
+        rc[r] = r < w.rows ? __ldg(rows + (size_t)r * nc + t) : make_uint4(0, 0, 0, 0);
+    const float4 g0 = __ldg(reinterpret_cast<const float4*>(g) + t);
+    pdl_wait();
+    STAMP(2);
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(x) + t);
+    const float inv = rms_inv(sq4(v), w.cols, eps);
+    const float4 o = make_float4(g0.x * (v.x * inv), g0.y * (v.y * inv), g0.z * (v.z * inv),
+                                 g0.w * (v.w * inv));
+    reinterpret_cast<float4*>(xn)[t] = o;
+#pragma unroll
+    for (int r = 0; r < ROUTE_REG_ROWS; r++)
+        if (r < w.rows) sp[r * nc + t] = dot4_f32(rc[r], o);
+    __syncthreads();
+    STAMP(3);
+    if (warp < w.rows) {
+        float acc = 0.f;
+        for (int c = lane; c < nc; c += 32) acc += sp[warp * nc + c];
+        acc = warp_sum(acc);
+        if (lane == 0) lg[warp] = acc;
+    }
+    __syncthreads();
+    STAMP(4);
+    if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
+    STAMP(5);
+    STAMP_PRINT("route_regs");
+}
+
 template <int KIND>
 __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __restrict__ x,
                                                     const float* __restrict__ g, float eps,
                                                     float* __restrict__ xn, int k,
                                                     float* __restrict__ routes, int pre) {
     extern __shared__ float4 xs4[];
+    if (KIND == KIND_F32 && pre && route_regs_apply(w, x, g, xn)) {
+        route_norm_regs(w, x, g, eps, xn, k, routes, reinterpret_cast<float*>(xs4));
+        return;
+    }
+    STAMP_INIT();
     float* xs = reinterpret_cast<float*>(xs4);
     uint4* wsm = reinterpret_cast<uint4*>(xs4 + w.cols / 4);
     const int nc = w.row_bytes / 16, total = w.rows * nc;
@@ -897,13 +1023,16 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         for (int c = threadIdx.x; c < w.cols / 4; c += blockDim.x) gsm[c] = __ldg(gsrc + c);
 #endif
         __syncthreads();
+        STAMP(1);
         g = reinterpret_cast<const float*>(gsm);
     } else {
         l2_prefetch_block(g, (size_t)w.cols * 4);
         l2_prefetch_block(w.codes, (size_t)w.rows * w.row_bytes);
     }
     pdl_wait();
+    STAMP(2);
     rms_norm_row(x, g, xn, xs, w.cols, eps);
+    STAMP(3);
     if (!pre) {
         __syncthreads();
         moe_route_body<KIND>(w, xs, k, routes);
@@ -921,7 +1050,10 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         if (lane == 0) lg[r] = acc;
     }
     __syncthreads();
+    STAMP(4);
     if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
+    STAMP(5);
+    STAMP_PRINT("route");
 }
 
 #define MOE_KERNELS(SUFFIX, KIND)                                                              \
@@ -1491,6 +1623,11 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
             if (lt < ntiles) load(b1, lt, lk);
         }
         pdl_wait();  // the first codes are loading; x may come from the kernel before
+#if STAMPS
+        unsigned long long tw_ = 0, ts_ = 0;
+        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && ct0 == 0)
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tw_));
+#endif
         const float* xt = x + (size_t)ct0 * CC;
         const float* ut = u ? u + (size_t)ct0 * CC : nullptr;
         float kscale = 1.f;
@@ -1499,6 +1636,12 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         } else {
             kscale = qstage<KIND>(xt, ut, tn, xs4, sxp, wsm);
         }
+#if STAMPS
+        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && ct0 == 0) {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ts_));
+            printf("stamps qwait rows %d t %llu staged_ns %llu\n", w.rows, tw_, ts_ - tw_);
+        }
+#endif
         float racc[R];
 #pragma unroll
         for (int i = 0; i < R; i++) racc[i] = 0.f;

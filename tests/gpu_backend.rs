@@ -225,6 +225,109 @@ fn norm_rope_add_and_attention_match_the_cpu() {
     }
 }
 
+/// The one-launch RMSNorm + router + top-k of a decode token (moe_route_norm) on Mixtral's shapes
+/// (an f32 router of 8 rows over 4096, top 2): with the router copied in before the wait (each
+/// thread's chunk of every row in registers, products added in row_dot's order) and without (a
+/// warp a row through row_dot), the same normalized row as the RMSNorm launch, bit for bit, the
+/// same routes bit for bit, and the CPU's experts.
+#[test]
+fn norm_route_in_one_launch_matches_its_other_forms() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(2).unwrap();
+    let mut b = CudaBackend::empty(g.clone()).unwrap();
+    let (n, ne, k) = (4096usize, 8usize, 2usize);
+    // Small router weights: logits of a few units, so the softmax weights are not saturated and
+    // carry the logits' last bits.
+    let bytes: Vec<u8> = random(ne * n, 7)
+        .iter()
+        .flat_map(|v| (0.02 * v).to_le_bytes())
+        .collect();
+    let router = Matrix::dense(DType::F32, ne, n, &bytes);
+    b.make_resident(&router).unwrap();
+    let w: Vec<f32> = random(n, 8).iter().map(|v| 1.0 + 0.5 * v).collect();
+    b.make_resident_vector(&w).unwrap();
+    let x = random(2 * n, 9);
+    let xd = to_gpu(&b, &x);
+    let mut host = Vec::new();
+    let none = hob::model::ops::Route {
+        expert: usize::MAX,
+        weight: f32::NAN,
+    };
+    let bits = |r: &[hob::model::ops::Route]| -> Vec<(usize, u32)> {
+        r.iter().map(|r| (r.expert, r.weight.to_bits())).collect()
+    };
+
+    // Two tokens: the RMSNorm launch, the router product, top-k (separate launches).
+    let (mut xn2, mut lg2) = (b.alloc(2 * n).unwrap(), b.alloc(2 * ne).unwrap());
+    let mut r2 = vec![none; 2 * k];
+    b.norm_route(
+        &xd,
+        2,
+        (&w, 1e-5),
+        &mut xn2,
+        &router,
+        &mut lg2,
+        &mut r2,
+        &mut host,
+    )
+    .unwrap();
+    let xn_rows = from_gpu(&b, &xn2, 2 * n);
+    let (mut cxn, mut clg) = (vec![0.0; n], vec![0.0; ne]);
+    let mut cr = vec![none; k];
+    cpu.norm_route(
+        &x[..n].to_vec(),
+        1,
+        (&w, 1e-5),
+        &mut cxn,
+        &router,
+        &mut clg,
+        &mut cr,
+        &mut host,
+    )
+    .unwrap();
+    let e = nmse(&xn_rows[..n], &cxn);
+    println!("norm_route: RMSNorm launch vs CPU NMSE {e:.2e}, CPU routes {cr:?}");
+    assert!(e <= 1e-10);
+
+    let mut seen = Vec::new();
+    for pre in [true, false] {
+        g.set_router_preload(pre);
+        let (mut xn1, mut lg1) = (b.alloc(n).unwrap(), b.alloc(ne).unwrap());
+        let mut r1 = vec![none; k];
+        b.norm_route(
+            &xd,
+            1,
+            (&w, 1e-5),
+            &mut xn1,
+            &router,
+            &mut lg1,
+            &mut r1,
+            &mut host,
+        )
+        .unwrap();
+        let xn = from_gpu(&b, &xn1, n);
+        println!("norm_route one launch, router copied in first {pre}: routes {r1:?}");
+        assert!(
+            xn.iter()
+                .zip(&xn_rows[..n])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "preload {pre}: xn differs from the RMSNorm launch's"
+        );
+        let experts: Vec<usize> = r1.iter().map(|r| r.expert).collect();
+        assert_eq!(experts, cr.iter().map(|r| r.expert).collect::<Vec<_>>());
+        for (a, c) in r1.iter().zip(&cr) {
+            assert!((a.weight - c.weight).abs() <= 1e-5, "{r1:?} vs CPU {cr:?}");
+        }
+        seen.push(bits(&r1));
+    }
+    g.set_router_preload(true);
+    assert_eq!(seen[0], seen[1], "the two forms' routes differ");
+    // Not saturated: the weights are not 1 and 0.
+    assert!(seen[0]
+        .iter()
+        .all(|&(_, w)| f32::from_bits(w) < 0.99 && f32::from_bits(w) > 0.01));
+}
+
 /// A GPU session on `file` with an expert cache of `slots` experts (None: all).
 fn gpu_session<'a>(
     g: &Arc<Gpu>,
@@ -410,7 +513,15 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
             assert_eq!(h_ids, ids, "{name}");
             assert!(
                 h_all == got && h_steps == steps,
-                "{name}: host (routed slots {slots}) and device routing differ"
+                "{name}: host (routed slots {slots}) and device routing differ: prefill + decode \
+                 NMSE {:.2e} (first difference at {:?} of {}), decode steps NMSE {:.2e}",
+                nmse(&h_all, &got),
+                h_all
+                    .iter()
+                    .zip(&got)
+                    .position(|(a, b)| a.to_bits() != b.to_bits()),
+                got.len(),
+                nmse(&h_steps, &steps)
             );
         }
     }

@@ -8,8 +8,8 @@ which kernels run, and prints per kernel name: launches per token, time per toke
 (overlapping kernels share a segment equally), its mean duration, and the idle time between kernels. A token is
 one launch of --marker (default: the least frequent kernel name, e.g. the output head). Then each kernel's
 increment (how much later it ends than every kernel before it: with dependent launches a kernel starts early and
-waits, so its duration overstates it), and what the host's copies and driver calls (HOB_KTRACE_API) do in the
-idle gaps longer than --gap-us.
+waits, so its duration overstates it) and head start (how long before the kernel before it ended it started), and
+what the host's copies and driver calls (HOB_KTRACE_API) do in the idle gaps longer than --gap-us.
 """
 import argparse, collections, sys
 
@@ -73,11 +73,17 @@ def main():
     for s, e, n in recs[1:]:
         inc[n] += max(e - last, 0)
         last = max(last, e)
+    # Head start: how long before the kernel before it (in start order) ended each launch started
+    # (dependent launches start early and wait; a kernel whose blocks find no SM free starts late).
+    head = collections.defaultdict(float)
+    for (_, pe, _), (s, _, n) in zip(recs, recs[1:]):
+        head[n] += pe - s
     print()
-    print("| kernel | increment us/token | share |")
-    print("|---|---:|---:|")
+    print("| kernel | increment us/token | share | head start us (mean) |")
+    print("|---|---:|---:|---:|")
     for n in sorted(inc, key=lambda n: -inc[n]):
-        print(f"| {n[:60]} | {inc[n] / per / 1e3:.1f} | {100 * inc[n] / (t1 - t0):.1f}% |")
+        print(f"| {n[:60]} | {inc[n] / per / 1e3:.1f} | {100 * inc[n] / (t1 - t0):.1f}% | "
+              f"{head[n] / counts[n] / 1e3:.2f} |")
     # Idle gaps between kernels and what the host did in them.
     gaps, last = [], recs[0][1]
     for s, e, n in recs[1:]:

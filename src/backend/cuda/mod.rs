@@ -421,7 +421,7 @@ pub struct Gpu {
     readback: Option<Mutex<Option<PinnedHostSlice<f32>>>>,
     /// Whether moe_route_norm copies the router's rows into shared memory before it waits
     /// (kernels.cu moe_route_norm_body; off with HOB_ROUTER_PRELOAD=0).
-    router_preload: bool,
+    router_preload: AtomicBool,
 }
 
 /// The smallest read-back (in floats) that goes through Gpu's page-locked buffer.
@@ -539,7 +539,9 @@ impl Gpu {
             read_ns: AtomicU64::new(0),
             readback: (std::env::var("HOB_PINNED_READ").as_deref() != Ok("0"))
                 .then(|| Mutex::new(None)),
-            router_preload: std::env::var("HOB_ROUTER_PRELOAD").as_deref() != Ok("0"),
+            router_preload: AtomicBool::new(
+                std::env::var("HOB_ROUTER_PRELOAD").as_deref() != Ok("0"),
+            ),
         }))
     }
 
@@ -816,6 +818,12 @@ impl Gpu {
         launch!(self, self.kernels.moe_route[w.kind as usize], cfg(1, 32 * warps); wm, x, ki, routes)
     }
 
+    /// Whether later routing launches may copy the router into the block before they wait (the
+    /// default; off: HOB_ROUTER_PRELOAD=0). Both forms give the same results.
+    pub fn set_router_preload(&self, on: bool) {
+        self.router_preload.store(on, Ordering::Relaxed);
+    }
+
     /// The MoE block's RMSNorm and routing of one token in one launch (kernels.cu
     /// moe_route_norm_*): xn = RMSNorm(x) * g as `rms_norm` writes it, and the routes as
     /// `moe_route` computes them from xn. Ok(false), nothing launched, where that kernel does not
@@ -839,7 +847,7 @@ impl Gpu {
         // The router's rows and the norm's weights copied into shared memory before the kernel
         // waits, where they fit beside x (off with HOB_ROUTER_PRELOAD=0).
         let rows_bytes = w.rows as usize * w.row_bytes as usize;
-        let pre = self.router_preload
+        let pre = self.router_preload.load(Ordering::Relaxed)
             && n.is_multiple_of(4)
             && 2 * n * 4 + rows_bytes <= self.kernels.route_norm_smem;
         let c = LaunchConfig {
