@@ -120,8 +120,8 @@ __device__ __forceinline__ float bf2f(unsigned short bits) {
 
 // A float4's sum of squares, in the order every RMSNorm of hob's kernels adds them, each rounding
 // spelled out: written as a * a + b * b + ..., NVVM contracted it into FMAs differently where it
-// was inlined (v.x² rounded first in one kernel, v.y² in another), so two RMSNorms of the same
-// row differed in the last bit (moe_combine_norm against rms_norm, 2026-11-24).
+// was inlined (rms_norm rounded v.y² first; moe_combine_norm, once it kept its value for the
+// stores, v.x²), so two RMSNorms of the same row differed in the last bit (2026-11-24).
 __device__ __forceinline__ float sq4(const float4 v) {
     return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
 }
