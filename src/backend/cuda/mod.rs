@@ -419,8 +419,9 @@ pub struct Gpu {
     /// through (the copy lands in it by DMA; a copy into pageable memory is staged by the driver
     /// in pieces). None with HOB_PINNED_READ=0.
     readback: Option<Mutex<Option<PinnedHostSlice<f32>>>>,
-    /// Whether moe_route_norm copies the router's rows into shared memory before it waits
-    /// (kernels.cu moe_route_norm_body; off with HOB_ROUTER_PRELOAD=0).
+    /// Whether moe_route_norm loads the router's rows before it waits, into shared memory or (an
+    /// f32 router of at most 8 rows) registers (kernels.cu moe_route_norm_body, route_norm_regs;
+    /// off with HOB_ROUTER_PRELOAD=0).
     router_preload: AtomicBool,
 }
 
@@ -844,8 +845,9 @@ impl Gpu {
         if w.kind >= 3 || !w.vectorizable() || !small || n * 4 > 48 << 10 {
             return Ok(false);
         }
-        // The router's rows and the norm's weights copied into shared memory before the kernel
-        // waits, where they fit beside x (off with HOB_ROUTER_PRELOAD=0).
+        // The router's rows and the norm's weights loaded before the kernel waits (into shared
+        // memory, or registers: kernels.cu route_norm_regs), where they fit beside x (off with
+        // HOB_ROUTER_PRELOAD=0).
         let rows_bytes = w.rows as usize * w.row_bytes as usize;
         let pre = self.router_preload.load(Ordering::Relaxed)
             && n.is_multiple_of(4)
