@@ -186,15 +186,26 @@ fn norm_rope_add_and_attention_match_the_cpu() {
     b.add_assign(&mut xd, &yd, t * width).unwrap();
     assert_eq!(from_gpu(&b, &xd, t * width), want);
 
-    // GQA attention, 8 heads over 2 KV heads of 32, over a cache filled in two writes (a
-    // prefill of 9 and a batch of 4), with and without a sliding window, then one decode step.
-    for window in [None, Some(5)] {
-        let (nh, nkv, hd, layers, ctx) = (8usize, 2usize, 32usize, 2usize, 16usize);
+    // GQA attention over a cache filled in two writes (prefills), with and without a sliding
+    // window, then one decode step: 8 heads over 2 KV heads of 32; Mixtral's heads (32 over 8 of
+    // 128) with prefills of 70 and 45 (the prefill kernel's tiles of 8 queries and chunks of 32
+    // positions, partly filled); 8 heads of 64 over 1 KV head (a group of 8).
+    let cases: [(usize, usize, usize, usize, [usize; 3], usize); 3] = [
+        (8, 2, 32, 16, [9, 4, 1], 5),
+        (32, 8, 128, 128, [70, 45, 1], 37),
+        (8, 1, 64, 64, [33, 20, 1], 40),
+    ];
+    for ((nh, nkv, hd, ctx, steps, _), window) in cases
+        .into_iter()
+        .flat_map(|c| [(c, false), (c, true)])
+        .map(|(c, on)| (c, on.then_some(c.5)))
+    {
+        let layers = 2usize;
         let (qd, kvd) = (nh * hd, nkv * hd);
         let mut ckv = cpu.alloc_kv(layers, ctx, kvd).unwrap();
         let mut gkv = b.alloc_kv(layers, ctx, kvd).unwrap();
         let mut start = 0;
-        for (step, tt) in [9usize, 4, 1].into_iter().enumerate() {
+        for (step, tt) in steps.into_iter().enumerate() {
             let seed = 10 * step as u64;
             let (k, v, q) = (
                 random(tt * kvd, seed + 1),
@@ -218,7 +229,7 @@ fn norm_rope_add_and_attention_match_the_cpu() {
             b.attention(shape, &to_gpu(&b, &q), &gkv, 1, &mut od)
                 .unwrap();
             let e = nmse(&from_gpu(&b, &od, tt * qd), &want);
-            println!("attention window {window:?} t={tt} at {start}: NMSE {e:.2e}");
+            println!("attention {nh}/{nkv}x{hd} window {window:?} t={tt} at {start}: NMSE {e:.2e}");
             assert!(e <= 1e-6, "attention NMSE {e:e}");
             start += tt;
         }

@@ -26,6 +26,8 @@ pub struct Kernels {
     pub scatter_axpy: CudaFunction,
     pub axpy: CudaFunction,
     pub attention: CudaFunction,
+    /// Prefill attention (kernels.cu attention_prefill_*) for head_dim 32, 64 and 128.
+    pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
     pub matvec: [CudaFunction; 3],
     /// The integer kinds (matvec_q_*): int8, int4, int2.
@@ -267,6 +269,11 @@ impl Kernels {
             scatter_axpy: f("scatter_axpy")?,
             axpy: f("axpy")?,
             attention: f("attention")?,
+            attention_prefill: [
+                f("attention_prefill_1")?,
+                f("attention_prefill_2")?,
+                f("attention_prefill_4")?,
+            ],
             matvec: floats("matvec")?,
             matvec_q: qkernels("matvec_q", "", QFamily::Scalar)?,
             matvec_any: f("matvec_any")?,

@@ -102,6 +102,9 @@ pub struct DevMat {
 unsafe impl DeviceRepr for DevMat {}
 const _: () = assert!(std::mem::size_of::<DevMat>() == 48);
 
+/// (query, head) rows of one prefill attention block (kernels.cu ATP_ROWS).
+const ATP_ROWS: usize = 32;
+
 /// The most routed experts `Gpu::put_slots` takes (kernels.cu SLOTS_MAX_K).
 pub const SLOTS_MAX_K: usize = 8;
 
@@ -1017,7 +1020,7 @@ impl Gpu {
         // scratch as f16: [tokens (chunk x cols) | weight tile]
         let halves = scratch_len * 2;
         let chunk = (halves / 2 / cols).clamp(1, t);
-        let tile_rows = ((halves - chunk * cols) / cols).clamp(1, rows.min(65535));
+        let tile_rows = prefill_tile_rows((halves - chunk * cols) / cols, rows);
         let xh = scratch;
         let tile = scratch + (chunk * cols * 2) as u64;
         let (kind, wm) = (w.kind, *w);
@@ -1310,6 +1313,25 @@ struct DecodeGraph(cudarc::driver::CudaGraph);
 // SAFETY: a CUgraph/CUgraphExec may be used from any thread as long as calls on it are
 // serialized; DecodeGraph is only reached through CudaBackend's Mutex.
 unsafe impl Send for DecodeGraph {}
+
+/// Rows of an integer matrix dequantized per prefill tile when `fit` rows fit the scratch: all
+/// of them if they fit, else a multiple of 256. On the H100 (cuBLAS 13) tiles of 8064 + 6272 rows
+/// (Mixtral's 14336 in 64 MiB) and 2212 + 1884 (its 4096-row down matrices) got Turing-era
+/// `cutlass_75_tensorop_s1688gemm` kernels at ~117 us a tile, where 256-row multiples get the
+/// sm_90 kernels the f16 experts' full matrices get: int4 pp512 8291 -> 13122 tok/s
+/// (benches/results/2026-11-24-h100-prefill.md).
+fn prefill_tile_rows(fit: usize, rows: usize) -> usize {
+    // A launch's grid takes at most 65535 row tiles (kernels.cu dequant_*_h: one row a y block).
+    if fit >= rows && rows <= 65535 {
+        return rows.max(1);
+    }
+    let fit = fit.min(65535);
+    if fit >= 256 {
+        fit - fit % 256
+    } else {
+        fit.max(1)
+    }
+}
 
 /// Floats of the dequantization tile used by prefill products (64 MiB).
 const SCRATCH_FLOATS: usize = 16 << 20;
@@ -1675,6 +1697,30 @@ impl Backend for CudaBackend {
             shape.start_pos as i32,
         );
         let window = shape.window.map_or(0, |w| w as i32);
+        // Prefill: a block per ATP_ROWS (query, head) rows of one KV head (kernels.cu
+        // attention_prefill_*), for head_dim 32, 64 or 128 and groups that divide ATP_ROWS.
+        let group = shape.n_heads / shape.n_kv_heads.max(1);
+        let dpl = match shape.head_dim {
+            32 => Some(0),
+            64 => Some(1),
+            128 => Some(2),
+            _ => None,
+        };
+        if let Some(i) = dpl.filter(|_| {
+            shape.t > 1
+                && shape.n_kv_heads > 0
+                && shape.n_heads.is_multiple_of(shape.n_kv_heads)
+                && ATP_ROWS.is_multiple_of(group)
+        }) {
+            let (t, qpb) = (shape.t as i32, ATP_ROWS / group);
+            let c = LaunchConfig {
+                grid_dim: (shape.n_kv_heads as u32, shape.t.div_ceil(qpb) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let f = &self.gpu.kernels.attention_prefill[i];
+            return launch!(self.gpu, f, c; qp, kp, vp, op, nh, nkv, t, sp, window);
+        }
         // Decode: 16 warps share a head's positions (latency-bound); prefill: 4 per query.
         let c = LaunchConfig {
             grid_dim: (shape.n_heads as u32, shape.t as u32, 1),
@@ -1970,6 +2016,20 @@ mod tests {
         regs_per_sm: 65536,
         threads_per_sm: 2048,
     };
+
+    /// Prefill tiles: the whole matrix when it fits, else a multiple of 256 rows (Mixtral's shapes
+    /// in the 64 MiB scratch), never zero rows.
+    #[test]
+    fn prefill_tiles_are_whole_matrices_or_256_row_multiples() {
+        assert_eq!(prefill_tile_rows(20000, 14336), 14336);
+        assert_eq!(prefill_tile_rows(8064, 14336), 7936);
+        assert_eq!(prefill_tile_rows(2212, 4096), 2048);
+        assert_eq!(prefill_tile_rows(300, 4096), 256);
+        assert_eq!(prefill_tile_rows(100, 4096), 100);
+        assert_eq!(prefill_tile_rows(0, 4096), 1);
+        assert_eq!(prefill_tile_rows(70000, 100000), 65280);
+        assert_eq!(prefill_tile_rows(65535, 65535), 65535);
+    }
 
     /// Every plan gives the kernel the shared memory its layout needs, column tiles of whole warps
     /// of chunks, a split that divides the block's warps and leaves no warp without chunks, and no
