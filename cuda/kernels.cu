@@ -266,11 +266,21 @@ extern "C" __global__ void swiglu(float* __restrict__ g, const float* __restrict
     }
 }
 
-// Store n f32 values as f16 at dst.
+// Store n f32 values as f16 at dst: four a thread (launch ceil(n / 4) threads), one 16-byte load
+// and one 8-byte store where src and dst allow.
 extern "C" __global__ void to_half(const float* __restrict__ src, half_bits* __restrict__ dst, int n) {
     PDL_ENTRY();
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = f2h(src[i]);
+    const long i = 4l * (blockIdx.x * (long)blockDim.x + threadIdx.x);
+    if (i >= n) return;
+    const bool vec = i + 3 < n && ((reinterpret_cast<size_t>(src) & 15) | (reinterpret_cast<size_t>(dst) & 7)) == 0;
+    if (vec) {
+        const float4 v = *reinterpret_cast<const float4*>(src + i);
+        const uint2 o = make_uint2((u32)f2h(v.x) | ((u32)f2h(v.y) << 16),
+                                   (u32)f2h(v.z) | ((u32)f2h(v.w) << 16));
+        *reinterpret_cast<uint2*>(dst + i) = o;
+    } else {
+        for (long j = i; j < min((long)n, i + 4); j++) dst[j] = f2h(src[j]);
+    }
 }
 
 // dst[j, :] = src[idx[j], :] for j < m; rows of n values.

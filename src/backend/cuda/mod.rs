@@ -1042,7 +1042,9 @@ impl Gpu {
         while t0 < t {
             let tn = chunk.min(t - t0);
             let (src, n) = (x + (t0 * cols * 4) as u64, (tn * cols) as i32);
-            launch!(self, self.kernels.to_half, cfg(blocks(tn * cols, 256), 256); src, xh, n)?;
+            // to_half: four values a thread.
+            let c = cfg(blocks((tn * cols).div_ceil(4), 256), 256);
+            launch!(self, self.kernels.to_half, c; src, xh, n)?;
             let dst = out + (t0 * rows * 4) as u64;
             if kind == 1 {
                 self.gemm(w.codes, Precision::F16, xh, tn, dst, rows, cols, 0, rows)?;
@@ -1664,7 +1666,8 @@ impl Backend for CudaBackend {
         check_len("kv_write input", k.len().min(v.len()), n)?;
         let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
         let (kp, vp, ni) = (self.p(k), self.p(v), n as i32);
-        let c = cfg(blocks(n, 256), 256);
+        // to_half: four values a thread.
+        let c = cfg(blocks(n.div_ceil(4), 256), 256);
         launch!(self.gpu, self.gpu.kernels.to_half, c; kp, kd, ni)?;
         launch!(self.gpu, self.gpu.kernels.to_half, c; vp, vd, ni)
     }
