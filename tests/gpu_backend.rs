@@ -125,7 +125,13 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         let m = matrix(&bytes, v, dt, rows, cols);
         let mut b = CudaBackend::empty(g.clone()).unwrap();
         b.make_resident(&m).unwrap();
-        for t in [1usize, 5] {
+        // int4 (g64) prefill products run on gemm_q4h (64 or 128 tokens a block, K in parts).
+        let ts: &[usize] = if kind == "int4" {
+            &[1, 5, 70, 200]
+        } else {
+            &[1, 5]
+        };
+        for &t in ts {
             let x = random(t * cols, 100 + i as u64);
             let mut want = vec![0.0; t * rows];
             cpu.matmul_f32(&m, &x, t, &mut want);

@@ -39,6 +39,10 @@ pub struct Kernels {
     /// The integer kinds on the tensor cores (kernels.cu matvec_qm_*, and matvec_qm_*_sel like
     /// matvec_q_*_sel): sm_80 and later, None before.
     pub matvec_qm: Option<[QKernel; 3]>,
+    /// Prefill products of int4 (g64) weights on the tensor cores without an f16 tile (kernels.cu
+    /// gemm_q4h_64, gemm_q4h_128: 64 or 128 tokens a block): sm_80 and later, None before.
+    pub gemm_q4h: Option<[CudaFunction; 2]>,
+    pub sum_splits: CudaFunction,
     pub matvec_qm_sel: Option<[QKernel; 3]>,
     /// The integer kinds through dp4a on x staged as integers (kernels.cu matvec_qd_*, and
     /// matvec_qd_*_sel), for groups of whole 16-byte chunks.
@@ -280,6 +284,10 @@ impl Kernels {
             matvec_q_sel: qkernels("matvec_q", "_sel", QFamily::Scalar)?,
             matvec_qm: mma
                 .then(|| qkernels("matvec_qm", "", QFamily::Mma))
+                .transpose()?,
+            sum_splits: f("sum_splits")?,
+            gemm_q4h: mma
+                .then(|| Ok::<_, Error>([f("gemm_q4h_64")?, f("gemm_q4h_128")?]))
                 .transpose()?,
             matvec_qm_sel: mma
                 .then(|| qkernels("matvec_qm", "_sel", QFamily::Mma))

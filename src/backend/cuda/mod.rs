@@ -415,6 +415,9 @@ pub struct Gpu {
     /// (kernels.cu pdl_wait). Its blocks are then resident when the earlier kernel ends, and the
     /// products' first weight loads overlap that kernel's tail.
     pub pdl: bool,
+    /// Prefill products of int4 g64 weights through gemm_q4h (no f16 tile; off with
+    /// HOB_GEMM_Q4=0, the A/B switch).
+    pub gemm_q4h: bool,
     /// Nanoseconds the host spent in `download_f32` (for --stats): a copy into pageable memory
     /// returns once done, so this is where the host waits for the device's results.
     pub read_ns: AtomicU64,
@@ -540,6 +543,7 @@ impl Gpu {
                 _ => QD_KINDS,
             },
             pdl,
+            gemm_q4h: std::env::var("HOB_GEMM_Q4").as_deref() != Ok("0"),
             read_ns: AtomicU64::new(0),
             readback: (std::env::var("HOB_PINNED_READ").as_deref() != Ok("0"))
                 .then(|| Mutex::new(None)),
@@ -1046,7 +1050,55 @@ impl Gpu {
             let c = cfg(blocks((tn * cols).div_ceil(4), 256), 256);
             launch!(self, self.kernels.to_half, c; src, xh, n)?;
             let dst = out + (t0 * rows * 4) as u64;
-            if kind == 1 {
+            let fused = self.kernels.gemm_q4h.as_ref().filter(|_| {
+                kind == 4
+                    && self.gemm_q4h
+                    && w.group == 64
+                    && cols.is_multiple_of(64)
+                    && w.row_bytes % 16 == 0
+                    && w.codes.is_multiple_of(16)
+                    && xh.is_multiple_of(16)
+            });
+            if let Some(fs) = fused {
+                // int4 g64: dequantized in shared memory inside the product (no f16 tile); 128
+                // tokens a block above 64 (64 a block measured 3-5% slower at pp512).
+                let (f, bn) = if tn > 64 { (&fs[1], 128) } else { (&fs[0], 64) };
+                // K in 4 parts where the grid is short of two waves (Mixtral's 14336-row gate and
+                // up: 112 blocks, its 4096-row down: 32): measured best of 1-8 parts and of
+                // parts sized to the SM count (benches/results/2026-11-24-h100-prefill.md). The
+                // partials go after the tokens in the scratch and are summed in order.
+                let grid = rows.div_ceil(128) * tn.div_ceil(bn);
+                let steps = cols / 64;
+                let part = scratch + ((chunk * cols * 2).div_ceil(256) * 256) as u64;
+                let room = (scratch_len * 4).saturating_sub((part - scratch) as usize);
+                let mut splits = if grid < 2 * self.q_limits.sm_count {
+                    4.min(steps)
+                } else {
+                    1
+                };
+                if splits > 1 && splits * tn * rows * 4 > room {
+                    splits = 1;
+                }
+                let ksteps = steps.div_ceil(splits);
+                let splits = steps.div_ceil(ksteps);
+                let c = LaunchConfig {
+                    grid_dim: (
+                        rows.div_ceil(128) as u32,
+                        tn.div_ceil(bn) as u32,
+                        splits as u32,
+                    ),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (ti, ld, ks) = (tn as i32, rows as i32, ksteps as i32);
+                if splits == 1 {
+                    launch!(self, f, c; wm, xh, ti, dst, ld, ks)?;
+                } else {
+                    launch!(self, f, c; wm, xh, ti, part, ld, ks)?;
+                    let (n, si) = ((tn * rows) as i32, splits as i32);
+                    launch!(self, self.kernels.sum_splits, cfg(blocks(tn * rows, 256), 256); part, dst, n, si)?;
+                }
+            } else if kind == 1 {
                 self.gemm(w.codes, Precision::F16, xh, tn, dst, rows, cols, 0, rows)?;
             } else {
                 let mut r0 = 0;
