@@ -266,6 +266,17 @@ extern "C" __global__ void swiglu(float* __restrict__ g, const float* __restrict
     }
 }
 
+// act[i] = f16(silu(g[i]) * u[i]) for i < n: swiglu and to_half in one pass, with their arithmetic
+// (a prefill expert's down input, src/backend/cuda/experts.rs expert_ffn_q4h).
+extern "C" __global__ void swiglu_half(const float* __restrict__ g, const float* __restrict__ u,
+                                       half_bits* __restrict__ act, int n) {
+    PDL_ENTRY();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = g[i];
+    act[i] = f2h(v / (1.0f + expf(-v)) * u[i]);
+}
+
 // Store n f32 values as f16 at dst: four a thread (launch ceil(n / 4) threads), one 16-byte load
 // and one 8-byte store where src and dst allow.
 extern "C" __global__ void to_half(const float* __restrict__ src, half_bits* __restrict__ dst, int n) {
@@ -293,17 +304,30 @@ extern "C" __global__ void gather_rows(const float* __restrict__ src, const int*
     dst[i] = src[(size_t)idx[j] * n + (i - j * n)];
 }
 
-// out[idx[j], :] += w[j] * y[j, :] for j < m (rows of n). Each output row appears at most once
-// per call, so there are no races.
-extern "C" __global__ void scatter_axpy(float* __restrict__ out, const int* __restrict__ idx,
-                                        const float* __restrict__ w, const float* __restrict__ y,
-                                        int n, int m) {
+// dst[j, :] = f16(src[idx[j], :]) for j < m; rows of n values (an expert's tokens for gemm_q4h).
+extern "C" __global__ void gather_rows_half(const float* __restrict__ src, const int* __restrict__ idx,
+                                            half_bits* __restrict__ dst, int n, int m) {
     PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * m) return;
     int j = i / n;
+    dst[i] = f2h(src[(size_t)idx[j] * n + (i - j * n)]);
+}
+
+// out[idx[j], :] += w[j] * y[j, :] for j < m (rows of n), y the sum over z < splits of the
+// split-K partials at y + z m n, in z order (sum_splits' order). Each output row appears at most
+// once per call, so there are no races.
+extern "C" __global__ void scatter_axpy(float* __restrict__ out, const int* __restrict__ idx,
+                                        const float* __restrict__ w, const float* __restrict__ y,
+                                        int n, int m, int splits) {
+    PDL_ENTRY();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * m) return;
+    int j = i / n;
+    float v = y[i];
+    for (int z = 1; z < splits; z++) v += y[(size_t)z * n * m + i];
     float* o = out + (size_t)idx[j] * n + (i - j * n);
-    *o = *o + w[j] * y[i];
+    *o = *o + w[j] * v;
 }
 
 // out[:n] += w * y[:n]

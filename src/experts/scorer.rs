@@ -187,6 +187,9 @@ pub struct LayerPlan {
     /// Routes skipped.
     pub skipped: usize,
     weights: Vec<f32>,
+    /// Scratch: sort keys, and row lists of earlier groups for reuse.
+    order: Vec<u64>,
+    spare: Vec<Vec<(usize, f32)>>,
 }
 
 impl PrecisionPlan {
@@ -198,30 +201,54 @@ impl PrecisionPlan {
         out.weights.clear();
         out.weights.resize(routes.len(), 0.0);
         out.skipped = 0;
-        for ((r, d), w) in routes
-            .chunks_exact(k.max(1))
-            .zip(out.decisions.chunks_exact_mut(k.max(1)))
-            .zip(out.weights.chunks_exact_mut(k.max(1)))
-        {
-            self.apply(r, d, w);
+        if self.is_exact() {
+            // Every route high with its own weight (what apply decides, without the ranking).
+            for (w, r) in out.weights.iter_mut().zip(routes) {
+                *w = r.weight;
+            }
+        } else {
+            for ((r, d), w) in routes
+                .chunks_exact(k.max(1))
+                .zip(out.decisions.chunks_exact_mut(k.max(1)))
+                .zip(out.weights.chunks_exact_mut(k.max(1)))
+            {
+                self.apply(r, d, w);
+            }
         }
-        out.groups.clear();
-        let mut order: Vec<usize> = (0..routes.len())
-            .filter(|&i| out.decisions[i] != Precision::Skip)
-            .collect();
-        out.skipped = routes.len() - order.len();
-        // Stable: token order within a group.
-        order.sort_by_key(|&i| (routes[i].expert, out.decisions[i] != Precision::High));
-        for i in order {
+        // Rows of the previous plan's groups are reused (a prefill layer has a thousand routes;
+        // this runs between the router's read-back and the first expert launch).
+        for mut g in out.groups.drain(..) {
+            g.rows.clear();
+            out.spare.push(g.rows);
+        }
+        // One sort of packed (expert, low, route) keys: expert order, high before low, token
+        // order within a group.
+        out.order.clear();
+        out.order.extend(
+            (0..routes.len())
+                .filter(|&i| out.decisions[i] != Precision::Skip)
+                .map(|i| {
+                    let low = u64::from(out.decisions[i] != Precision::High);
+                    ((routes[i].expert as u64) << 33) | (low << 32) | i as u64
+                }),
+        );
+        out.skipped = routes.len() - out.order.len();
+        out.order.sort_unstable();
+        for &key in &out.order {
+            let i = (key & 0xffff_ffff) as usize;
             let (expert, precision) = (routes[i].expert, out.decisions[i]);
             let row = (i / k.max(1), out.weights[i]);
             match out.groups.last_mut() {
                 Some(g) if g.expert == expert && g.precision == precision => g.rows.push(row),
-                _ => out.groups.push(Group {
-                    expert,
-                    precision,
-                    rows: vec![row],
-                }),
+                _ => {
+                    let mut rows = out.spare.pop().unwrap_or_default();
+                    rows.push(row);
+                    out.groups.push(Group {
+                        expert,
+                        precision,
+                        rows,
+                    });
+                }
             }
         }
     }

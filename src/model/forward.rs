@@ -202,18 +202,12 @@ impl<'f> Model<'f> {
             st.buf = Some(Buffers::new(backend, cfg, t)?);
             st.epoch = next_epoch();
         }
-        let (h, ne, k) = (cfg.hidden, cfg.n_experts, cfg.top_k);
+        let (ne, k) = (cfg.n_experts, cfg.top_k);
         let Some(b) = st.buf.as_mut() else {
             unreachable!("buffers are allocated above")
         };
 
-        st.embed.resize(t * h, 0.0);
-        for (i, &id) in tokens.iter().enumerate() {
-            self.w
-                .token_embd
-                .row_to_f32(id as usize, &mut st.embed[i * h..(i + 1) * h]);
-        }
-        backend.upload(&st.embed, &mut b.x)?;
+        backend.embed(&self.w.token_embd, tokens, &mut b.x, &mut st.embed)?;
         st.router.resize(t * ne, 0.0);
         st.routes.resize(
             t * k,

@@ -908,6 +908,9 @@ pub struct CudaExperts<'f> {
     slot_kinds: [Option<bool>; 2],
     slot_work: Option<SlotWork>,
     slot_layers: u64,
+    /// Prefill experts of int4 g64 through expert_ffn_q4h (off with HOB_EXPERT_Q4H=0: the
+    /// per-matrix products, for A/B runs).
+    ffn_q4h: bool,
 }
 
 /// Buffers of host-routed decode layers computed by the routed kernels: the table and routes
@@ -1245,6 +1248,7 @@ impl<'f> CudaExperts<'f> {
             slot_kinds: [None; 2],
             slot_work: None,
             slot_layers: 0,
+            ffn_q4h: std::env::var("HOB_EXPERT_Q4H").as_deref() != Ok("0"),
         };
         me.device_allowed = cfg.device_routing
             && me.plan.is_exact()
@@ -1478,18 +1482,15 @@ impl<'f> CudaExperts<'f> {
         let s = self.gpu.stream.clone();
         let (ip, wp, xsp) = (ptr(&self.idx, &s), ptr(&self.wts, &s), ptr(&self.xs, &s));
         let n = g.rows.len();
-        let input = if decode {
-            xp
-        } else {
-            self.gpu.gather_rows(xp, ip + 4 * at as u64, xsp, h, n)?;
-            xsp
-        };
-        let dp = self.expert_ffn(b, &self.mats(kind, slot), input, n, f)?;
+        let mats = self.mats(kind, slot);
+        let (ia, wa) = (ip + 4 * at as u64, wp + 4 * at as u64);
         if decode {
+            let dp = self.expert_ffn(b, &mats, xp, n, f)?;
             self.gpu.axpy(op, g.rows[0].1, dp, h)?;
-        } else {
-            let (ia, wa) = (ip + 4 * at as u64, wp + 4 * at as u64);
-            self.gpu.scatter_axpy(op, ia, wa, dp, h, n)?;
+        } else if !(self.ffn_q4h && self.expert_ffn_q4h(b, &mats, (xp, ia, wa), n, op)?) {
+            self.gpu.gather_rows(xp, ia, xsp, h, n)?;
+            let dp = self.expert_ffn(b, &mats, xsp, n, f)?;
+            self.gpu.scatter_axpy(op, (ia, wa), dp, h, n, 1)?;
         }
         self.cache.unprotect(kind, (layer, g.expert));
         Ok(())
@@ -1512,6 +1513,61 @@ impl<'f> CudaExperts<'f> {
         self.gpu.swiglu(gp, up, n * ffn)?;
         b.matmul_dev(wd, gp, n, dp)?;
         Ok(dp)
+    }
+
+    /// A prefill expert through gemm_q4h (int4 g64): its `n` tokens (rows `idx` of `x`) gathered
+    /// as f16 once for gate and up, SwiGLU straight to f16 (down's input), down's parts of K
+    /// added up by the weighted scatter into `out` — the arithmetic of matmul's to_half,
+    /// sum_splits, swiglu and scatter_axpy in four fewer launches. Parts of K go to the
+    /// scratch, as matmul's do. False (nothing launched) where gemm_q4h does not apply.
+    fn expert_ffn_q4h(
+        &self,
+        b: &CudaBackend,
+        [wg, wu, wd]: &[DevMat; 3],
+        (x, idx, wts): (u64, u64, u64),
+        n: usize,
+        out: u64,
+    ) -> crate::Result<bool> {
+        let (h, f) = self.file.expert_dims();
+        let (scratch, scratch_len) = b.scratch();
+        // Scratch: the gathered tokens (f16), then gate's and up's parts of K; then (once
+        // those are summed) the SwiGLU output (f16) and down's parts.
+        let xh = scratch;
+        let parts = scratch + align256(n * h * 2) as u64;
+        let act = parts;
+        let down_parts = act + align256(n * f * 2) as u64;
+        let room = |at: u64| (scratch_len * 4).saturating_sub((at - scratch) as usize);
+        if room(down_parts) < n * h * 4
+            || room(parts) < n * f * 4
+            || !self.gpu.gemm_q4h_applies(wd, act)
+            || ![wg, wu].iter().all(|w| self.gpu.gemm_q4h_applies(w, xh))
+        {
+            return Ok(false);
+        }
+        let s = &self.gpu.stream;
+        let (gp, up) = (ptr(&self.gate, s), ptr(&self.up, s));
+        let q4 = |w: &DevMat, xh: u64, (direct, parts): (u64, u64), max: usize| {
+            self.gpu
+                .gemm_q4h(w, xh, n, (direct, parts), max)?
+                .ok_or_else(|| Error::Invalid("gemm_q4h refused a checked matrix".into()))
+        };
+        self.gpu.gather_rows_half(x, idx, xh, h, n)?;
+        for (w, dst) in [(wg, gp), (wu, up)] {
+            let k = q4(w, xh, (dst, parts), room(parts) / (n * f * 4))?;
+            if k > 1 {
+                self.gpu.sum_splits(parts, dst, n * f, k)?;
+            }
+        }
+        self.gpu.swiglu_half(gp, up, act, n * f)?;
+        let k = q4(
+            wd,
+            act,
+            (down_parts, down_parts),
+            room(down_parts) / (n * h * 4),
+        )?;
+        self.gpu
+            .scatter_axpy(out, (idx, wts), down_parts, h, n, k)?;
+        Ok(true)
     }
 
     /// Add the GPU-side waits for loads to `wait`, once they have happened (spinning: no CPU
@@ -2473,8 +2529,8 @@ impl<'f> CudaExperts<'f> {
                 .collect();
             self.ensure_routes(idx.len())?;
             let (ip, wp) = (ptr(&self.idx, &s), ptr(&self.wts, &s));
-            self.gpu.upload_i32(&idx, ip)?;
-            self.gpu.upload_f32(&wts, wp)?;
+            self.gpu.upload_i32_queued(&idx, ip)?;
+            self.gpu.upload_f32_queued(&wts, wp)?;
         }
 
         // This layer's experts stay put until computed.

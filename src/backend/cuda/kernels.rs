@@ -24,6 +24,8 @@ pub struct Kernels {
     pub to_half: CudaFunction,
     pub gather_rows: CudaFunction,
     pub scatter_axpy: CudaFunction,
+    pub gather_rows_half: CudaFunction,
+    pub swiglu_half: CudaFunction,
     pub axpy: CudaFunction,
     pub attention: CudaFunction,
     /// Prefill attention (kernels.cu attention_prefill_*) for head_dim 32, 64 and 128.
@@ -271,6 +273,8 @@ impl Kernels {
             to_half: f("to_half")?,
             gather_rows: f("gather_rows")?,
             scatter_axpy: f("scatter_axpy")?,
+            gather_rows_half: f("gather_rows_half")?,
+            swiglu_half: f("swiglu_half")?,
             axpy: f("axpy")?,
             attention: f("attention")?,
             attention_prefill: [

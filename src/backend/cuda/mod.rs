@@ -22,10 +22,11 @@ use std::time::Instant;
 use cudarc::cublas::{sys as cublas_sys, CudaBlas};
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PinnedHostSlice,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PinnedHostSlice,
 };
 
-use crate::model::ops::{AttentionShape, Backend, DecodeStep, KernelTime, Route};
+use crate::model::ops::{embed_rows, AttentionShape, Backend, DecodeStep, KernelTime, Route};
 use crate::model::Model;
 use crate::quant::{Matrix, WeightKind};
 use crate::Error;
@@ -425,6 +426,9 @@ pub struct Gpu {
     /// through (the copy lands in it by DMA; a copy into pageable memory is staged by the driver
     /// in pieces). None with HOB_PINNED_READ=0.
     readback: Option<Mutex<Option<PinnedHostSlice<f32>>>>,
+    /// The page-locked buffer a prompt's embedding is converted into and copied from, with the
+    /// event of its last copy (the buffer is rewritten only once that copy has finished).
+    stage: Mutex<Option<(PinnedHostSlice<f32>, CudaEvent)>>,
     /// Whether moe_route_norm loads the router's rows before it waits, into shared memory or (an
     /// f32 router of at most 8 rows) registers (kernels.cu moe_route_norm_body, route_norm_regs;
     /// off with HOB_ROUTER_PRELOAD=0).
@@ -433,6 +437,9 @@ pub struct Gpu {
 
 /// The smallest read-back (in floats) that goes through Gpu's page-locked buffer.
 const PINNED_READ_MIN: usize = 1024;
+/// Tokens from which an embedding goes through the page-locked stage (a decode token's row is
+/// a queued pageable copy: no wait for an earlier copy).
+const STAGED_EMBED_MIN: usize = 16;
 
 /// Where the tensor-core integer matvec is the faster one, measured on the H100
 /// (benches/results/2026-11-23-h100-int-matvec-mma.md): int2 only; int8 and int4 keep the scalar
@@ -547,6 +554,7 @@ impl Gpu {
             read_ns: AtomicU64::new(0),
             readback: (std::env::var("HOB_PINNED_READ").as_deref() != Ok("0"))
                 .then(|| Mutex::new(None)),
+            stage: Mutex::new(None),
             router_preload: AtomicBool::new(
                 std::env::var("HOB_ROUTER_PRELOAD").as_deref() != Ok("0"),
             ),
@@ -1050,53 +1058,13 @@ impl Gpu {
             let c = cfg(blocks((tn * cols).div_ceil(4), 256), 256);
             launch!(self, self.kernels.to_half, c; src, xh, n)?;
             let dst = out + (t0 * rows * 4) as u64;
-            let fused = self.kernels.gemm_q4h.as_ref().filter(|_| {
-                kind == 4
-                    && self.gemm_q4h
-                    && w.group == 64
-                    && cols.is_multiple_of(64)
-                    && w.row_bytes % 16 == 0
-                    && w.codes.is_multiple_of(16)
-                    && xh.is_multiple_of(16)
-            });
-            if let Some(fs) = fused {
-                // int4 g64: dequantized in shared memory inside the product (no f16 tile); 128
-                // tokens a block above 64 (64 a block measured 3-5% slower at pp512).
-                let (f, bn) = if tn > 64 { (&fs[1], 128) } else { (&fs[0], 64) };
-                // K in 4 parts where the grid is short of two waves (Mixtral's 14336-row gate and
-                // up: 112 blocks, its 4096-row down: 32): measured best of 1-8 parts and of
-                // parts sized to the SM count (benches/results/2026-11-24-h100-prefill.md). The
-                // partials go after the tokens in the scratch and are summed in order.
-                let grid = rows.div_ceil(128) * tn.div_ceil(bn);
-                let steps = cols / 64;
-                let part = scratch + ((chunk * cols * 2).div_ceil(256) * 256) as u64;
-                let room = (scratch_len * 4).saturating_sub((part - scratch) as usize);
-                let mut splits = if grid < 2 * self.q_limits.sm_count {
-                    4.min(steps)
-                } else {
-                    1
-                };
-                if splits > 1 && splits * tn * rows * 4 > room {
-                    splits = 1;
-                }
-                let ksteps = steps.div_ceil(splits);
-                let splits = steps.div_ceil(ksteps);
-                let c = LaunchConfig {
-                    grid_dim: (
-                        rows.div_ceil(128) as u32,
-                        tn.div_ceil(bn) as u32,
-                        splits as u32,
-                    ),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let (ti, ld, ks) = (tn as i32, rows as i32, ksteps as i32);
-                if splits == 1 {
-                    launch!(self, f, c; wm, xh, ti, dst, ld, ks)?;
-                } else {
-                    launch!(self, f, c; wm, xh, ti, part, ld, ks)?;
-                    let (n, si) = ((tn * rows) as i32, splits as i32);
-                    launch!(self, self.kernels.sum_splits, cfg(blocks(tn * rows, 256), 256); part, dst, n, si)?;
+            // The partials of gemm_q4h's parts of K go after the tokens in the scratch.
+            let part = scratch + ((chunk * cols * 2).div_ceil(256) * 256) as u64;
+            let room = (scratch_len * 4).saturating_sub((part - scratch) as usize);
+            let fit = room / (tn * rows * 4).max(1);
+            if let Some(splits) = self.gemm_q4h(w, xh, tn, (dst, part), fit)? {
+                if splits > 1 {
+                    self.sum_splits(part, dst, tn * rows, splits)?;
                 }
             } else if kind == 1 {
                 self.gemm(w.codes, Precision::F16, xh, tn, dst, rows, cols, 0, rows)?;
@@ -1179,6 +1147,96 @@ impl Gpu {
         .map_err(cuda_err)
     }
 
+    /// True where gemm_q4h computes `w`'s products from f16 tokens at `xh` (int4 g64, 16-byte
+    /// aligned rows; not switched off by HOB_GEMM_Q4=0).
+    pub fn gemm_q4h_applies(&self, w: &DevMat, xh: u64) -> bool {
+        self.kernels.gemm_q4h.is_some()
+            && self.gemm_q4h
+            && w.kind == 4
+            && w.group == 64
+            && (w.cols as usize).is_multiple_of(64)
+            && w.row_bytes % 16 == 0
+            && w.codes.is_multiple_of(16)
+            && xh.is_multiple_of(16)
+    }
+
+    /// int4 g64 `w` times the `tn` f16 tokens at `xh` through gemm_q4h, f32 [tn, rows] out: at
+    /// `direct` in one launch over K, or as the partial sums of K's parts at `parts` + z·tn·rows
+    /// (at most `max_parts` of them) where the grid is short of two waves. Returns the number
+    /// of parts (1: the product is at `direct`), None where the kernel does not apply.
+    pub fn gemm_q4h(
+        &self,
+        w: &DevMat,
+        xh: u64,
+        tn: usize,
+        (direct, parts): (u64, u64),
+        max_parts: usize,
+    ) -> crate::Result<Option<usize>> {
+        let Some(fs) = self.kernels.gemm_q4h.as_ref() else {
+            return Ok(None);
+        };
+        if !self.gemm_q4h_applies(w, xh) {
+            return Ok(None);
+        }
+        let (rows, cols) = (w.rows as usize, w.cols as usize);
+        // 128 tokens a block above 64 (64 a block measured 3-5% slower at pp512).
+        let (f, bn) = if tn > 64 { (&fs[1], 128) } else { (&fs[0], 64) };
+        // K in 4 parts where the grid is short of two waves (Mixtral's 14336-row gate and up:
+        // 112 blocks, its 4096-row down: 32): measured best of 1-8 parts and of parts sized to
+        // the SM count (benches/results/2026-11-24-h100-prefill.md).
+        let grid = rows.div_ceil(128) * tn.div_ceil(bn);
+        let steps = cols / 64;
+        let mut splits = if grid < 2 * self.q_limits.sm_count {
+            4.min(steps)
+        } else {
+            1
+        };
+        if splits > max_parts {
+            splits = 1;
+        }
+        let ksteps = steps.div_ceil(splits);
+        let splits = steps.div_ceil(ksteps);
+        let c = LaunchConfig {
+            grid_dim: (
+                rows.div_ceil(128) as u32,
+                tn.div_ceil(bn) as u32,
+                splits as u32,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ti, ld, ks) = (tn as i32, rows as i32, ksteps as i32);
+        let out = if splits == 1 { direct } else { parts };
+        let wm = *w;
+        launch!(self, f, c; wm, xh, ti, out, ld, ks)?;
+        Ok(Some(splits))
+    }
+
+    /// out[..n] = the sum of the `splits` partials at parts, n apart, in order.
+    pub fn sum_splits(&self, parts: u64, out: u64, n: usize, splits: usize) -> crate::Result<()> {
+        let (ni, si) = (n as i32, splits as i32);
+        launch!(self, self.kernels.sum_splits, cfg(blocks(n, 256), 256); parts, out, ni, si)
+    }
+
+    /// act = f16(silu(g) · u) over n values.
+    pub fn swiglu_half(&self, g: u64, u: u64, act: u64, n: usize) -> crate::Result<()> {
+        let ni = n as i32;
+        launch!(self, self.kernels.swiglu_half, cfg(blocks(n, 256), 256); g, u, act, ni)
+    }
+
+    /// dst[j, :] = f16(src[idx[j], :]) for j < m, rows of n.
+    pub fn gather_rows_half(
+        &self,
+        src: u64,
+        idx: u64,
+        dst: u64,
+        n: usize,
+        m: usize,
+    ) -> crate::Result<()> {
+        let (ni, mi) = (n as i32, m as i32);
+        launch!(self, self.kernels.gather_rows_half, cfg(blocks(n * m, 256), 256); src, idx, dst, ni, mi)
+    }
+
     pub fn swiglu(&self, g: u64, u: u64, n: usize) -> crate::Result<()> {
         let ni = n as i32;
         launch!(self, self.kernels.swiglu, cfg(blocks(n, 256), 256); g, u, ni)
@@ -1196,17 +1254,19 @@ impl Gpu {
         launch!(self, self.kernels.gather_rows, cfg(blocks(n * m, 256), 256); src, idx, dst, ni, mi)
     }
 
+    /// out[idx[j], :] += w[j] · y[j, :] for j < m, rows of n, y the sum of `splits` partials
+    /// (gemm_q4h's parts of K) n·m apart.
     pub fn scatter_axpy(
         &self,
         out: u64,
-        idx: u64,
-        w: u64,
+        (idx, w): (u64, u64),
         y: u64,
         n: usize,
         m: usize,
+        splits: usize,
     ) -> crate::Result<()> {
-        let (ni, mi) = (n as i32, m as i32);
-        launch!(self, self.kernels.scatter_axpy, cfg(blocks(n * m, 256), 256); out, idx, w, y, ni, mi)
+        let (ni, mi, si) = (n as i32, m as i32, splits as i32);
+        launch!(self, self.kernels.scatter_axpy, cfg(blocks(n * m, 256), 256); out, idx, w, y, ni, mi, si)
     }
 
     pub fn axpy(&self, out: u64, w: f32, y: u64, n: usize) -> crate::Result<()> {
@@ -1289,13 +1349,55 @@ impl Gpu {
         Ok(())
     }
 
-    pub fn upload_i32(&self, src: &[i32], dst: u64) -> crate::Result<()> {
-        // SAFETY: as upload_f32.
+    /// Host-to-device copy of `n` f32 values that `fill` writes into a page-locked buffer (a
+    /// prompt's embedding: converted in place, then one DMA at the link's full speed where a
+    /// pageable copy would be staged by the driver first). Queued on the compute stream.
+    pub fn upload_staged(
+        &self,
+        n: usize,
+        dst: u64,
+        fill: impl FnOnce(&mut [f32]),
+    ) -> crate::Result<()> {
+        let mut st = self.stage.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buf = match st.take() {
+            Some((b, done)) => {
+                // (A buffer too small is freed only once its last copy has finished.)
+                done.synchronize().map_err(cuda_err)?;
+                if b.len() >= n {
+                    b
+                } else {
+                    self.alloc_stage(n)?
+                }
+            }
+            None => self.alloc_stage(n)?,
+        };
+        let host = &mut buf.as_mut_slice().map_err(cuda_err)?[..n];
+        fill(host);
+        // SAFETY: dst addresses at least n floats; host (page-locked, n floats) is not written
+        // again before the event recorded below has completed.
         unsafe {
-            cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream())
+            cudarc::driver::result::memcpy_htod_async(dst, &*host, self.stream.cu_stream())
                 .map_err(cuda_err)?;
         }
-        self.sync()
+        let done = self.stream.record_event(None).map_err(cuda_err)?;
+        *st = Some((buf, done));
+        Ok(())
+    }
+
+    fn alloc_stage(&self, n: usize) -> crate::Result<PinnedHostSlice<f32>> {
+        // SAFETY: page-locked host memory of n floats, written by upload_staged's fill before
+        // any copy reads it.
+        unsafe { self.ctx.alloc_pinned::<f32>(n) }.map_err(cuda_err)
+    }
+
+    /// Host-to-device copy of i32 values queued on the compute stream, without waiting (as
+    /// upload_f32_queued: a pageable source is staged before the call returns).
+    pub fn upload_i32_queued(&self, src: &[i32], dst: u64) -> crate::Result<()> {
+        // SAFETY: as upload_f32_queued.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream())
+                .map_err(cuda_err)
+        }
     }
 }
 
@@ -1598,6 +1700,11 @@ impl CudaBackend {
     }
 
     /// Multiply by a device matrix (e.g. an expert in the cache).
+    /// The prefill scratch: its device address and length in floats.
+    pub fn scratch(&self) -> (u64, usize) {
+        (self.p(&self.scratch), self.scratch_len)
+    }
+
     pub fn matmul_dev(&self, w: &DevMat, x: u64, t: usize, out: u64) -> crate::Result<()> {
         let scratch = self.p(&self.scratch);
         self.gpu.matmul(w, x, t, out, scratch, self.scratch_len)
@@ -1638,6 +1745,24 @@ impl Backend for CudaBackend {
     fn upload(&self, src: &[f32], dst: &mut CudaSlice<f32>) -> crate::Result<()> {
         check_len("upload destination", dst.len(), src.len())?;
         self.gpu.upload_f32_queued(src, self.p(dst))
+    }
+
+    fn embed(
+        &self,
+        table: &Matrix<'_>,
+        tokens: &[u32],
+        dst: &mut CudaSlice<f32>,
+        host: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let n = tokens.len() * table.cols;
+        check_len("embedding destination", dst.len(), n)?;
+        if tokens.len() < STAGED_EMBED_MIN {
+            host.resize(n, 0.0);
+            embed_rows(table, tokens, host);
+            return self.gpu.upload_f32_queued(host, self.p(dst));
+        }
+        self.gpu
+            .upload_staged(n, self.p(dst), |out| embed_rows(table, tokens, out))
     }
 
     fn download(&self, src: &CudaSlice<f32>, dst: &mut [f32]) -> crate::Result<()> {
