@@ -294,24 +294,29 @@ extern "C" __global__ void to_half(const float* __restrict__ src, half_bits* __r
     }
 }
 
-// dst[j, :] = src[idx[j], :] for j < m; rows of n values.
-extern "C" __global__ void gather_rows(const float* __restrict__ src, const int* __restrict__ idx,
-                                       float* __restrict__ dst, int n, int m) {
+// dst[j, :] = src[idx[j], :] for j < m; rows of n values, stored as f32 (gather_rows) or f16
+// (gather_rows_half: an expert's tokens for gemm_q4h).
+__device__ __forceinline__ float stored_as(float v, float*) { return v; }
+__device__ __forceinline__ half_bits stored_as(float v, half_bits*) { return f2h(v); }
+
+template <typename T>
+__device__ __forceinline__ void gather_rows_body(const float* __restrict__ src, const int* __restrict__ idx,
+                                                 T* __restrict__ dst, int n, int m) {
     PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * m) return;
     int j = i / n;
-    dst[i] = src[(size_t)idx[j] * n + (i - j * n)];
+    dst[i] = stored_as(src[(size_t)idx[j] * n + (i - j * n)], dst);
 }
 
-// dst[j, :] = f16(src[idx[j], :]) for j < m; rows of n values (an expert's tokens for gemm_q4h).
+extern "C" __global__ void gather_rows(const float* __restrict__ src, const int* __restrict__ idx,
+                                       float* __restrict__ dst, int n, int m) {
+    gather_rows_body<float>(src, idx, dst, n, m);
+}
+
 extern "C" __global__ void gather_rows_half(const float* __restrict__ src, const int* __restrict__ idx,
                                             half_bits* __restrict__ dst, int n, int m) {
-    PDL_ENTRY();
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * m) return;
-    int j = i / n;
-    dst[i] = f2h(src[(size_t)idx[j] * n + (i - j * n)]);
+    gather_rows_body<half_bits>(src, idx, dst, n, m);
 }
 
 // out[idx[j], :] += w[j] * y[j, :] for j < m (rows of n), y the sum over z < splits of the

@@ -1488,7 +1488,7 @@ impl<'f> CudaExperts<'f> {
             let dp = self.expert_ffn(b, &mats, xp, n, f)?;
             self.gpu.axpy(op, g.rows[0].1, dp, h)?;
         } else if !(self.ffn_q4h && self.expert_ffn_q4h(b, &mats, (xp, ia, wa), n, op)?) {
-            self.gpu.gather_rows(xp, ia, xsp, h, n)?;
+            self.gpu.gather_rows((xp, ia), xsp, h, n, false)?;
             let dp = self.expert_ffn(b, &mats, xsp, n, f)?;
             self.gpu.scatter_axpy(op, (ia, wa), dp, h, n, 1)?;
         }
@@ -1551,7 +1551,7 @@ impl<'f> CudaExperts<'f> {
                 .gemm_q4h(w, xh, n, (direct, parts), max)?
                 .ok_or_else(|| Error::Invalid("gemm_q4h refused a checked matrix".into()))
         };
-        self.gpu.gather_rows_half(x, idx, xh, h, n)?;
+        self.gpu.gather_rows((x, idx), xh, h, n, true)?;
         for (w, dst) in [(wg, gp), (wu, up)] {
             let k = q4(w, xh, (dst, parts), room(parts) / (n * f * 4))?;
             if k > 1 {

@@ -398,6 +398,7 @@ mod tests {
             "matvec3_rope_body",
             "matvec_q_body",
             "matvec_qm_body",
+            "gather_rows_body",
         ];
         for f in waiting {
             let at = SOURCE
@@ -405,7 +406,9 @@ mod tests {
                 .unwrap_or_else(|| panic!("{f} not found"));
             let body = block(SOURCE, at);
             assert!(
-                body.contains("pdl_wait()") || body.contains("row_dot<KIND, ROW_DEPTH, true>"),
+                body.contains("pdl_wait()")
+                    || body.contains("PDL_ENTRY()")
+                    || body.contains("row_dot<KIND, ROW_DEPTH, true>"),
                 "{f} does not wait"
             );
         }

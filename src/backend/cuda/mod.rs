@@ -1224,34 +1224,27 @@ impl Gpu {
         launch!(self, self.kernels.swiglu_half, cfg(blocks(n, 256), 256); g, u, act, ni)
     }
 
-    /// dst[j, :] = f16(src[idx[j], :]) for j < m, rows of n.
-    pub fn gather_rows_half(
-        &self,
-        src: u64,
-        idx: u64,
-        dst: u64,
-        n: usize,
-        m: usize,
-    ) -> crate::Result<()> {
-        let (ni, mi) = (n as i32, m as i32);
-        launch!(self, self.kernels.gather_rows_half, cfg(blocks(n * m, 256), 256); src, idx, dst, ni, mi)
-    }
-
     pub fn swiglu(&self, g: u64, u: u64, n: usize) -> crate::Result<()> {
         let ni = n as i32;
         launch!(self, self.kernels.swiglu, cfg(blocks(n, 256), 256); g, u, ni)
     }
 
+    /// dst[j, :] = src[idx[j], :] for j < m, rows of n, stored as f16 where `half` (else f32).
     pub fn gather_rows(
         &self,
-        src: u64,
-        idx: u64,
+        (src, idx): (u64, u64),
         dst: u64,
         n: usize,
         m: usize,
+        half: bool,
     ) -> crate::Result<()> {
         let (ni, mi) = (n as i32, m as i32);
-        launch!(self, self.kernels.gather_rows, cfg(blocks(n * m, 256), 256); src, idx, dst, ni, mi)
+        let f = if half {
+            &self.kernels.gather_rows_half
+        } else {
+            &self.kernels.gather_rows
+        };
+        launch!(self, f, cfg(blocks(n * m, 256), 256); src, idx, dst, ni, mi)
     }
 
     /// out[idx[j], :] += w[j] · y[j, :] for j < m, rows of n, y the sum of `splits` partials
