@@ -28,6 +28,19 @@ pub fn embed_rows(table: &Matrix<'_>, tokens: &[u32], out: &mut [f32]) {
         .for_each(|(row, &id)| table.row_to_f32(id as usize, row));
 }
 
+/// Backend::embed's default: the rows converted into `host`, then uploaded.
+pub fn embed_via_host<B: Backend + ?Sized>(
+    backend: &B,
+    table: &Matrix<'_>,
+    tokens: &[u32],
+    dst: &mut B::Buf,
+    host: &mut Vec<f32>,
+) -> crate::Result<()> {
+    host.resize(tokens.len() * table.cols, 0.0);
+    embed_rows(table, tokens, host);
+    backend.upload(host, dst)
+}
+
 /// Rows of a prompt's embedding one rayon task converts.
 const PAR_EMBED_ROWS: usize = 32;
 
@@ -86,9 +99,7 @@ pub trait Backend {
         dst: &mut Self::Buf,
         host: &mut Vec<f32>,
     ) -> crate::Result<()> {
-        host.resize(tokens.len() * table.cols, 0.0);
-        embed_rows(table, tokens, host);
-        self.upload(host, dst)
+        embed_via_host(self, table, tokens, dst, host)
     }
     /// dst = src[..dst.len()] (waits for the backend's pending work).
     fn download(&self, src: &Self::Buf, dst: &mut [f32]) -> crate::Result<()>;

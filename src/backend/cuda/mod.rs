@@ -26,7 +26,9 @@ use cudarc::driver::{
     PinnedHostSlice,
 };
 
-use crate::model::ops::{embed_rows, AttentionShape, Backend, DecodeStep, KernelTime, Route};
+use crate::model::ops::{
+    embed_rows, embed_via_host, AttentionShape, Backend, DecodeStep, KernelTime, Route,
+};
 use crate::model::Model;
 use crate::quant::{Matrix, WeightKind};
 use crate::Error;
@@ -1750,9 +1752,8 @@ impl Backend for CudaBackend {
         let n = tokens.len() * table.cols;
         check_len("embedding destination", dst.len(), n)?;
         if tokens.len() < STAGED_EMBED_MIN {
-            host.resize(n, 0.0);
-            embed_rows(table, tokens, host);
-            return self.gpu.upload_f32_queued(host, self.p(dst));
+            // (upload: a queued pageable copy)
+            return embed_via_host(self, table, tokens, dst, host);
         }
         self.gpu
             .upload_staged(n, self.p(dst), |out| embed_rows(table, tokens, out))
