@@ -354,14 +354,36 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
             gpu.swiglu(sp, sp + (K * ffn * 4) as u64, K * ffn)
                 .expect("swiglu");
         };
+        // Gate, up and SwiGLU as decode launches them (Gpu::routed_gate_up: one launch where
+        // matvec_qd_*_gu applies), and the same with the one-launch form off.
+        let gate_up_glu = |i: usize| {
+            let t = &tables[i % sets];
+            gpu.routed_gate_up(&gu.mats[0], t.2, t.3, K, xp, (hp, ffn))
+                .expect("routed_gate_up");
+        };
+        let gate_up_glu2 = |i: usize| {
+            gpu.set_routed_gu(false);
+            gate_up_glu(i);
+            gpu.set_routed_gu(true);
+        };
         let plain4 = |i: usize| {
             for j in 0..2 * K {
                 let m = &gu.mats[(2 * K * (i % sets) + j) % gu.mats.len()];
                 gpu.matvec(m, xp, onep).expect("matvec");
             }
         };
-        let rows: [(&str, usize, &RunAt); 5] = [
+        let rows: [(&str, usize, &RunAt); 7] = [
             ("gate + up, one launch", 2 * K * gu.bytes, &gate_up),
+            (
+                "gate + up + SwiGLU, one launch (_gu)",
+                2 * K * gu.bytes,
+                &gate_up_glu,
+            ),
+            (
+                "gate + up + SwiGLU, two launches",
+                2 * K * gu.bytes,
+                &gate_up_glu2,
+            ),
             ("gate + up, four plain launches", 2 * K * gu.bytes, &plain4),
             ("down (SwiGLU staged), one launch", K * dn.bytes, &down),
             (
@@ -383,6 +405,18 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
                 warm * 1e6,
                 100.0 * bytes as f64 / warm / copy,
             );
+        }
+        // SwiGLU of gate and up in one launch against the two launches, bit for bit.
+        let glu_rows = |one: bool| {
+            gpu.set_routed_gu(one);
+            gate_up_glu(0);
+            gpu.set_routed_gu(true);
+            download(gpu, &h, K * ffn)
+        };
+        let (g1, g2) = (glu_rows(true), glu_rows(false));
+        if g1.iter().zip(&g2).any(|(a, b)| a.to_bits() != b.to_bits()) {
+            println!("FAILED: {kind} gate + up + SwiGLU in one launch differs from two launches");
+            failed += 1;
         }
         // The routed gate and up outputs against plain launches on the same matrices.
         gate_up(0);

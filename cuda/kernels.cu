@@ -1722,10 +1722,18 @@ struct QBuf {
 // is more than one), each staged in turn (y then accumulated by the same thread, in order).
 // Dynamic shared memory: q_smem in mod.rs. DP: the integer-dot-product form (qdstage), for groups
 // of whole chunks.
-template <int KIND, int R, bool DP = false, int AHEAD = 1>
+// GU (DP only, one column tile: tchunks covers the row): gate and up of one expert in one block,
+// y = SwiGLU(w x, wu x) (matvec_qd_*_gu). A warp's R row slots hold R/2 rows of w (gate) and the
+// same R/2 rows of wu (up), so a row's SwiGLU takes one shuffle (split 1) or the shared-memory sums
+// the split already needs: no barrier the plain kernel does not have. Each row's sum is the plain
+// kernel's (same split, same order; qreduce's sums do not depend on the slot), and SwiGLU rounds
+// as the swiglu kernel does: the same bits as the two products and the swiglu launch.
+template <int KIND, int R, bool DP = false, int AHEAD = 1, bool GU = false>
 __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restrict__ x,
                                               const float* __restrict__ u,
-                                              float* __restrict__ y, int split, int tchunks) {
+                                              float* __restrict__ y, int split, int tchunks,
+                                              const Mat wu = Mat()) {
+    static_assert(!GU || DP, "the gate-up form is a dp4a kernel");
     pdl_trigger();
     constexpr int CC = QTraits<KIND>::CC, P = QTraits<KIND>::P, Q = CC / 4,
                   EPW = QTraits<KIND>::EPW;
@@ -1733,7 +1741,9 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     const int n = w.row_bytes >> 4;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = warp / split, s = warp - g * split;
-    const int tile_rows = (warps / split) * R;
+    // Rows of a matrix per warp group (GU: slot i takes row i % RM of w, then of wu).
+    constexpr int RM = GU ? R / 2 : R;
+    const int tile_rows = (warps / split) * RM;
     const int ntiles = (w.rows + tile_rows - 1) / tile_rows;
     if ((int)blockIdx.x >= ntiles) return;
     const int tpad = (tchunks + 31) & ~31;
@@ -1763,8 +1773,9 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 ltile = t;
 #pragma unroll
                 for (int i = 0; i < R; i++) {
-                    const int r = min(t * tile_rows + g * R + i, w.rows - 1);
-                    lrow[i] = reinterpret_cast<const uint4*>(w.codes + (size_t)r * w.row_bytes) + ct0;
+                    const int r = min(t * tile_rows + g * RM + i % RM, w.rows - 1);
+                    const u8* codes = GU && i >= RM ? wu.codes : w.codes;
+                    lrow[i] = reinterpret_cast<const uint4*>(codes + (size_t)r * w.row_bytes) + ct0;
                     lsrow[i] = r * gpr;
                 }
             }
@@ -1777,8 +1788,9 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 b.v[i] = in ? qld(lrow[i] + c) : make_uint4(0, 0, 0, 0);
                 u32 sm = 0;
                 if (fast && in) {
-                    sm = __ldg(w.scales + lsrow[i] + gi);
-                    if (KIND != KIND_INT8) sm |= (u32)__ldg(w.mins + lsrow[i] + gi) << 16;
+                    const bool up = GU && i >= RM;
+                    sm = __ldg((up ? wu.scales : w.scales) + lsrow[i] + gi);
+                    if (KIND != KIND_INT8) sm |= (u32)__ldg((up ? wu.mins : w.mins) + lsrow[i] + gi) << 16;
                 }
                 b.sm[i] = sm;
             }
@@ -1939,7 +1951,30 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 const float v = qreduce<R>(racc, lane);
                 const int ri = lane / (32 / R);
                 const bool writer = (lane & (32 / R - 1)) == 0;
-                if (split == 1) {
+                if (GU) {
+                    // Slot ri (gate) and slot ri + RM (up) of a row: split 1, the warp's sums (up's
+                    // (32 / R) RM lanes higher); else the warps' through shared memory, each as
+                    // the plain kernel adds them (0 + the warps' in order).
+                    if (split == 1) {
+                        const float uv = __shfl_down_sync(0xffffffffu, v, (32 / R) * RM);
+                        const int r = t * tile_rows + g * RM + ri;
+                        if (writer && ri < RM && r < w.rows) y[r] = v / (1.0f + expf(-v)) * uv;
+                    } else {
+                        float* rb = red + parity * warps * R;
+                        if (writer) rb[warp * R + ri] = v;
+                        __syncthreads();
+                        const int r = t * tile_rows + g * RM + lane;
+                        if (s == 0 && lane < RM && r < w.rows) {
+                            float gs = 0.f, us = 0.f;
+                            for (int ss = 0; ss < split; ss++) {
+                                gs += rb[(g * split + ss) * R + lane];
+                                us += rb[(g * split + ss) * R + lane + RM];
+                            }
+                            y[r] = gs / (1.0f + expf(-gs)) * us;
+                        }
+                        parity ^= 1;
+                    }
+                } else if (split == 1) {
                     const int r = t * tile_rows + g * R + ri;
                     if (writer && r < w.rows) {
                         const float o = v * kscale;
@@ -2018,6 +2053,24 @@ __device__ __forceinline__ void matvec_qd_body(const Mat w, const float* __restr
     matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND)>(w, x, u, y, split, tchunks);
 }
 INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, 4, , __launch_bounds__(512))
+
+// Gate and up of a token's k routed experts with their SwiGLU, one launch (blockIdx.y = j: expert
+// routes[j], gate and up from the table as sel_mat reads them): y + j * ys = SwiGLU(gate x, up x),
+// the bits of the _sel launch of both (which0 0) and the swiglu launch (matvec_q_body's GU). The
+// launcher takes it where the plain plan's row groups split evenly and x fits one column tile
+// (Gpu::routed_ffn). Ordering as a which0 = 0 routed launch (sel_entry).
+#define QD_GU_KERNEL(NAME, KIND)                                                                    \
+    extern "C" __global__ void __launch_bounds__(512)                                               \
+        NAME(const MatEntry* tab, const float* routes, int k, const float* x, float* y, int ys,     \
+             int split, int tchunks) {                                                              \
+        sel_entry(0);                                                                               \
+        matvec_q_body<KIND, 4, true, QD_AHEAD_OF(KIND), true>(                                      \
+            sel_mat(tab, routes, k, 0), x, nullptr, y + (size_t)blockIdx.y * ys, split, tchunks,    \
+            sel_mat(tab, routes, k, 1));                                                            \
+    }
+QD_GU_KERNEL(matvec_qd_int8_gu, KIND_INT8)
+QD_GU_KERNEL(matvec_qd_int4_gu, KIND_INT4)
+QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
 
 // ---------------------------------------------------------------------------------------------
 // Integer dequantize-matvec on the tensor cores (sm_80 and later, for groups of 1, 2 or a multiple

@@ -50,6 +50,8 @@ pub struct Kernels {
     /// matvec_qd_*_sel), for groups of whole 16-byte chunks.
     pub matvec_qd: [QKernel; 3],
     pub matvec_qd_sel: [QKernel; 3],
+    /// Gate and up of the routed experts with their SwiGLU in one launch (matvec_qd_*_gu).
+    pub matvec_qd_gu: [QKernel; 3],
     /// Float kinds by kind code: y += W x (matvec_add_*), and three matrices of one x
     /// (matvec3_*).
     pub matvec_add: [CudaFunction; 3],
@@ -298,6 +300,7 @@ impl Kernels {
                 .transpose()?,
             matvec_qd: qkernels("matvec_qd", "", QFamily::Dp(qd_parts))?,
             matvec_qd_sel: qkernels("matvec_qd", "_sel", QFamily::Dp(qd_parts))?,
+            matvec_qd_gu: qkernels("matvec_qd", "_gu", QFamily::Dp(qd_parts))?,
             matvec_add: floats("matvec_add")?,
             matvec3: floats("matvec3")?,
             matvec3_rope: floats("matvec3_rope")?,

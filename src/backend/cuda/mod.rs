@@ -435,6 +435,9 @@ pub struct Gpu {
     /// f32 router of at most 8 rows) registers (kernels.cu moe_route_norm_body, route_norm_regs;
     /// off with HOB_ROUTER_PRELOAD=0).
     router_preload: AtomicBool,
+    /// Whether routed_ffn takes gate, up and SwiGLU in one launch where it applies (kernels.cu
+    /// matvec_qd_*_gu; off with HOB_ROUTED_GU=0). Both forms give the same results.
+    routed_gu: AtomicBool,
 }
 
 /// The smallest read-back (in floats) that goes through Gpu's page-locked buffer.
@@ -560,6 +563,7 @@ impl Gpu {
             router_preload: AtomicBool::new(
                 std::env::var("HOB_ROUTER_PRELOAD").as_deref() != Ok("0"),
             ),
+            routed_gu: AtomicBool::new(std::env::var("HOB_ROUTED_GU").as_deref() != Ok("0")),
         }))
     }
 
@@ -807,12 +811,67 @@ impl Gpu {
         (g, dn): (u64, u64),
         (h, f): (usize, usize),
     ) -> crate::Result<()> {
+        self.routed_gate_up(gate, tab, routes, k, x, (g, f))?;
+        self.matvec_sel(down, tab, routes, k, 2, k, (g, f, false), (dn, h))
+    }
+
+    /// SwiGLU(gate x, up x) of one token's k routed experts (integer kinds, every gate matrix
+    /// like `gate`) into the first k rows of g ([2k, f]; the other k are scratch): one launch
+    /// where matvec_qd_*_gu applies (Gpu::gu_launch), else the routed gate and up launch and the
+    /// swiglu launch. The same bits either way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn routed_gate_up(
+        &self,
+        gate: &DevMat,
+        tab: u64,
+        routes: u64,
+        k: usize,
+        x: u64,
+        (g, f): (u64, usize),
+    ) -> crate::Result<()> {
+        if let Some((q, c, split, tchunks)) = self.gu_launch(gate, k) {
+            let (ki, fi) = (k as i32, f as i32);
+            return launch!(self, q.f, c; tab, routes, ki, x, g, fi, split, tchunks);
+        }
         self.matvec_sel(gate, tab, routes, k, 0, 2 * k, (x, 0, false), (g, f))?;
         // SwiGLU in its own launch: each block of the down launch staging it measured slower
-        // (benches/results/2026-11-24-h100-routed.md), as did staging its x once for the launch
-        // (benches/results/2026-11-24-h100-decode-host.md).
-        self.swiglu(g, g + (k * f * 4) as u64, k * f)?;
-        self.matvec_sel(down, tab, routes, k, 2, k, (g, f, false), (dn, h))
+        // (benches/results/2026-11-24-h100-routed.md), as did staging its x once for the
+        // launch (benches/results/2026-11-24-h100-decode-host.md).
+        self.swiglu(g, g + (k * f * 4) as u64, k * f)
+    }
+
+    /// Whether routed_ffn may take gate, up and SwiGLU in one launch (the default; off:
+    /// HOB_ROUTED_GU=0). Both forms give the same results.
+    pub fn set_routed_gu(&self, on: bool) {
+        self.routed_gu.store(on, Ordering::Relaxed);
+    }
+
+    /// The launch of kernels.cu matvec_qd_*_gu for k routed experts whose gate matrices are like
+    /// `gate`: where the dp4a kernels serve it and the plain plan's x is one column tile. The
+    /// plain plan's split: each row's sum is the plain kernel's.
+    fn gu_launch(&self, gate: &DevMat, k: usize) -> Option<(&QKernel, LaunchConfig, i32, i32)> {
+        if !self.routed_gu.load(Ordering::Relaxed) || !(3..=5).contains(&gate.kind) {
+            return None;
+        }
+        let i = (gate.kind - 3) as usize;
+        let plain = self.q_kernels(gate).0;
+        if !std::ptr::eq(plain, &self.kernels.matvec_qd[i]) {
+            return None;
+        }
+        let p = self.q_plan(gate)?;
+        let q = &self.kernels.matvec_qd_gu[i];
+        let warps = p.block as usize / 32;
+        let regs_per_warp = (q.shape.regs.max(1) * 32).div_ceil(256) * 256;
+        let whole = p.tchunks as usize == (gate.row_bytes.max(0) as usize / 16).max(1);
+        if !whole || regs_per_warp * warps > self.q_limits.regs_per_sm {
+            return None;
+        }
+        let c = LaunchConfig {
+            grid_dim: (p.grid.div_ceil(k as u32).max(1), k as u32, 1),
+            block_dim: (p.block, 1, 1),
+            shared_mem_bytes: p.smem,
+        };
+        Some((q, c, p.split, p.tchunks))
     }
 
     /// One token's routes ([k] experts then [k] weights at `routes`) from the router `w` and
