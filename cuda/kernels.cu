@@ -256,14 +256,16 @@ extern "C" __global__ void add_assign(float* __restrict__ x, const float* __rest
     if (i < n) x[i] += y[i];
 }
 
-// g = silu(g) * u, as the CPU computes it: g / (1 + exp(-g)) * u.
+// silu(g) * u as the CPU computes it, g / (1 + exp(-g)) * u: the one expression every SwiGLU on
+// the GPU takes (the same roundings wherever it is inlined, so the fused forms give the swiglu
+// kernel's bits).
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// g = silu(g) * u.
 extern "C" __global__ void swiglu(float* __restrict__ g, const float* __restrict__ u, int n) {
     PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float v = g[i];
-        g[i] = v / (1.0f + expf(-v)) * u[i];
-    }
+    if (i < n) g[i] = silu_mul(g[i], u[i]);
 }
 
 // act[i] = f16(silu(g[i]) * u[i]) for i < n: swiglu and to_half in one pass, with their arithmetic
@@ -273,8 +275,7 @@ extern "C" __global__ void swiglu_half(const float* __restrict__ g, const float*
     PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float v = g[i];
-    act[i] = f2h(v / (1.0f + expf(-v)) * u[i]);
+    act[i] = f2h(silu_mul(g[i], u[i]));
 }
 
 // Store n f32 values as f16 at dst: four a thread (launch ceil(n / 4) threads), one 16-byte load
@@ -1070,7 +1071,7 @@ __device__ __forceinline__ void moe_gate_up_body(const MatEntry* __restrict__ ta
     if (r >= g.rows) return;
     const float gv = row_dot<KIND>(g, r, x, lane);
     const float uv = row_dot<KIND>(u, r, x, lane);
-    if (lane == 0) h[(size_t)j * g.rows + r] = gv / (1.0f + expf(-gv)) * uv;
+    if (lane == 0) h[(size_t)j * g.rows + r] = silu_mul(gv, uv);
 }
 
 template <int KIND>
@@ -1382,10 +1383,7 @@ __device__ __forceinline__ float4 xin(const float4* __restrict__ x4, const float
     float4 v = __ldg(x4 + m);
     if (u4) {
         const float4 u = __ldg(u4 + m);
-        v.x = v.x / (1.0f + expf(-v.x)) * u.x;
-        v.y = v.y / (1.0f + expf(-v.y)) * u.y;
-        v.z = v.z / (1.0f + expf(-v.z)) * u.z;
-        v.w = v.w / (1.0f + expf(-v.w)) * u.w;
+        v = make_float4(silu_mul(v.x, u.x), silu_mul(v.y, u.y), silu_mul(v.z, u.z), silu_mul(v.w, u.w));
     }
     return v;
 }
@@ -1951,45 +1949,38 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 const float v = qreduce<R>(racc, lane);
                 const int ri = lane / (32 / R);
                 const bool writer = (lane & (32 / R - 1)) == 0;
-                if (GU) {
-                    // Slot ri (gate) and slot ri + RM (up) of a row: split 1, the warp's sums (up's
-                    // (32 / R) RM lanes higher); else the warps' through shared memory, each as
-                    // the plain kernel adds them (0 + the warps' in order).
-                    if (split == 1) {
+                if (split == 1) {
+                    if (GU) {
+                        // Slot ri (gate) and slot ri + RM (up) of a row: up's sum is (32 / R) RM
+                        // lanes higher.
                         const float uv = __shfl_down_sync(0xffffffffu, v, (32 / R) * RM);
                         const int r = t * tile_rows + g * RM + ri;
-                        if (writer && ri < RM && r < w.rows) y[r] = v / (1.0f + expf(-v)) * uv;
+                        if (writer && ri < RM && r < w.rows) y[r] = silu_mul(v, uv);
                     } else {
-                        float* rb = red + parity * warps * R;
-                        if (writer) rb[warp * R + ri] = v;
-                        __syncthreads();
-                        const int r = t * tile_rows + g * RM + lane;
-                        if (s == 0 && lane < RM && r < w.rows) {
-                            float gs = 0.f, us = 0.f;
-                            for (int ss = 0; ss < split; ss++) {
-                                gs += rb[(g * split + ss) * R + lane];
-                                us += rb[(g * split + ss) * R + lane + RM];
-                            }
-                            y[r] = gs / (1.0f + expf(-gs)) * us;
+                        const int r = t * tile_rows + g * R + ri;
+                        if (writer && r < w.rows) {
+                            const float o = v * kscale;
+                            y[r] = ct0 > 0 ? y[r] + o : o;
                         }
-                        parity ^= 1;
-                    }
-                } else if (split == 1) {
-                    const int r = t * tile_rows + g * R + ri;
-                    if (writer && r < w.rows) {
-                        const float o = v * kscale;
-                        y[r] = ct0 > 0 ? y[r] + o : o;
                     }
                 } else {
                     float* rb = red + parity * warps * R;
                     if (writer) rb[warp * R + ri] = v;
                     __syncthreads();
-                    const int r = t * tile_rows + g * R + lane;
-                    if (s == 0 && lane < R && r < w.rows) {
-                        float sum = 0.f;
-                        for (int ss = 0; ss < split; ss++) sum += rb[(g * split + ss) * R + lane];
-                        const float o = sum * kscale;
-                        y[r] = ct0 > 0 ? y[r] + o : o;
+                    const int r = t * tile_rows + g * RM + lane;
+                    if (s == 0 && lane < RM && r < w.rows) {
+                        // Each row's sum: 0 + the warps' in order (GU: gate's slot and up's).
+                        float sum = 0.f, us = 0.f;
+                        for (int ss = 0; ss < split; ss++) {
+                            sum += rb[(g * split + ss) * R + lane];
+                            if (GU) us += rb[(g * split + ss) * R + lane + RM];
+                        }
+                        if (GU) {
+                            y[r] = silu_mul(sum, us);
+                        } else {
+                            const float o = sum * kscale;
+                            y[r] = ct0 > 0 ? y[r] + o : o;
+                        }
                     }
                     parity ^= 1;
                 }
