@@ -617,6 +617,13 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
     c.prefetch = 1;
     cases.push(("SSD tier".into(), c));
     let mut c = exact(total / 4);
+    c.mapped = true;
+    c.tier = Tier::Disk;
+    cases.push((
+        "mapped host slots loaded from the SSD, matrix by matrix".into(),
+        c,
+    ));
+    let mut c = exact(total / 4);
     c.pin_file = false;
     c.prefetch = 2;
     cases.push(("copies through pinned staging".into(), c));
@@ -624,6 +631,8 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
     c.pace_bytes_per_s = Some(2e9);
     c.prefetch = 2;
     cases.push(("link paced on the copy stream".into(), c));
+    // Decode layers that computed their cached experts while other loads landed (early_layer).
+    let mut early = 0;
     for (name, cfg) in cases {
         let (direct, disk, mapped) = (cfg.pin_file, cfg.tier == Tier::Disk, cfg.mapped);
         let mut s = engine_session(&g, &model, cfg);
@@ -638,13 +647,15 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
         let st = s.expert_stats();
         println!(
-            "{name}: {} uses, {} misses, {} prefetched ({} used), {} bytes loaded",
+            "{name}: {} uses, {} misses, {} prefetched ({} used), {} bytes loaded, {} layers with cached experts first",
             st.uses(),
             st.misses(),
             st.prefetch_issued,
             st.prefetch_used,
-            st.bytes_loaded
+            st.bytes_loaded,
+            st.early_layers
         );
+        early += st.early_layers;
         assert_eq!(st.skipped + st.substituted, 0, "{name}");
         assert_eq!(ids, want_ids, "{name}: greedy tokens differ");
         assert!(
@@ -652,6 +663,10 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
             "{name}: logits differ"
         );
     }
+    assert!(
+        early > 0,
+        "no decode layer computed its cached experts while a load landed"
+    );
     // Cooperative mode: missed decode experts computed on the CPU, with and without prefetches
     // into the idle link (a prefetch still in flight may be overtaken by the CPU), and with the
     // last half of their rows loaded and computed on the GPU (split experts: strided loads),

@@ -5,6 +5,11 @@
 #   bash tools/hobbit_gpu.sh prepare     convert the synthetic model (and build llama.cpp if staged)
 #   bash tools/hobbit_gpu.sh rtx4090     rows (a)-(e) under rtx4090-24g   -> $OUT/hobbit-rtx4090.md
 #   bash tools/hobbit_gpu.sh jetson      rows (a)-(e) under jetson-orin-32g -> $OUT/hobbit-jetson.md
+#   bash tools/hobbit_gpu.sh trace       train shakespeare-moe (staged in .gpu/shakes by stage_gpu.sh, ~100 s),
+#                                        convert it, fit T1/T2 to HOBBIT's 67/30/3 split on Hamlet and
+#                                        record its Hamlet trace -> /tmp/shakes-trace.jsonl and
+#                                        $OUT/trace.env (TRACE, T1, T2: `. $OUT/trace.env` before the
+#                                        replay modes), logs in $OUT/trace.log
 #   TRACE=t.jsonl T1=.. T2=.. bash tools/hobbit_gpu.sh replay
 #                                        rows (a), (b), (d), (e) under rtx4090-24g with every layer's
 #                                        routing replayed from a trained router's trace (--replay-trace;
@@ -155,7 +160,20 @@ replay-jetson)
   row "a, SSD" "${p[@]}" --ssd -n 8 --low none --cache-policy lru
   row "d, SSD" "${p[@]}" --ssd -n 8 "${cal[@]}" --cache-policy hobbit
   cat "$out/$table" ;;
+trace)
+  # A trained router's routing for the replay modes (shared/models/shakespeare-moe/README.md).
+  [ -f .gpu/shakes/train.py ] && [ -f .gpu/hamlet-60k.txt ] \
+    || { echo "trace: stage .gpu/shakes and .gpu/hamlet-60k.txt first (tools/stage_gpu.sh)"; exit 2; }
+  t="$out/trace.log"; w=/tmp/shakes
+  (cd .gpu/shakes && STEPS="${STEPS:-800}" python3 train.py "$w" 200) > "$t" 2>&1 || { tail "$t"; exit 1; }
+  cp tests/fixtures/mistral/tokenizer.json "$w/"
+  "$hob" convert --from "$w" --experts f16,int8,int4,int2 -o /tmp/shakes.hob --no-progress >> "$t" 2>&1 || exit 1
+  "$hob" calibrate -m /tmp/shakes.hob -f .gpu/hamlet-60k.txt --split 67/30/3 >> "$t" 2>&1 || exit 1
+  t1=$(grep "^fitted" "$t" | sed 's/.*T1 = \([0-9.]*\),.*/\1/'); t2=$(grep "^fitted" "$t" | sed 's/.*T2 = \([0-9.]*\) .*/\1/')
+  "$hob" perplexity -m /tmp/shakes.hob -f .gpu/hamlet-60k.txt -c 512 --record-trace /tmp/shakes-trace.jsonl >> "$t" 2>&1 || exit 1
+  printf 'TRACE=/tmp/shakes-trace.jsonl\nT1=%s\nT2=%s\n' "$t1" "$t2" | tee "$out/trace.env"
+  grep -E "best|^fitted|scored" "$t" ;;
 llamacpp)
   bash tools/llamacpp_gpu.sh bench "$LAYERS" >> "$log" 2>&1; cat "$out/llamacpp.md" ;;
-*) echo "usage: hobbit_gpu.sh prepare|rtx4090|jetson|replay|replay-jetson|versus|llamacpp"; exit 2 ;;
+*) echo "usage: hobbit_gpu.sh prepare|rtx4090|jetson|trace|replay|replay-jetson|versus|llamacpp"; exit 2 ;;
 esac

@@ -32,6 +32,13 @@ for line in sys.stdin:
   | while read -r exe; do n=$(basename "$exe"); cp "$exe" ".gpu/benches/${n%-*}"; done
 # Debug info would put the folder far over the device tool's 64 MiB carry limit.
 strip .gpu/hob .gpu/tests/* .gpu/benches/*
+# A trained router's data and the perplexity text, for tools/hobbit_gpu.sh trace.
+shakes="${HOB_SHARED:-$root/../shared}/models/shakespeare-moe"
+if [ -f "$shakes/train.py" ]; then
+  mkdir -p .gpu/shakes && cp "$shakes"/{train.py,train.bin,val.bin} .gpu/shakes/ && chmod u+w .gpu/shakes/*
+fi
+[ -f models/hamlet-60k.txt ] || bash tools/fetch_hamlet.sh > /dev/null || true
+[ -f models/hamlet-60k.txt ] && cp models/hamlet-60k.txt .gpu/
 # Integration tests find the binary at the path baked in at build time (env!("CARGO_BIN_EXE_hob")).
 echo "$root/target/release/hob" > .gpu/hob-path
 cat > .gpu/run.sh <<'RUN'

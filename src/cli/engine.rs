@@ -508,6 +508,12 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
             s.slot_routed_layers as f64 / n
         );
     }
+    if s.early_layers > 0 {
+        eprintln!(
+            "  layers computing cached experts while the others load: {:.2} per token",
+            s.early_layers as f64 / n
+        );
+    }
     if s.split_experts > 0 {
         eprintln!(
             "  split with the GPU {:.2} CPU experts ({:.1} MB of their rows loaded)",

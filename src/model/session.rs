@@ -68,6 +68,8 @@ pub struct ExpertStats {
     /// Host-routed decode layers whose experts (all in GPU cache slots of one precision) ran
     /// through the routed kernels, a table of their slots written on the stream.
     pub slot_routed_layers: u64,
+    /// Decode layers whose cached experts were computed while their other experts' loads landed.
+    pub early_layers: u64,
     /// Host seconds submitting recorded decode steps (CUDA graph launches).
     pub graph_launch_seconds: f64,
     /// Host seconds reading results back (logits, device routes), waiting for the device
@@ -139,6 +141,7 @@ impl ExpertStats {
         self.device_routed += s.device_routed;
         self.device_account_seconds += s.device_account_seconds;
         self.slot_routed_layers += s.slot_routed_layers;
+        self.early_layers += s.early_layers;
         self.graph_launch_seconds += s.graph_launch_seconds;
         self.read_back_seconds += s.read_back_seconds;
     }

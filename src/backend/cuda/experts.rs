@@ -35,6 +35,7 @@ use crate::experts::predictor::Predictor;
 use crate::experts::scheduler::{Priority, Scheduler, Ticket, Worker};
 use crate::experts::trace::TraceWriter;
 use crate::experts::{Group, LayerPlan, Precision, PrecisionPlan};
+use crate::format::variant::BLOB_ALIGN;
 use crate::format::{ExpertLayout, HobFile};
 use crate::model::ops::{ExpertExecutor, OnDevice, Route};
 use crate::model::{ExpertReport, ExpertStats, VariantStats};
@@ -174,7 +175,11 @@ struct Pool {
     slot_bytes: usize,
     arena: Arena,
     /// Per slot: the load that fills it, until the compute stream has been told to wait for it.
+    /// In mapped mode a load is three jobs, one per matrix (gate, up, down; `pending` is the
+    /// last), so a decode layer can start on a missed expert's first matrices while the rest
+    /// land: `parts` holds the earlier ones' tickets, in order.
     pending: Vec<Option<Ticket<Option<CudaEvent>>>>,
+    parts: Vec<Vec<Ticket<Option<CudaEvent>>>>,
     /// Per slot: filled by a prefetch and not used since.
     prefetched: Vec<bool>,
     /// Per slot with a pending load: when the engine expects it done (its link model).
@@ -517,8 +522,11 @@ impl Worker for Loader {
             // no kernel reads the slot now (the job waited for `after`, and the slot's next
             // reader waits for this job).
             let dst = unsafe { std::slice::from_raw_parts_mut(c.dst as usize as *mut u8, len) };
+            // The emulated disk or link carries the chunk from when its read starts (the copy
+            // out of the page cache stands in for that transfer, and overlaps it).
+            let began = Instant::now();
             self.fill(src, dst)?;
-            Self::pace_chunk(self.pace, &mut self.link_free, len);
+            Self::pace_chunk(self.pace, &mut self.link_free, len, Some(began));
         } else if self.pinned.is_some() {
             if self.in_flight.len() >= DIRECT_IN_FLIGHT {
                 if let Some(ev) = self.in_flight.pop_front() {
@@ -527,7 +535,7 @@ impl Worker for Loader {
             }
             match &self.link {
                 Some(l) => l.start(&self.copy)?,
-                None => Self::pace_chunk(self.pace, &mut self.link_free, len),
+                None => Self::pace_chunk(self.pace, &mut self.link_free, len, None),
             }
             if c.rows == 1 {
                 // SAFETY: dst .. + len lies inside the job's destination in the device arena;
@@ -588,7 +596,7 @@ impl Worker for Loader {
             let host = &mut host.as_mut_slice().map_err(cuda_err)?[..len];
             let (map, disk) = (&self.map, &mut self.disk);
             Self::fill_from(&self.fill_pool, map, disk, src, host, &self.counters)?;
-            Self::pace_chunk(self.pace, &mut self.link_free, len);
+            Self::pace_chunk(self.pace, &mut self.link_free, len, None);
             // SAFETY: dst .. + len lies inside the job's slot of the device arena; the staging
             // buffer is not written again before `done` is reached.
             unsafe {
@@ -626,18 +634,21 @@ impl Loader {
     /// Emulated link (a profile's pace): chunks cross it one after another at `pace` bytes/s.
     /// A chunk is filled on the host while the previous one is crossing (as staging overlaps
     /// DMA on a real card), then waits for the link and takes it for len / pace seconds.
-    /// Interleaved jobs (a demand overtaking a prefetch) share the one link.
-    fn pace_chunk(pace: Option<f64>, link_free: &mut Instant, len: usize) {
+    /// Interleaved jobs (a demand overtaking a prefetch) share the one link. `began`: when the
+    /// chunk's transfer was issued, where the fill is that transfer (mapped mode: a read into
+    /// the slot itself); else it crosses once filled (staging, as a real card's copy follows
+    /// its staging copy).
+    fn pace_chunk(pace: Option<f64>, link_free: &mut Instant, len: usize, began: Option<Instant>) {
         if let Some(bw) = pace {
             Self::sleep_until(*link_free);
             // A sleep overshoots by tens of microseconds; a chunk that follows the previous one
             // without a real gap crosses right behind it, so the link keeps its rate (the
             // clock still advances len / bw per chunk: never faster than the link).
             let now = Instant::now();
-            let start = if now.saturating_duration_since(*link_free) < PACE_SLACK {
-                *link_free
-            } else {
-                now
+            let start = match began {
+                Some(b) => b.max(*link_free),
+                None if now.saturating_duration_since(*link_free) < PACE_SLACK => *link_free,
+                None => now,
             };
             *link_free = start + Duration::from_secs_f64(len as f64 / bw);
         }
@@ -908,6 +919,10 @@ pub struct CudaExperts<'f> {
     slot_kinds: [Option<bool>; 2],
     slot_work: Option<SlotWork>,
     slot_layers: u64,
+    /// Decode layers (without CPU helpers) whose loads were pending while cached experts were
+    /// computed first (early_layer; off with HOB_HITS_FIRST=0), and how many there were.
+    hits_first: bool,
+    early_layers: u64,
     /// Prefill experts of int4 g64 through expert_ffn_q4h (off with HOB_EXPERT_Q4H=0: the
     /// per-matrix products, for A/B runs).
     ffn_q4h: bool,
@@ -1069,6 +1084,7 @@ impl<'f> CudaExperts<'f> {
                 slot_bytes,
                 arena,
                 pending: (0..slots).map(|_| None).collect(),
+                parts: (0..slots).map(|_| Vec::new()).collect(),
                 prefetched: vec![false; slots],
                 due: vec![None; slots],
             }))
@@ -1248,6 +1264,8 @@ impl<'f> CudaExperts<'f> {
             slot_kinds: [None; 2],
             slot_work: None,
             slot_layers: 0,
+            hits_first: std::env::var("HOB_HITS_FIRST").as_deref() != Ok("0"),
+            early_layers: 0,
             ffn_q4h: std::env::var("HOB_EXPERT_Q4H").as_deref() != Ok("0"),
         };
         me.device_allowed = cfg.device_routing
@@ -1385,6 +1403,7 @@ impl<'f> CudaExperts<'f> {
         let disk = self.tier == Tier::Disk;
         let pool = self.pool(kind);
         let variant = pool.variant;
+        let offsets = [pool.layout.up_offset, pool.layout.down_offset];
         let src = self.file.blob_range(key.0, key.1, variant, disk);
         let dst = if mapped {
             (pool.host_base() + s * pool.slot_bytes) as u64
@@ -1395,18 +1414,37 @@ impl<'f> CudaExperts<'f> {
         let due = self.link_due.max(now)
             + Duration::from_secs_f64(src.len() as f64 / self.load_bandwidth());
         self.link_due = due;
-        let after = self.gpu.stream.record_event(None).map_err(cuda_err)?;
-        let job = LoadJob {
-            pieces: vec![Piece::blob(src, dst)],
-            mapped,
-            after,
-        };
-        let ticket = self
+        // Mapped slots (the GPU reads them where the loader writes them) load matrix by matrix:
+        // parts end at the up and down matrices' offsets rounded up to BLOB_ALIGN (file offsets
+        // stay aligned for O_DIRECT reads), so part i landed means matrix i is whole.
+        let mut cuts = vec![src.start];
+        if mapped {
+            for off in offsets {
+                let at = (src.start + off).next_multiple_of(BLOB_ALIGN);
+                if at > *cuts.last().unwrap_or(&src.start) && at < src.end {
+                    cuts.push(at);
+                }
+            }
+        }
+        cuts.push(src.end);
+        let loader = self
             .loader
             .as_ref()
-            .ok_or_else(|| Error::Invalid("expert loader already shut down".into()))?
-            .submit(job, priority)?;
+            .ok_or_else(|| Error::Invalid("expert loader already shut down".into()))?;
+        let mut tickets = Vec::with_capacity(cuts.len() - 1);
+        for w in cuts.windows(2) {
+            let job = LoadJob {
+                pieces: vec![Piece::blob(w[0]..w[1], dst + (w[0] - src.start) as u64)],
+                mapped,
+                after: self.gpu.stream.record_event(None).map_err(cuda_err)?,
+            };
+            tickets.push(loader.submit(job, priority)?);
+        }
+        let ticket = tickets
+            .pop()
+            .ok_or_else(|| Error::Invalid("an expert load of no parts".into()))?;
         let pool = self.pool_mut(kind);
+        pool.parts[s] = tickets;
         pool.pending[s] = Some(ticket);
         pool.prefetched[s] = priority == Priority::Prefetch;
         pool.due[s] = Some(due);
@@ -1415,6 +1453,7 @@ impl<'f> CudaExperts<'f> {
 
     /// Make the compute stream wait for slot `s`'s load, if one is pending.
     fn ready(&mut self, kind: PoolKind, s: usize) -> crate::Result<()> {
+        while self.ready_part(kind, s)? {}
         let Some(ticket) = self.pools[kind as usize]
             .as_mut()
             .and_then(|p| p.pending.get_mut(s))
@@ -1422,6 +1461,26 @@ impl<'f> CudaExperts<'f> {
         else {
             return Ok(());
         };
+        self.wait_load(ticket)
+    }
+
+    /// Make the compute stream wait for the next part of slot `s`'s load (the matrices before the
+    /// last, mapped mode); false when none is left.
+    fn ready_part(&mut self, kind: PoolKind, s: usize) -> crate::Result<bool> {
+        let Some(parts) = self.pools[kind as usize]
+            .as_mut()
+            .and_then(|p| p.parts.get_mut(s))
+            .filter(|p| !p.is_empty())
+        else {
+            return Ok(false);
+        };
+        let ticket = parts.remove(0);
+        self.wait_load(ticket)?;
+        Ok(true)
+    }
+
+    /// Order the compute stream after one load job (waiting for it on the GPU where it can).
+    fn wait_load(&mut self, ticket: Ticket<Option<CudaEvent>>) -> crate::Result<()> {
         let started = Instant::now();
         if self.cpu.is_none() && !landed(&ticket) {
             // The compute stream waits for the load on the GPU, so what follows runs the moment
@@ -1485,11 +1544,11 @@ impl<'f> CudaExperts<'f> {
         let mats = self.mats(kind, slot);
         let (ia, wa) = (ip + 4 * at as u64, wp + 4 * at as u64);
         if decode {
-            let dp = self.expert_ffn(b, &mats, xp, n, f)?;
+            let dp = self.expert_ffn(b, &mats, xp, (n, 0), f)?;
             self.gpu.axpy(op, g.rows[0].1, dp, h)?;
         } else if !(self.ffn_q4h && self.expert_ffn_q4h(b, &mats, (xp, ia, wa), n, op)?) {
             self.gpu.gather_rows((xp, ia), xsp, h, n, false)?;
-            let dp = self.expert_ffn(b, &mats, xsp, n, f)?;
+            let dp = self.expert_ffn(b, &mats, xsp, (n, 0), f)?;
             self.gpu.scatter_axpy(op, (ia, wa), dp, h, n, 1)?;
         }
         self.cache.unprotect(kind, (layer, g.expert));
@@ -1497,17 +1556,20 @@ impl<'f> CudaExperts<'f> {
     }
 
     /// An expert's FFN on `n` tokens at `input`: gate and up ([`mats`](Self::mats) order, `ffn`
-    /// rows each), SwiGLU, down. Returns the device address of its [n, hidden] output.
+    /// rows each), SwiGLU, down. Returns the device address of its [n, hidden] output: row
+    /// `row` of the down buffer onwards (decode's early experts each keep their own).
     fn expert_ffn(
         &self,
         b: &CudaBackend,
         [wg, wu, wd]: &[DevMat; 3],
         input: u64,
-        n: usize,
+        (n, row): (usize, usize),
         ffn: usize,
     ) -> crate::Result<u64> {
         let s = &self.gpu.stream;
-        let (gp, up, dp) = (ptr(&self.gate, s), ptr(&self.up, s), ptr(&self.down, s));
+        let (hidden, _) = self.file.expert_dims();
+        let (gp, up) = (ptr(&self.gate, s), ptr(&self.up, s));
+        let dp = ptr(&self.down, s) + (row * hidden * 4) as u64;
         b.matmul_dev(wg, input, n, gp)?;
         b.matmul_dev(wu, input, n, up)?;
         self.gpu.swiglu(gp, up, n * ffn)?;
@@ -2115,7 +2177,7 @@ impl<'f> CudaExperts<'f> {
             let gm = DevMat::new(&Matrix { rows: n, ..g }, sj.at[0], 0, 0);
             let um = DevMat::new(&Matrix { rows: n, ..u }, sj.at[1], 0, 0);
             let dm = DevMat::new(&Matrix { cols: n, ..d }, sj.at[2], 0, 0);
-            let dp = self.expert_ffn(b, &[gm, um, dm], xp, 1, n)?;
+            let dp = self.expert_ffn(b, &[gm, um, dm], xp, (1, 0), n)?;
             self.gpu.axpy(op, sj.weight, dp, h)?;
         }
         Ok(())
@@ -2260,6 +2322,63 @@ impl<'f> CudaExperts<'f> {
         }
         self.slot_kinds[kind as usize] = Some(ok);
         ok.then_some(kind)
+    }
+
+    /// A decode layer (no CPU helpers) with some of its slots still loading and some ready:
+    /// the ready experts are computed first, while the loads land, then each loading one
+    /// after its load (in the order they were queued); each expert's output keeps its own row
+    /// of the down buffer, and `out` += their weighted sum in group order afterwards, as
+    /// run_slot adds them, so the result is the same to the bit.
+    #[allow(clippy::too_many_arguments)]
+    fn early_layer(
+        &mut self,
+        b: &CudaBackend,
+        layer: usize,
+        groups: &[Group],
+        places: &[Option<Place>],
+        xp: u64,
+        op: u64,
+    ) -> crate::Result<()> {
+        let (h, f) = self.file.expert_dims();
+        let slots: Vec<(usize, PoolKind, usize)> = places
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match p {
+                Some(Place::Slot(kind, s)) => Some((i, *kind, *s)),
+                _ => None,
+            })
+            .collect();
+        let (ready, loading): (Vec<_>, Vec<_>) = slots
+            .iter()
+            .partition(|&&(_, kind, s)| self.slot_landed(kind, s));
+        let mut outs = vec![0u64; groups.len()];
+        for &(i, kind, s) in ready.iter().chain(&loading) {
+            let mats = self.mats(kind, s);
+            if self.pool(kind).parts[s].len() == 2 {
+                // Loading matrix by matrix (mapped mode): each product once its matrix is whole,
+                // the arithmetic of expert_ffn.
+                let st = &self.gpu.stream;
+                let (gp, up) = (ptr(&self.gate, st), ptr(&self.up, st));
+                let dp = ptr(&self.down, st) + (i * h * 4) as u64;
+                self.ready_part(kind, s)?;
+                b.matmul_dev(&mats[0], xp, 1, gp)?;
+                self.ready_part(kind, s)?;
+                b.matmul_dev(&mats[1], xp, 1, up)?;
+                self.gpu.swiglu(gp, up, f)?;
+                self.take_slot(kind, s)?;
+                b.matmul_dev(&mats[2], gp, 1, dp)?;
+                outs[i] = dp;
+            } else {
+                self.take_slot(kind, s)?;
+                outs[i] = self.expert_ffn(b, &mats, xp, (1, i), f)?;
+            }
+            self.cache.unprotect(kind, (layer, groups[i].expert));
+        }
+        for &(i, _, _) in &slots {
+            self.gpu.axpy(op, groups[i].rows[0].1, outs[i], h)?;
+        }
+        self.early_layers += 1;
+        Ok(())
     }
 
     /// One decode token's experts, each (index, weight, slot) in pool `kind` with its load
@@ -2459,8 +2578,9 @@ impl<'f> CudaExperts<'f> {
         residual: Option<u64>,
     ) -> crate::Result<bool> {
         let (h, f) = self.file.expert_dims();
-        self.ensure_cap(t)?;
         let decode = t == 1;
+        // A decode layer's experts may each keep a row of the down buffer (early_layer).
+        self.ensure_cap(if decode { routes.len().max(1) } else { t })?;
         let entered = Instant::now();
         if decode {
             let now = entered;
@@ -2645,11 +2765,33 @@ impl<'f> CudaExperts<'f> {
                         }
                     }
                 }
+                // Cached experts first while some loads are still landing (early_layer).
+                let mut early = false;
                 if i == 0 && decode && placed == lp.groups.len() {
-                    slot_mode = self.slot_pool(&places);
+                    let slots = places.iter().filter_map(|p| match p {
+                        Some(Place::Slot(kind, s)) => Some(self.slot_landed(*kind, *s)),
+                        _ => None,
+                    });
+                    let (mut ready, mut loading) = (false, false);
+                    for landed in slots {
+                        ready |= landed;
+                        loading |= !landed;
+                    }
+                    // (Mapped slots load matrix by matrix: worth it with no slot ready too.)
+                    early = self.hits_first
+                        && background.is_none()
+                        && loading
+                        && (ready || self.mapped);
+                    if !early {
+                        slot_mode = self.slot_pool(&places);
+                    }
                 }
                 if i == 0 && defer_zero && slot_mode.is_none() {
                     self.gpu.zero(op, t * h * 4)?;
+                }
+                if early {
+                    self.early_layer(b, layer, &lp.groups, &places, xp, op)?;
+                    break;
                 }
                 let g = &lp.groups[i];
                 let n = g.rows.len();
@@ -2868,6 +3010,7 @@ impl ExpertReport for CudaExperts<'_> {
             device_routed: self.device_tokens,
             device_account_seconds: self.device_account.as_secs_f64(),
             slot_routed_layers: self.slot_layers,
+            early_layers: self.early_layers,
             // The session fills in the backend's host times.
             ..ExpertStats::default()
         }
@@ -2879,6 +3022,7 @@ impl ExpertReport for CudaExperts<'_> {
         self.device_tokens = 0;
         self.device_account = Duration::ZERO;
         self.slot_layers = 0;
+        self.early_layers = 0;
         self.skipped = 0;
         self.substituted = 0;
         self.cpu_computed = 0;
