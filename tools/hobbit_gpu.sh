@@ -11,10 +11,10 @@
 #                                        $OUT/trace.env (TRACE, T1, T2: `. $OUT/trace.env` before the
 #                                        replay modes), logs in $OUT/trace.log
 #   TRACE=t.jsonl T1=.. T2=.. bash tools/hobbit_gpu.sh replay
-#                                        rows (a), (b), (d), (e) under rtx4090-24g with every layer's
-#                                        routing replayed from a trained router's trace (--replay-trace;
-#                                        no prefetch row: the stacked gates predict the synthetic router)
-#                                        at T1/T2 (calibrated for the traced model) and at 0.6/0.9
+#                                        rows (a)-(e) under rtx4090-24g with every layer's routing
+#                                        replayed from a trained router's trace (--replay-trace; the
+#                                        prefetch rows use the trace's recorded stacked-gate
+#                                        predictions) at T1/T2 (calibrated for the traced model) and at 0.6/0.9
 #                                        -> $OUT/hobbit-replay.md (cooperative rows with and
 #                                        without --no-load-behind)
 #   TRACE=t.jsonl T1=.. T2=.. [ROUNDS=8] bash tools/hobbit_gpu.sh versus
@@ -24,7 +24,7 @@
 #                                        rows compare) -> $OUT/versus.md with the ratio per round
 #                                        (needs llama.cpp built or restored, and the f16 GGUF)
 #   TRACE=t.jsonl T1=.. T2=.. VARIANTS=int8,int2 bash tools/hobbit_gpu.sh replay-jetson
-#                                        rows (a), (b), (d) under jetson-orin-32g, replayed routing
+#                                        rows (a)-(d) under jetson-orin-32g, replayed routing
 #                                        -> $OUT/hobbit-replay-jetson.md
 # LAYERS (default 8) of the 32 layers: the device's disk holds ~8 with all four variants.
 # The expert cache is scaled to the file: the share of Mixtral's experts the profile's budget holds
@@ -107,15 +107,18 @@ replay)
   table=hobbit-replay.md; header
   c=$(share 24 352.3e6)
   echo "rtx4090-24g expert cache scaled to $LAYERS layers: $c GiB; routing replayed from $TRACE" >> "$log"
-  p=(--platform rtx4090-24g --expert-variant f16 --expert-cache "$c" -r 3 -p 0 -n 32 --prefetch 0)
-  r=(--replay-trace "$TRACE"); cal=(--low int4 --t1 "$T1" --t2 "$T2"); paper=(--low int4 --t1 0.6 --t2 0.9)
+  p=(--platform rtx4090-24g --expert-variant f16 --expert-cache "$c" -r 3 -p 0 -n 32)
+  r=(--replay-trace "$TRACE" --prefetch 0); cal=(--low int4 --t1 "$T1" --t2 "$T2"); paper=(--low int4 --t1 0.6 --t2 0.9)
+  rp=(--replay-trace "$TRACE" --prefetch 3)
   cpu=(--cpu-experts -t "$(nproc)")
-  row "a, random routing" "${p[@]}" --low none --cache-policy lru
-  row "d, random routing" "${p[@]}" "${paper[@]}" --cache-policy hobbit
-  row "e, random routing" "${p[@]}" "${paper[@]}" --cache-policy hobbit "${cpu[@]}"
-  row "e, random routing, no load-behind" "${p[@]}" "${paper[@]}" --cache-policy hobbit "${cpu[@]}" --no-load-behind
+  row "a, random routing" "${p[@]}" --prefetch 0 --low none --cache-policy lru
+  row "d, random routing" "${p[@]}" --prefetch 0 "${paper[@]}" --cache-policy hobbit
+  row "e, random routing" "${p[@]}" --prefetch 0 "${paper[@]}" --cache-policy hobbit "${cpu[@]}"
+  row "e, random routing, no load-behind" "${p[@]}" --prefetch 0 "${paper[@]}" --cache-policy hobbit "${cpu[@]}" --no-load-behind
   row a "${p[@]}" "${r[@]}" --low none --cache-policy lru
   row b "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy lru
+  row c "${p[@]}" "${rp[@]}" "${cal[@]}" --cache-policy lru
+  row "d, prefetch 3" "${p[@]}" "${rp[@]}" "${cal[@]}" --cache-policy hobbit
   row d "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy hobbit
   row e "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy hobbit "${cpu[@]}"
   row "e, no load-behind" "${p[@]}" "${r[@]}" "${cal[@]}" --cache-policy hobbit "${cpu[@]}" --no-load-behind
@@ -146,19 +149,21 @@ versus)
   done
   cat "$out/versus.md" ;;
 replay-jetson)
-  # Rows (a), (b), (d) under jetson-orin-32g (int8 high, int2 low) with routing replayed from $TRACE
+  # Rows (a)-(d) under jetson-orin-32g (int8 high, int2 low) with routing replayed from $TRACE
   # at T1/T2, emulated SSD (--no-ssd: page cache paced to 3 GB/s) and the device's real disk.
   table=hobbit-replay-jetson.md; header
   c=$(share 24 185.6e6)
   echo "jetson-orin-32g expert cache scaled to $LAYERS layers: $c GiB (int8 sizing); routing replayed from $TRACE" >> "$log"
-  p=(--platform jetson-orin-32g --expert-variant int8 --expert-cache "$c" -r 2 -p 0 --prefetch 0 --replay-trace "$TRACE")
+  p=(--platform jetson-orin-32g --expert-variant int8 --expert-cache "$c" -r 2 -p 0 --replay-trace "$TRACE")
   cal=(--low int2 --t1 "$T1" --t2 "$T2")
-  row a "${p[@]}" --no-ssd -n 24 --low none --cache-policy lru
-  row b "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy lru
-  row d "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy hobbit
-  row "d, low-share 0.25" "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy hobbit --low-share 0.25
-  row "a, SSD" "${p[@]}" --ssd -n 8 --low none --cache-policy lru
-  row "d, SSD" "${p[@]}" --ssd -n 8 "${cal[@]}" --cache-policy hobbit
+  # Prefetch from the trace's recorded stacked-gate predictions (`trace` mode records them).
+  row a "${p[@]}" --no-ssd -n 24 --low none --cache-policy lru --prefetch 0
+  row b "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy lru --prefetch 0
+  row c "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy lru --prefetch 3
+  row d "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy hobbit --prefetch 3
+  row "d, no prefetch" "${p[@]}" --no-ssd -n 24 "${cal[@]}" --cache-policy hobbit --prefetch 0
+  row "a, SSD" "${p[@]}" --ssd -n 8 --low none --cache-policy lru --prefetch 0
+  row "d, SSD" "${p[@]}" --ssd -n 8 "${cal[@]}" --cache-policy hobbit --prefetch 3
   cat "$out/$table" ;;
 trace)
   # A trained router's routing for the replay modes (shared/models/shakespeare-moe/README.md).

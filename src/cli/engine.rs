@@ -8,13 +8,15 @@ use clap::Args;
 use crate::backend::cpu::{CpuBackend, CpuExperts};
 use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Split, Tier};
 use crate::experts::cache::Policy;
+use crate::experts::predictor::Predictor;
 use crate::experts::replay::{Replay, Replayed};
-use crate::experts::trace::{TraceHeader, TraceWriter};
+use crate::experts::trace::{TraceHeader, TraceWriter, TRACE_PRED_DEPTH};
 use crate::experts::{PrecisionPlan, Thresholds};
 use crate::format::{keys, HobFile};
 use crate::generate::Tokenizer;
 use crate::model::{Backend, Bound, ExpertStats, Experts, Model, ModelConfig, Session};
 use crate::platform::{Platform, PlatformKind};
+use crate::quant::Matrix;
 use crate::Error;
 
 /// Where a model command computes.
@@ -248,8 +250,24 @@ impl ModelArgs {
                 .map_or(0, |l| file.expert_layout(l).padded_size as u64),
             t1: plan.thresholds.t1,
             t2: plan.thresholds.t2,
+            pred_depth: 0,
         };
-        Ok(Some(TraceWriter::create(path, &header)?))
+        // The stacked gates' predictions TRACE_PRED_DEPTH layers ahead go with the routes, so a
+        // replay of this trace can prefetch as this model would.
+        let predictor = if model.cfg.n_layers > 1 {
+            let routers: Vec<Matrix<'_>> =
+                model.weights().layers.iter().map(|l| l.router).collect();
+            Some(Predictor::new(
+                &routers,
+                TRACE_PRED_DEPTH.min(model.cfg.n_layers - 1),
+                model.cfg.top_k,
+            )?)
+        } else {
+            None
+        };
+        Ok(Some(TraceWriter::create_predicting(
+            path, &header, predictor,
+        )?))
     }
 
     /// The --platform profile, if one was named.
@@ -286,12 +304,27 @@ impl ModelArgs {
             )));
         }
         let replay = match &self.replay_trace {
-            Some(_) if self.prefetch > 0 => {
-                return Err(Error::Invalid(
-                    "--replay-trace with --prefetch: the stacked gates predict the model's own router, which a replayed routing does not follow; leave --prefetch at 0".into(),
-                ))
+            Some(path) => {
+                let r = Replay::read(path, &model.cfg)?;
+                // The model's own stacked gates predict its router, not the replayed one: a
+                // replay prefetches from the predictions recorded with the trace.
+                if self.prefetch > r.pred_depth() {
+                    return Err(Error::Invalid(if r.pred_depth() == 0 {
+                        format!(
+                            "--replay-trace {} with --prefetch: the trace records no stacked-gate predictions (written by an older hob?); record it again, or leave --prefetch at 0",
+                            path.display()
+                        )
+                    } else {
+                        format!(
+                            "--prefetch {}: the trace {} records predictions {} layer(s) ahead",
+                            self.prefetch,
+                            path.display(),
+                            r.pred_depth()
+                        )
+                    }));
+                }
+                Some(r)
             }
-            Some(path) => Some(Replay::read(path, &model.cfg)?),
             None => None,
         };
         let gpu_mem = self

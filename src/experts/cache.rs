@@ -888,6 +888,7 @@ mod tests {
                     precision,
                 })
                 .collect(),
+            pred: Vec::new(),
         }
     }
 

@@ -93,27 +93,68 @@ impl Predictor {
         })
     }
 
+    /// The stacked product's logits (targets * n_experts values) at `layer` as predicted routes
+    /// per target layer: (target layer, routes) in layer order.
+    fn routes(&self, layer: usize, logits: &[f32]) -> Vec<(usize, Vec<Route>)> {
+        self.targets(layer)
+            .enumerate()
+            .map(|(i, target)| {
+                let mut routes = vec![
+                    Route {
+                        expert: 0,
+                        weight: 0.0
+                    };
+                    self.top_k
+                ];
+                route_softmax_topk(
+                    &logits[i * self.n_experts..(i + 1) * self.n_experts],
+                    &mut routes,
+                );
+                (target, routes)
+            })
+            .collect()
+    }
+
     /// Turn the stacked product's logits (targets * n_experts values) at `layer` into predicted
     /// routes per target layer, remembered for scoring. Returns (target layer, routes) in layer
     /// order.
     pub fn predict(&mut self, layer: usize, logits: &[f32]) -> Vec<(usize, Vec<Route>)> {
-        let mut out = Vec::new();
-        for (i, target) in self.targets(layer).enumerate() {
-            let mut routes = vec![
-                Route {
-                    expert: 0,
-                    weight: 0.0
-                };
-                self.top_k
-            ];
-            route_softmax_topk(
-                &logits[i * self.n_experts..(i + 1) * self.n_experts],
-                &mut routes,
-            );
-            self.pending[target][i] = Some(routes.clone());
-            out.push((target, routes));
+        let out = self.routes(layer, logits);
+        self.given(layer, out)
+    }
+
+    /// Predictions made elsewhere (a replayed trace's, made by the traced model's stacked gates)
+    /// for layers after `layer`, remembered for scoring as [`predict`](Self::predict)'s are;
+    /// targets outside [`targets`](Self::targets) are dropped. Returns those kept.
+    pub fn given(
+        &mut self,
+        layer: usize,
+        predicted: Vec<(usize, Vec<Route>)>,
+    ) -> Vec<(usize, Vec<Route>)> {
+        let targets = self.targets(layer);
+        let kept: Vec<(usize, Vec<Route>)> = predicted
+            .into_iter()
+            .filter(|(t, _)| targets.contains(t))
+            .collect();
+        for (target, routes) in &kept {
+            self.pending[*target][target - layer - 1] = Some(routes.clone());
         }
-        out
+        kept
+    }
+
+    /// The prediction at `layer` from its gate input `x` (hidden values), computed on the host
+    /// and not remembered: what `--record-trace` writes beside the routes.
+    pub fn predict_host(&self, layer: usize, x: &[f32]) -> Vec<(usize, Vec<Route>)> {
+        let Some(m) = self.stacked(layer) else {
+            return Vec::new();
+        };
+        let mut logits = vec![0.0f32; m.rows];
+        m.matvec_rows(x, 0..m.rows, &mut logits);
+        self.routes(layer, &logits)
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
     }
 
     /// Score the predictions made for `layer` against the routes it really took (one token),

@@ -14,6 +14,12 @@
 //! the trace's next sequence, and a sequence longer than the trace's runs on into the one after
 //! it, wrapping at the end of the trace. The precision decisions stored in the trace are not
 //! used: the run's own scorer decides from the replayed gate weights and its own T1/T2.
+//!
+//! Predictions: where the trace records the traced model's stacked-gate predictions
+//! (`pred_depth` > 0), a decode layer also gets them ([`ExpertExecutor::replayed_predictions`]),
+//! so `--prefetch` prefetches what that model would have. Model layer `l`'s prediction d layers
+//! ahead is the trace layer's, where layer `l + d` maps to trace layer `l % L + d` (no wrap past
+//! the trace's last layer: none there).
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +36,10 @@ pub struct Replay {
     path: PathBuf,
     layers: usize,
     routes: Vec<Vec<Option<Vec<Route>>>>,
+    /// Like `routes`: the stacked gates' prediction per distance 1, 2, ... (empty: none).
+    preds: Vec<Vec<Vec<Vec<Route>>>>,
+    /// Layers ahead the trace predicts (its header's pred_depth).
+    pred_depth: usize,
     /// First token of every trace sequence.
     starts: Vec<usize>,
 }
@@ -57,6 +67,7 @@ impl Replay {
             )));
         }
         let mut routes: Vec<Vec<Option<Vec<Route>>>> = Vec::new();
+        let mut preds: Vec<Vec<Vec<Vec<Route>>>> = Vec::new();
         let mut starts = Vec::new();
         let mut last: Option<(u64, u64)> = None;
         for r in &trace.records {
@@ -65,7 +76,24 @@ impl Replay {
             }
             if last != Some((r.seq, r.tok)) {
                 routes.push(vec![None; h.layers]);
+                preds.push(vec![Vec::new(); h.layers]);
                 last = Some((r.seq, r.tok));
+            }
+            if let Some(tok) = preds.last_mut() {
+                tok[r.layer] = r
+                    .pred
+                    .iter()
+                    .map(|p| {
+                        let mut v: Vec<Route> = p
+                            .iter()
+                            .map(|&(expert, weight)| Route { expert, weight })
+                            .collect();
+                        v.sort_by(|a, b| {
+                            b.weight.total_cmp(&a.weight).then(a.expert.cmp(&b.expert))
+                        });
+                        v
+                    })
+                    .collect();
             }
             let mut token: Vec<Route> = r
                 .routes
@@ -87,8 +115,28 @@ impl Replay {
             path: path.to_path_buf(),
             layers: h.layers,
             routes,
+            preds,
+            pred_depth: h.pred_depth,
             starts,
         })
+    }
+
+    /// Layers ahead the trace's recorded predictions reach (0: none recorded).
+    pub fn pred_depth(&self) -> usize {
+        self.pred_depth
+    }
+
+    /// The recorded predictions of `token` at model layer `layer` for the layers after it, as
+    /// (model layer, routes), within the model's `n_layers`.
+    fn predicted(&self, token: usize, layer: usize, n_layers: usize) -> Vec<(usize, Vec<Route>)> {
+        let token = token % self.preds.len();
+        let tl = layer % self.layers;
+        self.preds[token][tl]
+            .iter()
+            .enumerate()
+            .map(|(d, r)| (layer + d + 1, r.clone()))
+            .filter(|(target, _)| *target < n_layers)
+            .collect()
     }
 
     /// Tokens in the trace.
@@ -147,6 +195,17 @@ impl<'a, B: Backend> Replayed<'a, B> {
         Ok(())
     }
 
+    /// A decode token's recorded predictions at `layer`, handed to the inner executor.
+    fn predict(&mut self, layer: usize, t: usize) {
+        if t != 1 || self.replay.pred_depth == 0 {
+            return;
+        }
+        let seq = self.seq.unwrap_or(0);
+        let token = self.replay.starts[seq] + self.taken;
+        let p = self.replay.predicted(token, layer, self.last_layer + 1);
+        self.inner.replayed_predictions(layer, p);
+    }
+
     fn done(&mut self, layer: usize, t: usize) {
         if layer == self.last_layer {
             self.taken += t;
@@ -175,6 +234,7 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         out: &mut B::Buf,
     ) -> crate::Result<()> {
         self.replace(layer, t)?;
+        self.predict(layer, t);
         self.inner
             .forward(backend, layer, xs, t, &self.routes, out)?;
         self.done(layer, t);
@@ -192,6 +252,7 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         x: &mut B::Buf,
     ) -> crate::Result<()> {
         self.replace(layer, t)?;
+        self.predict(layer, t);
         self.inner
             .forward_add(backend, layer, xs, t, &self.routes, out, x)?;
         self.done(layer, t);
@@ -267,6 +328,7 @@ mod tests {
             low_bytes: 0,
             t1: 1.0,
             t2: 1.0,
+            pred_depth: 0,
         }
     }
 
@@ -288,6 +350,7 @@ mod tests {
                         tok,
                         layer,
                         routes: vec![r(e, 0.3), r((e + 1) % 8, 0.7)],
+                        pred: Vec::new(),
                     });
                 }
             }

@@ -11,6 +11,12 @@
 //! `[expert, gate weight, "high"|"low"|"skip"]`, exactly `top_k` of them, distinct experts.
 //! Records are in strictly increasing (seq, tok, layer) order; layers a token did not route
 //! (dense layers) are simply absent. Blank lines are ignored.
+//!
+//! Predictions (optional): a header with `"pred_depth":3` says records may carry `"pred"`, what
+//! HOBBIT's stacked gates (the next layers' routers applied to this layer's gate input, softmax,
+//! top-k) predicted for the following layers: `"pred":[[[4,0.8],[1,0.2]],[[0,0.6],[4,0.4]]]`,
+//! one list of `top_k` `[expert, weight]` per distance 1, 2, ... (at most `pred_depth`, never past
+//! the model's last layer). `--replay-trace` with `--prefetch` prefetches from them.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -18,12 +24,17 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::predictor::Predictor;
 use super::Precision;
 use crate::model::ops::Route;
 use crate::Error;
 
 /// The trace format version written in the header's `hob_trace` field.
 pub const TRACE_VERSION: u64 = 1;
+
+/// Layers ahead `--record-trace` records the stacked gates' predictions for (HOBBIT recommends
+/// prefetching 1-3 layers ahead).
+pub const TRACE_PRED_DEPTH: usize = 3;
 
 /// The first line of a trace (its `hob_trace` version field is added on writing).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,6 +53,13 @@ pub struct TraceHeader {
     pub low_bytes: u64,
     pub t1: f32,
     pub t2: f32,
+    /// Layers ahead the records' `pred` lists reach (0: no predictions recorded).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pred_depth: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl TraceHeader {
@@ -90,6 +108,9 @@ pub struct TraceRecord {
     pub tok: u64,
     pub layer: usize,
     pub routes: Vec<TracedRoute>,
+    /// The stacked gates' prediction for layers layer + 1, layer + 2, ...: (expert, weight) x
+    /// top_k per distance (empty: none recorded).
+    pub pred: Vec<Vec<(usize, f32)>>,
 }
 
 impl TraceRecord {
@@ -125,6 +146,8 @@ struct RecordOut<'a> {
     tok: u64,
     layer: usize,
     routes: &'a [(usize, f32, &'static str)],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pred: &'a [Vec<(usize, f32)>],
 }
 
 #[derive(Deserialize)]
@@ -133,6 +156,8 @@ struct RecordIn {
     tok: u64,
     layer: usize,
     routes: Vec<(usize, f32, String)>,
+    #[serde(default)]
+    pred: Vec<Vec<(usize, f32)>>,
 }
 
 impl Trace {
@@ -235,11 +260,43 @@ impl Trace {
                     precision,
                 });
             }
+            if rec.pred.len() > h.pred_depth.min(h.layers - 1 - rec.layer) {
+                return Err(bad(
+                    n,
+                    format!(
+                        "{} predicted layers after layer {}: the header's pred_depth is {} and \
+                         the model has {} layers",
+                        rec.pred.len(),
+                        rec.layer,
+                        h.pred_depth,
+                        h.layers
+                    ),
+                ));
+            }
+            for (d, p) in rec.pred.iter().enumerate() {
+                let what = |m: String| bad(n, format!("prediction {} layer(s) ahead: {m}", d + 1));
+                if p.len() != h.top_k {
+                    return Err(what(format!(
+                        "{} routes, the header's top_k is {}",
+                        p.len(),
+                        h.top_k
+                    )));
+                }
+                for (i, &(e, w)) in p.iter().enumerate() {
+                    if e >= h.experts || p[..i].iter().any(|q| q.0 == e) || !w.is_finite() {
+                        return Err(what(format!(
+                            "[{e}, {w}]: experts must be distinct and < {}, weights finite",
+                            h.experts
+                        )));
+                    }
+                }
+            }
             records.push(TraceRecord {
                 seq: rec.seq,
                 tok: rec.tok,
                 layer: rec.layer,
                 routes,
+                pred: rec.pred,
             });
         }
         let header = header.ok_or_else(|| {
@@ -288,6 +345,13 @@ fn parse_header(line: &str) -> Result<TraceHeader, String> {
     Ok(header)
 }
 
+/// One record's `pred`: (expert, weight) x top_k per distance.
+type Prediction = Vec<Vec<(usize, f32)>>;
+
+/// A batch's layer kept for writing: layer, routes and decisions ([t, top_k]), predictions per
+/// token.
+type BatchLayer = (usize, Vec<Route>, Vec<Precision>, Vec<Prediction>);
+
 /// Writes a trace as the engine runs.
 ///
 /// Token numbering: within a sequence the first record is token 0, and the token index advances
@@ -302,14 +366,30 @@ pub struct TraceWriter {
     tok: u64,
     last_layer: Option<usize>,
     routes: Vec<(usize, f32, &'static str)>,
-    /// A batch's layers so far (layer, routes, decisions; [t, top_k] each), written token-major
-    /// when its last layer arrives.
-    batch: Vec<(usize, Vec<Route>, Vec<Precision>)>,
+    /// A batch's layers so far (layer, routes, decisions; [t, top_k] each; predictions per
+    /// token), written token-major when its last layer arrives.
+    batch: Vec<BatchLayer>,
+    /// The model's stacked gates, when predictions are recorded (`with_predictions`).
+    predictor: Option<Predictor>,
 }
 
 impl TraceWriter {
     /// Create (truncate) `path` and write the header.
     pub fn create(path: impl AsRef<Path>, header: &TraceHeader) -> crate::Result<TraceWriter> {
+        TraceWriter::create_predicting(path, header, None)
+    }
+
+    /// `create`, recording the stacked gates' predictions too where `predictor` is given (its
+    /// depth becomes the header's pred_depth): the recorders then pass each layer's gate input
+    /// to `record_layer`.
+    pub fn create_predicting(
+        path: impl AsRef<Path>,
+        header: &TraceHeader,
+        predictor: Option<Predictor>,
+    ) -> crate::Result<TraceWriter> {
+        let mut header = header.clone();
+        header.pred_depth = predictor.as_ref().map_or(0, Predictor::depth);
+        let header = &header;
         let path = path.as_ref().to_path_buf();
         header
             .check()
@@ -324,6 +404,7 @@ impl TraceWriter {
             last_layer: None,
             routes: Vec::new(),
             batch: Vec::new(),
+            predictor,
         };
         let line = HeaderOut {
             hob_trace: TRACE_VERSION,
@@ -337,6 +418,11 @@ impl TraceWriter {
         let io = |e| Error::io(&self.path, "write", e);
         serde_json::to_writer(&mut self.out, v).map_err(|e| io(e.into()))?;
         self.out.write_all(b"\n").map_err(io)
+    }
+
+    /// Whether `record_layer` wants the layers' gate inputs.
+    pub fn wants_inputs(&self) -> bool {
+        self.predictor.is_some()
     }
 
     /// Start the next sequence (token 0 again).
@@ -355,6 +441,17 @@ impl TraceWriter {
         layer: usize,
         routes: &[Route],
         decisions: &[Precision],
+    ) -> crate::Result<()> {
+        self.record_with(layer, routes, decisions, &[])
+    }
+
+    /// `record` with the stacked gates' prediction for the layers after `layer`.
+    fn record_with(
+        &mut self,
+        layer: usize,
+        routes: &[Route],
+        decisions: &[Precision],
+        pred: &[Vec<(usize, f32)>],
     ) -> crate::Result<()> {
         let h = &self.header;
         let bad = |m: String| Error::Invalid(format!("{}: trace record: {m}", self.path.display()));
@@ -393,6 +490,7 @@ impl TraceWriter {
             tok: self.tok,
             layer,
             routes: &routes,
+            pred,
         });
         self.routes = routes;
         res
@@ -401,26 +499,50 @@ impl TraceWriter {
     /// One layer of a batch of `t` tokens (`routes` and `decisions` are [t, top_k],
     /// token-major). A batch runs layer by layer, but the trace is written token by token: the
     /// layers are kept until the model's last one, then written in (token, layer) order.
+    /// `x`: the layer's gate inputs ([t, hidden]), for the predictions when they are recorded
+    /// (None: this layer's records carry none).
     pub fn record_layer(
         &mut self,
         layer: usize,
         routes: &[Route],
         decisions: &[Precision],
         t: usize,
+        x: Option<&[f32]>,
     ) -> crate::Result<()> {
+        let pred: Vec<Prediction> = match (&self.predictor, x) {
+            (Some(p), Some(x)) => {
+                let hidden = p.hidden();
+                if x.len() < t * hidden {
+                    return Err(Error::Invalid(format!(
+                        "{}: trace record: {} gate input values for {t} tokens of {hidden}",
+                        self.path.display(),
+                        x.len()
+                    )));
+                }
+                (0..t)
+                    .map(|i| {
+                        p.predict_host(layer, &x[i * hidden..(i + 1) * hidden])
+                            .into_iter()
+                            .map(|(_, r)| r.iter().map(|r| (r.expert, r.weight)).collect())
+                            .collect()
+                    })
+                    .collect()
+            }
+            _ => vec![Vec::new(); t],
+        };
         if t <= 1 {
-            return self.record(layer, routes, decisions);
+            return self.record_with(layer, routes, decisions, &pred[0]);
         }
         self.batch
-            .push((layer, routes.to_vec(), decisions.to_vec()));
+            .push((layer, routes.to_vec(), decisions.to_vec(), pred));
         if layer + 1 < self.header.layers {
             return Ok(());
         }
         let batch = std::mem::take(&mut self.batch);
         let k = self.header.top_k;
         for i in 0..t {
-            for (l, r, d) in &batch {
-                self.record(*l, &r[i * k..(i + 1) * k], &d[i * k..(i + 1) * k])?;
+            for (l, r, d, p) in &batch {
+                self.record_with(*l, &r[i * k..(i + 1) * k], &d[i * k..(i + 1) * k], &p[i])?;
             }
         }
         Ok(())
@@ -451,6 +573,7 @@ pub(crate) mod tests {
             low_bytes: 1,
             t1: 0.6,
             t2: 0.9,
+            pred_depth: 0,
         }
     }
 
@@ -590,5 +713,25 @@ pub(crate) mod tests {
         assert!(e.contains("no low variant"), "{e}");
         let e = read_err(&HEAD.replace(r#""top_k":2"#, r#""top_k":5"#));
         assert!(e.contains("top_k 5"), "{e}");
+        // Predictions: only with a pred_depth, never past the last layer, top_k distinct experts.
+        let r0 = r#"{"seq":0,"tok":0,"layer":0,"routes":[[0,0.5,"high"],[1,0.5,"low"]],"pred":"#;
+        let e = read_err(&rec(&format!("{r0}[[[2,0.6],[3,0.4]]]}}")));
+        assert!(e.contains(":2: 1 predicted layers after layer 0"), "{e}");
+        let deep = HEAD.replace(r#""t2":0.9"#, r#""t2":0.9,"pred_depth":3"#);
+        let e = read_err(&format!(
+            "{deep}\n{r0}[[[2,0.6],[3,0.4]],[[2,0.6],[3,0.4]]]}}\n"
+        ));
+        assert!(e.contains("the model has 2 layers"), "{e}");
+        let e = read_err(&format!("{deep}\n{r0}[[[2,0.6],[2,0.4]]]}}\n"));
+        assert!(e.contains("prediction 1 layer(s) ahead: [2, 0.4]"), "{e}");
+        let e = read_err(&format!("{deep}\n{r0}[[[2,1.0]]]}}\n"));
+        assert!(e.contains("1 routes, the header's top_k is 2"), "{e}");
+        let t = Trace::parse(
+            Path::new("t"),
+            format!("{deep}\n{r0}[[[2,0.6],[3,0.4]]]}}\n").as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(t.header.pred_depth, 3);
+        assert_eq!(t.records[0].pred, vec![vec![(2, 0.6), (3, 0.4)]]);
     }
 }

@@ -342,6 +342,12 @@ pub trait ExpertExecutor<B: Backend> {
         backend.add_assign(x, out, t * hidden)
     }
 
+    /// A replayed routing (`--replay-trace`) hands over, before each decode layer's forward,
+    /// what the traced model's stacked gates predicted at that layer for the layers after it:
+    /// (model layer, routes), possibly none. An executor that prefetches uses these instead of
+    /// its own stacked gates (which predict the model's router, not the replayed one).
+    fn replayed_predictions(&mut self, _layer: usize, _predicted: Vec<(usize, Vec<Route>)>) {}
+
     /// Whether this decode token's every layer will take `forward_on_device` (asked once,
     /// before the first layer, so that the backend may record or replay the token's launches;
     /// a replayed token's layers are not called).

@@ -32,6 +32,8 @@ pub struct CpuExperts<'a> {
     /// Stacked-gate prediction, scored only (nothing to prefetch: every expert is in memory).
     predictor: Option<Predictor>,
     pred_logits: Vec<f32>,
+    /// A replayed routing's prediction for the layer about to run (replayed_predictions).
+    replayed_pred: Option<Vec<(usize, Vec<Route>)>>,
 }
 
 impl<'a> CpuExperts<'a> {
@@ -66,6 +68,7 @@ impl<'a> CpuExperts<'a> {
             trace: None,
             predictor: None,
             pred_logits: Vec::new(),
+            replayed_pred: None,
         })
     }
 
@@ -147,6 +150,10 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
         Ok(())
     }
 
+    fn replayed_predictions(&mut self, _layer: usize, predicted: Vec<(usize, Vec<Route>)>) {
+        self.replayed_pred = Some(predicted);
+    }
+
     fn forward(
         &mut self,
         b: &CpuBackend,
@@ -162,7 +169,10 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
             let k = routes.len() / t.max(1);
             for i in 0..t {
                 p.observe(layer, &routes[i * k..(i + 1) * k]);
-                if let Some(m) = p.stacked(layer) {
+                if let Some(given) = self.replayed_pred.take() {
+                    // A replayed routing's recorded prediction (decode: t = 1).
+                    p.given(layer, given);
+                } else if let Some(m) = p.stacked(layer) {
                     self.pred_logits.resize(m.rows, 0.0);
                     m.matvec_rows(&xs[i * h..(i + 1) * h], 0..m.rows, &mut self.pred_logits);
                     let logits = std::mem::take(&mut self.pred_logits);
@@ -176,7 +186,7 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
         self.plan.plan_layer(routes, t, &mut lp);
         self.skipped += lp.skipped as u64;
         if let Some(tw) = self.trace.as_mut() {
-            tw.record_layer(layer, routes, &lp.decisions, t)?;
+            tw.record_layer(layer, routes, &lp.decisions, t, Some(&xs[..t * h]))?;
         }
         out.fill(0.0);
         // Groups in expert order, so each token sums its experts in the same order whatever the

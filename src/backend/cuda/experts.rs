@@ -923,6 +923,9 @@ pub struct CudaExperts<'f> {
     /// computed first (early_layer; off with HOB_HITS_FIRST=0), and how many there were.
     hits_first: bool,
     early_layers: u64,
+    /// A replayed routing's predictions for the layer about to run (replayed_predictions): the
+    /// prefetch takes them instead of the stacked gates' product.
+    replayed_pred: Option<Vec<(usize, Vec<Route>)>>,
     /// Prefill experts of int4 g64 through expert_ffn_q4h (off with HOB_EXPERT_Q4H=0: the
     /// per-matrix products, for A/B runs).
     ffn_q4h: bool,
@@ -1266,13 +1269,17 @@ impl<'f> CudaExperts<'f> {
             slot_layers: 0,
             hits_first: std::env::var("HOB_HITS_FIRST").as_deref() != Ok("0"),
             early_layers: 0,
+            replayed_pred: None,
             ffn_q4h: std::env::var("HOB_EXPERT_Q4H").as_deref() != Ok("0"),
         };
+        // (A trace that records the stacked gates' predictions needs each layer's gate input on
+        // the host: such runs route on the host.)
         me.device_allowed = cfg.device_routing
             && me.plan.is_exact()
             && me.plan.low.is_none()
             && me.cpu.is_none()
-            && high_slots == total;
+            && high_slots == total
+            && !me.trace.as_ref().is_some_and(TraceWriter::wants_inputs);
         if cfg.preload {
             me.preload()?;
         }
@@ -1871,19 +1878,23 @@ impl<'f> CudaExperts<'f> {
             let Some((pred, stacked, logits)) = self.predictor.as_mut() else {
                 return Ok(());
             };
-            let Some(m) = pred.stacked(layer) else {
-                return Ok(());
-            };
-            let s = &self.gpu.stream;
-            // Layer l's stacked routers start at l x (depth x n_experts x hidden x 4) bytes.
-            let region = pred.depth() * self.file.n_experts() * m.cols * 4;
-            let dm = DevMat::new(&m, ptr(stacked, s) + (layer * region) as u64, 0, 0);
-            let lp = ptr(logits, s);
-            let rows = m.rows;
-            b.matmul_dev(&dm, x, 1, lp)?;
-            let mut host = vec![0.0f32; rows];
-            self.gpu.download_f32(lp, &mut host)?;
-            pred.predict(layer, &host)
+            if let Some(given) = self.replayed_pred.take() {
+                pred.given(layer, given)
+            } else {
+                let Some(m) = pred.stacked(layer) else {
+                    return Ok(());
+                };
+                let s = &self.gpu.stream;
+                // Layer l's stacked routers start at l x (depth x n_experts x hidden x 4) bytes.
+                let region = pred.depth() * self.file.n_experts() * m.cols * 4;
+                let dm = DevMat::new(&m, ptr(stacked, s) + (layer * region) as u64, 0, 0);
+                let lp = ptr(logits, s);
+                let rows = m.rows;
+                b.matmul_dev(&dm, x, 1, lp)?;
+                let mut host = vec![0.0f32; rows];
+                self.gpu.download_f32(lp, &mut host)?;
+                pred.predict(layer, &host)
+            }
         };
         let k = predicted.first().map_or(0, |p| p.1.len());
         let mut decisions = vec![Precision::High; k];
@@ -2271,7 +2282,7 @@ impl<'f> CudaExperts<'f> {
             self.cache.set_layer(l);
             self.plan.plan_layer(&routes, 1, &mut lp);
             self.layer_plan = lp;
-            self.record(l, &routes, 1)?;
+            self.record(l, &routes, 1, None)?;
             lp = std::mem::take(&mut self.layer_plan);
             for (r, dec) in routes.iter().zip(&lp.decisions) {
                 self.cache.record_use((l, r.expert), *dec);
@@ -2436,11 +2447,27 @@ impl<'f> CudaExperts<'f> {
     }
 
     /// Record one layer's decisions in the trace file, token by token.
-    fn record(&mut self, layer: usize, routes: &[Route], t: usize) -> crate::Result<()> {
+    /// Write a layer's routing to the trace; `xs`: its gate inputs on the device ([t, hidden]),
+    /// for the stacked gates' predictions where the trace records them.
+    fn record(
+        &mut self,
+        layer: usize,
+        routes: &[Route],
+        t: usize,
+        xs: Option<u64>,
+    ) -> crate::Result<()> {
         let Some(tw) = self.trace.as_mut() else {
             return Ok(());
         };
-        tw.record_layer(layer, routes, &self.layer_plan.decisions, t)
+        let x = match xs {
+            Some(p) if tw.wants_inputs() => {
+                let mut v = vec![0.0f32; t * self.file.expert_dims().0];
+                self.gpu.download_f32(p, &mut v)?;
+                Some(v)
+            }
+            _ => None,
+        };
+        tw.record_layer(layer, routes, &self.layer_plan.decisions, t, x.as_deref())
     }
 }
 
@@ -2515,6 +2542,10 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
         } else {
             OnDevice::Done
         })
+    }
+
+    fn replayed_predictions(&mut self, _layer: usize, predicted: Vec<(usize, Vec<Route>)>) {
+        self.replayed_pred = Some(predicted);
     }
 
     fn decode_on_device(&mut self, _b: &CudaBackend) -> crate::Result<bool> {
@@ -2606,7 +2637,7 @@ impl<'f> CudaExperts<'f> {
         let mut lp = std::mem::take(&mut self.layer_plan);
         self.plan.plan_layer(routes, t, &mut lp);
         self.layer_plan = lp;
-        self.record(layer, routes, t)?;
+        self.record(layer, routes, t, Some(ptr(xs, &self.gpu.stream)))?;
         let lp = std::mem::take(&mut self.layer_plan);
         self.skipped += lp.skipped as u64;
         let k = routes.len() / t.max(1);
@@ -2880,6 +2911,7 @@ impl<'f> CudaExperts<'f> {
         } else {
             self.cpu_mark = None;
         }
+        self.replayed_pred = None;
         Ok(slot_mode.is_some() && residual.is_some())
     }
 }
