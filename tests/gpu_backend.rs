@@ -647,11 +647,12 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
         let st = s.expert_stats();
         println!(
-            "{name}: {} uses, {} misses, {} prefetched ({} used), {} bytes loaded, {} layers with cached experts first",
+            "{name}: {} uses, {} misses, {} prefetched ({} used, {} dropped while loading), {} bytes loaded, {} layers with cached experts first",
             st.uses(),
             st.misses(),
             st.prefetch_issued,
             st.prefetch_used,
+            st.prefetch_cancelled,
             st.bytes_loaded,
             st.early_layers
         );

@@ -480,12 +480,13 @@ pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
         s.behind_chances as f64 / n
     );
     eprintln!(
-        "  bytes loaded {:.1} MB ({:.1} MB from the SSD), streamed by CPU experts {:.1} MB; prefetches {:.2} ({:.0}% used)",
+        "  bytes loaded {:.1} MB ({:.1} MB from the SSD), streamed by CPU experts {:.1} MB; prefetches {:.2} ({:.0}% used, {:.0}% dropped while loading: their layer did not route them)",
         s.bytes_loaded as f64 / n / 1e6,
         s.bytes_from_disk as f64 / n / 1e6,
         s.cpu_bytes as f64 / n / 1e6,
         s.prefetch_issued as f64 / n,
-        100.0 * s.prefetch_used as f64 / s.prefetch_issued.max(1) as f64
+        100.0 * s.prefetch_used as f64 / s.prefetch_issued.max(1) as f64,
+        100.0 * s.prefetch_cancelled as f64 / s.prefetch_issued.max(1) as f64
     );
     let rate = |bytes: u64, secs: f64| {
         if secs > 0.0 {

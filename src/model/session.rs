@@ -39,6 +39,8 @@ pub struct ExpertStats {
     /// Prefetch loads issued, and how many of them were used before eviction.
     pub prefetch_issued: u64,
     pub prefetch_used: u64,
+    /// Prefetches dropped while loading: their layer did not route their expert.
+    pub prefetch_cancelled: u64,
     /// Cooperative mode: experts whose load (a prefetch) had not landed when needed, so the
     /// CPU computed them (counted in `cpu_computed` too).
     pub late_to_cpu: u64,
@@ -130,6 +132,7 @@ impl ExpertStats {
         self.cpu_pass_spread_seconds += s.cpu_pass_spread_seconds;
         self.prefetch_issued += s.prefetch_issued;
         self.prefetch_used += s.prefetch_used;
+        self.prefetch_cancelled += s.prefetch_cancelled;
         self.late_to_cpu += s.late_to_cpu;
         self.loaded_behind += s.loaded_behind;
         self.behind_chances += s.behind_chances;

@@ -18,7 +18,7 @@
 //!   on unified-memory platforms, where the slots themselves are mapped host memory (Jetson).
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -182,6 +182,8 @@ struct Pool {
     parts: Vec<Vec<Ticket<Option<CudaEvent>>>>,
     /// Per slot: filled by a prefetch and not used since.
     prefetched: Vec<bool>,
+    /// Per slot with a prefetch pending: the flag that drops the rest of its load.
+    abort: Vec<Option<Arc<AtomicBool>>>,
     /// Per slot with a pending load: when the engine expects it done (its link model).
     due: Vec<Option<Instant>>,
 }
@@ -273,6 +275,9 @@ struct LoadJob {
     mapped: bool,
     /// Compute that may still read the destination's previous contents.
     after: CudaEvent,
+    /// Set by the engine to drop the rest of a prefetch proven wrong: the job's next chunk
+    /// fails it with [`Error::Cancelled`] instead of running.
+    abort: Option<Arc<AtomicBool>>,
 }
 
 impl LoadJob {
@@ -493,6 +498,13 @@ impl Worker for Loader {
     }
 
     fn run_chunk(&mut self, job: &LoadJob, i: usize) -> crate::Result<()> {
+        if job
+            .abort
+            .as_ref()
+            .is_some_and(|a| a.load(Ordering::Acquire))
+        {
+            return Err(Error::Cancelled("prefetch proven wrong"));
+        }
         if !self.bound {
             self.ctx.bind_to_thread().map_err(cuda_err)?;
             self.bound = true;
@@ -858,6 +870,10 @@ pub struct CudaExperts<'f> {
     cpu_computed: u64,
     prefetch_issued: u64,
     prefetch_used: u64,
+    /// Prefetches dropped while loading because their layer did not route their expert, and
+    /// whether that is done (off with HOB_PREFETCH_CANCEL=0).
+    prefetch_cancelled: u64,
+    cancel_wrong: bool,
     wait: Duration,
     /// Loads the compute stream waits for on the GPU (no CPU experts: the host does not wait):
     /// (an event where the stream reached the wait, the load's last event), timed once both
@@ -1089,6 +1105,7 @@ impl<'f> CudaExperts<'f> {
                 pending: (0..slots).map(|_| None).collect(),
                 parts: (0..slots).map(|_| Vec::new()).collect(),
                 prefetched: vec![false; slots],
+                abort: (0..slots).map(|_| None).collect(),
                 due: vec![None; slots],
             }))
         };
@@ -1232,6 +1249,8 @@ impl<'f> CudaExperts<'f> {
             cpu_computed: 0,
             prefetch_issued: 0,
             prefetch_used: 0,
+            prefetch_cancelled: 0,
+            cancel_wrong: std::env::var("HOB_PREFETCH_CANCEL").as_deref() != Ok("0"),
             wait: Duration::ZERO,
             gpu_waits: Vec::new(),
             cpu_wait: Duration::ZERO,
@@ -1438,12 +1457,14 @@ impl<'f> CudaExperts<'f> {
             .loader
             .as_ref()
             .ok_or_else(|| Error::Invalid("expert loader already shut down".into()))?;
+        let abort = (priority == Priority::Prefetch).then(|| Arc::new(AtomicBool::new(false)));
         let mut tickets = Vec::with_capacity(cuts.len() - 1);
         for w in cuts.windows(2) {
             let job = LoadJob {
                 pieces: vec![Piece::blob(w[0]..w[1], dst + (w[0] - src.start) as u64)],
                 mapped,
                 after: self.gpu.stream.record_event(None).map_err(cuda_err)?,
+                abort: abort.clone(),
             };
             tickets.push(loader.submit(job, priority)?);
         }
@@ -1453,6 +1474,7 @@ impl<'f> CudaExperts<'f> {
         let pool = self.pool_mut(kind);
         pool.parts[s] = tickets;
         pool.pending[s] = Some(ticket);
+        pool.abort[s] = abort;
         pool.prefetched[s] = priority == Priority::Prefetch;
         pool.due[s] = Some(due);
         Ok(())
@@ -1513,6 +1535,41 @@ impl<'f> CudaExperts<'f> {
         }
         self.wait += started.elapsed();
         Ok(())
+    }
+
+    /// A decode layer's routes are known: the prefetches made for it whose expert it does not
+    /// route and whose load has not landed are dropped (their remaining chunks are skipped and
+    /// the slot emptied), so they stop taking the link from the demand loads to come.
+    fn drop_wrong_prefetches(&mut self, layer: usize, routes: &[Route]) {
+        let protected = std::mem::take(&mut self.protected[layer]);
+        let mut kept = Vec::with_capacity(protected.len());
+        for (kind, key) in protected {
+            let slot = self.cache.lookup(kind, key).filter(|&s| {
+                let p = self.pool(kind);
+                !routes.iter().any(|r| r.expert == key.1)
+                    && p.prefetched[s]
+                    && p.abort[s].is_some()
+                    && !self.slot_landed(kind, s)
+            });
+            let Some(s) = slot else {
+                kept.push((kind, key));
+                continue;
+            };
+            let pool = self.pool_mut(kind);
+            if let Some(a) = pool.abort[s].take() {
+                a.store(true, Ordering::Release);
+            }
+            // Nothing will wait for the dropped load: a later load into the slot queues behind
+            // its chunk in flight on the one loader thread (and copy stream).
+            pool.pending[s] = None;
+            pool.parts[s].clear();
+            pool.prefetched[s] = false;
+            pool.due[s] = None;
+            self.cache.unprotect(kind, key);
+            self.cache.remove(kind, key);
+            self.prefetch_cancelled += 1;
+        }
+        self.protected[layer] = kept;
     }
 
     /// Slot `s` of pool `kind` holds its expert already (no load pending, or it has landed).
@@ -2141,6 +2198,7 @@ impl<'f> CudaExperts<'f> {
                         pieces,
                         mapped: false,
                         after,
+                        abort: None,
                     },
                     Priority::Demand,
                 )?;
@@ -2651,6 +2709,9 @@ impl<'f> CudaExperts<'f> {
             } else {
                 p.forget();
             }
+            if decode && self.cancel_wrong {
+                self.drop_wrong_prefetches(layer, routes);
+            }
         }
         // The top-1 expert of a decode token (never substituted).
         let top1 = routes
@@ -3029,6 +3090,7 @@ impl ExpertReport for CudaExperts<'_> {
             cpu_gaps: self.cpu_gaps.map(|d| d.as_secs_f64()),
             prefetch_issued: self.prefetch_issued,
             prefetch_used: self.prefetch_used,
+            prefetch_cancelled: self.prefetch_cancelled,
             late_to_cpu: self.late_to_cpu,
             loaded_behind: self.loaded_behind,
             behind_chances: self.behind_chances,
@@ -3060,6 +3122,7 @@ impl ExpertReport for CudaExperts<'_> {
         self.cpu_computed = 0;
         self.prefetch_issued = 0;
         self.prefetch_used = 0;
+        self.prefetch_cancelled = 0;
         self.late_to_cpu = 0;
         self.loaded_behind = 0;
         self.behind_chances = 0;
