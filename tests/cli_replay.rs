@@ -67,25 +67,23 @@ fn replaying_a_trace_reproduces_its_run_and_a_changed_trace_changes_it() {
 fn traces_that_cannot_route_the_model_are_clear_errors() {
     let (dir, model) = convert_fixture("f16");
     let m = model.to_str().unwrap();
-    let eight = dir.path().join("eight.jsonl");
-    std::fs::write(
-        &eight,
-        "{\"hob_trace\":1,\"model\":\"x\",\"layers\":1,\"experts\":8,\"top_k\":2,\"high\":\"f16\",\
-         \"low\":null,\"high_bytes\":1,\"low_bytes\":0,\"t1\":1,\"t2\":1}\n\
-         {\"seq\":0,\"tok\":0,\"layer\":0,\"routes\":[[1,0.6,\"high\"],[5,0.4,\"high\"]]}\n",
-    )
-    .unwrap();
-    let e = eight.to_str().unwrap();
+    // A one-record trace routing top-2 of `experts` (a, b).
+    let trace = |name: &str, experts: usize, (a, b): (usize, usize)| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "{{\"hob_trace\":1,\"model\":\"x\",\"layers\":1,\"experts\":{experts},\"top_k\":2,\
+                 \"high\":\"f16\",\"low\":null,\"high_bytes\":1,\"low_bytes\":0,\"t1\":1,\"t2\":1}}\n\
+                 {{\"seq\":0,\"tok\":0,\"layer\":0,\"routes\":[[{a},0.6,\"high\"],[{b},0.4,\"high\"]]}}\n"
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let e = &trace("eight.jsonl", 8, (1, 5));
     // The model's shape, but no predictions recorded (as an older hob wrote traces).
-    let four = dir.path().join("four.jsonl");
-    std::fs::write(
-        &four,
-        "{\"hob_trace\":1,\"model\":\"x\",\"layers\":1,\"experts\":4,\"top_k\":2,\"high\":\"f16\",\
-         \"low\":null,\"high_bytes\":1,\"low_bytes\":0,\"t1\":1,\"t2\":1}\n\
-         {\"seq\":0,\"tok\":0,\"layer\":0,\"routes\":[[1,0.6,\"high\"],[3,0.4,\"high\"]]}\n",
-    )
-    .unwrap();
-    let f = four.to_str().unwrap();
+    let f = &trace("four.jsonl", 4, (1, 3));
     let cases: [(Vec<&str>, &str); 3] = [
         (
             vec!["run", "-m", m, "-p", "hi", "-n", "2", "--replay-trace", e],
