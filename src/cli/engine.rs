@@ -74,6 +74,10 @@ pub struct ModelArgs {
     /// measured, a wrong prediction costs a whole load on a link-bound card; see the README).
     #[arg(long = "prefetch", default_value_t = 0)]
     pub prefetch: usize,
+    /// Prefetch only predicted experts whose predicted gate weight (after top-k) is at least
+    /// this (0, the default: every predicted expert, as HOBBIT does).
+    #[arg(long = "prefetch-min-weight", default_value_t = 0.0, value_name = "W")]
+    pub prefetch_min_weight: f32,
     /// Let CPU threads compute missed experts from host memory when that beats loading them
     /// (cooperative mode; -t sets the threads).
     #[arg(long = "cpu-experts")]
@@ -297,6 +301,12 @@ impl ModelArgs {
         // Checked whatever the device, so a typo never passes silently on the CPU.
         let policy = Policy::parse(&self.cache_policy, self.cache_weights.as_deref())?;
         let split = Split::parse(&self.split_experts)?;
+        if !(0.0..=1.0).contains(&self.prefetch_min_weight) {
+            return Err(Error::Invalid(format!(
+                "--prefetch-min-weight {}: give a gate weight between 0 and 1",
+                self.prefetch_min_weight
+            )));
+        }
         if !(0.0..=1.0).contains(&self.low_share) {
             return Err(Error::Invalid(format!(
                 "--low-share {}: give a share of the expert cache between 0 and 1",
@@ -376,6 +386,7 @@ impl ModelArgs {
                     substitute_low: !self.no_substitute,
                     upgrade_low: true,
                     prefetch: self.prefetch,
+                    prefetch_min_weight: self.prefetch_min_weight,
                     cpu_experts: self.cpu_experts.then_some(self.threads),
                     load_behind: !self.no_load_behind,
                     tier: if self.ssd || (unified && !self.no_ssd) {

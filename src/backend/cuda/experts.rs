@@ -70,6 +70,8 @@ pub struct CacheConfig {
     pub upgrade_low: bool,
     /// Layers predicted ahead for prefetching (0: off).
     pub prefetch: usize,
+    /// Only predicted experts with at least this predicted gate weight are prefetched (0: all).
+    pub prefetch_min_weight: f32,
     /// CPU threads computing missed experts (cooperative mode); None: off.
     pub cpu_experts: Option<usize>,
     /// Cooperative mode: a miss the CPU computes is also loaded into the cache, at prefetch
@@ -143,6 +145,7 @@ impl CacheConfig {
             substitute_low: false,
             upgrade_low: true,
             prefetch: 0,
+            prefetch_min_weight: 0.0,
             cpu_experts: None,
             load_behind: true,
             tier: Tier::Memory,
@@ -874,6 +877,8 @@ pub struct CudaExperts<'f> {
     /// whether that is done (off with HOB_PREFETCH_CANCEL=0).
     prefetch_cancelled: u64,
     cancel_wrong: bool,
+    /// CacheConfig::prefetch_min_weight.
+    prefetch_min_weight: f32,
     wait: Duration,
     /// Loads the compute stream waits for on the GPU (no CPU experts: the host does not wait):
     /// (an event where the stream reached the wait, the load's last event), timed once both
@@ -1250,6 +1255,7 @@ impl<'f> CudaExperts<'f> {
             prefetch_issued: 0,
             prefetch_used: 0,
             prefetch_cancelled: 0,
+            prefetch_min_weight: cfg.prefetch_min_weight,
             cancel_wrong: std::env::var("HOB_PREFETCH_CANCEL").as_deref() != Ok("0"),
             wait: Duration::ZERO,
             gpu_waits: Vec::new(),
@@ -1966,7 +1972,7 @@ impl<'f> CudaExperts<'f> {
             let wanted: Vec<(PoolKind, (usize, usize))> = routes
                 .iter()
                 .zip(&decisions)
-                .filter(|(_, d)| **d != Precision::Skip)
+                .filter(|(r, d)| **d != Precision::Skip && r.weight >= self.prefetch_min_weight)
                 .map(|(r, d)| (self.kind_of(*d), (target, r.expert)))
                 .collect();
             let mut missing = Vec::new();
@@ -3021,6 +3027,9 @@ impl ExpertReport for CudaExperts<'_> {
         );
         if let Some((p, _, _)) = &self.predictor {
             s += &format!(", prefetch {} layers", p.depth());
+            if self.prefetch_min_weight > 0.0 {
+                s += &format!(" (predicted weight >= {})", self.prefetch_min_weight);
+            }
         }
         if self.device_allowed {
             s += ", decode routed on the device";
