@@ -84,7 +84,11 @@ fn traces_that_cannot_route_the_model_are_clear_errors() {
     let e = &trace("eight.jsonl", 8, (1, 5));
     // The model's shape, but no predictions recorded (as an older hob wrote traces).
     let f = &trace("four.jsonl", 4, (1, 3));
-    let cases: [(Vec<&str>, &str); 3] = [
+    let cases: [(Vec<&str>, &str); 4] = [
+        (
+            vec!["run", "-m", m, "-p", "hi", "--prefetch-min-weight", "2"],
+            "--prefetch-min-weight 2: give a gate weight between 0 and 1",
+        ),
         (
             vec!["run", "-m", m, "-p", "hi", "-n", "2", "--replay-trace", e],
             "the trace routes top-2 of 8 experts, the model top-2 of 4",
