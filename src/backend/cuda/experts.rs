@@ -1631,19 +1631,41 @@ impl<'f> CudaExperts<'f> {
     fn expert_ffn(
         &self,
         b: &CudaBackend,
+        mats: &[DevMat; 3],
+        input: u64,
+        (n, row): (usize, usize),
+        ffn: usize,
+    ) -> crate::Result<u64> {
+        for step in 0..2 {
+            self.ffn_step(b, mats, input, (n, row), ffn, step)?;
+        }
+        self.ffn_step(b, mats, input, (n, row), ffn, 2)
+    }
+
+    /// Step `step` of [`expert_ffn`](Self::expert_ffn): 0 the gate product, 1 the up product and
+    /// SwiGLU, 2 the down product (returning the output's address). Each step reads only its
+    /// own matrix, so a caller may run it as soon as that matrix has landed.
+    fn ffn_step(
+        &self,
+        b: &CudaBackend,
         [wg, wu, wd]: &[DevMat; 3],
         input: u64,
         (n, row): (usize, usize),
         ffn: usize,
+        step: usize,
     ) -> crate::Result<u64> {
         let s = &self.gpu.stream;
         let (hidden, _) = self.file.expert_dims();
         let (gp, up) = (ptr(&self.gate, s), ptr(&self.up, s));
         let dp = ptr(&self.down, s) + (row * hidden * 4) as u64;
-        b.matmul_dev(wg, input, n, gp)?;
-        b.matmul_dev(wu, input, n, up)?;
-        self.gpu.swiglu(gp, up, n * ffn)?;
-        b.matmul_dev(wd, gp, n, dp)?;
+        match step {
+            0 => b.matmul_dev(wg, input, n, gp)?,
+            1 => {
+                b.matmul_dev(wu, input, n, up)?;
+                self.gpu.swiglu(gp, up, n * ffn)?;
+            }
+            _ => b.matmul_dev(wd, gp, n, dp)?,
+        }
         Ok(dp)
     }
 
@@ -2404,7 +2426,6 @@ impl<'f> CudaExperts<'f> {
     /// after its load (in the order they were queued); each expert's output keeps its own row
     /// of the down buffer, and `out` += their weighted sum in group order afterwards, as
     /// run_slot adds them, so the result is the same to the bit.
-    #[allow(clippy::too_many_arguments)]
     fn early_layer(
         &mut self,
         b: &CudaBackend,
@@ -2429,23 +2450,19 @@ impl<'f> CudaExperts<'f> {
         let mut outs = vec![0u64; groups.len()];
         for &(i, kind, s) in ready.iter().chain(&loading) {
             let mats = self.mats(kind, s);
-            if self.pool(kind).parts[s].len() == 2 {
-                // Loading matrix by matrix (mapped mode): each product once its matrix is whole,
-                // the arithmetic of expert_ffn.
-                let st = &self.gpu.stream;
-                let (gp, up) = (ptr(&self.gate, st), ptr(&self.up, st));
-                let dp = ptr(&self.down, st) + (i * h * 4) as u64;
-                self.ready_part(kind, s)?;
-                b.matmul_dev(&mats[0], xp, 1, gp)?;
-                self.ready_part(kind, s)?;
-                b.matmul_dev(&mats[1], xp, 1, up)?;
-                self.gpu.swiglu(gp, up, f)?;
+            // Loading matrix by matrix (mapped mode: two parts before the last), each product
+            // once its matrix is whole; else once the whole load has landed.
+            let staged = self.pool(kind).parts[s].len() == 2;
+            if !staged {
                 self.take_slot(kind, s)?;
-                b.matmul_dev(&mats[2], gp, 1, dp)?;
-                outs[i] = dp;
-            } else {
-                self.take_slot(kind, s)?;
-                outs[i] = self.expert_ffn(b, &mats, xp, (1, i), f)?;
+            }
+            for step in 0..3 {
+                if staged && step < 2 {
+                    self.ready_part(kind, s)?;
+                } else if staged {
+                    self.take_slot(kind, s)?;
+                }
+                outs[i] = self.ffn_step(b, &mats, xp, (1, i), f, step)?;
             }
             self.cache.unprotect(kind, (layer, groups[i].expert));
         }
