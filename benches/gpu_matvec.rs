@@ -130,7 +130,7 @@ fn main() {
     let copy = copy_bandwidth(gpu);
     if explore_only {
         let failed = explore_candidates(gpu, &bench, &cpu, copy);
-        println!("explore: {failed} candidate result(s) outside NMSE 1e-10");
+        println!("explore: {failed} candidate result(s) outside their NMSE bounds");
         return;
     }
     println!(
@@ -517,7 +517,7 @@ impl BenchKernels {
                 ]
                 .iter()
                 .map(|&(n, kind)| {
-                    let q = QKernel::new(&gpu.ctx, f(n), kind, QFamily::Mma).expect("kernel");
+                    let q = QKernel::new(&gpu.ctx, f(n), kind, QFamily::Mma, 0).expect("kernel");
                     (n.to_string(), q, false)
                 })
                 .collect()
@@ -840,7 +840,17 @@ fn name_kind(name: &str) -> i32 {
 /// doing nothing, and a kernel that only reads as many bytes as each matrix has.
 fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f64) -> usize {
     let mut failed = 0;
+    // GPU_MATVEC_KINDS=int2 and GPU_MATVEC_EXPLORE=dp4a,scalar: only those kinds and candidates.
+    let kinds = std::env::var("GPU_MATVEC_KINDS").ok();
+    let only = std::env::var("GPU_MATVEC_EXPLORE").ok();
+    let wanted = |list: &Option<String>, name: &str| {
+        list.as_deref()
+            .is_none_or(|o| o.split(',').any(|k| k == name))
+    };
     for kind in ["int8", "int4", "int2"] {
+        if !wanted(&kinds, kind) {
+            continue;
+        }
         let code = name_kind(kind);
         for (rows, cols) in SHAPES {
             let t = TestMat::new(gpu, kind, rows, cols, false, ROTATE_BYTES);
@@ -851,17 +861,25 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
             let (xp, yp) = (cuda::ptr(&xd, &gpu.stream), cuda::ptr(&y, &gpu.stream));
             let n = t.mats[0].row_bytes as usize / 16;
             let i = (code - 3) as usize;
-            let mut cands: Vec<(String, &QKernel, bool)> =
-                vec![("scalar".into(), &gpu.kernels.matvec_q[i], true)];
+            // (name, kernel, the NMSE bound its results are checked against)
+            let mut cands: Vec<(String, &QKernel, f64)> = vec![
+                ("scalar".into(), &gpu.kernels.matvec_q[i], 1e-10),
+                (
+                    "dp4a".into(),
+                    &gpu.kernels.matvec_qd[i],
+                    gpu.kernels.matvec_qd[i].shape.nmse_bound(),
+                ),
+            ];
             if let Some(q) = &gpu.kernels.matvec_qm {
-                cands.push(("mma".into(), &q[i], true));
+                cands.push(("mma".into(), &q[i], 1e-10));
             }
             for (name, q, staged) in &bench.qm {
                 if q.shape.kind == code {
-                    cands.push((name.clone(), q, *staged));
+                    cands.push((name.clone(), q, if *staged { 1e-10 } else { f64::INFINITY }));
                 }
             }
-            for (cname, q, checked) in cands {
+            cands.retain(|(name, _, _)| wanted(&only, name));
+            for (cname, q, bound) in cands {
                 let f = &q.f;
                 let mut best = (f64::MAX, String::new());
                 let max_threads = f.max_threads_per_block().unwrap_or(1024) as u32;
@@ -894,8 +912,15 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
                         });
                         launch(gpu, f, c, &t.mats[0], xp, yp, qa);
                         let e = nmse(&download(gpu, &y, rows), &want);
-                        if checked && e > 1e-10 {
+                        if e > bound {
                             failed += 1;
+                        }
+                        if std::env::var_os("GPU_MATVEC_EXPLORE_ALL").is_some() {
+                            println!(
+                                "  {kind} {rows}x{cols} {cname} warps {warps} split {split} grid {grid} ({per_sm}/SM): {:.2} µs {:.1}%",
+                                s * 1e6,
+                                100.0 * t.bytes as f64 / s / copy
+                            );
                         }
                         if s < best.0 {
                             best = (
@@ -916,10 +941,13 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
                 );
             }
             let auto = gpu.q_plan(&t.mats[0]);
+            let prod = &gpu.q_kernels(&t.mats[0]).0.shape;
             println!(
                 "production {kind} {rows}x{cols}: {} kernel, {auto:?}",
-                if gpu.q_kernels(&t.mats[0]).0.shape.mma() {
+                if prod.mma() {
                     "mma"
+                } else if prod.dp_parts > 0 {
+                    "dp4a"
                 } else {
                     "scalar"
                 }

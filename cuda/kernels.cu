@@ -1108,6 +1108,41 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 #endif
 
+// 16 bytes of shared memory from the first `bytes` (0..16, even) at gmem, the rest zero: an
+// asynchronous copy (cp.async, committed and waited for by the caller) from sm_80 on, a plain
+// one before (its cp_async_* calls are then no-ops). gmem is 16-byte aligned (read only where
+// bytes > 0).
+__device__ __forceinline__ void cp_async16z(void* smem, const void* gmem, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
+#else
+    union {
+        uint4 v;
+        unsigned short h[8];
+    } u;
+    u.v = make_uint4(0, 0, 0, 0);
+    if (bytes == 16) {
+        u.v = *reinterpret_cast<const uint4*>(gmem);
+    } else {
+        for (int i = 0; i < bytes / 2; i++) u.h[i] = reinterpret_cast<const unsigned short*>(gmem)[i];
+    }
+    *reinterpret_cast<uint4*>(smem) = u.v;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 // moe_route_norm_body for a router of f32 rows with one 16-byte chunk of each row a thread
 // (cols == 4 * blockDim.x: Mixtral's 4096 with 1024 threads) and up to ROUTE_REG_ROWS rows: each
 // thread loads its chunk of every row into registers before the wait (the router is a weight),
@@ -1515,6 +1550,19 @@ __device__ __forceinline__ constexpr int qd_sa() {
 #else
 #define QD_AHEAD_OF(KIND) ((int)QDTraits<KIND>::AHEAD)
 #endif
+// The shared-memory ring's steps per kind (matvec_q_body RING; 0: AHEAD steps in registers). Rust
+// passes them (HOB_QD_RING) and reserves the ring's shared memory (QShape::ring).
+#ifndef QD_RING_INT8
+#define QD_RING_INT8 0
+#endif
+#ifndef QD_RING_INT4
+#define QD_RING_INT4 0
+#endif
+#ifndef QD_RING_INT2
+#define QD_RING_INT2 0
+#endif
+#define QD_RING_OF(KIND) \
+    ((KIND) == KIND_INT8 ? QD_RING_INT8 : (KIND) == KIND_INT4 ? QD_RING_INT4 : QD_RING_INT2)
 
 // Set s of code word w: one code per byte (int8: the word, its bytes signed).
 template <int KIND>
@@ -1594,7 +1642,7 @@ __device__ __forceinline__ constexpr float qd_unit() {
 
 // Stage columns [0, tn * CC) of xt (or SwiGLU(xt, ut)) for the DP kernels: the byte planes at xq
 // (qd_at) and, per chunk, (2^e, the chunk's f32 sum of x) at xsx. Block-wide; ends with a barrier.
-template <int KIND>
+template <int KIND, int QU = 1>
 __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ ut, int tn,
                         u32* __restrict__ xq, float2* __restrict__ xsx) {
     constexpr int EPW = QTraits<KIND>::EPW, S = QDTraits<KIND>::S, PP = qd_parts<KIND>(), XB = 8 * PP;
@@ -1602,65 +1650,80 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
     const float4* x4 = reinterpret_cast<const float4*>(xt);
     const float4* u4 = reinterpret_cast<const float4*>(ut);
     const int nw = tn * 4;  // code words (a thread each), four per chunk in adjacent lanes
+    // QU words a thread per pass, their loads issued together: a pass's L2 round trip is most of
+    // its time (Mixtral's 14336-column down x, 512 threads, QU 2: one pass instead of two for
+    // int2, 2 instead of 4 for int4). The words of a chunk stay in adjacent lanes: the same sums
+    // and bits. The ring form takes 2 (no loads held in registers meanwhile); the register form 1
+    // (2 took int4 to 154 registers).
     __syncthreads();  // earlier readers of the shared arrays are done
-    for (int m0 = 0; m0 < nw; m0 += blockDim.x) {
-        const int m = m0 + threadIdx.x;
-        const bool in = m < nw;
-        float v[EPW];
+    for (int m00 = 0; m00 < nw; m00 += QU * blockDim.x) {
+        float vv[QU][EPW];
 #pragma unroll
-        for (int q = 0; q < EPW / 4; q++) {
-            const float4 t = in ? xin(x4, u4, m * (EPW / 4) + q) : make_float4(0.f, 0.f, 0.f, 0.f);
-            v[4 * q] = t.x;
-            v[4 * q + 1] = t.y;
-            v[4 * q + 2] = t.z;
-            v[4 * q + 3] = t.w;
-        }
-        // The largest |x| by its bits (NaN above infinity above every finite value), and the sum.
-        u32 mb = 0;
-        float sum = 0.f;
+        for (int u = 0; u < QU; u++) {
+            const int m = m00 + u * blockDim.x + threadIdx.x;
+            const bool in = m < nw;
 #pragma unroll
-        for (int j = 0; j < EPW; j++) {
-            mb = max(mb, __float_as_uint(v[j]) & 0x7fffffffu);
-            sum += v[j];
-        }
-        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a + b == b + a: every lane of the chunk
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // ends with the same sum
-        const int E = (int)(mb >> 23);
-        const bool bad = E == 255;
-        // |x| < 2^(E - 126): x * 2^(XB + 125 - E) < 2^(XB - 1). E >= XB - 2 keeps that factor a
-        // normal float (smaller chunks, below 2^-100, keep fewer bits).
-        const int ep = max(E, XB - 2);
-        const float mul = __uint_as_float((u32)(XB + 252 - ep) << 23);
-        const float xs = bad ? __uint_as_float(0x7fc00000u) : ldexp2(1.0f, ep - 125 - XB);
-        if (in) {
-            int q[EPW];
-#pragma unroll
-            for (int j = 0; j < EPW; j++)
-                q[j] = bad ? 0 : min(max(__float2int_rn(v[j] * mul), -QMAX), QMAX);
-            const int c = m >> 2, wd = m & 3;
-#pragma unroll
-            for (int p = 0; p < PP; p++) {
-                const int sh = 8 * (PP - 1 - p);
-                u32 o[S];
-#pragma unroll
-                for (int s = 0; s < S; s++) {
-                    u32 b = 0;
-#pragma unroll
-                    for (int by = 0; by < 4; by++) b |= ((u32)(q[by * S + s] >> sh) & 0xffu) << (8 * by);
-                    o[s] = b;
-                }
-                u32* dst = xq + qd_at<KIND>(c, p, wd);
-                if (S == 4) {
-                    *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1 % S], o[2 % S], o[3 % S]);
-                } else if (S == 2) {
-                    *reinterpret_cast<uint2*>(dst) = make_uint2(o[0], o[1 % S]);
-                } else {
-                    dst[0] = o[0];
-                }
+            for (int q = 0; q < EPW / 4; q++) {
+                const float4 t = in ? xin(x4, u4, m * (EPW / 4) + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+                vv[u][4 * q] = t.x;
+                vv[u][4 * q + 1] = t.y;
+                vv[u][4 * q + 2] = t.z;
+                vv[u][4 * q + 3] = t.w;
             }
-            if (wd == 0) xsx[c] = make_float2(xs, sum);
+        }
+#pragma unroll
+        for (int u = 0; u < QU; u++) {
+            if (m00 + u * blockDim.x >= nw) break;  // (uniform across the block)
+            const int m = m00 + u * blockDim.x + threadIdx.x;
+            const bool in = m < nw;
+            const float* v = vv[u];
+            // The largest |x| by its bits (NaN above infinity above every finite value), and the sum.
+            u32 mb = 0;
+            float sum = 0.f;
+    #pragma unroll
+            for (int j = 0; j < EPW; j++) {
+                mb = max(mb, __float_as_uint(v[j]) & 0x7fffffffu);
+                sum += v[j];
+            }
+            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a + b == b + a: every lane of the chunk
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // ends with the same sum
+            const int E = (int)(mb >> 23);
+            const bool bad = E == 255;
+            // |x| < 2^(E - 126): x * 2^(XB + 125 - E) < 2^(XB - 1). E >= XB - 2 keeps that factor a
+            // normal float (smaller chunks, below 2^-100, keep fewer bits).
+            const int ep = max(E, XB - 2);
+            const float mul = __uint_as_float((u32)(XB + 252 - ep) << 23);
+            const float xs = bad ? __uint_as_float(0x7fc00000u) : ldexp2(1.0f, ep - 125 - XB);
+            if (in) {
+                int q[EPW];
+    #pragma unroll
+                for (int j = 0; j < EPW; j++)
+                    q[j] = bad ? 0 : min(max(__float2int_rn(v[j] * mul), -QMAX), QMAX);
+                const int c = m >> 2, wd = m & 3;
+    #pragma unroll
+                for (int p = 0; p < PP; p++) {
+                    const int sh = 8 * (PP - 1 - p);
+                    u32 o[S];
+    #pragma unroll
+                    for (int s = 0; s < S; s++) {
+                        u32 b = 0;
+    #pragma unroll
+                        for (int by = 0; by < 4; by++) b |= ((u32)(q[by * S + s] >> sh) & 0xffu) << (8 * by);
+                        o[s] = b;
+                    }
+                    u32* dst = xq + qd_at<KIND>(c, p, wd);
+                    if (S == 4) {
+                        *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1 % S], o[2 % S], o[3 % S]);
+                    } else if (S == 2) {
+                        *reinterpret_cast<uint2*>(dst) = make_uint2(o[0], o[1 % S]);
+                    } else {
+                        dst[0] = o[0];
+                    }
+                }
+                if (wd == 0) xsx[c] = make_float2(xs, sum);
+            }
         }
     }
     __syncthreads();
@@ -1726,12 +1789,18 @@ struct QBuf {
 // the split already needs: no barrier the plain kernel does not have. Each row's sum is the plain
 // kernel's (same split, same order; qreduce's sums do not depend on the slot), and SwiGLU rounds
 // as the swiglu kernel does: the same bits as the two products and the swiglu launch.
-template <int KIND, int R, bool DP = false, int AHEAD = 1, bool GU = false>
+//
+// RING > 0 (DP only): the codes, scales and mins of the next RING - 1 steps stream into a ring in
+// shared memory by cp.async (no registers held for loads in flight) instead of AHEAD steps of
+// registers; the same sums. Layouts where each group is 1, 2 or 4 chunks, a row's groups a
+// multiple of 8 and scales and mins 16-byte aligned (Gpu::ring_ok); q_smem reserves the ring.
+template <int KIND, int R, bool DP = false, int AHEAD = 1, bool GU = false, int RING = 0>
 __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restrict__ x,
                                               const float* __restrict__ u,
                                               float* __restrict__ y, int split, int tchunks,
                                               const Mat wu = Mat()) {
     static_assert(!GU || DP, "the gate-up form is a dp4a kernel");
+    static_assert(RING == 0 || (DP && RING >= 2), "the ring is a dp4a form of 2 or more steps");
     pdl_trigger();
     constexpr int CC = QTraits<KIND>::CC, P = QTraits<KIND>::P, Q = CC / 4,
                   EPW = QTraits<KIND>::EPW;
@@ -1752,6 +1821,12 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     float2* xsx = reinterpret_cast<float2*>(qsm + tpad * qd_parts<KIND>() * QDTraits<KIND>::S);
     float* red = DP ? reinterpret_cast<float*>(xsx + tpad) : sxp + tpad * P;  // [2][warps][R]
     int* wsm = reinterpret_cast<int*>(red + 2 * warps * R);  // [2][warps]
+    // RING: this warp's RING steps of RSB bytes after wsm (16-byte aligned): codes [R][32 lanes]
+    // of 16 bytes, then per row 64 bytes of scales and 64 of mins (the step's 32 chunks' groups).
+    constexpr int RSB = R * 512 + R * 128;
+    u8* const ring =
+        reinterpret_cast<u8*>((reinterpret_cast<size_t>(wsm + 2 * warps) + 15) & ~(size_t)15) +
+        (size_t)warp * RING * RSB;
     const int gpr = w.cols / w.group;
     const bool fast = DP || KIND == KIND_INT8 || w.group % CC == 0;
     const int cpg = w.group / CC;
@@ -1766,7 +1841,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         const uint4* lrow[R];
         int lsrow[R];
         int ltile = -1;
-        auto load = [&](QBuf<R>& b, int t, int k) {
+        auto set_tile = [&](int t) {
             if (t != ltile) {
                 ltile = t;
 #pragma unroll
@@ -1777,6 +1852,9 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                     lsrow[i] = r * gpr;
                 }
             }
+        };
+        auto load = [&](QBuf<R>& b, int t, int k) {
+            set_tile(t);
             const int c = c0 + k * step;
             const bool in = c < tn;
             const int cg = ct0 + c;
@@ -1793,12 +1871,68 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 b.sm[i] = sm;
             }
         };
+        // RING: step (t, k)'s codes, scales and mins into ring slot `slot` as one committed group
+        // (an empty group past the last tile, so that every step commits one). Lane l copies its
+        // chunk of each row; the step's scales and mins (32 / cpg groups a row, 4 / cpg pieces of
+        // 16 bytes per array) go one piece a lane; bytes past the column tile are zero-filled.
+        auto issue = [&](int slot, int t, int k) {
+            if (RING > 0 && t < ntiles) {
+                set_tile(t);
+                u8* st = ring + slot * RSB;
+                const int c = c0 + k * step;
+                const bool in = c < tn;
+#pragma unroll
+                for (int i = 0; i < R; i++)
+                    cp_async16z(st + (i * 32 + lane) * 16, in ? lrow[i] + c : lrow[i], in ? 16 : 0);
+                const int ppr = 4 >> cpg_shift, arrays = KIND == KIND_INT8 ? 1 : 2;
+                if (lane < R * ppr * arrays) {
+                    const int i = lane / (ppr * arrays), rem = lane - i * (ppr * arrays);
+                    const int a = rem / ppr, pc = rem - a * ppr;
+                    const bool up = GU && i >= RM;
+                    const int r = min(t * tile_rows + g * RM + i % RM, w.rows - 1);
+                    const int cb = s * 32 + k * step;  // the warp's first chunk of the step
+                    const int vg = min(max((tn - cb + cpg - 1) >> cpg_shift, 0), 32 >> cpg_shift);
+                    const int bytes = min(max(vg * 2 - 16 * pc, 0), 16);
+                    const unsigned short* base =
+                        a == 0 ? (up ? wu.scales : w.scales) : (up ? wu.mins : w.mins);
+                    const unsigned short* src = base + (size_t)r * gpr + ((ct0 + cb) >> cpg_shift) + 8 * pc;
+                    cp_async16z(st + R * 512 + (i * 2 + a) * 64 + pc * 16, bytes > 0 ? src : base, bytes);
+                }
+            }
+            cp_async_commit();
+        };
+        // RING: slot `slot`'s step as a QBuf (after its group completed and the warp synced).
+        auto fetch = [&](QBuf<R>& b, int slot) {
+            const u8* st = ring + slot * RSB;
+            const int gl = lane >> cpg_shift;
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                b.v[i] = *reinterpret_cast<const uint4*>(st + (i * 32 + lane) * 16);
+                const unsigned short* sp = reinterpret_cast<const unsigned short*>(st + R * 512 + i * 128);
+                u32 sm = sp[gl];
+                if (KIND != KIND_INT8) sm |= (u32)sp[32 + gl] << 16;
+                b.sm[i] = sm;
+            }
+        };
         // A ring of AHEAD + 1 buffers: step (t, k) computes from one while the next AHEAD steps
         // load into the others ((lt, lk): the last step loaded).
         QBuf<R> b0, b1, b2;
         int t = blockIdx.x, k = 0, lt = t, lk = 0;
-        load(b0, t, k);
-        if (AHEAD == 2) {
+        if (RING > 0) {
+            // Steps 0 .. RING - 2 into slots 0 .. RING - 2.
+            issue(0, t, k);
+#pragma unroll
+            for (int j = 1; j < RING - 1; j++) {
+                int nt, nk;
+                next_step(lt, lk, ksteps, nt, nk);
+                lt = nt;
+                lk = nk;
+                issue(j, lt, lk);
+            }
+        } else {
+            load(b0, t, k);
+        }
+        if (RING == 0 && AHEAD == 2) {
             int nt, nk;
             next_step(lt, lk, ksteps, nt, nk);
             lt = nt;
@@ -1815,7 +1949,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         const float* ut = u ? u + (size_t)ct0 * CC : nullptr;
         float kscale = 1.f;
         if (DP) {
-            qdstage<KIND>(xt, ut, tn, xq, xsx);
+            qdstage<KIND, (RING > 0 ? 2 : 1)>(xt, ut, tn, xq, xsx);
         } else {
             kscale = qstage<KIND>(xt, ut, tn, xs4, sxp, wsm);
         }
@@ -1828,14 +1962,9 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         float racc[R];
 #pragma unroll
         for (int i = 0; i < R; i++) racc[i] = 0.f;
-        // One step: load the step after (lt, lk) into `fill`, compute (t, k) from `cur`, move on;
-        // false when no step is left.
-        auto run = [&](const QBuf<R>& cur, QBuf<R>& fill) -> bool {
+        // Compute step (t, k) from `cur` and move on; false when no step is left.
+        auto compute = [&](const QBuf<R>& cur) -> bool {
             int nk, nt;
-            next_step(lt, lk, ksteps, nt, nk);
-            lt = nt;
-            lk = nk;
-            if (lt < ntiles) load(fill, lt, lk);
             next_step(t, k, ksteps, nt, nk);
             const int c = c0 + k * step;
             if (DP && c < tn) {
@@ -1991,7 +2120,37 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
             k = nk;
             return t < ntiles;
         };
-        if (AHEAD == 2) {
+        // One step: load the step after (lt, lk) into `fill`, compute (t, k) from `cur`.
+        auto run = [&](const QBuf<R>& cur, QBuf<R>& fill) -> bool {
+            int nk, nt;
+            next_step(lt, lk, ksteps, nt, nk);
+            lt = nt;
+            lk = nk;
+            if (lt < ntiles) load(fill, lt, lk);
+            return compute(cur);
+        };
+        if (RING > 0) {
+            // Step j: issue step j + RING - 1 into the slot step j - 1 used, wait for step j's
+            // group (RING - 1 may stay pending), compute from its slot. The warp syncs make the
+            // other lanes' copies (scales) visible, and keep a slot until every lane read it.
+            int slot = 0;
+            bool more = true;
+            while (more) {
+                int nk, nt;
+                next_step(lt, lk, ksteps, nt, nk);
+                lt = nt;
+                lk = nk;
+                issue(slot == 0 ? RING - 1 : slot - 1, lt, lk);
+                cp_async_wait<RING - 1>();
+                __syncwarp();
+                fetch(b0, slot);
+                __syncwarp();
+                more = compute(b0);
+                slot = slot == RING - 1 ? 0 : slot + 1;
+            }
+            cp_async_wait<0>();
+            __syncwarp();
+        } else if (AHEAD == 2) {
             while (run(b0, b2) && run(b1, b0) && run(b2, b1)) {
             }
         } else {
@@ -2041,7 +2200,8 @@ template <int KIND, int R>
 __device__ __forceinline__ void matvec_qd_body(const Mat w, const float* __restrict__ x,
                                                const float* __restrict__ u,
                                                float* __restrict__ y, int split, int tchunks) {
-    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND)>(w, x, u, y, split, tchunks);
+    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND), false, QD_RING_OF(KIND)>(w, x, u, y, split,
+                                                                          tchunks);
 }
 INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, 4, , __launch_bounds__(512))
 
@@ -2055,7 +2215,7 @@ INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, 4, , __launch_bounds__(512))
         NAME(const MatEntry* tab, const float* routes, int k, const float* x, float* y, int ys,     \
              int split, int tchunks) {                                                              \
         sel_entry(0);                                                                               \
-        matvec_q_body<KIND, 4, true, QD_AHEAD_OF(KIND), true>(                                      \
+        matvec_q_body<KIND, 4, true, QD_AHEAD_OF(KIND), true, QD_RING_OF(KIND)>(                    \
             sel_mat(tab, routes, k, 0), x, nullptr, y + (size_t)blockIdx.y * ys, split, tchunks,    \
             sel_mat(tab, routes, k, 1));                                                            \
     }

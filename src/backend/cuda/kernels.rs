@@ -113,6 +113,7 @@ impl QKernel {
         f: CudaFunction,
         kind: i32,
         family: QFamily,
+        ring: usize,
     ) -> crate::Result<QKernel> {
         // Mixtral's 14336 columns stage 61 KB of x: above the 48 KB a launch gets without asking.
         let optin = ctx
@@ -141,9 +142,54 @@ impl QKernel {
                     QFamily::Dp(p) => p,
                     _ => 0,
                 },
+                ring: match family {
+                    QFamily::Dp(_) => ring,
+                    _ => 0,
+                },
             },
         })
     }
+}
+
+/// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2] (kernels.cu
+/// QD_RING_*; 0: loads held in registers). Default on sm_90 and later: int4 4, int2 3, int8 0
+/// (measured on the H100: benches/results/2026-11-25-h100-qd-ring.md); elsewhere 0 (Orin's and
+/// the RTX 4090's smaller shared memory would cut the block's warps: not measured there).
+/// HOB_QD_RING sets them: one number for every kind, or "int2:4,int4:3" (the kinds not named
+/// keep 0). cp.async needs sm_80: older GPUs keep 0.
+pub fn qd_ring(spec: Option<&str>, major: i32) -> crate::Result<[usize; 3]> {
+    let mut ring = [0usize; 3];
+    let Some(spec) = spec.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(if major >= 9 { [0, 4, 3] } else { ring });
+    };
+    let bad = || {
+        Error::Invalid(format!(
+            "HOB_QD_RING={spec}: give a ring depth (0, or 2 to 8 steps) for every integer kind, \
+             or per kind as int8:N,int4:N,int2:N"
+        ))
+    };
+    let depth = |v: &str| match v.trim().parse::<usize>() {
+        Ok(n) if n == 0 || (2..=8).contains(&n) => Ok(n),
+        _ => Err(bad()),
+    };
+    if spec.contains(':') {
+        for part in spec.split(',') {
+            let (kind, v) = part.split_once(':').ok_or_else(bad)?;
+            let i = match kind.trim() {
+                "int8" => 0,
+                "int4" => 1,
+                "int2" => 2,
+                _ => return Err(bad()),
+            };
+            ring[i] = depth(v)?;
+        }
+    } else {
+        ring = [depth(spec)?; 3];
+    }
+    if major < 8 {
+        ring = [0; 3];
+    }
+    Ok(ring)
 }
 
 /// The on-disk cache directory: $HOB_CACHE_DIR, else $XDG_CACHE_HOME/hob, else ~/.cache/hob.
@@ -177,11 +223,15 @@ impl Kernels {
             Ok("3") => 3,
             _ => qd_parts,
         };
+        let qd_ring = qd_ring(std::env::var("HOB_QD_RING").ok().as_deref(), major)?;
         let mut options = vec![
             format!("--gpu-architecture={arch}"),
             "-std=c++17".into(),
             format!("-DQD_PARTS={qd_parts}"),
             format!("-DQD_PARTS_INT2={qd_parts_int2}"),
+            format!("-DQD_RING_INT8={}", qd_ring[0]),
+            format!("-DQD_RING_INT4={}", qd_ring[1]),
+            format!("-DQD_RING_INT2={}", qd_ring[2]),
         ];
         // Switches of cuda/kernels.cu for A/B runs (e.g. HOB_NVRTC_DEFINES=HOB_L2_PREFETCH=0),
         // separated by spaces or commas; part of the cache key like every option.
@@ -253,7 +303,14 @@ impl Kernels {
                     QFamily::Dp(_) if kind == 5 => QFamily::Dp(qd_parts_int2),
                     other => other,
                 };
-                QKernel::new(ctx, f(&format!("{stem}_{name}{suffix}"))?, kind, family)
+                let ring = qd_ring[(kind - 3) as usize];
+                QKernel::new(
+                    ctx,
+                    f(&format!("{stem}_{name}{suffix}"))?,
+                    kind,
+                    family,
+                    ring,
+                )
             };
             Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
         };
@@ -350,7 +407,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::SOURCE;
+    use super::{qd_ring, SOURCE};
 
     /// The text of the block that opens at the first `{` at or after `from` (braces balanced).
     fn block(src: &str, from: usize) -> &str {
@@ -392,6 +449,22 @@ mod tests {
     /// before it still runs, so every kernel must wait (kernels.cu pdl_wait) before it touches
     /// memory an earlier kernel writes or reads: in its own body, or in the device function that
     /// does its work. A kernel that forgot would race only on sm_90 and only sometimes.
+    #[test]
+    fn ring_depths_parse_per_kind_and_refuse_nonsense() {
+        assert_eq!(qd_ring(None, 9).unwrap(), [0, 4, 3]);
+        assert_eq!(qd_ring(None, 8).unwrap(), [0, 0, 0]);
+        assert_eq!(qd_ring(Some("0"), 9).unwrap(), [0, 0, 0]);
+        assert_eq!(qd_ring(Some("4"), 9).unwrap(), [4, 4, 4]);
+        assert_eq!(qd_ring(Some("int2:4,int4:3"), 9).unwrap(), [0, 3, 4]);
+        assert_eq!(qd_ring(Some("int8:0, int2:8"), 8).unwrap(), [0, 0, 8]);
+        // No cp.async before sm_80: the registers' form.
+        assert_eq!(qd_ring(Some("4"), 7).unwrap(), [0, 0, 0]);
+        for bad in ["1", "9", "x", "int3:4", "int2=4", "int2:", "int2:1"] {
+            let e = qd_ring(Some(bad), 9).unwrap_err().to_string();
+            assert!(e.contains("HOB_QD_RING"), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn every_kernel_waits_for_the_one_before() {
         // Device functions that wait themselves (after their first weight loads).

@@ -214,6 +214,9 @@ pub struct QShape {
     pub quads: usize,
     /// The dp4a kernel (matvec_qd_*): x's byte planes (kernels.cu QD_PARTS); 0 for the others.
     pub dp_parts: usize,
+    /// The dp4a kernel's steps in its shared-memory ring (kernels.cu QD_RING_*, matvec_q_body
+    /// RING); 0: loads in registers (and for the other kernels).
+    pub ring: usize,
 }
 
 /// matvec_qm_*'s U (kernels.cu).
@@ -270,15 +273,39 @@ impl QShape {
 
 /// Dynamic shared memory of an integer matvec block (the layouts at the top of kernels.cu's
 /// matvec_q_body and matvec_qm_body): staged x for `tchunks` chunks (padded to 32), then the
-/// warps' partial sums (two tiles) and flags.
+/// warps' partial sums (two tiles) and flags, then (from a 16-byte boundary) each warp's ring of
+/// `ring` steps: a chunk of each of its rows a lane, and 128 bytes of scales and mins a row.
 pub fn q_smem(k: &QShape, warps: usize, tchunks: usize) -> usize {
     let tpad = tchunks.div_ceil(32) * 32;
     let staged = tpad * k.staged_per_chunk();
     if k.mma() {
         staged + 2 * warps * 16 * 4
     } else {
-        staged + 2 * warps * k.rows * 4 + 2 * warps * 4
+        let sums = staged + 2 * warps * k.rows * 4 + 2 * warps * 4;
+        if k.ring > 0 {
+            sums.next_multiple_of(16) + warps * k.ring * (k.rows * 512 + k.rows * 128)
+        } else {
+            sums
+        }
     }
+}
+
+/// Whether the ring form of the dp4a kernels (QShape::ring) takes `w`: its groups are 1, 2 or 4
+/// chunks (a step's 32 chunks then have whole 16-byte pieces of scales and mins), its rows' groups
+/// a multiple of 8 and its scales and mins 16-byte aligned (kernels.cu matvec_q_body's `issue`).
+pub fn ring_ok(w: &DevMat) -> bool {
+    let cc = 16 << (w.kind - 3).clamp(0, 2);
+    let cpg = if w.group > 0 && w.group % cc == 0 {
+        w.group / cc
+    } else {
+        0
+    };
+    let gpr = if w.group > 0 { w.cols / w.group } else { 0 };
+    matches!(cpg, 1 | 2 | 4)
+        && gpr > 0
+        && gpr % 8 == 0
+        && w.scales.is_multiple_of(16)
+        && (w.kind == 3 || w.mins.is_multiple_of(16))
 }
 
 /// How an integer matvec is launched: kernels.cu matvec_q_* (w, x, y, split, tchunks).
@@ -319,9 +346,13 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
             .take_while(|&t| t < n && ok(warps, t))
             .last()
     };
-    let (warps, tchunks) = Q_WARPS
-        .iter()
-        .find_map(|&w| fit(w).filter(|&t| t == n).map(|t| (w, t)))
+    let (warps, tchunks) = forced_warps()
+        .and_then(|w| fit(w).map(|t| (w, t)))
+        .or_else(|| {
+            Q_WARPS
+                .iter()
+                .find_map(|&w| fit(w).filter(|&t| t == n).map(|t| (w, t)))
+        })
         .or_else(|| Q_WARPS.iter().find_map(|&w| fit(w).map(|t| (w, t))))?;
     let smem = q_smem(k, warps, tchunks);
     let block = 32 * warps;
@@ -385,6 +416,17 @@ fn forced_split(rows: usize) -> Option<usize> {
         .iter()
         .find(|&&(r, _)| r == rows)
         .map(|&(_, s)| s)
+}
+
+/// The warps per block forced by HOB_Q_WARPS (for A/B runs of integer plans; ignored where that
+/// block does not fit).
+fn forced_warps() -> Option<usize> {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        let w = std::env::var("HOB_Q_WARPS").ok()?.trim().parse().ok()?;
+        log::info!("HOB_Q_WARPS: integer matvec blocks of {w} warps where they fit");
+        Some(w)
+    })
 }
 
 /// Input precision of a cuBLAS product.
@@ -744,7 +786,8 @@ impl Gpu {
         let cc = 16 << (w.kind - 3);
         let cpg = w.group / cc;
         let chunks = w.group > 0 && w.group % cc == 0;
-        if chunks && self.qd_kinds[i] {
+        let ring = self.kernels.matvec_qd[i].shape.ring;
+        if chunks && self.qd_kinds[i] && (ring == 0 || ring_ok(w)) {
             return (&self.kernels.matvec_qd[i], &self.kernels.matvec_qd_sel[i]);
         }
         let whole = chunks && (cpg <= 2 || cpg % 4 == 0);
@@ -2301,15 +2344,18 @@ mod tests {
                 for &(rows, cols) in &shapes {
                     let row_bytes = cols * [8, 4, 2][(kind - 3) as usize] / 8;
                     let n = row_bytes / 16;
-                    for (r, regs, mma, dp_parts) in [
-                        (4, 128, false, 0),
-                        (2, 64, false, 0),
-                        (8, 168, false, 0),
-                        (16, 96, true, 0),
-                        (4, 128, false, 3),
-                        (4, 96, false, 2),
+                    for (r, regs, mma, dp_parts, ring) in [
+                        (4, 128, false, 0, 0),
+                        (2, 64, false, 0, 0),
+                        (8, 168, false, 0, 0),
+                        (16, 96, true, 0, 0),
+                        (4, 128, false, 3, 0),
+                        (4, 96, false, 2, 0),
+                        // The shared-memory ring (QD_RING_*): a deep one must still fit.
+                        (4, 96, false, 2, 4),
+                        (4, 96, false, 1, 8),
                         // More than 128 registers: a 512-thread block cannot launch.
-                        (4, 255, false, 0),
+                        (4, 255, false, 0, 0),
                     ] {
                         let k = QShape {
                             kind,
@@ -2317,6 +2363,7 @@ mod tests {
                             regs,
                             quads: if mma { QM_QUADS_PER_STEP } else { 0 },
                             dp_parts,
+                            ring,
                         };
                         let p = q_plan(&k, rows, row_bytes, lim).expect("a plan");
                         let (split, tchunks, warps) =
@@ -2349,6 +2396,7 @@ mod tests {
                     regs: 128,
                     quads: if mma { QM_QUADS_PER_STEP } else { 0 },
                     dp_parts,
+                    ring: 0,
                 };
                 let p = q_plan(&k, rows, row_bytes, &H100).expect("a plan");
                 assert_eq!(p.tchunks as usize, row_bytes / 16);
