@@ -445,10 +445,6 @@ mod tests {
             .collect()
     }
 
-    /// Under programmatic dependent launch (Gpu::launch_raw) a kernel may start while the one
-    /// before it still runs, so every kernel must wait (kernels.cu pdl_wait) before it touches
-    /// memory an earlier kernel writes or reads: in its own body, or in the device function that
-    /// does its work. A kernel that forgot would race only on sm_90 and only sometimes.
     #[test]
     fn ring_depths_parse_per_kind_and_refuse_nonsense() {
         assert_eq!(qd_ring(None, 9).unwrap(), [0, 4, 3]);
@@ -465,6 +461,10 @@ mod tests {
         }
     }
 
+    /// Under programmatic dependent launch (Gpu::launch_raw) a kernel may start while the one
+    /// before it still runs, so every kernel must wait (kernels.cu pdl_wait) before it touches
+    /// memory an earlier kernel writes or reads: in its own body, or in the device function that
+    /// does its work. A kernel that forgot would race only on sm_90 and only sometimes.
     #[test]
     fn every_kernel_waits_for_the_one_before() {
         // Device functions that wait themselves (after their first weight loads).

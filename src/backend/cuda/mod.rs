@@ -2307,6 +2307,35 @@ mod tests {
         assert_eq!(prefill_tile_rows(65535, 65535), 65535);
     }
 
+    /// The ring form takes exactly the layouts its copies can serve: groups of 1, 2 or 4 chunks, a
+    /// multiple of 8 groups a row, 16-byte aligned scales and mins (int8 has no mins).
+    #[test]
+    fn ring_takes_whole_pieces_of_scales_only() {
+        let m = |kind: i32, cols: i32, group: i32, scales: u64, mins: u64| DevMat {
+            codes: 0,
+            scales,
+            mins,
+            rows: 64,
+            cols,
+            group,
+            row_bytes: cols * [8, 4, 2][(kind - 3) as usize] / 8,
+            kind,
+            _pad: 0,
+        };
+        // Mixtral's defaults: int2/g64 (1 chunk a group), int4/g64 (2), int8/g64 (4).
+        assert!(ring_ok(&m(5, 4096, 64, 1 << 20, 2 << 20)));
+        assert!(ring_ok(&m(4, 14336, 64, 1 << 20, 2 << 20)));
+        assert!(ring_ok(&m(3, 4096, 64, 1 << 20, 0)));
+        // Groups splitting a chunk, or of 8 chunks.
+        assert!(!ring_ok(&m(4, 4096, 16, 1 << 20, 2 << 20)));
+        assert!(!ring_ok(&m(3, 4096, 128, 1 << 20, 0)));
+        // 7 groups a row: a row's scales are not 16-byte aligned.
+        assert!(!ring_ok(&m(5, 448, 64, 1 << 20, 2 << 20)));
+        // Unaligned scales or mins.
+        assert!(!ring_ok(&m(5, 4096, 64, (1 << 20) + 2, 2 << 20)));
+        assert!(!ring_ok(&m(4, 4096, 64, 1 << 20, (2 << 20) + 8)));
+    }
+
     /// Every plan gives the kernel the shared memory its layout needs, column tiles of whole warps
     /// of chunks, a split that divides the block's warps and leaves no warp without chunks, and no
     /// block without a tile.
