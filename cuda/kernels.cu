@@ -2792,6 +2792,39 @@ extern "C" __global__ void dequant_rows(const Mat w, int kind, float* __restrict
     out[i] = element(w, kind, r0 + r, c);
 }
 
+// A decode token's embedding: out[c] = row *tok of w for c < cols. The row's id is read from
+// device memory (set before the step's launches: a recorded step replays with each token's own);
+// each value as the host's conversion computes it (model/ops.rs embed_rows: f16 and bf16 exact,
+// the integer kinds s * q + min with both roundings, as Rust computes it). Grid-stride.
+extern "C" __global__ void embed_token(const Mat w, int kind, const int* __restrict__ tok,
+                                       float* __restrict__ out) {
+    PDL_ENTRY();
+    const int r = *tok;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < w.cols; c += gridDim.x * blockDim.x) {
+        const u8* row = w.codes + (size_t)r * w.row_bytes;
+        float v;
+        switch (kind) {
+            case KIND_F32: v = reinterpret_cast<const float*>(row)[c]; break;
+            case KIND_F16: v = h2f(reinterpret_cast<const unsigned short*>(row)[c]); break;
+            case KIND_BF16: v = bf2f(reinterpret_cast<const unsigned short*>(row)[c]); break;
+            default: {
+                const size_t g = (size_t)r * (w.cols / w.group) + c / w.group;
+                const float s = h2f(w.scales[g]);
+                float q, mn = 0.f;
+                if (kind == KIND_INT8) {
+                    q = (float)(signed char)row[c];
+                } else {
+                    q = kind == KIND_INT4 ? (float)((row[c / 2] >> (4 * (c % 2))) & 0xf)
+                                          : (float)((row[c / 4] >> (2 * (c % 4))) & 0x3);
+                    mn = h2f(w.mins[g]);
+                }
+                v = __fadd_rn(__fmul_rn(s, q), mn);
+            }
+        }
+        out[c] = v;
+    }
+}
+
 // Emulated link (a profile's pace), on the expert loader's copy stream: link_start before a
 // chunk's copy notes when the chunk starts crossing; link_wait after the copy holds the stream
 // until the chunk has crossed at the profile's rate, `ns` nanoseconds later. Pacing on the GPU

@@ -155,6 +155,43 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
     println!("matmul worst NMSE {worst:.2e}");
 }
 
+/// A decode token embedded on the device (stage_token, then embed_staged, as a recorded step
+/// launches it) gives the host conversion's row bit for bit, for every storage kind a table may
+/// have, and the staged id is read at launch time (two tokens staged in turn).
+#[test]
+fn device_embedding_matches_the_host_rows() {
+    let Some(g) = gpu() else { return };
+    for (i, kind) in ["f32", "f16", "bf16", "int8", "int4", "int2", "int4/g32"]
+        .into_iter()
+        .enumerate()
+    {
+        let (rows, cols) = (300, 256);
+        let (bytes, v, dt) = stored(kind, rows, cols, 40 + i as u64);
+        let m = matrix(&bytes, v, dt, rows, cols);
+        let mut b = CudaBackend::empty(g.clone()).unwrap();
+        b.make_resident(&m).unwrap();
+        let mut d = b.alloc(cols).unwrap();
+        for token in [7u32, 299] {
+            assert!(
+                b.stage_token(&m, token).unwrap(),
+                "{kind}: the device embeds"
+            );
+            b.embed_staged(&m, &mut d).unwrap();
+            let got = from_gpu(&b, &d, cols);
+            let mut want = vec![0.0; cols];
+            m.row_to_f32(token as usize, &mut want);
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{kind}: token {token}'s row differs from the host's");
+        }
+        // A token past the table is an error, not a read past it.
+        assert!(b.stage_token(&m, rows as u32).is_err(), "{kind}");
+    }
+    println!("device embedding: every kind bit-identical to the host's rows");
+}
+
 #[test]
 fn norm_rope_add_and_attention_match_the_cpu() {
     let Some(g) = gpu() else { return };

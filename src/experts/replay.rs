@@ -263,6 +263,10 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         self.inner.end_forward(backend)
     }
 
+    fn after_forward(&mut self, backend: &B) -> crate::Result<()> {
+        self.inner.after_forward(backend)
+    }
+
     // decode_on_device and forward_on_device keep their defaults (false): the routing must
     // come to the host to be replaced.
 }

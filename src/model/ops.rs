@@ -23,7 +23,16 @@ pub fn embed_rows(table: &Matrix<'_>, tokens: &[u32], out: &mut [f32]) {
     if h == 0 {
         return;
     }
-    let rows = out[..tokens.len() * h].par_chunks_mut(h).zip(tokens);
+    let out = &mut out[..tokens.len() * h];
+    if tokens.len() <= PAR_EMBED_ROWS {
+        // (One task: on the caller's thread; rayon would hand it to its pool and wait for it,
+        // a wake-up that costs a decode token more than its row's conversion.)
+        for (row, &id) in out.chunks_mut(h).zip(tokens) {
+            table.row_to_f32(id as usize, row);
+        }
+        return;
+    }
+    let rows = out.par_chunks_mut(h).zip(tokens);
     rows.with_min_len(PAR_EMBED_ROWS)
         .for_each(|(row, &id)| table.row_to_f32(id as usize, row));
 }
@@ -83,6 +92,9 @@ pub trait Backend {
     type Buf;
     /// The KV cache of a sequence: (layer, position, kv_dim) for keys and for values.
     type Kv;
+    /// Host memory results are read back into (`download_host`): memory the backend's copies
+    /// may land in directly (the CPU's: a Vec).
+    type Host: std::ops::Deref<Target = [f32]> + std::ops::DerefMut;
 
     /// A zeroed buffer of `n` values.
     fn alloc(&self, n: usize) -> crate::Result<Self::Buf>;
@@ -101,6 +113,21 @@ pub trait Backend {
     ) -> crate::Result<()> {
         embed_via_host(self, table, tokens, dst, host)
     }
+    /// A decode token's id handed over ahead of its step's launches (which may be replayed
+    /// from a recording): true when `embed_staged` then embeds it where the launches run.
+    fn stage_token(&self, _table: &Matrix<'_>, _token: u32) -> crate::Result<bool> {
+        Ok(false)
+    }
+    /// dst = the row of `table` of the token `stage_token` took (only once it returned true).
+    fn embed_staged(&self, _table: &Matrix<'_>, _dst: &mut Self::Buf) -> crate::Result<()> {
+        Err(crate::Error::Invalid(
+            "embed_staged: this backend stages no token".into(),
+        ))
+    }
+    /// Host memory for `n` values, for download_host.
+    fn alloc_host(&self, n: usize) -> crate::Result<Self::Host>;
+    /// dst[..n] = src[..n] (waits for the backend's pending work).
+    fn download_host(&self, src: &Self::Buf, dst: &mut Self::Host, n: usize) -> crate::Result<()>;
     /// dst = src[..dst.len()] (waits for the backend's pending work).
     fn download(&self, src: &Self::Buf, dst: &mut [f32]) -> crate::Result<()>;
 
@@ -359,6 +386,12 @@ pub trait ExpertExecutor<B: Backend> {
     /// about to be read back: an executor may account the batch here (without holding the
     /// device between the last layer and the output head).
     fn end_forward(&mut self, _backend: &B) -> crate::Result<()> {
+        Ok(())
+    }
+
+    /// The `Model::forward` call's logits are read back (the backend waited for its work; for
+    /// a call without logits, nothing waited): what end_forward queued may be counted now.
+    fn after_forward(&mut self, _backend: &B) -> crate::Result<()> {
         Ok(())
     }
 

@@ -297,6 +297,7 @@ pub struct CpuKv {
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Kv = CpuKv;
+    type Host = Vec<f32>;
 
     fn alloc(&self, n: usize) -> crate::Result<Vec<f32>> {
         Ok(vec![0.0; n])
@@ -315,6 +316,14 @@ impl Backend for CpuBackend {
     fn upload(&self, src: &[f32], dst: &mut Vec<f32>) -> crate::Result<()> {
         dst[..src.len()].copy_from_slice(src);
         Ok(())
+    }
+
+    fn alloc_host(&self, n: usize) -> crate::Result<Vec<f32>> {
+        Ok(vec![0.0; n])
+    }
+
+    fn download_host(&self, src: &Vec<f32>, dst: &mut Vec<f32>, n: usize) -> crate::Result<()> {
+        self.download(src, &mut dst[..n])
     }
 
     fn download(&self, src: &Vec<f32>, dst: &mut [f32]) -> crate::Result<()> {

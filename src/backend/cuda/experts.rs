@@ -26,7 +26,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSl
 use memmap2::Mmap;
 use rayon::prelude::*;
 
-use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu, SlotArgs, SLOTS_MAX_K};
+use super::{cuda_err, ptr, CudaBackend, DevMat, Gpu, QueuedRead, SlotArgs, SLOTS_MAX_K};
 use crate::backend::cpu::{CpuBackend, FfnJob, PassStats};
 use crate::experts::behind::LoadBehind;
 use crate::experts::cache::{pool_slots, ExpertCache, Insertion, Policy, PoolKind};
@@ -929,6 +929,9 @@ pub struct CudaExperts<'f> {
     device_token: bool,
     /// The routes of a device-routed token wait to be read back (end_forward).
     device_pending: bool,
+    /// The last device-routed token's routes are queued for reading (end_forward) and not yet
+    /// counted (after_forward).
+    routes_queued: bool,
     /// Decode tokens that took the device-routed path.
     device_tokens: u64,
     /// Host time spent counting device-routed tokens' routes once they arrived (account_device).
@@ -973,6 +976,10 @@ struct DeviceRouting {
     gate: DevMat,
     down: DevMat,
     host: Vec<f32>,
+    /// Where the routes of a token land without a wait of their own (queued in end_forward,
+    /// counted in after_forward, once the logits' read has waited for the device); None with
+    /// HOB_ROUTES_QUEUED=0 (the A/B switch: a read and a wait of their own).
+    read: Option<QueuedRead>,
 }
 
 /// The GPU's part of a split expert: its rows loaded at `at` in the split arena.
@@ -1285,6 +1292,7 @@ impl<'f> CudaExperts<'f> {
             device: None,
             device_token: false,
             device_pending: false,
+            routes_queued: false,
             device_tokens: 0,
             device_account: Duration::ZERO,
             routed_slots: cfg.routed_slots
@@ -2324,6 +2332,10 @@ impl<'f> CudaExperts<'f> {
             gate: table[0],
             down: table[2],
             host: vec![0.0; nl * 2 * k],
+            read: match std::env::var("HOB_ROUTES_QUEUED").as_deref() {
+                Ok("0") => None,
+                _ => Some(g.alloc_read(nl * 2 * k)?),
+            },
         };
         log::info!("every expert is resident: decode routes on the device");
         self.device = Some(dev);
@@ -2337,8 +2349,18 @@ impl<'f> CudaExperts<'f> {
             return Ok(());
         };
         let (ne, k) = (self.file.n_experts(), self.top_k);
-        let rp = ptr(&d.routes, &self.gpu.stream);
-        self.gpu.download_f32(rp, &mut d.host)?;
+        match d.read.as_mut() {
+            Some(q) => {
+                let got = q.wait()?.ok_or_else(|| {
+                    Error::Invalid("device routes: counted before they were read back".into())
+                })?;
+                d.host.copy_from_slice(got);
+            }
+            None => {
+                let rp = ptr(&d.routes, &self.gpu.stream);
+                self.gpu.download_f32(rp, &mut d.host)?;
+            }
+        }
         let arrived = Instant::now();
         let host = std::mem::take(&mut d.host);
         self.decoded += 1;
@@ -2638,10 +2660,28 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
 
     fn end_forward(&mut self, _b: &CudaBackend) -> crate::Result<()> {
         if std::mem::take(&mut self.device_pending) {
-            self.account_device()?;
+            match self.device.as_mut() {
+                // Counted in after_forward: the logits' read waits for both.
+                Some(DeviceRouting {
+                    routes,
+                    read: Some(q),
+                    ..
+                }) => {
+                    self.gpu.queue_read(ptr(routes, &self.gpu.stream), q)?;
+                    self.routes_queued = true;
+                }
+                _ => self.account_device()?,
+            }
         }
         // The logits are read back next (after every load this pass waited for).
         self.time_gpu_waits()
+    }
+
+    fn after_forward(&mut self, _b: &CudaBackend) -> crate::Result<()> {
+        if std::mem::take(&mut self.routes_queued) {
+            self.account_device()?;
+        }
+        Ok(())
     }
 
     fn forward(

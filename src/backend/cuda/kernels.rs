@@ -77,6 +77,8 @@ pub struct Kernels {
     /// The routed experts' table and routes of a host-routed decode layer (put_slots).
     pub put_slots: CudaFunction,
     pub dequant_rows: CudaFunction,
+    /// A decode token's embedding row, its id read from device memory.
+    pub embed_token: CudaFunction,
     pub dequant_rows_h: CudaFunction,
     /// Integer kinds a code word per thread (dequant_words_h), where the layout allows.
     pub dequant_words_h: CudaFunction,
@@ -372,6 +374,7 @@ impl Kernels {
             moe_combine_norm: f("moe_combine_norm")?,
             put_slots: f("put_slots")?,
             dequant_rows: f("dequant_rows")?,
+            embed_token: f("embed_token")?,
             dequant_rows_h: f("dequant_rows_h")?,
             dequant_words_h: f("dequant_words_h")?,
             link_start: f("link_start")?,

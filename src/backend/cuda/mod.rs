@@ -1442,7 +1442,50 @@ impl Gpu {
                 .map_err(cuda_err)?;
         }
         self.sync()?;
+        let t = Instant::now();
         dst.copy_from_slice(host);
+        crate::model::forward::phase_add(8, t);
+        Ok(())
+    }
+
+    /// Page-locked host memory of `n` floats (zeroed) that results are read back into.
+    pub fn alloc_floats(&self, n: usize) -> crate::Result<PinnedFloats> {
+        // SAFETY: page-locked host memory of n floats, zeroed below before any read.
+        let mut buf = unsafe { self.ctx.alloc_pinned::<f32>(n.max(1)) }.map_err(cuda_err)?;
+        buf.as_mut_slice().map_err(cuda_err)?.fill(0.0);
+        let at = buf.as_mut_ptr().map_err(cuda_err)?;
+        Ok(PinnedFloats { buf, at })
+    }
+
+    /// A page-locked buffer of `n` floats for `queue_read`.
+    pub fn alloc_read(&self, n: usize) -> crate::Result<QueuedRead> {
+        // SAFETY: page-locked host memory of n floats, written only by the copies queue_read
+        // queues and read only after their event has completed (QueuedRead::wait).
+        let buf = unsafe { self.ctx.alloc_pinned::<f32>(n) }.map_err(cuda_err)?;
+        let done = self.ctx.new_event(None).map_err(cuda_err)?;
+        Ok(QueuedRead {
+            buf,
+            done,
+            queued: false,
+        })
+    }
+
+    /// Queue a copy of `q`'s length in floats from `src` into `q` after the stream's work,
+    /// without waiting for it (a result read back together with a later one: one wait for both).
+    pub fn queue_read(&self, src: u64, q: &mut QueuedRead) -> crate::Result<()> {
+        if std::mem::take(&mut q.queued) {
+            // (Not collected: the buffer is rewritten only once that copy has landed.)
+            q.done.synchronize().map_err(cuda_err)?;
+        }
+        let host = q.buf.as_mut_slice().map_err(cuda_err)?;
+        // SAFETY: src addresses at least host.len() floats; host is page-locked and read only
+        // once the event recorded below has completed.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(host, src, self.stream.cu_stream())
+                .map_err(cuda_err)?;
+        }
+        q.done.record(&self.stream).map_err(cuda_err)?;
+        q.queued = true;
         Ok(())
     }
 
@@ -1498,6 +1541,58 @@ impl Gpu {
     }
 }
 
+/// Page-locked host memory of f32 values that device-to-host copies land in by DMA, with no
+/// second copy (the CUDA backend's `Backend::Host`: a forward call's logits).
+pub struct PinnedFloats {
+    buf: PinnedHostSlice<f32>,
+    /// The buffer's first value (taken once: PinnedHostSlice's accessors wait on an event).
+    at: *mut f32,
+}
+
+// SAFETY: `at` points into `buf`'s allocation, which PinnedHostSlice (Send + Sync) owns and
+// frees; PinnedFloats hands it out only as slices borrowed from itself.
+unsafe impl Send for PinnedFloats {}
+// SAFETY: as Send; shared access only reads.
+unsafe impl Sync for PinnedFloats {}
+
+impl std::ops::Deref for PinnedFloats {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `at` is the start of buf's buf.len() initialized floats (zeroed by
+        // alloc_floats), alive as long as self; copies into it (download_host) hold &mut self
+        // until the stream is synchronized.
+        unsafe { std::slice::from_raw_parts(self.at, self.buf.len()) }
+    }
+}
+
+impl std::ops::DerefMut for PinnedFloats {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as deref, borrowed mutably from self.
+        unsafe { std::slice::from_raw_parts_mut(self.at, self.buf.len()) }
+    }
+}
+
+/// A result read back without a wait (`Gpu::queue_read`): the page-locked buffer it lands in
+/// and the event recorded after the copy.
+pub struct QueuedRead {
+    buf: PinnedHostSlice<f32>,
+    /// Recorded after each copy (one event, recorded again each time).
+    done: CudaEvent,
+    queued: bool,
+}
+
+impl QueuedRead {
+    /// The values of the copy queued last, once it has landed; None when none is queued (or it
+    /// was collected already).
+    pub fn wait(&mut self) -> crate::Result<Option<&[f32]>> {
+        if !std::mem::take(&mut self.queued) {
+            return Ok(None);
+        }
+        self.done.synchronize().map_err(cuda_err)?;
+        Ok(Some(self.buf.as_slice().map_err(cuda_err)?))
+    }
+}
+
 /// Device pointer of a slice (event tracking is off, so nothing is recorded).
 pub fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     s.device_ptr(stream).0
@@ -1544,6 +1639,11 @@ pub struct CudaBackend {
     /// that one recording serves every token), and the value last written there.
     pos: CudaSlice<i32>,
     pos_now: Mutex<Option<usize>>,
+    /// A decode token's id (stage_token), for embed_token.
+    tok: CudaSlice<i32>,
+    /// Whether decode tokens are embedded on the device from the resident table (stage_token;
+    /// off with HOB_DEVICE_EMBED=0: converted on the host and uploaded).
+    device_embed: bool,
     /// The recorded decode step (a CUDA graph) and its key; None: that key's steps run direct.
     graph: Mutex<Option<(u64, Option<DecodeGraph>)>>,
     /// A launch since the recording began took the decode position as an argument.
@@ -1638,6 +1738,8 @@ impl CudaBackend {
             scratch: gpu.alloc::<f32>(SCRATCH_FLOATS, "the prefill tile")?,
             scratch_len: SCRATCH_FLOATS,
             pos: gpu.alloc::<i32>(1, "the decode position")?,
+            tok: gpu.alloc::<i32>(1, "the decode token")?,
+            device_embed: std::env::var("HOB_DEVICE_EMBED").as_deref() != Ok("0"),
             pos_now: Mutex::new(None),
             qkv_settled: AtomicBool::new(false),
             graph: Mutex::new(None),
@@ -1658,11 +1760,13 @@ impl CudaBackend {
         let p = ptr(&self.pos, &self.gpu.stream);
         let mut now = self.pos_now.lock().unwrap_or_else(|e| e.into_inner());
         if *now != Some(pos) {
-            let v = [pos as i32];
-            // SAFETY: p holds one i32; a copy from pageable host memory is staged before the call
-            // returns, so `v` may go; the stream orders it before the launches that read it.
+            let v = i32::try_from(pos)
+                .map_err(|_| Error::Invalid(format!("CUDA backend: position {pos} past i32")))?;
+            // SAFETY: p holds one i32, set by a memset queued on the stream (no host buffer: no
+            // staging copy), ordered before the launches that read it.
             unsafe {
-                cudarc::driver::result::memcpy_htod_async(p, &v[..], self.gpu.stream.cu_stream())
+                cudarc::driver::sys::cuMemsetD32Async(p, v as u32, 1, self.gpu.stream.cu_stream())
+                    .result()
                     .map_err(cuda_err)?;
             }
             *now = Some(pos);
@@ -1823,6 +1927,7 @@ fn check_len(what: &str, have: usize, need: usize) -> crate::Result<()> {
 
 impl Backend for CudaBackend {
     type Buf = CudaSlice<f32>;
+    type Host = PinnedFloats;
     type Kv = CudaKv;
 
     fn alloc(&self, n: usize) -> crate::Result<CudaSlice<f32>> {
@@ -1853,12 +1958,82 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let n = tokens.len() * table.cols;
         check_len("embedding destination", dst.len(), n)?;
-        if tokens.len() < STAGED_EMBED_MIN {
+        static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let min = *MIN.get_or_init(|| {
+            std::env::var("HOB_EMBED_STAGED_MIN")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(STAGED_EMBED_MIN)
+        });
+        if tokens.len() < min {
             // (upload: a queued pageable copy)
             return embed_via_host(self, table, tokens, dst, host);
         }
         self.gpu
             .upload_staged(n, self.p(dst), |out| embed_rows(table, tokens, out))
+    }
+
+    fn stage_token(&self, table: &Matrix<'_>, token: u32) -> crate::Result<bool> {
+        if !self.device_embed || self.mat(table).is_err() {
+            return Ok(false);
+        }
+        if token as usize >= table.rows {
+            return Err(Error::Invalid(format!(
+                "embedding: token {token} past the table's {} rows",
+                table.rows
+            )));
+        }
+        // SAFETY: tok holds one i32, set by a memset queued on the stream (no host buffer),
+        // ordered before the launches that read it.
+        unsafe {
+            cudarc::driver::sys::cuMemsetD32Async(
+                ptr(&self.tok, &self.gpu.stream),
+                token,
+                1,
+                self.gpu.stream.cu_stream(),
+            )
+            .result()
+            .map_err(cuda_err)?;
+        }
+        Ok(true)
+    }
+
+    fn embed_staged(&self, table: &Matrix<'_>, dst: &mut CudaSlice<f32>) -> crate::Result<()> {
+        check_len("embedding destination", dst.len(), table.cols)?;
+        let w = *self.mat(table)?;
+        let (kind, tp, dp) = (w.kind, ptr(&self.tok, &self.gpu.stream), self.p(dst));
+        let c = cfg(blocks(table.cols, 256), 256);
+        launch!(self.gpu, self.gpu.kernels.embed_token, c; w, kind, tp, dp)
+    }
+
+    fn alloc_host(&self, n: usize) -> crate::Result<PinnedFloats> {
+        self.gpu.alloc_floats(n)
+    }
+
+    fn download_host(
+        &self,
+        src: &CudaSlice<f32>,
+        dst: &mut PinnedFloats,
+        n: usize,
+    ) -> crate::Result<()> {
+        check_len("download source", src.len(), n)?;
+        check_len("download destination", dst.len(), n)?;
+        let t = Instant::now();
+        // SAFETY: src holds n floats, dst (page-locked) as many; the stream is synchronized
+        // before dst is read (the &mut borrow keeps every reader out until then).
+        let r = unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                &mut dst[..n],
+                self.p(src),
+                self.gpu.stream.cu_stream(),
+            )
+        }
+        .map_err(cuda_err)
+        .and_then(|()| self.gpu.sync());
+        self.gpu
+            .read_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
     }
 
     fn download(&self, src: &CudaSlice<f32>, dst: &mut [f32]) -> crate::Result<()> {
