@@ -199,9 +199,7 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         let replays = session.decode_replays();
         for rep in 0..args.reps {
             session.reset_stats();
-            crate::model::forward::phases_report();
             let (n, secs) = run_test(&mut *session, test, &trace)?;
-            crate::model::forward::phases_report();
             samples.push(n as f64 / secs);
             tokens += n;
             total.accumulate(&session.expert_stats());

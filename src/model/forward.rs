@@ -179,10 +179,6 @@ impl<'f> Model<'f> {
     ) -> crate::Result<&'s [f32]> {
         let cfg = &self.cfg;
         let t = tokens.len();
-        phase_mark(0);
-        if t == 1 {
-            PHASES[9].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
         let start = st.pos;
         if start + t > st.ctx {
             return Err(ModelError::ContextFull {
@@ -217,7 +213,6 @@ impl<'f> Model<'f> {
         if !staged {
             backend.embed(&self.w.token_embd, tokens, &mut b.x, &mut st.embed)?;
         }
-        phase_mark(1);
         st.router.resize(t * ne, 0.0);
         st.routes.resize(
             t * k,
@@ -239,7 +234,6 @@ impl<'f> Model<'f> {
         } else {
             DecodeStep::Direct
         };
-        phase_mark(2);
         let mut run = || {
             if staged {
                 backend.embed_staged(&self.w.token_embd, &mut b.x)?;
@@ -267,7 +261,6 @@ impl<'f> Model<'f> {
         }
         st.pos += t;
         experts.end_forward(backend)?;
-        phase_mark(3);
         let Some(rows) = rows else {
             experts.after_forward(backend)?;
             return Ok(&[]);
@@ -281,9 +274,7 @@ impl<'f> Model<'f> {
             unreachable!("allocated above")
         };
         backend.download_host(&b.logits, host, n)?;
-        phase_mark(4);
         experts.after_forward(backend)?;
-        phase_mark(5);
         Ok(&host[..n])
     }
 
@@ -470,70 +461,6 @@ pub fn route_softmax_topk(logits: &[f32], routes: &mut [Route]) {
     for r in routes.iter_mut() {
         r.weight /= total;
     }
-}
-
-// TEMPORARY host phase timing (HOB_HOST_PHASES=1), removed after the measurement.
-static PHASES: [std::sync::atomic::AtomicU64; 10] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 10];
-static PHASE_LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
-fn phases_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("HOB_HOST_PHASES").is_ok())
-}
-/// Add the time since `t` to phase i.
-pub fn phase_add(i: usize, t: std::time::Instant) {
-    if phases_on() {
-        PHASES[i].fetch_add(
-            t.elapsed().as_nanos() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-}
-fn phase_mark(i: usize) {
-    if !phases_on() {
-        return;
-    }
-    let now = std::time::Instant::now();
-    let mut l = PHASE_LAST.lock().unwrap();
-    if let Some(t) = *l {
-        PHASES[i].fetch_add(
-            (now - t).as_nanos() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-    *l = Some(now);
-}
-/// Print and clear the phases (per call).
-pub fn phases_report() {
-    if !phases_on() {
-        return;
-    }
-    let v: Vec<u64> = PHASES
-        .iter()
-        .map(|a| a.swap(0, std::sync::atomic::Ordering::Relaxed))
-        .collect();
-    let n = v[9].max(1) as f64;
-    let names = [
-        "caller->entry",
-        "embed",
-        "launch",
-        "end_forward",
-        "logits read",
-        "after_forward",
-        "-",
-        "-",
-        "copy-out",
-        "calls",
-    ];
-    let parts: Vec<String> = (0..9)
-        .map(|i| format!("{} {:.2}", names[i], v[i] as f64 / n / 1e3))
-        .collect();
-    eprintln!(
-        "host phases (us per call, {} calls): {}",
-        v[9],
-        parts.join(", ")
-    );
-    *PHASE_LAST.lock().unwrap() = None;
 }
 
 #[cfg(test)]

@@ -932,6 +932,9 @@ pub struct CudaExperts<'f> {
     /// The last device-routed token's routes are queued for reading (end_forward) and not yet
     /// counted (after_forward).
     routes_queued: bool,
+    /// The last device-routed token's routes are read back and checked but not yet counted
+    /// (account_device; count_held counts them).
+    routes_held: bool,
     /// Decode tokens that took the device-routed path.
     device_tokens: u64,
     /// Host time spent counting device-routed tokens' routes once they arrived (account_device).
@@ -1293,6 +1296,7 @@ impl<'f> CudaExperts<'f> {
             device_token: false,
             device_pending: false,
             routes_queued: false,
+            routes_held: false,
             device_tokens: 0,
             device_account: Duration::ZERO,
             routed_slots: cfg.routed_slots
@@ -2342,9 +2346,32 @@ impl<'f> CudaExperts<'f> {
         Ok(true)
     }
 
-    /// After a device-routed token: its routes to the host, counted and recorded as `forward`
-    /// would (hits, the cache's use counters, the trace).
-    fn account_device(&mut self) -> crate::Result<()> {
+    /// After a device-routed token: its routes to the host (checked), then counted and recorded
+    /// as `forward` would (hits, the cache's use counters, the trace) at once, or, without a
+    /// trace to write, held and counted once the next token's launches are queued
+    /// (count_held: the device then computes while the host counts).
+    fn account_device(&mut self, hold: bool) -> crate::Result<()> {
+        self.fetch_device_routes()?;
+        if hold && self.trace.is_none() {
+            self.routes_held = true;
+            Ok(())
+        } else {
+            self.count_device_routes()
+        }
+    }
+
+    /// Count the routes account_device held, if any (before anything that reads or resets what
+    /// they count).
+    fn count_held(&mut self) -> crate::Result<()> {
+        if std::mem::take(&mut self.routes_held) {
+            self.count_device_routes()?;
+        }
+        Ok(())
+    }
+
+    /// A device-routed token's routes into DeviceRouting::host (the queued read's, or read now),
+    /// every expert index checked.
+    fn fetch_device_routes(&mut self) -> crate::Result<()> {
         let Some(d) = self.device.as_mut() else {
             return Ok(());
         };
@@ -2361,6 +2388,24 @@ impl<'f> CudaExperts<'f> {
                 self.gpu.download_f32(rp, &mut d.host)?;
             }
         }
+        let bad = d
+            .host
+            .chunks_exact(2 * k)
+            .position(|lr| lr[..k].iter().any(|e| e.to_bits() as usize >= ne));
+        match bad {
+            Some(l) => Err(Error::Invalid(format!(
+                "routing: layer {l} found no expert among {ne} (router logits not finite?)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Count the routes in DeviceRouting::host (fetch_device_routes) as `forward` would.
+    fn count_device_routes(&mut self) -> crate::Result<()> {
+        let Some(d) = self.device.as_mut() else {
+            return Ok(());
+        };
+        let (ne, k) = (self.file.n_experts(), self.top_k);
         let arrived = Instant::now();
         let host = std::mem::take(&mut d.host);
         self.decoded += 1;
@@ -2375,13 +2420,10 @@ impl<'f> CudaExperts<'f> {
             k
         ];
         let mut lp = std::mem::take(&mut self.layer_plan);
-        let mut bad = None;
         for (l, lr) in host.chunks_exact(2 * k).enumerate() {
             for (j, r) in routes.iter_mut().enumerate() {
+                // (Checked by fetch_device_routes.)
                 let expert = lr[j].to_bits() as usize;
-                if expert >= ne {
-                    bad = Some(l);
-                }
                 *r = Route {
                     expert: expert.min(ne - 1),
                     weight: lr[k + j],
@@ -2402,12 +2444,7 @@ impl<'f> CudaExperts<'f> {
             d.host = host;
         }
         self.device_account += arrived.elapsed();
-        match bad {
-            Some(l) => Err(Error::Invalid(format!(
-                "routing: layer {l} found no expert among {ne} (router logits not finite?)"
-            ))),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// The pool whose slots hold every expert of a decode layer placed as `places`, when the
@@ -2576,6 +2613,7 @@ impl<'f> CudaExperts<'f> {
 
 impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
     fn begin_sequence(&mut self) -> crate::Result<()> {
+        self.count_held()?;
         self.cache.reset_sequence();
         if let Some(tw) = self.trace.as_mut() {
             tw.begin_sequence();
@@ -2659,6 +2697,8 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
     }
 
     fn end_forward(&mut self, _b: &CudaBackend) -> crate::Result<()> {
+        // The last token's routes, while the device computes this one.
+        self.count_held()?;
         if std::mem::take(&mut self.device_pending) {
             match self.device.as_mut() {
                 // Counted in after_forward: the logits' read waits for both.
@@ -2670,7 +2710,7 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
                     self.gpu.queue_read(ptr(routes, &self.gpu.stream), q)?;
                     self.routes_queued = true;
                 }
-                _ => self.account_device()?,
+                _ => self.account_device(false)?,
             }
         }
         // The logits are read back next (after every load this pass waited for).
@@ -2679,7 +2719,7 @@ impl ExpertExecutor<CudaBackend> for CudaExperts<'_> {
 
     fn after_forward(&mut self, _b: &CudaBackend) -> crate::Result<()> {
         if std::mem::take(&mut self.routes_queued) {
-            self.account_device()?;
+            self.account_device(true)?;
         }
         Ok(())
     }
@@ -2731,6 +2771,8 @@ impl<'f> CudaExperts<'f> {
     ) -> crate::Result<bool> {
         let (h, f) = self.file.expert_dims();
         let decode = t == 1;
+        // The cache's counters first take a device-routed token before this one.
+        self.count_held()?;
         // A decode layer's experts may each keep a row of the down buffer (early_layer).
         self.ensure_cap(if decode { routes.len().max(1) } else { t })?;
         let entered = Instant::now();
@@ -3115,6 +3157,14 @@ impl ExpertReport for CudaExperts<'_> {
     }
 
     fn stats(&self) -> ExpertStats {
+        // A device-routed token whose routes are held (account_device) counts as counted: every
+        // one of its expert uses a hit in the high pool.
+        let held = u64::from(self.routes_held);
+        let high = match (&self.pools[PoolKind::High as usize], held) {
+            (Some(p), 1) => p.variant,
+            _ => usize::MAX,
+        };
+        let held_hits = held * (self.file.n_layers() * self.top_k) as u64;
         let per_variant = self
             .file
             .variants()
@@ -3122,7 +3172,7 @@ impl ExpertReport for CudaExperts<'_> {
             .enumerate()
             .map(|(i, v)| VariantStats {
                 name: v.to_string(),
-                hits: self.hits[i],
+                hits: self.hits[i] + if i == high { held_hits } else { 0 },
                 misses: self.misses[i],
             })
             .collect();
@@ -3167,7 +3217,7 @@ impl ExpertReport for CudaExperts<'_> {
             split_experts: self.split_experts,
             split_bytes: self.split_bytes,
             prediction,
-            device_routed: self.device_tokens,
+            device_routed: self.device_tokens + held,
             device_account_seconds: self.device_account.as_secs_f64(),
             slot_routed_layers: self.slot_layers,
             early_layers: self.early_layers,
@@ -3177,6 +3227,11 @@ impl ExpertReport for CudaExperts<'_> {
     }
 
     fn reset_stats(&mut self) {
+        // A held token belongs to the counts being cleared (count_held cannot fail here: the
+        // routes were checked when they arrived, and no trace is written while one is held).
+        if let Err(e) = self.count_held() {
+            log::warn!("expert engine: counting the last device-routed token: {e}");
+        }
         self.hits.fill(0);
         self.misses.fill(0);
         self.device_tokens = 0;

@@ -484,8 +484,9 @@ pub struct Gpu {
 
 /// The smallest read-back (in floats) that goes through Gpu's page-locked buffer.
 const PINNED_READ_MIN: usize = 1024;
-/// Tokens from which an embedding goes through the page-locked stage (a decode token's row is
-/// a queued pageable copy: no wait for an earlier copy).
+/// Tokens from which an embedding goes through the page-locked stage (fewer: a queued pageable
+/// copy, no wait for an earlier copy; a decode token with the table resident is embedded on the
+/// device instead, stage_token).
 const STAGED_EMBED_MIN: usize = 16;
 
 /// Where the tensor-core integer matvec is the faster one, measured on the H100
@@ -1442,9 +1443,7 @@ impl Gpu {
                 .map_err(cuda_err)?;
         }
         self.sync()?;
-        let t = Instant::now();
         dst.copy_from_slice(host);
-        crate::model::forward::phase_add(8, t);
         Ok(())
     }
 
@@ -1958,14 +1957,7 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let n = tokens.len() * table.cols;
         check_len("embedding destination", dst.len(), n)?;
-        static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let min = *MIN.get_or_init(|| {
-            std::env::var("HOB_EMBED_STAGED_MIN")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(STAGED_EMBED_MIN)
-        });
-        if tokens.len() < min {
+        if tokens.len() < STAGED_EMBED_MIN {
             // (upload: a queued pageable copy)
             return embed_via_host(self, table, tokens, dst, host);
         }
