@@ -173,7 +173,7 @@ fn device_embedding_matches_the_host_rows() {
         let mut d = b.alloc(cols).unwrap();
         for token in [7u32, 299] {
             assert!(
-                b.stage_token(&m, token).unwrap(),
+                b.stage_token(&m, token, 5).unwrap(),
                 "{kind}: the device embeds"
             );
             b.embed_staged(&m, &mut d).unwrap();
@@ -187,7 +187,7 @@ fn device_embedding_matches_the_host_rows() {
             assert!(same, "{kind}: token {token}'s row differs from the host's");
         }
         // A token past the table is an error, not a read past it.
-        assert!(b.stage_token(&m, rows as u32).is_err(), "{kind}");
+        assert!(b.stage_token(&m, rows as u32, 5).is_err(), "{kind}");
     }
     println!("device embedding: every kind bit-identical to the host's rows");
 }

@@ -209,7 +209,7 @@ impl<'f> Model<'f> {
 
         // A decode token may be embedded by the step's launches (so that a recorded step replays
         // with each token's own row).
-        let staged = t == 1 && backend.stage_token(&self.w.token_embd, tokens[0])?;
+        let staged = t == 1 && backend.stage_token(&self.w.token_embd, tokens[0], start)?;
         if !staged {
             backend.embed(&self.w.token_embd, tokens, &mut b.x, &mut st.embed)?;
         }

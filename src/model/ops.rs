@@ -113,9 +113,10 @@ pub trait Backend {
     ) -> crate::Result<()> {
         embed_via_host(self, table, tokens, dst, host)
     }
-    /// A decode token's id handed over ahead of its step's launches (which may be replayed
-    /// from a recording): true when `embed_staged` then embeds it where the launches run.
-    fn stage_token(&self, _table: &Matrix<'_>, _token: u32) -> crate::Result<bool> {
+    /// A decode token's id and position handed over ahead of its step's launches (which may be
+    /// replayed from a recording): true when `embed_staged` then embeds it where the launches
+    /// run.
+    fn stage_token(&self, _table: &Matrix<'_>, _token: u32, _pos: usize) -> crate::Result<bool> {
         Ok(false)
     }
     /// dst = the row of `table` of the token `stage_token` took (only once it returned true).

@@ -1592,6 +1592,13 @@ impl QueuedRead {
     }
 }
 
+/// A decode position as the kernels read it (an i32).
+fn step_pos(pos: usize) -> crate::Result<u32> {
+    i32::try_from(pos)
+        .map(|v| v as u32)
+        .map_err(|_| Error::Invalid(format!("CUDA backend: position {pos} past i32")))
+}
+
 /// Device pointer of a slice (event tracking is off, so nothing is recorded).
 pub fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     s.device_ptr(stream).0
@@ -1634,12 +1641,11 @@ pub struct CudaBackend {
     scratch: CudaSlice<f32>,
     scratch_len: usize,
     resident_bytes: usize,
-    /// A decode step's position, in device memory (read by its attention and RoPE launches, so
-    /// that one recording serves every token), and the value last written there.
-    pos: CudaSlice<i32>,
+    /// A decode step's position and (stage_token) its token's id, in device memory (read by its
+    /// attention, RoPE and embedding launches, so that one recording serves every token), and
+    /// the position last written there.
+    step: CudaSlice<i32>,
     pos_now: Mutex<Option<usize>>,
-    /// A decode token's id (stage_token), for embed_token.
-    tok: CudaSlice<i32>,
     /// Whether decode tokens are embedded on the device from the resident table (stage_token;
     /// off with HOB_DEVICE_EMBED=0: converted on the host and uploaded).
     device_embed: bool,
@@ -1736,8 +1742,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             scratch: gpu.alloc::<f32>(SCRATCH_FLOATS, "the prefill tile")?,
             scratch_len: SCRATCH_FLOATS,
-            pos: gpu.alloc::<i32>(1, "the decode position")?,
-            tok: gpu.alloc::<i32>(1, "the decode token")?,
+            step: gpu.alloc::<i32>(2, "the decode position and token")?,
             device_embed: std::env::var("HOB_DEVICE_EMBED").as_deref() != Ok("0"),
             pos_now: Mutex::new(None),
             qkv_settled: AtomicBool::new(false),
@@ -1756,15 +1761,14 @@ impl CudaBackend {
     /// The device address holding decode position `pos`, written there first if it holds
     /// another (never while a step is recorded: decode_step writes it before).
     fn pos_ptr(&self, pos: usize) -> crate::Result<u64> {
-        let p = ptr(&self.pos, &self.gpu.stream);
+        let p = ptr(&self.step, &self.gpu.stream);
         let mut now = self.pos_now.lock().unwrap_or_else(|e| e.into_inner());
         if *now != Some(pos) {
-            let v = i32::try_from(pos)
-                .map_err(|_| Error::Invalid(format!("CUDA backend: position {pos} past i32")))?;
-            // SAFETY: p holds one i32, set by a memset queued on the stream (no host buffer: no
+            let v = step_pos(pos)?;
+            // SAFETY: p holds an i32, set by a memset queued on the stream (no host buffer: no
             // staging copy), ordered before the launches that read it.
             unsafe {
-                cudarc::driver::sys::cuMemsetD32Async(p, v as u32, 1, self.gpu.stream.cu_stream())
+                cudarc::driver::sys::cuMemsetD32Async(p, v, 1, self.gpu.stream.cu_stream())
                     .result()
                     .map_err(cuda_err)?;
             }
@@ -1965,7 +1969,7 @@ impl Backend for CudaBackend {
             .upload_staged(n, self.p(dst), |out| embed_rows(table, tokens, out))
     }
 
-    fn stage_token(&self, table: &Matrix<'_>, token: u32) -> crate::Result<bool> {
+    fn stage_token(&self, table: &Matrix<'_>, token: u32, pos: usize) -> crate::Result<bool> {
         if !self.device_embed || self.mat(table).is_err() {
             return Ok(false);
         }
@@ -1975,25 +1979,31 @@ impl Backend for CudaBackend {
                 table.rows
             )));
         }
-        // SAFETY: tok holds one i32, set by a memset queued on the stream (no host buffer),
-        // ordered before the launches that read it.
-        unsafe {
-            cudarc::driver::sys::cuMemsetD32Async(
-                ptr(&self.tok, &self.gpu.stream),
-                token,
-                1,
-                self.gpu.stream.cu_stream(),
-            )
-            .result()
-            .map_err(cuda_err)?;
+        let p = step_pos(pos)?;
+        let at = ptr(&self.step, &self.gpu.stream);
+        let s = self.gpu.stream.cu_stream();
+        let mut now = self.pos_now.lock().unwrap_or_else(|e| e.into_inner());
+        // (A 64-bit cuStreamWriteValue64_v2 of both was refused on the H100 under CUDA 13:
+        // CUDA_ERROR_INVALID_VALUE.)
+        for (i, v) in [p, token].into_iter().enumerate() {
+            if i == 0 && *now == Some(pos) {
+                continue;
+            }
+            // SAFETY: `step` holds two i32, each set by a memset queued on the stream (no host
+            // buffer), ordered before the launches that read them.
+            unsafe { cudarc::driver::sys::cuMemsetD32Async(at + 4 * i as u64, v, 1, s) }
+                .result()
+                .map_err(cuda_err)?;
         }
+        *now = Some(pos);
         Ok(true)
     }
 
     fn embed_staged(&self, table: &Matrix<'_>, dst: &mut CudaSlice<f32>) -> crate::Result<()> {
         check_len("embedding destination", dst.len(), table.cols)?;
         let w = *self.mat(table)?;
-        let (kind, tp, dp) = (w.kind, ptr(&self.tok, &self.gpu.stream), self.p(dst));
+        let tp = ptr(&self.step, &self.gpu.stream) + 4;
+        let (kind, dp) = (w.kind, self.p(dst));
         let c = cfg(blocks(table.cols, 256), 256);
         launch!(self.gpu, self.gpu.kernels.embed_token, c; w, kind, tp, dp)
     }
