@@ -47,6 +47,8 @@ cat > .gpu/run.sh <<'RUN'
 set -u
 mode="${1:-tests}"
 baked=$(cat .gpu/hob-path); mkdir -p "$(dirname "$baked")"; cp .gpu/hob "$baked"
+# Tests that make temporary files under the baked CARGO_TARGET_TMPDIR (target/tmp).
+mkdir -p "$(dirname "$(dirname "$baked")")/tmp"
 out="${OUT:-/tmp/hob-out}"; mkdir -p "$out"
 # hob is built with cudarc's CUDA 12.2 bindings, which look for libnvrtc.so / libcublas.so or their
 # .so.12 names; a CUDA 13 install has .so.13 (and the unversioned names only with the dev packages).
