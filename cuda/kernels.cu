@@ -559,6 +559,11 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
 #define ATT_MAX_WARPS 16
 #define ATT_MAX_J 8  // head_dim up to 256
 #define ATT_PREFETCH 128  // positions whose keys and values a block prefetches into L2
+// Decode attention loads a warp's next position while it computes one (A/B: HOB_NVRTC_DEFINES=
+// ATT_PIPE=0).
+#ifndef ATT_PIPE
+#define ATT_PIPE 1
+#endif
 
 extern "C" __global__ void attention(const float* __restrict__ q, const half_bits* __restrict__ kc,
                                      const half_bits* __restrict__ vc, float* __restrict__ out,
@@ -599,16 +604,31 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
         acc[j] = 0.f;
     }
     float m = NEG_INF, l = 0.f;
-    for (int p = first + warp; p <= pos; p += warps) {
+    // The position's keys and values load together (one memory latency per position); with
+    // ATT_PIPE the warp's next position loads while this one is computed (the same arithmetic).
+    half_bits kr[ATT_MAX_J], vr[ATT_MAX_J], kn[ATT_MAX_J], vn[ATT_MAX_J];
+    auto kv_load = [&](int p, half_bits (&ko)[ATT_MAX_J], half_bits (&vo)[ATT_MAX_J]) {
         const half_bits* k = kc + (size_t)p * kv_dim + kvh * hd;
         const half_bits* v = vc + (size_t)p * kv_dim + kvh * hd;
-        // The position's keys and values load together (one memory latency per position).
-        half_bits kr[ATT_MAX_J], vr[ATT_MAX_J];
+        const bool in = p <= pos;
 #pragma unroll
         for (int j = 0; j < ATT_MAX_J; j++) {
             int d = lane + 32 * j;
-            kr[j] = d < hd ? k[d] : 0;
-            vr[j] = d < hd ? v[d] : 0;
+            ko[j] = in && d < hd ? k[d] : 0;
+            vo[j] = in && d < hd ? v[d] : 0;
+        }
+    };
+    if (ATT_PIPE) kv_load(first + warp, kn, vn);
+    for (int p = first + warp; p <= pos; p += warps) {
+        if (ATT_PIPE) {
+#pragma unroll
+            for (int j = 0; j < ATT_MAX_J; j++) {
+                kr[j] = kn[j];
+                vr[j] = vn[j];
+            }
+            kv_load(p + warps, kn, vn);
+        } else {
+            kv_load(p, kr, vr);
         }
         float dot = 0.f;
 #pragma unroll
