@@ -1405,17 +1405,30 @@ impl Gpu {
 
     /// Device-to-host copy of f32 values (waits for the compute stream).
     pub fn download_f32(&self, src: u64, dst: &mut [f32]) -> crate::Result<()> {
-        let t = Instant::now();
-        let r = match &self.readback {
-            Some(rb) if dst.len() >= PINNED_READ_MIN => self.download_pinned(rb, src, dst),
+        match &self.readback {
+            Some(rb) if dst.len() >= PINNED_READ_MIN => {
+                self.timed_read(|| self.download_pinned(rb, src, dst))
+            }
+            _ => self.read_direct(src, dst),
+        }
+    }
+
+    /// A copy of dst.len() floats from `src` straight into `dst`, and a wait for it (into
+    /// page-locked memory: by DMA; into pageable memory: staged by the driver in pieces).
+    pub fn read_direct(&self, src: u64, dst: &mut [f32]) -> crate::Result<()> {
+        self.timed_read(|| {
             // SAFETY: src addresses at least dst.len() floats; the stream is synchronized
             // before dst is read.
-            _ => unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())
-                    .map_err(cuda_err)
-            }
-            .and_then(|()| self.sync()),
-        };
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+                .map_err(cuda_err)
+                .and_then(|()| self.sync())
+        })
+    }
+
+    /// `read`, its time added to read_ns (--stats: the host waiting for results).
+    fn timed_read(&self, read: impl FnOnce() -> crate::Result<()>) -> crate::Result<()> {
+        let t = Instant::now();
+        let r = read();
         self.read_ns
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         r
@@ -2020,22 +2033,8 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         check_len("download source", src.len(), n)?;
         check_len("download destination", dst.len(), n)?;
-        let t = Instant::now();
-        // SAFETY: src holds n floats, dst (page-locked) as many; the stream is synchronized
-        // before dst is read (the &mut borrow keeps every reader out until then).
-        let r = unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(
-                &mut dst[..n],
-                self.p(src),
-                self.gpu.stream.cu_stream(),
-            )
-        }
-        .map_err(cuda_err)
-        .and_then(|()| self.gpu.sync());
-        self.gpu
-            .read_ns
-            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        r
+        // (Page-locked: the copy lands by DMA, nothing to copy out after.)
+        self.gpu.read_direct(self.p(src), &mut dst[..n])
     }
 
     fn download(&self, src: &CudaSlice<f32>, dst: &mut [f32]) -> crate::Result<()> {
