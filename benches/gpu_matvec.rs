@@ -267,9 +267,14 @@ fn main() {
 /// sets of matrices. The gate and up outputs are checked bit for bit against plain launches (the
 /// same plan: the same sums). Returns the failed checks.
 fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usize {
-    const K: usize = 2;
+    // GPU_MATVEC_ROUTED_K=8: more experts a launch (a launch's start then weighs less).
+    let k: usize = std::env::var("GPU_MATVEC_ROUTED_K")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&k| (1..=SLOTS_MAX_K).contains(&k))
+        .unwrap_or(2);
     let (ffn, dim) = (14336, 4096);
-    println!("Routed launches (k = {K} experts, decode's form: Gpu::matvec_sel):");
+    println!("Routed launches (k = {k} experts, decode's form: Gpu::matvec_sel):");
     println!();
     println!("| kind | launch | bytes | cold µs | cold GB/s | cold share | warm µs | warm share |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -280,18 +285,18 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
         }
         let gu = TestMat::new(gpu, kind, ffn, dim, false, 2 * ROTATE_BYTES);
         let dn = TestMat::new(gpu, kind, dim, ffn, false, ROTATE_BYTES);
-        let sets = (gu.mats.len() / (2 * K)).min(dn.mats.len() / K).max(1);
+        let sets = (gu.mats.len() / (2 * k)).min(dn.mats.len() / k).max(1);
         let mut tables = Vec::new();
         for st in 0..sets {
             let at = |v: &[DevMat], i: usize| v[i % v.len()];
-            let experts: Vec<(usize, f32, [DevMat; 3])> = (0..K)
+            let experts: Vec<(usize, f32, [DevMat; 3])> = (0..k)
                 .map(|e| {
-                    let gate = at(&gu.mats, 2 * K * st + e);
-                    let up = at(&gu.mats, 2 * K * st + K + e);
+                    let gate = at(&gu.mats, 2 * k * st + e);
+                    let up = at(&gu.mats, 2 * k * st + k + e);
                     (
                         e,
                         0.6 - 0.2 * e as f32,
-                        [gate, up, at(&dn.mats, K * st + e)],
+                        [gate, up, at(&dn.mats, k * st + e)],
                     )
                 })
                 .collect();
@@ -309,9 +314,9 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
         }
         let xd = upload(gpu, &random(dim, 11));
         let h = gpu
-            .alloc::<f32>(2 * K * ffn, "gate and up outputs")
+            .alloc::<f32>(2 * k * ffn, "gate and up outputs")
             .expect("alloc");
-        let o = gpu.alloc::<f32>(K * dim, "down outputs").expect("alloc");
+        let o = gpu.alloc::<f32>(k * dim, "down outputs").expect("alloc");
         let one = gpu.alloc::<f32>(ffn, "a plain output").expect("alloc");
         let s = &gpu.stream;
         let (xp, hp, op, onep) = (
@@ -326,9 +331,9 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
                 &gu.mats[0],
                 t.2,
                 t.3,
-                K,
+                k,
                 0,
-                2 * K,
+                2 * k,
                 (xp, 0, false),
                 (hp, ffn),
             )
@@ -336,29 +341,29 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
         };
         let down = |i: usize| {
             let t = &tables[i % sets];
-            gpu.matvec_sel(&dn.mats[0], t.2, t.3, K, 2, K, (hp, ffn, true), (op, dim))
+            gpu.matvec_sel(&dn.mats[0], t.2, t.3, k, 2, k, (hp, ffn, true), (op, dim))
                 .expect("matvec_sel");
         };
         let down_plain = |i: usize| {
             let t = &tables[i % sets];
-            gpu.matvec_sel(&dn.mats[0], t.2, t.3, K, 2, K, (hp, ffn, false), (op, dim))
+            gpu.matvec_sel(&dn.mats[0], t.2, t.3, k, 2, k, (hp, ffn, false), (op, dim))
                 .expect("matvec_sel");
         };
         // SwiGLU in place on a copy of the outputs (its values drift over the repeats; the
         // time does not depend on them).
         let scratch = gpu
-            .alloc::<f32>(2 * K * ffn, "SwiGLU scratch")
+            .alloc::<f32>(2 * k * ffn, "SwiGLU scratch")
             .expect("alloc");
         let sp = cuda::ptr(&scratch, s);
         let swiglu = |_: usize| {
-            gpu.swiglu(sp, sp + (K * ffn * 4) as u64, K * ffn)
+            gpu.swiglu(sp, sp + (k * ffn * 4) as u64, k * ffn)
                 .expect("swiglu");
         };
         // Gate, up and SwiGLU as decode launches them (Gpu::routed_gate_up: one launch where
         // matvec_qd_*_gu applies), and the same with the one-launch form off.
         let gate_up_glu = |i: usize| {
             let t = &tables[i % sets];
-            gpu.routed_gate_up(&gu.mats[0], t.2, t.3, K, xp, (hp, ffn))
+            gpu.routed_gate_up(&gu.mats[0], t.2, t.3, k, xp, (hp, ffn))
                 .expect("routed_gate_up");
         };
         let gate_up_glu2 = |i: usize| {
@@ -367,31 +372,31 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
             gpu.set_routed_gu(true);
         };
         let plain4 = |i: usize| {
-            for j in 0..2 * K {
-                let m = &gu.mats[(2 * K * (i % sets) + j) % gu.mats.len()];
+            for j in 0..2 * k {
+                let m = &gu.mats[(2 * k * (i % sets) + j) % gu.mats.len()];
                 gpu.matvec(m, xp, onep).expect("matvec");
             }
         };
         let rows: [(&str, usize, &RunAt); 7] = [
-            ("gate + up, one launch", 2 * K * gu.bytes, &gate_up),
+            ("gate + up, one launch", 2 * k * gu.bytes, &gate_up),
             (
                 "gate + up + SwiGLU, one launch (_gu)",
-                2 * K * gu.bytes,
+                2 * k * gu.bytes,
                 &gate_up_glu,
             ),
             (
                 "gate + up + SwiGLU, two launches",
-                2 * K * gu.bytes,
+                2 * k * gu.bytes,
                 &gate_up_glu2,
             ),
-            ("gate + up, four plain launches", 2 * K * gu.bytes, &plain4),
-            ("down (SwiGLU staged), one launch", K * dn.bytes, &down),
+            ("gate + up, four plain launches", 2 * k * gu.bytes, &plain4),
+            ("down (SwiGLU staged), one launch", k * dn.bytes, &down),
             (
                 "down (plain x staged), one launch",
-                K * dn.bytes,
+                k * dn.bytes,
                 &down_plain,
             ),
-            ("SwiGLU launch alone (bytes: down's)", K * dn.bytes, &swiglu),
+            ("SwiGLU launch alone (bytes: down's)", k * dn.bytes, &swiglu),
         ];
         for (name, bytes, run) in rows {
             let cold = time(gpu, &bench.spin, run);
@@ -411,7 +416,7 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
             gpu.set_routed_gu(one);
             gate_up_glu(0);
             gpu.set_routed_gu(true);
-            download(gpu, &h, K * ffn)
+            download(gpu, &h, k * ffn)
         };
         let (g1, g2) = (glu_rows(true), glu_rows(false));
         if g1.iter().zip(&g2).any(|(a, b)| a.to_bits() != b.to_bits()) {
@@ -420,10 +425,10 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
         }
         // The routed gate and up outputs against plain launches on the same matrices.
         gate_up(0);
-        let got = download(gpu, &h, 2 * K * ffn);
+        let got = download(gpu, &h, 2 * k * ffn);
         let experts = &tables[0].4;
-        for j in 0..2 * K {
-            let m = &experts[j % K].2[j / K];
+        for j in 0..2 * k {
+            let m = &experts[j % k].2[j / k];
             gpu.matvec(m, xp, onep).expect("matvec");
             let want = download(gpu, &one, ffn);
             if got[j * ffn..(j + 1) * ffn] != want[..] {

@@ -1844,13 +1844,23 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     // RING: this warp's RING steps of RSB bytes after wsm (16-byte aligned): codes [R][32 lanes]
     // of 16 bytes, then per row 64 bytes of scales and 64 of mins (the step's 32 chunks' groups).
     constexpr int RSB = R * 512 + R * 128;
-    u8* const ring =
-        reinterpret_cast<u8*>((reinterpret_cast<size_t>(wsm + 2 * warps) + 15) & ~(size_t)15) +
-        (size_t)warp * RING * RSB;
+    // (An offset from qsm, not an integer round trip of the address: that lost the shared space
+    // and made the ring's reads generic loads.)
+    const int ring_off =
+        ((int)(reinterpret_cast<const char*>(wsm + 2 * warps) - reinterpret_cast<const char*>(qsm)) + 15) & ~15;
+    u8* const ring = reinterpret_cast<u8*>(qsm) + ring_off + warp * RING * RSB;
     const int gpr = w.cols / w.group;
     const bool fast = DP || KIND == KIND_INT8 || w.group % CC == 0;
     const int cpg = w.group / CC;
     const int cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;
+    // RING: the piece of a step's scales or mins this lane copies, fixed for the launch: row slot
+    // ri_s, array (0 scales, 1 mins) and 16-byte piece pc_s of its 4 / cpg pieces; its place in a
+    // ring slot, so_s. Lanes from R * pieces * arrays on copy none.
+    const int ppr_s = RING > 0 ? 4 >> cpg_shift : 1, per_s = ppr_s * (KIND == KIND_INT8 ? 1 : 2);
+    const bool lane_s = RING > 0 && lane < R * per_s;
+    const int ri_s = lane / per_s, a_s = (lane - ri_s * per_s) / ppr_s;
+    const int pc_s = lane - ri_s * per_s - a_s * ppr_s;
+    const int so_s = R * 512 + (ri_s * 2 + a_s) * 64 + pc_s * 16;
     const int step = 32 * split, c0 = s * 32 + lane;
     int parity = 0;
 
@@ -1860,6 +1870,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         // The rows' code and scale bases of the tile being loaded, set once per tile.
         const uint4* lrow[R];
         int lsrow[R];
+        const unsigned short* lsrc = nullptr;  // RING: this lane's scale or min piece, the tile's row
         int ltile = -1;
         auto set_tile = [&](int t) {
             if (t != ltile) {
@@ -1870,6 +1881,12 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                     const u8* codes = GU && i >= RM ? wu.codes : w.codes;
                     lrow[i] = reinterpret_cast<const uint4*>(codes + (size_t)r * w.row_bytes) + ct0;
                     lsrow[i] = r * gpr;
+                }
+                if (lane_s) {
+                    const bool up = GU && ri_s >= RM;
+                    const int r = min(t * tile_rows + g * RM + ri_s % RM, w.rows - 1);
+                    const unsigned short* base = a_s == 0 ? (up ? wu.scales : w.scales) : (up ? wu.mins : w.mins);
+                    lsrc = base + (size_t)r * gpr + (ct0 >> cpg_shift) + 8 * pc_s;
                 }
             }
         };
@@ -1904,19 +1921,14 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 #pragma unroll
                 for (int i = 0; i < R; i++)
                     cp_async16z(st + (i * 32 + lane) * 16, in ? lrow[i] + c : lrow[i], in ? 16 : 0);
-                const int ppr = 4 >> cpg_shift, arrays = KIND == KIND_INT8 ? 1 : 2;
-                if (lane < R * ppr * arrays) {
-                    const int i = lane / (ppr * arrays), rem = lane - i * (ppr * arrays);
-                    const int a = rem / ppr, pc = rem - a * ppr;
-                    const bool up = GU && i >= RM;
-                    const int r = min(t * tile_rows + g * RM + i % RM, w.rows - 1);
+                if (lane_s) {
                     const int cb = s * 32 + k * step;  // the warp's first chunk of the step
-                    const int vg = min(max((tn - cb + cpg - 1) >> cpg_shift, 0), 32 >> cpg_shift);
-                    const int bytes = min(max(vg * 2 - 16 * pc, 0), 16);
-                    const unsigned short* base =
-                        a == 0 ? (up ? wu.scales : w.scales) : (up ? wu.mins : w.mins);
-                    const unsigned short* src = base + (size_t)r * gpr + ((ct0 + cb) >> cpg_shift) + 8 * pc;
-                    cp_async16z(st + R * 512 + (i * 2 + a) * 64 + pc * 16, bytes > 0 ? src : base, bytes);
+                    int bytes = 16;
+                    if (cb + 32 > tn) {
+                        const int vg = min(max((tn - cb + cpg - 1) >> cpg_shift, 0), 32 >> cpg_shift);
+                        bytes = min(max(vg * 2 - 16 * pc_s, 0), 16);
+                    }
+                    cp_async16z(st + so_s, bytes > 0 ? lsrc + (cb >> cpg_shift) : lsrc, bytes);
                 }
             }
             cp_async_commit();

@@ -2,7 +2,7 @@
 //! (keyed by a hash of the source, the compile options and the GPU architecture), every kernel
 //! handle loaded once.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -244,12 +244,28 @@ impl Kernels {
                     .map(|d| format!("-D{d}")),
             );
         }
+        // HOB_KERNELS_SOURCE=FILE compiles that file instead of the embedded cuda/kernels.cu: an
+        // A/B run of a kernel edit in one binary, alternated on one machine (the edit must keep
+        // every kernel the launchers load, with the same parameters).
+        let source: std::borrow::Cow<'static, str> = match std::env::var_os("HOB_KERNELS_SOURCE") {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    Error::Invalid(format!(
+                        "HOB_KERNELS_SOURCE={}: cannot read the kernel source: {e}",
+                        Path::new(&path).display()
+                    ))
+                })?;
+                log::info!("kernels from {} (HOB_KERNELS_SOURCE)", Path::new(&path).display());
+                text.into()
+            }
+            None => SOURCE.into(),
+        };
         let key = {
-            let mut h = crc32c::crc32c(SOURCE.as_bytes());
+            let mut h = crc32c::crc32c(source.as_bytes());
             for o in &options {
                 h = crc32c::crc32c_append(h, o.as_bytes());
             }
-            format!("kernels-{h:08x}-{}-{arch}.ptx", SOURCE.len())
+            format!("kernels-{h:08x}-{}-{arch}.ptx", source.len())
         };
         let cached = cache_dir().map(|d| d.join(&key));
         let (ptx, origin) = match cached
@@ -260,7 +276,7 @@ impl Kernels {
             None => {
                 let started = Instant::now();
                 let ptx = cudarc::nvrtc::compile_ptx_with_opts(
-                    SOURCE,
+                    &*source,
                     CompileOptions {
                         options,
                         ..Default::default()

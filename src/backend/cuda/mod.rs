@@ -359,6 +359,7 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
     let per_sm = (lim.regs_per_sm / (regs_per_warp * warps))
         .min(lim.threads_per_sm / block)
         .min(lim.smem_per_sm / (smem + lim.smem_reserved))
+        .min(forced_per_sm().unwrap_or(usize::MAX))
         .max(1);
     let cap = (lim.sm_count * per_sm).max(1);
     let tn = tchunks.min(n);
@@ -426,6 +427,18 @@ fn forced_warps() -> Option<usize> {
         let w = std::env::var("HOB_Q_WARPS").ok()?.trim().parse().ok()?;
         log::info!("HOB_Q_WARPS: integer matvec blocks of {w} warps where they fit");
         Some(w)
+    })
+}
+
+/// The blocks per SM a plan's grid may count on, capped by HOB_Q_PER_SM (for A/B runs: a grid of
+/// one block an SM leaves room for the next launch's blocks, which then start loading while this
+/// launch ends).
+fn forced_per_sm() -> Option<usize> {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        let n = std::env::var("HOB_Q_PER_SM").ok()?.trim().parse().ok()?;
+        log::info!("HOB_Q_PER_SM: integer matvec grids of at most {n} blocks an SM");
+        Some(n)
     })
 }
 
