@@ -153,6 +153,12 @@ fn main() {
             continue;
         }
         for (rows, cols) in SHAPES {
+            // GPU_MATVEC_SHAPES=4096x14336: only those shapes (e.g. for a profiler's launch count).
+            if std::env::var("GPU_MATVEC_SHAPES")
+                .is_ok_and(|o| !o.split(',').any(|s| s == format!("{rows}x{cols}")))
+            {
+                continue;
+            }
             let t = TestMat::new(gpu, kind, rows, cols, false, ROTATE_BYTES);
             let x = random(cols, 7);
             let want = t.reference(&cpu, &x);
@@ -858,6 +864,12 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
         }
         let code = name_kind(kind);
         for (rows, cols) in SHAPES {
+            // GPU_MATVEC_SHAPES=4096x14336: only those shapes (e.g. for a profiler's launch count).
+            if std::env::var("GPU_MATVEC_SHAPES")
+                .is_ok_and(|o| !o.split(',').any(|s| s == format!("{rows}x{cols}")))
+            {
+                continue;
+            }
             let t = TestMat::new(gpu, kind, rows, cols, false, ROTATE_BYTES);
             let x = random(cols, 7);
             let want = t.reference(cpu, &x);

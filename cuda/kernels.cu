@@ -1583,6 +1583,19 @@ __device__ __forceinline__ constexpr int qd_sa() {
 #endif
 #define QD_RING_OF(KIND) \
     ((KIND) == KIND_INT8 ? QD_RING_INT8 : (KIND) == KIND_INT4 ? QD_RING_INT4 : QD_RING_INT2)
+// The plain (one matrix: Gpu::matvec) kernels' depths, QD_RING_* unless set (Rust passes
+// HOB_QD_RING_LONE; on the H100 int2 reads a lone matrix faster with 2 steps, routed ones with 3).
+#ifndef QD_RING_LONE_INT8
+#define QD_RING_LONE_INT8 QD_RING_INT8
+#endif
+#ifndef QD_RING_LONE_INT4
+#define QD_RING_LONE_INT4 QD_RING_INT4
+#endif
+#ifndef QD_RING_LONE_INT2
+#define QD_RING_LONE_INT2 QD_RING_INT2
+#endif
+#define QD_RING_LONE_OF(KIND) \
+    ((KIND) == KIND_INT8 ? QD_RING_LONE_INT8 : (KIND) == KIND_INT4 ? QD_RING_LONE_INT4 : QD_RING_LONE_INT2)
 
 // Set s of code word w: one code per byte (int8: the word, its bytes signed).
 template <int KIND>
@@ -1673,8 +1686,10 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
     // QU words a thread per pass, their loads issued together: a pass's L2 round trip is most of
     // its time (Mixtral's 14336-column down x, 512 threads, QU 2: one pass instead of two for
     // int2, 2 instead of 4 for int4). The words of a chunk stay in adjacent lanes: the same sums
-    // and bits. The ring form takes 2 (no loads held in registers meanwhile); the register form 1
-    // (2 took int4 to 154 registers).
+    // and bits (lanes l % 8 taking chunks and l / 8 words, which frees the 16-byte plane stores
+    // of their 4-way bank conflicts, read 2-4 points slower on the H100: 2026-11-27). The ring
+    // form takes 2 (no loads held in registers meanwhile); the register form 1 (2 took int4 to
+    // 154 registers).
     __syncthreads();  // earlier readers of the shared arrays are done
     for (int m00 = 0; m00 < nw; m00 += QU * blockDim.x) {
         float vv[QU][EPW];
@@ -1951,7 +1966,8 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         QBuf<R> b0, b1, b2;
         int t = blockIdx.x, k = 0, lt = t, lk = 0;
         if (RING > 0) {
-            // Steps 0 .. RING - 2 into slots 0 .. RING - 2.
+            // Steps 0 .. RING - 2 into slots 0 .. RING - 2 (issued before x's staging: after it
+            // measured 6-25% slower, 2026-11-27).
             issue(0, t, k);
 #pragma unroll
             for (int j = 1; j < RING - 1; j++) {
@@ -2193,21 +2209,22 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 }
 
 // The plain and routed-expert (_sel) kernels of one integer family for int8, int4 and int2:
-// PREFIX##_int8 ... PREFIX##_int2_sel, each BODY<kind, ARG>. A _sel kernel runs with its plain
-// kernel's launch plan (Gpu::sel_supports): SEL_ATTR bounds its registers to the largest block a
-// plan takes (512 threads), which its SwiGLU staging would otherwise exceed for int8.
-#define INT_MATVEC_KERNELS(PREFIX, BODY, ARG, ATTR, SEL_ATTR)                                         \
+// PREFIX##_int8 ... PREFIX##_int2_sel, the plain ones LBODY<kind, ARG>, the _sel ones
+// BODY<kind, ARG>. A _sel kernel runs with its plain kernel's launch plan (Gpu::sel_supports):
+// SEL_ATTR bounds its registers to the largest block a plan takes (512 threads), which its SwiGLU
+// staging would otherwise exceed for int8.
+#define INT_MATVEC_KERNELS(PREFIX, BODY, LBODY, ARG, ATTR, SEL_ATTR)                                  \
     extern "C" __global__ void ATTR PREFIX##_int8(const Mat w, const float* x, float* y, int split,   \
                                                   int tchunks) {                                      \
-        BODY<KIND_INT8, ARG>(w, x, nullptr, y, split, tchunks);                                       \
+        LBODY<KIND_INT8, ARG>(w, x, nullptr, y, split, tchunks);                                       \
     }                                                                                                 \
     extern "C" __global__ void ATTR PREFIX##_int4(const Mat w, const float* x, float* y, int split,   \
                                                   int tchunks) {                                      \
-        BODY<KIND_INT4, ARG>(w, x, nullptr, y, split, tchunks);                                       \
+        LBODY<KIND_INT4, ARG>(w, x, nullptr, y, split, tchunks);                                       \
     }                                                                                                 \
     extern "C" __global__ void ATTR PREFIX##_int2(const Mat w, const float* x, float* y, int split,   \
                                                   int tchunks) {                                      \
-        BODY<KIND_INT2, ARG>(w, x, nullptr, y, split, tchunks);                                       \
+        LBODY<KIND_INT2, ARG>(w, x, nullptr, y, split, tchunks);                                       \
     }                                                                                                 \
     extern "C" __global__ void SEL_ATTR PREFIX##_int8_sel(SEL_ARGS, int split, int tchunks) {         \
         sel_entry(which0);                                                                            \
@@ -2225,7 +2242,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 // R = 4 rows per warp, one chunk position per step: measured best on the H100 against 2 or 8 rows,
 // two positions per step, and a cp.async ring in shared memory keeping 2-5 steps in flight
 // (benches/results/2026-11-22-h100-int-matvec.md).
-INT_MATVEC_KERNELS(matvec_q, matvec_q_body, 4, , __launch_bounds__(512))
+INT_MATVEC_KERNELS(matvec_q, matvec_q_body, matvec_q_body, 4, , __launch_bounds__(512))
 
 // The integer-dot-product kernels (matvec_qd_*), for layouts whose groups are whole chunks.
 template <int KIND, int R>
@@ -2235,7 +2252,15 @@ __device__ __forceinline__ void matvec_qd_body(const Mat w, const float* __restr
     matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND), false, QD_RING_OF(KIND)>(w, x, u, y, split,
                                                                           tchunks);
 }
-INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, 4, , __launch_bounds__(512))
+// The plain kernels' form: their own ring depth.
+template <int KIND, int R>
+__device__ __forceinline__ void matvec_qd_lone_body(const Mat w, const float* __restrict__ x,
+                                                    const float* __restrict__ u,
+                                                    float* __restrict__ y, int split, int tchunks) {
+    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND), false, QD_RING_LONE_OF(KIND)>(w, x, u, y, split,
+                                                                               tchunks);
+}
+INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, matvec_qd_lone_body, 4, , __launch_bounds__(512))
 
 // Gate and up of a token's k routed experts with their SwiGLU, one launch (blockIdx.y = j: expert
 // routes[j], gate and up from the table as sel_mat reads them): y + j * ys = SwiGLU(gate x, up x),
@@ -2576,7 +2601,8 @@ __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restr
 // U = 2 quads per step (a lane loads 64 bytes of codes per step, as matvec_q_* do). At most 512
 // threads (the plans' 16 warps), so at most 128 registers: the selecting kernels then run with
 // the plain kernels' plans.
-INT_MATVEC_KERNELS(matvec_qm, matvec_qm_body, 2, __launch_bounds__(512), __launch_bounds__(512))
+INT_MATVEC_KERNELS(matvec_qm, matvec_qm_body, matvec_qm_body, 2, __launch_bounds__(512),
+                   __launch_bounds__(512))
 
 // Element (r, c) of any kind, dequantized.
 __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {

@@ -194,6 +194,28 @@ pub fn qd_ring(spec: Option<&str>, major: i32) -> crate::Result<[usize; 3]> {
     Ok(ring)
 }
 
+/// The plain (one-matrix) dp4a kernels' ring steps per kind (kernels.cu QD_RING_LONE_*): as
+/// `qd_ring` unless HOB_QD_RING_LONE sets them (same syntax). Default on sm_90 and later: int2 2
+/// steps (a lone Mixtral matrix read 72% -> 77% / 59% -> 60% of the copy on the H100, the routed
+/// launches lose with 2: benches/results/2026-11-27-h100-int2-staging.md), the rest as `qd_ring`;
+/// with HOB_QD_RING set, its depths.
+pub fn qd_ring_lone(
+    spec: Option<&str>,
+    routed_spec: Option<&str>,
+    major: i32,
+) -> crate::Result<[usize; 3]> {
+    fn set(s: Option<&str>) -> Option<&str> {
+        s.map(str::trim).filter(|s| !s.is_empty())
+    }
+    match (set(spec), set(routed_spec)) {
+        (Some(s), _) => qd_ring(Some(s), major).map_err(|e| {
+            Error::Invalid(e.to_string().replace("HOB_QD_RING=", "HOB_QD_RING_LONE="))
+        }),
+        (None, Some(r)) => qd_ring(Some(r), major),
+        (None, None) => Ok(if major >= 9 { [0, 4, 2] } else { [0; 3] }),
+    }
+}
+
 /// The on-disk cache directory: $HOB_CACHE_DIR, else $XDG_CACHE_HOME/hob, else ~/.cache/hob.
 fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("HOB_CACHE_DIR") {
@@ -225,7 +247,13 @@ impl Kernels {
             Ok("3") => 3,
             _ => qd_parts,
         };
-        let qd_ring = qd_ring(std::env::var("HOB_QD_RING").ok().as_deref(), major)?;
+        let ring_spec = std::env::var("HOB_QD_RING").ok();
+        let qd_ring = qd_ring(ring_spec.as_deref(), major)?;
+        let qd_ring_lone = qd_ring_lone(
+            std::env::var("HOB_QD_RING_LONE").ok().as_deref(),
+            ring_spec.as_deref(),
+            major,
+        )?;
         let mut options = vec![
             format!("--gpu-architecture={arch}"),
             "-std=c++17".into(),
@@ -234,6 +262,9 @@ impl Kernels {
             format!("-DQD_RING_INT8={}", qd_ring[0]),
             format!("-DQD_RING_INT4={}", qd_ring[1]),
             format!("-DQD_RING_INT2={}", qd_ring[2]),
+            format!("-DQD_RING_LONE_INT8={}", qd_ring_lone[0]),
+            format!("-DQD_RING_LONE_INT4={}", qd_ring_lone[1]),
+            format!("-DQD_RING_LONE_INT2={}", qd_ring_lone[2]),
         ];
         // Switches of cuda/kernels.cu for A/B runs (e.g. HOB_NVRTC_DEFINES=HOB_L2_PREFETCH=0),
         // separated by spaces or commas; part of the cache key like every option.
@@ -255,7 +286,10 @@ impl Kernels {
                         Path::new(&path).display()
                     ))
                 })?;
-                log::info!("kernels from {} (HOB_KERNELS_SOURCE)", Path::new(&path).display());
+                log::info!(
+                    "kernels from {} (HOB_KERNELS_SOURCE)",
+                    Path::new(&path).display()
+                );
                 text.into()
             }
             None => SOURCE.into(),
@@ -321,7 +355,12 @@ impl Kernels {
                     QFamily::Dp(_) if kind == 5 => QFamily::Dp(qd_parts_int2),
                     other => other,
                 };
-                let ring = qd_ring[(kind - 3) as usize];
+                // The plain dp4a kernels have their own depths (kernels.cu matvec_qd_lone_body).
+                let ring = if suffix.is_empty() {
+                    qd_ring_lone[(kind - 3) as usize]
+                } else {
+                    qd_ring[(kind - 3) as usize]
+                };
                 QKernel::new(
                     ctx,
                     f(&format!("{stem}_{name}{suffix}"))?,
@@ -426,7 +465,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{qd_ring, SOURCE};
+    use super::{qd_ring, qd_ring_lone, SOURCE};
 
     /// The text of the block that opens at the first `{` at or after `from` (braces balanced).
     fn block(src: &str, from: usize) -> &str {
@@ -467,6 +506,15 @@ mod tests {
     #[test]
     fn ring_depths_parse_per_kind_and_refuse_nonsense() {
         assert_eq!(qd_ring(None, 9).unwrap(), [0, 4, 3]);
+        assert_eq!(qd_ring_lone(None, None, 9).unwrap(), [0, 4, 2]);
+        assert_eq!(qd_ring_lone(None, None, 8).unwrap(), [0, 0, 0]);
+        assert_eq!(qd_ring_lone(None, Some("int2:4"), 9).unwrap(), [0, 0, 4]);
+        assert_eq!(
+            qd_ring_lone(Some("3"), Some("int2:4"), 9).unwrap(),
+            [3, 3, 3]
+        );
+        let e = qd_ring_lone(Some("1"), None, 9).unwrap_err().to_string();
+        assert!(e.contains("HOB_QD_RING_LONE=1"), "{e}");
         assert_eq!(qd_ring(None, 8).unwrap(), [0, 0, 0]);
         assert_eq!(qd_ring(Some("0"), 9).unwrap(), [0, 0, 0]);
         assert_eq!(qd_ring(Some("4"), 9).unwrap(), [4, 4, 4]);

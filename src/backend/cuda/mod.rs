@@ -841,7 +841,7 @@ impl Gpu {
         // `matvec`). Its grid fills the GPU once; the ny matrices share it (a block loops over
         // its matrix's row tiles, so any grid computes the same sums).
         let q = self.q_kernels(w).1;
-        let p = self.q_plan(w).ok_or_else(|| {
+        let p = self.routed_plan(w, q).ok_or_else(|| {
             Error::Invalid("CUDA: no integer matvec plan for a routed expert".into())
         })?;
         let c = LaunchConfig {
@@ -915,12 +915,10 @@ impl Gpu {
         if !std::ptr::eq(plain, &self.kernels.matvec_qd[i]) {
             return None;
         }
-        let p = self.q_plan(gate)?;
         let q = &self.kernels.matvec_qd_gu[i];
-        let warps = p.block as usize / 32;
-        let regs_per_warp = (q.shape.regs.max(1) * 32).div_ceil(256) * 256;
+        let p = self.routed_plan(gate, q)?;
         let whole = p.tchunks as usize == (gate.row_bytes.max(0) as usize / 16).max(1);
-        if !whole || regs_per_warp * warps > self.q_limits.regs_per_sm {
+        if !whole {
             return None;
         }
         let c = LaunchConfig {
@@ -1041,11 +1039,24 @@ impl Gpu {
         if w.kind < 3 {
             return true;
         }
-        // The selecting kernel runs with the plain kernel's plan: its registers must allow the
-        // plan's block.
-        let regs = self.q_kernels(w).1.shape.regs;
-        self.q_plan(w)
-            .is_some_and(|p| regs.div_ceil(8) * 8 * p.block as usize <= self.q_limits.regs_per_sm)
+        self.routed_plan(w, self.q_kernels(w).1).is_some()
+    }
+
+    /// The plan of a routed launch (`q`: a _sel or _gu kernel) of matrices like `w`: the plain
+    /// kernel's block, split and column tiles (each row's sum is the plain kernel's), with `q`'s
+    /// own shared memory (its ring may be deeper than the plain kernel's: QShape::ring). None
+    /// where `q`'s registers or shared memory do not allow that block.
+    pub fn routed_plan(&self, w: &DevMat, q: &QKernel) -> Option<QPlan> {
+        let p = self.q_plan(w)?;
+        let warps = p.block as usize / 32;
+        let regs_per_warp = (q.shape.regs.max(1) * 32).div_ceil(256) * 256;
+        let smem = q_smem(&q.shape, warps, p.tchunks as usize);
+        (regs_per_warp * warps <= self.q_limits.regs_per_sm && smem <= self.q_limits.smem_max).then(
+            || QPlan {
+                smem: smem as u32,
+                ..p
+            },
+        )
     }
 
     /// Mixtral routing of t tokens from router logits ([t, ne] at `logits`) into `routes`:
