@@ -1051,12 +1051,12 @@ impl Gpu {
         let warps = p.block as usize / 32;
         let regs_per_warp = (q.shape.regs.max(1) * 32).div_ceil(256) * 256;
         let smem = q_smem(&q.shape, warps, p.tchunks as usize);
-        (regs_per_warp * warps <= self.q_limits.regs_per_sm && smem <= self.q_limits.smem_max).then(
-            || QPlan {
-                smem: smem as u32,
-                ..p
-            },
-        )
+        let fits =
+            regs_per_warp * warps <= self.q_limits.regs_per_sm && smem <= self.q_limits.smem_max;
+        fits.then_some(QPlan {
+            smem: smem as u32,
+            ..p
+        })
     }
 
     /// Mixtral routing of t tokens from router logits ([t, ne] at `logits`) into `routes`:
