@@ -3,6 +3,9 @@
 # the release `hob` binary, every release test executable, and the tokenizer/fixtures they read.
 #
 #   bash tools/stage_gpu.sh          then, with the device tool: carry [".gpu"], command "bash .gpu/run.sh tests"
+#   bash tools/stage_gpu.sh gpu_backend experts_loader cli_bench
+#                                    only those test executables (the whole set can pass the device tool's
+#                                    64 MiB carry: 69 MB on 2026-11-27)
 #
 # .gpu/run.sh tests: every staged test executable (GPU tests print their NMSE table), one log $OUT/tests.log.
 # .gpu/run.sh bench: the GPU kernel bandwidth bench, $OUT/gpu_matvec.md.
@@ -21,7 +24,11 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])' \
-  | while read -r exe; do cp "$exe" ".gpu/tests/$(basename "$exe")"; done
+  | while read -r exe; do
+      name=$(basename "$exe"); keep=$#
+      for t in "$@"; do [ "${name%-*}" = "$t" ] && keep=0; done
+      [ "$keep" = 0 ] && cp "$exe" ".gpu/tests/$name"
+    done
 cargo build --release --benches --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys
@@ -84,3 +91,5 @@ exit $status
 RUN
 chmod +x .gpu/run.sh
 du -sh .gpu
+size=$(du -sm .gpu | cut -f1)
+[ "$size" -le 64 ] || echo "stage_gpu: .gpu is $size MiB, over the device tool's 64 MiB carry: name the tests to stage" >&2
