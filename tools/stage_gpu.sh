@@ -27,7 +27,7 @@ for line in sys.stdin:
   | while read -r exe; do
       name=$(basename "$exe"); keep=$#
       for t in "$@"; do [ "${name%-*}" = "$t" ] && keep=0; done
-      [ "$keep" = 0 ] && cp "$exe" ".gpu/tests/$name"
+      if [ "$keep" = 0 ]; then cp "$exe" ".gpu/tests/$name"; fi
     done
 cargo build --release --benches --message-format=json 2>/dev/null \
   | python3 -c '
