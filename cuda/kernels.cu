@@ -2245,20 +2245,18 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 INT_MATVEC_KERNELS(matvec_q, matvec_q_body, matvec_q_body, 4, , __launch_bounds__(512))
 
 // The integer-dot-product kernels (matvec_qd_*), for layouts whose groups are whole chunks.
-template <int KIND, int R>
+// LONE: the plain kernels' ring depth (QD_RING_LONE_*), else the routed ones'.
+template <int KIND, int R, bool LONE = false>
 __device__ __forceinline__ void matvec_qd_body(const Mat w, const float* __restrict__ x,
                                                const float* __restrict__ u,
                                                float* __restrict__ y, int split, int tchunks) {
-    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND), false, QD_RING_OF(KIND)>(w, x, u, y, split,
-                                                                          tchunks);
+    constexpr int RING = LONE ? QD_RING_LONE_OF(KIND) : QD_RING_OF(KIND);
+    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND), false, RING>(w, x, u, y, split, tchunks);
 }
-// The plain kernels' form: their own ring depth.
 template <int KIND, int R>
-__device__ __forceinline__ void matvec_qd_lone_body(const Mat w, const float* __restrict__ x,
-                                                    const float* __restrict__ u,
-                                                    float* __restrict__ y, int split, int tchunks) {
-    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND), false, QD_RING_LONE_OF(KIND)>(w, x, u, y, split,
-                                                                               tchunks);
+__device__ __forceinline__ void matvec_qd_lone_body(const Mat w, const float* x, const float* u,
+                                                    float* y, int split, int tchunks) {
+    matvec_qd_body<KIND, R, true>(w, x, u, y, split, tchunks);
 }
 INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, matvec_qd_lone_body, 4, , __launch_bounds__(512))
 

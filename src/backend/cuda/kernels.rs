@@ -196,8 +196,8 @@ pub fn qd_ring(spec: Option<&str>, major: i32) -> crate::Result<[usize; 3]> {
 
 /// The plain (one-matrix) dp4a kernels' ring steps per kind (kernels.cu QD_RING_LONE_*): as
 /// `qd_ring` unless HOB_QD_RING_LONE sets them (same syntax). Default on sm_90 and later: int2 2
-/// steps (a lone Mixtral matrix read 72% -> 77% / 59% -> 60% of the copy on the H100, the routed
-/// launches lose with 2: benches/results/2026-11-27-h100-int2-staging.md), the rest as `qd_ring`;
+/// steps (lone Mixtral matrices read 71-72% -> 76-77% / 59% -> 60% of the copy on the H100,
+/// 2026-11-27; the routed down launch loses with 2, 77% -> 73%: benches/results/2026-11-27-h100-int2-staging.md), the rest as `qd_ring`;
 /// with HOB_QD_RING set, its depths.
 pub fn qd_ring_lone(
     spec: Option<&str>,
