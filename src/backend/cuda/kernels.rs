@@ -121,6 +121,16 @@ impl QKernel {
         let optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(cuda_err)?;
+        // The plans (q_smem) give a block all of it dynamically: a static __shared__ in these
+        // kernels would make the attribute below an invalid value.
+        let fixed = f
+            .get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .map_err(cuda_err)?;
+        if fixed > 0 {
+            return Err(Error::Invalid(format!(
+                "CUDA: an integer matvec kernel ({family:?}, kind {kind}) has {fixed} bytes of static shared memory; its plans take only dynamic shared memory (cuda/kernels.cu)"
+            )));
+        }
         f.set_attribute(
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             optin,
