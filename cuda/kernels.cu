@@ -1675,9 +1675,11 @@ __device__ __forceinline__ constexpr float qd_unit() {
 
 // Stage columns [0, tn * CC) of xt (or SwiGLU(xt, ut)) for the DP kernels: the byte planes at xq
 // (qd_at) and, per chunk, (2^e, the chunk's f32 sum of x) at xsx. Block-wide; ends with a barrier.
-template <int KIND, int QU = 1>
+// `after_loads` runs once the first pass's loads of x are issued (the ring form issues more of its
+// first steps there: behind x's loads, not ahead of them).
+template <int KIND, int QU = 1, typename F>
 __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ ut, int tn,
-                        u32* __restrict__ xq, float2* __restrict__ xsx) {
+                        u32* __restrict__ xq, float2* __restrict__ xsx, F&& after_loads) {
     constexpr int EPW = QTraits<KIND>::EPW, S = QDTraits<KIND>::S, PP = qd_parts<KIND>(), XB = 8 * PP;
     constexpr int QMAX = (1 << (XB - 1)) - 1;
     const float4* x4 = reinterpret_cast<const float4*>(xt);
@@ -1706,6 +1708,7 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
                 vv[u][4 * q + 3] = t.w;
             }
         }
+        if (m00 == 0) after_loads();
 #pragma unroll
         for (int u = 0; u < QU; u++) {
             if (m00 + u * blockDim.x >= nw) break;  // (uniform across the block)
@@ -1825,11 +1828,32 @@ struct QBuf {
 // kernel's (same split, same order; qreduce's sums do not depend on the slot), and SwiGLU rounds
 // as the swiglu kernel does: the same bits as the two products and the swiglu launch.
 //
+// EARLY_STEPS: ring steps issued before the kernel waits (and so ahead of x's loads); the rest of
+// the first RING - 1 go out behind x's loads (at least 1, at most RING - 1). The routed kernels
+// issue all RING - 1 first (QD_EARLY, default 16; 1 measured 1-2% slower in decode), the plain
+// ones QD_EARLY_LONE_*: int2 1 (on the H100 with a lone ring of 3, Mixtral's lone int2 matrices
+// read 76-77% -> 79% / 59-60% -> 66% of the copy; int4 loses with 1 or 2, 96/83% -> 84-92/80-82%:
+// benches/results/2026-11-27-h100-int2-column-slices.md).
+#ifndef QD_EARLY
+#define QD_EARLY 16
+#endif
+#ifndef QD_EARLY_LONE_INT8
+#define QD_EARLY_LONE_INT8 QD_EARLY
+#endif
+#ifndef QD_EARLY_LONE_INT4
+#define QD_EARLY_LONE_INT4 QD_EARLY
+#endif
+#ifndef QD_EARLY_LONE_INT2
+#define QD_EARLY_LONE_INT2 1
+#endif
+#define QD_EARLY_LONE_OF(KIND) \
+    ((KIND) == KIND_INT8 ? QD_EARLY_LONE_INT8 : (KIND) == KIND_INT4 ? QD_EARLY_LONE_INT4 : QD_EARLY_LONE_INT2)
 // RING > 0 (DP only): the codes, scales and mins of the next RING - 1 steps stream into a ring in
 // shared memory by cp.async (no registers held for loads in flight) instead of AHEAD steps of
 // registers; the same sums. Layouts where each group is 1, 2 or 4 chunks, a row's groups a
 // multiple of 8 and scales and mins 16-byte aligned (Gpu::ring_ok); q_smem reserves the ring.
-template <int KIND, int R, bool DP = false, int AHEAD = 1, bool GU = false, int RING = 0>
+template <int KIND, int R, bool DP = false, int AHEAD = 1, bool GU = false, int RING = 0,
+          int EARLY_STEPS = QD_EARLY>
 __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restrict__ x,
                                               const float* __restrict__ u,
                                               float* __restrict__ y, int split, int tchunks,
@@ -1965,18 +1989,24 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         // load into the others ((lt, lk): the last step loaded).
         QBuf<R> b0, b1, b2;
         int t = blockIdx.x, k = 0, lt = t, lk = 0;
-        if (RING > 0) {
-            // Steps 0 .. RING - 2 into slots 0 .. RING - 2 (issued before x's staging: after it
-            // measured 6-25% slower, 2026-11-27).
-            issue(0, t, k);
+        // RING: steps 1 .. RING - 2 into their slots (step 0 is issued before the wait).
+        auto issue_first = [&](int j0, int j1) {
 #pragma unroll
             for (int j = 1; j < RING - 1; j++) {
+                if (j < j0 || j >= j1) continue;
                 int nt, nk;
                 next_step(lt, lk, ksteps, nt, nk);
                 lt = nt;
                 lk = nk;
                 issue(j, lt, lk);
             }
+        };
+        constexpr int EARLY = EARLY_STEPS < 1 ? 1 : (EARLY_STEPS > RING - 1 ? RING - 1 : EARLY_STEPS);
+        if (RING > 0) {
+            // Steps 0 .. EARLY - 1 before the wait and x's staging (issued after it: 6-25%
+            // slower, 2026-11-27), the rest of the first RING - 1 behind x's loads.
+            issue(0, t, k);
+            issue_first(1, EARLY);
         } else {
             load(b0, t, k);
         }
@@ -1997,7 +2027,9 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         const float* ut = u ? u + (size_t)ct0 * CC : nullptr;
         float kscale = 1.f;
         if (DP) {
-            qdstage<KIND, (RING > 0 ? 2 : 1)>(xt, ut, tn, xq, xsx);
+            qdstage<KIND, (RING > 0 ? 2 : 1)>(xt, ut, tn, xq, xsx, [&] {
+                if (RING > 0) issue_first(EARLY, RING - 1);
+            });
         } else {
             kscale = qstage<KIND>(xt, ut, tn, xs4, sxp, wsm);
         }
@@ -2251,7 +2283,8 @@ __device__ __forceinline__ void matvec_qd_body(const Mat w, const float* __restr
                                                const float* __restrict__ u,
                                                float* __restrict__ y, int split, int tchunks) {
     constexpr int RING = LONE ? QD_RING_LONE_OF(KIND) : QD_RING_OF(KIND);
-    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND), false, RING>(w, x, u, y, split, tchunks);
+    constexpr int EARLY = LONE ? QD_EARLY_LONE_OF(KIND) : QD_EARLY;
+    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND), false, RING, EARLY>(w, x, u, y, split, tchunks);
 }
 template <int KIND, int R>
 __device__ __forceinline__ void matvec_qd_lone_body(const Mat w, const float* x, const float* u,

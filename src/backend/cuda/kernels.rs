@@ -205,9 +205,10 @@ pub fn qd_ring(spec: Option<&str>, major: i32) -> crate::Result<[usize; 3]> {
 }
 
 /// The plain (one-matrix) dp4a kernels' ring steps per kind (kernels.cu QD_RING_LONE_*): as
-/// `qd_ring` unless HOB_QD_RING_LONE sets them (same syntax). Default on sm_90 and later: int2 2
-/// steps (lone Mixtral matrices read 71-72% -> 76-77% / 59% -> 60% of the copy on the H100,
-/// 2026-11-27; the routed down launch loses with 2, 77% -> 73%: benches/results/2026-11-27-h100-int2-staging.md), the rest as `qd_ring`;
+/// `qd_ring` unless HOB_QD_RING_LONE sets them (same syntax). Default on sm_90 and later: int4 4,
+/// int2 3 (with the plain int2 kernel's later steps issued behind x's loads, kernels.cu
+/// QD_EARLY_LONE_INT2, 3 reads Mixtral's lone int2 matrices at 79% / 66% of the copy against 76% /
+/// 59% with 2 on the H100, 2026-11-27: benches/results/2026-11-27-h100-int2-column-slices.md);
 /// with HOB_QD_RING set, its depths.
 pub fn qd_ring_lone(
     spec: Option<&str>,
@@ -222,7 +223,7 @@ pub fn qd_ring_lone(
             Error::Invalid(e.to_string().replace("HOB_QD_RING=", "HOB_QD_RING_LONE="))
         }),
         (None, Some(r)) => qd_ring(Some(r), major),
-        (None, None) => Ok(if major >= 9 { [0, 4, 2] } else { [0; 3] }),
+        (None, None) => Ok(if major >= 9 { [0, 4, 3] } else { [0; 3] }),
     }
 }
 
@@ -516,7 +517,7 @@ mod tests {
     #[test]
     fn ring_depths_parse_per_kind_and_refuse_nonsense() {
         assert_eq!(qd_ring(None, 9).unwrap(), [0, 4, 3]);
-        assert_eq!(qd_ring_lone(None, None, 9).unwrap(), [0, 4, 2]);
+        assert_eq!(qd_ring_lone(None, None, 9).unwrap(), [0, 4, 3]);
         assert_eq!(qd_ring_lone(None, None, 8).unwrap(), [0, 0, 0]);
         assert_eq!(qd_ring_lone(None, Some("int2:4"), 9).unwrap(), [0, 0, 4]);
         assert_eq!(
