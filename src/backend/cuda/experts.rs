@@ -2870,13 +2870,14 @@ impl<'f> CudaExperts<'f> {
         let mut body = |scope: Option<&rayon::Scope<'f>>| -> crate::Result<()> {
             let mut background = None;
             let mut at = 0usize;
+            let mut cpu_handed = 0usize;
             // Slot groups (index, first route row) computed after the CPU helpers' result.
             let mut deferred: Vec<(usize, usize)> = Vec::new();
             for i in 0..lp.groups.len() {
                 // Place as many groups ahead as slots allow (their loads queue up together).
                 while placed < lp.groups.len() {
                     let g = &lp.groups[placed];
-                    match self.place(
+                    let p = match self.place(
                         layer,
                         g,
                         top1 == Some(g.expert),
@@ -2884,55 +2885,53 @@ impl<'f> CudaExperts<'f> {
                         &mut load_busy,
                         &mut cpu_busy,
                     )? {
-                        Some(p) => {
-                            if let Place::Slot(kind, _) = p {
-                                self.cache.protect(kind, (layer, g.expert));
-                            }
-                            if p == Place::Cpu {
-                                let v = self.pool(self.kind_of(g.precision)).variant;
-                                cpu_jobs.push(CpuJob {
-                                    expert: g.expert,
-                                    variant: v,
-                                    weight: g.rows[0].1,
-                                    rows: f,
-                                });
-                            }
-                            places[placed] = Some(p);
-                            placed += 1;
-                        }
+                        Some(p) => p,
                         None if placed > i => break,
                         None => {
-                            // Every slot is protected: give up this token's predictions.
+                            // Every slot is protected: give up this token's predictions and
+                            // place the group again (a slot now, or the CPU).
                             for l in 0..self.protected.len() {
                                 for (kind, key) in std::mem::take(&mut self.protected[l]) {
                                     self.cache.unprotect(kind, key);
                                 }
                             }
-                            let g = &lp.groups[placed];
-                            let p = self
-                                .place(
-                                    layer,
-                                    g,
-                                    top1 == Some(g.expert),
-                                    decode,
-                                                &mut load_busy,
-                                    &mut cpu_busy,
-                                )?
-                                .ok_or_else(|| {
-                                    Error::Invalid(format!(
-                                        "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
-                                        g.expert,
-                                        self.cache.capacity(PoolKind::High),
-                                        self.cache.capacity(PoolKind::Low)
-                                    ))
-                                })?;
-                            if let Place::Slot(kind, _) = p {
-                                self.cache.protect(kind, (layer, g.expert));
-                            }
-                            places[placed] = Some(p);
-                            placed += 1;
+                            self.place(
+                                layer,
+                                g,
+                                top1 == Some(g.expert),
+                                decode,
+                                &mut load_busy,
+                                &mut cpu_busy,
+                            )?
+                            .ok_or_else(|| {
+                                Error::Invalid(format!(
+                                    "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
+                                    g.expert,
+                                    self.cache.capacity(PoolKind::High),
+                                    self.cache.capacity(PoolKind::Low)
+                                ))
+                            })?
                         }
+                    };
+                    // Either way the same bookkeeping: a slot is protected until its kernels are
+                    // queued, a CPU placement becomes a CPU job. (The retry once recorded only
+                    // the placement: an expert it sent to the CPU was computed nowhere, its
+                    // output missing from the layer — a rare decode NMSE of 3e-2 in the GPU
+                    // test's cooperative case, 2026-11-27.)
+                    if let Place::Slot(kind, _) = p {
+                        self.cache.protect(kind, (layer, g.expert));
                     }
+                    if p == Place::Cpu {
+                        let v = self.pool(self.kind_of(g.precision)).variant;
+                        cpu_jobs.push(CpuJob {
+                            expert: g.expert,
+                            variant: v,
+                            weight: g.rows[0].1,
+                            rows: f,
+                        });
+                    }
+                    places[placed] = Some(p);
+                    placed += 1;
                 }
                 if !prefetched && decode {
                     // Demand loads are queued; now predict and queue prefetches behind them, then
@@ -2944,6 +2943,7 @@ impl<'f> CudaExperts<'f> {
                         // cached experts and waits for loads.
                         self.gpu.download_f32(xp, &mut self.host_x)?;
                         let mut jobs = std::mem::take(&mut cpu_jobs);
+                        cpu_handed += jobs.len();
                         splits = self.plan_splits(layer, &mut jobs)?;
                         let x = self.host_x.clone();
                         if let (Some((cpu, cost)), Some(scope)) = (self.cpu.as_ref(), scope) {
@@ -3045,6 +3045,15 @@ impl<'f> CudaExperts<'f> {
             if !cpu_jobs.is_empty() {
                 self.gpu.download_f32(xp, &mut self.host_x)?;
                 self.run_cpu(&cpu_jobs, layer, &mut cpu_out)?;
+                cpu_handed += cpu_jobs.len();
+            }
+            // Every group placed on the CPU was computed there (else its output would be
+            // missing from the layer, silently).
+            let on_cpu = places.iter().filter(|p| **p == Some(Place::Cpu)).count();
+            if on_cpu != cpu_handed {
+                return Err(Error::Invalid(format!(
+                    "expert engine: layer {layer} placed {on_cpu} experts on the CPU but computed {cpu_handed} there"
+                )));
             }
             Ok(())
         };
