@@ -2895,6 +2895,16 @@ impl<'f> CudaExperts<'f> {
                                     self.cache.unprotect(kind, key);
                                 }
                             }
+                            // A mark is one flag: a predicted expert this layer placed in a slot
+                            // lost its placement's mark too. Those whose kernels are not queued
+                            // yet (placed ahead, or deferred behind the CPU) are marked again,
+                            // so the retry cannot evict them.
+                            let waiting = (i..placed).chain(deferred.iter().map(|&(j, _)| j));
+                            for j in waiting {
+                                if let Some(Place::Slot(kind, _)) = places[j] {
+                                    self.cache.protect(kind, (layer, lp.groups[j].expert));
+                                }
+                            }
                             self.place(
                                 layer,
                                 g,
