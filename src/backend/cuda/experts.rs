@@ -1872,39 +1872,37 @@ impl<'f> CudaExperts<'f> {
             // Greedy: the miss goes to whichever of the link and the CPU frees up first.
             let bytes = self.pool(kind).slot_bytes as f64;
             let load_s = bytes / self.load_bandwidth();
-            if let Some((_, cost)) = self.cpu.as_mut() {
-                let cpu_s = cost.cpu_s[variant];
-                let to_cpu = match cpu_s {
+            let to_cpu = self
+                .cpu
+                .as_ref()
+                .is_some_and(|(_, cost)| match cost.cpu_s[variant] {
                     None => true, // measure once
                     Some(_) if cost.since_cpu[variant] >= CPU_PROBE_EVERY => true,
                     Some(c) => *cpu_busy + c < *load_busy + load_s,
-                };
-                if to_cpu {
-                    cost.since_cpu[variant] = 0;
-                    *cpu_busy += cpu_s.unwrap_or(0.0);
-                    self.misses[variant] += 1;
-                    self.cpu_computed += 1;
-                    self.cpu_bytes += self.file.expert_layout(variant).size as u64;
-                    // Into an idle link only: behind a demand load it would delay the next
-                    // miss the link takes. The slot is claimed by the policy like any miss's
-                    // (this layer's placed experts are protected), so the cache follows the
-                    // routing for the tokens that reuse the expert, while that pays
-                    // (experts::behind).
-                    if self.load_behind && !self.link_busy() && self.behind.wanted() {
-                        self.behind_chances += 1;
-                        if let Some(ins) = self.claim_evicting(kind, key)? {
-                            self.submit(kind, key, ins.slot, Priority::Prefetch)?;
-                            // Not a prediction: kept out of the prefetch accuracy.
-                            self.pool_mut(kind).prefetched[ins.slot] = false;
-                            self.behind.loaded(key, ins.evicted, self.decoded);
-                            self.loaded_behind += 1;
-                        }
+                });
+            if to_cpu {
+                self.count_cpu(variant, cpu_busy);
+                // Into an idle link only: behind a demand load it would delay the next
+                // miss the link takes. The slot is claimed by the policy like any miss's
+                // (this layer's placed experts are protected), so the cache follows the
+                // routing for the tokens that reuse the expert, while that pays
+                // (experts::behind).
+                if self.load_behind && !self.link_busy() && self.behind.wanted() {
+                    self.behind_chances += 1;
+                    if let Some(ins) = self.claim_evicting(kind, key)? {
+                        self.submit(kind, key, ins.slot, Priority::Prefetch)?;
+                        // Not a prediction: kept out of the prefetch accuracy.
+                        self.pool_mut(kind).prefetched[ins.slot] = false;
+                        self.behind.loaded(key, ins.evicted, self.decoded);
+                        self.loaded_behind += 1;
                     }
-                    return Ok(Some(Place::Cpu));
                 }
-                cost.since_cpu[variant] += 1;
-                *load_busy += load_s;
+                return Ok(Some(Place::Cpu));
             }
+            if let Some((_, cost)) = self.cpu.as_mut() {
+                cost.since_cpu[variant] += 1;
+            }
+            *load_busy += load_s;
         }
         let Some(s) = self.claim(kind, key)? else {
             return Ok(None);
@@ -1912,6 +1910,17 @@ impl<'f> CudaExperts<'f> {
         self.misses[variant] += g.rows.len() as u64;
         self.submit(kind, key, s, Priority::Demand)?;
         Ok(Some(Place::Slot(kind, s)))
+    }
+
+    /// Count a miss computed on the CPU (as `variant`), its expected seconds added to `cpu_busy`.
+    fn count_cpu(&mut self, variant: usize, cpu_busy: &mut f64) {
+        if let Some((_, cost)) = self.cpu.as_mut() {
+            cost.since_cpu[variant] = 0;
+            *cpu_busy += cost.cpu_s[variant].unwrap_or(0.0);
+        }
+        self.misses[variant] += 1;
+        self.cpu_computed += 1;
+        self.cpu_bytes += self.file.expert_layout(variant).size as u64;
     }
 
     /// Cooperative mode: Some(CPU seconds) when slot `s` of pool `kind` is still loading and the
@@ -2905,22 +2914,31 @@ impl<'f> CudaExperts<'f> {
                                     self.cache.protect(kind, (layer, lp.groups[j].expert));
                                 }
                             }
-                            self.place(
+                            match self.place(
                                 layer,
                                 g,
                                 top1 == Some(g.expert),
                                 decode,
                                 &mut load_busy,
                                 &mut cpu_busy,
-                            )?
-                            .ok_or_else(|| {
-                                Error::Invalid(format!(
-                                    "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
-                                    g.expert,
-                                    self.cache.capacity(PoolKind::High),
-                                    self.cache.capacity(PoolKind::Low)
-                                ))
-                            })?
+                            )? {
+                                Some(p) => p,
+                                // This layer's own placements hold every slot (some deferred
+                                // behind the CPU): the CPU computes this one too.
+                                None if decode && self.cpu.is_some() => {
+                                    let v = self.pool(self.kind_of(g.precision)).variant;
+                                    self.count_cpu(v, &mut cpu_busy);
+                                    Place::Cpu
+                                }
+                                None => {
+                                    return Err(Error::Invalid(format!(
+                                        "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
+                                        g.expert,
+                                        self.cache.capacity(PoolKind::High),
+                                        self.cache.capacity(PoolKind::Low)
+                                    )))
+                                }
+                            }
                         }
                     };
                     // Either way the same bookkeeping: a slot is protected until its kernels are
@@ -3021,6 +3039,12 @@ impl<'f> CudaExperts<'f> {
                             continue;
                         }
                         self.run_slot(b, layer, (kind, slot), g, at, decode, xp, op)?;
+                        // A later group of this layer in the same slot (an expert's high and
+                        // low routes in prefill, the low ones upgraded to its high copy): marked
+                        // again until that group's kernels are queued (run_slot released it).
+                        if places[i + 1..].contains(&places[i]) {
+                            self.cache.protect(kind, (layer, g.expert));
+                        }
                     }
                     Some(Place::Cpu) | None => {}
                 }
