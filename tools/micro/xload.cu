@@ -79,30 +79,16 @@ __global__ void __launch_bounds__(512) kq(const float* __restrict__ x, float* ou
     if (threadIdx.x == 0) g_ns[blockIdx.x] = gt() - t0;
     if (xsx[threadIdx.x % tn].x == 12345.f) out[threadIdx.x] = 1.f;
 }
-template <int KIND>
-void runq(const char* name, const float* x, float* out, size_t stride, int blocks) {
-    cudaFuncSetAttribute(kq<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100000);
+// Time `kern` (kernel(x, out, stride)) on `blocks` blocks of 512 threads: launches back to back,
+// and each block's own time to x staged (g_ns).
+typedef void (*Kernel)(const float*, float*, size_t);
+void run(const char* name, Kernel kern, const float* x, float* out, size_t stride, int blocks) {
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 100000);
     cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    for (int i = 0; i < 10; i++) kq<KIND><<<blocks, 512, 60000>>>(x, out, stride);
+    for (int i = 0; i < 10; i++) kern<<<blocks, 512, 60000>>>(x, out, stride);
     cudaEventRecord(a);
     const int R = 200;
-    for (int i = 0; i < R; i++) kq<KIND><<<blocks, 512, 60000>>>(x, out, stride);
-    cudaEventRecord(b); cudaEventSynchronize(b);
-    float ms; cudaEventElapsedTime(&ms, a, b);
-    unsigned long long ns[4096]; cudaMemcpyFromSymbol(ns, g_ns, sizeof(ns));
-    double s = 0, mx = 0; for (int i = 0; i < blocks; i++) { s += ns[i]; if (ns[i] > mx) mx = ns[i]; }
-    printf("%-40s blocks %4d: %.2f us per launch, in-block mean %.0f ns max %.0f ns  err %s\n", name, blocks, ms * 1000 / R, s / blocks, mx,
-           cudaGetErrorString(cudaGetLastError()));
-}
-
-template <int MODE>
-void run(const char* name, const float* x, float* out, size_t stride, int blocks) {
-    cudaFuncSetAttribute(k<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100000);
-    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    for (int i = 0; i < 10; i++) k<MODE><<<blocks, 512, 60000>>>(x, out, stride);
-    cudaEventRecord(a);
-    const int R = 200;
-    for (int i = 0; i < R; i++) k<MODE><<<blocks, 512, 60000>>>(x, out, stride);
+    for (int i = 0; i < R; i++) kern<<<blocks, 512, 60000>>>(x, out, stride);
     cudaEventRecord(b); cudaEventSynchronize(b);
     float ms; cudaEventElapsedTime(&ms, a, b);
     unsigned long long ns[4096]; cudaMemcpyFromSymbol(ns, g_ns, sizeof(ns));
@@ -116,12 +102,12 @@ int main() {
     cudaMalloc(&x, stride * 4 * 512); cudaMalloc(&out, 4096 * 4);
     cudaMemset(x, 0x3f, stride * 4 * 512);
     for (int blocks : {1, 8, 32, 128, 132}) {
-        run<0>("A same x, qdstage pattern", x, out, stride, blocks);
-        run<1>("B distinct x per block", x, out, stride, blocks);
-        run<2>("C same x, coalesced", x, out, stride, blocks);
-        run<3>("D same x, TMA bulk", x, out, stride, blocks);
-        runq<KIND_INT2>("E qdstage int2 (loads + conversion)", x, out, stride, blocks);
-        runq<KIND_INT4>("F qdstage int4", x, out, stride, blocks);
+        run("A same x, qdstage pattern", k<0>, x, out, stride, blocks);
+        run("B distinct x per block", k<1>, x, out, stride, blocks);
+        run("C same x, coalesced", k<2>, x, out, stride, blocks);
+        run("D same x, TMA bulk", k<3>, x, out, stride, blocks);
+        run("E qdstage int2 (loads + conversion)", kq<KIND_INT2>, x, out, stride, blocks);
+        run("F qdstage int4", kq<KIND_INT4>, x, out, stride, blocks);
     }
     return 0;
 }

@@ -2886,59 +2886,59 @@ impl<'f> CudaExperts<'f> {
                 // Place as many groups ahead as slots allow (their loads queue up together).
                 while placed < lp.groups.len() {
                     let g = &lp.groups[placed];
-                    let p = match self.place(
-                        layer,
-                        g,
-                        top1 == Some(g.expert),
-                        decode,
-                        &mut load_busy,
-                        &mut cpu_busy,
-                    )? {
-                        Some(p) => p,
-                        None if placed > i => break,
-                        None => {
-                            // Every slot is protected: give up this token's predictions and
-                            // place the group again (a slot now, or the CPU).
+                    // A second try once this token's predictions are given up, where every
+                    // slot is protected and no group of the layer is placed ahead.
+                    let mut p = None;
+                    for retry in [false, true] {
+                        if retry {
+                            if placed > i {
+                                break;
+                            }
                             for l in 0..self.protected.len() {
                                 for (kind, key) in std::mem::take(&mut self.protected[l]) {
                                     self.cache.unprotect(kind, key);
                                 }
                             }
-                            // A mark is one flag: a predicted expert this layer placed in a slot
-                            // lost its placement's mark too. Those whose kernels are not queued
-                            // yet (placed ahead, or deferred behind the CPU) are marked again,
-                            // so the retry cannot evict them.
+                            // A mark is one flag: a predicted expert this layer placed in a
+                            // slot lost its placement's mark too. Those whose kernels are not
+                            // queued yet (placed ahead, or deferred behind the CPU) are marked
+                            // again, so the retry cannot evict them.
                             let waiting = (i..placed).chain(deferred.iter().map(|&(j, _)| j));
                             for j in waiting {
                                 if let Some(Place::Slot(kind, _)) = places[j] {
                                     self.cache.protect(kind, (layer, lp.groups[j].expert));
                                 }
                             }
-                            match self.place(
-                                layer,
-                                g,
-                                top1 == Some(g.expert),
-                                decode,
-                                &mut load_busy,
-                                &mut cpu_busy,
-                            )? {
-                                Some(p) => p,
-                                // This layer's own placements hold every slot (some deferred
-                                // behind the CPU): the CPU computes this one too.
-                                None if decode && self.cpu.is_some() => {
-                                    let v = self.pool(self.kind_of(g.precision)).variant;
-                                    self.count_cpu(v, &mut cpu_busy);
-                                    Place::Cpu
-                                }
-                                None => {
-                                    return Err(Error::Invalid(format!(
-                                        "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
-                                        g.expert,
-                                        self.cache.capacity(PoolKind::High),
-                                        self.cache.capacity(PoolKind::Low)
-                                    )))
-                                }
-                            }
+                        }
+                        p = self.place(
+                            layer,
+                            g,
+                            top1 == Some(g.expert),
+                            decode,
+                            &mut load_busy,
+                            &mut cpu_busy,
+                        )?;
+                        if p.is_some() {
+                            break;
+                        }
+                    }
+                    let p = match p {
+                        Some(p) => p,
+                        None if placed > i => break,
+                        // This layer's own placements hold every slot (some deferred behind
+                        // the CPU): the CPU computes this one too.
+                        None if decode && self.cpu.is_some() => {
+                            let v = self.pool(self.kind_of(g.precision)).variant;
+                            self.count_cpu(v, &mut cpu_busy);
+                            Place::Cpu
+                        }
+                        None => {
+                            return Err(Error::Invalid(format!(
+                                "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
+                                g.expert,
+                                self.cache.capacity(PoolKind::High),
+                                self.cache.capacity(PoolKind::Low)
+                            )))
                         }
                     };
                     // Either way the same bookkeeping: a slot is protected until its kernels are
