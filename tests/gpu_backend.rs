@@ -114,8 +114,8 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         ("int8", 8203, 64),
         ("int4", 8203, 64),
         ("int2", 8203, 128),
-        // Mixtral's down width and a 4096-wide row: on sm_90 int2 stages x past its first step
-        // late, from a raw copy (kernels.cu QD_LATE_INT2).
+        // Mixtral's down width and a 4096-wide row: on sm_90 the plain int2 kernel's ring of 3
+        // with its later first steps behind x's loads (kernels.cu QD_EARLY_LONE_INT2).
         ("int2", 40, 14336),
         ("int2", 300, 4096),
         // Wider than the x a block can stage at once (~23k columns): the column-tiled plans.
