@@ -775,6 +775,65 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
     );
 }
 
+/// A prefill layer whose groups outnumber the slots: an expert routed both high and low in
+/// one prefill is two groups in one slot (no low variant: the low routes take the high copy).
+/// Groups are placed as slots free up while earlier ones run, so the slot must stay unevictable
+/// until its last group's kernels are queued; with one mark per key, running the first group
+/// released it and a later placement could load another expert over it (fixed 2026-11-27).
+/// Any cache size must give the all-resident run's logits with the same plan, bit for bit.
+#[test]
+fn prefill_groups_sharing_a_slot_under_pressure_match_the_all_resident_run() {
+    let Some(g) = gpu() else { return };
+    let r = reference();
+    let (_dir, path) = convert_fixture("f16");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let slot = file.expert_layout(0).padded_size;
+    // T1 = 0: every route but a token's top-1 is low; T2 = 1: none skipped.
+    let config = |slots: Option<usize>, prefetch: usize| {
+        let mut c = CacheConfig::simple(0, slots.map(|n| n * slot));
+        c.preload = slots.is_none();
+        c.plan = PrecisionPlan {
+            high: 0,
+            low: None,
+            thresholds: Thresholds::new(0.0, 1.0).unwrap(),
+            renormalize_skips: false,
+        };
+        c.prefetch = prefetch;
+        c
+    };
+    let (want_all, want_ids, want_steps) = greedy(
+        &mut *engine_session(&g, &model, config(None, 0)),
+        &r.input_ids,
+        8,
+    );
+    for slots in [2, 3] {
+        for prefetch in [0, 1] {
+            let mut s = engine_session(&g, &model, config(Some(slots), prefetch));
+            let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 8);
+            let st = s.expert_stats();
+            println!(
+                "{slots} slots, prefetch {prefetch}: {} uses, {} misses, prefill NMSE {:.2e}",
+                st.uses(),
+                st.misses(),
+                nmse(&all, &want_all)
+            );
+            assert_eq!(st.skipped, 0);
+            assert!(st.misses() > 0, "{slots} slots must miss");
+            assert!(
+                all == want_all,
+                "{slots} slots, prefetch {prefetch}: prefill logits differ (NMSE {:.2e})",
+                nmse(&all, &want_all)
+            );
+            assert_eq!(ids, want_ids, "{slots} slots, prefetch {prefetch}");
+            assert!(
+                steps == want_steps,
+                "{slots} slots, prefetch {prefetch}: decode logits differ"
+            );
+        }
+    }
+}
+
 /// Dynamic precision on the GPU computes what the CPU computes with the same plan.
 #[test]
 fn dynamic_precision_on_the_gpu_matches_the_cpu() {

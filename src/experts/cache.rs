@@ -18,7 +18,10 @@
 //! 1 - ((l_c - l + L) mod L) / L (l_t taken as the current layer: the layer just computed scores
 //! highest), is `Policy::HobbitBackward`, kept so `hob sim` can compare the two.
 //!
-//! Eviction takes the lowest-priority unprotected entry, ties to the lowest slot index.
+//! Eviction takes the lowest-priority unprotected entry, ties to the lowest slot index. A key's
+//! protection is a count of holds: each `protect` is released by its own `unprotect`, so a key
+//! held for two reasons (a prediction and a placement, or an expert's high and low routes in one
+//! slot) stays unevictable until both are done.
 //! Lru: oldest R. Lfu: fewest F, then oldest R. Hobbit: lowest Eq. 3 value (computed in f64).
 
 use std::fmt;
@@ -209,8 +212,9 @@ struct Pool {
     slots: Vec<Option<ExpertKey>>,
     /// Per key index: its slot here.
     slot_of: Vec<Option<usize>>,
-    /// Per key index; independent of presence (a key may be protected before it is inserted).
-    protected: Vec<bool>,
+    /// Per key index, the holds on it; independent of presence (a key may be protected before
+    /// it is inserted).
+    protected: Vec<u32>,
     len: usize,
 }
 
@@ -219,7 +223,7 @@ impl Pool {
         Pool {
             slots: vec![None; slots],
             slot_of: vec![None; keys],
-            protected: vec![false; keys],
+            protected: vec![0; keys],
             len: 0,
         }
     }
@@ -236,6 +240,8 @@ pub struct ExpertCache {
     layer: usize,
     counters: Vec<Counters>,
     pools: [Pool; 2],
+    /// Releases of keys nothing held.
+    unmatched: u64,
 }
 
 impl ExpertCache {
@@ -254,6 +260,7 @@ impl ExpertCache {
             tokens: 0,
             layer: 0,
             counters: vec![Counters::default(); keys],
+            unmatched: 0,
             pools: [Pool::new(high_slots, keys), Pool::new(low_slots, keys)],
         }
     }
@@ -374,7 +381,7 @@ impl ExpertCache {
         let mut best: Option<(usize, (f64, u64))> = None;
         for (slot, key) in p.slots.iter().enumerate() {
             let Some(key) = *key else { continue };
-            if p.protected[self.index(key)] {
+            if p.protected[self.index(key)] > 0 {
                 continue;
             }
             let o = self.order(key);
@@ -430,26 +437,44 @@ impl ExpertCache {
         }
     }
 
-    /// Never evict `key` from `pool` until unprotected (it may be marked before insertion).
+    /// One more hold on `key` in `pool`: never evicted while any is left (it may be held before
+    /// insertion).
     pub fn protect(&mut self, pool: PoolKind, key: ExpertKey) {
         let i = self.index(key);
-        self.pools[pool.idx()].protected[i] = true;
+        self.pools[pool.idx()].protected[i] += 1;
     }
 
+    /// Release one hold on `key` in `pool`. Releasing a key nothing holds is a caller's
+    /// bookkeeping error: counted (`unmatched_releases`), the key stays unheld.
     pub fn unprotect(&mut self, pool: PoolKind, key: ExpertKey) {
         let i = self.index(key);
-        self.pools[pool.idx()].protected[i] = false;
+        let c = &mut self.pools[pool.idx()].protected[i];
+        if *c == 0 {
+            self.unmatched += 1;
+        } else {
+            *c -= 1;
+        }
     }
 
-    /// Unprotect every key of both pools.
+    /// Release every hold on every key of both pools.
     pub fn clear_protection(&mut self) {
         for p in &mut self.pools {
-            p.protected.fill(false);
+            p.protected.fill(0);
         }
     }
 
     pub fn is_protected(&self, pool: PoolKind, key: ExpertKey) -> bool {
+        self.holds(pool, key) > 0
+    }
+
+    /// The holds on `key` in `pool`.
+    pub fn holds(&self, pool: PoolKind, key: ExpertKey) -> u32 {
         self.pools[pool.idx()].protected[self.index(key)]
+    }
+
+    /// How many `unprotect` calls found their key unheld (0 when every release has its hold).
+    pub fn unmatched_releases(&self) -> u64 {
+        self.unmatched
     }
 
     /// A new sequence: R, F, H, T and the current layer back to zero; contents and protection
@@ -792,9 +817,17 @@ mod tests {
         cache.insert(HP, (0, 0)).unwrap();
         cache.insert(HP, (0, 1)).unwrap();
         cache.protect(HP, (0, 0));
+        cache.protect(HP, (0, 0)); // held twice (say a prediction and a placement)
         assert_eq!(cache.insert(HP, (0, 2)), None); // all protected
         cache.unprotect(HP, (0, 0));
+        assert_eq!(cache.holds(HP, (0, 0)), 1);
+        assert_eq!(cache.insert(HP, (0, 2)), None); // one hold left
+        cache.unprotect(HP, (0, 0));
+        assert_eq!(cache.unmatched_releases(), 0);
         assert_eq!(cache.insert(HP, (0, 2)).unwrap().evicted, Some((0, 0)));
+        cache.unprotect(HP, (0, 0)); // nothing holds it: counted, nothing else released
+        assert_eq!(cache.unmatched_releases(), 1);
+        assert!(cache.is_protected(HP, (0, 1)));
         cache.remove(HP, (0, 2));
         assert_eq!(cache.len(HP), 1);
         assert_eq!(cache.entries(HP).collect::<Vec<_>>(), [(1, (0, 1))]);
@@ -1006,7 +1039,8 @@ mod tests {
         ]
     }
 
-    /// Straightforward model: vectors of slots and of (key, R, F, H) rows, a protected list.
+    /// Straightforward model: vectors of slots and of (key, R, F, H) rows, a list of holds (a
+    /// key once per hold).
     struct Reference {
         policy: Policy,
         l: usize,
@@ -1015,6 +1049,7 @@ mod tests {
         stats: Vec<(ExpertKey, u64, u32, u32)>,
         pools: [Vec<Option<ExpertKey>>; 2],
         protected: [Vec<ExpertKey>; 2],
+        unmatched: u64,
     }
 
     impl Reference {
@@ -1124,6 +1159,7 @@ mod tests {
                 policy, l, t: 0, layer: 0, stats: Vec::new(),
                 pools: [vec![None; hs], vec![None; ls]],
                 protected: [Vec::new(), Vec::new()],
+                unmatched: 0,
             };
             let all_keys: Vec<ExpertKey> =
                 (0..l).flat_map(|a| (0..e).map(move |b| (a, b))).collect();
@@ -1154,12 +1190,15 @@ mod tests {
                     Op::Protect(h, a, b) => {
                         let ((pk, pi), k) = (pool_of(h), (a % l, b % e));
                         cache.protect(pk, k);
-                        if !re.protected[pi].contains(&k) { re.protected[pi].push(k); }
+                        re.protected[pi].push(k);
                     }
                     Op::Unprotect(h, a, b) => {
                         let ((pk, pi), k) = (pool_of(h), (a % l, b % e));
                         cache.unprotect(pk, k);
-                        re.protected[pi].retain(|x| *x != k);
+                        match re.protected[pi].iter().position(|x| *x == k) {
+                            Some(at) => { re.protected[pi].swap_remove(at); }
+                            None => re.unmatched += 1,
+                        }
                     }
                     Op::ClearProtection => {
                         cache.clear_protection();
@@ -1189,12 +1228,15 @@ mod tests {
                     for &k in &all_keys {
                         let slot = entries.iter().find(|x| x.1 == k).map(|x| x.0);
                         prop_assert_eq!(cache.lookup(pk, k), slot);
-                        prop_assert_eq!(cache.is_protected(pk, k), re.protected[pi].contains(&k));
+                        let holds = re.protected[pi].iter().filter(|x| **x == k).count();
+                        prop_assert_eq!(cache.holds(pk, k) as usize, holds);
+                        prop_assert_eq!(cache.is_protected(pk, k), holds > 0);
                     }
                 }
                 for &k in &all_keys {
                     prop_assert_eq!(cache.priority(k), re.prio(k));
                 }
+                prop_assert_eq!(cache.unmatched_releases(), re.unmatched);
             }
         }
     }

@@ -11,7 +11,9 @@
 //!   through pinned staging), and completes with an event the compute stream waits on.
 //! - Stacked-gate prediction (experts::predictor) prefetches the first later layer with a
 //!   predicted miss, in the precision the scorer would pick; predicted experts are protected
-//!   from eviction until their layer has run.
+//!   from eviction until their layer has run. Protection is a count of holds (experts::cache):
+//!   a prediction and each slot placement take one and release their own; after each layer
+//!   none is left on its experts (checked: an error otherwise).
 //! - Cooperative mode: a decode miss may instead be computed by CPU threads from host memory,
 //!   chosen by a cost model (measured load time vs measured CPU time), overlapping GPU work.
 //! - Slow tiers: the mmap (page cache) by default; the SSD (io_uring + O_DIRECT) when asked or
@@ -1590,6 +1592,28 @@ impl<'f> CudaExperts<'f> {
         self.protected[layer] = kept;
     }
 
+    /// The cache's holds balance after layer `layer`: none left on its experts, no release of
+    /// an unheld key (an error names the first; a bookkeeping bug, never the user's input).
+    fn check_holds(&self, layer: usize) -> crate::Result<()> {
+        for kind in [PoolKind::High, PoolKind::Low] {
+            for e in 0..self.file.n_experts() {
+                let n = self.cache.holds(kind, (layer, e));
+                if n > 0 {
+                    return Err(Error::Invalid(format!(
+                        "expert engine: layer {layer} expert {e} still has {n} hold(s) in the {kind:?} pool after the layer"
+                    )));
+                }
+            }
+        }
+        let n = self.cache.unmatched_releases();
+        if n > 0 {
+            return Err(Error::Invalid(format!(
+                "expert engine: {n} release(s) of an expert nothing held (layer {layer})"
+            )));
+        }
+        Ok(())
+    }
+
     /// Slot `s` of pool `kind` holds its expert already (no load pending, or it has landed).
     fn slot_landed(&self, kind: PoolKind, s: usize) -> bool {
         self.pool(kind).pending[s].as_ref().is_none_or(landed)
@@ -2894,19 +2918,11 @@ impl<'f> CudaExperts<'f> {
                             if placed > i {
                                 break;
                             }
+                            // (The predictions' holds only: this layer's placements whose
+                            // kernels are not queued yet keep theirs.)
                             for l in 0..self.protected.len() {
                                 for (kind, key) in std::mem::take(&mut self.protected[l]) {
                                     self.cache.unprotect(kind, key);
-                                }
-                            }
-                            // A mark is one flag: a predicted expert this layer placed in a
-                            // slot lost its placement's mark too. Those whose kernels are not
-                            // queued yet (placed ahead, or deferred behind the CPU) are marked
-                            // again, so the retry cannot evict them.
-                            let waiting = (i..placed).chain(deferred.iter().map(|&(j, _)| j));
-                            for j in waiting {
-                                if let Some(Place::Slot(kind, _)) = places[j] {
-                                    self.cache.protect(kind, (layer, lp.groups[j].expert));
                                 }
                             }
                         }
@@ -2941,8 +2957,10 @@ impl<'f> CudaExperts<'f> {
                             )))
                         }
                     };
-                    // Either way the same bookkeeping: a slot is protected until its kernels are
-                    // queued, a CPU placement becomes a CPU job. (The retry once recorded only
+                    // Either way the same bookkeeping: a slot placement holds its slot until its
+                    // group's kernels are queued (a hold each: an expert's high and low routes in
+                    // one prefill slot, the low ones upgraded to its high copy, are two), a CPU
+                    // placement becomes a CPU job. (The retry once recorded only
                     // the placement: an expert it sent to the CPU was computed nowhere, its
                     // output missing from the layer — a rare decode NMSE of 3e-2 in the GPU
                     // test's cooperative case, 2026-11-27.)
@@ -3039,12 +3057,6 @@ impl<'f> CudaExperts<'f> {
                             continue;
                         }
                         self.run_slot(b, layer, (kind, slot), g, at, decode, xp, op)?;
-                        // A later group of this layer in the same slot (an expert's high and
-                        // low routes in prefill, the low ones upgraded to its high copy): marked
-                        // again until that group's kernels are queued (run_slot released it).
-                        if places[i + 1..].contains(&places[i]) {
-                            self.cache.protect(kind, (layer, g.expert));
-                        }
                     }
                     Some(Place::Cpu) | None => {}
                 }
@@ -3089,6 +3101,10 @@ impl<'f> CudaExperts<'f> {
                     "expert engine: layer {layer} placed {on_cpu} experts on the CPU but computed {cpu_handed} there"
                 )));
             }
+            // Every hold on this layer's experts is released by now (its placements' once their
+            // kernels are queued, its predictions' above); one left would keep a slot from
+            // eviction for good, one released twice would have let a slot go early.
+            self.check_holds(layer)?;
             Ok(())
         };
         match helpers {
