@@ -386,6 +386,74 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
         .all(|&(_, w)| f32::from_bits(w) < 0.99 && f32::from_bits(w) > 0.01));
 }
 
+/// Decode routing's warp form (kernels.cu route_one_warp: the maximum and the exponentials
+/// across the lanes, the sum and the top k by lane 0, as moe_route runs it) against the
+/// one-thread form (route_one, as a prefill's route_topk runs it) on logits with ties,
+/// probabilities that underflow to zero and NaN: the same experts and weights, bit for bit, for 4
+/// to 32 experts and top 1 to 4.
+#[test]
+fn warp_routing_matches_one_thread_routing() {
+    let Some(g) = gpu() else { return };
+    let b = CudaBackend::empty(g.clone()).unwrap();
+    let p = |d: &cudarc::driver::CudaSlice<f32>| cuda::ptr(d, &g.stream);
+    let (mut checked, mut tied) = (0, 0);
+    for ne in [4usize, 8, 16, 32] {
+        // An identity router: the logits are x, exactly.
+        let bytes: Vec<u8> = (0..ne * ne)
+            .flat_map(|i| f32::from(u8::from(i / ne == i % ne)).to_le_bytes())
+            .collect();
+        let mut codes = g.alloc::<u8>(bytes.len(), "router").unwrap();
+        g.stream.memcpy_htod(&bytes, &mut codes).unwrap();
+        let m = Matrix::dense(DType::F32, ne, ne, &bytes);
+        let dm = cuda::DevMat::new(&m, cuda::ptr(&codes, &g.stream), 0, 0);
+        for k in [1usize, 2, 4] {
+            if k > ne {
+                continue;
+            }
+            for trial in 0..64u64 {
+                let r = random(ne, 1000 + trial * 37 + ne as u64 * 7 + k as u64);
+                let logits: Vec<f32> = match trial % 4 {
+                    // Coarse values: many ties.
+                    0 => r.iter().map(|v| (v * 2.0).round()).collect(),
+                    // Far apart: most probabilities underflow to exactly zero (ties at 0).
+                    1 => r.iter().map(|v| v * 200.0).collect(),
+                    // All equal.
+                    2 => vec![0.5; ne],
+                    _ => r.iter().map(|v| v * 4.0).collect(),
+                };
+                let mut logits = logits;
+                if trial == 63 {
+                    logits[ne / 2] = f32::NAN;
+                }
+                let x = to_gpu(&b, &logits);
+                let (scratch, warp, one) = (
+                    b.alloc(ne).unwrap(),
+                    b.alloc(2 * k).unwrap(),
+                    b.alloc(2 * k).unwrap(),
+                );
+                g.moe_route(&dm, p(&x), k, p(&warp), p(&scratch)).unwrap();
+                g.route(p(&x), 1, ne, k, p(&one)).unwrap();
+                let (a, c) = (from_gpu(&b, &warp, 2 * k), from_gpu(&b, &one, 2 * k));
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&a),
+                    bits(&c),
+                    "ne {ne} k {k} logits {logits:?}: warp {a:?} vs one thread {c:?}"
+                );
+                checked += 1;
+                let mut sorted = logits.clone();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                tied += usize::from(sorted.windows(2).take(k).any(|w| w[0] == w[1]));
+            }
+        }
+    }
+    println!("warp routing: {checked} cases, {tied} with a tie among the top k");
+    assert!(
+        tied > checked / 4,
+        "too few ties exercised: {tied} of {checked}"
+    );
+}
+
 /// A GPU session on `file` with an expert cache of `slots` experts (None: all).
 fn gpu_session<'a>(
     g: &Arc<Gpu>,
