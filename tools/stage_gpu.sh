@@ -9,12 +9,14 @@
 #
 # .gpu/run.sh tests: every staged test executable (GPU tests print their NMSE table), one log $OUT/tests.log.
 # .gpu/run.sh bench: the GPU kernel bandwidth bench, $OUT/gpu_matvec.md.
-# (The device returns at most 8 files.)
+# Your own scripts at .gpu/*.sh survive restaging. (The device returns at most 8 files.)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 mkdir -p .git/info && grep -qx '.gpu/' .git/info/exclude 2>/dev/null || echo '.gpu/' >> .git/info/exclude
-rm -rf .gpu && mkdir -p .gpu/tests .gpu/benches
+# Everything staged before goes; scripts of your own at .gpu/*.sh (other than run.sh) stay.
+find .gpu -mindepth 1 -maxdepth 1 ! -name '*.sh' -exec rm -rf {} + 2>/dev/null || true
+rm -f .gpu/run.sh && mkdir -p .gpu/tests .gpu/benches
 cargo build --release
 cp target/release/hob .gpu/hob
 cargo test --release --no-run --message-format=json 2>/dev/null \
