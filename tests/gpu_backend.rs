@@ -390,7 +390,7 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
 /// across the lanes, the sum and the top k by lane 0, as moe_route runs it) against the
 /// one-thread form (route_one, as a prefill's route_topk runs it) on logits with ties,
 /// probabilities that underflow to zero and NaN: the same experts and weights, bit for bit, for 4
-/// to 32 experts and top 1 to 4.
+/// to 32 experts and top 1 to 4; and, without NaN, the CPU's routing's experts and weights.
 #[test]
 fn warp_routing_matches_one_thread_routing() {
     let Some(g) = gpu() else { return };
@@ -440,6 +440,32 @@ fn warp_routing_matches_one_thread_routing() {
                     bits(&c),
                     "ne {ne} k {k} logits {logits:?}: warp {a:?} vs one thread {c:?}"
                 );
+                // Against the CPU's routing (forward::route_softmax_topk, the path the model
+                // tests hold to transformers' logits): the same experts in the same order (ties
+                // to the lower index), weights within float rounding (expf against Rust's exp).
+                if !logits.iter().any(|l| l.is_nan()) {
+                    let mut cr = vec![
+                        hob::model::Route {
+                            expert: 0,
+                            weight: 0.0
+                        };
+                        k
+                    ];
+                    hob::model::forward::route_softmax_topk(&logits, &mut cr);
+                    for (j, r) in cr.iter().enumerate() {
+                        assert_eq!(
+                            a[j].to_bits() as usize,
+                            r.expert,
+                            "ne {ne} k {k} {logits:?}"
+                        );
+                        assert!(
+                            (a[k + j] - r.weight).abs() <= 2e-6,
+                            "ne {ne} k {k} {logits:?}: weight {} vs CPU {}",
+                            a[k + j],
+                            r.weight
+                        );
+                    }
+                }
                 checked += 1;
                 let mut sorted = logits.clone();
                 sorted.sort_by(|a, b| b.total_cmp(a));
