@@ -289,6 +289,16 @@ impl<'a> Matrix<'a> {
     }
 }
 
+/// Whether the fast int4 kernel rounds x (per group, to 16-bit integers: the integer
+/// dot-product kernel, AVX-512 VNNI) rather than multiplying in f32.
+pub fn int4_rounds_x() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() {
+        return x86::int4_vnni();
+    }
+    false
+}
+
 /// Quantization error statistics, accumulated over matrices.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ErrorStats {

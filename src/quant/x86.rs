@@ -11,6 +11,10 @@
 //! (benches/results/2026-11-23-h100-cpu-int-kernels.md); the table: int4 with 16 threads 50-55 ->
 //! 65-72 GB/s on a noisy host (benches/results/2026-11-23-h100-coop-waits.md).
 //!
+//! int4 on AVX-512 VNNI (`int4_vnni_rows`) rounds x to 16-bit integers per group and multiplies
+//! codes and x bytes in `vpdpbusd`: one thread streamed 11.2 GB/s of int4 weights on the build
+//! machine's EPYC against 7.7 for the f32 table kernel (benches/cpu_stream.rs, 2026-11-27).
+//!
 //! Every function here is `unsafe` for two reasons, checked by the callers in mod.rs: the CPU must
 //! have AVX2, FMA and F16C (detected at run time; AVX-512F too for the `_512` functions, checked
 //! before they are called), and the slices must be as long as the matrix shape says
@@ -37,8 +41,11 @@ pub(super) unsafe fn matvec_rows(
 ) {
     let rb = m.row_bytes();
     let gs = m.group_size;
-    // SAFETY (the AVX-512 call): avx512() detected AVX-512F at run time; the slices are as long
-    // as this function's own contract requires.
+    // SAFETY (the AVX-512 calls): vnni() detected AVX-512F, BW and VNNI, avx512() AVX-512F, at run
+    // time; the slices are as long as this function's own contract requires.
+    if m.kind == WeightKind::Int4 && vnni() && int4_vnni_rows(m, x, rows.clone(), out) {
+        return;
+    }
     if m.kind.has_mins() && avx512() && packed_rows_512(m, x, xsums, rows.clone(), out) {
         return;
     }
@@ -337,6 +344,223 @@ unsafe fn packed_rows_512(
         _ => return false,
     }
     true
+}
+
+/// Whether int4 takes the integer dot-product kernel (`int4_vnni_rows`: AVX-512F, BW and VNNI,
+/// detected at run time; `HOB_CPU_VNNI=0` keeps the f32 kernel, for A/B runs).
+pub(super) fn int4_vnni() -> bool {
+    vnni()
+}
+
+fn vnni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+            && std::env::var("HOB_CPU_VNNI").map_or(true, |v| v != "0")
+    })
+}
+
+/// How far ahead of the codes being multiplied the VNNI kernel prefetches (it takes a byte of
+/// codes in a fraction of the f32 kernel's instructions, so it runs further ahead):
+/// `HOB_CPU_VNNI_AHEAD` bytes, default 3072 (measured on the build machine's EPYC: one thread
+/// 11.2 GB/s of int4 weights at 3072 against 8.6 at 1024 and 7.7 for the f32 kernel).
+fn vnni_ahead() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        std::env::var("HOB_CPU_VNNI_AHEAD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3072)
+    })
+}
+
+/// The largest |q| of a group's rounded x: 256 * 127 + 127, so that both bytes of every value are
+/// signed bytes (`QuantX`).
+const QX_MAX: f32 = 32639.0;
+
+/// x of one int4 product as `int4_vnni_rows` takes it. Per group g, x ~ f[g] * q, q an integer of
+/// at most QX_MAX in magnitude (f[g] = the group's largest |x| / QX_MAX; NaN where the group holds
+/// a NaN or an infinity, so the rows' results are NaN as the f32 kernel's are), held as q = 256 *
+/// hi + lo with hi and lo signed bytes. Per 128-column block, four 64-byte planes: hi of the even
+/// columns, hi of the odd ones, lo of the even ones, lo of the odd ones (byte p of a plane is
+/// column 2p or 2p + 1 of the block, as byte p of the block's codes holds them in its low and high
+/// nibble); a last block of 64 columns is zero past them. `x` and `gs`: what it was made from, so a
+/// thread's later calls on the same input (the other row blocks of one product) reuse it.
+#[derive(Default)]
+struct QuantX {
+    x: Vec<f32>,
+    gs: usize,
+    planes: Vec<i8>,
+    f: Vec<f32>,
+    /// Per group, the sum of the rounded x (f[g] * sum q): the min term's sums, so that a row's
+    /// error is its dequantized weights times x's rounding.
+    sums: Vec<f32>,
+}
+
+thread_local! {
+    static QUANT_X: std::cell::RefCell<QuantX> = std::cell::RefCell::new(QuantX::default());
+}
+
+impl QuantX {
+    fn make(&mut self, x: &[f32], gs: usize) {
+        if self.gs == gs
+            && self.x.len() == x.len()
+            && self
+                .x
+                .iter()
+                .zip(x)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        {
+            return;
+        }
+        self.x.clear();
+        self.x.extend_from_slice(x);
+        self.gs = gs;
+        self.f.clear();
+        self.sums.clear();
+        self.planes.clear();
+        self.planes.resize(x.len().div_ceil(128) * 256, 0);
+        for (g, xs) in x.chunks_exact(gs).enumerate() {
+            let finite = xs.iter().all(|v| v.is_finite());
+            let m = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let (f, inv) = match (finite, m > 0.0) {
+                (false, _) => (f32::NAN, 0.0),
+                (true, true) => (m / QX_MAX, QX_MAX / m),
+                (true, false) => (0.0, 0.0),
+            };
+            let mut sum = 0i32;
+            for (i, &v) in xs.iter().enumerate() {
+                let c = g * gs + i;
+                let q = (v * inv).round_ties_even().clamp(-QX_MAX, QX_MAX) as i32;
+                sum += q;
+                let lo = ((q + 128) & 255) - 128;
+                let hi = (q - lo) >> 8;
+                let (block, j) = (c / 128, c % 128);
+                let at = block * 256 + (j % 2) * 64 + j / 2;
+                self.planes[at] = hi as i8;
+                self.planes[at + 128] = lo as i8;
+            }
+            self.f.push(f);
+            self.sums.push(f * sum as f32);
+        }
+    }
+}
+
+/// int4 by integer dot products (AVX-512 VNNI), where the columns are a multiple of 64 and the
+/// group size at most 512; false, doing nothing, elsewhere. x is rounded to 16-bit integers per
+/// group (`QuantX`: at most 2^-16 of the group's largest |x| off, as the GPU's dp4a kernels round
+/// it; the min term takes the rounded x's sums, so a row's error is its dequantized weights times
+/// x's rounding). A 64-byte load of codes (128 columns) is masked into its low and high nibbles,
+/// and each meets x's hi and lo planes in `vpdpbusd` (64 products of an unsigned and a signed byte
+/// summed into sixteen 32-bit lanes, exact): 4 of them for 128 weights, where the f32 kernel takes
+/// 8 table lookups and 8 FMAs. Each lane's integer sum (8 columns of one group) becomes one f32
+/// times the group's scale times f[g], summed per lane over the row and across the lanes at its
+/// end. Two rows at a time, each row's arithmetic the same as alone.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn int4_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) -> bool {
+    let gs = m.group_size;
+    if !m.cols.is_multiple_of(64) || gs > 512 {
+        return false;
+    }
+    QUANT_X.with(|cell| {
+        let mut q = cell.borrow_mut();
+        q.make(x, gs);
+        // Each lane's group, per load of a 16-group window (16 * gs columns: whole loads, as gs
+        // is a multiple of 16).
+        let mut idx = [_mm512_setzero_si512(); 64];
+        for (j, v) in idx.iter_mut().enumerate().take(16 * gs / 128) {
+            let mut l = [0i32; 16];
+            for (lane, g) in l.iter_mut().enumerate() {
+                *g = ((j * 128 + 8 * lane) / gs).min(15) as i32;
+            }
+            *v = _mm512_loadu_si512(l.as_ptr() as *const _);
+        }
+        let (rb, gpr) = (m.row_bytes(), m.groups_per_row());
+        let codes = |r: usize| m.codes[r * rb..(r + 1) * rb].as_ptr();
+        let scales = |r: usize| m.scales[r * gpr * 2..(r + 1) * gpr * 2].as_ptr() as *const u16;
+        let mins = |r: usize, v: f32| v + dot_f16(&m.mins[r * gpr * 2..(r + 1) * gpr * 2], &q.sums);
+        let start = rows.start;
+        let mut pairs = out.chunks_exact_mut(2);
+        for (p, o) in pairs.by_ref().enumerate() {
+            let r = start + 2 * p;
+            let v = dot_int4_vnni::<2>(
+                [codes(r), codes(r + 1)],
+                [scales(r), scales(r + 1)],
+                &q,
+                &idx,
+            );
+            o[0] = mins(r, v[0]);
+            o[1] = mins(r + 1, v[1]);
+        }
+        if let [o] = pairs.into_remainder() {
+            let r = rows.end - 1;
+            *o = mins(r, dot_int4_vnni::<1>([codes(r)], [scales(r)], &q, &idx)[0]);
+        }
+    });
+    true
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_int4_vnni<const R: usize>(
+    codes: [*const u8; R],
+    scales: [*const u16; R],
+    q: &QuantX,
+    idx: &[__m512i; 64],
+) -> [f32; R] {
+    let mask = _mm512_set1_epi8(0x0f);
+    let zero = _mm512_setzero_si512();
+    let (gs, groups) = (q.gs, q.f.len());
+    let cols = groups * gs;
+    let planes = q.planes.as_ptr();
+    let ahead = vnni_ahead();
+    let mut acc = [_mm512_setzero_ps(); R];
+    let (mut g0, mut block) = (0, 0);
+    while g0 < groups {
+        let n = (groups - g0).min(16);
+        // The window's scales times x's factors, one lane a group.
+        let mut fx = [0.0f32; 16];
+        fx[..n].copy_from_slice(&q.f[g0..g0 + n]);
+        let fx = _mm512_loadu_ps(fx.as_ptr());
+        let mut sfx = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            let mut sf = [0.0f32; 16];
+            scales_f32(scales[r].add(g0), n, &mut sf);
+            sfx[r] = _mm512_mul_ps(_mm512_loadu_ps(sf.as_ptr()), fx);
+        }
+        let loads = (n * gs).div_ceil(128);
+        for (j, lanes) in idx.iter().enumerate().take(loads) {
+            let b = block + j;
+            let xp = planes.add(b * 256);
+            let he = _mm512_loadu_si512(xp as *const _);
+            let ho = _mm512_loadu_si512(xp.add(64) as *const _);
+            let le = _mm512_loadu_si512(xp.add(128) as *const _);
+            let lo = _mm512_loadu_si512(xp.add(192) as *const _);
+            // A last block of 64 columns: its 32 bytes of codes only (the row's end).
+            let keep: u64 = if (b + 1) * 128 > cols {
+                0xffff_ffff
+            } else {
+                !0
+            };
+            for r in 0..R {
+                let p = codes[r].add(b * 64);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                let v = _mm512_maskz_loadu_epi8(keep, p as *const i8);
+                let ln = _mm512_and_si512(v, mask);
+                let hn = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
+                let ah = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, ln, he), hn, ho);
+                let al = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, ln, le), hn, lo);
+                let t = _mm512_add_epi32(_mm512_slli_epi32::<8>(ah), al);
+                let f = _mm512_permutexvar_ps(*lanes, sfx[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), f, acc[r]);
+            }
+        }
+        block += loads;
+        g0 += n;
+    }
+    acc.map(|a| _mm512_reduce_add_ps(a))
 }
 
 /// Sum of x over each group of `gs` (a multiple of 16) columns, one slot of `out` per group.
