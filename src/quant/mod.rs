@@ -289,12 +289,12 @@ impl<'a> Matrix<'a> {
     }
 }
 
-/// Whether the fast int4 kernel rounds x (per group, to 16-bit integers: the integer
+/// Whether the fast int4 and int2 kernels round x (per group, to 16-bit integers: the integer
 /// dot-product kernel, AVX-512 VNNI) rather than multiplying in f32.
-pub fn int4_rounds_x() -> bool {
+pub fn packed_rounds_x() -> bool {
     #[cfg(target_arch = "x86_64")]
     if x86::available() {
-        return x86::int4_vnni();
+        return x86::packed_vnni();
     }
     false
 }

@@ -116,11 +116,12 @@ const ALL_KINDS: [WeightKind; 6] = [
 
 /// Checks fast vs scalar and scalar vs f64 on one matrix; returns the worst relative errors.
 /// How far the fast kernels may stray from the scalar ones, relative to sum |w x|: f32 roundings,
-/// or (int4 on the integer dot-product kernel) x rounded to 16 bits per group, up to 2^-16 of the
-/// group's largest |x| (at most 7.7e-6 seen over these tests, on 64-column rows).
+/// or (int4 and int2 on the integer dot-product kernel) x rounded to a power-of-two grid of 15-16
+/// significant bits of its group's largest |x| (at most 2.8e-5 seen over these tests, on a
+/// 16-column row; 1.2e-5 on 64 columns).
 fn fast_bound(m: &Matrix) -> f64 {
-    if m.kind == WeightKind::Int4 && crate::quant::int4_rounds_x() {
-        3e-5
+    if m.kind.has_mins() && crate::quant::packed_rounds_x() {
+        1e-4
     } else {
         2e-6
     }
@@ -716,40 +717,42 @@ fn row_prefix_and_top_rows_are_windows_of_the_matrix() {
     }
 }
 
-/// The fast int4 kernel keeps x in a per-thread form between calls (rounded, reordered): a change
-/// of x in place must reach the next call, and a NaN or an infinity in x must make the rows that
-/// meet it NaN, as the scalar kernel's are.
+/// The fast int4 and int2 kernels keep x in a per-thread form between calls (rounded, reordered):
+/// a change of x in place must reach the next call, and a NaN or an infinity in x must make the
+/// rows that meet it NaN, as the scalar kernel's are.
 #[test]
-fn the_int4_kernel_follows_x_and_propagates_nan() {
+fn the_packed_kernels_follow_x_and_propagate_nan() {
     let mut rng = Rng(31);
     let (rows, cols) = (7, 4096);
-    let src = rng.normals(rows * cols);
-    let (bytes, vl) = stored(WeightKind::Int4, 64, rows, cols, &src);
-    let m = as_matrix(&bytes, &vl, rows, cols);
-    let mut x = rng.normals(cols);
-    let mut first = vec![0.0f32; rows];
-    m.matvec_rows(&x, 0..rows, &mut first);
-    check_kernels(&m, &x);
-    x[1000] += 3.0;
-    let mut second = vec![0.0f32; rows];
-    m.matvec_rows(&x, 0..rows, &mut second);
-    assert_ne!(
-        first, second,
-        "a change of x in place reaches the next call"
-    );
-    check_kernels(&m, &x);
-    for bad in [f32::NAN, f32::INFINITY] {
-        let mut y = x.clone();
-        y[2049] = bad;
-        let mut fast = vec![0.0f32; rows];
-        let mut slow = vec![0.0f32; rows];
-        m.matvec_rows(&y, 0..rows, &mut fast);
-        m.matvec_rows_scalar(&y, 0..rows, &mut slow);
-        for (f, s) in fast.iter().zip(&slow) {
-            assert!(
-                f.is_nan() || (f.is_infinite() && s.is_infinite()),
-                "{bad}: fast {f}, scalar {s}"
-            );
+    for kind in [WeightKind::Int4, WeightKind::Int2] {
+        let src = rng.normals(rows * cols);
+        let (bytes, vl) = stored(kind, 64, rows, cols, &src);
+        let m = as_matrix(&bytes, &vl, rows, cols);
+        let mut x = rng.normals(cols);
+        let mut first = vec![0.0f32; rows];
+        m.matvec_rows(&x, 0..rows, &mut first);
+        check_kernels(&m, &x);
+        x[1000] += 3.0;
+        let mut second = vec![0.0f32; rows];
+        m.matvec_rows(&x, 0..rows, &mut second);
+        assert_ne!(
+            first, second,
+            "{kind:?}: a change of x in place reaches the next call"
+        );
+        check_kernels(&m, &x);
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut y = x.clone();
+            y[2049] = bad;
+            let mut fast = vec![0.0f32; rows];
+            let mut slow = vec![0.0f32; rows];
+            m.matvec_rows(&y, 0..rows, &mut fast);
+            m.matvec_rows_scalar(&y, 0..rows, &mut slow);
+            for (f, s) in fast.iter().zip(&slow) {
+                assert!(
+                    f.is_nan() || (f.is_infinite() && s.is_infinite()),
+                    "{kind:?}, {bad}: fast {f}, scalar {s}"
+                );
+            }
         }
     }
 }

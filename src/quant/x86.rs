@@ -11,9 +11,10 @@
 //! (benches/results/2026-11-23-h100-cpu-int-kernels.md); the table: int4 with 16 threads 50-55 ->
 //! 65-72 GB/s on a noisy host (benches/results/2026-11-23-h100-coop-waits.md).
 //!
-//! int4 on AVX-512 VNNI (`int4_vnni_rows`) rounds x to 16-bit integers per group and multiplies
-//! codes and x bytes in `vpdpbusd`: one thread streamed 11.2 GB/s of int4 weights on the build
-//! machine's EPYC against 7.7 for the f32 table kernel (benches/cpu_stream.rs, 2026-11-27).
+//! int4 and int2 on AVX-512 VNNI (`packed_vnni_rows`) round x to 16-bit integers per group and
+//! multiply codes and x bytes in `vpdpbusd`: one thread streamed 11.2 GB/s of int4 weights on the
+//! build machine's EPYC against 7.7 for the f32 table kernel (benches/cpu_stream.rs, 2026-11-27);
+//! the device host's 16 threads 79.7 against 65.3 (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
 //!
 //! Every function here is `unsafe` for two reasons, checked by the callers in mod.rs: the CPU must
 //! have AVX2, FMA and F16C (detected at run time; AVX-512F too for the `_512` functions, checked
@@ -43,7 +44,7 @@ pub(super) unsafe fn matvec_rows(
     let gs = m.group_size;
     // SAFETY (the AVX-512 calls): vnni() detected AVX-512F, BW and VNNI, avx512() AVX-512F, at run
     // time; the slices are as long as this function's own contract requires.
-    if m.kind == WeightKind::Int4 && vnni() && int4_vnni_rows(m, x, rows.clone(), out) {
+    if m.kind.has_mins() && vnni() && packed_vnni_rows(m, x, rows.clone(), out) {
         return;
     }
     if m.kind.has_mins() && avx512() && packed_rows_512(m, x, xsums, rows.clone(), out) {
@@ -346,9 +347,9 @@ unsafe fn packed_rows_512(
     true
 }
 
-/// Whether int4 takes the integer dot-product kernel (`int4_vnni_rows`: AVX-512F, BW and VNNI,
-/// detected at run time; `HOB_CPU_VNNI=0` keeps the f32 kernel, for A/B runs).
-pub(super) fn int4_vnni() -> bool {
+/// Whether int4 and int2 take the integer dot-product kernel (`packed_vnni_rows`: AVX-512F, BW and
+/// VNNI, detected at run time; `HOB_CPU_VNNI=0` keeps the f32 kernels, for A/B runs).
+pub(super) fn packed_vnni() -> bool {
     vnni()
 }
 
@@ -380,18 +381,32 @@ fn vnni_ahead() -> usize {
 /// signed bytes (`QuantX`).
 const QX_MAX: f32 = 32639.0;
 
-/// x of one int4 product as `int4_vnni_rows` takes it. Per group g, x ~ f[g] * q, q an integer of
-/// at most QX_MAX in magnitude (f[g] = the group's largest |x| / QX_MAX; NaN where the group holds
-/// a NaN or an infinity, so the rows' results are NaN as the f32 kernel's are), held as q = 256 *
-/// hi + lo with hi and lo signed bytes. Per 128-column block, four 64-byte planes: hi of the even
-/// columns, hi of the odd ones, lo of the even ones, lo of the odd ones (byte p of a plane is
-/// column 2p or 2p + 1 of the block, as byte p of the block's codes holds them in its low and high
-/// nibble); a last block of 64 columns is zero past them. `x` and `gs`: what it was made from, so a
-/// thread's later calls on the same input (the other row blocks of one product) reuse it.
+/// The least power of two at least `t` (t > 0 and finite; `t` itself where it is subnormal or
+/// too large for one): x's factor, so that scaling by it is exact and values on a coarser grid
+/// (integers, halves) stay exact.
+fn pow2_at_least(t: f32) -> f32 {
+    let (e, mant) = ((t.to_bits() >> 23) & 0xff, t.to_bits() & 0x7f_ffff);
+    if e == 0 || e >= 254 {
+        return t;
+    }
+    f32::from_bits((e + u32::from(mant != 0)) << 23)
+}
+
+/// x of one packed product as `packed_vnni_rows` takes it, for codes of `bits` (4 or 2: F = 8 /
+/// bits fields a byte, field j of byte p holding column F p + j of a block). Per group g, x is
+/// about f[g] times an integer q of at most QX_MAX in magnitude, f[g] the least power of two at
+/// least the group's largest |x| / QX_MAX (15 to 16 significant bits of that |x|), or NaN where
+/// the group holds a NaN or an infinity (so the rows' results are NaN, as the f32 kernels' are);
+/// q = 256 hi + lo with hi and lo signed bytes. Per block of 64 F columns (64 bytes of codes),
+/// 2 F planes of 64 bytes: hi of field 0 .. F - 1, then lo of each (byte p of plane j: column
+/// F p + j of the block); a last block is zero past the row. `x`, `gs` and `bits`: what it was
+/// made from, so a thread's later calls on the same input (the other row blocks of one product)
+/// reuse it.
 #[derive(Default)]
 struct QuantX {
     x: Vec<f32>,
     gs: usize,
+    bits: usize,
     planes: Vec<i8>,
     f: Vec<f32>,
     /// Per group, the sum of the rounded x (f[g] * sum q): the min term's sums, so that a row's
@@ -404,8 +419,9 @@ thread_local! {
 }
 
 impl QuantX {
-    fn make(&mut self, x: &[f32], gs: usize) {
+    fn make(&mut self, x: &[f32], gs: usize, bits: usize) {
         if self.gs == gs
+            && self.bits == bits
             && self.x.len() == x.len()
             && self
                 .x
@@ -415,19 +431,25 @@ impl QuantX {
         {
             return;
         }
+        let fields = 8 / bits;
+        let block = 64 * fields;
         self.x.clear();
         self.x.extend_from_slice(x);
-        self.gs = gs;
+        (self.gs, self.bits) = (gs, bits);
         self.f.clear();
         self.sums.clear();
         self.planes.clear();
-        self.planes.resize(x.len().div_ceil(128) * 256, 0);
+        self.planes
+            .resize(x.len().div_ceil(block) * 128 * fields, 0);
         for (g, xs) in x.chunks_exact(gs).enumerate() {
             let finite = xs.iter().all(|v| v.is_finite());
             let m = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
             let (f, inv) = match (finite, m > 0.0) {
                 (false, _) => (f32::NAN, 0.0),
-                (true, true) => (m / QX_MAX, QX_MAX / m),
+                (true, true) => {
+                    let f = pow2_at_least(m / QX_MAX);
+                    (f, 1.0 / f)
+                }
                 (true, false) => (0.0, 0.0),
             };
             let mut sum = 0i32;
@@ -437,10 +459,10 @@ impl QuantX {
                 sum += q;
                 let lo = ((q + 128) & 255) - 128;
                 let hi = (q - lo) >> 8;
-                let (block, j) = (c / 128, c % 128);
-                let at = block * 256 + (j % 2) * 64 + j / 2;
+                let (b, k) = (c / block, c % block);
+                let at = b * 128 * fields + (k % fields) * 64 + k / fields;
                 self.planes[at] = hi as i8;
-                self.planes[at + 128] = lo as i8;
+                self.planes[at + 64 * fields] = lo as i8;
             }
             self.f.push(f);
             self.sums.push(f * sum as f32);
@@ -448,32 +470,33 @@ impl QuantX {
     }
 }
 
-/// int4 by integer dot products (AVX-512 VNNI), where the columns are a multiple of 64 and the
-/// group size at most 512; false, doing nothing, elsewhere. x is rounded to 16-bit integers per
-/// group (`QuantX`: at most 2^-16 of the group's largest |x| off, as the GPU's dp4a kernels round
-/// it; the min term takes the rounded x's sums, so a row's error is its dequantized weights times
-/// x's rounding). A 64-byte load of codes (128 columns) is masked into its low and high nibbles,
-/// and each meets x's hi and lo planes in `vpdpbusd` (64 products of an unsigned and a signed byte
-/// summed into sixteen 32-bit lanes, exact): 4 of them for 128 weights, where the f32 kernel takes
-/// 8 table lookups and 8 FMAs. Each lane's integer sum (8 columns of one group) becomes one f32
+/// int4 and int2 by integer dot products (AVX-512 VNNI), where the group size is at most 512;
+/// false, doing nothing, elsewhere. x is rounded to 16-bit integers per group (`QuantX`: at most 2^-16 of the group's
+/// largest |x| off, as the GPU's dp4a kernels round it; the min term takes the rounded x's sums,
+/// so a row's error is its dequantized weights times x's rounding). A 64-byte load of codes is
+/// masked into its fields (int4: low and high nibbles; int2: four 2-bit fields), and each meets
+/// x's hi and lo planes in `vpdpbusd` (64 products of an unsigned and a signed byte summed into
+/// sixteen 32-bit lanes, exact): 4 of them for 128 int4 weights, where the f32 kernel takes 8
+/// table lookups and 8 FMAs. Each lane's integer sum (4 F columns of one group) becomes one f32
 /// times the group's scale times f[g], summed per lane over the row and across the lanes at its
 /// end. Two rows at a time, each row's arithmetic the same as alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn int4_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) -> bool {
-    let gs = m.group_size;
-    if !m.cols.is_multiple_of(64) || gs > 512 {
+unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) -> bool {
+    let (gs, bits) = (m.group_size, m.kind.bits());
+    if !matches!(bits, 2 | 4) || gs > 512 {
         return false;
     }
+    let block = 512 / bits;
     QUANT_X.with(|cell| {
         let mut q = cell.borrow_mut();
-        q.make(x, gs);
-        // Each lane's group, per load of a 16-group window (16 * gs columns: whole loads, as gs
-        // is a multiple of 16).
+        q.make(x, gs, bits);
+        // Each lane's group, per load of a 16-group window (16 gs columns: whole loads, as gs is
+        // a multiple of 16 and a block 128 or 256 columns).
         let mut idx = [_mm512_setzero_si512(); 64];
-        for (j, v) in idx.iter_mut().enumerate().take(16 * gs / 128) {
+        for (j, v) in idx.iter_mut().enumerate().take((16 * gs).div_ceil(block)) {
             let mut l = [0i32; 16];
             for (lane, g) in l.iter_mut().enumerate() {
-                *g = ((j * 128 + 8 * lane) / gs).min(15) as i32;
+                *g = ((j * block + lane * block / 16) / gs).min(15) as i32;
             }
             *v = _mm512_loadu_si512(l.as_ptr() as *const _);
         }
@@ -481,43 +504,57 @@ unsafe fn int4_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f
         let codes = |r: usize| m.codes[r * rb..(r + 1) * rb].as_ptr();
         let scales = |r: usize| m.scales[r * gpr * 2..(r + 1) * gpr * 2].as_ptr() as *const u16;
         let mins = |r: usize, v: f32| v + dot_f16(&m.mins[r * gpr * 2..(r + 1) * gpr * 2], &q.sums);
-        let start = rows.start;
-        let mut pairs = out.chunks_exact_mut(2);
-        for (p, o) in pairs.by_ref().enumerate() {
-            let r = start + 2 * p;
-            let v = dot_int4_vnni::<2>(
+        let dot2 = |r: usize| match bits {
+            4 => dot_packed_vnni::<2, 2>(
                 [codes(r), codes(r + 1)],
                 [scales(r), scales(r + 1)],
                 &q,
                 &idx,
-            );
+            ),
+            _ => dot_packed_vnni::<2, 4>(
+                [codes(r), codes(r + 1)],
+                [scales(r), scales(r + 1)],
+                &q,
+                &idx,
+            ),
+        };
+        let dot1 = |r: usize| match bits {
+            4 => dot_packed_vnni::<1, 2>([codes(r)], [scales(r)], &q, &idx),
+            _ => dot_packed_vnni::<1, 4>([codes(r)], [scales(r)], &q, &idx),
+        };
+        let start = rows.start;
+        let mut pairs = out.chunks_exact_mut(2);
+        for (p, o) in pairs.by_ref().enumerate() {
+            let r = start + 2 * p;
+            let v = dot2(r);
             o[0] = mins(r, v[0]);
             o[1] = mins(r + 1, v[1]);
         }
         if let [o] = pairs.into_remainder() {
             let r = rows.end - 1;
-            *o = mins(r, dot_int4_vnni::<1>([codes(r)], [scales(r)], &q, &idx)[0]);
+            *o = mins(r, dot1(r)[0]);
         }
     });
     true
 }
 
+/// R rows' sums of scale * codes * x for codes of F fields a byte (`packed_vnni_rows`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_int4_vnni<const R: usize>(
+unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
     codes: [*const u8; R],
     scales: [*const u16; R],
     q: &QuantX,
     idx: &[__m512i; 64],
 ) -> [f32; R] {
-    let mask = _mm512_set1_epi8(0x0f);
+    let mask = _mm512_set1_epi8(if F == 2 { 0x0f } else { 0x03 });
     let zero = _mm512_setzero_si512();
     let (gs, groups) = (q.gs, q.f.len());
-    let cols = groups * gs;
+    let (cols, block) = (groups * gs, 64 * F);
     let planes = q.planes.as_ptr();
     let ahead = vnni_ahead();
     let mut acc = [_mm512_setzero_ps(); R];
-    let (mut g0, mut block) = (0, 0);
+    let (mut g0, mut b0) = (0, 0);
     while g0 < groups {
         let n = (groups - g0).min(16);
         // The window's scales times x's factors, one lane a group.
@@ -530,17 +567,20 @@ unsafe fn dot_int4_vnni<const R: usize>(
             scales_f32(scales[r].add(g0), n, &mut sf);
             sfx[r] = _mm512_mul_ps(_mm512_loadu_ps(sf.as_ptr()), fx);
         }
-        let loads = (n * gs).div_ceil(128);
+        let loads = (n * gs).div_ceil(block);
         for (j, lanes) in idx.iter().enumerate().take(loads) {
-            let b = block + j;
-            let xp = planes.add(b * 256);
-            let he = _mm512_loadu_si512(xp as *const _);
-            let ho = _mm512_loadu_si512(xp.add(64) as *const _);
-            let le = _mm512_loadu_si512(xp.add(128) as *const _);
-            let lo = _mm512_loadu_si512(xp.add(192) as *const _);
-            // A last block of 64 columns: its 32 bytes of codes only (the row's end).
-            let keep: u64 = if (b + 1) * 128 > cols {
-                0xffff_ffff
+            let b = b0 + j;
+            let xp = planes.add(b * 128 * F);
+            let mut hi = [zero; F];
+            let mut lo = [zero; F];
+            for k in 0..F {
+                hi[k] = _mm512_loadu_si512(xp.add(64 * k) as *const _);
+                lo[k] = _mm512_loadu_si512(xp.add(64 * (F + k)) as *const _);
+            }
+            // A last part of a block: its bytes of codes only (the row's end; whole lanes, as
+            // rows are whole groups of a multiple of 16 columns).
+            let keep: u64 = if (b + 1) * block > cols {
+                (1u64 << ((cols - b * block) / F)) - 1
             } else {
                 !0
             };
@@ -548,16 +588,26 @@ unsafe fn dot_int4_vnni<const R: usize>(
                 let p = codes[r].add(b * 64);
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
                 let v = _mm512_maskz_loadu_epi8(keep, p as *const i8);
-                let ln = _mm512_and_si512(v, mask);
-                let hn = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
-                let ah = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, ln, he), hn, ho);
-                let al = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, ln, le), hn, lo);
+                let (mut ah, mut al) = (zero, zero);
+                for k in 0..F {
+                    // Field k of every byte (shifting 16-bit lanes brings in the next byte's
+                    // bits above the field, which the mask removes).
+                    let c = match (k, F) {
+                        (0, _) => _mm512_and_si512(v, mask),
+                        (1, 2) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
+                        (1, _) => _mm512_and_si512(_mm512_srli_epi16::<2>(v), mask),
+                        (2, _) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
+                        _ => _mm512_and_si512(_mm512_srli_epi16::<6>(v), mask),
+                    };
+                    ah = _mm512_dpbusd_epi32(ah, c, hi[k]);
+                    al = _mm512_dpbusd_epi32(al, c, lo[k]);
+                }
                 let t = _mm512_add_epi32(_mm512_slli_epi32::<8>(ah), al);
                 let f = _mm512_permutexvar_ps(*lanes, sfx[r]);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), f, acc[r]);
             }
         }
-        block += loads;
+        b0 += loads;
         g0 += n;
     }
     acc.map(|a| _mm512_reduce_add_ps(a))
