@@ -250,15 +250,21 @@ impl<'a> Matrix<'a> {
     pub fn matvec_rows(&self, x: &[f32], rows: std::ops::Range<usize>, out: &mut [f32]) {
         self.check_call(x, &rows, out);
         let mut sums = GroupSums::new();
-        let xsums = sums.compute(self, x);
         #[cfg(target_arch = "x86_64")]
         if x86::available() {
+            // The integer kernel sums its own rounded x per group.
+            let xsums = if x86::packed_vnni_takes(self) {
+                &[]
+            } else {
+                sums.compute(self, x)
+            };
             // SAFETY: AVX2, FMA and F16C were detected at run time just above; `check` and
             // `check_call` established that every row in `rows` lies inside the code, scale and
             // min slices and that x and out have the lengths the kernels index.
             unsafe { x86::matvec_rows(self, x, xsums, rows, out) };
             return;
         }
+        let xsums = sums.compute(self, x);
         #[cfg(target_arch = "aarch64")]
         {
             // SAFETY: NEON is part of the aarch64 baseline; `check` and `check_call` established

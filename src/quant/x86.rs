@@ -44,7 +44,7 @@ pub(super) unsafe fn matvec_rows(
     let gs = m.group_size;
     // SAFETY (the AVX-512 calls): vnni() detected AVX-512F, BW and VNNI, avx512() AVX-512F, at run
     // time; the slices are as long as this function's own contract requires.
-    if m.kind.has_mins() && vnni() && packed_vnni_rows(m, x, rows.clone(), out) {
+    if packed_vnni_takes(m) && packed_vnni_rows(m, x, rows.clone(), out) {
         return;
     }
     if m.kind.has_mins() && avx512() && packed_rows_512(m, x, xsums, rows.clone(), out) {
@@ -353,6 +353,11 @@ pub(super) fn packed_vnni() -> bool {
     vnni()
 }
 
+/// Whether `packed_vnni_rows` computes `m` (which then needs no group sums of x from the caller).
+pub(super) fn packed_vnni_takes(m: &Matrix) -> bool {
+    m.kind.has_mins() && m.group_size <= 512 && vnni()
+}
+
 fn vnni() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
@@ -419,15 +424,14 @@ thread_local! {
 }
 
 impl QuantX {
-    fn make(&mut self, x: &[f32], gs: usize, bits: usize) {
+    /// # Safety
+    /// The CPU has AVX-512F and BW (`vnni()` checked them).
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    unsafe fn make(&mut self, x: &[f32], gs: usize, bits: usize) {
+        // Bitwise (a byte comparison: NaN as NaN, -0 apart from 0).
         if self.gs == gs
             && self.bits == bits
-            && self.x.len() == x.len()
-            && self
-                .x
-                .iter()
-                .zip(x)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
+            && bytemuck::cast_slice::<f32, u8>(&self.x) == bytemuck::cast_slice::<f32, u8>(x)
         {
             return;
         }
@@ -441,10 +445,33 @@ impl QuantX {
         self.planes.clear();
         self.planes
             .resize(x.len().div_ceil(block) * 128 * fields, 0);
+        // 16 columns at a time (a group is a multiple of 16): rounded and split on 16 lanes,
+        // narrowed to bytes, and each byte sent to its field's plane by one shuffle (the 16
+        // columns start a multiple of 16 into their block, so each field's share lands in
+        // 16 / F consecutive bytes of its plane).
+        let split = if fields == 2 {
+            _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)
+        } else {
+            _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
+        };
+        let (qmax, qmin) = (
+            _mm512_set1_epi32(QX_MAX as i32),
+            _mm512_set1_epi32(-(QX_MAX as i32)),
+        );
+        let (c128, c255) = (_mm512_set1_epi32(128), _mm512_set1_epi32(255));
+        let inf = _mm512_set1_ps(f32::INFINITY);
+        let per = 16 / fields;
+        let planes = self.planes.as_mut_ptr();
         for (g, xs) in x.chunks_exact(gs).enumerate() {
-            let finite = xs.iter().all(|v| v.is_finite());
-            let m = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let (f, inv) = match (finite, m > 0.0) {
+            let xp = xs.as_ptr();
+            let (mut m, mut finite) = (_mm512_setzero_ps(), !0u16);
+            for i in (0..gs).step_by(16) {
+                let a = _mm512_abs_ps(_mm512_loadu_ps(xp.add(i)));
+                finite &= _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, inf);
+                m = _mm512_max_ps(m, a);
+            }
+            let m = _mm512_reduce_max_ps(m);
+            let (f, inv) = match (finite == !0, m > 0.0) {
                 (false, _) => (f32::NAN, 0.0),
                 (true, true) => {
                     let f = pow2_at_least(m / QX_MAX);
@@ -452,20 +479,40 @@ impl QuantX {
                 }
                 (true, false) => (0.0, 0.0),
             };
-            let mut sum = 0i32;
-            for (i, &v) in xs.iter().enumerate() {
+            let vinv = _mm512_set1_ps(inv);
+            let mut sum = _mm512_setzero_si512();
+            for i in (0..gs).step_by(16) {
+                let v = _mm512_mul_ps(_mm512_loadu_ps(xp.add(i)), vinv);
+                let q = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    v,
+                );
+                let q = _mm512_max_epi32(_mm512_min_epi32(q, qmax), qmin);
+                sum = _mm512_add_epi32(sum, q);
+                let lo = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(q, c128), c255), c128);
+                let hi = _mm512_srai_epi32::<8>(_mm512_sub_epi32(q, lo));
                 let c = g * gs + i;
-                let q = (v * inv).round_ties_even().clamp(-QX_MAX, QX_MAX) as i32;
-                sum += q;
-                let lo = ((q + 128) & 255) - 128;
-                let hi = (q - lo) >> 8;
                 let (b, k) = (c / block, c % block);
-                let at = b * 128 * fields + (k % fields) * 64 + k / fields;
-                self.planes[at] = hi as i8;
-                self.planes[at + 64 * fields] = lo as i8;
+                let at = planes.add(b * 128 * fields + k / fields);
+                let hb = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(hi), split);
+                let lb = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(lo), split);
+                let (mut hv, mut lv) = ([0u8; 16], [0u8; 16]);
+                _mm_storeu_si128(hv.as_mut_ptr() as *mut __m128i, hb);
+                _mm_storeu_si128(lv.as_mut_ptr() as *mut __m128i, lb);
+                for j in 0..fields {
+                    std::ptr::copy_nonoverlapping(
+                        hv.as_ptr().add(j * per),
+                        at.add(j * 64) as *mut u8,
+                        per,
+                    );
+                    std::ptr::copy_nonoverlapping(
+                        lv.as_ptr().add(j * per),
+                        at.add((fields + j) * 64) as *mut u8,
+                        per,
+                    );
+                }
             }
             self.f.push(f);
-            self.sums.push(f * sum as f32);
+            self.sums.push(f * _mm512_reduce_add_epi32(sum) as f32);
         }
     }
 }
@@ -483,7 +530,7 @@ impl QuantX {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) -> bool {
     let (gs, bits) = (m.group_size, m.kind.bits());
-    if !matches!(bits, 2 | 4) || gs > 512 {
+    if !packed_vnni_takes(m) {
         return false;
     }
     let block = 512 / bits;
