@@ -740,6 +740,18 @@ fn the_packed_kernels_follow_x_and_propagate_nan() {
             "{kind:?}: a change of x in place reaches the next call"
         );
         check_kernels(&m, &x);
+        // A group of values so small that its factor's inverse would overflow (below ~4e-34
+        // throughout) counts as zero where x is rounded: the same results as that group zeroed.
+        if crate::quant::packed_rounds_x() {
+            let mut tiny = x.clone();
+            tiny[..64].iter_mut().for_each(|v| *v *= 1e-40);
+            let mut zeroed = x.clone();
+            zeroed[..64].fill(0.0);
+            let (mut a, mut b) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+            m.matvec_rows(&tiny, 0..rows, &mut a);
+            m.matvec_rows(&zeroed, 0..rows, &mut b);
+            assert_eq!(a, b, "{kind:?}: a group below f32's normal range");
+        }
         for bad in [f32::NAN, f32::INFINITY] {
             let mut y = x.clone();
             y[2049] = bad;

@@ -401,7 +401,8 @@ fn pow2_at_least(t: f32) -> f32 {
 /// bits fields a byte, field j of byte p holding column F p + j of a block). Per group g, x is
 /// about f[g] times an integer q of at most QX_MAX in magnitude, f[g] the least power of two at
 /// least the group's largest |x| / QX_MAX (15 to 16 significant bits of that |x|), or NaN where
-/// the group holds a NaN or an infinity (so the rows' results are NaN, as the f32 kernels' are);
+/// the group holds a NaN or an infinity (so the rows' results are NaN, as the f32 kernels' are),
+/// or 0 where the group is below ~4e-34 throughout (its factor's inverse would overflow);
 /// q = 256 hi + lo with hi and lo signed bytes. Per block of 64 F columns (64 bytes of codes),
 /// 2 F planes of 64 bytes: hi of field 0 .. F - 1, then lo of each (byte p of plane j: column
 /// F p + j of the block); a last block is zero past the row. `x`, `gs` and `bits`: what it was
@@ -473,10 +474,11 @@ impl QuantX {
             let m = _mm512_reduce_max_ps(m);
             let (f, inv) = match (finite == !0, m > 0.0) {
                 (false, _) => (f32::NAN, 0.0),
-                (true, true) => {
-                    let f = pow2_at_least(m / QX_MAX);
-                    (f, 1.0 / f)
-                }
+                // (A group below ~4e-34 throughout, whose factor's inverse overflows: zero.)
+                (true, true) => match pow2_at_least(m / QX_MAX) {
+                    f if (1.0 / f).is_finite() => (f, 1.0 / f),
+                    _ => (0.0, 0.0),
+                },
                 (true, false) => (0.0, 0.0),
             };
             let vinv = _mm512_set1_ps(inv);
