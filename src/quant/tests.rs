@@ -114,7 +114,6 @@ const ALL_KINDS: [WeightKind; 6] = [
     WeightKind::Int2,
 ];
 
-/// Checks fast vs scalar and scalar vs f64 on one matrix; returns the worst relative errors.
 /// How far the fast kernels may stray from the scalar ones, relative to sum |w x|: f32 roundings,
 /// or (int4 and int2 on the integer dot-product kernel) x rounded to a power-of-two grid of 15-16
 /// significant bits of its group's largest |x| (at most 2.8e-5 seen over these tests, on a
@@ -127,6 +126,7 @@ fn fast_bound(m: &Matrix) -> f64 {
     }
 }
 
+/// Checks fast vs scalar and scalar vs f64 on one matrix; returns the worst relative errors.
 fn check_kernels(m: &Matrix, x: &[f32]) -> (f64, f64) {
     let mut fast = vec![0.0f32; m.rows];
     let mut slow = vec![0.0f32; m.rows];

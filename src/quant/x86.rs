@@ -44,7 +44,8 @@ pub(super) unsafe fn matvec_rows(
     let gs = m.group_size;
     // SAFETY (the AVX-512 calls): vnni() detected AVX-512F, BW and VNNI, avx512() AVX-512F, at run
     // time; the slices are as long as this function's own contract requires.
-    if packed_vnni_takes(m) && packed_vnni_rows(m, x, rows.clone(), out) {
+    if packed_vnni_takes(m) {
+        packed_vnni_rows(m, x, rows, out);
         return;
     }
     if m.kind.has_mins() && avx512() && packed_rows_512(m, x, xsums, rows.clone(), out) {
@@ -370,8 +371,9 @@ fn vnni() -> bool {
 
 /// How far ahead of the codes being multiplied the VNNI kernel prefetches (it takes a byte of
 /// codes in a fraction of the f32 kernel's instructions, so it runs further ahead):
-/// `HOB_CPU_VNNI_AHEAD` bytes, default 3072 (measured on the build machine's EPYC: one thread
-/// 11.2 GB/s of int4 weights at 3072 against 8.6 at 1024 and 7.7 for the f32 kernel).
+/// `HOB_CPU_VNNI_AHEAD` bytes, default 3072 (measured on the build machine's EPYC, 2026-11-27: one
+/// thread 11.2 GB/s of int4 weights at 3072 in two runs against 6.7-8.6 at 1024 and 7.7 for the f32
+/// kernel).
 fn vnni_ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *AHEAD.get_or_init(|| {
@@ -519,9 +521,9 @@ impl QuantX {
     }
 }
 
-/// int4 and int2 by integer dot products (AVX-512 VNNI), where the group size is at most 512;
-/// false, doing nothing, elsewhere. x is rounded to 16-bit integers per group (`QuantX`: at most 2^-16 of the group's
-/// largest |x| off, as the GPU's dp4a kernels round it; the min term takes the rounded x's sums,
+/// int4 and int2 by integer dot products (AVX-512 VNNI), for matrices `packed_vnni_takes`. x is
+/// rounded to 16-bit integers per group (`QuantX`: at most 2^-15 of the group's largest |x| off,
+/// as the GPU's dp4a kernels round it to their grid; the min term takes the rounded x's sums,
 /// so a row's error is its dequantized weights times x's rounding). A 64-byte load of codes is
 /// masked into its fields (int4: low and high nibbles; int2: four 2-bit fields), and each meets
 /// x's hi and lo planes in `vpdpbusd` (64 products of an unsigned and a signed byte summed into
@@ -530,11 +532,8 @@ impl QuantX {
 /// times the group's scale times f[g], summed per lane over the row and across the lanes at its
 /// end. Two rows at a time, each row's arithmetic the same as alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) -> bool {
+unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) {
     let (gs, bits) = (m.group_size, m.kind.bits());
-    if !packed_vnni_takes(m) {
-        return false;
-    }
     let block = 512 / bits;
     QUANT_X.with(|cell| {
         let mut q = cell.borrow_mut();
@@ -584,7 +583,6 @@ unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut 
             *o = mins(r, dot1(r)[0]);
         }
     });
-    true
 }
 
 /// R rows' sums of scale * codes * x for codes of F fields a byte (`packed_vnni_rows`).
