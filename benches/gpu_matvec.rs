@@ -216,12 +216,18 @@ fn main() {
                     }),
                 ));
             }
+            let floor = if kind.starts_with("int") {
+                cpu_floor(name_kind(kind))
+            } else {
+                0.0
+            };
             for (name, bound, run) in &variants {
+                let bound = bound.max(floor);
                 let cold = time(gpu, &bench.spin, |i| run(&t.mats[i % t.mats.len()]));
                 let warm = time(gpu, &bench.spin, |_| run(&t.mats[0]));
                 run(&t.mats[0]);
                 let e = nmse(&download(gpu, &y, rows), &want);
-                if e > *bound {
+                if e > bound {
                     failed += 1;
                 }
                 let line = format!(
@@ -258,11 +264,11 @@ fn main() {
     println!();
     if failed > 0 {
         println!(
-            "FAILED: {failed} result(s) outside their kernel's NMSE bound (1e-10; 1e-8 for dp4a on 16-bit x, 1e-3 on 8-bit x) against the CPU backend"
+            "FAILED: {failed} result(s) outside their kernel's NMSE bound (1e-10; 1e-8 for dp4a on 16-bit x or where the CPU rounds x, 1e-3 on 8-bit x) against the CPU backend"
         );
         std::process::exit(1);
     }
-    println!("every result within its kernel's NMSE bound (1e-10; 1e-8 for dp4a on 16-bit x, 1e-3 on 8-bit x) of the CPU backend");
+    println!("every result within its kernel's NMSE bound (1e-10; 1e-8 for dp4a on 16-bit x or where the CPU rounds x, 1e-3 on 8-bit x) of the CPU backend");
 }
 
 /// Decode's routed form of the integer kinds, as the engine launches it (Gpu::matvec_sel, k = 2
@@ -652,6 +658,15 @@ impl TestMat {
         }
     }
 
+    /// cpu_floor for this matrix's kind.
+    fn cpu_floor(&self) -> f64 {
+        if (self.viewer)(&self.host).kind.has_mins() {
+            cpu_floor(4)
+        } else {
+            0.0
+        }
+    }
+
     fn reference(&self, cpu: &CpuBackend, x: &[f32]) -> Vec<f32> {
         let m = (self.viewer)(&self.host);
         let mut out = vec![0.0; m.rows];
@@ -764,7 +779,8 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
             gpu.q_kernels(m).0.shape.nmse_bound()
         } else {
             1e-10
-        };
+        }
+        .max(t.cpu_floor());
         let ok = e <= bound && got.iter().all(|v| v.is_finite());
         println!(
             "check {name}: NMSE {e:.2e}{}",
@@ -836,6 +852,17 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
     failed
 }
 
+/// The NMSE the CPU reference itself may add for a kind (code 3 int8, 4 int4, 5 int2): where its
+/// int4 and int2 kernels round x to 16 bits per group (AVX-512 VNNI, hob::quant::packed_rounds_x),
+/// an exact GPU kernel meets the bound of a 16-bit x, 1e-8, as tests/gpu_backend.rs takes it.
+fn cpu_floor(code: i32) -> f64 {
+    if (code == 4 || code == 5) && hob::quant::packed_rounds_x() {
+        1e-8
+    } else {
+        0.0
+    }
+}
+
 fn name_kind(name: &str) -> i32 {
     if name.starts_with("int8") {
         3
@@ -897,6 +924,7 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
             }
             cands.retain(|(name, _, _)| wanted(&only, name));
             for (cname, q, bound) in cands {
+                let bound = bound.max(cpu_floor(code));
                 let f = &q.f;
                 let mut best = (f64::MAX, String::new());
                 let max_threads = f.max_threads_per_block().unwrap_or(1024) as u32;

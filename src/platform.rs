@@ -14,11 +14,16 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::error::Error;
 
 /// The profiles compiled into the binary: (name, file name, TOML text).
-const BUILTIN: [(&str, &str, &str); 4] = [
+const BUILTIN: [(&str, &str, &str); 5] = [
     (
         "h100",
         "platforms/h100.toml",
         include_str!("../platforms/h100.toml"),
+    ),
+    (
+        "h200",
+        "platforms/h200.toml",
+        include_str!("../platforms/h200.toml"),
     ),
     (
         "jetson-orin-32g",
@@ -375,7 +380,7 @@ mod tests {
         let e = Platform::resolve("a100").unwrap_err().to_string();
         assert!(
             e.contains("'a100'")
-                && e.contains("h100, jetson-orin-32g, jetson-orin-64g, rtx4090-24g")
+                && e.contains("h100, h200, jetson-orin-32g, jetson-orin-64g, rtx4090-24g")
                 && e.contains(".toml"),
             "{e}"
         );
@@ -400,7 +405,10 @@ mod tests {
             assert_eq!(Platform::load(&path).unwrap(), p);
         }
         // No temporary file is left beside the profiles.
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            BUILTIN.len()
+        );
         // A folder that does not exist: the error names the file.
         let bad = dir.path().join("missing/p.toml");
         let e = Platform::resolve("h100")

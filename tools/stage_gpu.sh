@@ -40,7 +40,7 @@ for line in sys.stdin:
         print(m["executable"])' \
   | while read -r exe; do n=$(basename "$exe"); cp "$exe" ".gpu/benches/${n%-*}"; done
 # Debug info would put the folder far over the device tool's 64 MiB carry limit.
-strip .gpu/hob .gpu/tests/* .gpu/benches/*
+strip .gpu/hob $(find .gpu/tests .gpu/benches -type f)
 # A trained router's data and the perplexity text, for tools/hobbit_gpu.sh trace.
 shakes="${HOB_SHARED:-$root/../shared}/models/shakespeare-moe"
 if [ -f "$shakes/train.py" ]; then
