@@ -127,7 +127,7 @@ fn main() {
     let gpu: &Gpu = &gpu_arc;
     let bench = BenchKernels::load(gpu);
     let cpu = CpuBackend::new(0).expect("CPU backend");
-    let copy = copy_bandwidth(gpu);
+    let copy = gpu.copy_gbs(1 << 30).expect("device copy") * 1e9;
     if explore_only {
         let failed = explore_candidates(gpu, &bench, &cpu, copy);
         println!("explore: {failed} candidate result(s) outside their NMSE bounds");
@@ -1091,23 +1091,4 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
         s * 1e6
     );
     failed
-}
-
-/// Bytes read + written per second by a device-to-device copy of 1 GiB.
-fn copy_bandwidth(gpu: &Gpu) -> f64 {
-    let n = 1usize << 30;
-    let a = gpu.alloc::<u8>(n, "copy source").expect("alloc");
-    let mut b = gpu.alloc::<u8>(n, "copy target").expect("alloc");
-    let run = |b: &mut CudaSlice<u8>| {
-        gpu.stream.memcpy_dtod(&a, b).expect("copy");
-    };
-    run(&mut b);
-    gpu.sync().expect("sync");
-    let iters = 20;
-    let started = std::time::Instant::now();
-    for _ in 0..iters {
-        run(&mut b);
-    }
-    gpu.sync().expect("sync");
-    2.0 * n as f64 * iters as f64 / started.elapsed().as_secs_f64()
 }

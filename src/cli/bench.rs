@@ -78,6 +78,12 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         )));
     }
     let platform = args.model.platform()?;
+    // Without --platform, this device's own figures for the limit, measured before the session
+    // takes device memory for its expert cache (the copy needs 2 GiB).
+    let measured = (platform.is_none()
+        && !matches!(args.model.device, super::engine::Device::Cpu)
+        && crate::backend::cuda::probe().is_ok())
+    .then(measure_device);
     let mut session = args.model.session(&file, &model, ctx)?;
     eprintln!("bench: {}", session.describe());
     let plan = args.model.plan(&file, platform.as_ref())?;
@@ -138,6 +144,28 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         .map(|v| file.expert_layout(v).size as f64)
         .collect();
 
+    // The limit's figures: the profile's, or without --platform this device's own, measured
+    // here (a device-to-device copy and the link from page-locked memory), so that every CUDA
+    // row has its limit beside it.
+    let figures = match &platform {
+        Some(p) => Some((p.memory_bandwidth_gbs, p.load_gbs())),
+        None if backend == "CUDA" => match measured.unwrap_or_else(|| {
+            Err(Error::Invalid("CUDA was not found before the session".into()))
+        }) {
+            Ok((mem, link)) => {
+                eprintln!(
+                    "bench: no --platform: the limit takes this device's measured figures, memory {mem:.0} GB/s (device copy, read + write) and host link {link:.1} GB/s"
+                );
+                Some((mem, link))
+            }
+            Err(e) => {
+                eprintln!("bench: no --platform, and this device's figures could not be measured ({e}): no limit column");
+                None
+            }
+        },
+        None => None,
+    };
+
     // Cooperative mode: missed experts also stream from host memory into the CPU helpers, so the
     // bound spreads the missed bytes over the link and the host's memory together. The link's
     // DMA reads host memory too: the two are measured together, and the bound takes the lesser
@@ -145,7 +173,7 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
     let host_gbs = if args.model.cpu_experts && backend == "CUDA" {
         let cpu = crate::backend::cpu::CpuBackend::new(args.model.threads)?;
         let alone = cpu.read_bandwidth_gbs(1 << 30);
-        let link = platform.as_ref().map_or(f64::INFINITY, |p| p.load_gbs());
+        let link = figures.map_or(f64::INFINITY, |f| f.1);
         let pace = platform
             .as_ref()
             .and_then(|p| p.pacing())
@@ -254,21 +282,23 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
                 0.0
             },
         };
-        let limit = match (test, &platform, host_gbs) {
-            (BenchTest::Generate(_), Some(p), None) if backend == "CUDA" => Some(physical_limit(
-                dense as f64 + expert_read_per_token,
-                moe.bytes_moved_per_token,
-                p.memory_bandwidth_gbs,
-                p.load_gbs(),
-            )),
+        let limit = match (test, figures, host_gbs) {
+            (BenchTest::Generate(_), Some((mem, link)), None) if backend == "CUDA" => {
+                Some(physical_limit(
+                    dense as f64 + expert_read_per_token,
+                    moe.bytes_moved_per_token,
+                    mem,
+                    link,
+                ))
+            }
             // Cooperative: every missed expert crosses the link or is streamed by the CPU, the
             // two in parallel; the best split of the missed bytes between them bounds the time.
-            (BenchTest::Generate(_), Some(p), Some(host)) if backend == "CUDA" => {
+            (BenchTest::Generate(_), Some((mem, _)), Some(host)) if backend == "CUDA" => {
                 let streamed = total.cpu_bytes as f64 / tok;
                 Some(physical_limit(
                     dense as f64 + expert_read_per_token,
                     moe.bytes_moved_per_token + streamed,
-                    p.memory_bandwidth_gbs,
+                    mem,
                     host,
                 ))
             }
@@ -314,6 +344,16 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         _ => print!("{}", render_markdown(&rows)),
     }
     Ok(())
+}
+
+/// This device's memory (GB/s, a device-to-device copy of 1 GiB, read + write: gpu_matvec's copy
+/// figure) and host link (GB/s, page-locked host to device for 0.3 s): the limit's figures where
+/// no profile is given.
+fn measure_device() -> crate::Result<(f64, f64)> {
+    let gpu = crate::backend::cuda::Gpu::open(0)?;
+    let mem = gpu.copy_gbs(1 << 30)?;
+    let link = gpu.link_gbs(std::time::Duration::from_millis(300))?;
+    Ok((mem, link))
 }
 
 /// One run of `test` from an empty context: (tokens, seconds).

@@ -739,6 +739,39 @@ impl Gpu {
         Ok(bytes as f64 / started.elapsed().as_secs_f64() / 1e9)
     }
 
+    /// Bytes read + written per second by device-to-device copies of `bytes` (best of 10 after a
+    /// warm-up), GB/s: the device memory's rate as the physical limit takes it (gpu_matvec's copy
+    /// figure; shared/REFERENCE.md).
+    pub fn copy_gbs(&self, bytes: usize) -> crate::Result<f64> {
+        let a = self.alloc::<u8>(bytes, "the copy measurement's source")?;
+        let mut b = self.alloc::<u8>(bytes, "the copy measurement's target")?;
+        self.stream.memcpy_dtod(&a, &mut b).map_err(cuda_err)?;
+        self.sync()?;
+        let mut best = f64::INFINITY;
+        for _ in 0..10 {
+            let started = std::time::Instant::now();
+            self.stream.memcpy_dtod(&a, &mut b).map_err(cuda_err)?;
+            self.sync()?;
+            best = best.min(started.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * bytes as f64 / best / 1e9)
+    }
+
+    /// Host -> device from page-locked memory for `time` (dma_until, unpaced), GB/s: the rate
+    /// of the link expert loads cross.
+    pub fn link_gbs(&self, time: std::time::Duration) -> crate::Result<f64> {
+        let ready = std::sync::Barrier::new(2);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let dma = s.spawn(|| self.dma_until(None, &ready, &stop));
+            ready.wait();
+            std::thread::sleep(time);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            dma.join()
+                .map_err(|_| Error::Invalid("the link measurement panicked".into()))?
+        })
+    }
+
     pub fn alloc<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
         n: usize,
