@@ -150,7 +150,9 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
     let figures = match &platform {
         Some(p) => Some((p.memory_bandwidth_gbs, p.load_gbs())),
         None if backend == "CUDA" => match measured.unwrap_or_else(|| {
-            Err(Error::Invalid("CUDA was not found before the session".into()))
+            Err(Error::Invalid(
+                "CUDA was not found before the session".into(),
+            ))
         }) {
             Ok((mem, link)) => {
                 eprintln!(
