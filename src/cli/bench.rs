@@ -81,6 +81,7 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
     // Without --platform, this device's own figures for the limit, measured before the session
     // takes device memory for its expert cache (the copy needs 2 GiB).
     let measured = (platform.is_none()
+        && args.n_gen > 0
         && !matches!(args.model.device, super::engine::Device::Cpu)
         && crate::backend::cuda::probe().is_ok())
     .then(measure_device);
@@ -144,16 +145,12 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         .map(|v| file.expert_layout(v).size as f64)
         .collect();
 
-    // The limit's figures: the profile's, or without --platform this device's own, measured
-    // here (a device-to-device copy and the link from page-locked memory), so that every CUDA
-    // row has its limit beside it.
-    let figures = match &platform {
-        Some(p) => Some((p.memory_bandwidth_gbs, p.load_gbs())),
-        None if backend == "CUDA" => match measured.unwrap_or_else(|| {
-            Err(Error::Invalid(
-                "CUDA was not found before the session".into(),
-            ))
-        }) {
+    // The limit's figures: the profile's, or without --platform this device's own (measured
+    // above: a device-to-device copy and the link from page-locked memory), so that every CUDA
+    // decode row has its limit beside it.
+    let figures = match (&platform, measured) {
+        (Some(p), _) => Some((p.memory_bandwidth_gbs, p.load_gbs())),
+        (None, Some(m)) if backend == "CUDA" => match m {
             Ok((mem, link)) => {
                 eprintln!(
                     "bench: no --platform: the limit takes this device's measured figures, memory {mem:.0} GB/s (device copy, read + write) and host link {link:.1} GB/s"
@@ -165,7 +162,7 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
                 None
             }
         },
-        None => None,
+        _ => None,
     };
 
     // Cooperative mode: missed experts also stream from host memory into the CPU helpers, so the
@@ -180,20 +177,8 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
             .as_ref()
             .and_then(|p| p.pacing())
             .map(|p| p.gbs * 1e9);
-        let together = crate::backend::cuda::Gpu::open(0).and_then(|gpu| {
-            let ready = std::sync::Barrier::new(2);
-            let stop = std::sync::atomic::AtomicBool::new(false);
-            std::thread::scope(|s| {
-                let dma = s.spawn(|| gpu.dma_until(pace, &ready, &stop));
-                ready.wait();
-                let cpu_gbs = cpu.read_bandwidth_gbs(1 << 30);
-                stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                let dma_gbs = dma
-                    .join()
-                    .map_err(|_| Error::Invalid("the link measurement panicked".into()))??;
-                Ok((cpu_gbs, dma_gbs))
-            })
-        });
+        let together = crate::backend::cuda::Gpu::open(0)
+            .and_then(|gpu| gpu.dma_during(pace, || cpu.read_bandwidth_gbs(1 << 30)));
         let gbs = match together {
             Ok((cpu_gbs, dma_gbs)) => {
                 eprintln!(

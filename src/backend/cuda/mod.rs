@@ -757,19 +757,31 @@ impl Gpu {
         Ok(2.0 * bytes as f64 / best / 1e9)
     }
 
-    /// Host -> device from page-locked memory for `time` (dma_until, unpaced), GB/s: the rate
-    /// of the link expert loads cross.
-    pub fn link_gbs(&self, time: std::time::Duration) -> crate::Result<f64> {
+    /// Runs `f` on this thread while host -> device copies from page-locked memory run beside it
+    /// (dma_until, paced to `pace` bytes/s when given): `f`'s result and the copies' GB/s.
+    pub fn dma_during<R: Send>(
+        &self,
+        pace: Option<f64>,
+        f: impl FnOnce() -> R,
+    ) -> crate::Result<(R, f64)> {
         let ready = std::sync::Barrier::new(2);
         let stop = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
-            let dma = s.spawn(|| self.dma_until(None, &ready, &stop));
+            let dma = s.spawn(|| self.dma_until(pace, &ready, &stop));
             ready.wait();
-            std::thread::sleep(time);
+            let r = f();
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            dma.join()
-                .map_err(|_| Error::Invalid("the link measurement panicked".into()))?
+            let gbs = dma
+                .join()
+                .map_err(|_| Error::Invalid("the link measurement panicked".into()))??;
+            Ok((r, gbs))
         })
+    }
+
+    /// Host -> device from page-locked memory for `time`, unpaced, GB/s: the rate of the link
+    /// expert loads cross.
+    pub fn link_gbs(&self, time: std::time::Duration) -> crate::Result<f64> {
+        Ok(self.dma_during(None, || std::thread::sleep(time))?.1)
     }
 
     pub fn alloc<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
