@@ -46,6 +46,34 @@ extern "C" __global__ void bench_read(const uint4* __restrict__ p, unsigned long
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
 extern "C" __global__ void bench_empty() {}
+// bench_read as hob's kernels start under dependent launch (kernels.cu pdl_trigger / pdl_wait):
+// the next launch may be scheduled at once, the first U words a thread are issued, then the
+// kernel waits for the one before it, then reads the rest U words a thread at a time.
+template <int U>
+__device__ void read_pdl_body(const uint4* __restrict__ p, unsigned long long n, unsigned* out) {
+    pdl_trigger();
+    unsigned acc = 0;
+    const unsigned long long st = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    bool waited = false;
+    for (; i + (U - 1) * st < n; i += U * st) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) v[u] = __ldg(p + i + u * st);
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if (!waited) pdl_wait();
+    for (; i < n; i += st) { const uint4 a = __ldg(p + i); acc ^= a.x ^ a.y ^ a.z ^ a.w; }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+extern "C" __global__ void bench_read_pdl_4(const uint4* p, unsigned long long n, unsigned* out) { read_pdl_body<4>(p, n, out); }
+extern "C" __global__ void bench_read_pdl_8(const uint4* p, unsigned long long n, unsigned* out) { read_pdl_body<8>(p, n, out); }
+extern "C" __global__ void bench_read_pdl_16(const uint4* p, unsigned long long n, unsigned* out) { read_pdl_body<16>(p, n, out); }
 // Reading a matrix's codes in the integer kernels' access patterns and nothing else, one step
 // ahead in registers as they load: a warp takes tiles of RR * 32 / LPR rows; LPR lanes share a row
 // (lane % LPR: its 16-byte column within a run of LPR), each lane RR rows, U runs per step; split
@@ -462,6 +490,8 @@ type Run<'a> = Box<dyn Fn(&DevMat) + 'a>;
 struct BenchKernels {
     spin: CudaFunction,
     read: CudaFunction,
+    /// bench_read_pdl_{4,8,16}: (words in flight a thread, kernel).
+    read_pdl: [(u32, CudaFunction); 3],
     empty: CudaFunction,
     prev: [CudaFunction; 4],
     read_rows: [CudaFunction; 2],
@@ -513,6 +543,11 @@ impl BenchKernels {
         BenchKernels {
             spin: f("bench_spin"),
             read: f("bench_read"),
+            read_pdl: [
+                (4, f("bench_read_pdl_4")),
+                (8, f("bench_read_pdl_8")),
+                (16, f("bench_read_pdl_16")),
+            ],
             empty: f("bench_empty"),
             read_rows: [f("bench_read_rows_mma"), f("bench_read_rows_scalar")],
             prev: [
@@ -564,20 +599,22 @@ fn launch(
     y: u64,
     q: Option<(i32, i32)>,
 ) {
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(m);
-    b.arg(&x);
-    b.arg(&y);
     let (split, tchunks) = q.unwrap_or((0, 0));
-    if q.is_some() {
-        b.arg(&split);
-        b.arg(&tchunks);
-    }
+    let mut params = [
+        m as *const DevMat as *mut std::ffi::c_void,
+        (&x) as *const u64 as *mut std::ffi::c_void,
+        (&y) as *const u64 as *mut std::ffi::c_void,
+        (&split) as *const i32 as *mut std::ffi::c_void,
+        (&tchunks) as *const i32 as *mut std::ffi::c_void,
+    ];
+    let n = if q.is_some() { 5 } else { 3 };
     // SAFETY: the arguments match the kernel's signature (kernels.cu matvec_q_*, or the previous
     // kernels' (w, x, y)); m describes a live device matrix, x holds m.cols floats and y m.rows,
     // and the configuration is one the kernel supports (block a multiple of 32 * split, shared
-    // memory as qsmem computes it).
-    unsafe { b.launch(c) }.expect("launch");
+    // memory as qsmem computes it). Launched as hob launches (dependent launch where the GPU has
+    // it): kernels.cu's kernels wait before they touch x or y; the previous kernels have no
+    // trigger, so the next launch starts only when they end.
+    unsafe { gpu.launch_raw(f, c, &mut params[..n]) }.expect("launch");
 }
 
 /// Seconds per launch of `run(i)` for i in 0..ITERS, queued behind a spin kernel.
@@ -1025,6 +1062,46 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
                 t.bytes as f64 / 1e6,
                 s * 1e6,
                 100.0 * t.bytes as f64 / s / copy
+            );
+            // The same read launched as hob launches its kernels (dependent launch: the next
+            // launch starts early, each waits after its first loads), over grid, block and depth.
+            let (mut best, mut forms) = ((f64::MAX, String::new()), 0);
+            for (u, f) in &bench.read_pdl {
+                let max_threads = f.max_threads_per_block().unwrap_or(256) as u32;
+                for threads in [256u32, 512, 1024] {
+                    for per_sm in [1u32, 2, 4, 8, 16] {
+                        if threads > max_threads || threads * per_sm > 2048 {
+                            continue;
+                        }
+                        let c = LaunchConfig {
+                            grid_dim: (gpu.q_limits.sm_count as u32 * per_sm, 1, 1),
+                            block_dim: (threads, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        let s = time(gpu, &bench.spin, |i| {
+                            let p = t.mats[i % t.mats.len()].codes;
+                            let mut params = [
+                                (&p) as *const _ as *mut std::ffi::c_void,
+                                (&words) as *const _ as *mut std::ffi::c_void,
+                                (&sp) as *const _ as *mut std::ffi::c_void,
+                            ];
+                            // SAFETY: bench_read_pdl_* take (pointer, u64, pointer), as params
+                            // holds; they read `words` 16-byte words from p (inside the matrix
+                            // copy) and write at most sink[0], after their wait.
+                            unsafe { gpu.launch_raw(f, c, &mut params) }.expect("read");
+                        });
+                        forms += 1;
+                        if s < best.0 {
+                            best = (s, format!("{threads} threads, {per_sm} blocks an SM, {u} words a thread in flight"));
+                        }
+                    }
+                }
+            }
+            println!(
+                "ceiling {kind} {rows}x{cols}, dependent launch (best of {forms} forms): {:.2} µs, {:.1}% of the copy figure, at {}",
+                best.0 * 1e6,
+                100.0 * t.bytes as f64 / best.0 / copy,
+                best.1
             );
             // The codes alone: read in one stream, and in the kernels' row patterns (best split).
             let m0 = t.mats[0];
