@@ -2,9 +2,17 @@
 """Compile cuda/kernels.cu with NVRTC on a machine without a GPU: compile errors, and ptxas's spill report.
 
     python3 tools/nvrtc_check.py [--arch sm_90 sm_89 sm_87] [-D NAME=VALUE ...] [-v]
+    python3 tools/nvrtc_check.py --arch sm_90 --sass matvec_qd_int2 [-D NAME=VALUE ...]
 
 NVRTC comes from the nvidia-cuda-nvrtc-cu12 wheel (PyPI), downloaded once into ~/.cache/hob-nvrtc; nothing is
 installed. Exit status 1 if any architecture fails to compile. -v prints ptxas's full report (registers per kernel).
+
+--sass KERNEL: that kernel's machine code for each --arch (cuobjdump and nvdisasm from PyPI's nvidia-cuda-cuobjdump
+and nvidia-cuda-nvdisasm wheels, into the same cache), built with the switches hob's loader passes on that
+architecture (src/backend/cuda/kernels.rs: x's planes, the dp4a rings; -D overrides them), then a summary: static
+instructions by opcode and each loop around all of the kernel's dp4a (else mma, else FFMA) instructions (its
+body's size and mix). What runs is counted on the device (Nsight Compute's SourceCounters:
+benches/results/2026-11-28-h200-decode-knobs.md section 7).
 """
 import argparse, ctypes, glob, os, subprocess, sys, zipfile
 
@@ -24,6 +32,58 @@ def libnvrtc():
     return ctypes.CDLL(sorted(p for p in found if "alt" not in p)[0])
 
 
+def tool(name, wheel):
+    """A CUDA binary tool from a PyPI wheel, downloaded once into the cache."""
+    found = glob.glob(f"{CACHE}/tools/nvidia/*/bin/{name}")
+    if not found:
+        os.makedirs(f"{CACHE}/tools", exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", f"{CACHE}/tools",
+                        wheel], check=True)
+        for whl in glob.glob(f"{CACHE}/tools/*.whl"):
+            zipfile.ZipFile(whl).extractall(f"{CACHE}/tools")
+        found = glob.glob(f"{CACHE}/tools/nvidia/*/bin/{name}")
+    if not found:
+        sys.exit(f"{wheel} has no {name}")
+    os.chmod(found[0], 0o755)
+    return found[0]
+
+
+def loader_defines(arch):
+    """The switches hob's kernel loader passes by default (kernels.rs Kernels::load)."""
+    major = int(arch.split("_")[1]) // 10
+    ring, lone = ([0, 4, 3], [0, 4, 3]) if major >= 9 else ([0, 0, 0], [0, 0, 0])
+    d = ["QD_PARTS=2", "QD_PARTS_INT2=2"]
+    d += [f"QD_RING_{k}={v}" for k, v in zip(["INT8", "INT4", "INT2"], ring)]
+    d += [f"QD_RING_LONE_{k}={v}" for k, v in zip(["INT8", "INT4", "INT2"], lone)]
+    return d
+
+
+def summarize(sass):
+    """Static opcode counts, and the loops around every dp4a (else mma, else FFMA) of the kernel."""
+    import collections, re
+    ops = []
+    for line in sass.splitlines():
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*(.*?);", line)
+        if m:
+            ops.append((int(m.group(1), 16), m.group(3).split(".")[0], m.group(4)))
+    if not ops:
+        return
+    count = collections.Counter(o[1] for o in ops)
+    print(f"{len(ops)} instructions: " + ", ".join(f"{k} {v}" for k, v in count.most_common(16)))
+    hot = next((k for k in ("IDP", "IMMA", "HMMA", "FFMA") if count[k]), None)
+    at = {a: i for i, (a, _, _) in enumerate(ops)}
+    idx = [i for i, o in enumerate(ops) if o[1] == hot]
+    if not idx:
+        return
+    for i, (a, op, args) in enumerate(ops):
+        m = re.search(r"0x([0-9a-f]+)", args) if op == "BRA" else None
+        t = int(m.group(1), 16) if m else None
+        if t in at and at[t] <= idx[0] and i >= idx[-1]:
+            body = collections.Counter(o[1] for o in ops[at[t]:i + 1])
+            print(f"loop {t:#x}..{a:#x} around every {hot}: {i - at[t] + 1} instructions: "
+                  + ", ".join(f"{k} {v}" for k, v in body.most_common(12)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", nargs="+", default=["sm_90", "sm_89", "sm_87"])
@@ -31,6 +91,7 @@ def main():
     ap.add_argument("-D", dest="defines", action="append", default=[],
                     help="a macro for the source, as HOB_NVRTC_DEFINES passes them (repeatable)")
     ap.add_argument("-v", action="store_true", help="print ptxas's whole report")
+    ap.add_argument("--sass", metavar="KERNEL", help="print that kernel's machine code and a summary")
     a = ap.parse_args()
     lib, src, failed = libnvrtc(), open(a.source, "rb").read(), False
     for arch in a.arch:
@@ -38,7 +99,11 @@ def main():
         if lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"kernels.cu", 0, None, None) != 0:
             sys.exit("nvrtcCreateProgram failed")
         opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-Xptxas", b"-v"]
-        opts += [f"-D{d}".encode() for d in a.defines]
+        defines = list(a.defines)
+        if a.sass:
+            mine = {d.split("=")[0] for d in defines}
+            defines += [d for d in loader_defines(arch) if d.split("=")[0] not in mine]
+        opts += [f"-D{d}".encode() for d in defines]
         rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
         n = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
@@ -53,6 +118,21 @@ def main():
                 if "spill stores" in line and " 0 bytes spill stores" not in line:
                     print(prev.strip(), "|", line.strip())
         failed |= rc != 0
+        if a.sass and rc == 0:
+            n = ctypes.c_size_t()
+            lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+            cubin = ctypes.create_string_buffer(n.value)
+            lib.nvrtcGetCUBIN(prog, cubin)
+            path = f"{CACHE}/kernels-{arch}.cubin"
+            with open(path, "wb") as f:
+                f.write(cubin.raw)
+            nvdisasm = tool("nvdisasm", "nvidia-cuda-nvdisasm")
+            cuobjdump = tool("cuobjdump", "nvidia-cuda-cuobjdump")
+            env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
+            out = subprocess.run([cuobjdump, "-sass", "-fun", a.sass, path], env=env, capture_output=True,
+                                 text=True)
+            print(out.stdout + out.stderr)
+            summarize(out.stdout)
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
     sys.exit(1 if failed else 0)
 
