@@ -12,7 +12,8 @@
 //! Run on the device machine: `cargo bench --bench gpu_matvec` (skips without a GPU): the table,
 //! then checks of other layouts and inputs. The built executable also takes `explore` (the same,
 //! then a sweep of the integer kernels' block size and split, and the ceilings: an empty launch
-//! and a kernel that only reads) or `explore-only` (the sweep and ceilings alone).
+//! and a kernel that only reads, launched plainly and as hob launches its kernels, with dependent
+//! launch) or `explore-only` (the sweep and ceilings alone).
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
