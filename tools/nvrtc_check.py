@@ -20,32 +20,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.expanduser("~/.cache/hob-nvrtc")
 
 
-def libnvrtc():
-    found = glob.glob(f"{CACHE}/nvidia/cuda_nvrtc/lib/libnvrtc.so.*")
+def from_wheel(pattern, wheel, into=CACHE):
+    """The files matching `pattern` under `into`, after downloading and unpacking `wheel` (PyPI) there once."""
+    found = glob.glob(f"{into}/{pattern}")
     if not found:
-        os.makedirs(CACHE, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", CACHE,
-                        "nvidia-cuda-nvrtc-cu12"], check=True)
-        for whl in glob.glob(f"{CACHE}/*.whl"):
-            zipfile.ZipFile(whl).extractall(CACHE)
-        found = glob.glob(f"{CACHE}/nvidia/cuda_nvrtc/lib/libnvrtc.so.*")
+        os.makedirs(into, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", into, wheel], check=True)
+        for whl in glob.glob(f"{into}/*.whl"):
+            zipfile.ZipFile(whl).extractall(into)
+        found = glob.glob(f"{into}/{pattern}")
+    if not found:
+        sys.exit(f"{wheel} has no {pattern}")
+    return found
+
+
+def libnvrtc():
+    found = from_wheel("nvidia/cuda_nvrtc/lib/libnvrtc.so.*", "nvidia-cuda-nvrtc-cu12")
     return ctypes.CDLL(sorted(p for p in found if "alt" not in p)[0])
 
 
 def tool(name, wheel):
-    """A CUDA binary tool from a PyPI wheel, downloaded once into the cache."""
-    found = glob.glob(f"{CACHE}/tools/nvidia/*/bin/{name}")
-    if not found:
-        os.makedirs(f"{CACHE}/tools", exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", f"{CACHE}/tools",
-                        wheel], check=True)
-        for whl in glob.glob(f"{CACHE}/tools/*.whl"):
-            zipfile.ZipFile(whl).extractall(f"{CACHE}/tools")
-        found = glob.glob(f"{CACHE}/tools/nvidia/*/bin/{name}")
-    if not found:
-        sys.exit(f"{wheel} has no {name}")
-    os.chmod(found[0], 0o755)
-    return found[0]
+    """A CUDA binary tool from a PyPI wheel (its own folder of the cache: not NVRTC's)."""
+    path = from_wheel(f"nvidia/*/bin/{name}", wheel, f"{CACHE}/tools")[0]
+    os.chmod(path, 0o755)
+    return path
 
 
 def loader_defines(arch):
