@@ -51,6 +51,10 @@ pub(super) unsafe fn matvec_rows(
     if m.kind.has_mins() && avx512() && packed_rows_512(m, x, xsums, rows.clone(), out) {
         return;
     }
+    if m.kind == WeightKind::F16 && f16_512() {
+        f16_rows_512(m, x, rows, out);
+        return;
+    }
     match m.kind {
         WeightKind::Int8 => grouped_rows(m, x, xsums, rows, out, |p, i| {
             let lo = _mm_loadl_epi64(p.add(i) as *const __m128i);
@@ -298,6 +302,70 @@ fn avx512() -> bool {
         is_x86_feature_detected!("avx512f")
             && std::env::var("HOB_CPU_AVX512").map_or(true, |v| v != "0")
     })
+}
+
+/// Whether f16 matrices take `f16_rows_512` (AVX-512F detected at run time; `HOB_CPU_F16_512=0`
+/// keeps them on the one-row AVX2 kernel, for A/B runs).
+fn f16_512() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && std::env::var("HOB_CPU_F16_512").map_or(true, |v| v != "0")
+    })
+}
+
+/// f16 rows four at a time on AVX-512: each 32 columns of x are loaded once for the four rows
+/// (the one-row kernel loads 8 bytes of x per 2 bytes of weights, through L1 or, for a 14336-wide
+/// x, from L2), and each row's 64-byte line is prefetched PREFETCH_AHEAD bytes on. Rows past the
+/// last multiple of four take the same loop one at a time: a row's sum (two 16-lane accumulators,
+/// columns 32 j .. 32 j + 15 and the 16 after, added lane by lane and reduced, then the tail
+/// columns in order) has the same bits whichever block it falls in, so splitting the rows between
+/// threads changes nothing.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn f16_rows_512(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) {
+    let mut r = rows.start;
+    while r + 4 <= rows.end {
+        f16_block_512::<4>(m, x, r, &mut out[r - rows.start..]);
+        r += 4;
+    }
+    while r < rows.end {
+        f16_block_512::<1>(m, x, r, &mut out[r - rows.start..]);
+        r += 1;
+    }
+}
+
+/// Rows r .. r + R of an f16 matrix into out[..R] (`f16_rows_512`).
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+unsafe fn f16_block_512<const R: usize>(m: &Matrix, x: &[f32], r: usize, out: &mut [f32]) {
+    let rb = m.row_bytes();
+    let full = x.len() / 32 * 32;
+    let xp = x.as_ptr();
+    let wp: [*const u8; R] = std::array::from_fn(|k| m.codes.as_ptr().add((r + k) * rb));
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut i = 0;
+    while i < full {
+        for p in &wp {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2 * i + PREFETCH_AHEAD) as *const i8);
+        }
+        let x0 = _mm512_loadu_ps(xp.add(i));
+        let x1 = _mm512_loadu_ps(xp.add(i + 16));
+        for (a, p) in acc.iter_mut().zip(&wp) {
+            let w0 = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i) as *const __m256i));
+            let w1 = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i + 32) as *const __m256i));
+            a[0] = _mm512_fmadd_ps(w0, x0, a[0]);
+            a[1] = _mm512_fmadd_ps(w1, x1, a[1]);
+        }
+        i += 32;
+    }
+    for (k, a) in acc.iter().enumerate() {
+        let codes = &m.codes[(r + k) * rb..(r + k + 1) * rb];
+        let mut v = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+        for (j, xj) in x.iter().enumerate().skip(full) {
+            v += scalar::f16_at(codes, j) * xj;
+        }
+        out[k] = v;
+    }
 }
 
 /// int4 and int2 on AVX-512 (16 bytes of codes per step: 32 or 64 columns; the group size a
