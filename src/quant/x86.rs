@@ -16,6 +16,10 @@
 //! build machine's EPYC against 7.7 for the f32 table kernel (benches/cpu_stream.rs, 2026-11-27);
 //! the device host's 16 threads 79.7 against 65.3 (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
 //!
+//! f16 on AVX-512F (`f16_rows_512`) takes four rows at a time, x loaded once for the four: the device host's 16
+//! threads streamed 107-116 GB/s of f16 weights against 88-101 for the one-row AVX2 kernel, and the cooperative
+//! row (e) ran 6-30% faster (benches/results/2026-11-28-h200-cpu-f16-avx512.md).
+//!
 //! Every function here is `unsafe` for two reasons, checked by the callers in mod.rs: the CPU must
 //! have AVX2, FMA and F16C (detected at run time; AVX-512F too for the `_512` functions, checked
 //! before they are called), and the slices must be as long as the matrix shape says
