@@ -46,8 +46,8 @@ pub(super) unsafe fn matvec_rows(
 ) {
     let rb = m.row_bytes();
     let gs = m.group_size;
-    // SAFETY (the AVX-512 calls): vnni() detected AVX-512F, BW and VNNI, avx512() AVX-512F, at run
-    // time; the slices are as long as this function's own contract requires.
+    // SAFETY (the AVX-512 calls): vnni() detected AVX-512F, BW and VNNI, avx512() and f16_512()
+    // AVX-512F, at run time; the slices are as long as this function's own contract requires.
     if packed_vnni_takes(m) {
         packed_vnni_rows(m, x, rows, out);
         return;
