@@ -1956,18 +1956,20 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 set_tile(t);
                 u8* st = ring + slot * RSB;
                 const int c = c0 + k * step;
-                const bool in = c < tn;
+                // Past the column tile: 0 bytes from its last chunk (an address in the row).
+                const int cl = min(c, tn - 1), nb = c < tn ? 16 : 0;
+                u8* dst = st + lane * 16;
 #pragma unroll
-                for (int i = 0; i < R; i++)
-                    cp_async16z(st + (i * 32 + lane) * 16, in ? lrow[i] + c : lrow[i], in ? 16 : 0);
+                for (int i = 0; i < R; i++) cp_async16z(dst + i * 512, lrow[i] + cl, nb);
                 if (lane_s) {
                     const int cb = s * 32 + k * step;  // the warp's first chunk of the step
-                    int bytes = 16;
-                    if (cb + 32 > tn) {
+                    if (cb + 32 <= tn) {
+                        cp_async16z(st + so_s, lsrc + (cb >> cpg_shift), 16);
+                    } else {
                         const int vg = min(max((tn - cb + cpg - 1) >> cpg_shift, 0), 32 >> cpg_shift);
-                        bytes = min(max(vg * 2 - 16 * pc_s, 0), 16);
+                        const int bytes = min(max(vg * 2 - 16 * pc_s, 0), 16);
+                        cp_async16z(st + so_s, bytes > 0 ? lsrc + (cb >> cpg_shift) : lsrc, bytes);
                     }
-                    cp_async16z(st + so_s, bytes > 0 ? lsrc + (cb >> cpg_shift) : lsrc, bytes);
                 }
             }
             cp_async_commit();
