@@ -1673,6 +1673,37 @@ __device__ __forceinline__ constexpr float qd_unit() {
     return 1.0f / (float)(1 << (QTraits<KIND>::BITS * (qd_sa<KIND>() - 1)));
 }
 
+// qdstage's form for 16-bit x (QD_PARTS 2): the largest |x| as a float, values rounded by a
+// saturating cvt and split into planes by byte permutes, about half the instructions a value of
+// the general form, the same bits.
+#ifndef QD_STAGE16
+#define QD_STAGE16 1
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define QD_MAX_NAN 0
+#else
+#define QD_MAX_NAN 1
+#endif
+// The larger of a and b, NaN when either is (max.NaN: sm_80 on).
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+#if QD_MAX_NAN
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return a != a || b != b ? __uint_as_float(0x7fc00000u) : fmaxf(a, b);
+#endif
+}
+// a and b rounded to the nearest integer, saturated to 16 bits, packed (a low, b high).
+__device__ __forceinline__ u32 pack_s16_rn(float a, float b) {
+    unsigned short lo, hi;
+    asm("cvt.rni.sat.s16.f32 %0, %1;" : "=h"(lo) : "f"(a));
+    asm("cvt.rni.sat.s16.f32 %0, %1;" : "=h"(hi) : "f"(b));
+    u32 r;
+    asm("mov.b32 %0, {%1, %2};" : "=r"(r) : "h"(lo), "h"(hi));
+    return r;
+}
+
 // Stage columns [0, tn * CC) of xt (or SwiGLU(xt, ut)) for the DP kernels: the byte planes at xq
 // (qd_at) and, per chunk, (2^e, the chunk's f32 sum of x) at xsx. Block-wide; ends with a barrier.
 // `after_loads` runs once the first pass's loads of x are issued (the ring form issues more of its
@@ -1716,15 +1747,25 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
             const bool in = m < nw;
             const float* v = vv[u];
             // The largest |x| by its bits (NaN above infinity above every finite value), and the sum.
+            // QD_STAGE16 (16-bit x, sm_80 on): the largest |x| as a float by a max that keeps NaN
+            // (bits 0x7fc00000, as the integer form's): one instruction a value instead of two.
+            constexpr bool F16S = QD_STAGE16 && PP == 2 && QD_MAX_NAN;
             u32 mb = 0;
-            float sum = 0.f;
+            float am = 0.f, sum = 0.f;
     #pragma unroll
             for (int j = 0; j < EPW; j++) {
-                mb = max(mb, __float_as_uint(v[j]) & 0x7fffffffu);
+                if (F16S) am = fmax_nan(am, fabsf(v[j]));
+                else mb = max(mb, __float_as_uint(v[j]) & 0x7fffffffu);
                 sum += v[j];
             }
-            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+            if (F16S) {
+                am = fmax_nan(am, __shfl_xor_sync(0xffffffffu, am, 1));
+                am = fmax_nan(am, __shfl_xor_sync(0xffffffffu, am, 2));
+                mb = __float_as_uint(am);
+            } else {
+                mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+                mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+            }
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a + b == b + a: every lane of the chunk
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // ends with the same sum
             const int E = (int)(mb >> 23);
@@ -1734,7 +1775,34 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
             const int ep = max(E, XB - 2);
             const float mul = __uint_as_float((u32)(XB + 252 - ep) << 23);
             const float xs = bad ? __uint_as_float(0x7fc00000u) : ldexp2(1.0f, ep - 125 - XB);
-            if (in) {
+            if (in && F16S) {
+                // Per set, values b * S + s (b = 0..3) rounded to 16 bits (cvt saturates: only
+                // -32768 needs the clamp to -QMAX, two values at a time), paired, and their bytes
+                // split into the planes by two byte permutes. A bad chunk's values all become 0
+                // (v * 0 is 0 or NaN, and NaN converts to 0): the bits of the general form.
+                const float mz = bad ? 0.f : mul;
+                const int c = m >> 2, wd = m & 3;
+                u32 o[2][S];
+    #pragma unroll
+                for (int s = 0; s < S; s++) {
+                    const u32 t01 = __vmaxs2(pack_s16_rn(v[s] * mz, v[S + s] * mz), 0x80018001u);
+                    const u32 t23 = __vmaxs2(pack_s16_rn(v[2 * S + s] * mz, v[3 * S + s] * mz), 0x80018001u);
+                    o[0][s] = __byte_perm(t01, t23, 0x7531);  // high bytes: the signed top plane
+                    o[1][s] = __byte_perm(t01, t23, 0x6420);  // low bytes
+                }
+    #pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    u32* dst = xq + qd_at<KIND>(c, p, wd);
+                    if (S == 4) {
+                        *reinterpret_cast<uint4*>(dst) = make_uint4(o[p][0], o[p][1 % S], o[p][2 % S], o[p][3 % S]);
+                    } else if (S == 2) {
+                        *reinterpret_cast<uint2*>(dst) = make_uint2(o[p][0], o[p][1 % S]);
+                    } else {
+                        dst[0] = o[p][0];
+                    }
+                }
+                if (wd == 0) xsx[c] = make_float2(xs, sum);
+            } else if (in) {
                 int q[EPW];
     #pragma unroll
                 for (int j = 0; j < EPW; j++)
