@@ -1058,11 +1058,28 @@ __device__ __forceinline__ void moe_route_body(const Mat w, const float* __restr
 #ifndef SEL_EARLY
 #define SEL_EARLY 1
 #endif
+// The integer kernels' launch arithmetic without divisions (matvec_q_body, sel_mat): 1 (default);
+// 0 (HOB_NVRTC_DEFINES) divides, for A/B runs.
+#ifndef QD_NODIV
+#define QD_NODIV 1
+#endif
+// ceil(a / b) for 0 <= a < 2^24 and 0 < b < 2^24 without an integer division: a quotient from the
+// reciprocal (off by at most one), then corrected.
+__device__ __forceinline__ int ceil_div_small(int a, int b) {
+    int q = __float2int_rz((float)a * __frcp_rn((float)b));
+    q -= q * b > a;
+    q += (q + 1) * b <= a;
+    return q + (q * b < a);
+}
 __device__ __forceinline__ Mat sel_mat(const MatEntry* __restrict__ tab, const float* routes, int k,
                                        int which0) {
-    const int j = blockIdx.y, e = __ldcg(reinterpret_cast<const int*>(routes) + j % k);
+    // j / k and j % k without a division where j < 2k (every routed launch: gate and up 2k, the
+    // gate-up form and down k), which runs before the routes' load.
+    const int j = blockIdx.y, jq = !QD_NODIV ? j / k : j < k ? 0 : j < 2 * k ? 1 : j / k;
+    const int jr = j - jq * k;
+    const int e = __ldcg(reinterpret_cast<const int*>(routes) + jr);
     static_assert(sizeof(MatEntry) == 48, "MatEntry: three 16-byte words");
-    const uint4* p = reinterpret_cast<const uint4*>(tab + e * 3 + which0 + j / k);
+    const uint4* p = reinterpret_cast<const uint4*>(tab + e * 3 + which0 + jq);
     union {
         uint4 w[3];
         MatEntry m;
@@ -1934,11 +1951,16 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     extern __shared__ float4 qsm[];
     const int n = w.row_bytes >> 4;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = warp / split, s = warp - g * split;
+    // split is a power of two (q_plan): shifts, not divisions. Every integer division here ran
+    // before the first weight load (six of them, ~20 instructions each, in int2's 312 before its
+    // first cp.async on sm_90): QD_NODIV (default 1) takes shifts, and the tile count from a
+    // reciprocal (ceil_div_small).
+    const int split_sh = __ffs(split) - 1;
+    const int g = QD_NODIV ? warp >> split_sh : warp / split, s = warp - g * split;
     // Rows of a matrix per warp group (GU: slot i takes row i % RM of w, then of wu).
     constexpr int RM = GU ? R / 2 : R;
-    const int tile_rows = (warps / split) * RM;
-    const int ntiles = (w.rows + tile_rows - 1) / tile_rows;
+    const int tile_rows = (QD_NODIV ? warps >> split_sh : warps / split) * RM;
+    const int ntiles = QD_NODIV ? ceil_div_small(w.rows, tile_rows) : (w.rows + tile_rows - 1) / tile_rows;
     if ((int)blockIdx.x >= ntiles) return;
     const int tpad = (tchunks + 31) & ~31;
     float4* xs4 = qsm;
@@ -1956,7 +1978,8 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     const int ring_off =
         ((int)(reinterpret_cast<const char*>(wsm + 2 * warps) - reinterpret_cast<const char*>(qsm)) + 15) & ~15;
     u8* const ring = reinterpret_cast<u8*>(qsm) + ring_off + warp * RING * RSB;
-    const int gpr = w.cols / w.group;
+    // (RING: groups of 1, 2 or 4 chunks, a power of two.)
+    const int gpr = QD_NODIV && RING > 0 ? w.cols >> (__ffs(w.group) - 1) : w.cols / w.group;
     const bool fast = DP || KIND == KIND_INT8 || w.group % CC == 0;
     const int cpg = w.group / CC;
     const int cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;
@@ -1965,7 +1988,10 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     // ring slot, so_s. Lanes from R * pieces * arrays on copy none.
     const int ppr_s = RING > 0 ? 4 >> cpg_shift : 1, per_s = ppr_s * (KIND == KIND_INT8 ? 1 : 2);
     const bool lane_s = RING > 0 && lane < R * per_s;
-    const int ri_s = lane / per_s, a_s = (lane - ri_s * per_s) / ppr_s;
+    // (ppr_s and per_s are powers of two.)
+    const int ppr_sh = RING > 0 ? 2 - cpg_shift : 0, per_sh = ppr_sh + (KIND == KIND_INT8 ? 0 : 1);
+    const int ri_s = QD_NODIV ? lane >> per_sh : lane / per_s;
+    const int a_s = QD_NODIV ? (lane - ri_s * per_s) >> ppr_sh : (lane - ri_s * per_s) / ppr_s;
     const int pc_s = lane - ri_s * per_s - a_s * ppr_s;
     const int so_s = R * 512 + (ri_s * 2 + a_s) * 64 + pc_s * 16;
     const int step = 32 * split, c0 = s * 32 + lane;
@@ -1973,7 +1999,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 
     for (int ct0 = 0; ct0 < n; ct0 += tchunks) {
         const int tn = min(tchunks, n - ct0);
-        const int ksteps = (tn + step - 1) / step;
+        const int ksteps = QD_NODIV ? (tn + step - 1) >> (5 + split_sh) : (tn + step - 1) / step;
         // The rows' code and scale bases of the tile being loaded, set once per tile.
         const uint4* lrow[R];
         int lsrow[R];

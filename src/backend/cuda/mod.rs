@@ -314,7 +314,8 @@ pub struct QPlan {
     pub grid: u32,
     pub block: u32,
     pub smem: u32,
-    /// Warps sharing a row group (each takes a slice of the row's chunks).
+    /// Warps sharing a row group (each takes a slice of the row's chunks): a power of two (the
+    /// kernels shift by it).
     pub split: i32,
     /// 16-byte chunks per column tile (x is staged one tile at a time).
     pub tchunks: i32,
@@ -2646,6 +2647,8 @@ mod tests {
                         assert_eq!(q_smem(&k, warps, tchunks), p.smem as usize, "{what}");
                         assert!(p.smem as usize <= lim.smem_max, "{what}");
                         assert!(tchunks == n || (tchunks % 32 == 0 && tchunks < n), "{what}");
+                        // kernels.cu matvec_q_body shifts by the split (QD_NODIV).
+                        assert!(split.is_power_of_two(), "{what}");
                         assert!(warps % split == 0 && p.block.is_multiple_of(32), "{what}");
                         assert!(
                             (regs * 32).div_ceil(256) * 256 * warps <= lim.regs_per_sm,
