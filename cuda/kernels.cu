@@ -1063,8 +1063,8 @@ __device__ __forceinline__ void moe_route_body(const Mat w, const float* __restr
 #ifndef QD_NODIV
 #define QD_NODIV 1
 #endif
-// ceil(a / b) for 0 <= a < 2^24 and 0 < b < 2^24 without an integer division: a quotient from the
-// reciprocal (off by at most one), then corrected.
+// ceil(a / b) for 0 <= a < 2^24 and 0 < b < 2^24 (a matrix's rows, a tile's rows) without an
+// integer division: a quotient from the reciprocal (off by at most one), then corrected.
 __device__ __forceinline__ int ceil_div_small(int a, int b) {
     int q = __float2int_rz((float)a * __frcp_rn((float)b));
     q -= q * b > a;
@@ -1691,8 +1691,8 @@ __device__ __forceinline__ constexpr float qd_unit() {
 }
 
 // qdstage's form for 16-bit x (QD_PARTS 2): the largest |x| as a float, values rounded by a
-// saturating cvt and split into planes by byte permutes, about half the instructions a value of
-// the general form, the same bits.
+// saturating cvt and split into planes by byte permutes: about two thirds of the general form's
+// instructions (int2, two words: 410 -> 283 on sm_90), the same bits.
 #ifndef QD_STAGE16
 #define QD_STAGE16 1
 #endif
