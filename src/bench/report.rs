@@ -58,6 +58,8 @@ pub struct MoeStats {
     pub bytes_moved_per_token: f64,
     /// Link (or disk) bandwidth reached, GB/s: bytes moved / time spent.
     pub link_gbs: f64,
+    /// Routes the precision scorer skipped per token (shown beside the hit rates when any).
+    pub skipped_per_token: f64,
 }
 
 /// One row of the result table.
@@ -134,13 +136,17 @@ fn cells(r: &BenchRow) -> [String; 13] {
         r.profile.clone(),
         r.test.to_string(),
         format!("{mean:.2} ± {sd:.2}"),
-        moe.filter(|m| !m.hit_rates.is_empty())
+        moe.filter(|m| !m.hit_rates.is_empty() || m.skipped_per_token > 0.0)
             .map_or_else(dash, |m| {
-                m.hit_rates
+                let mut parts: Vec<String> = m
+                    .hit_rates
                     .iter()
                     .map(|h| format!("{} {:.1}%", h.variant, 100.0 * h.rate))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                    .collect();
+                if m.skipped_per_token > 0.0 {
+                    parts.push(format!("{:.2} skipped/tok", m.skipped_per_token));
+                }
+                parts.join(", ")
             }),
         moe.map_or_else(dash, |m| format!("{:.2}", m.experts_loaded_per_token)),
         moe.map_or_else(dash, |m| format!("{:.1}", m.bytes_moved_per_token / 1e6)),
@@ -232,6 +238,7 @@ fn row_json(r: &BenchRow) -> Value {
         "experts_loaded_per_token": moe.map(|m| m.experts_loaded_per_token),
         "bytes_moved_per_token": moe.map(|m| m.bytes_moved_per_token),
         "link_gbs": moe.map(|m| m.link_gbs),
+        "skipped_per_token": moe.map(|m| m.skipped_per_token),
         "limit_overlap_ts": r.limit.map(|l| l.overlap_tok_s),
         "limit_no_overlap_ts": r.limit.map(|l| l.no_overlap_tok_s),
         "limit_pct": r.limit_pct(),
@@ -277,6 +284,7 @@ mod tests {
                     experts_loaded_per_token: 4.4,
                     bytes_moved_per_token: 1.2345e9,
                     link_gbs: 24.5,
+                    skipped_per_token: 0.0,
                 }),
                 limit: Some(limit),
             },

@@ -18,11 +18,11 @@ use std::time::Instant;
 use clap::Args;
 
 use super::engine::{tokenizer, Device, ModelArgs};
-use super::perplexity::read_tokens;
-use crate::backend::cpu::{CpuBackend, CpuExperts};
-use crate::experts::{Precision, Thresholds};
-use crate::model::ops::{ExpertExecutor, Route};
-use crate::model::{Bound, ExpertReport, ExpertStats, Logits, Model, Session};
+use super::perplexity::{chunk_ctx, read_tokens};
+use crate::backend::cpu::CpuBackend;
+use crate::experts::{DirectExperts, ExpertReport, ExpertStats, Precision, Thresholds};
+use crate::generate::{Bound, Generator};
+use crate::model::{Batch, ExpertExecutor, Model, Route};
 use crate::Error;
 
 #[derive(Args, Debug)]
@@ -36,9 +36,9 @@ pub struct CalibrateArgs {
     /// route of every token is always high, so high cannot be below 100/top_k.
     #[arg(long, default_value = "67/30/3")]
     pub split: String,
-    /// Tokens per chunk.
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
-    pub ctx: usize,
+    /// Tokens per chunk (default 512, at most the model's context).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx: Option<usize>,
     /// Use at most this many chunks (default: all).
     #[arg(long = "chunks")]
     pub chunks: Option<usize>,
@@ -214,7 +214,7 @@ pub fn fit(sorted: &[f32], top1: u64, split: Split, top_k: usize) -> crate::Resu
 
 /// Wraps the CPU experts and records every route's score per layer.
 struct Recorder<'a> {
-    inner: CpuExperts<'a>,
+    inner: DirectExperts<'a>,
     layers: Rc<RefCell<Vec<LayerScores>>>,
     buf: Vec<f32>,
 }
@@ -224,9 +224,7 @@ impl ExpertExecutor<CpuBackend> for Recorder<'_> {
         &mut self,
         backend: &CpuBackend,
         layer: usize,
-        xs: &Vec<f32>,
-        t: usize,
-        routes: &[Route],
+        batch: &Batch<'_, Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> crate::Result<()> {
         {
@@ -234,12 +232,12 @@ impl ExpertExecutor<CpuBackend> for Recorder<'_> {
             if layers.len() <= layer {
                 layers.resize(layer + 1, LayerScores::default());
             }
-            let k = routes.len() / t.max(1);
-            for token in routes.chunks_exact(k.max(1)) {
+            let k = batch.routes.len() / batch.t.max(1);
+            for token in batch.routes.chunks_exact(k.max(1)) {
                 layers[layer].add(token, &mut self.buf);
             }
         }
-        self.inner.forward(backend, layer, xs, t, routes, out)
+        self.inner.forward(backend, layer, batch, out)
     }
 }
 
@@ -253,6 +251,16 @@ impl ExpertReport for Recorder<'_> {
     fn reset_stats(&mut self) {
         self.inner.reset_stats()
     }
+}
+
+/// What a calibration run recorded: every layer's route scores, over `tokens` tokens.
+struct Recorded {
+    layers: Vec<LayerScores>,
+    tokens: usize,
+    chunks: usize,
+    ctx: usize,
+    high: String,
+    seconds: f64,
 }
 
 pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
@@ -270,12 +278,6 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
                 .into(),
         ));
     }
-    if args.ctx < 2 {
-        return Err(Error::Invalid(format!(
-            "--ctx-size {}: must be at least 2",
-            args.ctx
-        )));
-    }
     let file = args.model.open()?;
     let model = Model::load(&file)?;
     let cfg = &model.cfg;
@@ -291,72 +293,18 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
             cfg.top_k
         )));
     }
-    let mut plan = args.model.plan(&file, platform.as_ref())?;
-    plan.low = None;
-    plan.thresholds = Thresholds::ALL_HIGH;
-    plan.renormalize_skips = false;
-    let tok = tokenizer(&file, cfg)?;
-    let tokens = read_tokens(&args.file, &tok, cfg.add_bos)?;
-    let n_ctx = args.ctx;
-    if tokens.len() < n_ctx {
-        return Err(Error::Invalid(format!(
-            "{}: {} tokens, need at least one chunk of --ctx-size {n_ctx}",
-            args.file.display(),
-            tokens.len()
-        )));
-    }
-    let mut n_chunk = tokens.len() / n_ctx;
-    if let Some(c) = args.chunks {
-        n_chunk = n_chunk.min(c.max(1));
-    }
-    let high_name = file.variants()[plan.high].to_string();
-    let layers = Rc::new(RefCell::new(Vec::new()));
-    let recorder = Recorder {
-        inner: CpuExperts::with_plan(&file, plan)?,
-        layers: layers.clone(),
-        buf: Vec::new(),
-    };
-    let backend = args.model.backend()?;
-    let label = format!("cpu: {} threads", backend.threads());
-    let mut session = Bound::new(&model, backend, Box::new(recorder), n_ctx, label)?;
-    eprintln!(
-        "calibrate: {} tokens, {n_chunk} chunks of {n_ctx}; {}",
-        tokens.len(),
-        session.describe()
-    );
-    let started = Instant::now();
-    for i in 0..n_chunk {
-        let mut chunk = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
-        if cfg.add_bos {
-            chunk[0] = tok.bos_id();
-        }
-        session.truncate(0);
-        session.forward(&chunk, Logits::None)?;
-        if i == 0 {
-            let pass = started.elapsed().as_secs_f64();
-            eprintln!(
-                "calibrate: {pass:.2} s per chunk, ETA {:.1} min",
-                pass * n_chunk as f64 / 60.0
-            );
-        }
-    }
-    drop(session);
-    let layers = std::mem::take(&mut *layers.borrow_mut());
+    let rec = record(args, (&file, &model), platform.as_ref())?;
     let mut all = LayerScores::default();
-    for l in &layers {
+    for l in &rec.layers {
         all.merge(l);
     }
     all.scores.sort_by(f32::total_cmp);
     let routes = all.top1 as usize + all.scores.len();
     println!(
-        "calibrate: {} tokens in {n_chunk} chunks of {n_ctx} ({:.1} s), {} layers, top-{} of {} \
-         experts, {high_name} experts: {routes} routes, {} top-1 (always high)",
-        n_chunk * n_ctx,
-        started.elapsed().as_secs_f64(),
-        cfg.n_layers,
-        cfg.top_k,
-        cfg.n_experts,
-        all.top1
+        "calibrate: {} tokens in {} chunks of {} ({:.1} s), {} layers, top-{} of {} experts, {} \
+         experts: {routes} routes, {} top-1 (always high)",
+        rec.tokens, rec.chunks, rec.ctx, rec.seconds, cfg.n_layers, cfg.top_k, cfg.n_experts,
+        rec.high, all.top1
     );
     print_histogram(&all.scores);
     let th = fit(&all.scores, all.top1, split, cfg.top_k)?;
@@ -376,44 +324,127 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
         hobbit.show()
     );
     println!("per layer with the fitted thresholds (high / low / skip):");
-    for (i, l) in layers.iter().enumerate() {
+    for (i, l) in rec.layers.iter().enumerate() {
         println!("  layer {i:>3}: {}", l.split(th).show());
     }
     println!(
         "(shares of an all-high run; a dynamic run's routing shifts downstream of low or skipped \
          experts: `hob perplexity --low ... --kl-baseline` reports the split it used)"
     );
-    if let (Some(out), Some(mut p)) = (&args.output, platform) {
-        let from = p.name.clone();
-        p.name = format!("{from}-calibrated");
-        p.t1 = Some(th.t1);
-        p.t2 = Some(th.t2);
-        if let Some(h) = &args.model.expert_variant {
-            p.high_variant = Some(h.clone());
+    if let (Some(out), Some(p)) = (&args.output, platform) {
+        write_profile(args, (out, p), (th, split, got), &rec)?;
+    }
+    Ok(())
+}
+
+/// Run the model over the text's chunks, all experts high, recording every route's score.
+fn record(
+    args: &CalibrateArgs,
+    (file, model): (&crate::format::HobFile, &Model<'_>),
+    platform: Option<&crate::platform::Platform>,
+) -> crate::Result<Recorded> {
+    let cfg = &model.cfg;
+    let mut plan = args.model.plan(file, platform)?;
+    plan.low = None;
+    plan.thresholds = Thresholds::ALL_HIGH;
+    plan.renormalize_skips = false;
+    let tok = tokenizer(file, cfg)?;
+    let tokens = read_tokens(&args.file, &tok, cfg.add_bos)?;
+    let n_ctx = chunk_ctx("calibrate", args.ctx, 512, cfg.context_length)?;
+    if n_ctx < 2 {
+        return Err(Error::Invalid(format!(
+            "--ctx-size {n_ctx}: must be at least 2"
+        )));
+    }
+    if tokens.len() < n_ctx {
+        return Err(Error::Invalid(format!(
+            "{}: {} tokens, need at least one chunk of --ctx-size {n_ctx}",
+            args.file.display(),
+            tokens.len()
+        )));
+    }
+    let mut n_chunk = tokens.len() / n_ctx;
+    if let Some(c) = args.chunks {
+        n_chunk = n_chunk.min(c.max(1));
+    }
+    let high = file.variants()[plan.high].to_string();
+    let layers = Rc::new(RefCell::new(Vec::new()));
+    let recorder = Recorder {
+        inner: DirectExperts::with_plan(file, plan)?,
+        layers: layers.clone(),
+        buf: Vec::new(),
+    };
+    let backend = CpuBackend::new(args.model.threads)?;
+    let label = format!("cpu: {} threads", backend.threads());
+    let bound = Bound::new(model, backend, Box::new(recorder), n_ctx, label)?;
+    let mut gen = Generator::new(Box::new(bound));
+    eprintln!(
+        "calibrate: {} tokens, {n_chunk} chunks of {n_ctx}; {}",
+        tokens.len(),
+        gen.describe()
+    );
+    let started = Instant::now();
+    for i in 0..n_chunk {
+        let mut chunk = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
+        if cfg.add_bos {
+            chunk[0] = tok.bos_id();
         }
-        if let Some(l) = &args.model.low {
-            p.low_variant = Some(l.clone());
-        }
-        let header = vec![
-            format!(
-                "`hob calibrate` from profile {from}: thresholds fitted to {} on {} ({} tokens),",
-                args.model.model.display(),
-                args.file.display(),
-                n_chunk * n_ctx
-            ),
-            format!(
-                "target split {} high/low/skip, {} on that text with {high_name} experts.",
-                split.show(),
-                got.show()
-            ),
-        ];
-        p.save(out, &header)?;
-        println!("wrote {} (profile {})", out.display(), p.name);
-        if p.low_variant.is_none() {
-            println!(
-                "note: the profile names no low_variant: the thresholds apply with --low VARIANT"
+        gen.feed(&chunk)?;
+        if i == 0 {
+            let pass = started.elapsed().as_secs_f64();
+            eprintln!(
+                "calibrate: {pass:.2} s per chunk, ETA {:.1} min",
+                pass * n_chunk as f64 / 60.0
             );
         }
+    }
+    drop(gen);
+    let layers = std::mem::take(&mut *layers.borrow_mut());
+    Ok(Recorded {
+        layers,
+        tokens: n_chunk * n_ctx,
+        chunks: n_chunk,
+        ctx: n_ctx,
+        high,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// `-o`: the profile with the fitted thresholds (and the --high/--low flags, if given).
+fn write_profile(
+    args: &CalibrateArgs,
+    (out, mut p): (&std::path::Path, crate::platform::Platform),
+    (th, split, got): (Thresholds, Split, Split),
+    rec: &Recorded,
+) -> crate::Result<()> {
+    let from = p.name.clone();
+    p.name = format!("{from}-calibrated");
+    p.t1 = Some(th.t1);
+    p.t2 = Some(th.t2);
+    if let Some(h) = &args.model.expert_variant {
+        p.high_variant = Some(h.clone());
+    }
+    if let Some(l) = &args.model.low {
+        p.low_variant = Some(l.clone());
+    }
+    let header = vec![
+        format!(
+            "`hob calibrate` from profile {from}: thresholds fitted to {} on {} ({} tokens),",
+            args.model.model.display(),
+            args.file.display(),
+            rec.tokens
+        ),
+        format!(
+            "target split {} high/low/skip, {} on that text with {} experts.",
+            split.show(),
+            got.show(),
+            rec.high
+        ),
+    ];
+    p.save(out, &header)?;
+    println!("wrote {} (profile {})", out.display(), p.name);
+    if p.low_variant.is_none() {
+        println!("note: the profile names no low_variant: the thresholds apply with --low VARIANT");
     }
     Ok(())
 }

@@ -1,20 +1,21 @@
-//! What `run`, `perplexity` and `bench` share: open a .hob file, pick the device, build the
-//! backend, the expert executor and the tokenizer from the flags every model command takes.
+//! What every model command shares: the flags that open a .hob file, pick the device and set
+//! up the expert engine, turned into one `SessionConfig` (experts::engine::EngineConfig holds
+//! the one budget calculation).
 
 use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::backend::cpu::{CpuBackend, CpuExperts};
-use crate::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Split, Tier};
+use crate::backend::cuda;
 use crate::experts::cache::Policy;
+use crate::experts::engine::{Budget, EngineConfig, Tier, Tuning};
 use crate::experts::predictor::Predictor;
-use crate::experts::replay::{Replay, Replayed};
+use crate::experts::replay::Replay;
 use crate::experts::trace::{TraceHeader, TraceWriter, TRACE_PRED_DEPTH};
 use crate::experts::{PrecisionPlan, Thresholds};
 use crate::format::{keys, HobFile};
-use crate::generate::Tokenizer;
-use crate::model::{Backend, Bound, ExpertStats, Experts, Model, ModelConfig, Session};
+use crate::generate::{open_session, Generator, SessionConfig, Tokenizer};
+use crate::model::{Model, ModelConfig};
 use crate::platform::{Platform, PlatformKind};
 use crate::quant::Matrix;
 use crate::Error;
@@ -94,21 +95,10 @@ pub struct ModelArgs {
     /// profile's SSD bandwidth: emulates that SSD on a host whose own disk is slower.
     #[arg(long = "no-ssd")]
     pub no_ssd: bool,
-    /// Cooperative mode: split a CPU-computed f16/bf16 expert with the GPU, which loads and
-    /// computes its last rows over the otherwise idle link: auto (share balanced per layer),
-    /// off, or a fixed share of the rows (0-1). Off by default: where the link's DMA and the
-    /// CPU read the same host memory, it moved bytes without saving time (see the README).
-    #[arg(long = "split-experts", default_value = "off")]
-    pub split_experts: String,
     /// Copy missed experts through pinned staging buffers instead of page-locking the model
     /// file's expert pages for direct DMA (the default, when they fit in half the RAM).
     #[arg(long = "no-pin")]
     pub no_pin: bool,
-    /// Route every decode token on the host, even when every expert is resident in one
-    /// precision (where decode otherwise routes and computes its experts on the device, with
-    /// no round trip per layer). For A/B runs.
-    #[arg(long = "host-routing")]
-    pub host_routing: bool,
     /// Print a per-token breakdown after the run: hits, misses and skips per precision,
     /// prefetch accuracy, bytes per tier, time waiting for loads and CPU experts.
     #[arg(long = "stats")]
@@ -140,7 +130,6 @@ pub struct ModelArgs {
     pub platform: Option<String>,
 }
 
-const GIB: f64 = (1u64 << 30) as f64;
 
 impl ModelArgs {
     pub fn open(&self) -> crate::Result<HobFile> {
@@ -151,10 +140,6 @@ impl ModelArgs {
             )));
         }
         HobFile::open(&self.model)
-    }
-
-    pub fn backend(&self) -> crate::Result<CpuBackend> {
-        CpuBackend::new(self.threads)
     }
 
     /// The device this command will use: `--device auto` falls back to the CPU with a note.
@@ -197,19 +182,27 @@ impl ModelArgs {
             Some(n) => Some(self.find_variant(file, n, "--low")?),
             None => None,
         };
-        let (def1, def2) = if low.is_some() {
-            (Thresholds::HOBBIT_MIXTRAL.t1, Thresholds::HOBBIT_MIXTRAL.t2)
-        } else {
-            (1.0, 1.0)
+        // A low variant equal to the high one is none, and the profile's (or HOBBIT's) thresholds
+        // then do not apply: one variant computes every routed expert, unless --t1/--t2 ask
+        // for skips.
+        let low = low.filter(|&l| l != high);
+        let (t1, t2) = match low {
+            Some(_) => {
+                let t1 = self
+                    .t1
+                    .or(platform.and_then(|p| p.t1))
+                    .unwrap_or(Thresholds::HOBBIT_MIXTRAL.t1);
+                let t2 = self
+                    .t2
+                    .or(platform.and_then(|p| p.t2))
+                    .unwrap_or(Thresholds::HOBBIT_MIXTRAL.t2.max(t1));
+                (t1, t2)
+            }
+            None => (self.t1.unwrap_or(1.0), self.t2.unwrap_or(1.0)),
         };
-        let t1 = self.t1.or(platform.and_then(|p| p.t1)).unwrap_or(def1);
-        let t2 = self
-            .t2
-            .or(platform.and_then(|p| p.t2))
-            .unwrap_or(def2.max(t1));
         Ok(PrecisionPlan {
             high,
-            low: low.filter(|&l| l != high),
+            low,
             thresholds: Thresholds::new(t1, t2)?,
             renormalize_skips: self.renorm_skips,
         })
@@ -279,13 +272,79 @@ impl ModelArgs {
         self.platform.as_deref().map(Platform::resolve).transpose()
     }
 
-    /// A session on the chosen device with a KV cache of `ctx` positions.
-    pub fn session<'a>(
+    /// The session these flags ask for: device, threads, and the engine's configuration from
+    /// the flags and the profile.
+    pub fn session_config(&self, file: &HobFile, model: &Model<'_>) -> crate::Result<SessionConfig> {
+        self.check_values()?;
+        let platform = self.platform()?;
+        let plan = self.plan(file, platform.as_ref())?;
+        // Checked whatever the device, so a typo never passes silently on the CPU.
+        let policy = Policy::parse(&self.cache_policy, self.cache_weights.as_deref())?;
+        let replay = self.replay(model)?;
+        let p = platform.as_ref();
+        let gib = |g: f64| (g * (1u64 << 30) as f64) as usize;
+        let budget = match (
+            self.expert_cache.or(p.and_then(|p| p.expert_cache_gib)),
+            self.gpu_mem.or(p.and_then(|p| p.gpu_mem_gib)),
+        ) {
+            (Some(e), _) => Budget::Bytes(gib(e)),
+            (None, Some(total)) => Budget::DeviceTotal(gib(total)),
+            (None, None) => Budget::Free,
+        };
+        let unified = p.is_some_and(|p| p.kind == PlatformKind::Unified);
+        let device = self.resolve_device()?;
+        if unified && self.cpu_experts && device == Device::Cuda {
+            return Err(Error::Invalid(
+                "--cpu-experts with a unified-memory profile: not supported yet (the CPU would have to read missed experts from the SSD too, and the cost model does not charge that)".into(),
+            ));
+        }
+        let engine = EngineConfig {
+            plan,
+            policy,
+            budget,
+            ctx: 0,
+            low_share: self.low_share,
+            substitute_low: !self.no_substitute,
+            prefetch: self.prefetch,
+            prefetch_min_weight: self.prefetch_min_weight,
+            cpu_experts: self.cpu_experts.then_some(self.threads),
+            load_behind: !self.no_load_behind,
+            tier: if self.ssd || (unified && !self.no_ssd) {
+                Tier::Disk
+            } else {
+                Tier::Memory
+            },
+            mapped: unified,
+            pin_file: !self.no_pin,
+            pace_bytes_per_s: p.and_then(|p| p.pacing()).map(|p| p.gbs * 1e9),
+            tuning: Tuning::default(),
+            trace: self.trace_writer(file, model)?,
+        };
+        Ok(SessionConfig {
+            device: match device {
+                Device::Cuda => crate::generate::Device::Cuda,
+                _ => crate::generate::Device::Cpu,
+            },
+            threads: self.threads,
+            engine,
+            score_predictions: self.stats,
+            replay,
+        })
+    }
+
+    /// A generator over a session of `model` with a KV cache of `ctx` positions.
+    pub fn generator<'a>(
         &self,
         file: &'a HobFile,
         model: &'a Model<'a>,
         ctx: usize,
-    ) -> crate::Result<Box<dyn Session + 'a>> {
+    ) -> crate::Result<Generator<'a>> {
+        let cfg = self.session_config(file, model)?;
+        Ok(Generator::new(open_session(model, ctx, cfg)?))
+    }
+
+    /// Flag values out of their ranges.
+    fn check_values(&self) -> crate::Result<()> {
         for (flag, v) in [
             ("--gpu-mem", self.gpu_mem),
             ("--expert-cache", self.expert_cache),
@@ -296,11 +355,6 @@ impl ModelArgs {
                 )));
             }
         }
-        let platform = self.platform()?;
-        let plan = self.plan(file, platform.as_ref())?;
-        // Checked whatever the device, so a typo never passes silently on the CPU.
-        let policy = Policy::parse(&self.cache_policy, self.cache_weights.as_deref())?;
-        let split = Split::parse(&self.split_experts)?;
         if !(0.0..=1.0).contains(&self.prefetch_min_weight) {
             return Err(Error::Invalid(format!(
                 "--prefetch-min-weight {}: give a gate weight between 0 and 1",
@@ -313,130 +367,34 @@ impl ModelArgs {
                 self.low_share
             )));
         }
-        let replay = match &self.replay_trace {
-            Some(path) => {
-                let r = Replay::read(path, &model.cfg)?;
-                // The model's own stacked gates predict its router, not the replayed one: a
-                // replay prefetches from the predictions recorded with the trace.
-                if self.prefetch > r.pred_depth() {
-                    return Err(Error::Invalid(if r.pred_depth() == 0 {
-                        format!(
-                            "--replay-trace {} with --prefetch: the trace records no stacked-gate predictions (written by an older hob?); record it again, or leave --prefetch at 0",
-                            path.display()
-                        )
-                    } else {
-                        format!(
-                            "--prefetch {}: the trace {} records predictions {} layer(s) ahead",
-                            self.prefetch,
-                            path.display(),
-                            r.pred_depth()
-                        )
-                    }));
-                }
-                Some(r)
-            }
-            None => None,
-        };
-        let gpu_mem = self
-            .gpu_mem
-            .or(platform.as_ref().and_then(|p| p.gpu_mem_gib));
-        let expert_cache = self
-            .expert_cache
-            .or(platform.as_ref().and_then(|p| p.expert_cache_gib));
-        let pace = platform
-            .as_ref()
-            .and_then(|p| p.pacing())
-            .map(|p| p.gbs * 1e9);
-        match self.resolve_device()? {
-            Device::Cuda => {
-                let gpu = Gpu::open(0)?;
-                let backend = CudaBackend::new(gpu.clone(), model)?;
-                let cfg = &model.cfg;
-                let kv = cfg.n_layers * ctx * cfg.kv_dim() * 2 * 2;
-                let work = (ctx.min(512) * (cfg.vocab + 8 * cfg.hidden + 4 * cfg.ffn)) * 4;
-                let budget = match (expert_cache, gpu_mem) {
-                    (Some(e), _) => Some((e * GIB) as usize),
-                    (None, Some(total)) => {
-                        let used = backend.resident_bytes() + kv + work;
-                        let left = ((total * GIB) as usize).checked_sub(used).ok_or_else(|| {
-                            Error::Invalid(format!(
-                                "--gpu-mem {total}: the resident weights, KV cache and work buffers alone need {:.2} GiB",
-                                used as f64 / GIB
-                            ))
-                        })?;
-                        Some(left)
-                    }
-                    (None, None) => None,
-                };
-                let unified = platform
-                    .as_ref()
-                    .is_some_and(|p| p.kind == PlatformKind::Unified);
-                if unified && self.cpu_experts {
-                    return Err(Error::Invalid(
-                        "--cpu-experts with a unified-memory profile: not supported yet (the CPU would have to read missed experts from the SSD too, and the cost model does not charge that)".into(),
-                    ));
-                }
-                let cfg = CacheConfig {
-                    budget,
-                    pace_bytes_per_s: pace,
-                    preload: true,
-                    plan,
-                    policy,
-                    low_share: self.low_share,
-                    substitute_low: !self.no_substitute,
-                    upgrade_low: true,
-                    prefetch: self.prefetch,
-                    prefetch_min_weight: self.prefetch_min_weight,
-                    cpu_experts: self.cpu_experts.then_some(self.threads),
-                    load_behind: !self.no_load_behind,
-                    tier: if self.ssd || (unified && !self.no_ssd) {
-                        Tier::Disk
-                    } else {
-                        Tier::Memory
-                    },
-                    mapped: unified,
-                    pin_file: !self.no_pin,
-                    split,
-                    device_routing: !self.host_routing,
-                    routed_slots: true,
-                    trace: self.trace_writer(file, model)?,
-                };
-                let experts = CudaExperts::new(model, &backend, cfg)?;
-                let label = format!(
-                    "cuda: {} (sm_{}{}), {:.2} GiB resident weights",
-                    gpu.name,
-                    gpu.compute_capability.0,
-                    gpu.compute_capability.1,
-                    backend.resident_bytes() as f64 / GIB
-                );
-                bind(model, backend, Box::new(experts), replay, ctx, label)
-            }
-            _ => {
-                let backend = self.backend()?;
-                let label = format!("cpu: {} threads", backend.threads());
-                let experts = CpuExperts::with_plan(file, plan)?
-                    .with_trace(self.trace_writer(file, model)?)
-                    .with_predictor(model, if self.stats { self.prefetch } else { 0 })?;
-                bind(model, backend, Box::new(experts), replay, ctx, label)
-            }
-        }
+        Ok(())
     }
-}
 
-/// A boxed session of `model` on `backend` with `experts`, routed by `replay` where given.
-fn bind<'a, B: Backend + 'a>(
-    model: &'a Model<'a>,
-    backend: B,
-    experts: Box<dyn Experts<B> + 'a>,
-    replay: Option<Replay>,
-    ctx: usize,
-    label: String,
-) -> crate::Result<Box<dyn Session + 'a>> {
-    let experts: Box<dyn Experts<B> + 'a> = match replay {
-        Some(r) => Box::new(Replayed::new(experts, r, model.cfg.n_layers)),
-        None => experts,
-    };
-    Ok(Box::new(Bound::new(model, backend, experts, ctx, label)?))
+    /// The --replay-trace routing, if asked for.
+    fn replay(&self, model: &Model<'_>) -> crate::Result<Option<Replay>> {
+        let Some(path) = &self.replay_trace else {
+            return Ok(None);
+        };
+        let r = Replay::read(path, &model.cfg)?;
+        // The model's own stacked gates predict its router, not the replayed one: a replay
+        // prefetches from the predictions recorded with the trace.
+        if self.prefetch > r.pred_depth() {
+            return Err(Error::Invalid(if r.pred_depth() == 0 {
+                format!(
+                    "--replay-trace {} with --prefetch: the trace records no stacked-gate predictions (written by an older hob?); record it again, or leave --prefetch at 0",
+                    path.display()
+                )
+            } else {
+                format!(
+                    "--prefetch {}: the trace {} records predictions {} layer(s) ahead",
+                    self.prefetch,
+                    path.display(),
+                    r.pred_depth()
+                )
+            }));
+        }
+        Ok(Some(r))
+    }
 }
 
 /// The tokenizer embedded in the file, with BOS/EOS from the metadata.
@@ -457,122 +415,4 @@ pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> 
     let bos = cfg.bos.ok_or_else(|| missing(keys::BOS_TOKEN_ID))?;
     let eos = cfg.eos.ok_or_else(|| missing(keys::EOS_TOKEN_ID))?;
     Ok(Tokenizer::from_json(json, bos, eos, cfg.add_bos)?)
-}
-
-/// `--stats`: what the expert engine did over `tokens` decoded tokens taking `seconds`.
-pub fn print_expert_stats(s: &ExpertStats, tokens: usize, seconds: f64) {
-    let n = tokens.max(1) as f64;
-    let ms = |x: f64| 1e3 * x / n;
-    eprintln!("expert engine, per decoded token ({tokens} tokens):");
-    eprintln!(
-        "  time {:.2} ms = waiting for loads {:.2} + waiting for CPU experts {:.2} + compute (attention, routing, cached experts) {:.2}",
-        ms(seconds),
-        ms(s.load_seconds),
-        ms(s.cpu_wait_seconds),
-        ms((seconds - s.load_seconds - s.cpu_wait_seconds).max(0.0))
-    );
-    for v in s.per_variant.iter().filter(|v| v.hits + v.misses > 0) {
-        eprintln!(
-            "  {:<10} uses {:.2}  hits {:.2}  misses {:.2}  (hit rate {:.1}%)",
-            v.name,
-            (v.hits + v.misses) as f64 / n,
-            v.hits as f64 / n,
-            v.misses as f64 / n,
-            100.0 * v.hits as f64 / (v.hits + v.misses).max(1) as f64
-        );
-    }
-    eprintln!(
-        "  skipped {:.2}  high->low substitutions {:.2}  computed on the CPU {:.2} ({:.2} while their load was in flight; {:.2} loaded behind them, of {:.2} with the link idle and load-behind wanted)",
-        s.skipped as f64 / n,
-        s.substituted as f64 / n,
-        s.cpu_computed as f64 / n,
-        s.late_to_cpu as f64 / n,
-        s.loaded_behind as f64 / n,
-        s.behind_chances as f64 / n
-    );
-    eprintln!(
-        "  bytes loaded {:.1} MB ({:.1} MB from the SSD), streamed by CPU experts {:.1} MB; prefetches {:.2} ({:.0}% used, {:.0}% dropped while loading: their layer did not route them)",
-        s.bytes_loaded as f64 / n / 1e6,
-        s.bytes_from_disk as f64 / n / 1e6,
-        s.cpu_bytes as f64 / n / 1e6,
-        s.prefetch_issued as f64 / n,
-        100.0 * s.prefetch_used as f64 / s.prefetch_issued.max(1) as f64,
-        100.0 * s.prefetch_cancelled as f64 / s.prefetch_issued.max(1) as f64
-    );
-    let rate = |bytes: u64, secs: f64| {
-        if secs > 0.0 {
-            format!("{:.1} GB/s", bytes as f64 / secs / 1e9)
-        } else {
-            "-".into()
-        }
-    };
-    eprintln!(
-        "  link busy {:.2} ms ({}); CPU experts busy {:.2} ms ({} of weights)",
-        ms(s.link_seconds),
-        rate(s.bytes_loaded, s.link_seconds),
-        ms(s.cpu_seconds),
-        rate(s.cpu_bytes, s.cpu_seconds)
-    );
-    let g = s.cpu_gaps;
-    if g.iter().sum::<f64>() > 0.0 {
-        eprintln!(
-            "  CPU experts idle between layers {:.2} ms = results back {:.2} + attention and routing {:.2} + placing {:.2} + thread start {:.2}",
-            ms(g.iter().sum()),
-            ms(g[0]),
-            ms(g[1]),
-            ms(g[2]),
-            ms(g[3])
-        );
-    }
-    if s.cpu_passes > 0 {
-        let p = s.cpu_passes as f64;
-        eprintln!(
-            "  CPU passes {:.1} per token: {:.1} helper threads took part in each; the last finished {:.3} ms after the first",
-            p / n,
-            s.cpu_pass_threads as f64 / p,
-            1e3 * s.cpu_pass_spread_seconds / p
-        );
-    }
-    if s.device_routed > 0 {
-        eprintln!(
-            "  routed on the device (every expert resident): {} of {tokens} tokens; counting their routes on the host took {:.1} us a token",
-            s.device_routed,
-            1e6 * s.device_account_seconds / s.device_routed as f64
-        );
-    }
-    if s.graph_launch_seconds > 0.0 || s.read_back_seconds > 0.0 {
-        eprintln!(
-            "  host per token: {:.1} us submitting recorded decode steps (CUDA graphs), {:.1} us reading results back (waiting for the device included)",
-            1e6 * s.graph_launch_seconds / n,
-            1e6 * s.read_back_seconds / n
-        );
-    }
-    if s.slot_routed_layers > 0 {
-        eprintln!(
-            "  host-routed layers through the routed kernels (experts in slots of one precision): {:.2} per token",
-            s.slot_routed_layers as f64 / n
-        );
-    }
-    if s.early_layers > 0 {
-        eprintln!(
-            "  layers computing cached experts while the others load: {:.2} per token",
-            s.early_layers as f64 / n
-        );
-    }
-    if s.split_experts > 0 {
-        eprintln!(
-            "  split with the GPU {:.2} CPU experts ({:.1} MB of their rows loaded)",
-            s.split_experts as f64 / n,
-            s.split_bytes as f64 / n / 1e6
-        );
-    }
-    for (d, (p, c)) in s.prediction.iter().enumerate() {
-        if *p > 0 {
-            eprintln!(
-                "  prediction {} layer(s) ahead: {:.1}% of predicted experts routed",
-                d + 1,
-                100.0 * *c as f64 / *p as f64
-            );
-        }
-    }
 }

@@ -16,8 +16,9 @@ use std::time::Instant;
 use clap::Args;
 
 use super::engine::{tokenizer, ModelArgs};
-use crate::experts::PrecisionPlan;
-use crate::model::{Logits, Model};
+use crate::experts::{ExpertStats, PrecisionPlan};
+use crate::generate::Generator;
+use crate::model::Model;
 use crate::Error;
 
 #[derive(Args, Debug)]
@@ -27,9 +28,9 @@ pub struct PerplexityArgs {
     /// Text file to score (UTF-8).
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
-    /// Tokens per chunk.
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
-    pub ctx: usize,
+    /// Tokens per chunk (default 512, at most the model's context).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx: Option<usize>,
     /// Score at most this many chunks (default: all).
     #[arg(long = "chunks")]
     pub chunks: Option<usize>,
@@ -51,27 +52,6 @@ pub struct PerplexityArgs {
     /// With --kl-divergence-base FILE: compare this run with the logits in FILE.
     #[arg(long = "kl-divergence", requires = "kl_base")]
     pub kl_divergence: bool,
-}
-
-/// A chunk's logits, llama.cpp's way: from an empty context, the first `first` tokens
-/// unscored, then the logits of every later position, `batch` tokens per forward pass.
-fn chunk_logits(
-    session: &mut (dyn crate::model::Session + '_),
-    chunk: &[u32],
-    first: usize,
-    batch: Option<u32>,
-    out: &mut Vec<f32>,
-) -> crate::Result<()> {
-    session.truncate(0);
-    out.clear();
-    let b = batch.map_or(first.max(chunk.len() - first), |b| b as usize);
-    for part in chunk[..first].chunks(b) {
-        session.forward(part, Logits::None)?;
-    }
-    for part in chunk[first..].chunks(b) {
-        out.extend_from_slice(session.forward(part, Logits::All)?);
-    }
-    Ok(())
 }
 
 /// The text of `path` tokenized once, BOS first when the model adds one.
@@ -172,7 +152,7 @@ fn argmax(v: &[f32]) -> usize {
 /// Shares of the routes a session computed high, low, and skipped, from its expert counters:
 /// (high, low, skipped); None when nothing ran. With no separate low variant, low-scored routes
 /// ran in the high variant and count as high.
-pub fn route_split(stats: &crate::model::ExpertStats, plan: &PrecisionPlan) -> Option<[f64; 3]> {
+pub fn route_split(stats: &ExpertStats, plan: &PrecisionPlan) -> Option<[f64; 3]> {
     let used = |v: usize| stats.per_variant.get(v).map_or(0, |s| s.hits + s.misses);
     let high = used(plan.high);
     let low = plan.low.map_or(0, used);
@@ -217,12 +197,37 @@ impl Nll {
     }
 }
 
+/// The context of a command's chunks: -c as given (at most the model's), or `default`
+/// clamped to the model's context (said on stderr).
+pub fn chunk_ctx(cmd: &str, given: Option<usize>, default: usize, model_ctx: usize) -> crate::Result<usize> {
+    match given {
+        Some(c) if c > model_ctx => Err(Error::Invalid(format!(
+            "-c/--ctx-size {c}: the model's context length is {model_ctx}"
+        ))),
+        Some(c) => Ok(c),
+        None if default > model_ctx => {
+            eprintln!(
+                "{cmd}: -c/--ctx-size defaults to {default}, beyond the model's context length: {model_ctx}"
+            );
+            Ok(model_ctx)
+        }
+        None => Ok(default),
+    }
+}
+
+/// What a perplexity run compares against, and where it writes its logits.
+struct Compare<'a> {
+    baseline: Option<Generator<'a>>,
+    file: Option<super::kl_file::Reader>,
+    out: Option<super::kl_file::Writer>,
+}
+
 pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     let file = args.model.open()?;
     let model = Model::load(&file)?;
     let tok = tokenizer(&file, &model.cfg)?;
     let tokens = read_tokens(&args.file, &tok, model.cfg.add_bos)?;
-    let n_ctx = args.ctx;
+    let n_ctx = chunk_ctx("perplexity", args.ctx, 512, model.cfg.context_length)?;
     if n_ctx < 4 {
         return Err(Error::Invalid(format!(
             "--ctx-size {n_ctx}: must be at least 4"
@@ -241,20 +246,7 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
         n_chunk = n_chunk.min(c.max(1));
     }
     let plan = args.model.plan(&file, args.model.platform()?.as_ref())?;
-    let mut session = args.model.session(&file, &model, n_ctx)?;
-    let base_args = args.kl_baseline.then(|| {
-        let mut a = args.model.clone();
-        a.expert_variant = Some(file.variants()[plan.high].name());
-        a.low = None;
-        a.t1 = Some(1.0);
-        a.t2 = Some(1.0);
-        a.renorm_skips = false;
-        a
-    });
-    let mut baseline = match &base_args {
-        Some(a) => Some(a.session(&file, &model, n_ctx)?),
-        None => None,
-    };
+    let mut gen = args.model.generator(&file, &model, n_ctx)?;
     let first = n_ctx / 2;
     let shape = super::kl_file::Shape {
         vocab: model.cfg.vocab,
@@ -262,40 +254,102 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
         chunks: n_chunk,
         scored: n_ctx - 1 - first,
     };
-    let (mut base_file, mut base_out) = match &args.kl_base {
-        Some(p) if args.kl_divergence => (Some(super::kl_file::Reader::open(p, shape)?), None),
-        Some(p) => (None, Some(super::kl_file::Writer::create(p, shape)?)),
-        None => (None, None),
+    let mut cmp = Compare {
+        baseline: match args.kl_baseline {
+            true => {
+                // The same high variant, nothing low or skipped.
+                let mut a = args.model.clone();
+                a.expert_variant = Some(file.variants()[plan.high].name());
+                a.low = Some("none".into());
+                (a.t1, a.t2, a.renorm_skips) = (None, None, false);
+                Some(a.generator(&file, &model, n_ctx)?)
+            }
+            false => None,
+        },
+        file: match &args.kl_base {
+            Some(p) if args.kl_divergence => Some(super::kl_file::Reader::open(p, shape)?),
+            _ => None,
+        },
+        out: match &args.kl_base {
+            Some(p) if !args.kl_divergence => Some(super::kl_file::Writer::create(p, shape)?),
+            _ => None,
+        },
     };
-    let compare = baseline.is_some() || base_file.is_some();
     eprintln!(
         "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}; {}",
         tokens.len(),
-        session.describe()
+        gen.describe()
     );
-    if let Some(b) = &baseline {
+    if let Some(b) = &cmp.baseline {
         eprintln!("perplexity: KL baseline: {}", b.describe());
     }
     let started = Instant::now();
-    let mut nll = Nll::default();
-    let mut base_nll = Nll::default();
-    let mut kl = KlStats::default();
+    let (nll, base_nll, kl) = score_chunks(args, (&mut gen, &mut cmp), &tokens, shape, &tok)?;
+    println!();
+    println!(
+        "Final estimate: PPL = {:.4} +/- {:.5}",
+        nll.ppl(),
+        nll.ppl_error()
+    );
+    if let Some(w) = cmp.out.take() {
+        w.finish()?;
+        if let Some(p) = &args.kl_base {
+            eprintln!(
+                "perplexity: logits of {n_chunk} chunks written to {}",
+                p.display()
+            );
+        }
+    }
+    let compared = cmp.baseline.is_some() || cmp.file.is_some();
+    if compared {
+        let what = match &args.kl_base {
+            Some(p) if cmp.file.is_some() => format!("{}", p.display()),
+            _ => format!("all high, {}", file.variants()[plan.high]),
+        };
+        print_comparison(&what, &base_nll, &kl);
+    }
+    let stats = gen.session().expert_stats();
+    if compared || !plan.is_exact() {
+        print_routes(&file, &plan, &stats);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("perplexity: {} tokens scored in {secs:.1} s", nll.count);
+    if args.model.stats {
+        let n = (stats.uses() + stats.skipped) as usize / (model.cfg.n_layers * model.cfg.top_k).max(1);
+        eprint!("{}", stats.report(n, secs));
+    }
+    Ok(())
+}
+
+/// Score every chunk: this run's NLL, the baseline's, and the KL between them where one is
+/// compared.
+fn score_chunks(
+    args: &PerplexityArgs,
+    (gen, cmp): (&mut Generator<'_>, &mut Compare<'_>),
+    tokens: &[u32],
+    shape: super::kl_file::Shape,
+    tok: &crate::generate::Tokenizer,
+) -> crate::Result<(Nll, Nll, KlStats)> {
+    let (n_ctx, vocab, first) = (shape.ctx, shape.vocab, shape.ctx / 2);
+    let compare = cmp.baseline.is_some() || cmp.file.is_some();
+    let batch = args.batch.map(|b| b as usize);
+    let started = Instant::now();
+    let (mut nll, mut base_nll, mut kl) = (Nll::default(), Nll::default(), KlStats::default());
     let (mut base_logits, mut logits) = (Vec::new(), Vec::new());
-    let vocab = model.cfg.vocab;
-    for i in 0..n_chunk {
+    for i in 0..shape.chunks {
         let start = i * n_ctx;
         let mut chunk = tokens[start..start + n_ctx].to_vec();
-        if model.cfg.add_bos {
+        if tok.add_bos() {
             chunk[0] = tok.bos_id();
         }
-        if let Some(b) = baseline.as_mut() {
-            chunk_logits(b.as_mut(), &chunk, first, args.batch, &mut base_logits)?;
+        if let Some(b) = cmp.baseline.as_mut() {
+            b.score(&chunk, first, batch, &mut base_logits)?;
         }
-        if let Some(r) = base_file.as_mut() {
+        if let Some(r) = cmp.file.as_mut() {
             r.chunk(&chunk, &mut base_logits)?;
         }
-        chunk_logits(session.as_mut(), &chunk, first, args.batch, &mut logits)?;
-        if let Some(w) = base_out.as_mut() {
+        gen.score(&chunk, first, batch, &mut logits)?;
+        if let Some(w) = cmp.out.as_mut() {
             w.chunk(&chunk, &logits[..shape.scored * vocab])?;
         }
         for j in 0..shape.scored {
@@ -313,86 +367,55 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
             let pass = started.elapsed().as_secs_f64();
             eprintln!(
                 "perplexity: {pass:.2} s per chunk, ETA {:.1} min",
-                pass * n_chunk as f64 / 60.0
+                pass * shape.chunks as f64 / 60.0
             );
         }
     }
-    println!();
+    Ok((nll, base_nll, kl))
+}
+
+fn print_comparison(what: &str, base_nll: &Nll, kl: &KlStats) {
     println!(
-        "Final estimate: PPL = {:.4} +/- {:.5}",
-        nll.ppl(),
-        nll.ppl_error()
+        "Baseline ({what}): PPL = {:.4} +/- {:.5}",
+        base_nll.ppl(),
+        base_nll.ppl_error()
     );
-    if let Some(w) = base_out {
-        w.finish()?;
-        if let Some(p) = &args.kl_base {
-            eprintln!(
-                "perplexity: logits of {n_chunk} chunks written to {}",
-                p.display()
-            );
-        }
-    }
-    if compare {
-        let what = match &args.kl_base {
-            Some(p) if base_file.is_some() => format!("{}", p.display()),
-            _ => format!("all high, {}", file.variants()[plan.high]),
-        };
-        println!(
-            "Baseline ({what}): PPL = {:.4} +/- {:.5}",
-            base_nll.ppl(),
-            base_nll.ppl_error()
-        );
-        println!(
-            "Mean KL(baseline || tested): {} +/- {} nats",
-            show_kl(kl.mean()),
-            show_kl(kl.mean_error())
-        );
-        println!("99th percentile KL: {} nats", show_kl(kl.quantile(0.99)));
-        println!(
-            "Maximum KL: {} nats",
-            show_kl(kl.kl.iter().copied().fold(0.0, f64::max))
-        );
-        println!("Same top token: {:.3} %", 100.0 * kl.same_top_share());
-    }
-    if compare || !plan.is_exact() {
-        if let Some([h, l, s]) = route_split(&session.expert_stats(), &plan) {
-            let v = file.variants();
-            let low = match plan.low {
-                Some(i) => format!("{}", v[i]),
-                None => "none: low-scored routes ran high".into(),
-            };
-            println!(
-                "Routes: high {:.2} % ({}), low {:.2} % ({low}), skipped {:.2} % (T1 {}, T2 {}{})",
-                100.0 * h,
-                v[plan.high],
-                100.0 * l,
-                100.0 * s,
-                plan.thresholds.t1,
-                plan.thresholds.t2,
-                if plan.renormalize_skips {
-                    ", skips renormalized"
-                } else {
-                    ""
-                }
-            );
-        }
-    }
-    eprintln!(
-        "perplexity: {} tokens scored in {:.1} s",
-        nll.count,
-        started.elapsed().as_secs_f64()
+    println!(
+        "Mean KL(baseline || tested): {} +/- {} nats",
+        show_kl(kl.mean()),
+        show_kl(kl.mean_error())
     );
-    if args.model.stats {
-        let st = session.expert_stats();
-        let tokens =
-            (st.uses() + st.skipped) as usize / (model.cfg.n_layers * model.cfg.top_k).max(1);
-        super::engine::print_expert_stats(
-            &session.expert_stats(),
-            tokens,
-            started.elapsed().as_secs_f64(),
-        );
-    }
-    Ok(())
+    println!("99th percentile KL: {} nats", show_kl(kl.quantile(0.99)));
+    println!(
+        "Maximum KL: {} nats",
+        show_kl(kl.kl.iter().copied().fold(0.0, f64::max))
+    );
+    println!("Same top token: {:.3} %", 100.0 * kl.same_top_share());
+}
+
+fn print_routes(file: &crate::format::HobFile, plan: &PrecisionPlan, stats: &ExpertStats) {
+    let Some([h, l, s]) = route_split(stats, plan) else {
+        return;
+    };
+    let v = file.variants();
+    let low = match plan.low {
+        Some(i) => format!("{}", v[i]),
+        None => "none: low-scored routes ran high".into(),
+    };
+    println!(
+        "Routes: high {:.2} % ({}), low {:.2} % ({low}), skipped {:.2} % (T1 {}, T2 {}{})",
+        100.0 * h,
+        v[plan.high],
+        100.0 * l,
+        100.0 * s,
+        plan.thresholds.t1,
+        plan.thresholds.t2,
+        if plan.renormalize_skips {
+            ", skips renormalized"
+        } else {
+            ""
+        }
+    );
 }
 
 #[cfg(test)]

@@ -4,14 +4,15 @@
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use clap::Args;
 
 use super::engine::{tokenizer, ModelArgs};
 use crate::format::keys;
-use crate::generate::{ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer};
-use crate::model::{Logits, Model, Session};
+use crate::generate::{
+    ChatTemplate, Generator, Limits, Message, Sampler, SamplerConfig, Stop, StreamDecoder,
+    Tokenizer,
+};
+use crate::model::Model;
 use crate::Error;
 
 #[derive(Args, Debug)]
@@ -62,114 +63,26 @@ pub struct RunArgs {
     pub no_chat: bool,
 }
 
-/// Tokens fed to the model per forward call during prefill.
-const PREFILL_BATCH: usize = 256;
-
-/// Timing of one prompt + answer.
-#[derive(Default)]
-struct Stats {
-    prompt_tokens: usize,
-    prompt_time: Duration,
-    gen_tokens: usize,
-    gen_time: Duration,
-    /// The expert engine's counters over the generation.
-    experts: Option<crate::model::ExpertStats>,
-}
-
-impl Stats {
-    /// The timing lines; with `experts`, the engine's breakdown too (--stats).
-    fn print_all(&self, experts: bool) {
-        self.print();
-        if let (true, Some(e)) = (experts, &self.experts) {
-            super::engine::print_expert_stats(e, self.gen_tokens, self.gen_time.as_secs_f64());
-        }
-    }
-
-    fn print(&self) {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let per = |d: Duration, n: usize| if n > 0 { ms(d) / n as f64 } else { 0.0 };
-        let rate = |d: Duration, n: usize| {
-            if d.as_secs_f64() > 0.0 {
-                n as f64 / d.as_secs_f64()
-            } else {
-                0.0
-            }
-        };
-        eprintln!(
-            "\nprompt: {} tokens, {:.1} ms, {:.2} ms/token ({:.1} tokens/s)",
-            self.prompt_tokens,
-            ms(self.prompt_time),
-            per(self.prompt_time, self.prompt_tokens),
-            rate(self.prompt_time, self.prompt_tokens)
-        );
-        eprintln!(
-            "generation: {} tokens, {:.1} ms, {:.2} ms/token ({:.2} tokens/s)",
-            self.gen_tokens,
-            ms(self.gen_time),
-            per(self.gen_time, self.gen_tokens),
-            rate(self.gen_time, self.gen_tokens)
-        );
-    }
-}
-
-/// One conversation: the model session and the tokens its KV cache holds.
+/// One conversation: the generator (a session and the tokens its KV cache holds), the tokenizer
+/// and the sampler.
 struct Chat<'a> {
-    model: &'a Model<'a>,
-    st: Box<dyn Session + 'a>,
-    /// Tokens in the KV cache, in order.
-    cached: Vec<u32>,
+    gen: Generator<'a>,
     tok: &'a Tokenizer,
     sampler: Sampler,
     stop: Arc<AtomicBool>,
     ignore_eos: bool,
+    stats: bool,
 }
 
 impl Chat<'_> {
-    /// Bring the KV cache to `ids` (reusing the longest common prefix), then generate up to
-    /// `n_predict` tokens, streaming them to `out`. Returns the answer's text.
+    /// Prefill `ids` and generate up to `n_predict` tokens, streaming them to `out`; the timing
+    /// to stderr. Returns the answer's text.
     fn answer(
         &mut self,
         ids: &[u32],
         n_predict: Option<usize>,
         out: &mut dyn Write,
-    ) -> crate::Result<(String, Stats)> {
-        let ctx = self.st.ctx();
-        if ids.len() >= ctx {
-            return Err(Error::Invalid(format!(
-                "the prompt is {} tokens but the context holds {ctx} (use a larger -c/--ctx-size, at most {})",
-                ids.len(),
-                self.model.cfg.context_length
-            )));
-        }
-        let common = self
-            .cached
-            .iter()
-            .zip(ids)
-            .take_while(|(a, b)| a == b)
-            .count();
-        // Re-feed at least the last prompt token: its logits start the answer.
-        let keep = common.min(ids.len() - 1);
-        self.st.truncate(keep);
-        self.cached.truncate(keep);
-        let mut stats = Stats {
-            prompt_tokens: ids.len() - keep,
-            ..Stats::default()
-        };
-        let started = Instant::now();
-        let mut logits = Vec::new();
-        for chunk in ids[keep..].chunks(PREFILL_BATCH) {
-            let last = chunk.as_ptr_range().end == ids.as_ptr_range().end;
-            let want = if last { Logits::Last } else { Logits::None };
-            let l = self.st.forward(chunk, want)?;
-            if last {
-                logits = l.to_vec();
-            }
-            self.cached.extend_from_slice(chunk);
-        }
-        stats.prompt_time = started.elapsed();
-
-        self.st.reset_stats();
-        let started = Instant::now();
+    ) -> crate::Result<String> {
         let mut stream = StreamDecoder::new(self.tok, true);
         let mut text = String::new();
         let mut emit = |piece: String, out: &mut dyn Write| -> crate::Result<()> {
@@ -180,29 +93,23 @@ impl Chat<'_> {
             Ok(())
         };
         self.stop.store(false, Ordering::SeqCst);
-        loop {
-            if n_predict.is_some_and(|n| stats.gen_tokens >= n) || self.stop.load(Ordering::SeqCst)
-            {
-                break;
-            }
-            let next = self.sampler.sample(&logits, &self.cached);
-            if self.tok.is_eos(next) && !self.ignore_eos {
-                break;
-            }
-            stats.gen_tokens += 1;
-            emit(stream.push(next)?, out)?;
-            if self.st.pos() + 1 >= ctx {
-                emit(stream.flush()?, out)?;
-                eprintln!("\n[context full: {ctx} tokens]");
-                break;
-            }
-            logits = self.st.forward(&[next], Logits::Last)?.to_vec();
-            self.cached.push(next);
-        }
+        let limits = Limits {
+            n_predict,
+            ignore_eos: self.ignore_eos,
+            stop: Some(&self.stop),
+        };
+        let sampling = (&mut self.sampler, self.tok);
+        let (stop, timing) = self.gen.generate(ids, sampling, limits, |id| {
+            let piece = stream.push(id)?;
+            emit(piece, out)
+        })?;
         emit(stream.flush()?, out)?;
-        stats.gen_time = started.elapsed();
-        stats.experts = Some(self.st.expert_stats());
-        Ok((text, stats))
+        if stop == Stop::ContextFull {
+            eprintln!("\n[context full: {} tokens]", self.gen.session().ctx());
+        }
+        println!();
+        eprint!("{}", timing.report(self.stats));
+        Ok(text)
     }
 }
 
@@ -263,23 +170,22 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
             .map_err(|e| Error::Invalid(format!("cannot install the Ctrl-C handler: {e}")))?;
     }
-    let st = args.model.session(&file, &model, ctx)?;
+    let gen = args.model.generator(&file, &model, ctx)?;
     eprintln!(
         "hob: {} ({} layers, {} experts, top-{}), ctx {ctx}, seed {seed}; {}",
         file.path().display(),
         model.cfg.n_layers,
         model.cfg.n_experts,
         model.cfg.top_k,
-        st.describe()
+        gen.describe()
     );
     let mut session = Chat {
-        model: &model,
-        st,
-        cached: Vec::new(),
+        gen,
         tok: &tok,
         sampler,
         stop,
         ignore_eos: args.ignore_eos,
+        stats: args.model.stats,
     };
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
@@ -297,9 +203,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         let prompt = args.prompt.as_deref().unwrap_or_default();
         messages.push(Message::user(prompt));
         let ids = encode(&messages, prompt)?;
-        let (_, stats) = session.answer(&ids, n_predict, &mut stdout.lock())?;
-        println!();
-        stats.print_all(args.model.stats);
+        session.answer(&ids, n_predict, &mut stdout.lock())?;
         return Ok(());
     }
 
@@ -333,9 +237,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         // Without a template the conversation is the running transcript.
         transcript.push_str(&line);
         let ids = encode(&messages, &transcript)?;
-        let (answer, stats) = session.answer(&ids, n_predict, &mut stdout.lock())?;
-        println!();
-        stats.print_all(args.model.stats);
+        let answer = session.answer(&ids, n_predict, &mut stdout.lock())?;
         transcript.push_str(&answer);
         messages.push(Message::assistant(&answer));
     }

@@ -23,10 +23,10 @@
 
 use std::path::{Path, PathBuf};
 
+use super::engine::{ExpertReport, ExpertStats};
 use super::trace::Trace;
-use crate::model::{
-    Backend, ExpertExecutor, ExpertReport, ExpertStats, Experts, ModelConfig, Route,
-};
+use super::Experts;
+use crate::model::{Backend, Batch, ExpertExecutor, ModelConfig, Route};
 use crate::Error;
 
 /// The routing of a trace, token-major: `routes[token][trace layer]` holds that layer's top-k
@@ -228,15 +228,17 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         &mut self,
         backend: &B,
         layer: usize,
-        xs: &B::Buf,
-        t: usize,
-        _routes: &[Route],
+        batch: &Batch<'_, B::Buf>,
         out: &mut B::Buf,
     ) -> crate::Result<()> {
+        let t = batch.t;
         self.replace(layer, t)?;
         self.predict(layer, t);
-        self.inner
-            .forward(backend, layer, xs, t, &self.routes, out)?;
+        let replayed = Batch {
+            routes: &self.routes,
+            ..*batch
+        };
+        self.inner.forward(backend, layer, &replayed, out)?;
         self.done(layer, t);
         Ok(())
     }
@@ -245,16 +247,18 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         &mut self,
         backend: &B,
         layer: usize,
-        xs: (&B::Buf, usize),
-        t: usize,
-        _routes: &[Route],
+        batch: &Batch<'_, B::Buf>,
         out: &mut B::Buf,
         x: &mut B::Buf,
     ) -> crate::Result<()> {
+        let t = batch.t;
         self.replace(layer, t)?;
         self.predict(layer, t);
-        self.inner
-            .forward_add(backend, layer, xs, t, &self.routes, out, x)?;
+        let replayed = Batch {
+            routes: &self.routes,
+            ..*batch
+        };
+        self.inner.forward_add(backend, layer, &replayed, out, x)?;
         self.done(layer, t);
         Ok(())
     }
@@ -303,13 +307,11 @@ mod tests {
             &mut self,
             _b: &CpuBackend,
             layer: usize,
-            _xs: &Vec<f32>,
-            t: usize,
-            routes: &[Route],
+            batch: &Batch<'_, Vec<f32>>,
             _out: &mut Vec<f32>,
         ) -> crate::Result<()> {
-            let experts = routes.iter().map(|r| r.expert).collect();
-            self.0.borrow_mut().push((layer, t, experts));
+            let experts = batch.routes.iter().map(|r| r.expert).collect();
+            self.0.borrow_mut().push((layer, batch.t, experts));
             Ok(())
         }
     }
@@ -375,7 +377,13 @@ mod tests {
         let (xs, mut out) = (vec![0.0; 4], vec![0.0; 4]);
         let mut layers = |ex: &mut Replayed<'_, CpuBackend>, t: usize| {
             for l in 0..4 {
-                ex.forward(&b, l, &xs, t, &[], &mut out).unwrap();
+                let batch = Batch {
+                    xs: &xs,
+                    t,
+                    hidden: 2,
+                    routes: &[],
+                };
+                ex.forward(&b, l, &batch, &mut out).unwrap();
             }
         };
         // Sequence 1: a prefill of 2 tokens, then one more: runs into the trace's sequence 1.
@@ -427,8 +435,14 @@ mod tests {
         let b = CpuBackend::new(1).unwrap();
         let (xs, mut out) = (vec![0.0; 4], vec![0.0; 4]);
         ex.begin_sequence().unwrap();
-        ex.forward(&b, 0, &xs, 1, &[], &mut out).unwrap();
-        let e = ex.forward(&b, 1, &xs, 1, &[], &mut out).unwrap_err();
+        let batch = Batch {
+            xs: &xs,
+            t: 1,
+            hidden: 4,
+            routes: &[],
+        };
+        ex.forward(&b, 0, &batch, &mut out).unwrap();
+        let e = ex.forward(&b, 1, &batch, &mut out).unwrap_err();
         assert!(e.to_string().contains("no routing for its layer 1"), "{e}");
     }
 }

@@ -1,16 +1,21 @@
-//! Text in and out of the model: tokenizer, chat template, sampler and streaming detokenization.
+//! Text in and out of the model, and the one generation driver.
 //!
-//! The decode loop itself lives with its caller; this module gives it the pieces: a prompt is
-//! rendered by [`ChatTemplate`] (or taken raw), encoded by [`Tokenizer`], each step's logits go
-//! through [`Sampler`], and the sampled ids are printed through [`StreamDecoder`].
+//! A prompt is rendered by [`ChatTemplate`] (or taken raw) and encoded by [`Tokenizer`]; a
+//! [`Session`] (a model bound to a backend and an expert executor, [`open_session`]) runs it;
+//! the [`Generator`] prefills it and decodes, each step's logits through [`Sampler`], and the
+//! sampled ids are printed through [`StreamDecoder`].
 
 mod chat;
+mod driver;
 mod sampler;
+mod session;
 mod stream;
 mod tokenizer;
 
 pub use chat::{ChatTemplate, Conversation, Message, RenderDelta};
+pub use driver::{Generator, Limits, Stop, Timing, PREFILL_BATCH};
 pub use sampler::{Sampler, SamplerConfig};
+pub use session::{open_session, Bound, Device, Session, SessionConfig};
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;
 

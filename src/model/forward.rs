@@ -6,7 +6,8 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::ops::{AttentionShape, Backend, DecodeStep, ExpertExecutor, OnDevice, Route};
+use super::experts::{Batch, ExpertExecutor, MoeBlock, OnDevice};
+use super::ops::{AttentionShape, Backend, DecodeStep, QkvStep, Route, RouteOut};
 use super::weights::Weights;
 use super::{ModelConfig, ModelError};
 use crate::format::HobFile;
@@ -53,6 +54,13 @@ static EPOCH: AtomicU64 = AtomicU64::new(1);
 
 fn next_epoch() -> u64 {
     EPOCH.fetch_add(1, Ordering::Relaxed)
+}
+
+/// One forward call's tokens: `t` at positions start.., and the rows whose logits it returns.
+struct Pass {
+    start: usize,
+    t: usize,
+    rows: Option<Range<usize>>,
 }
 
 /// Activations for a batch of t tokens, grown to the largest batch seen, never per token.
@@ -238,15 +246,13 @@ impl<'f> Model<'f> {
             if staged {
                 backend.embed_staged(&self.w.token_embd, &mut b.x)?;
             }
-            self.layers_and_head(
-                b,
-                &mut st.kv,
-                (&mut st.routes, &mut st.router),
-                (start, t),
-                backend,
-                experts,
-                rows.clone(),
-            )
+            let pass = Pass {
+                start,
+                t,
+                rows: rows.clone(),
+            };
+            let host = (&mut st.routes[..], &mut st.router);
+            self.layers_and_head(b, &mut st.kv, host, &pass, (backend, &mut *experts))
         };
         match step {
             DecodeStep::Replayed => {}
@@ -280,17 +286,15 @@ impl<'f> Model<'f> {
 
     /// Every layer of tokens start..start + t (embedded in b.x), then the output head of `rows`
     /// into b.logits (none for None).
-    #[allow(clippy::too_many_arguments)]
     fn layers_and_head<B: Backend>(
         &self,
         b: &mut Buffers<B>,
         kv: &mut B::Kv,
         (routes, router): (&mut [Route], &mut Vec<f32>),
-        (start, t): (usize, usize),
-        backend: &B,
-        experts: &mut dyn ExpertExecutor<B>,
-        rows: Option<Range<usize>>,
+        pass: &Pass,
+        (backend, experts): (&B, &mut dyn ExpertExecutor<B>),
     ) -> crate::Result<()> {
+        let (start, t, rows) = (pass.start, pass.t, pass.rows.clone());
         let cfg = &self.cfg;
         let (h, qd, kvd, k) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.top_k);
         // b.xn already holds the RMSNorm that comes next (folded into the last MoE step).
@@ -300,15 +304,20 @@ impl<'f> Model<'f> {
             if !std::mem::take(&mut normed) {
                 backend.rms_norm(&b.x, 0..t, &lw.attn_norm, cfg.rms_eps, &mut b.xn)?;
             }
+            let step = QkvStep {
+                t,
+                q_width: qd,
+                kv_width: kvd,
+                start,
+                layer: l,
+                inv_freq: &self.inv_freq,
+            };
             backend.qkv_rope_kv(
                 [&lw.wq, &lw.wk, &lw.wv],
                 &b.xn,
                 [&mut b.q, &mut b.k, &mut b.v],
-                (t, qd, kvd),
-                start,
-                &self.inv_freq,
+                &step,
                 kv,
-                l,
             )?;
             backend.attention(
                 AttentionShape {
@@ -329,22 +338,19 @@ impl<'f> Model<'f> {
             // Mixture-of-experts block: a decode token whose experts are all resident may be
             // routed and computed without leaving the device; otherwise routing comes to the
             // host (the expert engine decides loads there).
-            if t == 1 {
+            let block = MoeBlock {
+                norm: &lw.ffn_norm,
+                router: &lw.router,
                 // The norm after this block: the next layer's, or the output head's for a
                 // head over the one token.
-                let next = match self.w.layers.get(l + 1) {
+                next: match self.w.layers.get(l + 1) {
                     Some(nl) => Some(&nl.attn_norm[..]),
                     None => (rows == Some(0..1)).then_some(&self.w.output_norm[..]),
-                };
-                match experts.forward_on_device(
-                    backend,
-                    l,
-                    (&lw.ffn_norm, cfg.rms_eps),
-                    &mut b.xn,
-                    &lw.router,
-                    &mut b.x,
-                    next.map(|n| (n, cfg.rms_eps)),
-                )? {
+                },
+                eps: cfg.rms_eps,
+            };
+            if t == 1 {
+                match experts.forward_on_device(backend, l, &block, &mut b.xn, &mut b.x)? {
                     OnDevice::No => {}
                     OnDevice::Done => continue,
                     OnDevice::DoneNormed => {
@@ -353,25 +359,20 @@ impl<'f> Model<'f> {
                     }
                 }
             }
-            backend.norm_route(
-                &b.x,
+            let out = RouteOut {
+                xn: &mut b.xn,
+                logits: &mut b.router,
+                routes: &mut routes[..t * k],
+                host: router,
+            };
+            backend.norm_route(&b.x, t, &block, out)?;
+            let batch = Batch {
+                xs: &b.xn,
                 t,
-                (&lw.ffn_norm, cfg.rms_eps),
-                &mut b.xn,
-                &lw.router,
-                &mut b.router,
-                &mut routes[..t * k],
-                router,
-            )?;
-            experts.forward_add(
-                backend,
-                l,
-                (&b.xn, h),
-                t,
-                &routes[..t * k],
-                &mut b.out,
-                &mut b.x,
-            )?;
+                hidden: h,
+                routes: &routes[..t * k],
+            };
+            experts.forward_add(backend, l, &batch, &mut b.out, &mut b.x)?;
         }
         if let Some(rows) = rows {
             let n = rows.len();

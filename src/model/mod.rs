@@ -4,19 +4,22 @@
 //! - `config`: hyper-parameters read from the .hob metadata.
 //! - `weights`: dense weights as views into the mmap.
 //! - `forward`: the forward pass (prefill and decode share it), the KV cache and run state.
-//! - `ops`: what a backend provides to the forward pass (a small trait), and the expert
-//!   execution interface the offload engine plugs into.
+//! - `ops`: what a backend provides to the forward pass (the `Backend` trait).
+//! - `experts`: the interface a layer's experts are computed through (`ExpertExecutor`).
+//! - `device`: what the offload engine asks of a device (`ExpertDevice`).
 
 pub mod config;
+pub mod device;
+pub mod experts;
 pub mod forward;
 pub mod ops;
-pub mod session;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
+pub use device::{ArenaBase, ChunkCopier, CopierSetup, DeviceEvent, ExpertDevice, SlotExpert};
+pub use experts::{Batch, ExpertExecutor, MoeBlock, OnDevice};
 pub use forward::{Logits, Model, RunState};
-pub use ops::{Backend, DecodeStep, ExpertExecutor, KernelTime, Route};
-pub use session::{Bound, ExpertReport, ExpertStats, Experts, Session, VariantStats};
+pub use ops::{Backend, DecodeStep, KernelTime, QkvStep, Route, RouteOut, Telemetry};
 
 use crate::format::FormatError;
 

@@ -5,6 +5,7 @@
 //! the first rows of its buffers. Weights are passed as host [`Matrix`] views of the mmap; a
 //! device backend keeps resident copies of them (uploaded once) and finds them by that view.
 
+use super::experts::MoeBlock;
 use crate::quant::Matrix;
 
 /// One routed expert of one token: which expert and its (renormalized) gate weight.
@@ -66,12 +67,25 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
-/// GPU time of one kernel over the launches recorded (`hob bench --kernel-times`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct KernelTime {
-    pub name: String,
-    pub launches: u64,
-    pub seconds: f64,
+/// One attention block's q/k/v step: `t` tokens at positions start.., q rows of `q_width` and k/v
+/// rows of `kv_width`, RoPE with `inv_freq`, keys and values into `layer`'s cache.
+#[derive(Clone, Copy, Debug)]
+pub struct QkvStep<'a> {
+    pub t: usize,
+    pub q_width: usize,
+    pub kv_width: usize,
+    pub start: usize,
+    pub layer: usize,
+    pub inv_freq: &'a [f32],
+}
+
+/// Where `Backend::norm_route` writes: the normalized input xn, the router logits ([t,
+/// n_experts]), the routes on the host ([t, k]) and room the default uses for the logits.
+pub struct RouteOut<'a, B: Backend + ?Sized> {
+    pub xn: &'a mut B::Buf,
+    pub logits: &'a mut B::Buf,
+    pub routes: &'a mut [Route],
+    pub host: &'a mut Vec<f32>,
 }
 
 /// How a decode step's launches are made (`Backend::decode_step`).
@@ -167,12 +181,11 @@ pub trait Backend {
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, n: usize) -> crate::Result<()>;
 
     /// Write the new tokens' keys and values (`t` rows each) at positions start..start + t of
-    /// `layer`.
+    /// `layer` (`at` = (layer, start)).
     fn kv_write(
         &self,
         kv: &mut Self::Kv,
-        layer: usize,
-        start: usize,
+        at: (usize, usize),
         t: usize,
         k: &Self::Buf,
         v: &Self::Buf,
@@ -203,41 +216,32 @@ pub trait Backend {
         Ok(())
     }
 
-    /// RoPE on q ([t, q_width]) and k ([t, kv_width]) at positions start.., then k and v into
-    /// `layer`'s cache: `rope` twice and `kv_write` (a backend may fuse them).
-    #[allow(clippy::too_many_arguments)]
+    /// RoPE on q and k at the step's positions, then k and v into its layer's cache: `rope`
+    /// twice and `kv_write` (a backend may fuse them).
     fn rope_kv_write(
         &self,
-        q: &mut Self::Buf,
-        k: &mut Self::Buf,
-        v: &Self::Buf,
-        (t, q_width, kv_width): (usize, usize, usize),
-        start: usize,
-        inv_freq: &[f32],
+        [q, k, v]: [&mut Self::Buf; 3],
+        step: &QkvStep<'_>,
         kv: &mut Self::Kv,
-        layer: usize,
     ) -> crate::Result<()> {
-        self.rope(q, t, q_width, start, inv_freq)?;
-        self.rope(k, t, kv_width, start, inv_freq)?;
-        self.kv_write(kv, layer, start, t, k, v)
+        let (t, start) = (step.t, step.start);
+        self.rope(q, t, step.q_width, start, step.inv_freq)?;
+        self.rope(k, t, step.kv_width, start, step.inv_freq)?;
+        self.kv_write(kv, (step.layer, start), t, k, v)
     }
 
     /// The attention block's inputs: `matmul_qkv` into q, k and v, then `rope_kv_write` (a
     /// backend may fuse them).
-    #[allow(clippy::too_many_arguments)]
     fn qkv_rope_kv(
         &self,
         w: [&Matrix<'_>; 3],
         x: &Self::Buf,
         [q, k, v]: [&mut Self::Buf; 3],
-        (t, q_width, kv_width): (usize, usize, usize),
-        start: usize,
-        inv_freq: &[f32],
+        step: &QkvStep<'_>,
         kv: &mut Self::Kv,
-        layer: usize,
     ) -> crate::Result<()> {
-        self.matmul_qkv(w, x, t, [&mut *q, &mut *k, &mut *v])?;
-        self.rope_kv_write(q, k, v, (t, q_width, kv_width), start, inv_freq, kv, layer)
+        self.matmul_qkv(w, x, step.t, [&mut *q, &mut *k, &mut *v])?;
+        self.rope_kv_write([q, k, v], step, kv)
     }
 
     /// out[t, w.rows] += x · wᵀ (the residual add of a projection), `tmp` room for the
@@ -274,24 +278,19 @@ pub trait Backend {
         Ok(())
     }
 
-    /// The MoE block's input and routing of t tokens: xn = RMSNorm(x[..t]) with `norm` =
-    /// (weights, eps), the router's logits into `logits`, and `route` from them. A backend may
-    /// fuse them (with the same results).
-    #[allow(clippy::too_many_arguments)]
+    /// The MoE block's input and routing of t tokens: xn = RMSNorm(x[..t]) with the block's
+    /// norm, the router's logits, and `route` from them. A backend may fuse them (with the same
+    /// results).
     fn norm_route(
         &self,
         x: &Self::Buf,
         t: usize,
-        (norm, eps): (&[f32], f32),
-        xn: &mut Self::Buf,
-        router: &Matrix<'_>,
-        logits: &mut Self::Buf,
-        routes: &mut [Route],
-        host: &mut Vec<f32>,
+        block: &MoeBlock<'_>,
+        out: RouteOut<'_, Self>,
     ) -> crate::Result<()> {
-        self.rms_norm(x, 0..t, norm, eps, xn)?;
-        self.matmul(router, xn, t, logits)?;
-        self.route(logits, t, router.rows, routes, host)
+        self.rms_norm(x, 0..t, block.norm, block.eps, out.xn)?;
+        self.matmul(block.router, out.xn, t, out.logits)?;
+        self.route(out.logits, t, block.router.rows, out.routes, out.host)
     }
 
     /// A decode token at position `pos` whose every op, through the output head, stays on the
@@ -308,19 +307,29 @@ pub trait Backend {
     fn record_end(&self, _key: u64, _recorded: crate::Result<()>) -> crate::Result<bool> {
         Ok(false)
     }
+}
 
+/// GPU time of one kernel over the launches recorded (`hob bench --kernel-times`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    pub name: String,
+    pub launches: u64,
+    pub seconds: f64,
+}
+
+/// What a backend reports about its own work for `--stats` and `hob bench --kernel-times` (not
+/// needed by the forward pass; zeros where the backend does none of it).
+pub trait Telemetry {
     /// Decode steps run from a recording so far (the recording runs included).
     fn decode_replays(&self) -> u64 {
         0
     }
-
     /// Host seconds since the last reset spent (submitting recorded decode steps, reading results
-    /// back: waiting for the device included); zeros where the backend does neither.
+    /// back: waiting for the device included).
     fn host_times(&self) -> (f64, f64) {
         (0.0, 0.0)
     }
     fn reset_host_times(&self) {}
-
     /// Time every kernel launch from now on (true) or stop (false); false where the backend
     /// cannot (the CPU).
     fn kernel_clock(&self, _on: bool) -> bool {
@@ -329,142 +338,5 @@ pub trait Backend {
     /// GPU time per kernel since the last call (waits for the recorded launches).
     fn kernel_times(&self) -> crate::Result<Vec<KernelTime>> {
         Ok(Vec::new())
-    }
-}
-
-/// Computes a layer's experts for a batch of tokens: where the offload engine (cache, loader,
-/// precision scorer) plugs in. The executor chooses the variant each expert runs in.
-pub trait ExpertExecutor<B: Backend> {
-    /// A new sequence starts (position 0): per-sequence counters reset (HOBBIT's cache policy).
-    fn begin_sequence(&mut self) -> crate::Result<()> {
-        Ok(())
-    }
-
-    /// xs: [t, hidden] (post-norm hidden states); routes: [t, top_k], token-major;
-    /// out: [t, hidden], overwritten with sum_k weight_k * expert_k(x), experts summed in
-    /// ascending index order for every token (so prefill and decode agree).
-    fn forward(
-        &mut self,
-        backend: &B,
-        layer: usize,
-        xs: &B::Buf,
-        t: usize,
-        routes: &[Route],
-        out: &mut B::Buf,
-    ) -> crate::Result<()>;
-
-    /// `forward` into `out`, then the residual add x[t, hidden] += out (`hidden` wide rows).
-    /// An executor may add into x itself, with the same sums, and leave `out` undefined.
-    #[allow(clippy::too_many_arguments)]
-    fn forward_add(
-        &mut self,
-        backend: &B,
-        layer: usize,
-        (xs, hidden): (&B::Buf, usize),
-        t: usize,
-        routes: &[Route],
-        out: &mut B::Buf,
-        x: &mut B::Buf,
-    ) -> crate::Result<()> {
-        self.forward(backend, layer, xs, t, routes, out)?;
-        backend.add_assign(x, out, t * hidden)
-    }
-
-    /// A replayed routing (`--replay-trace`) hands over, before each decode layer's forward,
-    /// what the traced model's stacked gates predicted at that layer for the layers after it:
-    /// (model layer, routes), possibly none. An executor that prefetches uses these instead of
-    /// its own stacked gates (which predict the model's router, not the replayed one).
-    fn replayed_predictions(&mut self, _layer: usize, _predicted: Vec<(usize, Vec<Route>)>) {}
-
-    /// Whether this decode token's every layer will take `forward_on_device` (asked once,
-    /// before the first layer, so that the backend may record or replay the token's launches;
-    /// a replayed token's layers are not called).
-    fn decode_on_device(&mut self, _backend: &B) -> crate::Result<bool> {
-        Ok(false)
-    }
-
-    /// Everything of one `Model::forward` call up to its logits is launched, and the logits are
-    /// about to be read back: an executor may account the batch here (without holding the
-    /// device between the last layer and the output head).
-    fn end_forward(&mut self, _backend: &B) -> crate::Result<()> {
-        Ok(())
-    }
-
-    /// The `Model::forward` call's logits are read back (the backend waited for its work; for
-    /// a call without logits, nothing waited): what end_forward queued may be counted now.
-    fn after_forward(&mut self, _backend: &B) -> crate::Result<()> {
-        Ok(())
-    }
-
-    /// Decode one token's layer with its routing left in the backend: xs ([hidden]) = the MoE
-    /// block's RMSNorm of the residual stream `x` with `norm` = (weights, eps), as the backend's
-    /// `rms_norm` computes it; from xs and the layer's `router`, route (as the backend's `route`
-    /// would) and add the experts' output (as `forward` computes it, summed the same way) into
-    /// `x`. `next`: the RMSNorm that follows (the next layer's attention norm, or the output
-    /// norm), which the executor may fold into its last step (xs = RMSNorm(x) as `rms_norm`
-    /// computes it: OnDevice::DoneNormed). OnDevice::No, nothing computed, when this executor
-    /// cannot now; the caller then normalizes, routes on the host and calls `forward`.
-    #[allow(clippy::too_many_arguments)]
-    fn forward_on_device(
-        &mut self,
-        _backend: &B,
-        _layer: usize,
-        _norm: (&[f32], f32),
-        _xs: &mut B::Buf,
-        _router: &Matrix<'_>,
-        _x: &mut B::Buf,
-        _next: Option<(&[f32], f32)>,
-    ) -> crate::Result<OnDevice> {
-        Ok(OnDevice::No)
-    }
-}
-
-/// What `ExpertExecutor::forward_on_device` did with a decode layer's MoE block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnDevice {
-    /// Nothing: the caller normalizes, routes on the host and calls `forward`.
-    No,
-    /// The block is done.
-    Done,
-    /// The block is done, and xs holds the `next` RMSNorm of x.
-    DoneNormed,
-}
-
-/// The batch rows routed to each expert: `groups[e]` gets (token index, gate weight) for every
-/// route of `routes` ([t, top_k], token-major) to expert e, in token order.
-pub fn group_by_expert(routes: &[Route], t: usize, groups: &mut [Vec<(usize, f32)>]) {
-    for g in groups.iter_mut() {
-        g.clear();
-    }
-    let k = routes.len() / t.max(1);
-    for (i, token_routes) in routes.chunks_exact(k.max(1)).enumerate() {
-        for r in token_routes {
-            groups[r.expert].push((i, r.weight));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn routes_group_by_expert_in_token_order() {
-        let r = |expert, weight| Route { expert, weight };
-        // 3 tokens, top-2, 4 experts.
-        let routes = [
-            r(2, 0.7),
-            r(0, 0.3),
-            r(2, 0.6),
-            r(3, 0.4),
-            r(1, 0.5),
-            r(2, 0.5),
-        ];
-        let mut groups = vec![vec![(9, 9.0)]; 4];
-        group_by_expert(&routes, 3, &mut groups);
-        assert_eq!(groups[0], vec![(0, 0.3)]);
-        assert_eq!(groups[1], vec![(2, 0.5)]);
-        assert_eq!(groups[2], vec![(0, 0.7), (1, 0.6), (2, 0.5)]);
-        assert_eq!(groups[3], vec![(1, 0.4)]);
     }
 }

@@ -2,56 +2,16 @@
 //! Every output element is computed by one thread in a fixed order, so results do not depend on
 //! the thread count (`-t 1` and `-t N` give identical logits).
 
-mod experts;
-mod ffn;
-
-pub use experts::CpuExperts;
-pub use ffn::FfnJob;
-
 use rayon::prelude::*;
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use crate::model::forward;
-use crate::model::ops::{AttentionShape, Backend};
+use crate::model::ops::{AttentionShape, Backend, Telemetry};
 use crate::quant::Matrix;
 
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
-    passes: PassCounters,
-}
-
-/// How [`CpuBackend::matvec_many`]'s parallel passes went, summed since the backend started:
-/// how many passes ran, how many worker threads took part in each, and how long after the
-/// first of them the last one finished (a pass's ragged end: normally about one block's time;
-/// longer when a thread stalls, as when the host deschedules its core).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct PassStats {
-    pub passes: u64,
-    /// Sum over passes of the threads that computed at least one block.
-    pub threads: u64,
-    /// Sum over passes of the last thread's finish minus the first's, seconds.
-    pub spread_seconds: f64,
-}
-
-impl PassStats {
-    /// self minus an earlier snapshot `base`.
-    pub fn since(self, base: PassStats) -> PassStats {
-        PassStats {
-            passes: self.passes - base.passes,
-            threads: self.threads - base.threads,
-            spread_seconds: self.spread_seconds - base.spread_seconds,
-        }
-    }
-}
-
-#[derive(Default)]
-struct PassCounters {
-    passes: AtomicU64,
-    threads: AtomicU64,
-    spread_ns: AtomicU64,
 }
 
 /// Rows handed to one task: enough work to amortize scheduling, small enough to balance.
@@ -72,34 +32,11 @@ impl CpuBackend {
             .map_err(|e| {
                 crate::Error::Invalid(format!("cannot start {threads} CPU threads: {e}"))
             })?;
-        Ok(CpuBackend {
-            pool,
-            passes: PassCounters::default(),
-        })
+        Ok(CpuBackend { pool })
     }
 
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
-    }
-
-    /// [`PassStats`] since this backend started.
-    pub fn pass_stats(&self) -> PassStats {
-        PassStats {
-            passes: self.passes.passes.load(Ordering::Relaxed),
-            threads: self.passes.threads.load(Ordering::Relaxed),
-            spread_seconds: self.passes.spread_ns.load(Ordering::Relaxed) as f64 / 1e9,
-        }
-    }
-
-    /// Run `f` on this thread with a scope whose spawned tasks run on the pool; returns once
-    /// they have all finished.
-    pub fn in_place_scope<'s, R>(&self, f: impl FnOnce(&rayon::Scope<'s>) -> R) -> R {
-        self.pool.in_place_scope(f)
-    }
-
-    /// Run `f` inside the pool (so nested parallel calls use its threads).
-    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
     }
 
     /// Host memory read bandwidth with this pool's threads, GB/s: the best of three parallel
@@ -126,14 +63,6 @@ impl CpuBackend {
     fn rows_per_task(&self, rows: usize) -> usize {
         rows.div_ceil(self.threads() * 4).max(MIN_ROWS_PER_TASK)
     }
-}
-
-/// One product of [`CpuBackend::matvec_many`]: out = w[.., ..cols] · x.
-pub struct MatVec<'m, 'x, 'o> {
-    pub w: Matrix<'m>,
-    pub cols: usize,
-    pub x: &'x [f32],
-    pub out: &'o mut [f32],
 }
 
 impl CpuBackend {
@@ -167,65 +96,6 @@ impl CpuBackend {
             for (ti, &v) in col.iter().enumerate() {
                 out[ti * rows + r] = v;
             }
-        }
-    }
-
-    /// Several matrix-vector products in one parallel pass (one fork-join for all of them, their
-    /// row blocks interleaved on the pool): task.out = task.w[.., ..task.cols] · task.x. A task
-    /// with `cols` below `w.cols` multiplies each row's leading columns only, as when another
-    /// device computes the rest (quantized kinds: a whole number of groups).
-    pub fn matvec_many(&self, tasks: Vec<MatVec<'_, '_, '_>>) {
-        let mut blocks = Vec::new();
-        for task in &tasks {
-            assert_eq!(task.x.len(), task.cols, "matvec input length");
-            assert_eq!(task.out.len(), task.w.rows, "matvec output length");
-            assert!(
-                task.cols <= task.w.cols,
-                "{} of {} columns",
-                task.cols,
-                task.w.cols
-            );
-        }
-        let ws: Vec<(Matrix<'_>, usize, &[f32])> =
-            tasks.iter().map(|t| (t.w, t.cols, t.x)).collect();
-        for (t, task) in tasks.into_iter().enumerate() {
-            let chunk = self.rows_per_task(task.w.rows);
-            for (i, o) in task.out.chunks_mut(chunk).enumerate() {
-                blocks.push((t, i * chunk, o));
-            }
-        }
-        // Per worker: when it finished its last block, ns after the pass started (0: none).
-        let finished: Vec<AtomicU64> = (0..self.threads()).map(|_| AtomicU64::new(0)).collect();
-        let started = Instant::now();
-        self.pool.install(|| {
-            blocks.into_par_iter().for_each(|(t, r0, o)| {
-                let (w, cols, x) = &ws[t];
-                if *cols == w.cols {
-                    w.matvec_rows(x, r0..r0 + o.len(), o);
-                } else {
-                    for (k, v) in o.iter_mut().enumerate() {
-                        w.row_prefix(r0 + k, *cols)
-                            .matvec_rows(x, 0..1, std::slice::from_mut(v));
-                    }
-                }
-                if let Some(f) = rayon::current_thread_index().and_then(|i| finished.get(i)) {
-                    f.fetch_max(
-                        started.elapsed().as_nanos().max(1) as u64,
-                        Ordering::Relaxed,
-                    );
-                }
-            })
-        });
-        let ends: Vec<u64> = finished
-            .iter()
-            .map(|f| f.load(Ordering::Relaxed))
-            .filter(|&e| e > 0)
-            .collect();
-        if let (Some(first), Some(last)) = (ends.iter().min(), ends.iter().max()) {
-            let c = &self.passes;
-            c.passes.fetch_add(1, Ordering::Relaxed);
-            c.threads.fetch_add(ends.len() as u64, Ordering::Relaxed);
-            c.spread_ns.fetch_add(last - first, Ordering::Relaxed);
         }
     }
 
@@ -285,6 +155,9 @@ impl CpuBackend {
         });
     }
 }
+
+/// The CPU does no work of its own to report.
+impl Telemetry for CpuBackend {}
 
 /// The CPU KV cache: (layer, ctx, kv_dim) keys and values in f32.
 pub struct CpuKv {
@@ -382,8 +255,7 @@ impl Backend for CpuBackend {
     fn kv_write(
         &self,
         kv: &mut CpuKv,
-        layer: usize,
-        start: usize,
+        (layer, start): (usize, usize),
         t: usize,
         k: &Vec<f32>,
         v: &Vec<f32>,
@@ -421,69 +293,6 @@ impl Backend for CpuBackend {
 mod tests {
     use super::*;
 
-    /// Products in one pass: whole rows, and leading columns (the other inputs as if zero).
-    #[test]
-    fn matvec_many_multiplies_whole_rows_and_leading_columns() {
-        let b = CpuBackend::new(2).unwrap();
-        let (rows, cols, keep) = (37, 96, 40);
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 23) as f32 - 11.0)
-            .collect();
-        let m = Matrix::dense(
-            crate::format::DType::F32,
-            rows,
-            cols,
-            bytemuck::cast_slice(&w),
-        );
-        let x: Vec<f32> = (0..cols).map(|i| 0.25 * (i % 5) as f32 - 0.5).collect();
-        let (mut got, mut whole) = (vec![0.0; rows], vec![0.0; rows]);
-        b.matvec_many(vec![
-            MatVec {
-                w: m,
-                cols: keep,
-                x: &x[..keep],
-                out: &mut got,
-            },
-            MatVec {
-                w: m,
-                cols,
-                x: &x,
-                out: &mut whole,
-            },
-        ]);
-        // One pass counted, with one or both workers; a second call adds one more.
-        let first = b.pass_stats();
-        assert_eq!(first.passes, 1);
-        assert!((1..=2).contains(&first.threads), "{first:?}");
-        assert!(first.spread_seconds >= 0.0);
-        let mut again = vec![0.0; rows];
-        b.matvec_many(vec![MatVec {
-            w: m,
-            cols,
-            x: &x,
-            out: &mut again,
-        }]);
-        assert_eq!(again, whole);
-        let since = b.pass_stats().since(first);
-        assert_eq!(since.passes, 1);
-        assert!((1..=2).contains(&since.threads), "{since:?}");
-        for r in 0..rows {
-            let want: f32 = (0..keep).map(|c| w[r * cols + c] * x[c]).sum();
-            assert!(
-                (got[r] - want).abs() <= 1e-4,
-                "row {r}: {} vs {want}",
-                got[r]
-            );
-            let want: f32 = (0..cols).map(|c| w[r * cols + c] * x[c]).sum();
-            assert!(
-                (whole[r] - want).abs() <= 1e-4,
-                "row {r}: {} vs {want}",
-                whole[r]
-            );
-        }
-    }
-
-    /// Two heads sharing one KV head, 3 cached positions, one new query at position 2.
     fn attend(window: Option<usize>) -> Vec<f32> {
         let b = CpuBackend::new(2).unwrap();
         let shape = AttentionShape {

@@ -7,10 +7,12 @@
 //! `unsafe` here is the CUDA launch and raw-pointer copy surface, each with a SAFETY note.
 
 mod clock;
+mod copier;
 mod experts;
 mod kernels;
 
-pub use experts::{CacheConfig, CudaExperts, Split, Tier};
+pub use copier::CudaCopier;
+pub use experts::{CudaArena, CudaResident, CudaWork};
 pub use kernels::{Kernels, QFamily, QKernel};
 
 use std::collections::HashMap;
@@ -27,8 +29,10 @@ use cudarc::driver::{
 };
 
 use crate::model::ops::{
-    embed_rows, embed_via_host, AttentionShape, Backend, DecodeStep, KernelTime, Route,
+    embed_rows, embed_via_host, AttentionShape, Backend, DecodeStep, KernelTime, QkvStep, Route,
+    RouteOut, Telemetry,
 };
+use crate::model::MoeBlock;
 use crate::model::Model;
 use crate::quant::{Matrix, WeightKind};
 use crate::Error;
@@ -236,8 +240,8 @@ impl QShape {
     /// The NMSE bound of this kernel's products against the CPU backend (cuda/README.md): 1e-10
     /// where the products are exact and only the summation order differs (24-bit x planes
     /// included); 1e-8 for the dp4a kernel with x in two byte planes (x rounded to 16 bits of its
-    /// chunk's largest |x|: measured up to 1.2e-9); 1e-3 with one plane (int2 with
-    /// HOB_QD_PARTS_INT2=1, 8-bit x: measured 1.1e-5 to 1.2e-5).
+    /// chunk's largest |x|: measured up to 1.2e-9); 1e-3 with one plane (8-bit x: measured
+    /// 1.1e-5 to 1.2e-5).
     pub fn nmse_bound(&self) -> f64 {
         match self.dp_parts {
             1 => 1e-3,
@@ -347,45 +351,31 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
             .take_while(|&t| t < n && ok(warps, t))
             .last()
     };
-    let (warps, tchunks) = forced_warps()
-        .and_then(|w| fit(w).map(|t| (w, t)))
-        .or_else(|| {
-            Q_WARPS
-                .iter()
-                .find_map(|&w| fit(w).filter(|&t| t == n).map(|t| (w, t)))
-        })
+    let (warps, tchunks) = Q_WARPS
+        .iter()
+        .find_map(|&w| fit(w).filter(|&t| t == n).map(|t| (w, t)))
         .or_else(|| Q_WARPS.iter().find_map(|&w| fit(w).map(|t| (w, t))))?;
     let smem = q_smem(k, warps, tchunks);
     let block = 32 * warps;
     let per_sm = (lim.regs_per_sm / (regs_per_warp * warps))
         .min(lim.threads_per_sm / block)
         .min(lim.smem_per_sm / (smem + lim.smem_reserved))
-        .min(forced_per_sm().unwrap_or(usize::MAX))
         .max(1);
     let cap = (lim.sm_count * per_sm).max(1);
     let tn = tchunks.min(n);
     let sc = k.step_chunks();
-    let pick = |forced: Option<usize>| {
-        let mut best: Option<(usize, usize, usize)> = None; // (cost, split, grid)
-        for split in (0..5).map(|i| 1usize << i) {
-            if warps % split != 0 || (split > 1 && sc * split > tn) {
-                continue;
-            }
-            if forced.is_some_and(|f| f != split) {
-                continue;
-            }
-            let tiles = rows.div_ceil(warps / split * k.rows).max(1);
-            let grid = tiles.min(cap);
-            let cost = tiles.div_ceil(grid) * (tn.div_ceil(sc * split) + 1);
-            if best.is_none_or(|(c, _, _)| cost < c) {
-                best = Some((cost, split, grid));
-            }
+    let mut best: Option<(usize, usize, usize)> = None; // (cost, split, grid)
+    for split in (0..5).map(|i| 1usize << i) {
+        if warps % split != 0 || (split > 1 && sc * split > tn) {
+            continue;
         }
-        best
-    };
-    let best = forced_split(rows)
-        .and_then(|f| pick(Some(f)))
-        .or_else(|| pick(None));
+        let tiles = rows.div_ceil(warps / split * k.rows).max(1);
+        let grid = tiles.min(cap);
+        let cost = tiles.div_ceil(grid) * (tn.div_ceil(sc * split) + 1);
+        if best.is_none_or(|(c, _, _)| cost < c) {
+            best = Some((cost, split, grid));
+        }
+    }
     let (_, split, grid) = best?;
     Some(QPlan {
         grid: grid as u32,
@@ -393,53 +383,6 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
         smem: smem as u32,
         split: split as i32,
         tchunks: tchunks as i32,
-    })
-}
-
-/// The split forced for matrices of `rows` rows by HOB_Q_SPLIT ("ROWS:SPLIT,...", e.g.
-/// "4096:4,14336:2"; for A/B runs of integer plans: a split the shape cannot take is ignored).
-fn forced_split(rows: usize) -> Option<usize> {
-    static FORCED: std::sync::OnceLock<Vec<(usize, usize)>> = std::sync::OnceLock::new();
-    FORCED
-        .get_or_init(|| {
-            let v: Vec<(usize, usize)> = std::env::var("HOB_Q_SPLIT")
-                .unwrap_or_default()
-                .split(',')
-                .filter_map(|p| {
-                    let (r, s) = p.split_once(':')?;
-                    Some((r.trim().parse().ok()?, s.trim().parse().ok()?))
-                })
-                .collect();
-            if !v.is_empty() {
-                log::info!("HOB_Q_SPLIT: integer matvec splits forced (rows, split): {v:?}");
-            }
-            v
-        })
-        .iter()
-        .find(|&&(r, _)| r == rows)
-        .map(|&(_, s)| s)
-}
-
-/// The warps per block forced by HOB_Q_WARPS (for A/B runs of integer plans; ignored where that
-/// block does not fit).
-fn forced_warps() -> Option<usize> {
-    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| {
-        let w = std::env::var("HOB_Q_WARPS").ok()?.trim().parse().ok()?;
-        log::info!("HOB_Q_WARPS: integer matvec blocks of {w} warps where they fit");
-        Some(w)
-    })
-}
-
-/// The blocks per SM a plan's grid may count on, capped by HOB_Q_PER_SM (for A/B runs: a grid of
-/// one block an SM leaves room for the next launch's blocks, which then start loading while this
-/// launch ends).
-fn forced_per_sm() -> Option<usize> {
-    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| {
-        let n = std::env::var("HOB_Q_PER_SM").ok()?.trim().parse().ok()?;
-        log::info!("HOB_Q_PER_SM: integer matvec grids of at most {n} blocks an SM");
-        Some(n)
     })
 }
 
@@ -460,39 +403,33 @@ pub struct Gpu {
     pub compute_capability: (i32, i32),
     pub q_limits: QLimits,
     /// The integer kinds (int8, int4, int2) whose matvecs take the tensor-core kernels
-    /// (matvec_qm_*) where those apply: QM_KINDS, or all / none with HOB_INT_MATVEC=mma / scalar
-    /// (for A/B runs).
+    /// (matvec_qm_*) where those apply (QM_KINDS; a field so that benches can compare).
     pub qm_kinds: [bool; 3],
     /// The integer kinds whose matvecs take the dp4a kernels (matvec_qd_*) where those apply
-    /// (groups of whole chunks), before the tensor-core ones: QD_KINDS, or all / none with
-    /// HOB_INT_MATVEC=dp4a / scalar or mma.
+    /// (groups of whole chunks), before the tensor-core ones (QD_KINDS, from sm_61).
     pub qd_kinds: [bool; 3],
     /// Per-kernel GPU time while switched on (`hob bench --kernel-times`).
     pub clock: clock::KernelClock,
-    /// Launch with programmatic dependent launch (sm_90 and later; off with HOB_PDL=0): a kernel
-    /// may start while the one before it in the stream still runs, and waits for it inside
+    /// Launch with programmatic dependent launch (sm_90 and later): a kernel may start while the one before it in the stream still runs, and waits for it inside
     /// (kernels.cu pdl_wait). Its blocks are then resident when the earlier kernel ends, and the
     /// products' first weight loads overlap that kernel's tail.
     pub pdl: bool,
-    /// Prefill products of int4 g64 weights through gemm_q4h (no f16 tile; off with
-    /// HOB_GEMM_Q4=0, the A/B switch).
-    pub gemm_q4h: bool,
     /// Nanoseconds the host spent in `download_f32` (for --stats): a copy into pageable memory
     /// returns once done, so this is where the host waits for the device's results.
     pub read_ns: AtomicU64,
     /// The page-locked buffer that results of at least PINNED_READ_MIN floats are read back
     /// through (the copy lands in it by DMA; a copy into pageable memory is staged by the driver
-    /// in pieces). None with HOB_PINNED_READ=0.
-    readback: Option<Mutex<Option<PinnedHostSlice<f32>>>>,
+    /// in pieces).
+    readback: Mutex<Option<PinnedHostSlice<f32>>>,
     /// The page-locked buffer a prompt's embedding is converted into and copied from, with the
     /// event of its last copy (the buffer is rewritten only once that copy has finished).
     stage: Mutex<Option<(PinnedHostSlice<f32>, CudaEvent)>>,
     /// Whether moe_route_norm loads the router's rows before it waits, into shared memory or (an
     /// f32 router of at most 8 rows) registers (kernels.cu moe_route_norm_body, route_norm_regs;
-    /// off with HOB_ROUTER_PRELOAD=0).
+    /// a switch tests compare both forms with).
     router_preload: AtomicBool,
     /// Whether routed_ffn takes gate, up and SwiGLU in one launch where it applies (kernels.cu
-    /// matvec_qd_*_gu; off with HOB_ROUTED_GU=0). Both forms give the same results.
+    /// matvec_qd_*_gu; benches compare both forms). Both give the same results.
     routed_gu: AtomicBool,
 }
 
@@ -582,7 +519,7 @@ impl Gpu {
             )?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
-        let pdl = compute_capability.0 >= 9 && std::env::var("HOB_PDL").as_deref() != Ok("0");
+        let pdl = compute_capability.0 >= 9;
         log::info!(
             "CUDA device {ordinal}: {name} (sm_{}{}), kernels from {}, dependent launches {}",
             compute_capability.0,
@@ -600,27 +537,18 @@ impl Gpu {
             name,
             compute_capability,
             q_limits,
-            qm_kinds: match std::env::var("HOB_INT_MATVEC").as_deref() {
-                Ok("mma") => [true; 3],
-                Ok("scalar") | Ok("dp4a") => [false; 3],
-                _ => QM_KINDS,
-            },
-            qd_kinds: match std::env::var("HOB_INT_MATVEC").as_deref() {
-                _ if compute_capability < (6, 1) => [false; 3],
-                Ok("dp4a") => [true; 3],
-                Ok("scalar") | Ok("mma") => [false; 3],
-                _ => QD_KINDS,
+            qm_kinds: QM_KINDS,
+            qd_kinds: if compute_capability < (6, 1) {
+                [false; 3]
+            } else {
+                QD_KINDS
             },
             pdl,
-            gemm_q4h: std::env::var("HOB_GEMM_Q4").as_deref() != Ok("0"),
             read_ns: AtomicU64::new(0),
-            readback: (std::env::var("HOB_PINNED_READ").as_deref() != Ok("0"))
-                .then(|| Mutex::new(None)),
+            readback: Mutex::new(None),
             stage: Mutex::new(None),
-            router_preload: AtomicBool::new(
-                std::env::var("HOB_ROUTER_PRELOAD").as_deref() != Ok("0"),
-            ),
-            routed_gu: AtomicBool::new(std::env::var("HOB_ROUTED_GU").as_deref() != Ok("0")),
+            router_preload: AtomicBool::new(true),
+            routed_gu: AtomicBool::new(true),
         }))
     }
 
@@ -943,8 +871,8 @@ impl Gpu {
         self.swiglu(g, g + (k * f * 4) as u64, k * f)
     }
 
-    /// Whether routed_ffn may take gate, up and SwiGLU in one launch (the default; off:
-    /// HOB_ROUTED_GU=0). Both forms give the same results.
+    /// Whether routed_ffn may take gate, up and SwiGLU in one launch (the default). Both forms
+    /// give the same results.
     pub fn set_routed_gu(&self, on: bool) {
         self.routed_gu.store(on, Ordering::Relaxed);
     }
@@ -997,7 +925,7 @@ impl Gpu {
     }
 
     /// Whether later routing launches may copy the router into the block before they wait (the
-    /// default; off: HOB_ROUTER_PRELOAD=0). Both forms give the same results.
+    /// default). Both forms give the same results.
     pub fn set_router_preload(&self, on: bool) {
         self.router_preload.store(on, Ordering::Relaxed);
     }
@@ -1023,8 +951,7 @@ impl Gpu {
             return Ok(false);
         }
         // The router's rows and the norm's weights loaded before the kernel waits (into shared
-        // memory, or registers: kernels.cu route_norm_regs), where they fit beside x (off with
-        // HOB_ROUTER_PRELOAD=0).
+        // memory, or registers: kernels.cu route_norm_regs), where they fit beside x.
         let rows_bytes = w.rows as usize * w.row_bytes as usize;
         let pre = self.router_preload.load(Ordering::Relaxed)
             && n.is_multiple_of(4)
@@ -1323,10 +1250,9 @@ impl Gpu {
     }
 
     /// True where gemm_q4h computes `w`'s products from f16 tokens at `xh` (int4 g64, 16-byte
-    /// aligned rows; not switched off by HOB_GEMM_Q4=0).
+    /// aligned rows).
     pub fn gemm_q4h_applies(&self, w: &DevMat, xh: u64) -> bool {
         self.kernels.gemm_q4h.is_some()
-            && self.gemm_q4h
             && w.kind == 4
             && w.group == 64
             && (w.cols as usize).is_multiple_of(64)
@@ -1475,11 +1401,10 @@ impl Gpu {
 
     /// Device-to-host copy of f32 values (waits for the compute stream).
     pub fn download_f32(&self, src: u64, dst: &mut [f32]) -> crate::Result<()> {
-        match &self.readback {
-            Some(rb) if dst.len() >= PINNED_READ_MIN => {
-                self.timed_read(|| self.download_pinned(rb, src, dst))
-            }
-            _ => self.read_direct(src, dst),
+        if dst.len() >= PINNED_READ_MIN {
+            self.timed_read(|| self.download_pinned(&self.readback, src, dst))
+        } else {
+            self.read_direct(src, dst)
         }
     }
 
@@ -1729,9 +1654,6 @@ pub struct CudaBackend {
     /// the position last written there.
     step: CudaSlice<i32>,
     pos_now: Mutex<Option<usize>>,
-    /// Whether decode tokens are embedded on the device from the resident table (stage_token;
-    /// off with HOB_DEVICE_EMBED=0: converted on the host and uploaded).
-    device_embed: bool,
     /// The recorded decode step (a CUDA graph) and its key; None: that key's steps run direct.
     graph: Mutex<Option<(u64, Option<DecodeGraph>)>>,
     /// A launch since the recording began took the decode position as an argument.
@@ -1740,8 +1662,6 @@ pub struct CudaBackend {
     replays: AtomicU64,
     /// Nanoseconds spent submitting them (for --stats).
     launch_ns: AtomicU64,
-    /// Decode steps recorded and replayed (off with HOB_CUDA_GRAPHS=0).
-    graphs: bool,
     /// The last q/k/v launch was matvec3_rope, which lets later kernels start only after its
     /// own wait: the o projection that follows may read the residual before it waits
     /// (kernels.cu matvec_body `early`). Taken by that projection (matmul_add).
@@ -1826,14 +1746,12 @@ impl CudaBackend {
             scratch: gpu.alloc::<f32>(SCRATCH_FLOATS, "the prefill tile")?,
             scratch_len: SCRATCH_FLOATS,
             step: gpu.alloc::<i32>(2, "the decode position and token")?,
-            device_embed: std::env::var("HOB_DEVICE_EMBED").as_deref() != Ok("0"),
             pos_now: Mutex::new(None),
             qkv_settled: AtomicBool::new(false),
             graph: Mutex::new(None),
             baked: AtomicBool::new(false),
             replays: AtomicU64::new(0),
             launch_ns: AtomicU64::new(0),
-            graphs: std::env::var("HOB_CUDA_GRAPHS").as_deref() != Ok("0"),
             gpu,
             mats: HashMap::new(),
             vectors: HashMap::new(),
@@ -2053,7 +1971,7 @@ impl Backend for CudaBackend {
     }
 
     fn stage_token(&self, table: &Matrix<'_>, token: u32, pos: usize) -> crate::Result<bool> {
-        if !self.device_embed || self.mat(table).is_err() {
+        if self.mat(table).is_err() {
             return Ok(false);
         }
         if token as usize >= table.rows {
@@ -2173,8 +2091,7 @@ impl Backend for CudaBackend {
     fn kv_write(
         &self,
         kv: &mut CudaKv,
-        layer: usize,
-        start: usize,
+        (layer, start): (usize, usize),
         t: usize,
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
@@ -2291,12 +2208,11 @@ impl Backend for CudaBackend {
         w: [&Matrix<'_>; 3],
         x: &CudaSlice<f32>,
         [q, k, v]: [&mut CudaSlice<f32>; 3],
-        (t, q_width, kv_width): (usize, usize, usize),
-        start: usize,
-        inv_freq: &[f32],
+        step: &QkvStep<'_>,
         kv: &mut CudaKv,
-        layer: usize,
     ) -> crate::Result<()> {
+        let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
+        let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
         self.qkv_settled.store(false, Ordering::Relaxed);
         let half = inv_freq.len();
         let m = self
@@ -2312,7 +2228,7 @@ impl Backend for CudaBackend {
             });
         let Some(m) = m else {
             self.matmul_qkv(w, x, t, [&mut *q, &mut *k, &mut *v])?;
-            return self.rope_kv_write(q, k, v, (t, q_width, kv_width), start, inv_freq, kv, layer);
+            return self.rope_kv_write([q, k, v], step, kv);
         };
         let xp = self.p(x);
         // The layer's cache rows from position 0: the kernel adds the position it reads.
@@ -2340,15 +2256,12 @@ impl Backend for CudaBackend {
     /// RoPE and the KV store in one launch (rope_kv).
     fn rope_kv_write(
         &self,
-        q: &mut CudaSlice<f32>,
-        k: &mut CudaSlice<f32>,
-        v: &CudaSlice<f32>,
-        (t, q_width, kv_width): (usize, usize, usize),
-        start: usize,
-        inv_freq: &[f32],
+        [q, k, v]: [&mut CudaSlice<f32>; 3],
+        step: &QkvStep<'_>,
         kv: &mut CudaKv,
-        layer: usize,
     ) -> crate::Result<()> {
+        let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
+        let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
         // The position is an argument here: a recorded decode step cannot replay this.
         self.baked.store(true, Ordering::Relaxed);
         check_len("rope input", q.len(), t * q_width)?;
@@ -2417,39 +2330,36 @@ impl Backend for CudaBackend {
         &self,
         x: &CudaSlice<f32>,
         t: usize,
-        (norm, eps): (&[f32], f32),
-        xn: &mut CudaSlice<f32>,
-        router: &Matrix<'_>,
-        logits: &mut CudaSlice<f32>,
-        routes: &mut [Route],
-        host: &mut Vec<f32>,
+        block: &MoeBlock<'_>,
+        out: RouteOut<'_, Self>,
     ) -> crate::Result<()> {
-        let (n, ne, k) = (router.cols, router.rows, routes.len());
+        let (norm, eps, router) = (block.norm, block.eps, block.router);
+        let (n, ne, k) = (router.cols, router.rows, out.routes.len());
         if t == 1 && k <= self.scratch_len / 2 {
             // One token: RMSNorm, the router and top-k in one launch (the same results as the
             // three launches: moe_route_norm).
             check_len("norm_route input", x.len(), n)?;
-            check_len("norm_route output", xn.len(), n)?;
+            check_len("norm_route output", out.xn.len(), n)?;
             check_len("norm_route weights", norm.len(), n)?;
             let scratch = self.p(&self.scratch);
             let rw = *self.mat(router)?;
             let g = (self.vector(norm)?, eps);
             if self
                 .gpu
-                .moe_route_norm(&rw, self.p(x), g, self.p(xn), k, scratch)?
+                .moe_route_norm(&rw, self.p(x), g, self.p(out.xn), k, scratch)?
             {
-                return self.routes_back(scratch, 1, ne, routes, host);
+                return self.routes_back(scratch, 1, ne, out.routes, out.host);
             }
         }
-        self.rms_norm(x, 0..t, norm, eps, xn)?;
-        self.matmul(router, xn, t, logits)?;
-        self.route(logits, t, ne, routes, host)
+        self.rms_norm(x, 0..t, norm, eps, out.xn)?;
+        self.matmul(router, out.xn, t, out.logits)?;
+        self.route(out.logits, t, ne, out.routes, out.host)
     }
 
     fn decode_step(&self, key: u64, pos: usize) -> crate::Result<DecodeStep> {
         self.pos_ptr(pos)?;
         // Kernel timing records events around each launch: those steps run direct.
-        if !self.graphs || self.gpu.clock.on() {
+        if self.gpu.clock.on() {
             return Ok(DecodeStep::Direct);
         }
         let mut graph = self.graph.lock().unwrap_or_else(|e| e.into_inner());
@@ -2501,6 +2411,9 @@ impl Backend for CudaBackend {
         Ok(false)
     }
 
+}
+
+impl Telemetry for CudaBackend {
     fn decode_replays(&self) -> u64 {
         self.replays.load(Ordering::Relaxed)
     }

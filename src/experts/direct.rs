@@ -1,17 +1,16 @@
-//! Experts computed on the CPU straight from the mmap, each route in the variant the precision
-//! plan picks (HOBBIT's scorer: high, low or skipped).
+//! Experts computed straight from the mapped file by a backend whose buffers are host memory
+//! (the CPU), each route in the variant the precision plan picks (HOBBIT's scorer: high, low or
+//! skipped). Nothing is cached or loaded: every expert is in memory already.
 
-use crate::experts::predictor::Predictor;
-use crate::experts::trace::TraceWriter;
-use crate::experts::{LayerPlan, PrecisionPlan};
+use super::engine::{ExpertReport, ExpertStats, VariantStats};
+use super::predictor::Predictor;
+use super::trace::TraceWriter;
+use super::{LayerPlan, PrecisionPlan};
 use crate::format::HobFile;
-use crate::model::ops::{ExpertExecutor, Route};
-use crate::model::{ExpertReport, ExpertStats, VariantStats};
+use crate::model::{Backend, Batch, ExpertExecutor, Route};
 use crate::quant::Matrix;
 
-use super::CpuBackend;
-
-pub struct CpuExperts<'a> {
+pub struct DirectExperts<'a> {
     file: &'a HobFile,
     plan: PrecisionPlan,
     hidden: usize,
@@ -36,7 +35,7 @@ pub struct CpuExperts<'a> {
     replayed_pred: Option<Vec<(usize, Vec<Route>)>>,
 }
 
-impl<'a> CpuExperts<'a> {
+impl<'a> DirectExperts<'a> {
     /// One variant (an index into `file.variants()`) for every expert.
     pub fn new(file: &'a HobFile, variant: usize) -> crate::Result<Self> {
         Self::with_plan(file, PrecisionPlan::single(variant))
@@ -53,7 +52,7 @@ impl<'a> CpuExperts<'a> {
             }
         }
         let (hidden, ffn) = file.expert_dims();
-        Ok(CpuExperts {
+        Ok(DirectExperts {
             file,
             plan,
             hidden,
@@ -93,19 +92,16 @@ impl<'a> CpuExperts<'a> {
         self
     }
 
-    /// Compute one expert on the rows of `xs` listed in `rows`, adding weight * expert(x) into
-    /// those rows of `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn compute(
+    /// Compute one expert (layer, expert, variant) on the rows of `xs` listed in `rows`, adding
+    /// weight * expert(x) into those rows of `out`.
+    fn compute<B: Backend<Buf = Vec<f32>>>(
         &mut self,
-        b: &CpuBackend,
-        layer: usize,
-        expert: usize,
-        variant: usize,
+        b: &B,
+        (layer, expert, variant): (usize, usize, usize),
         rows: &[(usize, f32)],
         xs: &[f32],
         out: &mut [f32],
-    ) {
+    ) -> crate::Result<()> {
         let (h, f) = (self.hidden, self.ffn);
         let n = rows.len();
         let view = self.file.expert(layer, expert, variant);
@@ -117,17 +113,12 @@ impl<'a> CpuExperts<'a> {
             self.xs[j * h..(j + 1) * h].copy_from_slice(&xs[i * h..(i + 1) * h]);
         }
         // Mixtral's expert: w2(silu(w1(x)) * w3(x)).
-        b.matmul_f32(&Matrix::from_view(view.gate()), &self.xs, n, &mut self.gate);
-        b.matmul_f32(&Matrix::from_view(view.up()), &self.xs, n, &mut self.up);
+        b.matmul(&Matrix::from_view(view.gate()), &self.xs, n, &mut self.gate)?;
+        b.matmul(&Matrix::from_view(view.up()), &self.xs, n, &mut self.up)?;
         for (g, u) in self.gate.iter_mut().zip(&self.up) {
             *g = *g / (1.0 + (-*g).exp()) * u;
         }
-        b.matmul_f32(
-            &Matrix::from_view(view.down()),
-            &self.gate,
-            n,
-            &mut self.down,
-        );
+        b.matmul(&Matrix::from_view(view.down()), &self.gate, n, &mut self.down)?;
         for (j, &(i, w)) in rows.iter().enumerate() {
             for (o, &d) in out[i * h..(i + 1) * h]
                 .iter_mut()
@@ -136,10 +127,11 @@ impl<'a> CpuExperts<'a> {
                 *o += w * d;
             }
         }
+        Ok(())
     }
 }
 
-impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
+impl<B: Backend<Buf = Vec<f32>>> ExpertExecutor<B> for DirectExperts<'_> {
     fn begin_sequence(&mut self) -> crate::Result<()> {
         if let Some(tw) = self.trace.as_mut() {
             tw.begin_sequence();
@@ -156,13 +148,12 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
 
     fn forward(
         &mut self,
-        b: &CpuBackend,
+        b: &B,
         layer: usize,
-        xs: &Vec<f32>,
-        t: usize,
-        routes: &[Route],
+        batch: &Batch<'_, Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> crate::Result<()> {
+        let (xs, t, routes) = (batch.xs, batch.t, batch.routes);
         let h = self.hidden;
         if let Some(p) = self.predictor.as_mut() {
             // Token by token: score the predictions made for this layer, then predict ahead.
@@ -194,14 +185,14 @@ impl ExpertExecutor<CpuBackend> for CpuExperts<'_> {
         for g in &lp.groups {
             let variant = self.plan.variant(g.precision).unwrap_or(self.plan.high);
             self.uses[variant] += g.rows.len() as u64;
-            self.compute(b, layer, g.expert, variant, &g.rows, xs, out);
+            self.compute(b, (layer, g.expert, variant), &g.rows, xs, out)?;
         }
         self.layer_plan = lp;
         Ok(())
     }
 }
 
-impl ExpertReport for CpuExperts<'_> {
+impl ExpertReport for DirectExperts<'_> {
     fn describe(&self) -> String {
         let v = self.file.variants();
         let mut s = format!("{}", v[self.plan.high]);
@@ -254,7 +245,7 @@ impl ExpertReport for CpuExperts<'_> {
     }
 }
 
-impl Drop for CpuExperts<'_> {
+impl Drop for DirectExperts<'_> {
     fn drop(&mut self) {
         if let Some(tw) = self.trace.take() {
             if let Err(e) = tw.finish() {

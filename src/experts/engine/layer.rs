@@ -1,0 +1,560 @@
+//! One host-routed MoE layer through the engine, in four steps: plan (the scorer's decisions,
+//! grouped by expert, and the cache's use counters), place (each group to a cached slot, a slot
+//! whose load is queued now, or the CPU helpers), launch (the device's products from the slots,
+//! the CPU's in the background), account (CPU results added last, holds checked, timings).
+
+use std::time::Instant;
+
+use super::coop::{compute, CpuJob, CpuResult};
+use super::Engine;
+use crate::experts::cache::PoolKind;
+use crate::experts::{Group, LayerPlan, Precision};
+use crate::model::{Batch, ExpertDevice, SlotExpert};
+use crate::Error;
+
+/// Where one group of a layer runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Place {
+    /// Slot of a pool.
+    Slot(PoolKind, usize),
+    /// CPU helper threads.
+    Cpu,
+}
+
+/// A layer's state while it is placed and launched.
+pub(super) struct Run {
+    pub(super) decode: bool,
+    /// Floats of the layer output (t x hidden).
+    pub(super) n_out: usize,
+    /// The top-1 expert of a decode token (never substituted).
+    pub(super) top1: Option<usize>,
+    pub(super) entered: Instant,
+    pub(super) places: Vec<Option<Place>>,
+    pub(super) placed: usize,
+    /// Seconds the link and the CPU are busy with this layer's misses so far (cost model).
+    pub(super) load_busy: f64,
+    pub(super) cpu_busy: f64,
+    pub(super) cpu_jobs: Vec<CpuJob>,
+    pub(super) cpu_handed: usize,
+    pub(super) cpu_out: Vec<f32>,
+    /// The CPU helpers' background task for this layer, when it was handed over, and its run.
+    pub(super) background: Option<crossbeam_channel::Receiver<CpuResult>>,
+    pub(super) spawned: Instant,
+    pub(super) cpu_span: Option<(Instant, Instant)>,
+    /// A decode layer whose experts all sit in slots of one pool: the routed kernels.
+    pub(super) slot_mode: Option<PoolKind>,
+    pub(super) slot_list: Vec<(usize, f32, usize)>,
+    /// Slot groups (index, first route row) computed after the CPU helpers' result.
+    pub(super) deferred: Vec<(usize, usize)>,
+    /// `out` is zeroed only once it is known that the routed kernels do not add into x.
+    pub(super) defer_zero: bool,
+}
+
+/// The layer's input and outputs: xs, out, and the residual stream x that the routed kernels
+/// may add into directly.
+pub(super) struct Io<'a, B> {
+    pub xs: &'a B,
+    pub out: &'a mut B,
+    pub residual: Option<&'a mut B>,
+}
+
+impl<'f, D: ExpertDevice> Engine<'f, D> {
+    /// `forward` of one layer; returns whether its output was added into the residual.
+    pub(super) fn run_layer(
+        &mut self,
+        dev: &D,
+        layer: usize,
+        batch: &Batch<'_, D::Buf>,
+        mut io: Io<'_, D::Buf>,
+    ) -> crate::Result<bool> {
+        let lp = self.plan_layer(dev, layer, batch)?;
+        let decode = batch.t == 1;
+        let mut run = Run {
+            decode,
+            n_out: batch.t * batch.hidden,
+            top1: top1(batch),
+            entered: Instant::now(),
+            places: vec![None; lp.groups.len()],
+            placed: 0,
+            load_busy: self.slots.link_backlog(),
+            cpu_busy: 0.0,
+            cpu_jobs: Vec::new(),
+            cpu_handed: 0,
+            cpu_out: Vec::new(),
+            background: None,
+            spawned: Instant::now(),
+            cpu_span: None,
+            slot_mode: None,
+            slot_list: Vec::new(),
+            deferred: Vec::new(),
+            defer_zero: decode && io.residual.is_some() && self.tuning.routed_slots,
+        };
+        if !run.defer_zero || lp.groups.is_empty() {
+            dev.zero(io.out, batch.t * batch.hidden)?;
+        }
+        let rows = if decode { batch.routes.len().max(1) } else { batch.t };
+        let (idx, wts) = if decode {
+            (Vec::new(), Vec::new())
+        } else {
+            grouped_rows(&lp)
+        };
+        dev.begin_layer(&mut self.work, rows, &idx, &wts)?;
+        match self.coop.as_ref().map(|c| c.pool.clone()) {
+            Some(pool) => pool.in_place_scope(|scope| {
+                self.launch(dev, Some(scope), (layer, &lp), &mut run, &mut io)
+            })?,
+            None => self.launch(dev, None, (layer, &lp), &mut run, &mut io)?,
+        }
+        self.account(dev, layer, &mut run, &mut io)?;
+        self.layer_plan = lp;
+        Ok(run.slot_mode.is_some() && io.residual.is_some())
+    }
+
+    /// Plan: decide and group the layer's routes, count them, record them, and score the
+    /// predictions made for this layer.
+    fn plan_layer(
+        &mut self,
+        dev: &D,
+        layer: usize,
+        batch: &Batch<'_, D::Buf>,
+    ) -> crate::Result<LayerPlan> {
+        let (t, routes) = (batch.t, batch.routes);
+        let decode = t == 1;
+        // The cache's counters first take a device-routed token before this one.
+        self.count_held()?;
+        self.time_layer(layer, decode);
+        if layer == 0 {
+            for _ in 0..t {
+                self.slots.cache.begin_token();
+            }
+            if decode {
+                self.decoded += 1;
+            }
+        }
+        self.slots.cache.set_layer(layer);
+        let mut lp = std::mem::take(&mut self.layer_plan);
+        self.plan.plan_layer(routes, t, &mut lp);
+        self.record(dev, layer, batch, &lp)?;
+        self.count.skipped += lp.skipped as u64;
+        for (r, d) in routes.iter().zip(&lp.decisions) {
+            self.slots.cache.record_use((layer, r.expert), *d);
+        }
+        if let Some(p) = self.prefetch.as_mut() {
+            if decode {
+                p.observe(&mut self.slots, layer, routes);
+            } else {
+                p.predictor.forget();
+            }
+        }
+        Ok(lp)
+    }
+
+    /// Place and launch every group; the CPU's share runs on the helpers' scope meanwhile.
+    fn launch<'s>(
+        &mut self,
+        dev: &D,
+        scope: Option<&rayon::Scope<'s>>,
+        (layer, lp): (usize, &LayerPlan),
+        run: &mut Run,
+        io: &mut Io<'_, D::Buf>,
+    ) -> crate::Result<()>
+    where
+        'f: 's,
+    {
+        let mut at = 0usize;
+        for i in 0..lp.groups.len() {
+            self.place_ahead(dev, (layer, lp), run, i)?;
+            if i == 0 && run.decode {
+                // Demand loads are queued; now prefetch behind them, and hand the CPU its
+                // experts while the loader and the device work.
+                self.prefetch_after(dev, layer, io.xs)?;
+                self.start_cpu(dev, scope, layer, run, io.xs)?;
+            }
+            let early = i == 0 && self.early(run);
+            if i == 0 && !early && run.decode && run.placed == lp.groups.len() {
+                run.slot_mode = self.slot_pool(dev, &run.places);
+            }
+            if i == 0 && run.defer_zero && run.slot_mode.is_none() {
+                dev.zero(io.out, run.n_out)?;
+            }
+            if early {
+                self.early_layer(dev, (layer, &lp.groups), &run.places, io)?;
+                break;
+            }
+            let g = &lp.groups[i];
+            match run.places[i] {
+                Some(Place::Slot(kind, slot))
+                    if run.background.is_some()
+                        && run.slot_mode.is_none()
+                        && !self.slots.slot_landed(kind, slot) =>
+                {
+                    // Its load lands while the CPU helpers work: computed once their result is
+                    // back, so this thread is not woken for it while they hold every core.
+                    run.deferred.push((i, at));
+                }
+                Some(Place::Slot(kind, slot)) => {
+                    self.take_slot(dev, kind, slot)?;
+                    if run.slot_mode.is_some() {
+                        run.slot_list.push((g.expert, g.rows[0].1, slot));
+                    } else {
+                        self.run_slot(dev, (layer, g), (kind, slot), (at, run.decode), io)?;
+                    }
+                }
+                Some(Place::Cpu) | None => {}
+            }
+            at += g.rows.len();
+        }
+        self.finish_launch(dev, layer, lp, run, io)
+    }
+
+    /// Place as many groups ahead of group `i` as slots allow (their loads queue up together).
+    fn place_ahead(
+        &mut self,
+        dev: &D,
+        (layer, lp): (usize, &LayerPlan),
+        run: &mut Run,
+        i: usize,
+    ) -> crate::Result<()> {
+        while run.placed < lp.groups.len() {
+            let g = &lp.groups[run.placed];
+            let mut p = self.place(dev, layer, g, run)?;
+            if p.is_none() && run.placed <= i {
+                // A second try once this token's predictions are given up, where every slot is
+                // protected and no group of the layer is placed ahead (this layer's placements
+                // whose kernels are not queued yet keep their holds).
+                if let Some(pf) = self.prefetch.as_mut() {
+                    pf.release_all(&mut self.slots);
+                }
+                p = self.place(dev, layer, g, run)?;
+            }
+            let p = match p {
+                Some(p) => p,
+                None if run.placed > i => break,
+                // This layer's own placements hold every slot (some deferred behind the CPU):
+                // the CPU computes this one too.
+                None if run.decode && self.coop.is_some() => {
+                    let v = self.variant_of(g.precision);
+                    self.count_cpu(v, &mut run.cpu_busy);
+                    Place::Cpu
+                }
+                None => {
+                    return Err(Error::Invalid(format!(
+                        "expert cache: no slot can be freed for layer {layer} expert {} (pools of {} / {} slots)",
+                        g.expert,
+                        self.slots.cache.capacity(PoolKind::High),
+                        self.slots.cache.capacity(PoolKind::Low)
+                    )))
+                }
+            };
+            // A slot placement holds its slot until its group's kernels are queued (a hold
+            // each: an expert's high and low routes in one prefill slot are two); a CPU
+            // placement becomes a CPU job.
+            match p {
+                Place::Slot(kind, _) => self.slots.cache.protect(kind, (layer, g.expert)),
+                Place::Cpu => run.cpu_jobs.push(CpuJob {
+                    expert: g.expert,
+                    variant: self.variant_of(g.precision),
+                    weight: g.rows[0].1,
+                }),
+            }
+            run.places[run.placed] = Some(p);
+            run.placed += 1;
+        }
+        Ok(())
+    }
+
+    fn prefetch_after(&mut self, dev: &D, layer: usize, xs: &D::Buf) -> crate::Result<()> {
+        let reach = self.coop.as_ref().map(|_| self.layer_s.unwrap_or(0.0));
+        if let Some(p) = self.prefetch.as_mut() {
+            p.prefetch((dev, &mut self.slots), &self.plan, (layer, xs), reach)?;
+        }
+        Ok(())
+    }
+
+    /// Hand the CPU jobs placed so far to the helpers, on their pool, as one background task.
+    fn start_cpu<'s>(
+        &mut self,
+        dev: &D,
+        scope: Option<&rayon::Scope<'s>>,
+        layer: usize,
+        run: &mut Run,
+        xs: &D::Buf,
+    ) -> crate::Result<()>
+    where
+        'f: 's,
+    {
+        let (Some(c), Some(scope)) = (self.coop.as_mut(), scope) else {
+            return Ok(());
+        };
+        if run.cpu_jobs.is_empty() {
+            return Ok(());
+        }
+        c.host_x.resize(self.file.expert_dims().0, 0.0);
+        dev.download(xs, &mut c.host_x)?;
+        let jobs = std::mem::take(&mut run.cpu_jobs);
+        run.cpu_handed += jobs.len();
+        let (pool, est, x, file) = (c.pool.clone(), c.estimates(), c.host_x.clone(), self.file);
+        let (tx, done) = crossbeam_channel::bounded(1);
+        run.spawned = Instant::now();
+        scope.spawn(move |_| {
+            let start = Instant::now();
+            let (res, times) = compute(file, &pool, &jobs, (layer, &x), &est);
+            // The receiver waits for this unless the layer failed first.
+            let _ = tx.send((res, times, start, Instant::now()));
+        });
+        run.background = Some(done);
+        Ok(())
+    }
+
+    /// Whether a decode layer computes its cached experts first while some loads are still
+    /// landing (mapped slots load matrix by matrix: worth it with no slot ready too).
+    fn early(&self, run: &Run) -> bool {
+        if !run.decode || run.placed != run.places.len() || run.background.is_some() {
+            return false;
+        }
+        let (mut ready, mut loading) = (false, false);
+        for p in &run.places {
+            if let Some(Place::Slot(kind, s)) = p {
+                let landed = self.slots.slot_landed(*kind, *s);
+                ready |= landed;
+                loading |= !landed;
+            }
+        }
+        loading && (ready || self.slots.mapped())
+    }
+
+    /// The pool whose slots hold every expert of a decode layer placed as `places`, when the
+    /// routed kernels can compute them there; None otherwise (CPU experts, two pools, more
+    /// experts than the kernels take, or matrices they do not take).
+    fn slot_pool(&mut self, dev: &D, places: &[Option<Place>]) -> Option<PoolKind> {
+        if !self.tuning.routed_slots || places.is_empty() || places.len() > D::ROUTED_MAX_K {
+            return None;
+        }
+        let Some(Place::Slot(kind, _)) = places[0] else {
+            return None;
+        };
+        if !places
+            .iter()
+            .all(|p| matches!(p, Some(Place::Slot(k, _)) if *k == kind))
+        {
+            return None;
+        }
+        if let Some(ok) = self.slot_kinds[kind as usize] {
+            return ok.then_some(kind);
+        }
+        let ok = dev.routed_supports(&self.slots.expert(dev, kind, 0));
+        if !ok {
+            log::info!(
+                "host-routed decode runs experts one at a time: the {kind:?} pool's layout does not suit the routed kernels"
+            );
+        }
+        self.slot_kinds[kind as usize] = Some(ok);
+        ok.then_some(kind)
+    }
+
+    /// Compute group `g` (its routes from row `at` of the layer's) with the expert in the
+    /// slot, adding into the layer output; then release the slot.
+    fn run_slot(
+        &mut self,
+        dev: &D,
+        (layer, g): (usize, &Group),
+        (kind, slot): (PoolKind, usize),
+        (at, decode): (usize, bool),
+        io: &mut Io<'_, D::Buf>,
+    ) -> crate::Result<()> {
+        let e = self.slots.expert(dev, kind, slot);
+        if decode {
+            for step in 0..3 {
+                dev.expert_step(&mut self.work, &e, io.xs, 0, step)?;
+            }
+            dev.add_row(&self.work, 0, g.rows[0].1, io.out)?;
+        } else {
+            dev.expert_rows(&mut self.work, &e, io.xs, (at, g.rows.len()), io.out)?;
+        }
+        self.slots.cache.unprotect(kind, (layer, g.expert));
+        Ok(())
+    }
+
+    /// A decode layer (no CPU helpers) with some slots still loading and some ready: the ready
+    /// experts first, while the loads land, then each loading one after its load (in the order
+    /// they were queued; a mapped slot's products as each matrix lands). Each expert's output
+    /// keeps its own row of the work, and the outputs are added in group order afterwards, as
+    /// run_slot adds them: the same result to the bit.
+    fn early_layer(
+        &mut self,
+        dev: &D,
+        (layer, groups): (usize, &[Group]),
+        places: &[Option<Place>],
+        io: &mut Io<'_, D::Buf>,
+    ) -> crate::Result<()> {
+        let slots: Vec<(usize, PoolKind, usize)> = places
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match p {
+                Some(Place::Slot(kind, s)) => Some((i, *kind, *s)),
+                _ => None,
+            })
+            .collect();
+        let (ready, loading): (Vec<_>, Vec<_>) = slots
+            .iter()
+            .partition(|&&(_, kind, s)| self.slots.slot_landed(kind, s));
+        for &(i, kind, s) in ready.iter().chain(&loading) {
+            let e = self.slots.expert(dev, kind, s);
+            let in_parts = self.slots.loads_in_parts(kind, s);
+            if !in_parts {
+                self.take_slot(dev, kind, s)?;
+            }
+            for step in 0..3 {
+                if in_parts && step < 2 {
+                    self.slots.ready_part(dev, kind, s)?;
+                } else if in_parts {
+                    self.take_slot(dev, kind, s)?;
+                }
+                dev.expert_step(&mut self.work, &e, io.xs, i, step)?;
+            }
+            self.slots.cache.unprotect(kind, (layer, groups[i].expert));
+        }
+        for &(i, _, _) in &slots {
+            dev.add_row(&self.work, i, groups[i].rows[0].1, io.out)?;
+        }
+        self.count.early_layers += 1;
+        Ok(())
+    }
+
+    /// After the groups' launches: the routed kernels' one launch, the predictions' holds
+    /// released, the CPU's result taken, the deferred slots computed, late CPU jobs run, and
+    /// the layer's bookkeeping checked.
+    fn finish_launch(
+        &mut self,
+        dev: &D,
+        layer: usize,
+        lp: &LayerPlan,
+        run: &mut Run,
+        io: &mut Io<'_, D::Buf>,
+    ) -> crate::Result<()> {
+        if let Some(kind) = run.slot_mode {
+            let list: Vec<SlotExpert<D::Expert>> = run
+                .slot_list
+                .iter()
+                .map(|&(e, w, s)| (e, w, self.slots.expert(dev, kind, s)))
+                .collect();
+            let target: &mut D::Buf = match io.residual.as_deref_mut() {
+                Some(x) => x,
+                None => &mut *io.out,
+            };
+            dev.experts_routed(&mut self.work, &list, io.xs, target)?;
+            self.count.slot_layers += 1;
+            for &(e, _, _) in &run.slot_list {
+                self.slots.cache.unprotect(kind, (layer, e));
+            }
+        }
+        // Predicted experts of this layer have been used or proven wrong.
+        if let Some(p) = self.prefetch.as_mut() {
+            p.release(&mut self.slots, layer);
+        }
+        if let (Some(done), Some(c)) = (run.background.take(), self.coop.as_mut()) {
+            let started = Instant::now();
+            let (res, times, start, end) = done
+                .recv()
+                .map_err(|_| Error::Invalid("a CPU expert task failed".into()))?;
+            c.wait += started.elapsed();
+            c.absorb(res, times, &mut run.cpu_out);
+            run.cpu_span = Some((start, end));
+        }
+        for (i, at) in std::mem::take(&mut run.deferred) {
+            if let Some(Place::Slot(kind, slot)) = run.places[i] {
+                self.take_slot(dev, kind, slot)?;
+                self.run_slot(dev, (layer, &lp.groups[i]), (kind, slot), (at, true), io)?;
+            }
+        }
+        if let (false, Some(c)) = (run.cpu_jobs.is_empty(), self.coop.as_mut()) {
+            c.host_x.resize(self.file.expert_dims().0, 0.0);
+            dev.download(io.xs, &mut c.host_x)?;
+            c.run(self.file, &run.cpu_jobs, layer, &mut run.cpu_out)?;
+            run.cpu_handed += run.cpu_jobs.len();
+        }
+        // Every group placed on the CPU was computed there (else its output would be missing
+        // from the layer, silently).
+        let on_cpu = run.places.iter().filter(|p| **p == Some(Place::Cpu)).count();
+        if on_cpu != run.cpu_handed {
+            return Err(Error::Invalid(format!(
+                "expert engine: layer {layer} placed {on_cpu} experts on the CPU but computed {} there",
+                run.cpu_handed
+            )));
+        }
+        self.check_holds(layer)
+    }
+
+    /// Account: the CPU's results added last (so cooperative decode rounds differently from
+    /// the all-device order), and the helpers' idle time between layers.
+    fn account(
+        &mut self,
+        dev: &D,
+        layer: usize,
+        run: &mut Run,
+        io: &mut Io<'_, D::Buf>,
+    ) -> crate::Result<()> {
+        if !run.cpu_out.is_empty() {
+            dev.add_host(&self.work, &run.cpu_out, io.out)?;
+        }
+        if let Some(c) = self.coop.as_mut() {
+            c.mark_layer(layer, (run.entered, run.spawned), run.cpu_span);
+        }
+        if let Some(p) = self.prefetch.as_mut() {
+            p.replayed = None;
+        }
+        Ok(())
+    }
+
+    /// Wait for slot `s`'s load (if any) before its use, counting a used prefetch.
+    fn take_slot(&mut self, dev: &D, kind: PoolKind, s: usize) -> crate::Result<()> {
+        if self.slots.take_slot(dev, kind, s)? {
+            self.count.prefetch_used += 1;
+        }
+        Ok(())
+    }
+
+    /// The cache's holds balance after layer `layer`: none left on its experts, no release of
+    /// an unheld key (an error names the first; a bookkeeping bug, never the user's input).
+    fn check_holds(&self, layer: usize) -> crate::Result<()> {
+        let cache = &self.slots.cache;
+        for kind in [PoolKind::High, PoolKind::Low] {
+            for e in 0..self.file.n_experts() {
+                let n = cache.holds(kind, (layer, e));
+                if n > 0 {
+                    return Err(Error::Invalid(format!(
+                        "expert engine: layer {layer} expert {e} still has {n} hold(s) in the {kind:?} pool after the layer"
+                    )));
+                }
+            }
+        }
+        let n = cache.unmatched_releases();
+        if n > 0 {
+            return Err(Error::Invalid(format!(
+                "expert engine: {n} release(s) of an expert nothing held (layer {layer})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The variant a decision of `precision` runs in.
+    pub(super) fn variant_of(&self, precision: Precision) -> usize {
+        let kind = self.slots.kind_of(precision == Precision::Low);
+        self.slots.pool(kind).variant
+    }
+}
+
+/// The top-1 expert of a decode batch (the highest weight, the lower index among equal ones).
+fn top1<B>(batch: &Batch<'_, B>) -> Option<usize> {
+    batch
+        .routes
+        .iter()
+        .max_by(|a, b| a.weight.total_cmp(&b.weight).then(b.expert.cmp(&a.expert)))
+        .map(|r| r.expert)
+}
+
+/// A prefill layer's routed rows in group order: token indices and gate weights.
+fn grouped_rows(lp: &LayerPlan) -> (Vec<i32>, Vec<f32>) {
+    let rows = lp.groups.iter().flat_map(|g| g.rows.iter());
+    rows.map(|&(i, w)| (i as i32, w)).unzip()
+}

@@ -1,0 +1,449 @@
+//! What the expert engine counts: `ExpertStats` (per variant hits and misses, loads, CPU
+//! experts, prefetch accuracy, host time), summed over runs and printed by `--stats`.
+
+use std::fmt::Write;
+
+/// Expert-engine counters since the last reset, per variant in the file's order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExpertStats {
+    /// (variant name, expert uses served from the cache or memory, uses that needed a load).
+    pub per_variant: Vec<VariantStats>,
+    /// Routes the precision scorer skipped.
+    pub skipped: u64,
+    /// Routes scored high that ran in the low variant because only it was cached.
+    pub substituted: u64,
+    /// Missing experts computed by CPU helper threads instead of being loaded.
+    pub cpu_computed: u64,
+    /// Bytes copied into the expert cache (demand and prefetch).
+    pub bytes_loaded: u64,
+    /// Bytes read from the slow tier (the SSD) rather than host memory.
+    pub bytes_from_disk: u64,
+    /// Wall time spent waiting for loads, in seconds.
+    pub load_seconds: f64,
+    /// Wall time the compute thread spent waiting for CPU-computed experts, in seconds.
+    pub cpu_wait_seconds: f64,
+    /// Cooperative decode: seconds the CPU helpers sat idle between two consecutive layers'
+    /// jobs of one token, in four parts: the finished layer's results going back to the device,
+    /// the device's work between the layers, placing the next layer's experts, and the helper
+    /// task starting.
+    pub cpu_gaps: [f64; 4],
+    /// Cooperative decode: the CPU helpers' parallel passes, the helper threads that took part
+    /// in them (summed over passes), and their ragged ends (seconds, summed).
+    pub cpu_passes: u64,
+    pub cpu_pass_threads: u64,
+    pub cpu_pass_spread_seconds: f64,
+    /// Prefetch loads issued, and how many of them were used before eviction.
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    /// Prefetches dropped while loading: their layer did not route their expert.
+    pub prefetch_cancelled: u64,
+    /// Cooperative mode: experts whose load had not landed when needed, computed by the CPU
+    /// (counted in `cpu_computed` too).
+    pub late_to_cpu: u64,
+    /// Cooperative mode: CPU-computed misses also loaded into the cache over an idle link, and
+    /// the misses that found the link idle and load-behind wanted.
+    pub loaded_behind: u64,
+    pub behind_chances: u64,
+    /// Bytes of the experts the CPU computed, each at its variant's size.
+    pub cpu_bytes: u64,
+    /// Seconds the loader spent moving `bytes_loaded` (its link busy time).
+    pub link_seconds: f64,
+    /// Seconds CPU helpers spent computing experts (their busy time).
+    pub cpu_seconds: f64,
+    /// Per prediction distance d = 1, 2, ...: (experts predicted, of those actually routed).
+    pub prediction: Vec<(u64, u64)>,
+    /// Decode tokens routed and computed on the device with no host round trip per layer.
+    pub device_routed: u64,
+    /// Host seconds spent counting those tokens' routes after they arrived.
+    pub device_account_seconds: f64,
+    /// Host-routed decode layers whose experts ran through the routed kernels.
+    pub slot_routed_layers: u64,
+    /// Decode layers whose cached experts were computed while their other experts' loads landed.
+    pub early_layers: u64,
+    /// Host seconds submitting recorded decode steps (CUDA graph launches).
+    pub graph_launch_seconds: f64,
+    /// Host seconds reading results back (logits, device routes), waiting for the device
+    /// included.
+    pub read_back_seconds: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VariantStats {
+    pub name: String,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// What an expert executor reports about itself.
+pub trait ExpertReport {
+    fn describe(&self) -> String;
+    fn stats(&self) -> ExpertStats {
+        ExpertStats::default()
+    }
+    fn reset_stats(&mut self) {}
+}
+
+impl ExpertStats {
+    pub fn uses(&self) -> u64 {
+        self.per_variant.iter().map(|v| v.hits + v.misses).sum()
+    }
+    pub fn misses(&self) -> u64 {
+        self.per_variant.iter().map(|v| v.misses).sum()
+    }
+
+    /// Add `s` into self (per-variant rows matched by position).
+    pub fn accumulate(&mut self, s: &ExpertStats) {
+        if self.per_variant.is_empty() {
+            self.per_variant = s
+                .per_variant
+                .iter()
+                .map(|v| VariantStats {
+                    name: v.name.clone(),
+                    ..Default::default()
+                })
+                .collect();
+        }
+        for (t, v) in self.per_variant.iter_mut().zip(&s.per_variant) {
+            t.hits += v.hits;
+            t.misses += v.misses;
+        }
+        if self.prediction.len() < s.prediction.len() {
+            self.prediction.resize(s.prediction.len(), (0, 0));
+        }
+        for (t, v) in self.prediction.iter_mut().zip(&s.prediction) {
+            t.0 += v.0;
+            t.1 += v.1;
+        }
+        for (a, b) in self.cpu_gaps.iter_mut().zip(s.cpu_gaps) {
+            *a += b;
+        }
+        let counts = [
+            (&mut self.skipped, s.skipped),
+            (&mut self.substituted, s.substituted),
+            (&mut self.cpu_computed, s.cpu_computed),
+            (&mut self.bytes_loaded, s.bytes_loaded),
+            (&mut self.bytes_from_disk, s.bytes_from_disk),
+            (&mut self.cpu_passes, s.cpu_passes),
+            (&mut self.cpu_pass_threads, s.cpu_pass_threads),
+            (&mut self.prefetch_issued, s.prefetch_issued),
+            (&mut self.prefetch_used, s.prefetch_used),
+            (&mut self.prefetch_cancelled, s.prefetch_cancelled),
+            (&mut self.late_to_cpu, s.late_to_cpu),
+            (&mut self.loaded_behind, s.loaded_behind),
+            (&mut self.behind_chances, s.behind_chances),
+            (&mut self.cpu_bytes, s.cpu_bytes),
+            (&mut self.device_routed, s.device_routed),
+            (&mut self.slot_routed_layers, s.slot_routed_layers),
+            (&mut self.early_layers, s.early_layers),
+        ];
+        for (a, b) in counts {
+            *a += b;
+        }
+        let seconds = [
+            (&mut self.load_seconds, s.load_seconds),
+            (&mut self.cpu_wait_seconds, s.cpu_wait_seconds),
+            (&mut self.cpu_pass_spread_seconds, s.cpu_pass_spread_seconds),
+            (&mut self.link_seconds, s.link_seconds),
+            (&mut self.cpu_seconds, s.cpu_seconds),
+            (&mut self.device_account_seconds, s.device_account_seconds),
+            (&mut self.graph_launch_seconds, s.graph_launch_seconds),
+            (&mut self.read_back_seconds, s.read_back_seconds),
+        ];
+        for (a, b) in seconds {
+            *a += b;
+        }
+    }
+
+    /// `--stats`: what the engine did over `tokens` decoded tokens taking `seconds`, as lines.
+    pub fn report(&self, tokens: usize, seconds: f64) -> String {
+        let mut out = String::new();
+        // (Writing into a String cannot fail.)
+        let _ = self.report_loads(&mut out, tokens, seconds);
+        let _ = self.report_device(&mut out, tokens);
+        out
+    }
+
+    fn report_loads(&self, out: &mut String, tokens: usize, seconds: f64) -> std::fmt::Result {
+        let s = self;
+        let n = tokens.max(1) as f64;
+        let ms = |x: f64| 1e3 * x / n;
+        writeln!(out, "expert engine, per decoded token ({tokens} tokens):")?;
+        writeln!(
+            out,
+            "  time {:.2} ms = waiting for loads {:.2} + waiting for CPU experts {:.2} + compute (attention, routing, cached experts) {:.2}",
+            ms(seconds),
+            ms(s.load_seconds),
+            ms(s.cpu_wait_seconds),
+            ms((seconds - s.load_seconds - s.cpu_wait_seconds).max(0.0))
+        )?;
+        for v in s.per_variant.iter().filter(|v| v.hits + v.misses > 0) {
+            writeln!(
+                out,
+                "  {:<10} uses {:.2}  hits {:.2}  misses {:.2}  (hit rate {:.1}%)",
+                v.name,
+                (v.hits + v.misses) as f64 / n,
+                v.hits as f64 / n,
+                v.misses as f64 / n,
+                100.0 * v.hits as f64 / (v.hits + v.misses).max(1) as f64
+            )?;
+        }
+        writeln!(
+            out,
+            "  skipped {:.2}  high->low substitutions {:.2}  computed on the CPU {:.2} ({:.2} while their load was in flight; {:.2} loaded behind them, of {:.2} with the link idle and load-behind wanted)",
+            s.skipped as f64 / n,
+            s.substituted as f64 / n,
+            s.cpu_computed as f64 / n,
+            s.late_to_cpu as f64 / n,
+            s.loaded_behind as f64 / n,
+            s.behind_chances as f64 / n
+        )?;
+        let issued = s.prefetch_issued.max(1) as f64;
+        writeln!(
+            out,
+            "  bytes loaded {:.1} MB ({:.1} MB from the SSD), streamed by CPU experts {:.1} MB; prefetches {:.2} ({:.0}% used, {:.0}% dropped while loading: their layer did not route them)",
+            s.bytes_loaded as f64 / n / 1e6,
+            s.bytes_from_disk as f64 / n / 1e6,
+            s.cpu_bytes as f64 / n / 1e6,
+            s.prefetch_issued as f64 / n,
+            100.0 * s.prefetch_used as f64 / issued,
+            100.0 * s.prefetch_cancelled as f64 / issued
+        )?;
+        let rate = |bytes: u64, secs: f64| {
+            if secs > 0.0 {
+                format!("{:.1} GB/s", bytes as f64 / secs / 1e9)
+            } else {
+                "-".into()
+            }
+        };
+        writeln!(
+            out,
+            "  link busy {:.2} ms ({}); CPU experts busy {:.2} ms ({} of weights)",
+            ms(s.link_seconds),
+            rate(s.bytes_loaded, s.link_seconds),
+            ms(s.cpu_seconds),
+            rate(s.cpu_bytes, s.cpu_seconds)
+        )?;
+        let g = s.cpu_gaps;
+        if g.iter().sum::<f64>() > 0.0 {
+            writeln!(
+                out,
+                "  CPU experts idle between layers {:.2} ms = results back {:.2} + attention and routing {:.2} + placing {:.2} + task start {:.2}",
+                ms(g.iter().sum()),
+                ms(g[0]),
+                ms(g[1]),
+                ms(g[2]),
+                ms(g[3])
+            )?;
+        }
+        if s.cpu_passes > 0 {
+            let p = s.cpu_passes as f64;
+            writeln!(
+                out,
+                "  CPU passes {:.1} per token: {:.1} helper threads took part in each; the last finished {:.3} ms after the first",
+                p / n,
+                s.cpu_pass_threads as f64 / p,
+                1e3 * s.cpu_pass_spread_seconds / p
+            )?;
+        }
+        Ok(())
+    }
+
+    fn report_device(&self, out: &mut String, tokens: usize) -> std::fmt::Result {
+        let s = self;
+        let n = tokens.max(1) as f64;
+        if s.device_routed > 0 {
+            writeln!(
+                out,
+                "  routed on the device (every expert resident): {} of {tokens} tokens; counting their routes on the host took {:.1} us a token",
+                s.device_routed,
+                1e6 * s.device_account_seconds / s.device_routed as f64
+            )?;
+        }
+        if s.graph_launch_seconds > 0.0 || s.read_back_seconds > 0.0 {
+            writeln!(
+                out,
+                "  host per token: {:.1} us submitting recorded decode steps (CUDA graphs), {:.1} us reading results back (waiting for the device included)",
+                1e6 * s.graph_launch_seconds / n,
+                1e6 * s.read_back_seconds / n
+            )?;
+        }
+        if s.slot_routed_layers > 0 {
+            writeln!(
+                out,
+                "  host-routed layers through the routed kernels (experts in slots of one precision): {:.2} per token",
+                s.slot_routed_layers as f64 / n
+            )?;
+        }
+        if s.early_layers > 0 {
+            writeln!(
+                out,
+                "  layers computing cached experts while the others load: {:.2} per token",
+                s.early_layers as f64 / n
+            )?;
+        }
+        for (d, (p, c)) in s.prediction.iter().enumerate() {
+            if *p > 0 {
+                writeln!(
+                    out,
+                    "  prediction {} layer(s) ahead: {:.1}% of predicted experts routed",
+                    d + 1,
+                    100.0 * *c as f64 / *p as f64
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
+    fn describe(&self) -> String {
+        let v = self.file.variants();
+        let (hs, ls) = self.slots();
+        let total = self.file.n_layers() * self.file.n_experts();
+        let mut s = format!(
+            "{} in a device cache of {hs} slots ({:.0}% of {total} experts)",
+            v[self.plan.high],
+            100.0 * hs as f64 / total as f64,
+        );
+        if let Some(l) = self.plan.low {
+            let th = self.plan.thresholds;
+            s += &format!(" + {} in {ls} slots (T1 {}, T2 {})", v[l], th.t1, th.t2);
+        }
+        let mapped = if self.slots.mapped() {
+            " of mapped host memory"
+        } else {
+            ""
+        };
+        s += &format!(
+            ", {:.2} GiB{mapped}, policy {:?}",
+            super::config::gib(self.slots.arena_bytes()),
+            self.slots.cache.policy()
+        );
+        if let Some(p) = &self.prefetch {
+            s += &format!(", prefetch {} layers", p.predictor.depth());
+            if p.min_weight() > 0.0 {
+                s += &format!(" (predicted weight >= {})", p.min_weight());
+            }
+        }
+        if self.routing.allowed {
+            s += ", decode routed on the device";
+        }
+        if let Some(c) = &self.coop {
+            s += &format!(", CPU experts on {} threads", c.pool.threads());
+        }
+        if self.tier == super::Tier::Disk {
+            s += ", loads from the SSD";
+        } else if self.direct {
+            s += ", loads by DMA from page-locked file pages";
+        } else if !self.slots.mapped() {
+            s += ", loads through pinned staging";
+        }
+        if let Some(bw) = self.pace {
+            s += &format!(", loads paced to {:.1} GB/s", bw / 1e9);
+        }
+        s
+    }
+
+    fn stats(&self) -> ExpertStats {
+        use crate::experts::cache::PoolKind;
+        use std::sync::atomic::Ordering;
+        // A device-routed token whose routes are held counts as counted: every one of its
+        // expert uses a hit in the high pool.
+        let held = u64::from(self.routing.held);
+        let high = self.slots.pool(PoolKind::High).variant;
+        let held_hits = held * (self.file.n_layers() * self.top_k) as u64;
+        let c = &self.count;
+        let per_variant = self
+            .file
+            .variants()
+            .iter()
+            .enumerate()
+            .map(|(i, v)| VariantStats {
+                name: v.to_string(),
+                hits: c.hits[i] + if i == high { held_hits } else { 0 },
+                misses: c.misses[i],
+            })
+            .collect();
+        let prediction = self
+            .prefetch
+            .as_ref()
+            .map(|p| {
+                let acc = p.predictor.accuracy();
+                acc.iter().map(|a| (a.predicted, a.correct)).collect()
+            })
+            .unwrap_or_default();
+        let passes = self
+            .coop
+            .as_ref()
+            .map(|c| c.passes())
+            .unwrap_or_default();
+        let lc = &self.slots.counters;
+        let load = |a: &std::sync::atomic::AtomicU64, base: u64| a.load(Ordering::Relaxed) - base;
+        let secs = |d: std::time::Duration| d.as_secs_f64();
+        ExpertStats {
+            per_variant,
+            cpu_passes: passes.passes,
+            cpu_pass_threads: passes.threads,
+            cpu_pass_spread_seconds: passes.spread_seconds,
+            skipped: c.skipped,
+            substituted: c.substituted,
+            cpu_computed: c.cpu_computed,
+            bytes_loaded: load(&lc.bytes, c.base.0),
+            bytes_from_disk: load(&lc.disk_bytes, c.base.1),
+            load_seconds: secs(self.slots.wait),
+            cpu_wait_seconds: self.coop.as_ref().map_or(0.0, |c| secs(c.wait)),
+            cpu_gaps: self
+                .coop
+                .as_ref()
+                .map_or([0.0; 4], |c| c.gaps.map(|d| d.as_secs_f64())),
+            prefetch_issued: self.prefetch.as_ref().map_or(0, |p| p.issued),
+            prefetch_used: c.prefetch_used,
+            prefetch_cancelled: self.prefetch.as_ref().map_or(0, |p| p.cancelled),
+            late_to_cpu: c.late_to_cpu,
+            loaded_behind: c.loaded_behind,
+            behind_chances: c.behind_chances,
+            cpu_bytes: c.cpu_bytes,
+            link_seconds: load(&lc.nanos, c.base.2) as f64 / 1e9,
+            cpu_seconds: self.coop.as_ref().map_or(0.0, |c| c.busy),
+            prediction,
+            device_routed: self.routing.tokens + held,
+            device_account_seconds: secs(self.routing.account),
+            slot_routed_layers: c.slot_layers,
+            early_layers: c.early_layers,
+            // The session fills in the backend's host times.
+            ..ExpertStats::default()
+        }
+    }
+
+    fn reset_stats(&mut self) {
+        use std::sync::atomic::Ordering;
+        // A held token belongs to the counts being cleared (counting it cannot fail here: its
+        // routes were checked when they arrived, and no trace is written while one is held).
+        if let Err(e) = self.count_held() {
+            log::warn!("expert engine: counting the last device-routed token: {e}");
+        }
+        let lc = &self.slots.counters;
+        let nv = self.file.variants().len();
+        self.count = super::Counters {
+            hits: vec![0; nv],
+            misses: vec![0; nv],
+            base: (
+                lc.bytes.load(Ordering::Relaxed),
+                lc.disk_bytes.load(Ordering::Relaxed),
+                lc.nanos.load(Ordering::Relaxed),
+            ),
+            ..super::Counters::default()
+        };
+        self.routing.tokens = 0;
+        self.routing.account = std::time::Duration::ZERO;
+        self.slots.wait = std::time::Duration::ZERO;
+        if let Some(c) = self.coop.as_mut() {
+            c.reset();
+        }
+        if let Some(p) = self.prefetch.as_mut() {
+            p.issued = 0;
+            p.cancelled = 0;
+            p.predictor.reset_stats();
+        }
+    }
+}

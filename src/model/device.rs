@@ -1,0 +1,199 @@
+//! What the offload engine (experts::engine) asks of a device: memory for slots of experts,
+//! chunk copies ordered by events, and expert products computed from those slots. A backend
+//! implements [`ExpertDevice`]; the engine decides what goes where and never sees the device's
+//! own types beyond these.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use memmap2::Mmap;
+
+use super::experts::MoeBlock;
+use super::ops::Backend;
+use crate::format::ExpertView;
+use crate::quant::Matrix;
+
+/// A point in a device's work: after some launches, or after a load's copies.
+pub trait DeviceEvent: Send + 'static {
+    /// Whether the work before it has finished (false on an error: `synchronize` reports it).
+    fn is_complete(&self) -> bool;
+    /// Wait on the host until it has.
+    fn synchronize(&self) -> crate::Result<()>;
+    /// Seconds from `self` to `later` on the device's clock (both recorded timed, both done).
+    fn seconds_until(&self, later: &Self) -> crate::Result<f64>;
+}
+
+/// The device side of the loader thread: copies of file bytes into slots, chunk by chunk, in
+/// order, with an event after any of them. Used only from that thread.
+pub trait ChunkCopier: Send + 'static {
+    type Event: DeviceEvent;
+    /// Later copies wait for `ev` (compute still reading the destination's previous expert):
+    /// on the device, or on the host (`on_host`: the destination is written by the CPU).
+    fn after(&mut self, ev: &Self::Event, on_host: bool) -> crate::Result<()>;
+    /// `len` bytes at host address `dst` of a mapped arena, written by `fill`.
+    fn fill_mapped(
+        &mut self,
+        dst: u64,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> crate::Result<()>,
+    ) -> crate::Result<()>;
+    /// `len` bytes written by `fill` into a staging buffer, then copied to device address `dst`.
+    fn copy_staged(
+        &mut self,
+        dst: u64,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> crate::Result<()>,
+    ) -> crate::Result<()>;
+    /// `src` (page-locked pages of the mapped file) copied by DMA to device address `dst`.
+    /// Returns the time the emulated link is busy with it when the device paces the copies.
+    fn copy_direct(&mut self, src: &[u8], dst: u64) -> crate::Result<Option<Duration>>;
+    /// An event after every copy queued so far.
+    fn fence(&mut self) -> crate::Result<Self::Event>;
+}
+
+/// How the loader's copier is set up.
+pub struct CopierSetup {
+    /// The model file's mapping.
+    pub map: Arc<Mmap>,
+    /// File ranges to page-lock for direct copies (None: copies go through staging or into a
+    /// mapped arena).
+    pub pin: Option<Vec<Range<usize>>>,
+    /// Staging buffers for copies to device memory (false: mapped arenas only).
+    pub staging: bool,
+    /// An emulated link of this many bytes per second, paced by the device for direct copies.
+    pub pace: Option<f64>,
+}
+
+/// A slot arena's first byte: where the device reads it, and where the host writes it (mapped
+/// arenas; 0 for device memory).
+#[derive(Clone, Copy, Debug)]
+pub struct ArenaBase {
+    pub device: u64,
+    pub host: usize,
+}
+
+/// One decode token's expert in a slot: its index (the routed kernels sum in ascending expert
+/// order), its gate weight, and its matrices.
+pub type SlotExpert<E> = (usize, f32, E);
+
+/// The device the offload engine drives: an arena of expert slots, copies into them, and the
+/// expert products of one MoE layer computed from them.
+pub trait ExpertDevice: Backend {
+    /// One expert's gate, up and down matrices where the device reads them.
+    type Expert: Copy;
+    /// Memory of one pool of slots.
+    type Arena;
+    type Event: DeviceEvent;
+    type Copier: ChunkCopier<Event = Self::Event>;
+    /// Buffers of a layer's expert products (grown to the largest batch).
+    type Work;
+    /// Every expert of the model resident in slots, for decode routed on the device.
+    type Resident;
+    /// The most experts of one token `experts_routed` takes.
+    const ROUTED_MAX_K: usize;
+
+    /// The device's name, for messages.
+    fn device_name(&self) -> String;
+    /// Device memory free now, bytes.
+    fn free_memory(&self) -> crate::Result<usize>;
+    /// Bytes of the weights kept resident (the non-expert weights).
+    fn resident_bytes(&self) -> usize;
+    /// An arena of `bytes`: device memory, or (`mapped`) page-locked host memory the device
+    /// reads in place.
+    fn alloc_arena(&self, bytes: usize, mapped: bool) -> crate::Result<Self::Arena>;
+    fn arena_base(&self, arena: &Self::Arena) -> ArenaBase;
+    /// The expert stored as `view` lays it out, copied to device address `at`.
+    fn expert_at(&self, at: u64, view: &ExpertView<'_>) -> Self::Expert;
+    /// The loader's copier, and whether it copies directly from page-locked file pages
+    /// (`setup.pin` registered; false: staging, after a logged reason).
+    fn copier(&self, setup: CopierSetup) -> crate::Result<(Self::Copier, bool)>;
+    /// An event after the launches made so far (`timed`: for `seconds_until`).
+    fn record_event(&self, timed: bool) -> crate::Result<Self::Event>;
+    /// Later launches wait for `ev`.
+    fn wait_event(&self, ev: &Self::Event) -> crate::Result<()>;
+    /// Wait on the host for every launch made so far.
+    fn synchronize(&self) -> crate::Result<()>;
+    /// Keep `m` on the device, so that `Backend::matmul` takes it (the stacked gates).
+    fn keep_resident(&mut self, m: &Matrix<'_>) -> crate::Result<()>;
+
+    /// Buffers for the products of experts of `hidden` x `ffn`.
+    fn expert_work(&self, hidden: usize, ffn: usize) -> crate::Result<Self::Work>;
+    /// out[..n] = 0.
+    fn zero(&self, out: &mut Self::Buf, n: usize) -> crate::Result<()>;
+    /// Before a layer's experts: room for `rows` expert outputs (decode: one per routed
+    /// expert; prefill: the batch), and for a prefill batch its routed rows grouped by expert
+    /// (token indices and gate weights) for `expert_rows`.
+    fn begin_layer(
+        &self,
+        work: &mut Self::Work,
+        rows: usize,
+        idx: &[i32],
+        wts: &[f32],
+    ) -> crate::Result<()>;
+    /// out[idx[i]] += wts[i] * expert(x[idx[i]]) for `rows` = (at, n): the n rows from row
+    /// `at` of `begin_layer`'s.
+    fn expert_rows(
+        &self,
+        work: &mut Self::Work,
+        e: &Self::Expert,
+        x: &Self::Buf,
+        rows: (usize, usize),
+        out: &mut Self::Buf,
+    ) -> crate::Result<()>;
+    /// Step `step` of one token's expert, its output kept in row `row` of the work: 0 the gate
+    /// product, 1 the up product and SwiGLU, 2 the down product. Each step reads only its own
+    /// matrix.
+    fn expert_step(
+        &self,
+        work: &mut Self::Work,
+        e: &Self::Expert,
+        x: &Self::Buf,
+        row: usize,
+        step: usize,
+    ) -> crate::Result<()>;
+    /// out[..hidden] += weight * row `row` of the work's expert outputs.
+    fn add_row(
+        &self,
+        work: &Self::Work,
+        row: usize,
+        weight: f32,
+        out: &mut Self::Buf,
+    ) -> crate::Result<()>;
+    /// out[..hidden] += host (a result computed elsewhere).
+    fn add_host(&self, work: &Self::Work, host: &[f32], out: &mut Self::Buf) -> crate::Result<()>;
+    /// Whether the routed kernels take experts laid out like `e`.
+    fn routed_supports(&self, e: &Self::Expert) -> bool;
+    /// out[..hidden] += one token's experts (ascending index order), through the routed
+    /// kernels: the same sums as `expert_step` and `add_row` per expert.
+    fn experts_routed(
+        &self,
+        work: &mut Self::Work,
+        experts: &[SlotExpert<Self::Expert>],
+        x: &Self::Buf,
+        out: &mut Self::Buf,
+    ) -> crate::Result<()>;
+    /// Every expert resident (`experts`: [layer][expert]) for decode routed on the device; None
+    /// where the routed kernels do not take their layout.
+    fn resident(
+        &self,
+        experts: &[Self::Expert],
+        n_experts: usize,
+        top_k: usize,
+    ) -> crate::Result<Option<Self::Resident>>;
+    /// One decode layer routed on the device (`ExpertExecutor::forward_on_device`'s contract):
+    /// returns whether xs holds the `next` norm of x.
+    fn routed_layer(
+        &self,
+        r: &Self::Resident,
+        layer: usize,
+        block: &MoeBlock<'_>,
+        xs: &mut Self::Buf,
+        x: &mut Self::Buf,
+    ) -> crate::Result<bool>;
+    /// Queue the read of every layer's routes of the last device-routed token.
+    fn queue_routes(&self, r: &mut Self::Resident) -> crate::Result<()>;
+    /// The queued routes, once landed: per layer, top_k expert indices (as f32 bits) then
+    /// top_k weights.
+    fn read_routes<'r>(&self, r: &'r mut Self::Resident) -> crate::Result<&'r [f32]>;
+}
