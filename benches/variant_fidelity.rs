@@ -1,29 +1,76 @@
 //! How far each quantized expert variant moves the model's predictions from the f16 experts:
 //! logit NMSE and KL(f16 || variant) per position, over one prefill of real text.
 //!
-//!   HOB_MODEL=models/smollm2-moe.hob HOB_TEXT=models/hamlet-60k.txt cargo bench --bench variant_fidelity
+//!   cargo bench --bench variant_fidelity -- MODEL TEXT [--tokens N] [--threads N]
 //!
-//! Optional: HOB_TOKENS (default 512), HOB_THREADS (default all cores). Prints a markdown table.
+//! MODEL: a .hob with several expert variants (models/smollm2-moe.hob from tools/demo.sh); TEXT:
+//! a text file (models/hamlet-60k.txt); --tokens: default 512; --threads: default all cores.
+//! Prints a markdown table; with no MODEL and TEXT (plain `cargo bench`), its usage.
 
 use hob::backend::cpu::{CpuBackend, CpuExperts};
 use hob::format::{keys, HobFile};
 use hob::generate::Tokenizer;
 use hob::model::{Logits, Model};
 
+const USAGE: &str =
+    "usage: cargo bench --bench variant_fidelity -- MODEL TEXT [--tokens N] [--threads N]
+  MODEL: a .hob with several expert variants; TEXT: a text file to prefill
+  --tokens N: tokens of TEXT (default 512); --threads N: CPU threads (default all cores)";
+
+struct Args {
+    model: String,
+    text: String,
+    tokens: usize,
+    threads: usize,
+}
+
+/// The command line; None where MODEL and TEXT are not both given (`cargo bench` runs every
+/// bench, this one with only the `--bench` cargo adds, which is ignored).
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
+    let (mut tokens, mut threads) = (512, 0);
+    let mut paths = Vec::new();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--bench" => {}
+            "--tokens" | "--threads" => {
+                let v = args.next().ok_or(format!("{a} needs a number"))?;
+                let n = v.parse().map_err(|_| format!("{a} {v}: not a number"))?;
+                *(if a == "--tokens" {
+                    &mut tokens
+                } else {
+                    &mut threads
+                }) = n;
+            }
+            "-h" | "--help" => return Ok(None),
+            _ if a.starts_with('-') => return Err(format!("unknown option {a}")),
+            _ => paths.push(a),
+        }
+    }
+    match <[String; 2]>::try_from(paths) {
+        Ok([model, text]) => Ok(Some(Args {
+            model,
+            text,
+            tokens,
+            threads,
+        })),
+        Err(paths) if paths.len() < 2 => Ok(None),
+        Err(paths) => Err(format!("expected MODEL TEXT, got {paths:?}")),
+    }
+}
+
 fn main() {
-    let (Ok(model_path), Ok(text_path)) = (std::env::var("HOB_MODEL"), std::env::var("HOB_TEXT"))
-    else {
-        eprintln!("variant_fidelity: set HOB_MODEL (a .hob with several expert variants) and HOB_TEXT; skipped");
-        return;
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("variant_fidelity: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
     };
-    let n: usize = std::env::var("HOB_TOKENS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512);
-    let threads: usize = std::env::var("HOB_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let (model_path, text_path, n, threads) = (args.model, args.text, args.tokens, args.threads);
     let file = HobFile::open(std::path::Path::new(&model_path)).expect("open the model");
     let model = Model::load(&file).expect("load the model");
     let cfg = &model.cfg;

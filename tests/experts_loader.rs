@@ -2,6 +2,8 @@
 //! scheduler thread through the best reader this machine allows, into page-aligned host memory.
 
 mod format_support;
+#[path = "common/paths.rs"]
+mod paths;
 
 use std::collections::hash_map::{Entry, HashMap};
 
@@ -51,7 +53,7 @@ impl Worker for BlobLoader {
 
 #[test]
 fn every_blob_loads_through_the_scheduler_byte_exact() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tempfile::tempdir_in(paths::tmp_root()).unwrap();
     let path = dir.path().join("m.hob");
     let s = sample(7);
     write(&s, &path).unwrap();

@@ -2,6 +2,8 @@
 //! values of every variant against the spec's formulas computed here.
 
 mod format_support;
+#[path = "common/paths.rs"]
+mod paths;
 
 use std::process::Command;
 
@@ -21,6 +23,11 @@ fn python() -> Option<&'static str> {
             None
         }
     }
+}
+
+/// The Python reader of the checkout the tests run in.
+fn hob_py() -> std::path::PathBuf {
+    paths::repo_root().join("formats/hob.py")
 }
 
 /// The value hob.py lists for a metadata value.
@@ -200,7 +207,7 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
     f.verify().unwrap();
 
     let out = Command::new(py)
-        .args(["formats/hob.py"])
+        .arg(hob_py())
         .arg(&path)
         .arg("--json")
         .output()
@@ -292,7 +299,7 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
         let (l, e) = (vi % 2, 1 - vi % 2);
         let dq = dir.path().join("dq.json");
         let out = Command::new(py)
-            .args(["formats/hob.py"])
+            .arg(hob_py())
             .arg(&path)
             .args([
                 "--dequant",
@@ -344,11 +351,7 @@ fn python_reader_refuses_an_unknown_variant() {
     b[experts + 24..experts + 28].copy_from_slice(&77u32.to_le_bytes());
     hob::format::reader::reseal(&mut b);
     std::fs::write(&path, &b).unwrap();
-    let out = Command::new(py)
-        .arg("formats/hob.py")
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = Command::new(py).arg(hob_py()).arg(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown variant code 77"));
 }

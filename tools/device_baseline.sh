@@ -6,12 +6,14 @@
 #    gpu_matvec (device copy figure and every kernel's share, $OUT/gpu_matvec.md), cpu_stream with
 #    every core ($OUT/cpu_stream.md), the disk's O_DIRECT read, and resident decode of an 8-layer
 #    Mixtral-shaped model with the limit from this device's measured copy and link (no --platform),
-#    plus the loader's link rate with a small f16 cache ($OUT/bench.md, $OUT/bench.log).
+#    plus the loader's link rate with a small f16 cache ($OUT/bench.md, $OUT/bench.log, which also
+#    holds the progress stamps). With run.sh's tests.log and nvidia-smi.txt that is 8 files, the
+#    device tool's limit: add none without folding another in.
 # Write a platforms/NAME.toml from these (benches/results/2026-11-28-h200-baseline.md did).
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" >> "$out/progress.log"; }
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/bench.log"; }
 {
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv
   lscpu | grep -E "Model name|^CPU\(s\)|Thread|Socket|NUMA node|L3"
@@ -27,7 +29,7 @@ stamp machine
 timeout 150 .gpu/benches/gpu_matvec > "$out/gpu_matvec.md" 2>&1; stamp "gpu_matvec rc=$?"
 timeout 60 .gpu/benches/cpu_stream "$(nproc)" > "$out/cpu_stream.md" 2>&1; stamp "cpu_stream rc=$?"
 m=/tmp/baseline-8l.hob
-"$hob" convert --synthetic mixtral-8x7b --layers 8 --experts f16,int4,int2 -o $m --no-progress > "$out/bench.log" 2>&1
+"$hob" convert --synthetic mixtral-8x7b --layers 8 --experts f16,int4,int2 -o $m --no-progress >> "$out/bench.log" 2>&1
 stamp convert
 for v in int4/g64 int2/g64 f16; do
   echo "== resident $v" >> "$out/bench.log"

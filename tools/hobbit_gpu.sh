@@ -9,7 +9,7 @@
 #                                        convert it, fit T1/T2 to HOBBIT's 67/30/3 split on Hamlet and
 #                                        record its Hamlet trace -> /tmp/shakes-trace.jsonl and
 #                                        $OUT/trace.env (TRACE, T1, T2: `. $OUT/trace.env` before the
-#                                        replay modes), logs in $OUT/trace.log
+#                                        replay modes), logs in $OUT/hobbit.log
 #   TRACE=t.jsonl T1=.. T2=.. bash tools/hobbit_gpu.sh replay
 #                                        rows (a)-(e) under rtx4090-24g with every layer's routing
 #                                        replayed from a trained router's trace (--replay-trace; the
@@ -169,7 +169,9 @@ trace)
   # A trained router's routing for the replay modes (shared/models/shakespeare-moe/README.md).
   [ -f .gpu/shakes/train.py ] && [ -f .gpu/hamlet-60k.txt ] \
     || { echo "trace: stage .gpu/shakes and .gpu/hamlet-60k.txt first (tools/stage_gpu.sh)"; exit 2; }
-  t="$out/trace.log"; w=/tmp/shakes
+  t=/tmp/shakes-trace.log; w=/tmp/shakes
+  # Into hobbit.log however the mode ends: every mode in one call stays within the device's 8 files.
+  trap 'cat "$t" >> "$log"' EXIT
   (cd .gpu/shakes && STEPS="${STEPS:-800}" python3 train.py "$w" 200) > "$t" 2>&1 || { tail "$t"; exit 1; }
   cp tests/fixtures/mistral/tokenizer.json "$w/"
   "$hob" convert --from "$w" --experts f16,int8,int4,int2 -o /tmp/shakes.hob --no-progress >> "$t" 2>&1 || exit 1

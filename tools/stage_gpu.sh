@@ -48,16 +48,12 @@ if [ -f "$shakes/train.py" ]; then
 fi
 [ -f models/hamlet-60k.txt ] || bash tools/fetch_hamlet.sh > /dev/null || true
 [ -f models/hamlet-60k.txt ] && cp models/hamlet-60k.txt .gpu/
-# Integration tests find the binary at the path baked in at build time (env!("CARGO_BIN_EXE_hob")).
-echo "$root/target/release/hob" > .gpu/hob-path
 cat > .gpu/run.sh <<'RUN'
 #!/usr/bin/env bash
-# Runs on the device machine from the repository root (tests read tests/fixtures/ from the tree).
+# Runs on the device machine from the repository root: the tests read tests/fixtures/ from the tree
+# and run .gpu/hob where the build machine's binary is absent (tests/common/paths.rs).
 set -u
 mode="${1:-tests}"
-baked=$(cat .gpu/hob-path); mkdir -p "$(dirname "$baked")"; cp .gpu/hob "$baked"
-# Tests that make temporary files under the baked CARGO_TARGET_TMPDIR (target/tmp).
-mkdir -p "$(dirname "$(dirname "$baked")")/tmp"
 out="${OUT:-/tmp/hob-out}"; mkdir -p "$out"
 # hob is built with cudarc's CUDA 12.2 bindings, which look for libnvrtc.so / libcublas.so or their
 # .so.12 names; a CUDA 13 install has .so.13 (and the unversioned names only with the dev packages).

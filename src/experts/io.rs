@@ -677,10 +677,19 @@ mod tests {
         ((i as u64).wrapping_mul(2_654_435_761) >> 11) as u8
     }
 
-    /// Directories to test in: the system temp dir (may be tmpfs) and one under target/ (a real
-    /// filesystem as a rule).
+    /// Directories to test in: the system temp dir (may be tmpfs) and one under the checkout's
+    /// target/ (a real filesystem as a rule); the checkout is the current directory when it is
+    /// one (cargo's, or the device's after tools/stage_gpu.sh), else the one built from.
     fn test_dirs() -> Vec<PathBuf> {
-        let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/io-test-tmp");
+        let is_checkout = |dir: &Path| {
+            std::fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|toml| toml.lines().any(|l| l.trim() == r#"name = "hob""#))
+        };
+        let root = std::env::current_dir()
+            .ok()
+            .filter(|dir| is_checkout(dir))
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+        let target = root.join("target/io-test-tmp");
         let mut dirs = vec![std::env::temp_dir()];
         if std::fs::create_dir_all(&target).is_ok() {
             dirs.push(target);

@@ -249,21 +249,12 @@ impl<'a> Matrix<'a> {
     /// splits rows among threads.
     pub fn matvec_rows(&self, x: &[f32], rows: std::ops::Range<usize>, out: &mut [f32]) {
         self.check_call(x, &rows, out);
-        let mut sums = GroupSums::new();
         #[cfg(target_arch = "x86_64")]
-        if x86::available() {
-            // The integer kernel sums its own rounded x per group.
-            let xsums = if x86::packed_vnni_takes(self) {
-                &[]
-            } else {
-                sums.compute(self, x)
-            };
-            // SAFETY: AVX2, FMA and F16C were detected at run time just above; `check` and
-            // `check_call` established that every row in `rows` lies inside the code, scale and
-            // min slices and that x and out have the lengths the kernels index.
-            unsafe { x86::matvec_rows(self, x, xsums, rows, out) };
+        if let Some(level) = x86::Level::detected() {
+            self.matvec_rows_x86(level, x, rows, out);
             return;
         }
+        let mut sums = GroupSums::new();
         let xsums = sums.compute(self, x);
         #[cfg(target_arch = "aarch64")]
         {
@@ -274,6 +265,46 @@ impl<'a> Matrix<'a> {
         }
         #[allow(unreachable_code)]
         scalar::matvec_rows(self, x, xsums, rows, out);
+    }
+
+    /// `matvec_rows` on the x86 kernels of `level`: the CPU's own in use, each one up to it in
+    /// tests. Panics where the CPU lacks `level`'s features.
+    #[cfg(target_arch = "x86_64")]
+    fn matvec_rows_x86(
+        &self,
+        level: x86::Level,
+        x: &[f32],
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        assert!(
+            x86::Level::detected().is_some_and(|top| level <= top),
+            "{level:?} kernels on a CPU without them"
+        );
+        let mut sums = GroupSums::new();
+        // The integer kernel sums its own rounded x per group.
+        let xsums = if x86::packed_vnni_takes(level, self) {
+            &[]
+        } else {
+            sums.compute(self, x)
+        };
+        // SAFETY: the CPU has `level`'s features (asserted just above); the callers' `check_call`
+        // and `check` established that every row in `rows` lies inside the code, scale and min
+        // slices and that x and out have the lengths the kernels index.
+        unsafe { x86::matvec_rows(level, self, x, xsums, rows, out) };
+    }
+
+    /// `matvec_rows` on the x86 kernels of `level` (at most `x86::Level::detected()`).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    fn matvec_rows_at(
+        &self,
+        level: x86::Level,
+        x: &[f32],
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        self.check_call(x, &rows, out);
+        self.matvec_rows_x86(level, x, rows, out);
     }
 
     /// Plain scalar reference for `matvec_rows`.
@@ -299,10 +330,13 @@ impl<'a> Matrix<'a> {
 /// dot-product kernel, AVX-512 VNNI) rather than multiplying in f32.
 pub fn packed_rounds_x() -> bool {
     #[cfg(target_arch = "x86_64")]
-    if x86::available() {
-        return x86::packed_vnni();
+    {
+        x86::Level::detected() == Some(x86::Level::Avx512Vnni)
     }
-    false
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Quantization error statistics, accumulated over matrices.

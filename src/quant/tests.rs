@@ -114,51 +114,100 @@ const ALL_KINDS: [WeightKind; 6] = [
     WeightKind::Int2,
 ];
 
+/// A fast path of this CPU: on x86 the kernels of one level (the dispatch takes the highest, the
+/// ones below are what CPUs without its features run), elsewhere the dispatched kernels.
+#[derive(Clone, Copy, Debug)]
+enum Fast {
+    Dispatched,
+    #[cfg(target_arch = "x86_64")]
+    X86(super::x86::Level),
+}
+
+impl Fast {
+    /// Every fast path this CPU can run.
+    fn all() -> Vec<Fast> {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(top) = super::x86::Level::detected() {
+            return super::x86::Level::ALL
+                .into_iter()
+                .filter(|level| *level <= top)
+                .map(Fast::X86)
+                .collect();
+        }
+        vec![Fast::Dispatched]
+    }
+
+    fn matvec(self, m: &Matrix, x: &[f32], rows: std::ops::Range<usize>, out: &mut [f32]) {
+        match self {
+            Fast::Dispatched => m.matvec_rows(x, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            Fast::X86(level) => m.matvec_rows_at(level, x, rows, out),
+        }
+    }
+
+    /// Whether int4 and int2 round x on this path (the integer dot-product kernel).
+    fn rounds_x(self) -> bool {
+        match self {
+            Fast::Dispatched => crate::quant::packed_rounds_x(),
+            #[cfg(target_arch = "x86_64")]
+            Fast::X86(level) => level == super::x86::Level::Avx512Vnni,
+        }
+    }
+}
+
 /// How far the fast kernels may stray from the scalar ones, relative to sum |w x|: f32 roundings,
 /// or (int4 and int2 on the integer dot-product kernel) x rounded to a power-of-two grid of 15-16
 /// significant bits of its group's largest |x| (at most 2.8e-5 seen over these tests, on a
 /// 16-column row; 1.2e-5 on 64 columns).
-fn fast_bound(m: &Matrix) -> f64 {
-    if m.kind.has_mins() && crate::quant::packed_rounds_x() {
+fn fast_bound(fast: Fast, m: &Matrix) -> f64 {
+    if m.kind.has_mins() && fast.rounds_x() {
         1e-4
     } else {
         2e-6
     }
 }
 
-/// Checks fast vs scalar and scalar vs f64 on one matrix; returns the worst relative errors.
+/// Checks every fast path vs scalar and scalar vs f64 on one matrix; returns the worst relative
+/// errors.
 fn check_kernels(m: &Matrix, x: &[f32]) -> (f64, f64) {
-    let mut fast = vec![0.0f32; m.rows];
     let mut slow = vec![0.0f32; m.rows];
-    m.matvec_rows(x, 0..m.rows, &mut fast);
     m.matvec_rows_scalar(x, 0..m.rows, &mut slow);
-    let (mut worst_fast, mut worst_ref) = (0.0f64, 0.0f64);
-    for r in 0..m.rows {
-        let (exact, mag) = reference_dot(m, r, x);
-        let mag = mag.max(1e-30);
-        let ef = (fast[r] as f64 - slow[r] as f64).abs() / mag;
-        let er = (slow[r] as f64 - exact).abs() / mag;
-        assert!(
-            ef < fast_bound(m),
-            "{:?} g{} [{}x{}] row {r}: fast {} vs scalar {}",
-            m.kind,
-            m.group_size,
-            m.rows,
-            m.cols,
-            fast[r],
-            slow[r]
-        );
+    // Per row: the f64 dot product and sum |w x|.
+    let exact: Vec<(f64, f64)> = (0..m.rows)
+        .map(|r| {
+            let (dot, mag) = reference_dot(m, r, x);
+            (dot, mag.max(1e-30))
+        })
+        .collect();
+    let mut worst_ref = 0.0f64;
+    for (r, (&s, &(dot, mag))) in slow.iter().zip(&exact).enumerate() {
+        let er = (s as f64 - dot).abs() / mag;
         assert!(
             er < 2e-6,
-            "{:?} g{} [{}x{}] row {r}: scalar {} vs f64 {exact}",
+            "{:?} g{} [{}x{}] row {r}: scalar {s} vs f64 {dot}",
             m.kind,
             m.group_size,
             m.rows,
             m.cols,
-            slow[r]
         );
-        worst_fast = worst_fast.max(ef);
         worst_ref = worst_ref.max(er);
+    }
+    let mut worst_fast = 0.0f64;
+    for path in Fast::all() {
+        let mut fast = vec![0.0f32; m.rows];
+        path.matvec(m, x, 0..m.rows, &mut fast);
+        for (r, ((&f, &s), &(_, mag))) in fast.iter().zip(&slow).zip(&exact).enumerate() {
+            let ef = (f as f64 - s as f64).abs() / mag;
+            assert!(
+                ef < fast_bound(path, m),
+                "{path:?} {:?} g{} [{}x{}] row {r}: fast {f} vs scalar {s}",
+                m.kind,
+                m.group_size,
+                m.rows,
+                m.cols,
+            );
+            worst_fast = worst_fast.max(ef);
+        }
     }
     (worst_fast, worst_ref)
 }
@@ -312,24 +361,26 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
                 m.row_to_f32(r, &mut w[r * cols..(r + 1) * cols]);
             }
             let mut out = vec![0.0f32; rows];
-            for j in 0..cols {
-                let mut x = vec![0.0f32; cols];
-                x[j] = 1.0;
-                m.matvec_rows(&x, 0..rows, &mut out);
-                for r in 0..rows {
-                    let want = w[r * cols + j];
-                    // Exact for float kinds; s * q + m rounds once more for int kinds.
-                    let tol = if kind.is_quantized() {
-                        1e-5 * (1.0 + want.abs())
-                    } else {
-                        0.0
-                    };
-                    assert!(
-                        (out[r] - want).abs() <= tol,
-                        "{kind:?} [{rows}x{cols}] row {r} column {j}: fast path gave {}, \
-                         the column holds {want}",
-                        out[r]
-                    );
+            for path in Fast::all() {
+                for j in 0..cols {
+                    let mut x = vec![0.0f32; cols];
+                    x[j] = 1.0;
+                    path.matvec(&m, &x, 0..rows, &mut out);
+                    for r in 0..rows {
+                        let want = w[r * cols + j];
+                        // Exact for float kinds; s * q + m rounds once more for int kinds.
+                        let tol = if kind.is_quantized() {
+                            1e-5 * (1.0 + want.abs())
+                        } else {
+                            0.0
+                        };
+                        assert!(
+                            (out[r] - want).abs() <= tol,
+                            "{path:?} {kind:?} [{rows}x{cols}] row {r} column {j}: fast path \
+                             gave {}, the column holds {want}",
+                            out[r]
+                        );
+                    }
                 }
             }
         }
@@ -411,14 +462,16 @@ fn splitting_rows_gives_bitwise_identical_results() {
         let (bytes, vl) = stored(kind, 64, rows, cols, &src);
         let m = as_matrix(&bytes, &vl, rows, cols);
         let x = rng.normals(cols);
-        let mut whole = vec![0.0f32; rows];
-        m.matvec_rows(&x, 0..rows, &mut whole);
-        let mut pieces = vec![0.0f32; rows];
-        for r in [0..5, 5..6, 6..17, 17..23] {
-            m.matvec_rows(&x, r.clone(), &mut pieces[r]);
+        for path in Fast::all() {
+            let mut whole = vec![0.0f32; rows];
+            path.matvec(&m, &x, 0..rows, &mut whole);
+            let mut pieces = vec![0.0f32; rows];
+            for r in [0..5, 5..6, 6..17, 17..23] {
+                path.matvec(&m, &x, r.clone(), &mut pieces[r]);
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&whole), bits(&pieces), "{path:?} {kind:?}");
         }
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&whole), bits(&pieces), "{kind:?}");
     }
 }
 
@@ -729,42 +782,96 @@ fn the_packed_kernels_follow_x_and_propagate_nan() {
         let src = rng.normals(rows * cols);
         let (bytes, vl) = stored(kind, 64, rows, cols, &src);
         let m = as_matrix(&bytes, &vl, rows, cols);
-        let mut x = rng.normals(cols);
-        let mut first = vec![0.0f32; rows];
-        m.matvec_rows(&x, 0..rows, &mut first);
-        check_kernels(&m, &x);
-        x[1000] += 3.0;
-        let mut second = vec![0.0f32; rows];
-        m.matvec_rows(&x, 0..rows, &mut second);
-        assert_ne!(
-            first, second,
-            "{kind:?}: a change of x in place reaches the next call"
-        );
-        check_kernels(&m, &x);
-        // A group of values so small that its factor's inverse would overflow (below ~4e-34
-        // throughout) counts as zero where x is rounded: the same results as that group zeroed.
-        if crate::quant::packed_rounds_x() {
-            let mut tiny = x.clone();
-            tiny[..64].iter_mut().for_each(|v| *v *= 1e-40);
-            let mut zeroed = x.clone();
-            zeroed[..64].fill(0.0);
-            let (mut a, mut b) = (vec![0.0f32; rows], vec![0.0f32; rows]);
-            m.matvec_rows(&tiny, 0..rows, &mut a);
-            m.matvec_rows(&zeroed, 0..rows, &mut b);
-            assert_eq!(a, b, "{kind:?}: a group below f32's normal range");
+        let x0 = rng.normals(cols);
+        for path in Fast::all() {
+            let mut x = x0.clone();
+            let mut first = vec![0.0f32; rows];
+            path.matvec(&m, &x, 0..rows, &mut first);
+            check_kernels(&m, &x);
+            x[1000] += 3.0;
+            let mut second = vec![0.0f32; rows];
+            path.matvec(&m, &x, 0..rows, &mut second);
+            assert_ne!(
+                first, second,
+                "{path:?} {kind:?}: a change of x in place reaches the next call"
+            );
+            check_kernels(&m, &x);
+            // A group of values so small that its factor's inverse would overflow (below ~4e-34
+            // throughout) counts as zero where x is rounded: the same results as that group zeroed.
+            if path.rounds_x() {
+                let mut tiny = x.clone();
+                tiny[..64].iter_mut().for_each(|v| *v *= 1e-40);
+                let mut zeroed = x.clone();
+                zeroed[..64].fill(0.0);
+                let (mut a, mut b) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+                path.matvec(&m, &tiny, 0..rows, &mut a);
+                path.matvec(&m, &zeroed, 0..rows, &mut b);
+                assert_eq!(a, b, "{path:?} {kind:?}: a group below f32's normal range");
+            }
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut y = x.clone();
+                y[2049] = bad;
+                let mut fast = vec![0.0f32; rows];
+                let mut slow = vec![0.0f32; rows];
+                path.matvec(&m, &y, 0..rows, &mut fast);
+                m.matvec_rows_scalar(&y, 0..rows, &mut slow);
+                for (f, s) in fast.iter().zip(&slow) {
+                    assert!(
+                        f.is_nan() || (f.is_infinite() && s.is_infinite()),
+                        "{path:?} {kind:?}, {bad}: fast {f}, scalar {s}"
+                    );
+                }
+            }
         }
-        for bad in [f32::NAN, f32::INFINITY] {
-            let mut y = x.clone();
-            y[2049] = bad;
-            let mut fast = vec![0.0f32; rows];
-            let mut slow = vec![0.0f32; rows];
-            m.matvec_rows(&y, 0..rows, &mut fast);
-            m.matvec_rows_scalar(&y, 0..rows, &mut slow);
-            for (f, s) in fast.iter().zip(&slow) {
-                assert!(
-                    f.is_nan() || (f.is_infinite() && s.is_infinite()),
-                    "{kind:?}, {bad}: fast {f}, scalar {s}"
-                );
+    }
+}
+
+/// On x86 the dispatch must take the CPU's highest kernel level (so that `Fast::all`'s last path
+/// is the one in use): `matvec_rows` is bit-identical to that level's kernels, for every kind. And
+/// each level's own kernels (f16 on AVX-512, int4 and int2 on both) differ from the level below's
+/// in the last bits, so the comparisons above test different kernels.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn x86_dispatch_takes_the_detected_level() {
+    let Some(top) = super::x86::Level::detected() else {
+        eprintln!("no AVX2, FMA and F16C: the scalar kernels are the fast path");
+        return;
+    };
+    eprintln!("x86 kernel level: {top:?}");
+    let mut rng = Rng(9);
+    let (rows, cols) = (9, 1024);
+    for kind in ALL_KINDS {
+        let src = rng.normals(rows * cols);
+        let (bytes, vl) = stored(kind, 64, rows, cols, &src);
+        let m = as_matrix(&bytes, &vl, rows, cols);
+        let x = rng.normals(cols);
+        let (mut dispatched, mut direct) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+        m.matvec_rows(&x, 0..rows, &mut dispatched);
+        m.matvec_rows_at(top, &x, 0..rows, &mut direct);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&dispatched),
+            bits(&direct),
+            "{kind:?}: not the {top:?} kernels"
+        );
+        let levels = super::x86::Level::ALL
+            .into_iter()
+            .filter(|level| *level <= top);
+        let outs: Vec<_> = levels
+            .map(|level| {
+                let mut out = vec![0.0f32; rows];
+                m.matvec_rows_at(level, &x, 0..rows, &mut out);
+                (level, bits(&out))
+            })
+            .collect();
+        for pair in outs.windows(2) {
+            let ((below, a), (level, b)) = (&pair[0], &pair[1]);
+            let own = match level {
+                super::x86::Level::Avx512 => kind == WeightKind::F16 || kind.has_mins(),
+                _ => kind.has_mins(),
+            };
+            if own {
+                assert_ne!(a, b, "{kind:?}: {level:?} computes as {below:?}");
             }
         }
     }

@@ -21,12 +21,13 @@
 //! row (e) ran 6-30% faster (benches/results/2026-11-28-h200-cpu-f16-avx512.md).
 //!
 //! Every function here is `unsafe` for two reasons, checked by the callers in mod.rs: the CPU must
-//! have AVX2, FMA and F16C (detected at run time; AVX-512F too for the `_512` functions, checked
-//! before they are called), and the slices must be as long as the matrix shape says
-//! (`Matrix::check`, `Matrix::check_call`).
+//! have AVX2, FMA and F16C (detected at run time; for `matvec_rows`, the features of the `Level`
+//! it is given), and the slices must be as long as the matrix shape says (`Matrix::check`,
+//! `Matrix::check_call`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use super::{scalar, Matrix, WeightKind};
 
@@ -36,8 +37,53 @@ pub(super) fn available() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+/// The kernels `matvec_rows` may take, each level adding CPU features to the one before: the
+/// dispatch takes the CPU's own (`Level::detected`), tests each one up to it, so that every kernel
+/// is checked against the scalar one on a CPU that has them all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Level {
+    /// AVX2, FMA and F16C.
+    Avx2,
+    /// Adds AVX-512F: int4 and int2 through a 16-entry table (`packed_rows_512`), f16 four rows
+    /// at a time (`f16_rows_512`).
+    Avx512,
+    /// Adds AVX-512BW and VNNI: int4 and int2 through the integer dot product (`packed_vnni_rows`).
+    Avx512Vnni,
+}
+
+impl Level {
+    #[cfg(test)]
+    pub(super) const ALL: [Level; 3] = [Level::Avx2, Level::Avx512, Level::Avx512Vnni];
+
+    /// The highest level this CPU has (detected once), None without AVX2, FMA or F16C.
+    pub(super) fn detected() -> Option<Level> {
+        static LEVEL: OnceLock<Option<Level>> = OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            if !available() {
+                return None;
+            }
+            let f = is_x86_feature_detected!("avx512f");
+            Some(
+                if f && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+                {
+                    Level::Avx512Vnni
+                } else if f {
+                    Level::Avx512
+                } else {
+                    Level::Avx2
+                },
+            )
+        })
+    }
+}
+
+/// # Safety
+/// The CPU has the features of `level` (at most `Level::detected()`), and the slices are as long
+/// as the matrix shape says.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn matvec_rows(
+    level: Level,
     m: &Matrix,
     x: &[f32],
     xsums: &[f32],
@@ -46,16 +92,17 @@ pub(super) unsafe fn matvec_rows(
 ) {
     let rb = m.row_bytes();
     let gs = m.group_size;
-    // SAFETY (the AVX-512 calls): vnni() detected AVX-512F, BW and VNNI, avx512() and f16_512()
-    // AVX-512F, at run time; the slices are as long as this function's own contract requires.
-    if packed_vnni_takes(m) {
+    // SAFETY (the AVX-512 calls): the caller guarantees `level`'s features (AVX-512F, and BW and
+    // VNNI for `packed_vnni_rows`) and the slices' lengths.
+    if packed_vnni_takes(level, m) {
         packed_vnni_rows(m, x, rows, out);
         return;
     }
-    if m.kind.has_mins() && avx512() && packed_rows_512(m, x, xsums, rows.clone(), out) {
+    let avx512 = level >= Level::Avx512;
+    if avx512 && m.kind.has_mins() && packed_rows_512(m, x, xsums, rows.clone(), out) {
         return;
     }
-    if m.kind == WeightKind::F16 && f16_512() {
+    if avx512 && m.kind == WeightKind::F16 {
         f16_rows_512(m, x, rows, out);
         return;
     }
@@ -298,26 +345,6 @@ unsafe fn scales_f32(src: *const u16, n: usize, dst: &mut [f32; 16]) {
     }
 }
 
-/// Whether the int4/int2 kernels may use AVX-512 (detected at run time; `HOB_CPU_AVX512=0`
-/// keeps them on AVX2, for A/B runs).
-fn avx512() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && std::env::var("HOB_CPU_AVX512").map_or(true, |v| v != "0")
-    })
-}
-
-/// Whether f16 matrices take `f16_rows_512` (AVX-512F detected at run time; `HOB_CPU_F16_512=0`
-/// keeps them on the one-row AVX2 kernel, for A/B runs).
-fn f16_512() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && std::env::var("HOB_CPU_F16_512").map_or(true, |v| v != "0")
-    })
-}
-
 /// f16 rows four at a time on AVX-512: each 32 columns of x are loaded once for the four rows
 /// (the one-row kernel loads 8 bytes of x per 2 bytes of weights, through L1 or, for a 14336-wide
 /// x, from L2), and each row's 64-byte line is prefetched PREFETCH_AHEAD bytes on. Rows past the
@@ -420,41 +447,16 @@ unsafe fn packed_rows_512(
     true
 }
 
-/// Whether int4 and int2 take the integer dot-product kernel (`packed_vnni_rows`: AVX-512F, BW and
-/// VNNI, detected at run time; `HOB_CPU_VNNI=0` keeps the f32 kernels, for A/B runs).
-pub(super) fn packed_vnni() -> bool {
-    vnni()
+/// Whether `packed_vnni_rows` computes `m` at `level` (which then needs no group sums of x from
+/// the caller).
+pub(super) fn packed_vnni_takes(level: Level, m: &Matrix) -> bool {
+    level == Level::Avx512Vnni && m.kind.has_mins() && m.group_size <= 512
 }
 
-/// Whether `packed_vnni_rows` computes `m` (which then needs no group sums of x from the caller).
-pub(super) fn packed_vnni_takes(m: &Matrix) -> bool {
-    m.kind.has_mins() && m.group_size <= 512 && vnni()
-}
-
-fn vnni() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-            && std::env::var("HOB_CPU_VNNI").map_or(true, |v| v != "0")
-    })
-}
-
-/// How far ahead of the codes being multiplied the VNNI kernel prefetches (it takes a byte of
-/// codes in a fraction of the f32 kernel's instructions, so it runs further ahead):
-/// `HOB_CPU_VNNI_AHEAD` bytes, default 3072 (measured on the build machine's EPYC, 2026-11-27: one
-/// thread 11.2 GB/s of int4 weights at 3072 in two runs against 6.7-8.6 at 1024 and 7.7 for the f32
-/// kernel).
-fn vnni_ahead() -> usize {
-    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| {
-        std::env::var("HOB_CPU_VNNI_AHEAD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(3072)
-    })
-}
+/// How far ahead of the codes being multiplied the VNNI kernel prefetches, in bytes: further than
+/// the f32 kernels, as it takes a byte of codes in a fraction of their instructions (one thread
+/// of the build machine's EPYC streamed int4 at 11.2 GB/s with 3072, 6.7-8.6 with 1024).
+const VNNI_AHEAD: usize = 3072;
 
 /// The largest |q| of a group's rounded x: 256 * 127 + 127, so that both bytes of every value are
 /// signed bytes (`QuantX`).
@@ -500,7 +502,7 @@ thread_local! {
 
 impl QuantX {
     /// # Safety
-    /// The CPU has AVX-512F and BW (`vnni()` checked them).
+    /// The CPU has AVX-512F and BW (`Level::Avx512Vnni`).
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     unsafe fn make(&mut self, x: &[f32], gs: usize, bits: usize) {
         // Bitwise (a byte comparison: NaN as NaN, -0 apart from 0).
@@ -671,7 +673,7 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
     let (gs, groups) = (q.gs, q.f.len());
     let (cols, block) = (groups * gs, 64 * F);
     let planes = q.planes.as_ptr();
-    let ahead = vnni_ahead();
+    let ahead = VNNI_AHEAD;
     let mut acc = [_mm512_setzero_ps(); R];
     let (mut g0, mut b0) = (0, 0);
     while g0 < groups {

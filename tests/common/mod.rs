@@ -1,16 +1,18 @@
 //! Shared test support: the tiny Mixtral fixture converted to .hob, and its transformers reference.
 #![allow(dead_code)]
 
+pub mod paths;
 pub mod random;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-mixtral")
+    paths::repo_root().join("tests/fixtures/tiny-mixtral")
 }
 
-/// A `Command` for the hob binary that cargo built for this test's target.
+/// A `Command` for the hob binary that cargo built for this test's target (or its staged copy,
+/// `paths::hob_bin`).
 ///
 /// When the tests run under an emulator (cross-compiled: `.ci/run` runs the aarch64 suite under
 /// `qemu-aarch64`), the test process itself is emulated but the binary it spawns is not: the
@@ -19,7 +21,7 @@ pub fn fixture_dir() -> PathBuf {
 /// test: `HOB_TEST_RUNNER` if set, else cargo's `CARGO_TARGET_<TRIPLE>_RUNNER` for aarch64 Linux
 /// (cargo's own environment reaches the test process). Natively neither is set.
 pub fn hob_command() -> Command {
-    let bin = env!("CARGO_BIN_EXE_hob");
+    let bin = paths::hob_bin();
     let runner = std::env::var("HOB_TEST_RUNNER").ok().or_else(|| {
         if cfg!(all(
             target_arch = "aarch64",
