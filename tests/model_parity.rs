@@ -108,8 +108,8 @@ fn quantized_variants_stay_close_to_f16() {
     let (_dir, path) = convert_fixture("f16,int8,int4,int2");
     let file = HobFile::open(&path).unwrap();
     let f16 = prefill_all(&file, 0, 2, &r.input_ids);
-    // Bounds well above what was measured (see README): they catch a broken kernel or packing,
-    // not a small change in quantizer quality.
+    // Bounds well above what was measured (benches/results/2026-11-22-cpu-smollm2-moe-quality.md):
+    // they catch a broken kernel or packing, not a small change in quantizer quality.
     for (v, name, bound) in [(1, "int8", 1e-3), (2, "int4", 0.05), (3, "int2", 0.6)] {
         let q = prefill_all(&file, v, 2, &r.input_ids);
         let e = nmse(&q, &f16);
