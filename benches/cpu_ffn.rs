@@ -1,19 +1,19 @@
 //! How fast the CPU helpers run whole decode layers of Mixtral-shaped experts
-//! (`CpuBackend::ffn_decode`, what `--cpu-experts` runs per layer) beside the plain f16 matvec
+//! (`HelperPool::ffn_decode`, what `--cpu-experts` runs per layer) beside the plain f16 matvec
 //! stream and the host's read rate: whether cooperative decoding loses bandwidth between the
-//! kernel's rate and a layer's (two parallel passes per layer, split rows, mixed variants).
+//! kernel's rate and a layer's (two parallel passes per layer, mixed variants).
 //!
 //! `cargo bench --bench cpu_ffn [-- THREADS]` prints a markdown table: weight GB/s per layer mix
 //! (16 layers a pass, each on experts no cache holds, best of 3; the compute time only), with and
 //! without a pause between layers (the GPU's part of a layer, when the helper threads sleep).
-//! Seen on the device host (2026-11-23, 16 threads, read 100.8 GB/s, f16 stream 87.7): two f16
-//! experts 98-102 GB/s, split to 75% of rows 87-91, f16 + int4 83, two int4 53-55.
+//! Figures: benches/results/2026-11-23-h100-cpu-expert-layers.md.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use hob::backend::cpu::{CpuBackend, FfnJob};
+use hob::backend::cpu::CpuBackend;
+use hob::experts::engine::{FfnJob, HelperPool};
 use hob::format::{DType, Variant};
 use hob::quant::Matrix;
 
@@ -66,10 +66,9 @@ impl Store {
         }
     }
 
-    fn job(&self, e: usize, share: f64) -> FfnJob<'_> {
+    fn job(&self, e: usize) -> FfnJob<'_> {
         FfnJob {
             mats: [self.matrix(e, 0), self.matrix(e, 1), self.matrix(e, 2)],
-            rows: ((share * FFN as f64) as usize / 128 * 128).min(FFN),
             weight: 0.5,
         }
     }
@@ -77,16 +76,15 @@ impl Store {
 
 /// Weight bytes one job reads.
 fn job_bytes(j: &FfnJob<'_>) -> usize {
-    let frac = j.rows as f64 / FFN as f64;
     j.mats
         .iter()
-        .map(|m| ((m.codes.len() + m.scales.len() + m.mins.len()) as f64 * frac) as usize)
+        .map(|m| m.codes.len() + m.scales.len() + m.mins.len())
         .sum()
 }
 
 /// Best of 3 passes of LAYERS layers, weight GB/s of compute time.
 fn layers_gbs<'a>(
-    cpu: &CpuBackend,
+    cpu: &HelperPool,
     layer: &dyn Fn(usize) -> Vec<FfnJob<'a>>,
     gap: Duration,
 ) -> f64 {
@@ -115,6 +113,7 @@ fn main() {
     let f16 = Store::f16();
     let int4 = Store::quant("int4");
     let cpu = CpuBackend::new(threads).expect("CPU threads");
+    let helpers = HelperPool::new(threads).expect("CPU helper threads");
     let read = cpu.read_bandwidth_gbs(1 << 30);
     // The kernel's own rate: gate matrices one after another, one parallel pass each.
     let x = vec![0.01f32; HIDDEN];
@@ -134,49 +133,25 @@ fn main() {
     // Layer l uses experts 2l and 2l + 1 (mod EXPERTS): never the previous layer's.
     type Mix<'a> = (&'a str, Box<dyn Fn(usize) -> Vec<FfnJob<'a>> + 'a>);
     let mixes: Vec<Mix<'_>> = vec![
-        ("1 f16", Box::new(|l| vec![f16.job(l % EXPERTS, 1.0)])),
+        ("1 f16", Box::new(|l| vec![f16.job(l % EXPERTS)])),
         (
             "2 f16",
-            Box::new(|l| {
-                vec![
-                    f16.job(2 * l % EXPERTS, 1.0),
-                    f16.job((2 * l + 1) % EXPERTS, 1.0),
-                ]
-            }),
-        ),
-        (
-            "2 f16, 75% of rows",
-            Box::new(|l| {
-                vec![
-                    f16.job(2 * l % EXPERTS, 0.75),
-                    f16.job((2 * l + 1) % EXPERTS, 0.75),
-                ]
-            }),
+            Box::new(|l| vec![f16.job(2 * l % EXPERTS), f16.job((2 * l + 1) % EXPERTS)]),
         ),
         (
             "f16 + int4",
-            Box::new(|l| {
-                vec![
-                    f16.job(2 * l % EXPERTS, 1.0),
-                    int4.job((2 * l + 1) % EXPERTS, 1.0),
-                ]
-            }),
+            Box::new(|l| vec![f16.job(2 * l % EXPERTS), int4.job((2 * l + 1) % EXPERTS)]),
         ),
         (
             "2 int4",
-            Box::new(|l| {
-                vec![
-                    int4.job(2 * l % EXPERTS, 1.0),
-                    int4.job((2 * l + 1) % EXPERTS, 1.0),
-                ]
-            }),
+            Box::new(|l| vec![int4.job(2 * l % EXPERTS), int4.job((2 * l + 1) % EXPERTS)]),
         ),
     ];
     println!("\n| layer | GB/s | GB/s with 300 µs pauses |");
     println!("|---|---:|---:|");
     for (name, layer) in &mixes {
         let [a, b] = [Duration::ZERO, Duration::from_micros(300)]
-            .map(|gap| layers_gbs(&cpu, layer.as_ref(), gap));
+            .map(|gap| layers_gbs(&helpers, layer.as_ref(), gap));
         println!("| {name} | {a:.1} | {b:.1} |");
     }
 }

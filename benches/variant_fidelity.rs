@@ -7,7 +7,8 @@
 //! a text file (models/hamlet-60k.txt); --tokens: default 512; --threads: default all cores.
 //! Prints a markdown table; with no MODEL and TEXT (plain `cargo bench`), its usage.
 
-use hob::backend::cpu::{CpuBackend, CpuExperts};
+use hob::backend::cpu::CpuBackend;
+use hob::experts::DirectExperts;
 use hob::format::{keys, HobFile};
 use hob::generate::Tokenizer;
 use hob::model::{Logits, Model};
@@ -88,7 +89,7 @@ fn main() {
     ids.truncate(n.min(cfg.context_length));
     let backend = CpuBackend::new(threads).expect("threads");
     let logits_of = |v: usize| -> Vec<f32> {
-        let mut experts = CpuExperts::new(&file, v).expect("variant");
+        let mut experts = DirectExperts::new(&file, v).expect("variant");
         let mut st = model.new_state(&backend, ids.len()).expect("state");
         model
             .forward(&mut st, &ids, &backend, &mut experts, Logits::All)

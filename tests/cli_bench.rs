@@ -74,3 +74,21 @@ fn bench_refuses_bad_flags_clearly() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// Issue 48: `hob bench` on a model whose context (256) is below the default -p 512 failed; the
+/// defaults are clamped to the model's context, and the run says so.
+#[test]
+fn bench_default_sizes_fit_a_model_of_256_tokens() {
+    let (_dir, path) = convert_fixture("f16");
+    let p = path.to_str().unwrap();
+    let (ok, stdout, stderr) = hob(&["bench", "-m", p, "--device", "cpu", "-r", "1"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("-p defaults to 512, beyond the model's context of 256: 255"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("pp255") && stdout.contains("tg128"),
+        "{stdout}"
+    );
+}

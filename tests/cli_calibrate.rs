@@ -144,7 +144,10 @@ fn calibrate_input_errors_are_clear() {
         (vec!["--split", "40/50/10"], "below the top-1 share 50.0 %"),
         (vec!["-o", o], "--platform"),
         (vec!["--platform", "nowhere.toml", "-o", o], "nowhere.toml"),
-        (vec!["-c", "4096"], "need at least one chunk"),
+        (
+            vec!["-c", "4096"],
+            "-c/--ctx-size 4096: the model's context length is 256",
+        ),
         (vec!["--low", "int2"], "--low int2"),
     ];
     for (extra, needle) in cases {
@@ -220,4 +223,33 @@ fn kl_divergence_base_file_compares_two_runs() {
     // --kl-divergence needs the file.
     let (ok, _, stderr) = perplexity_run(&model, &text, 64, &["--kl-divergence"]);
     assert!(!ok && stderr.contains("--kl-divergence-base"), "{stderr}");
+}
+
+/// Issue 48: `hob calibrate -m small.hob -f text.txt` failed with "context full: 512 tokens
+/// needed, the context holds 256" on a model whose context is 256: the default chunk is clamped
+/// to the model's context, and the run says so. The same for `hob perplexity`.
+#[test]
+fn calibrate_and_perplexity_default_contexts_fit_a_model_of_256_tokens() {
+    let (dir, model) = convert_fixture("f16");
+    let m = model.to_str().unwrap();
+    let short = text(dir.path());
+    let (ok, _, stderr) = hob(&["calibrate", "-m", m, "-f", short.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let clamped = "-c/--ctx-size defaults to 512, beyond the model's context length: 256";
+    assert!(stderr.contains(clamped), "{stderr}");
+    let long = dir.path().join("long.txt");
+    std::fs::write(&long, std::fs::read_to_string(&short).unwrap().repeat(3)).unwrap();
+    let args = [
+        "perplexity",
+        "-m",
+        m,
+        "-f",
+        long.to_str().unwrap(),
+        "--chunks",
+        "1",
+    ];
+    let (ok, out, stderr) = hob(&args);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains(clamped), "{stderr}");
+    assert!(out.contains("Final estimate: PPL = "), "{out}");
 }

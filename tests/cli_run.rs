@@ -237,11 +237,6 @@ fn bad_input_is_a_clear_error() {
         ("--low-share", "2", "--low-share 2"),
         ("--low", "int2", "--low int2"),
         ("--t1", "0.9", "need 0 <= T1 <= T2 <= 1"),
-        (
-            "--split-experts",
-            "1.5",
-            "--split-experts 1.5: give auto, off",
-        ),
     ] {
         let mut args: Vec<String> = ["run", "-m", p, "-p", "hi", "--device", "cpu", flag, value]
             .into_iter()

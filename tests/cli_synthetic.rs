@@ -6,7 +6,8 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use hob::backend::cpu::{CpuBackend, CpuExperts};
+use hob::backend::cpu::CpuBackend;
+use hob::experts::DirectExperts;
 use hob::format::{keys, DType, HobFile, MatrixView, Variant};
 use hob::import::synthetic::{self, SyntheticModel};
 use hob::import::MixtralSpec;
@@ -149,7 +150,7 @@ fn generated_file_runs_with_head_dim_apart_from_hidden() {
     assert_eq!((model.cfg.q_dim(), model.cfg.hidden), (192, 128));
     let backend = CpuBackend::new(2).unwrap();
     for vi in 0..2 {
-        let mut experts = CpuExperts::new(&file, vi).unwrap();
+        let mut experts = DirectExperts::new(&file, vi).unwrap();
         let mut st = model.new_state(&backend, 16).unwrap();
         let logits = model
             .forward(

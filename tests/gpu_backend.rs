@@ -17,13 +17,15 @@ mod common;
 use std::sync::Arc;
 
 use common::{convert_fixture, nmse, reference};
-use hob::backend::cpu::{CpuBackend, CpuExperts};
-use hob::backend::cuda::{self, CacheConfig, CudaBackend, CudaExperts, Gpu, Split, Tier};
+use hob::backend::cpu::CpuBackend;
+use hob::backend::cuda::{self, CudaBackend, Gpu};
 use hob::experts::cache::Policy;
-use hob::experts::{PrecisionPlan, Thresholds};
+use hob::experts::engine::{EngineConfig, Tier};
+use hob::experts::{DirectExperts, Engine, PrecisionPlan, Thresholds};
 use hob::format::{DType, HobFile, Variant};
+use hob::generate::{Bound, Session};
 use hob::model::ops::AttentionShape;
-use hob::model::{Backend, Bound, Logits, Model, Session};
+use hob::model::{Backend, Logits, Model, MoeBlock, RouteOut};
 use hob::quant::{quantize_matrix, Matrix};
 
 fn gpu() -> Option<Arc<Gpu>> {
@@ -268,8 +270,8 @@ fn norm_rope_add_and_attention_match_the_cpu() {
                 random(tt * kvd, seed + 2),
                 random(tt * qd, seed + 3),
             );
-            cpu.kv_write(&mut ckv, 1, start, tt, &k, &v).unwrap();
-            b.kv_write(&mut gkv, 1, start, tt, &to_gpu(&b, &k), &to_gpu(&b, &v))
+            cpu.kv_write(&mut ckv, (1, start), tt, &k, &v).unwrap();
+            b.kv_write(&mut gkv, (1, start), tt, &to_gpu(&b, &k), &to_gpu(&b, &v))
                 .unwrap();
             let shape = AttentionShape {
                 n_heads: nh,
@@ -316,6 +318,12 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
     let x = random(2 * n, 9);
     let xd = to_gpu(&b, &x);
     let mut host = Vec::new();
+    let block = MoeBlock {
+        norm: &w,
+        router: &router,
+        next: None,
+        eps: 1e-5,
+    };
     let none = hob::model::ops::Route {
         expert: usize::MAX,
         weight: f32::NAN,
@@ -330,12 +338,13 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
     b.norm_route(
         &xd,
         2,
-        (&w, 1e-5),
-        &mut xn2,
-        &router,
-        &mut lg2,
-        &mut r2,
-        &mut host,
+        &block,
+        RouteOut {
+            xn: &mut xn2,
+            logits: &mut lg2,
+            routes: &mut r2,
+            host: &mut host,
+        },
     )
     .unwrap();
     let xn_rows = from_gpu(&b, &xn2, 2 * n);
@@ -344,12 +353,13 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
     cpu.norm_route(
         &x[..n].to_vec(),
         1,
-        (&w, 1e-5),
-        &mut cxn,
-        &router,
-        &mut clg,
-        &mut cr,
-        &mut host,
+        &block,
+        RouteOut {
+            xn: &mut cxn,
+            logits: &mut clg,
+            routes: &mut cr,
+            host: &mut host,
+        },
     )
     .unwrap();
     let e = nmse(&xn_rows[..n], &cxn);
@@ -364,12 +374,13 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
         b.norm_route(
             &xd,
             1,
-            (&w, 1e-5),
-            &mut xn1,
-            &router,
-            &mut lg1,
-            &mut r1,
-            &mut host,
+            &block,
+            RouteOut {
+                xn: &mut xn1,
+                logits: &mut lg1,
+                routes: &mut r1,
+                host: &mut host,
+            },
         )
         .unwrap();
         let xn = from_gpu(&b, &xn1, n);
@@ -497,8 +508,8 @@ fn gpu_session<'a>(
     slots: Option<usize>,
 ) -> Box<dyn Session + 'a> {
     let slot = file.expert_layout(0).padded_size;
-    let mut cfg = CacheConfig::simple(0, slots.map(|n| n * slot));
-    cfg.preload = slots.is_none();
+    let mut cfg = EngineConfig::simple(0, slots.map(|n| n * slot));
+    cfg.tuning.preload = slots.is_none();
     engine_session(g, model, cfg)
 }
 
@@ -506,16 +517,16 @@ fn gpu_session<'a>(
 fn engine_session<'a>(
     g: &Arc<Gpu>,
     model: &'a Model<'a>,
-    cfg: CacheConfig,
+    cfg: EngineConfig,
 ) -> Box<dyn Session + 'a> {
-    let backend = CudaBackend::new(g.clone(), model).unwrap();
-    let experts = CudaExperts::new(model, &backend, cfg).unwrap();
+    let mut backend = CudaBackend::new(g.clone(), model).unwrap();
+    let experts = Engine::new(model, &mut backend, cfg).unwrap();
     Box::new(Bound::new(model, backend, Box::new(experts), 128, "cuda".into()).unwrap())
 }
 
 fn cpu_session<'a>(file: &'a HobFile, model: &'a Model<'a>) -> Box<dyn Session + 'a> {
     let backend = CpuBackend::new(2).unwrap();
-    let experts = CpuExperts::new(file, 0).unwrap();
+    let experts = DirectExperts::new(file, 0).unwrap();
     Box::new(Bound::new(model, backend, Box::new(experts), 128, "cpu".into()).unwrap())
 }
 
@@ -599,9 +610,9 @@ fn fixture_on_the_gpu_matches_the_cpu_and_transformers() {
     );
     // ... and so does the per-expert path (five launches an expert).
     let slot = file.expert_layout(0).padded_size;
-    let mut cfg = CacheConfig::simple(0, Some(total / 4 * slot));
-    cfg.preload = false;
-    cfg.routed_slots = false;
+    let mut cfg = EngineConfig::simple(0, Some(total / 4 * slot));
+    cfg.tuning.preload = false;
+    cfg.tuning.routed_slots = false;
     let mut per_expert = engine_session(&g, &model, cfg);
     let (p_all, p_ids, p_steps) = greedy(&mut *per_expert, &r.input_ids, 32);
     assert_eq!(per_expert.expert_stats().slot_routed_layers, 0);
@@ -625,23 +636,23 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
             Bound::new(
                 &model,
                 cpu_b,
-                Box::new(CpuExperts::new(&file, v).unwrap()),
+                Box::new(DirectExperts::new(&file, v).unwrap()),
                 128,
                 "cpu".into(),
             )
             .unwrap(),
         );
-        let mut gs = engine_session(&g, &model, CacheConfig::simple(v, None));
+        let mut gs = engine_session(&g, &model, EngineConfig::simple(v, None));
         let (want, want_ids, want_steps) = greedy(&mut *cpu, &r.input_ids, 8);
         let (got, ids, steps) = greedy(&mut *gs, &r.input_ids, 8);
         let name = &file.variants()[v];
-        // Decode's products round x (kernels.cu qdstage): to 16 bits of each chunk's largest
-        // value (bound 1e-8 a product), or with HOB_QD_PARTS_INT2=1 int2's to 8 bits (bound 1e-3
-        // a product; this random fixture's decode logits then measured NMSE 1.95e-2 on the H100,
-        // 2026-11-24, and may pick other greedy tokens). The decode logits are compared on the
-        // CPU's tokens, so a token picked differently cannot hide a larger error.
+        // Decode's products round x (kernels.cu qdstage) to 16 bits of each chunk's largest value
+        // (bound 1e-8 a product); a kernel with 8-bit x would have a bound of 1e-3 a product and
+        // may pick other greedy tokens (benches/results/2026-11-24-h100-int2-8bit-x.md). The
+        // decode logits are compared on the CPU's tokens, so a token picked differently cannot
+        // hide a larger error.
         let x8 = g.matvec_nmse_bound(&Matrix::from_view(file.expert(0, 0, v).gate())) > 1e-8;
-        let mut fs = engine_session(&g, &model, CacheConfig::simple(v, None));
+        let mut fs = engine_session(&g, &model, EngineConfig::simple(v, None));
         let forced = teacher_forced(&mut *fs, &r.input_ids, &want_ids);
         let (e, e_dec) = (nmse(&got, &want), nmse(&forced, &want_steps));
         println!(
@@ -658,9 +669,9 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
         assert_eq!(gs.decode_replays(), 8, "{name}");
         // Host routing: the routed kernels on a table of slots, then one expert at a time.
         for slots in [true, false] {
-            let mut c = CacheConfig::simple(v, None);
-            c.device_routing = false;
-            c.routed_slots = slots;
+            let mut c = EngineConfig::simple(v, None);
+            c.tuning.device_routing = false;
+            c.tuning.routed_slots = slots;
             let mut hs = engine_session(&g, &model, c);
             let (h_all, h_ids, h_steps) = greedy(&mut *hs, &r.input_ids, 8);
             let st = hs.expert_stats();
@@ -688,15 +699,19 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
     }
 }
 
-/// The demo model (tools/demo.sh builds it), when HOB_DEMO_MODEL names it.
+/// The demo model, where tools/demo.sh built it (models/smollm2-moe.hob in the checkout).
 #[test]
 fn demo_model_on_the_gpu_matches_the_cpu() {
     let Some(g) = gpu() else { return };
-    let Some(path) = std::env::var_os("HOB_DEMO_MODEL") else {
-        eprintln!("skipping: set HOB_DEMO_MODEL to the demo .hob file");
+    let path = common::paths::repo_root().join("models/smollm2-moe.hob");
+    if !path.exists() {
+        eprintln!(
+            "skipping: no {} (bash tools/demo.sh builds it)",
+            path.display()
+        );
         return;
-    };
-    let file = HobFile::open(std::path::Path::new(&path)).unwrap();
+    }
+    let file = HobFile::open(&path).unwrap();
     let model = Model::load(&file).unwrap();
     let prompt: Vec<u32> = (0..48).map(|i| 1 + (i * 7919) % 4000).collect();
     let (c_all, c_ids, c_steps) = greedy(&mut *cpu_session(&file, &model), &prompt, 32);
@@ -722,8 +737,8 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
     let slot = file.expert_layout(0).padded_size;
     let total = file.n_layers() * file.n_experts();
     let exact = |slots: usize| {
-        let mut c = CacheConfig::simple(0, Some(slots * slot));
-        c.preload = false;
+        let mut c = EngineConfig::simple(0, Some(slots * slot));
+        c.tuning.preload = false;
         c.plan = PrecisionPlan {
             high: 0,
             low: Some(1),
@@ -738,7 +753,7 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         Policy::Lfu,
         Policy::parse("hobbit", None).unwrap(),
     ];
-    let mut cases: Vec<(String, CacheConfig)> = Vec::new();
+    let mut cases: Vec<(String, EngineConfig)> = Vec::new();
     for slots in [total, total / 4, 3] {
         for (pi, policy) in policies.iter().enumerate() {
             for prefetch in [0, 2] {
@@ -813,32 +828,31 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
         "no decode layer computed its cached experts while a load landed"
     );
     // Cooperative mode: missed decode experts computed on the CPU, with and without prefetches
-    // into the idle link (a prefetch still in flight may be overtaken by the CPU), and with the
-    // last half of their rows loaded and computed on the GPU (split experts: strided loads),
-    // with and without loads behind the CPU (a CPU-computed miss also loaded over an idle link).
+    // into the idle link (a prefetch still in flight may be overtaken by the CPU), with and
+    // without loads behind the CPU (a CPU-computed miss also loaded over an idle link), and with
+    // the link paced on the copy stream.
     let (mut chances, mut loaded) = (0, 0);
-    for (prefetch, split, behind) in [
-        (0, Split::Off, true),
-        (0, Split::Off, false),
-        (2, Split::Auto, true),
-        (0, Split::Share(0.5), true),
+    for (prefetch, behind, paced) in [
+        (0, true, false),
+        (0, false, false),
+        (2, true, false),
+        (0, true, true),
     ] {
         let mut c = exact(total / 4);
         c.cpu_experts = Some(2);
         c.prefetch = prefetch;
-        c.split = split;
         c.load_behind = behind;
-        if let Split::Share(_) = split {
-            // Split loads through the emulated link (paced on the copy stream).
+        if paced {
             c.pace_bytes_per_s = Some(2e9);
         }
         let mut s = engine_session(&g, &model, c);
         let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
         let st = s.expert_stats();
         let e = nmse(&steps, &want_steps);
+        let case = format!("prefetch {prefetch}, load-behind {behind}, paced {paced}");
         println!(
-            "cooperative, prefetch {prefetch}, split {split:?}, load-behind {behind}: {} experts on the CPU ({} overtaking a load, {} split with the GPU, {} loaded behind of {} chances), {} prefetched ({} used), decode NMSE {e:.2e}",
-            st.cpu_computed, st.late_to_cpu, st.split_experts, st.loaded_behind, st.behind_chances, st.prefetch_issued, st.prefetch_used
+            "cooperative, {case}: {} experts on the CPU ({} overtaking a load, {} loaded behind of {} chances), {} prefetched ({} used), decode NMSE {e:.2e}",
+            st.cpu_computed, st.late_to_cpu, st.loaded_behind, st.behind_chances, st.prefetch_issued, st.prefetch_used
         );
         if !behind {
             assert_eq!(st.loaded_behind, 0, "--no-load-behind loads nothing behind");
@@ -851,25 +865,13 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
             chances += st.behind_chances;
             loaded += st.loaded_behind;
         }
-        if let Split::Share(_) = split {
-            assert!(
-                st.split_experts > 0,
-                "a fixed share splits every dense CPU expert"
-            );
-        }
         assert!(
             st.cpu_computed > 0,
             "a quarter cache must send misses to the CPU"
         );
         assert_eq!(all, want_all, "prefill never uses the CPU");
-        assert_eq!(
-            ids, want_ids,
-            "prefetch {prefetch}, split {split:?}, load-behind {behind}"
-        );
-        assert!(
-            e <= 1e-10,
-            "cooperative decode NMSE {e:e} (prefetch {prefetch}, split {split:?}, load-behind {behind})"
-        );
+        assert_eq!(ids, want_ids, "{case}");
+        assert!(e <= 1e-10, "cooperative decode NMSE {e:e} ({case})");
     }
     println!("load-behind: {loaded} loaded of {chances} chances (an idle link, the judge wanting)");
     assert!(
@@ -894,8 +896,8 @@ fn prefill_groups_sharing_a_slot_under_pressure_match_the_all_resident_run() {
     let slot = file.expert_layout(0).padded_size;
     // T1 = 0: every route but a token's top-1 is low; T2 = 1: none skipped.
     let config = |slots: Option<usize>, prefetch: usize| {
-        let mut c = CacheConfig::simple(0, slots.map(|n| n * slot));
-        c.preload = slots.is_none();
+        let mut c = EngineConfig::simple(0, slots.map(|n| n * slot));
+        c.tuning.preload = slots.is_none();
         c.plan = PrecisionPlan {
             high: 0,
             low: None,
@@ -955,17 +957,17 @@ fn dynamic_precision_on_the_gpu_matches_the_cpu() {
         Bound::new(
             &model,
             CpuBackend::new(2).unwrap(),
-            Box::new(CpuExperts::with_plan(&file, plan.clone()).unwrap()),
+            Box::new(DirectExperts::with_plan(&file, plan.clone()).unwrap()),
             128,
             "cpu".into(),
         )
         .unwrap(),
     );
-    let mut c = CacheConfig::simple(0, None);
+    let mut c = EngineConfig::simple(0, None);
     c.plan = plan;
     c.low_share = 0.5;
     c.substitute_low = false;
-    c.upgrade_low = false;
+    c.tuning.upgrade_low = false;
     let mut gs = engine_session(&g, &model, c);
     let (c_all, c_ids, c_steps) = greedy(&mut *cpu, &r.input_ids, 16);
     let (g_all, g_ids, g_steps) = greedy(&mut *gs, &r.input_ids, 16);

@@ -4,7 +4,8 @@
 mod common;
 
 use common::{convert_fixture, nmse, reference};
-use hob::backend::cpu::{CpuBackend, CpuExperts};
+use hob::backend::cpu::CpuBackend;
+use hob::experts::DirectExperts;
 use hob::format::HobFile;
 use hob::model::{Logits, Model};
 
@@ -22,7 +23,7 @@ fn argmax(v: &[f32]) -> u32 {
 fn prefill_all(file: &HobFile, variant: usize, threads: usize, ids: &[u32]) -> Vec<f32> {
     let model = Model::load(file).unwrap();
     let backend = CpuBackend::new(threads).unwrap();
-    let mut experts = CpuExperts::new(file, variant).unwrap();
+    let mut experts = DirectExperts::new(file, variant).unwrap();
     let mut st = model.new_state(&backend, 128).unwrap();
     model
         .forward(&mut st, ids, &backend, &mut experts, Logits::All)
@@ -34,7 +35,7 @@ fn prefill_all(file: &HobFile, variant: usize, threads: usize, ids: &[u32]) -> V
 fn greedy(file: &HobFile, threads: usize, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
     let model = Model::load(file).unwrap();
     let backend = CpuBackend::new(threads).unwrap();
-    let mut experts = CpuExperts::new(file, 0).unwrap();
+    let mut experts = DirectExperts::new(file, 0).unwrap();
     let mut st = model.new_state(&backend, 128).unwrap();
     let mut logits = model
         .forward(&mut st, prompt, &backend, &mut experts, Logits::Last)

@@ -129,7 +129,9 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         } else {
             None
         },
-        warn_profile: platform.as_ref().map(|p| (p.name.clone(), p.memory_bandwidth_gbs)),
+        warn_profile: platform
+            .as_ref()
+            .map(|p| (p.name.clone(), p.memory_bandwidth_gbs)),
     };
     let mut rows = Vec::new();
     let tests = [
@@ -241,7 +243,8 @@ impl Bench {
         moe: &MoeStats,
         tok: f64,
     ) -> Option<crate::bench::Limit> {
-        let (BenchTest::Generate(_), Some((mem, link)), "CUDA") = (test, self.figures, self.backend)
+        let (BenchTest::Generate(_), Some((mem, link)), "CUDA") =
+            (test, self.figures, self.backend)
         else {
             return None;
         };
@@ -421,7 +424,11 @@ fn measure_device() -> crate::Result<(f64, f64)> {
 }
 
 /// One run of `test` from an empty context: (tokens, seconds).
-fn run_test(gen: &mut Generator<'_>, test: BenchTest, trace: &[u32]) -> crate::Result<(usize, f64)> {
+fn run_test(
+    gen: &mut Generator<'_>,
+    test: BenchTest,
+    trace: &[u32],
+) -> crate::Result<(usize, f64)> {
     let (n, one_pass) = match test {
         BenchTest::Prompt(n) => (n, true),
         BenchTest::Generate(n) => (n, false),

@@ -303,8 +303,15 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
     println!(
         "calibrate: {} tokens in {} chunks of {} ({:.1} s), {} layers, top-{} of {} experts, {} \
          experts: {routes} routes, {} top-1 (always high)",
-        rec.tokens, rec.chunks, rec.ctx, rec.seconds, cfg.n_layers, cfg.top_k, cfg.n_experts,
-        rec.high, all.top1
+        rec.tokens,
+        rec.chunks,
+        rec.ctx,
+        rec.seconds,
+        cfg.n_layers,
+        cfg.top_k,
+        cfg.n_experts,
+        rec.high,
+        all.top1
     );
     print_histogram(&all.scores);
     let th = fit(&all.scores, all.top1, split, cfg.top_k)?;

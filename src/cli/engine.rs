@@ -130,7 +130,6 @@ pub struct ModelArgs {
     pub platform: Option<String>,
 }
 
-
 impl ModelArgs {
     pub fn open(&self) -> crate::Result<HobFile> {
         if !self.model.exists() {
@@ -274,7 +273,11 @@ impl ModelArgs {
 
     /// The session these flags ask for: device, threads, and the engine's configuration from
     /// the flags and the profile.
-    pub fn session_config(&self, file: &HobFile, model: &Model<'_>) -> crate::Result<SessionConfig> {
+    pub fn session_config(
+        &self,
+        file: &HobFile,
+        model: &Model<'_>,
+    ) -> crate::Result<SessionConfig> {
         self.check_values()?;
         let platform = self.platform()?;
         let plan = self.plan(file, platform.as_ref())?;

@@ -199,7 +199,12 @@ impl Nll {
 
 /// The context of a command's chunks: -c as given (at most the model's), or `default`
 /// clamped to the model's context (said on stderr).
-pub fn chunk_ctx(cmd: &str, given: Option<usize>, default: usize, model_ctx: usize) -> crate::Result<usize> {
+pub fn chunk_ctx(
+    cmd: &str,
+    given: Option<usize>,
+    default: usize,
+    model_ctx: usize,
+) -> crate::Result<usize> {
     match given {
         Some(c) if c > model_ctx => Err(Error::Invalid(format!(
             "-c/--ctx-size {c}: the model's context length is {model_ctx}"
@@ -315,7 +320,8 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     let secs = started.elapsed().as_secs_f64();
     eprintln!("perplexity: {} tokens scored in {secs:.1} s", nll.count);
     if args.model.stats {
-        let n = (stats.uses() + stats.skipped) as usize / (model.cfg.n_layers * model.cfg.top_k).max(1);
+        let n =
+            (stats.uses() + stats.skipped) as usize / (model.cfg.n_layers * model.cfg.top_k).max(1);
         eprint!("{}", stats.report(n, secs));
     }
     Ok(())

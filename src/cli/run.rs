@@ -1,10 +1,10 @@
 //! `hob run`: generate from a prompt (-p) or chat (-i), streaming tokens to stdout, with
 //! llama.cpp's flag names. A timing summary goes to stderr.
 
+use clap::Args;
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use clap::Args;
 
 use super::engine::{tokenizer, ModelArgs};
 use crate::format::keys;

@@ -118,7 +118,12 @@ impl<'a> DirectExperts<'a> {
         for (g, u) in self.gate.iter_mut().zip(&self.up) {
             *g = *g / (1.0 + (-*g).exp()) * u;
         }
-        b.matmul(&Matrix::from_view(view.down()), &self.gate, n, &mut self.down)?;
+        b.matmul(
+            &Matrix::from_view(view.down()),
+            &self.gate,
+            n,
+            &mut self.down,
+        )?;
         for (j, &(i, w)) in rows.iter().enumerate() {
             for (o, &d) in out[i * h..(i + 1) * h]
                 .iter_mut()

@@ -18,7 +18,7 @@ pub mod trace;
 pub use cache::{ExpertCache, HobbitWeights, Insertion, Policy, PoolKind};
 pub use direct::DirectExperts;
 pub use engine::{Engine, EngineConfig, ExpertReport, ExpertStats, VariantStats};
-pub use io::{open_reader, BlobSource, HostCache};
+pub use io::{open_reader, BlobSource};
 pub use scheduler::{Priority, Scheduler, Ticket, Worker};
 pub use scorer::{Group, LayerPlan, Precision, PrecisionPlan, Thresholds};
 pub use trace::{Trace, TraceHeader, TraceWriter};

@@ -387,9 +387,14 @@ mod tests {
                 (3, High, vec![(1, 0.5)]),
             ]
         );
-        // The exact plan groups exactly like plain routing.
-        let mut groups = vec![Vec::new(); 4];
-        crate::model::ops::group_by_expert(&routes, 3, &mut groups);
+        // The exact plan groups exactly like plain routing: each expert's (token, weight) rows
+        // in token order.
+        let mut groups: Vec<Vec<(usize, f32)>> = vec![Vec::new(); 4];
+        for (i, token) in routes.chunks_exact(2).enumerate() {
+            for r in token {
+                groups[r.expert].push((i, r.weight));
+            }
+        }
         PrecisionPlan::single(0).plan_layer(&routes, 3, &mut lp);
         let flat: Vec<_> = lp
             .groups

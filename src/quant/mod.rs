@@ -183,49 +183,6 @@ impl<'a> Matrix<'a> {
         }
     }
 
-    /// The first `rows` rows, as a matrix of their own (the same bytes).
-    pub fn top_rows(&self, rows: usize) -> Matrix<'a> {
-        assert!(rows <= self.rows, "{rows} rows of {}", self.rows);
-        Matrix { rows, ..*self }
-    }
-
-    /// Row `r`'s first `cols` columns, as a one-row matrix (a window into the same bytes). For
-    /// quantized kinds `cols` is a whole number of groups.
-    pub fn row_prefix(&self, r: usize, cols: usize) -> Matrix<'a> {
-        assert!(
-            r < self.rows && cols <= self.cols,
-            "row {r}, {cols} columns"
-        );
-        let rb = self.row_bytes();
-        let codes = &self.codes[r * rb..r * rb + cols * self.kind.bits() / 8];
-        let (scales, mins): (&[u8], &[u8]) = if self.kind.is_quantized() {
-            assert!(
-                cols.is_multiple_of(self.group_size),
-                "{cols} columns: not a whole number of groups of {}",
-                self.group_size
-            );
-            let (gpr, g) = (self.groups_per_row(), cols / self.group_size);
-            let mins = if self.kind.has_mins() {
-                &self.mins[r * gpr * 2..(r * gpr + g) * 2]
-            } else {
-                &[]
-            };
-            (&self.scales[r * gpr * 2..(r * gpr + g) * 2], mins)
-        } else {
-            (&[], &[])
-        };
-        let m = Matrix {
-            rows: 1,
-            cols,
-            codes,
-            scales,
-            mins,
-            ..*self
-        };
-        m.check();
-        m
-    }
-
     /// Dequantize row `r` into `out` (`cols` values). Used for embedding lookups and tests.
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows, "row {r} of {}", self.rows);

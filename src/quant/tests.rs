@@ -735,42 +735,6 @@ fn degenerate_groups_quantize_to_finite_parameters() {
     assert_eq!(row, vec![3.25; 16]);
 }
 
-/// A row's leading columns (and the leading rows) are windows into the same bytes: their
-/// products equal the full matrix's with the other columns' inputs zero, for every kind.
-#[test]
-fn row_prefix_and_top_rows_are_windows_of_the_matrix() {
-    let mut rng = Rng(77);
-    let (rows, cols) = (5, 256);
-    for kind in ALL_KINDS {
-        let src = rng.normals(rows * cols);
-        let (bytes, vl) = stored(kind, 64, rows, cols, &src);
-        let m = as_matrix(&bytes, &vl, rows, cols);
-        let x = rng.normals(cols);
-        for keep in [64, 128, 192] {
-            let mut padded = x.clone();
-            padded[keep..].fill(0.0);
-            let mut want = vec![0.0f32; rows];
-            m.matvec_rows(&padded, 0..rows, &mut want);
-            for (r, w) in want.iter().enumerate() {
-                let mut got = 0.0f32;
-                m.row_prefix(r, keep)
-                    .matvec_rows(&x[..keep], 0..1, std::slice::from_mut(&mut got));
-                let tol = 1e-5 * w.abs().max(1.0);
-                assert!(
-                    (got - w).abs() <= tol,
-                    "{kind:?} row {r}, {keep} columns: window {got}, padded full row {w}"
-                );
-            }
-        }
-        let top = m.top_rows(3);
-        let mut got = vec![0.0f32; 3];
-        let mut want = vec![0.0f32; rows];
-        top.matvec_rows(&x, 0..3, &mut got);
-        m.matvec_rows(&x, 0..rows, &mut want);
-        assert_eq!(got, want[..3], "{kind:?} top rows");
-    }
-}
-
 /// The fast int4 and int2 kernels keep x in a per-thread form between calls (rounded, reordered):
 /// a change of x in place must reach the next call, and a NaN or an infinity in x must make the
 /// rows that meet it NaN, as the scalar kernel's are.

@@ -104,7 +104,9 @@ impl ExpertDevice for CudaBackend {
 
     fn alloc_arena(&self, bytes: usize, mapped: bool) -> crate::Result<CudaArena> {
         if !mapped {
-            return Ok(CudaArena::Device(self.gpu.alloc::<u8>(bytes, "the expert cache")?));
+            return Ok(CudaArena::Device(
+                self.gpu.alloc::<u8>(bytes, "the expert cache")?,
+            ));
         }
         // SAFETY: page-locked host memory mapped into the device's address space; the CPU writes
         // it only from the loader (into slots no kernel is reading) and never reads it.
@@ -250,7 +252,10 @@ impl ExpertDevice for CudaBackend {
     ) -> crate::Result<()> {
         let h = w.hidden;
         let (xp, op) = (self.p(x), self.p(out));
-        let (ia, wa) = (ptr(&w.idx, &self.gpu.stream) + 4 * at as u64, self.p(&w.wts) + 4 * at as u64);
+        let (ia, wa) = (
+            ptr(&w.idx, &self.gpu.stream) + 4 * at as u64,
+            self.p(&w.wts) + 4 * at as u64,
+        );
         if self.expert_q4h(w, e, (xp, ia, wa), n, op)? {
             return Ok(());
         }
@@ -317,7 +322,11 @@ impl ExpertDevice for CudaBackend {
         let Some(r) = w.routed.as_ref() else {
             return Ok(());
         };
-        let (tab, rp, g) = (ptr(&r.tab, &self.gpu.stream), self.p(&r.routes), self.p(&r.work));
+        let (tab, rp, g) = (
+            ptr(&r.tab, &self.gpu.stream),
+            self.p(&r.routes),
+            self.p(&r.work),
+        );
         let dn = g + (2 * k * f * 4) as u64;
         let (gpu, xp, op) = (&self.gpu, self.p(x), self.p(out));
         gpu.put_slots(&args, tab, rp)?;
@@ -350,7 +359,10 @@ impl ExpertDevice for CudaBackend {
         Ok(Some(CudaResident {
             table: g.stream.clone_htod(&table).map_err(cuda_err)?,
             routes: g.alloc(nl * 2 * k, "device routes")?,
-            work: g.alloc(2 * k * f + (k * h).max(n_experts), "routed expert activations")?,
+            work: g.alloc(
+                2 * k * f + (k * h).max(n_experts),
+                "routed expert activations",
+            )?,
             gate: first[0],
             down: first[2],
             n_experts,
@@ -370,7 +382,8 @@ impl ExpertDevice for CudaBackend {
         let (ne, k) = (r.n_experts, r.top_k);
         let (f, h) = (r.gate.rows as usize, r.gate.cols as usize);
         let routes = self.p(&r.routes) + (layer * 2 * k * 4) as u64;
-        let tab = ptr(&r.table, &self.gpu.stream) + (layer * ne * 3 * std::mem::size_of::<DevMat>()) as u64;
+        let tab = ptr(&r.table, &self.gpu.stream)
+            + (layer * ne * 3 * std::mem::size_of::<DevMat>()) as u64;
         let g = self.p(&r.work);
         let dn = g + (2 * k * f * 4) as u64;
         let (gpu, xsp, xp) = (&self.gpu, self.p(xs), self.p(x));

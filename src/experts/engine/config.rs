@@ -37,6 +37,11 @@ pub struct Tuning {
     /// A host-routed decode layer whose experts all sit in slots of one pool runs them through
     /// the routed kernels (off: one expert at a time; the same sums).
     pub routed_slots: bool,
+    /// Fill the pools in layer order before the first token (off: the cache starts empty).
+    pub preload: bool,
+    /// A low-precision route whose high copy is cached runs in high precision (low precision is
+    /// for misses; off to compare with a fixed per-route choice).
+    pub upgrade_low: bool,
 }
 
 impl Default for Tuning {
@@ -44,6 +49,8 @@ impl Default for Tuning {
         Tuning {
             device_routing: true,
             routed_slots: true,
+            preload: true,
+            upgrade_low: true,
         }
     }
 }

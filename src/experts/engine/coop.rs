@@ -80,7 +80,7 @@ impl Cooperative {
     /// Greedy: whether a miss (as `variant`) goes to the CPU, busy for `cpu_busy` seconds,
     /// rather than the link, busy for `load_busy` and then `load_s` for it. Unmeasured variants
     /// go to the CPU once to be measured.
-    pub fn to_cpu(&mut self, variant: usize, cpu_busy: f64, load_busy: f64, load_s: f64) -> bool {
+    pub fn goes_to_cpu(&mut self, variant: usize, cpu_busy: f64, load_busy: f64, load_s: f64) -> bool {
         let go = match self.cpu_s[variant] {
             None => true,
             Some(_) if self.since_cpu[variant] >= PROBE_EVERY => true,
@@ -215,7 +215,6 @@ pub fn compute(
     est: &[Option<f64>],
 ) -> (Vec<f32>, CpuTimes) {
     let started = Instant::now();
-    let ffn = file.expert_dims().1;
     let ffn_jobs: Vec<FfnJob<'_>> = jobs
         .iter()
         .map(|j| {
@@ -226,15 +225,13 @@ pub fn compute(
                     Matrix::from_view(v.up()),
                     Matrix::from_view(v.down()),
                 ],
-                rows: ffn,
                 weight: j.weight,
             }
         })
         .collect();
     let out = pool.ffn_decode(&ffn_jobs, x);
     let secs = started.elapsed().as_secs_f64();
-    let guess =
-        |j: &CpuJob| est[j.variant].unwrap_or(file.expert_layout(j.variant).size as f64);
+    let guess = |j: &CpuJob| est[j.variant].unwrap_or(file.expert_layout(j.variant).size as f64);
     let total: f64 = jobs.iter().map(guess).sum();
     let times = jobs
         .iter()

@@ -11,21 +11,17 @@ use rayon::prelude::*;
 
 use crate::quant::Matrix;
 
-/// One expert for one decode token: `weight * down[.., ..rows] · swiglu(gate[..rows] · x,
-/// up[..rows] · x)`.
+/// One expert for one decode token: `weight * down · swiglu(gate · x, up · x)`.
 #[derive(Clone, Copy)]
 pub struct FfnJob<'m> {
     /// gate [ffn, hidden], up [ffn, hidden], down [hidden, ffn]
     pub mats: [Matrix<'m>; 3],
-    /// Leading rows of the ffn dimension computed (quantized down matrices: whole groups).
-    pub rows: usize,
     pub weight: f32,
 }
 
-/// One product of [`HelperPool::matvec_many`]: out = w[.., ..cols] · x.
+/// One product of [`HelperPool::matvec_many`]: out = w · x.
 pub struct MatVec<'m, 'x, 'o> {
     pub w: Matrix<'m>,
-    pub cols: usize,
     pub x: &'x [f32],
     pub out: &'o mut [f32],
 }
@@ -119,16 +115,13 @@ impl HelperPool {
     }
 
     /// Several matrix-vector products in one parallel pass (one fork-join for all, their row
-    /// blocks interleaved on the pool). A task with `cols` below `w.cols` multiplies each row's
-    /// leading columns only.
+    /// blocks interleaved on the pool).
     pub fn matvec_many(&self, tasks: Vec<MatVec<'_, '_, '_>>) {
         for task in &tasks {
-            assert_eq!(task.x.len(), task.cols, "matvec input length");
+            assert_eq!(task.x.len(), task.w.cols, "matvec input length");
             assert_eq!(task.out.len(), task.w.rows, "matvec output length");
-            assert!(task.cols <= task.w.cols, "matvec columns");
         }
-        let ws: Vec<(Matrix<'_>, usize, &[f32])> =
-            tasks.iter().map(|t| (t.w, t.cols, t.x)).collect();
+        let ws: Vec<(Matrix<'_>, &[f32])> = tasks.iter().map(|t| (t.w, t.x)).collect();
         let mut blocks = Vec::new();
         for (t, task) in tasks.into_iter().enumerate() {
             let chunk = self.rows_per_task(task.w.rows);
@@ -141,15 +134,8 @@ impl HelperPool {
         let started = Instant::now();
         self.pool.install(|| {
             blocks.into_par_iter().for_each(|(t, r0, o)| {
-                let (w, cols, x) = &ws[t];
-                if *cols == w.cols {
-                    w.matvec_rows(x, r0..r0 + o.len(), o);
-                } else {
-                    for (k, v) in o.iter_mut().enumerate() {
-                        w.row_prefix(r0 + k, *cols)
-                            .matvec_rows(x, 0..1, std::slice::from_mut(v));
-                    }
-                }
+                let (w, x) = &ws[t];
+                w.matvec_rows(x, r0..r0 + o.len(), o);
                 if let Some(f) = rayon::current_thread_index().and_then(|i| finished.get(i)) {
                     let ns = started.elapsed().as_nanos().max(1) as u64;
                     f.fetch_max(ns, Ordering::Relaxed);
@@ -176,13 +162,14 @@ impl HelperPool {
         };
         let h = first.mats[2].rows;
         for j in jobs {
+            let f = j.mats[0].rows;
             assert!(
-                j.mats[0].cols == x.len() && j.mats[1].cols == x.len() && j.mats[2].rows == h,
+                j.mats[0].cols == x.len()
+                    && j.mats[1].cols == x.len()
+                    && j.mats[1].rows == f
+                    && j.mats[2].rows == h
+                    && j.mats[2].cols == f,
                 "FFN job shapes"
-            );
-            assert!(
-                j.rows <= j.mats[0].rows && j.rows <= j.mats[2].cols,
-                "FFN job rows"
             );
         }
         let downs = self.ffn_downs(jobs, x, h);
@@ -197,25 +184,21 @@ impl HelperPool {
 
     /// Each job's down output, [jobs, hidden].
     fn ffn_downs(&self, jobs: &[FfnJob<'_>], x: &[f32], h: usize) -> Vec<f32> {
-        let width = jobs.iter().map(|j| j.rows).max().unwrap_or(0);
+        let width = jobs.iter().map(|j| j.mats[0].rows).max().unwrap_or(0);
         let mut gu = vec![0.0f32; jobs.len() * 2 * width];
         let mut tasks = Vec::with_capacity(2 * jobs.len());
         for (job, buf) in jobs.iter().zip(gu.chunks_mut(2 * width)) {
             let (g, u) = buf.split_at_mut(width);
-            let n = job.rows;
+            let n = job.mats[0].rows;
             for (w, out) in [(job.mats[0], &mut g[..n]), (job.mats[1], &mut u[..n])] {
-                tasks.push(MatVec {
-                    w: w.top_rows(n),
-                    cols: x.len(),
-                    x,
-                    out,
-                });
+                tasks.push(MatVec { w, x, out });
             }
         }
         self.matvec_many(tasks);
         for (job, buf) in jobs.iter().zip(gu.chunks_mut(2 * width)) {
             let (g, u) = buf.split_at_mut(width);
-            for (g, u) in g[..job.rows].iter_mut().zip(&u[..job.rows]) {
+            let n = job.mats[0].rows;
+            for (g, u) in g[..n].iter_mut().zip(&u[..n]) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
         }
@@ -226,8 +209,7 @@ impl HelperPool {
             .zip(down.chunks_mut(h))
             .map(|((job, buf), out)| MatVec {
                 w: job.mats[2],
-                cols: job.rows,
-                x: &buf[..job.rows],
+                x: &buf[..job.mats[2].cols],
                 out,
             })
             .collect();
@@ -247,47 +229,45 @@ mod tests {
             .collect()
     }
 
-    /// Products in one pass: whole rows, and leading columns (the other inputs as if zero).
+    /// Products in one pass, each task's rows whole; a pass counted per call.
     #[test]
-    fn matvec_many_multiplies_whole_rows_and_leading_columns() {
+    fn matvec_many_multiplies_every_task_in_one_pass() {
         let (rows, cols) = (40, 24);
-        let w = mat(rows, cols, 1);
+        let (w, v) = (mat(rows, cols, 1), mat(rows, cols, 5));
         let m = Matrix::dense(DType::F32, rows, cols, bytemuck::cast_slice(&w));
+        let n = Matrix::dense(DType::F32, rows, cols, bytemuck::cast_slice(&v));
         let x: Vec<f32> = (0..cols).map(|i| 0.25 * (i % 5) as f32 - 0.5).collect();
         let p = HelperPool::new(2).unwrap();
-        let (mut whole, mut lead) = (vec![0.0; rows], vec![0.0; rows]);
+        let (mut a, mut b) = (vec![0.0; rows], vec![0.0; rows]);
         p.matvec_many(vec![
             MatVec {
                 w: m,
-                cols,
                 x: &x,
-                out: &mut whole,
+                out: &mut a,
             },
             MatVec {
-                w: m,
-                cols: 8,
-                x: &x[..8],
-                out: &mut lead,
+                w: n,
+                x: &x,
+                out: &mut b,
             },
         ]);
         for r in 0..rows {
-            let dot = |n: usize| (0..n).map(|c| w[r * cols + c] * x[c]).sum::<f32>();
-            assert!((whole[r] - dot(cols)).abs() < 1e-4, "row {r}");
-            assert!((lead[r] - dot(8)).abs() < 1e-4, "row {r}");
+            let dot = |m: &[f32]| (0..cols).map(|c| m[r * cols + c] * x[c]).sum::<f32>();
+            assert!((a[r] - dot(&w)).abs() < 1e-4, "row {r}");
+            assert!((b[r] - dot(&v)).abs() < 1e-4, "row {r}");
         }
         let first = p.pass_stats();
         assert_eq!(first.passes, 1);
         assert!((1..=2).contains(&first.threads), "{first:?}");
         p.matvec_many(vec![MatVec {
             w: m,
-            cols,
             x: &x,
-            out: &mut whole,
+            out: &mut a,
         }]);
         assert_eq!(p.pass_stats().since(first).passes, 1);
     }
 
-    /// Against a plain f64 reference, whole and split rows; bit-identical for any thread count.
+    /// Against a plain f64 reference; bit-identical for any thread count.
     #[test]
     fn ffn_decode_agrees_with_the_reference_for_any_thread_count() {
         let (h, f) = (24, 40);
@@ -295,27 +275,23 @@ mod tests {
             .map(|e| [mat(f, h, 3 * e), mat(f, h, 3 * e + 1), mat(h, f, 3 * e + 2)])
             .collect();
         let x: Vec<f32> = (0..h).map(|i| 0.1 * (i % 7) as f32 - 0.3).collect();
-        let jobs_of = |rows: &[usize]| -> Vec<FfnJob<'_>> {
-            ws.iter()
-                .zip(rows)
-                .enumerate()
-                .map(|(e, (w, &rows))| FfnJob {
-                    mats: [
-                        Matrix::dense(DType::F32, f, h, bytemuck::cast_slice(&w[0])),
-                        Matrix::dense(DType::F32, f, h, bytemuck::cast_slice(&w[1])),
-                        Matrix::dense(DType::F32, h, f, bytemuck::cast_slice(&w[2])),
-                    ],
-                    rows,
-                    weight: 0.5 + e as f32,
-                })
-                .collect()
-        };
-        for rows in [[f, f, f], [f, 16, 3]] {
-            let jobs = jobs_of(&rows);
+        let jobs: Vec<FfnJob<'_>> = ws
+            .iter()
+            .enumerate()
+            .map(|(e, w)| FfnJob {
+                mats: [
+                    Matrix::dense(DType::F32, f, h, bytemuck::cast_slice(&w[0])),
+                    Matrix::dense(DType::F32, f, h, bytemuck::cast_slice(&w[1])),
+                    Matrix::dense(DType::F32, h, f, bytemuck::cast_slice(&w[2])),
+                ],
+                weight: 0.5 + e as f32,
+            })
+            .collect();
+        {
             let mut want = vec![0.0f64; h];
             for (e, job) in jobs.iter().enumerate() {
                 let w = &ws[e];
-                let act: Vec<f64> = (0..job.rows)
+                let act: Vec<f64> = (0..f)
                     .map(|r| {
                         let dot = |m: &[f32]| {
                             (0..h)
@@ -327,7 +303,7 @@ mod tests {
                     })
                     .collect();
                 for (o, want) in want.iter_mut().enumerate() {
-                    let d: f64 = (0..job.rows).map(|c| w[2][o * f + c] as f64 * act[c]).sum();
+                    let d: f64 = (0..f).map(|c| w[2][o * f + c] as f64 * act[c]).sum();
                     *want += job.weight as f64 * d;
                 }
             }
@@ -337,7 +313,7 @@ mod tests {
                 for (g, w) in got.iter().zip(&want) {
                     assert!(
                         (*g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()),
-                        "{threads} threads, rows {rows:?}: {g} vs {w}"
+                        "{threads} threads: {g} vs {w}"
                     );
                 }
                 match &first {

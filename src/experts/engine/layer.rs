@@ -92,7 +92,11 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         if !run.defer_zero || lp.groups.is_empty() {
             dev.zero(io.out, batch.t * batch.hidden)?;
         }
-        let rows = if decode { batch.routes.len().max(1) } else { batch.t };
+        let rows = if decode {
+            batch.routes.len().max(1)
+        } else {
+            batch.t
+        };
         let (idx, wts) = if decode {
             (Vec::new(), Vec::new())
         } else {
@@ -475,7 +479,11 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         }
         // Every group placed on the CPU was computed there (else its output would be missing
         // from the layer, silently).
-        let on_cpu = run.places.iter().filter(|p| **p == Some(Place::Cpu)).count();
+        let on_cpu = run
+            .places
+            .iter()
+            .filter(|p| **p == Some(Place::Cpu))
+            .count();
         if on_cpu != run.cpu_handed {
             return Err(Error::Invalid(format!(
                 "expert engine: layer {layer} placed {on_cpu} experts on the CPU but computed {} there",

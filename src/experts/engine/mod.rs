@@ -120,7 +120,10 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
                     high_slots,
                     low_slots,
                 ),
-                pools: [Some((plan.high, high_slots)), plan.low.map(|l| (l, low_slots))],
+                pools: [
+                    Some((plan.high, high_slots)),
+                    plan.low.map(|l| (l, low_slots)),
+                ],
                 loader: loader.0,
                 counters,
                 mapped: cfg.mapped,
@@ -133,7 +136,8 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             depth if depth > 0 && file.n_layers() > 1 => {
                 let routers: Vec<_> = model.weights().layers.iter().map(|l| l.router).collect();
                 let shape = (depth, model.cfg.top_k);
-                Some(Prefetcher::new(dev, &routers, shape, cfg.prefetch_min_weight)?)
+                let p = Prefetcher::new(dev, &routers, shape, cfg.prefetch_min_weight)?;
+                Some(p.upgrading_low(cfg.tuning.upgrade_low))
             }
             _ => None,
         };
@@ -181,7 +185,9 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             direct,
             pace: cfg.pace_bytes_per_s,
         };
-        me.slots.preload(dev)?;
+        if me.tuning.preload {
+            me.slots.preload(dev)?;
+        }
         crate::experts::ExpertReport::reset_stats(&mut me);
         if let Some(c) = me.coop.as_mut() {
             c.calibrate(file, &used);

@@ -22,9 +22,10 @@ impl<D: ExpertDevice> Engine<'_, D> {
         let kind = self.slots.kind_of(g.precision == Precision::Low);
         let variant = self.slots.pool(kind).variant;
         // A low route whose high copy is cached runs in high precision.
+        let upgrade = kind == PoolKind::Low && self.tuning.upgrade_low;
         let held = [PoolKind::High, kind]
             .into_iter()
-            .filter(|&k| k == kind || kind == PoolKind::Low)
+            .filter(|&k| k == kind || upgrade)
             .find_map(|k| self.slots.cache.lookup(k, key).map(|s| (k, s)));
         if let Some((k, s)) = held {
             if run.decode {
@@ -83,7 +84,7 @@ impl<D: ExpertDevice> Engine<'_, D> {
             return Ok(false);
         };
         c.behind.miss(key, self.decoded);
-        if !c.to_cpu(variant, run.cpu_busy, run.load_busy, load_s) {
+        if !c.goes_to_cpu(variant, run.cpu_busy, run.load_busy, load_s) {
             run.load_busy += load_s;
             return Ok(false);
         }

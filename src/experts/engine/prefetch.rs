@@ -19,6 +19,8 @@ pub struct Prefetcher<D: ExpertDevice> {
     held: Vec<Vec<(PoolKind, ExpertKey)>>,
     /// Only predicted experts of at least this gate weight are prefetched.
     min_weight: f32,
+    /// A cached high copy serves a predicted low route (Tuning::upgrade_low).
+    upgrade_low: bool,
     /// A replayed routing's predictions for the layer about to run: taken instead of the
     /// stacked gates' (which predict the model's own router).
     pub replayed: Option<Vec<(usize, Vec<Route>)>>,
@@ -49,10 +51,17 @@ impl<D: ExpertDevice> Prefetcher<D> {
             held: vec![Vec::new(); routers.len()],
             predictor,
             min_weight,
+            upgrade_low: true,
             replayed: None,
             issued: 0,
             cancelled: 0,
         })
+    }
+
+    /// Whether a cached high copy serves a predicted low route.
+    pub fn upgrading_low(mut self, on: bool) -> Self {
+        self.upgrade_low = on;
+        self
     }
 
     pub fn min_weight(&self) -> f32 {
@@ -140,8 +149,10 @@ impl<D: ExpertDevice> Prefetcher<D> {
                 }
                 let (kind, key) = (slots.kind_of(*d == Precision::Low), (target, r.expert));
                 // A cached high copy serves a low route too.
+                let upgrade = kind == PoolKind::Low && self.upgrade_low;
                 let held = [PoolKind::High, kind]
                     .into_iter()
+                    .filter(|&k| k == kind || upgrade)
                     .find(|&k| slots.cache.lookup(k, key).is_some());
                 match held {
                     Some(k) => {

@@ -93,11 +93,15 @@ impl<D: ExpertDevice> super::Engine<'_, D> {
         let mut experts = Vec::with_capacity(nl * ne);
         for l in 0..nl {
             for e in 0..ne {
-                let slot = self.slots.cache.lookup(PoolKind::High, (l, e)).ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "expert cache: layer {l} expert {e} missing from a full cache"
-                    ))
-                })?;
+                let slot = self
+                    .slots
+                    .cache
+                    .lookup(PoolKind::High, (l, e))
+                    .ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "expert cache: layer {l} expert {e} missing from a full cache"
+                        ))
+                    })?;
                 experts.push(self.slots.expert(dev, PoolKind::High, slot));
             }
         }
@@ -121,8 +125,7 @@ impl<D: ExpertDevice> super::Engine<'_, D> {
     /// `forward` would count them at once, or, without a trace to write, held and counted once
     /// the next token's launches are queued.
     pub(super) fn account_device(&mut self, dev: &D, hold: bool) -> crate::Result<()> {
-        self.routing
-            .fetch(dev, self.file.n_experts(), self.top_k)?;
+        self.routing.fetch(dev, self.file.n_experts(), self.top_k)?;
         if hold && self.trace.is_none() {
             self.routing.held = true;
             Ok(())

@@ -334,9 +334,7 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
     /// first use).
     pub fn take_slot(&mut self, dev: &D, kind: PoolKind, s: usize) -> crate::Result<bool> {
         self.ready(dev, kind, s)?;
-        Ok(std::mem::take(
-            &mut self.pool_mut(kind).loads[s].prefetched,
-        ))
+        Ok(std::mem::take(&mut self.pool_mut(kind).loads[s].prefetched))
     }
 
     /// A load queued as a prefetch into slot `s` is not one (load-behind).
@@ -376,15 +374,21 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
         if l.pending.as_ref().is_none_or(landed) {
             return None;
         }
-        Some(l.due?.saturating_duration_since(Instant::now()).as_secs_f64())
+        Some(
+            l.due?
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64(),
+        )
     }
 
     /// A demand load or a prefetch is queued or in flight.
     pub fn link_busy(&self) -> bool {
-        self.pools
-            .iter()
-            .flatten()
-            .any(|p| p.loads.iter().filter_map(|l| l.pending.as_ref()).any(|t| !landed(t)))
+        self.pools.iter().flatten().any(|p| {
+            p.loads
+                .iter()
+                .filter_map(|l| l.pending.as_ref())
+                .any(|t| !landed(t))
+        })
     }
 
     /// Seconds before a demand load queued now would take the link: the loads still queued, at

@@ -372,11 +372,7 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
                 acc.iter().map(|a| (a.predicted, a.correct)).collect()
             })
             .unwrap_or_default();
-        let passes = self
-            .coop
-            .as_ref()
-            .map(|c| c.passes())
-            .unwrap_or_default();
+        let passes = self.coop.as_ref().map(|c| c.passes()).unwrap_or_default();
         let lc = &self.slots.counters;
         let load = |a: &std::sync::atomic::AtomicU64, base: u64| a.load(Ordering::Relaxed) - base;
         let secs = |d: std::time::Duration| d.as_secs_f64();

@@ -1,0 +1,616 @@
+//! `CudaBackend`: the forward pass's ops on the device (model::ops::Backend), decode steps
+//! recorded as CUDA graphs and replayed, and what it reports (model::ops::Telemetry).
+
+use super::*;
+
+/// The KV cache on the device: (layer, ctx, kv_dim) f16 keys and values.
+pub struct CudaKv {
+    pub(super) ctx: usize,
+    pub(super) kv_dim: usize,
+    pub(super) k: CudaSlice<u16>,
+    pub(super) v: CudaSlice<u16>,
+}
+
+impl CudaKv {
+    /// Device addresses of `layer`'s key and value rows for positions start..start + t.
+    pub(super) fn rows(
+        &self,
+        layer: usize,
+        start: usize,
+        t: usize,
+        s: &CudaStream,
+    ) -> crate::Result<(u64, u64)> {
+        if start + t > self.ctx {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: KV write past the context ({} > {})",
+                start + t,
+                self.ctx
+            )));
+        }
+        let at = ((layer * self.ctx + start) * self.kv_dim * 2) as u64;
+        Ok((ptr(&self.k, s) + at, ptr(&self.v, s) + at))
+    }
+}
+
+/// Dense weights resident on the device, found by the host address of their mmap bytes.
+pub struct CudaBackend {
+    pub(super) gpu: Arc<Gpu>,
+    pub(super) mats: HashMap<usize, (DevMat, CudaSlice<u8>)>,
+    pub(super) vectors: HashMap<usize, CudaSlice<f32>>,
+    pub(super) scratch: CudaSlice<f32>,
+    pub(super) scratch_len: usize,
+    pub(super) resident_bytes: usize,
+    /// A decode step's position and (stage_token) its token's id, in device memory (read by its
+    /// attention, RoPE and embedding launches, so that one recording serves every token), and
+    /// the position last written there.
+    pub(super) step: CudaSlice<i32>,
+    pub(super) pos_now: Mutex<Option<usize>>,
+    /// The recorded decode step (a CUDA graph) and its key; None: that key's steps run direct.
+    pub(super) graph: Mutex<Option<(u64, Option<DecodeGraph>)>>,
+    /// A launch since the recording began took the decode position as an argument.
+    pub(super) baked: AtomicBool,
+    /// Decode steps run from the recording.
+    pub(super) replays: AtomicU64,
+    /// Nanoseconds spent submitting them (for --stats).
+    pub(super) launch_ns: AtomicU64,
+    /// The last q/k/v launch was matvec3_rope, which lets later kernels start only after its
+    /// own wait: the o projection that follows may read the residual before it waits
+    /// (kernels.cu matvec_body `early`). Taken by that projection (matmul_add).
+    pub(super) qkv_settled: AtomicBool,
+}
+
+/// A CUDA graph of one decode step.
+pub(super) struct DecodeGraph(pub(super) cudarc::driver::CudaGraph);
+
+// SAFETY: a CUgraph/CUgraphExec may be used from any thread as long as calls on it are
+// serialized; DecodeGraph is only reached through CudaBackend's Mutex.
+unsafe impl Send for DecodeGraph {}
+
+/// Rows of an integer matrix dequantized per prefill tile when `fit` rows fit the scratch: all
+/// of them if they fit, else a multiple of 256. On the H100 (cuBLAS 13) tiles of 8064 + 6272 rows
+/// (Mixtral's 14336 in 64 MiB) and 2212 + 1884 (its 4096-row down matrices) got Turing-era
+/// `cutlass_75_tensorop_s1688gemm` kernels at ~117 us a tile, where 256-row multiples get the
+/// sm_90 kernels the f16 experts' full matrices get: int4 pp512 8291 -> 13122 tok/s
+/// (benches/results/2026-11-24-h100-prefill.md).
+pub(super) fn prefill_tile_rows(fit: usize, rows: usize) -> usize {
+    // A launch's grid takes at most 65535 row tiles (kernels.cu dequant_*_h: one row a y block).
+    if fit >= rows && rows <= 65535 {
+        return rows.max(1);
+    }
+    let fit = fit.min(65535);
+    if fit >= 256 {
+        fit - fit % 256
+    } else {
+        fit.max(1)
+    }
+}
+
+/// Floats of the dequantization tile used by prefill products (64 MiB).
+pub(super) const SCRATCH_FLOATS: usize = 16 << 20;
+
+impl Backend for CudaBackend {
+    type Buf = CudaSlice<f32>;
+    type Host = PinnedFloats;
+    type Kv = CudaKv;
+
+    fn alloc(&self, n: usize) -> crate::Result<CudaSlice<f32>> {
+        self.gpu.alloc(n, "activations")
+    }
+
+    fn alloc_kv(&self, layers: usize, ctx: usize, kv_dim: usize) -> crate::Result<CudaKv> {
+        let n = layers * ctx * kv_dim;
+        Ok(CudaKv {
+            ctx,
+            kv_dim,
+            k: self.gpu.alloc(n, "the KV cache")?,
+            v: self.gpu.alloc(n, "the KV cache")?,
+        })
+    }
+
+    fn upload(&self, src: &[f32], dst: &mut CudaSlice<f32>) -> crate::Result<()> {
+        check_len("upload destination", dst.len(), src.len())?;
+        self.gpu.upload_f32_queued(src, self.p(dst))
+    }
+
+    fn embed(
+        &self,
+        table: &Matrix<'_>,
+        tokens: &[u32],
+        dst: &mut CudaSlice<f32>,
+        host: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let n = tokens.len() * table.cols;
+        check_len("embedding destination", dst.len(), n)?;
+        if tokens.len() < STAGED_EMBED_MIN {
+            // (upload: a queued pageable copy)
+            return embed_via_host(self, table, tokens, dst, host);
+        }
+        self.gpu
+            .upload_staged(n, self.p(dst), |out| embed_rows(table, tokens, out))
+    }
+
+    fn stage_token(&self, table: &Matrix<'_>, token: u32, pos: usize) -> crate::Result<bool> {
+        if self.mat(table).is_err() {
+            return Ok(false);
+        }
+        if token as usize >= table.rows {
+            return Err(Error::Invalid(format!(
+                "embedding: token {token} past the table's {} rows",
+                table.rows
+            )));
+        }
+        let p = step_pos(pos)?;
+        let at = ptr(&self.step, &self.gpu.stream);
+        let s = self.gpu.stream.cu_stream();
+        let mut now = self.pos_now.lock().unwrap_or_else(|e| e.into_inner());
+        // (A 64-bit cuStreamWriteValue64_v2 of both was refused on the H100 under CUDA 13:
+        // CUDA_ERROR_INVALID_VALUE.)
+        for (i, v) in [p, token].into_iter().enumerate() {
+            if i == 0 && *now == Some(pos) {
+                continue;
+            }
+            // SAFETY: `step` holds two i32, each set by a memset queued on the stream (no host
+            // buffer), ordered before the launches that read them.
+            unsafe { cudarc::driver::sys::cuMemsetD32Async(at + 4 * i as u64, v, 1, s) }
+                .result()
+                .map_err(cuda_err)?;
+        }
+        *now = Some(pos);
+        Ok(true)
+    }
+
+    fn embed_staged(&self, table: &Matrix<'_>, dst: &mut CudaSlice<f32>) -> crate::Result<()> {
+        check_len("embedding destination", dst.len(), table.cols)?;
+        let w = *self.mat(table)?;
+        let tp = ptr(&self.step, &self.gpu.stream) + 4;
+        let (kind, dp) = (w.kind, self.p(dst));
+        let c = cfg(blocks(table.cols, 256), 256);
+        launch!(self.gpu, self.gpu.kernels.embed_token, c; w, kind, tp, dp)
+    }
+
+    fn alloc_host(&self, n: usize) -> crate::Result<PinnedFloats> {
+        self.gpu.alloc_floats(n)
+    }
+
+    fn download_host(
+        &self,
+        src: &CudaSlice<f32>,
+        dst: &mut PinnedFloats,
+        n: usize,
+    ) -> crate::Result<()> {
+        check_len("download source", src.len(), n)?;
+        check_len("download destination", dst.len(), n)?;
+        // (Page-locked: the copy lands by DMA, nothing to copy out after.)
+        self.gpu.read_direct(self.p(src), &mut dst[..n])
+    }
+
+    fn download(&self, src: &CudaSlice<f32>, dst: &mut [f32]) -> crate::Result<()> {
+        check_len("download source", src.len(), dst.len())?;
+        self.gpu.download_f32(self.p(src), dst)
+    }
+
+    fn matmul(
+        &self,
+        w: &Matrix<'_>,
+        x: &CudaSlice<f32>,
+        t: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        check_len("matmul input", x.len(), t * w.cols)?;
+        check_len("matmul output", out.len(), t * w.rows)?;
+        let dm = *self.mat(w)?;
+        self.matmul_dev(&dm, self.p(x), t, self.p(out))
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        rows: Range<usize>,
+        w: &[f32],
+        eps: f32,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        let n = w.len();
+        check_len("rms_norm input", x.len(), rows.end * n)?;
+        check_len("rms_norm output", out.len(), rows.len() * n)?;
+        let (xp, wp, op) = (self.p(x), self.vector(w)?, self.p(out));
+        let (ni, r0) = (n as i32, rows.start as i32);
+        launch!(self.gpu, self.gpu.kernels.rms_norm, cfg(rows.len() as u32, rms_block(n)); xp, wp, op, ni, r0, eps)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaSlice<f32>,
+        t: usize,
+        width: usize,
+        start_pos: usize,
+        inv_freq: &[f32],
+    ) -> crate::Result<()> {
+        // The position is an argument here: a recorded decode step cannot replay this.
+        self.baked.store(true, Ordering::Relaxed);
+        check_len("rope input", x.len(), t * width)?;
+        let half = inv_freq.len();
+        let (xp, fp) = (self.p(x), self.vector(inv_freq)?);
+        let (ti, wi, hi, si) = (t as i32, width as i32, half as i32, start_pos as i32);
+        let n = t * width / 2;
+        launch!(self.gpu, self.gpu.kernels.rope, cfg(blocks(n, 256), 256); xp, fp, ti, wi, hi, si)
+    }
+
+    fn add_assign(
+        &self,
+        x: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        n: usize,
+    ) -> crate::Result<()> {
+        check_len("add input", x.len().min(y.len()), n)?;
+        let (xp, yp, ni) = (self.p(x), self.p(y), n as i32);
+        launch!(self.gpu, self.gpu.kernels.add_assign, cfg(blocks(n, 256), 256); xp, yp, ni)
+    }
+
+    fn kv_write(
+        &self,
+        kv: &mut CudaKv,
+        (layer, start): (usize, usize),
+        t: usize,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        // The position is an argument here: a recorded decode step cannot replay this.
+        self.baked.store(true, Ordering::Relaxed);
+        let n = t * kv.kv_dim;
+        check_len("kv_write input", k.len().min(v.len()), n)?;
+        let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
+        let (kp, vp, ni) = (self.p(k), self.p(v), n as i32);
+        // to_half: four values a thread.
+        let c = cfg(blocks(n.div_ceil(4), 256), 256);
+        launch!(self.gpu, self.gpu.kernels.to_half, c; kp, kd, ni)?;
+        launch!(self.gpu, self.gpu.kernels.to_half, c; vp, vd, ni)
+    }
+
+    fn attention(
+        &self,
+        shape: AttentionShape,
+        q: &CudaSlice<f32>,
+        kv: &CudaKv,
+        layer: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        if shape.head_dim > 256 {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: head_dim {} is above the attention kernel's 256",
+                shape.head_dim
+            )));
+        }
+        let qd = shape.n_heads * shape.head_dim;
+        check_len("attention input", q.len(), shape.t * qd)?;
+        check_len("attention output", out.len(), shape.t * qd)?;
+        let base = (layer * kv.ctx * kv.kv_dim * 2) as u64;
+        let s = &self.gpu.stream;
+        let (kp, vp) = (ptr(&kv.k, s) + base, ptr(&kv.v, s) + base);
+        let (qp, op) = (self.p(q), self.p(out));
+        let (nh, nkv, hd, sp) = (
+            shape.n_heads as i32,
+            shape.n_kv_heads as i32,
+            shape.head_dim as i32,
+            shape.start_pos as i32,
+        );
+        let window = shape.window.map_or(0, |w| w as i32);
+        // Prefill: a block per ATP_ROWS (query, head) rows of one KV head (kernels.cu
+        // attention_prefill_*), for head_dim 32, 64 or 128 and groups that divide ATP_ROWS.
+        let group = shape.n_heads / shape.n_kv_heads.max(1);
+        let dpl = match shape.head_dim {
+            32 => Some(0),
+            64 => Some(1),
+            128 => Some(2),
+            _ => None,
+        };
+        if let Some(i) = dpl.filter(|_| {
+            shape.t > 1
+                && shape.n_kv_heads > 0
+                && shape.n_heads.is_multiple_of(shape.n_kv_heads)
+                && ATP_ROWS.is_multiple_of(group)
+        }) {
+            let (t, qpb) = (shape.t as i32, ATP_ROWS / group);
+            let c = LaunchConfig {
+                grid_dim: (shape.n_kv_heads as u32, shape.t.div_ceil(qpb) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let f = &self.gpu.kernels.attention_prefill[i];
+            return launch!(self.gpu, f, c; qp, kp, vp, op, nh, nkv, t, sp, window);
+        }
+        // Decode: 16 warps share a head's positions (latency-bound); prefill: 4 per query.
+        let c = LaunchConfig {
+            grid_dim: (shape.n_heads as u32, shape.t as u32, 1),
+            block_dim: (if shape.t == 1 { 512 } else { 128 }, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let posp = if shape.t == 1 {
+            self.pos_ptr(shape.start_pos)?
+        } else {
+            0u64
+        };
+        launch!(self.gpu, self.gpu.kernels.attention, c; qp, kp, vp, op, nh, nkv, hd, sp, window, posp)
+    }
+
+    /// One token: one launch for the three products when they are float kinds (matvec3_*).
+    fn matmul_qkv(
+        &self,
+        w: [&Matrix<'_>; 3],
+        x: &CudaSlice<f32>,
+        t: usize,
+        out: [&mut CudaSlice<f32>; 3],
+    ) -> crate::Result<()> {
+        let [q, k, v] = out;
+        let Some(m) = self.one_token_floats(w, x, t, [&*q, &*k, &*v])? else {
+            self.matmul(w[0], x, t, q)?;
+            self.matmul(w[1], x, t, k)?;
+            return self.matmul(w[2], x, t, v);
+        };
+        let xp = self.p(x);
+        let (yq, yk, yv) = (self.p(q), self.p(k), self.p(v));
+        let rows = m.iter().map(|d| d.rows as usize).max().unwrap_or(0);
+        let c = LaunchConfig {
+            grid_dim: (blocks(rows, 8), 3, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = &self.gpu.kernels.matvec3[m[0].kind as usize];
+        let [a, b, d] = m;
+        launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv)
+    }
+
+    /// One token with float weights: the three products, RoPE and the KV store in one launch
+    /// (matvec3_rope_*); otherwise matmul_qkv and rope_kv_write.
+    fn qkv_rope_kv(
+        &self,
+        w: [&Matrix<'_>; 3],
+        x: &CudaSlice<f32>,
+        [q, k, v]: [&mut CudaSlice<f32>; 3],
+        step: &QkvStep<'_>,
+        kv: &mut CudaKv,
+    ) -> crate::Result<()> {
+        let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
+        let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
+        self.qkv_settled.store(false, Ordering::Relaxed);
+        let half = inv_freq.len();
+        let m = self
+            .one_token_floats(w, x, t, [&*q, &*k, &*v])?
+            .filter(|m| {
+                half > 0
+                    && m[0].rows as usize == q_width
+                    && m[1].rows as usize == kv_width
+                    && m[2].rows as usize == kv_width
+                    && q_width % (2 * half) == 0
+                    && kv_width % (2 * half) == 0
+                    && kv_width == kv.kv_dim
+            });
+        let Some(m) = m else {
+            self.matmul_qkv(w, x, t, [&mut *q, &mut *k, &mut *v])?;
+            return self.rope_kv_write([q, k, v], step, kv);
+        };
+        let xp = self.p(x);
+        // The layer's cache rows from position 0: the kernel adds the position it reads.
+        kv.rows(layer, start, 1, &self.gpu.stream)?;
+        let (kd, vd) = kv.rows(layer, 0, 1, &self.gpu.stream)?;
+        let posp = self.pos_ptr(start)?;
+        let (yq, yk, yv, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
+        // q and k: 4 rotation pairs per block of 8 warps; v: 8 rows.
+        let grid = blocks(q_width / 2, 4)
+            .max(blocks(kv_width / 2, 4))
+            .max(blocks(kv_width, 8));
+        let c = LaunchConfig {
+            grid_dim: (grid, 3, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = &self.gpu.kernels.matvec3_rope[m[0].kind as usize];
+        let [a, b, d] = m;
+        let hi = half as i32;
+        launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv, fp, hi, posp, kd, vd)?;
+        self.qkv_settled.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// RoPE and the KV store in one launch (rope_kv).
+    fn rope_kv_write(
+        &self,
+        [q, k, v]: [&mut CudaSlice<f32>; 3],
+        step: &QkvStep<'_>,
+        kv: &mut CudaKv,
+    ) -> crate::Result<()> {
+        let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
+        let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
+        // The position is an argument here: a recorded decode step cannot replay this.
+        self.baked.store(true, Ordering::Relaxed);
+        check_len("rope input", q.len(), t * q_width)?;
+        check_len("kv_write input", k.len().min(v.len()), t * kv_width)?;
+        if kv_width != kv.kv_dim {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: keys of {kv_width} values for a cache of {}",
+                kv.kv_dim
+            )));
+        }
+        let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
+        let (qp, kp, vp, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
+        let n = t * (q_width / 2 + kv_width / 2 + kv_width);
+        let (ti, qw, kw, hi, si) = (
+            t as i32,
+            q_width as i32,
+            kv_width as i32,
+            inv_freq.len() as i32,
+            start as i32,
+        );
+        launch!(self.gpu, self.gpu.kernels.rope_kv, cfg(blocks(n, 256), 256); qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd)
+    }
+
+    /// One token with float weights: the residual add inside the product (matvec_add_*).
+    fn matmul_add(
+        &self,
+        w: &Matrix<'_>,
+        x: &CudaSlice<f32>,
+        t: usize,
+        tmp: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        let early = i32::from(self.qkv_settled.swap(false, Ordering::Relaxed));
+        let d = *self.mat(w)?;
+        let xp = self.p(x);
+        if t != 1 || d.kind >= 3 || !d.vectorizable() || !xp.is_multiple_of(16) {
+            self.matmul(w, x, t, tmp)?;
+            return self.add_assign(out, tmp, t * w.rows);
+        }
+        check_len("matmul input", x.len(), w.cols)?;
+        check_len("matmul output", out.len(), w.rows)?;
+        let yp = self.p(out);
+        let c = cfg(blocks(w.rows, 8), 256);
+        launch!(self.gpu, self.gpu.kernels.matvec_add[d.kind as usize], c; d, xp, yp, early)
+    }
+
+    /// Routing on the device (Gpu::route, into the prefill tile's scratch), the routes copied
+    /// to the host: the same routes as the engine's device-routed decode.
+    fn route(
+        &self,
+        logits: &CudaSlice<f32>,
+        t: usize,
+        n_experts: usize,
+        routes: &mut [Route],
+        host: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let k = routes.len() / t.max(1);
+        check_len("route input", logits.len(), t * n_experts)?;
+        check_len("route scratch", self.scratch_len, 2 * t * k)?;
+        let scratch = self.p(&self.scratch);
+        self.gpu.route(self.p(logits), t, n_experts, k, scratch)?;
+        self.routes_back(scratch, t, n_experts, routes, host)
+    }
+
+    fn norm_route(
+        &self,
+        x: &CudaSlice<f32>,
+        t: usize,
+        block: &MoeBlock<'_>,
+        out: RouteOut<'_, Self>,
+    ) -> crate::Result<()> {
+        let (norm, eps, router) = (block.norm, block.eps, block.router);
+        let (n, ne, k) = (router.cols, router.rows, out.routes.len());
+        if t == 1 && k <= self.scratch_len / 2 {
+            // One token: RMSNorm, the router and top-k in one launch (the same results as the
+            // three launches: moe_route_norm).
+            check_len("norm_route input", x.len(), n)?;
+            check_len("norm_route output", out.xn.len(), n)?;
+            check_len("norm_route weights", norm.len(), n)?;
+            let scratch = self.p(&self.scratch);
+            let rw = *self.mat(router)?;
+            let g = (self.vector(norm)?, eps);
+            if self
+                .gpu
+                .moe_route_norm(&rw, self.p(x), g, self.p(out.xn), k, scratch)?
+            {
+                return self.routes_back(scratch, 1, ne, out.routes, out.host);
+            }
+        }
+        self.rms_norm(x, 0..t, norm, eps, out.xn)?;
+        self.matmul(router, out.xn, t, out.logits)?;
+        self.route(out.logits, t, ne, out.routes, out.host)
+    }
+
+    fn decode_step(&self, key: u64, pos: usize) -> crate::Result<DecodeStep> {
+        self.pos_ptr(pos)?;
+        // Kernel timing records events around each launch: those steps run direct.
+        if self.gpu.clock.on() {
+            return Ok(DecodeStep::Direct);
+        }
+        let mut graph = self.graph.lock().unwrap_or_else(|e| e.into_inner());
+        match graph.as_ref() {
+            Some((k, Some(g))) if *k == key => {
+                let t = Instant::now();
+                g.0.launch().map_err(cuda_err)?;
+                self.launch_ns
+                    .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                self.replays.fetch_add(1, Ordering::Relaxed);
+                return Ok(DecodeStep::Replayed);
+            }
+            Some((k, None)) if *k == key => return Ok(DecodeStep::Direct),
+            _ => {}
+        }
+        *graph = None;
+        self.baked.store(false, Ordering::Relaxed);
+        self.gpu
+            .stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(cuda_err)?;
+        Ok(DecodeStep::Recording)
+    }
+
+    fn record_end(&self, key: u64, recorded: crate::Result<()>) -> crate::Result<bool> {
+        let g = self
+            .gpu
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags_enum(0));
+        let mut graph = self.graph.lock().unwrap_or_else(|e| e.into_inner());
+        // Until a new key: the steps of this one run direct unless recorded below.
+        *graph = Some((key, None));
+        let why = match (recorded, g) {
+            (Err(e), _) => format!("a launch failed while recording: {e}"),
+            (Ok(()), Err(e)) => format!("{e}"),
+            (Ok(()), Ok(None)) => "nothing was recorded".into(),
+            // A launch took this token's position as an argument: replays would repeat it.
+            (Ok(()), Ok(Some(_))) if self.baked.load(Ordering::Relaxed) => {
+                "an op of this model takes the position as an argument".into()
+            }
+            (Ok(()), Ok(Some(g))) => {
+                g.launch().map_err(cuda_err)?;
+                self.replays.fetch_add(1, Ordering::Relaxed);
+                *graph = Some((key, Some(DecodeGraph(g))));
+                return Ok(true);
+            }
+        };
+        log::info!("decode steps run without a CUDA graph: {why}");
+        Ok(false)
+    }
+}
+
+impl Telemetry for CudaBackend {
+    fn decode_replays(&self) -> u64 {
+        self.replays.load(Ordering::Relaxed)
+    }
+
+    fn host_times(&self) -> (f64, f64) {
+        let s = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-9;
+        (s(&self.launch_ns), s(&self.gpu.read_ns))
+    }
+
+    fn reset_host_times(&self) {
+        self.launch_ns.store(0, Ordering::Relaxed);
+        self.gpu.read_ns.store(0, Ordering::Relaxed);
+    }
+
+    fn kernel_clock(&self, on: bool) -> bool {
+        self.gpu.clock.set(on);
+        true
+    }
+
+    fn kernel_times(&self) -> crate::Result<Vec<KernelTime>> {
+        self.gpu.clock.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Prefill tiles: the whole matrix when it fits, else a multiple of 256 rows (Mixtral's shapes
+    /// in the 64 MiB scratch), never zero rows.
+    #[test]
+    fn prefill_tiles_are_whole_matrices_or_256_row_multiples() {
+        assert_eq!(prefill_tile_rows(20000, 14336), 14336);
+        assert_eq!(prefill_tile_rows(8064, 14336), 7936);
+        assert_eq!(prefill_tile_rows(2212, 4096), 2048);
+        assert_eq!(prefill_tile_rows(300, 4096), 256);
+        assert_eq!(prefill_tile_rows(100, 4096), 100);
+        assert_eq!(prefill_tile_rows(0, 4096), 1);
+        assert_eq!(prefill_tile_rows(70000, 100000), 65280);
+        assert_eq!(prefill_tile_rows(65535, 65535), 65535);
+    }
+}

@@ -1,0 +1,268 @@
+//! Launchers of the prefill products (cuBLAS, the int4 GEMM) and the small element-wise kernels.
+
+use super::*;
+
+impl Gpu {
+    /// out[t, rows] = x[t, cols] · Wᵀ for t > 1, through cuBLAS. f32 weights: SGEMM on the
+    /// weights as stored (exact f32). Every other kind: the tokens rounded to f16 once, the weights
+    /// in f16 (f16 as stored; the others dequantized to f16 row tiles in `scratch`), a tensor-core
+    /// GEMM accumulating in f32. `scratch` holds `scratch_len` floats.
+    pub fn matmul(
+        &self,
+        w: &DevMat,
+        x: u64,
+        t: usize,
+        out: u64,
+        scratch: u64,
+        scratch_len: usize,
+    ) -> crate::Result<()> {
+        if t == 1 {
+            return self.matvec(w, x, out);
+        }
+        let (rows, cols) = (w.rows as usize, w.cols as usize);
+        if w.kind == 0 {
+            return self.gemm(w.codes, Precision::F32, x, t, out, rows, cols, 0, rows);
+        }
+        // scratch as f16: [tokens (chunk x cols) | weight tile]
+        let halves = scratch_len * 2;
+        let chunk = (halves / 2 / cols).clamp(1, t);
+        let tile_rows = prefill_tile_rows((halves - chunk * cols) / cols, rows);
+        let xh = scratch;
+        let tile = scratch + (chunk * cols * 2) as u64;
+        let (kind, wm) = (w.kind, *w);
+        // Integer kinds a code word per thread where the layout allows (kernels.cu
+        // dequant_words_h): 4-byte aligned words, 16-byte aligned output rows, one group a word.
+        let per_word = match kind {
+            3 => 4,
+            4 => 8,
+            _ => 16,
+        };
+        let words = kind >= 3
+            && w.codes.is_multiple_of(4)
+            && w.row_bytes % 4 == 0
+            && cols % 8 == 0
+            && w.group > 0
+            && w.group % per_word == 0
+            && w.cols % w.group == 0;
+        let mut t0 = 0;
+        while t0 < t {
+            let tn = chunk.min(t - t0);
+            let (src, n) = (x + (t0 * cols * 4) as u64, (tn * cols) as i32);
+            // to_half: four values a thread.
+            let c = cfg(blocks((tn * cols).div_ceil(4), 256), 256);
+            launch!(self, self.kernels.to_half, c; src, xh, n)?;
+            let dst = out + (t0 * rows * 4) as u64;
+            // The partials of gemm_q4h's parts of K go after the tokens in the scratch.
+            let part = scratch + ((chunk * cols * 2).div_ceil(256) * 256) as u64;
+            let room = (scratch_len * 4).saturating_sub((part - scratch) as usize);
+            let fit = room / (tn * rows * 4).max(1);
+            if let Some(splits) = self.gemm_q4h(w, xh, tn, (dst, part), fit)? {
+                if splits > 1 {
+                    self.sum_splits(part, dst, tn * rows, splits)?;
+                }
+            } else if kind == 1 {
+                self.gemm(w.codes, Precision::F16, xh, tn, dst, rows, cols, 0, rows)?;
+            } else {
+                let mut r0 = 0;
+                while r0 < rows {
+                    let n = tile_rows.min(rows - r0);
+                    let (r0i, ni) = (r0 as i32, n as i32);
+                    if words {
+                        let grid = LaunchConfig {
+                            grid_dim: (blocks(wm.row_bytes as usize / 4, 128), n as u32, 1),
+                            block_dim: (128, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        launch!(self, self.kernels.dequant_words_h, grid; wm, kind, tile, r0i, ni)?;
+                    } else {
+                        let grid = LaunchConfig {
+                            grid_dim: (blocks(cols, 256), n as u32, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        launch!(self, self.kernels.dequant_rows_h, grid; wm, kind, tile, r0i, ni)?;
+                    }
+                    self.gemm(tile, Precision::F16, xh, tn, dst, n, cols, r0, rows)?;
+                    r0 += n;
+                }
+            }
+            t0 += tn;
+        }
+        Ok(())
+    }
+
+    /// out[token, r0 + i] = sum_c A[i, c] B[token, c] for i < n, token < t: A a row-major
+    /// [n, cols] weight block, B the tokens [t, cols], out rows `ld_out` wide (the whole matrix's
+    /// rows). Column-major for cuBLAS: C (n x t, ld ld_out, from row r0) = Aᵀ (cols x n)ᵀ · B.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        a: u64,
+        p: Precision,
+        b: u64,
+        t: usize,
+        out: u64,
+        n: usize,
+        cols: usize,
+        r0: usize,
+        ld_out: usize,
+    ) -> crate::Result<()> {
+        use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let dt = match p {
+            Precision::F32 => cudaDataType::CUDA_R_32F,
+            Precision::F16 => cudaDataType::CUDA_R_16F,
+        };
+        // SAFETY: a holds n * cols values of `dt`, b holds t * cols, out holds t * ld_out floats
+        // from row r0 on; the handle is bound to the compute stream, after the tile and tokens.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                t as i32,
+                cols as i32,
+                &alpha as *const f32 as *const _,
+                a as *const _,
+                dt,
+                cols as i32,
+                b as *const _,
+                dt,
+                cols as i32,
+                &beta as *const f32 as *const _,
+                (out as *mut f32).add(r0) as *mut _,
+                cudaDataType::CUDA_R_32F,
+                ld_out as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(cuda_err)
+    }
+
+    /// True where gemm_q4h computes `w`'s products from f16 tokens at `xh` (int4 g64, 16-byte
+    /// aligned rows).
+    pub fn gemm_q4h_applies(&self, w: &DevMat, xh: u64) -> bool {
+        self.kernels.gemm_q4h.is_some()
+            && w.kind == 4
+            && w.group == 64
+            && (w.cols as usize).is_multiple_of(64)
+            && w.row_bytes % 16 == 0
+            && w.codes.is_multiple_of(16)
+            && xh.is_multiple_of(16)
+    }
+
+    /// int4 g64 `w` times the `tn` f16 tokens at `xh` through gemm_q4h, f32 [tn, rows] out: at
+    /// `direct` in one launch over K, or as the partial sums of K's parts at `parts` + z·tn·rows
+    /// (at most `max_parts` of them) where the grid is short of two waves. Returns the number
+    /// of parts (1: the product is at `direct`), None where the kernel does not apply.
+    pub fn gemm_q4h(
+        &self,
+        w: &DevMat,
+        xh: u64,
+        tn: usize,
+        (direct, parts): (u64, u64),
+        max_parts: usize,
+    ) -> crate::Result<Option<usize>> {
+        let Some(fs) = self.kernels.gemm_q4h.as_ref() else {
+            return Ok(None);
+        };
+        if !self.gemm_q4h_applies(w, xh) {
+            return Ok(None);
+        }
+        let (rows, cols) = (w.rows as usize, w.cols as usize);
+        // 128 tokens a block above 64 (64 a block measured 3-5% slower at pp512).
+        let (f, bn) = if tn > 64 { (&fs[1], 128) } else { (&fs[0], 64) };
+        // K in 4 parts where the grid is short of two waves (Mixtral's 14336-row gate and up:
+        // 112 blocks, its 4096-row down: 32): measured best of 1-8 parts and of parts sized to
+        // the SM count (benches/results/2026-11-24-h100-prefill.md).
+        let grid = rows.div_ceil(128) * tn.div_ceil(bn);
+        let steps = cols / 64;
+        let mut splits = if grid < 2 * self.q_limits.sm_count {
+            4.min(steps)
+        } else {
+            1
+        };
+        if splits > max_parts {
+            splits = 1;
+        }
+        let ksteps = steps.div_ceil(splits);
+        let splits = steps.div_ceil(ksteps);
+        let c = LaunchConfig {
+            grid_dim: (
+                rows.div_ceil(128) as u32,
+                tn.div_ceil(bn) as u32,
+                splits as u32,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ti, ld, ks) = (tn as i32, rows as i32, ksteps as i32);
+        let out = if splits == 1 { direct } else { parts };
+        let wm = *w;
+        launch!(self, f, c; wm, xh, ti, out, ld, ks)?;
+        Ok(Some(splits))
+    }
+
+    /// out[..n] = the sum of the `splits` partials at parts, n apart, in order.
+    pub fn sum_splits(&self, parts: u64, out: u64, n: usize, splits: usize) -> crate::Result<()> {
+        let (ni, si) = (n as i32, splits as i32);
+        launch!(self, self.kernels.sum_splits, cfg(blocks(n, 256), 256); parts, out, ni, si)
+    }
+
+    /// act = f16(silu(g) · u) over n values.
+    pub fn swiglu_half(&self, g: u64, u: u64, act: u64, n: usize) -> crate::Result<()> {
+        let ni = n as i32;
+        launch!(self, self.kernels.swiglu_half, cfg(blocks(n, 256), 256); g, u, act, ni)
+    }
+
+    pub fn swiglu(&self, g: u64, u: u64, n: usize) -> crate::Result<()> {
+        let ni = n as i32;
+        launch!(self, self.kernels.swiglu, cfg(blocks(n, 256), 256); g, u, ni)
+    }
+
+    /// dst[j, :] = src[idx[j], :] for j < m, rows of n, stored as f16 where `half` (else f32).
+    pub fn gather_rows(
+        &self,
+        (src, idx): (u64, u64),
+        dst: u64,
+        n: usize,
+        m: usize,
+        half: bool,
+    ) -> crate::Result<()> {
+        let (ni, mi) = (n as i32, m as i32);
+        let f = if half {
+            &self.kernels.gather_rows_half
+        } else {
+            &self.kernels.gather_rows
+        };
+        launch!(self, f, cfg(blocks(n * m, 256), 256); src, idx, dst, ni, mi)
+    }
+
+    /// out[idx[j], :] += w[j] · y[j, :] for j < m, rows of n, y the sum of `splits` partials
+    /// (gemm_q4h's parts of K) n·m apart.
+    pub fn scatter_axpy(
+        &self,
+        out: u64,
+        (idx, w): (u64, u64),
+        y: u64,
+        n: usize,
+        m: usize,
+        splits: usize,
+    ) -> crate::Result<()> {
+        let (ni, mi, si) = (n as i32, m as i32, splits as i32);
+        launch!(self, self.kernels.scatter_axpy, cfg(blocks(n * m, 256), 256); out, idx, w, y, ni, mi, si)
+    }
+
+    pub fn axpy(&self, out: u64, w: f32, y: u64, n: usize) -> crate::Result<()> {
+        let ni = n as i32;
+        launch!(self, self.kernels.axpy, cfg(blocks(n, 256), 256); out, w, y, ni)
+    }
+
+    pub fn zero(&self, ptr: u64, bytes: usize) -> crate::Result<()> {
+        // SAFETY: callers pass a live device allocation of at least `bytes` bytes.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
+            .map_err(cuda_err)
+    }
+}

@@ -1,0 +1,387 @@
+//! Launchers of the one-token products: plain matvecs, the routed experts' kernels (a table of
+//! slots, the routes on the device), routing and the MoE block's fused launches.
+
+use super::*;
+
+impl Gpu {
+    /// y[rows] = W · x for one token (pointers to device memory).
+    pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
+        let w = *w;
+        if w.vectorizable() && x.is_multiple_of(16) {
+            if w.kind >= 3 {
+                if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
+                    return Ok(());
+                }
+            } else {
+                // Float kinds: one row per warp, 8 warps per block.
+                let c = cfg(blocks(w.rows as usize, 8), 256);
+                return launch!(self, self.kernels.matvec[w.kind as usize], c; w, x, y);
+            }
+        }
+        let c = cfg(blocks(w.rows as usize, 8), 256);
+        let kind = w.kind;
+        launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
+    }
+
+    /// y = W · x through the integer kernel `q` (matvec_q_* or matvec_qm_* of w's kind, for a
+    /// vectorizable w) with its plan; false (nothing launched) where no plan fits.
+    pub fn matvec_int(&self, w: &DevMat, q: &QKernel, x: u64, y: u64) -> crate::Result<bool> {
+        let Some(p) = self.q_plan_for(q, w) else {
+            return Ok(false);
+        };
+        let c = LaunchConfig {
+            grid_dim: (p.grid, 1, 1),
+            block_dim: (p.block, 1, 1),
+            shared_mem_bytes: p.smem,
+        };
+        let (w, split, tchunks) = (*w, p.split, p.tchunks);
+        launch!(self, q.f, c; w, x, y, split, tchunks)?;
+        Ok(true)
+    }
+
+    /// The integer matvec kernels for `w` (plain, selecting): for groups of whole 16-byte chunks
+    /// the dp4a ones (matvec_qd_*) where `qd_kinds` has the kind, else the tensor-core ones where
+    /// the GPU has them and the groups are 1, 2 or a multiple of 4 chunks (kernels.cu
+    /// matvec_qm_body) and `qm_kinds` has the kind, else matvec_q_*.
+    pub fn q_kernels(&self, w: &DevMat) -> (&QKernel, &QKernel) {
+        let i = (w.kind - 3) as usize;
+        let cc = 16 << (w.kind - 3);
+        let cpg = w.group / cc;
+        let chunks = w.group > 0 && w.group % cc == 0;
+        let ring = self.kernels.matvec_qd[i].shape.ring;
+        if chunks && self.qd_kinds[i] && (ring == 0 || ring_ok(w)) {
+            return (&self.kernels.matvec_qd[i], &self.kernels.matvec_qd_sel[i]);
+        }
+        let whole = chunks && (cpg <= 2 || cpg % 4 == 0);
+        match (&self.kernels.matvec_qm, &self.kernels.matvec_qm_sel) {
+            (Some(p), Some(s)) if whole && self.qm_kinds[i] => (&p[i], &s[i]),
+            _ => (&self.kernels.matvec_q[i], &self.kernels.matvec_q_sel[i]),
+        }
+    }
+
+    /// Integer-kind matrices of the routed experts of one token, `ny` of them in one launch
+    /// (kernels.cu matvec_q_*_sel): matrix `which0 + j / k` of expert `routes[j % k]` from the
+    /// device table `tab` ([experts][3] DevMat: gate, up, down) times x + (j % k) * xs floats,
+    /// into y + j * ys floats; with `glu`, times SwiGLU(x + (j % k) * xs, x + (j % k + k) * xs)
+    /// instead (k gate products, then k up products). `w` is any one of those matrices (they
+    /// share kind and shape). A launch with which0 > 0 reads the routes and the table before it
+    /// waits for the kernel before it (kernels.cu sel_mat, "Ordering"): it must follow the
+    /// which0 = 0 launch of the same routes, as in `routed_ffn`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_sel(
+        &self,
+        w: &DevMat,
+        tab: u64,
+        routes: u64,
+        k: usize,
+        which0: i32,
+        ny: usize,
+        (x, xs, glu): (u64, usize, bool),
+        (y, ys): (u64, usize),
+    ) -> crate::Result<()> {
+        if w.kind < 3 {
+            return Err(Error::Invalid(
+                "CUDA: matvec_sel takes integer kinds (float kinds: moe_gate_up, moe_down)".into(),
+            ));
+        }
+        let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
+        // The plain kernel's plan (the same split and column tiles: the same sums as
+        // `matvec`). Its grid fills the GPU once; the ny matrices share it (a block loops over
+        // its matrix's row tiles, so any grid computes the same sums).
+        let q = self.q_kernels(w).1;
+        let p = self.routed_plan(w, q).ok_or_else(|| {
+            Error::Invalid("CUDA: no integer matvec plan for a routed expert".into())
+        })?;
+        let c = LaunchConfig {
+            grid_dim: (p.grid.div_ceil(ny as u32).max(1), ny as u32, 1),
+            block_dim: (p.block, 1, 1),
+            shared_mem_bytes: p.smem,
+        };
+        let (split, tchunks) = (p.split, p.tchunks);
+        launch!(self, q.f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, split, tchunks)
+    }
+
+    /// One decode token's routed experts from the table `tab` (integer kinds, every matrix like
+    /// `gate` / `down`), through the routed kernels: gate and up of the k experts in one launch
+    /// into g ([2k, f]: k gate rows, then k up rows), their SwiGLU, and down of all k into dn
+    /// ([k, h]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn routed_ffn(
+        &self,
+        (gate, down): (&DevMat, &DevMat),
+        tab: u64,
+        routes: u64,
+        k: usize,
+        x: u64,
+        (g, dn): (u64, u64),
+        (h, f): (usize, usize),
+    ) -> crate::Result<()> {
+        self.routed_gate_up(gate, tab, routes, k, x, (g, f))?;
+        self.matvec_sel(down, tab, routes, k, 2, k, (g, f, false), (dn, h))
+    }
+
+    /// SwiGLU(gate x, up x) of one token's k routed experts (integer kinds, every gate matrix
+    /// like `gate`) into the first k rows of g ([2k, f]; the other k are scratch): one launch
+    /// where matvec_qd_*_gu applies (Gpu::gu_launch), else the routed gate and up launch and the
+    /// swiglu launch. The same bits either way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn routed_gate_up(
+        &self,
+        gate: &DevMat,
+        tab: u64,
+        routes: u64,
+        k: usize,
+        x: u64,
+        (g, f): (u64, usize),
+    ) -> crate::Result<()> {
+        if let Some((q, c, split, tchunks)) = self.gu_launch(gate, k) {
+            let (ki, fi) = (k as i32, f as i32);
+            return launch!(self, q.f, c; tab, routes, ki, x, g, fi, split, tchunks);
+        }
+        self.matvec_sel(gate, tab, routes, k, 0, 2 * k, (x, 0, false), (g, f))?;
+        // SwiGLU in its own launch: each block of the down launch staging it measured slower
+        // (benches/results/2026-11-24-h100-routed.md), as did staging its x once for the
+        // launch (benches/results/2026-11-24-h100-decode-host.md).
+        self.swiglu(g, g + (k * f * 4) as u64, k * f)
+    }
+
+    /// Whether routed_ffn may take gate, up and SwiGLU in one launch (the default). Both forms
+    /// give the same results.
+    pub fn set_routed_gu(&self, on: bool) {
+        self.routed_gu.store(on, Ordering::Relaxed);
+    }
+
+    /// The launch of kernels.cu matvec_qd_*_gu for k routed experts whose gate matrices are like
+    /// `gate`: where the dp4a kernels serve it and the plain plan's x is one column tile. The
+    /// plain plan's split: each row's sum is the plain kernel's.
+    fn gu_launch(&self, gate: &DevMat, k: usize) -> Option<(&QKernel, LaunchConfig, i32, i32)> {
+        if !self.routed_gu.load(Ordering::Relaxed) || !(3..=5).contains(&gate.kind) {
+            return None;
+        }
+        let i = (gate.kind - 3) as usize;
+        let plain = self.q_kernels(gate).0;
+        if !std::ptr::eq(plain, &self.kernels.matvec_qd[i]) {
+            return None;
+        }
+        let q = &self.kernels.matvec_qd_gu[i];
+        let p = self.routed_plan(gate, q)?;
+        let whole = p.tchunks as usize == (gate.row_bytes.max(0) as usize / 16).max(1);
+        if !whole {
+            return None;
+        }
+        let c = LaunchConfig {
+            grid_dim: (p.grid.div_ceil(k as u32).max(1), k as u32, 1),
+            block_dim: (p.block, 1, 1),
+            shared_mem_bytes: p.smem,
+        };
+        Some((q, c, p.split, p.tchunks))
+    }
+
+    /// One token's routes ([k] experts then [k] weights at `routes`) from the router `w` and
+    /// x: one launch for a float-kind router of at most 256 rows (kernels.cu moe_route_*), else
+    /// the product into `logits` ([w.rows]) and route_topk. The same routes either way.
+    pub fn moe_route(
+        &self,
+        w: &DevMat,
+        x: u64,
+        k: usize,
+        routes: u64,
+        logits: u64,
+    ) -> crate::Result<()> {
+        let small = w.rows <= 256 && k <= 16 && k <= w.rows as usize;
+        if w.kind >= 3 || !w.vectorizable() || !x.is_multiple_of(16) || !small {
+            self.matvec(w, x, logits)?;
+            return self.route(logits, 1, w.rows as usize, k, routes);
+        }
+        let warps = (w.rows as u32).clamp(1, 32);
+        let (wm, ki) = (*w, k as i32);
+        launch!(self, self.kernels.moe_route[w.kind as usize], cfg(1, 32 * warps); wm, x, ki, routes)
+    }
+
+    /// Whether later routing launches may copy the router into the block before they wait (the
+    /// default). Both forms give the same results.
+    pub fn set_router_preload(&self, on: bool) {
+        self.router_preload.store(on, Ordering::Relaxed);
+    }
+
+    /// The MoE block's RMSNorm and routing of one token in one launch (kernels.cu
+    /// moe_route_norm_*): xn = RMSNorm(x) * g as `rms_norm` writes it, and the routes as
+    /// `moe_route` computes them from xn. Ok(false), nothing launched, where that kernel does not
+    /// apply (the caller then launches the two).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_route_norm(
+        &self,
+        w: &DevMat,
+        x: u64,
+        (g, eps): (u64, f32),
+        xn: u64,
+        k: usize,
+        routes: u64,
+    ) -> crate::Result<bool> {
+        let n = w.cols as usize;
+        let small = w.rows <= 256 && k <= 16 && k <= w.rows as usize;
+        // The row in shared memory within the 48 KB a launch gets without opting in.
+        if w.kind >= 3 || !w.vectorizable() || !small || n * 4 > 48 << 10 {
+            return Ok(false);
+        }
+        // The router's rows and the norm's weights loaded before the kernel waits (into shared
+        // memory, or registers: kernels.cu route_norm_regs), where they fit beside x.
+        let rows_bytes = w.rows as usize * w.row_bytes as usize;
+        let pre = self.router_preload.load(Ordering::Relaxed)
+            && n.is_multiple_of(4)
+            && 2 * n * 4 + rows_bytes <= self.kernels.route_norm_smem;
+        let c = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (rms_block(n), 1, 1),
+            // x, then with `pre` the router's rows and the norm's weights.
+            shared_mem_bytes: (n * 4 + if pre { rows_bytes + n * 4 } else { 0 }) as u32,
+        };
+        let (wm, ki, prei) = (*w, k as i32, i32::from(pre));
+        launch!(self, self.kernels.moe_route_norm[w.kind as usize], c; wm, x, g, eps, xn, ki, routes, prei)?;
+        Ok(true)
+    }
+
+    /// Float-kind experts of one token from the table `tab`: h ([k, ffn]) = SwiGLU of the
+    /// routed experts' gate and up rows (`gate` is one of those gate matrices: kind and shape).
+    pub fn moe_gate_up(
+        &self,
+        gate: &DevMat,
+        tab: u64,
+        routes: u64,
+        k: usize,
+        x: u64,
+        h: u64,
+    ) -> crate::Result<()> {
+        let c = LaunchConfig {
+            grid_dim: (blocks(gate.rows as usize, 8), k as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ki = k as i32;
+        launch!(self, self.kernels.moe_gate_up[gate.kind as usize], c; tab, routes, ki, x, h)
+    }
+
+    /// Float-kind experts of one token: x += the routed experts' down rows times h, weighted
+    /// and summed in ascending expert order (`down` is one of those down matrices).
+    pub fn moe_down(
+        &self,
+        down: &DevMat,
+        tab: u64,
+        routes: u64,
+        k: usize,
+        h: u64,
+        x: u64,
+    ) -> crate::Result<()> {
+        let ki = k as i32;
+        let c = cfg(blocks(down.rows as usize, 8), 256);
+        launch!(self, self.kernels.moe_down[down.kind as usize], c; tab, routes, ki, h, x)
+    }
+
+    /// Whether decode's routed-expert kernels take matrices like `w`: a vectorizable layout
+    /// (and for integer kinds, a plan for matvec_sel).
+    pub fn sel_supports(&self, w: &DevMat) -> bool {
+        if !w.vectorizable() {
+            return false;
+        }
+        if w.kind < 3 {
+            return true;
+        }
+        self.routed_plan(w, self.q_kernels(w).1).is_some()
+    }
+
+    /// The plan of a routed launch (`q`: a _sel or _gu kernel) of matrices like `w`: the plain
+    /// kernel's block, split and column tiles (each row's sum is the plain kernel's), with `q`'s
+    /// own shared memory (its ring may be deeper than the plain kernel's: QShape::ring). None
+    /// where `q`'s registers or shared memory do not allow that block.
+    pub fn routed_plan(&self, w: &DevMat, q: &QKernel) -> Option<QPlan> {
+        let p = self.q_plan(w)?;
+        let warps = p.block as usize / 32;
+        let regs_per_warp = (q.shape.regs.max(1) * 32).div_ceil(256) * 256;
+        let smem = q_smem(&q.shape, warps, p.tchunks as usize);
+        let fits =
+            regs_per_warp * warps <= self.q_limits.regs_per_sm && smem <= self.q_limits.smem_max;
+        fits.then_some(QPlan {
+            smem: smem as u32,
+            ..p
+        })
+    }
+
+    /// Mixtral routing of t tokens from router logits ([t, ne] at `logits`) into `routes`:
+    /// [t, k] expert indices (i32) then [t, k] weights (kernels.cu route_topk).
+    pub fn route(
+        &self,
+        logits: u64,
+        t: usize,
+        ne: usize,
+        k: usize,
+        routes: u64,
+    ) -> crate::Result<()> {
+        if k == 0 || k > 16 || k > ne {
+            return Err(Error::Invalid(format!(
+                "CUDA: routing to {k} of {ne} experts (the kernel takes 1 to 16)"
+            )));
+        }
+        let (nei, ki, ti) = (ne as i32, k as i32, t as i32);
+        launch!(self, self.kernels.route_topk, cfg(blocks(t, 128), 128); logits, nei, ki, ti, routes)
+    }
+
+    /// Write `a`'s table ([n][gate, up, down] at `tab`) and routes (n ranks then n weights at
+    /// `routes`) on the compute stream.
+    pub fn put_slots(&self, a: &SlotArgs, tab: u64, routes: u64) -> crate::Result<()> {
+        let a = *a;
+        launch!(self, self.kernels.put_slots, cfg(1, (3 * SLOTS_MAX_K) as u32); a, tab, routes)
+    }
+
+    /// x[:n] += the k routed experts' outputs d ([k, n]) weighted by `routes` (one token), summed
+    /// in ascending expert order with the roundings of zero + axpy per expert + add. With `norm`
+    /// = ((g, eps), xn), also xn = RMSNorm(x) * g (as `rms_norm` computes it) in the same launch
+    /// where that kernel applies (n % 4 == 0, every pointer 16-byte aligned); returns whether xn
+    /// was written (if not, the caller normalizes). With `norm`, it must follow `routed_ffn` of
+    /// the same routes: that kernel reads the routes and x before it waits (kernels.cu
+    /// moe_combine_norm).
+    pub fn moe_combine(
+        &self,
+        x: u64,
+        d: u64,
+        routes: u64,
+        (k, n): (usize, usize),
+        norm: Option<((u64, f32), u64)>,
+    ) -> crate::Result<bool> {
+        let (ki, ni) = (k as i32, n as i32);
+        if let Some(((g, eps), xn)) = norm {
+            if n.is_multiple_of(4) && ((x | d | g | xn) & 15) == 0 {
+                launch!(self, self.kernels.moe_combine_norm, cfg(1, rms_block(n)); x, d, routes, ki, ni, g, eps, xn)?;
+                return Ok(true);
+            }
+        }
+        launch!(self, self.kernels.moe_combine, cfg(blocks(n, 256), 256); x, d, routes, ki, ni)?;
+        Ok(false)
+    }
+
+    /// The NMSE bound of a one-token product (`matvec`) of `m` against the CPU backend: the
+    /// integer kernel's (QShape::nmse_bound), 1e-10 for the rest.
+    pub fn matvec_nmse_bound(&self, m: &Matrix<'_>) -> f64 {
+        let d = DevMat::new(m, 0, 0, 0);
+        if d.kind >= 3 && d.row_bytes % 16 == 0 {
+            self.q_kernels(&d).0.shape.nmse_bound()
+        } else {
+            1e-10
+        }
+    }
+
+    /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU, for the kernel
+    /// `matvec` runs.
+    pub fn q_plan(&self, w: &DevMat) -> Option<QPlan> {
+        self.q_plan_for(self.q_kernels(w).0, w)
+    }
+
+    /// The plan of an integer matvec through kernel `q`.
+    pub fn q_plan_for(&self, q: &QKernel, w: &DevMat) -> Option<QPlan> {
+        q_plan(
+            &q.shape,
+            w.rows.max(0) as usize,
+            w.row_bytes.max(0) as usize,
+            &self.q_limits,
+        )
+    }
+}

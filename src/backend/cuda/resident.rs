@@ -1,0 +1,222 @@
+//! The dense weights resident on the device, found by the host address of their mmap bytes.
+
+use super::*;
+
+impl CudaBackend {
+    /// Upload every dense weight of `model` (matrices in their stored dtype, norms and RoPE
+    /// frequencies in f32).
+    pub fn new(gpu: Arc<Gpu>, model: &Model<'_>) -> crate::Result<CudaBackend> {
+        let w = model.weights();
+        let mut mats: Vec<&Matrix> = vec![&w.token_embd, &w.output];
+        let mut vectors: Vec<&[f32]> = vec![&w.output_norm, model.inv_freq()];
+        for l in &w.layers {
+            mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.router]);
+            vectors.extend([l.attn_norm.as_slice(), l.ffn_norm.as_slice()]);
+        }
+        let needed: usize = mats
+            .iter()
+            .map(|m| m.codes.len() + m.scales.len() + m.mins.len())
+            .sum::<usize>()
+            + vectors.iter().map(|v| v.len() * 4).sum::<usize>()
+            + SCRATCH_FLOATS * 4;
+        let (free, total) = gpu.mem_info()?;
+        if needed > free {
+            return Err(Error::Invalid(format!(
+                "CUDA: the model's non-expert weights need {:.2} GiB on {} but only {:.2} GiB of {:.2} GiB is free",
+                gib(needed),
+                gpu.name,
+                gib(free),
+                gib(total)
+            )));
+        }
+        let mut b = CudaBackend::empty(gpu)?;
+        for m in mats {
+            b.upload_matrix(m)?;
+        }
+        for v in vectors {
+            let key = v.as_ptr() as usize;
+            if !b.vectors.contains_key(&key) {
+                let d = b.gpu.stream.clone_htod(v).map_err(cuda_err)?;
+                b.resident_bytes += v.len() * 4;
+                b.vectors.insert(key, d);
+            }
+        }
+        b.gpu.sync()?;
+        Ok(b)
+    }
+
+    /// A backend with nothing resident yet (weights come with `make_resident`).
+    pub fn empty(gpu: Arc<Gpu>) -> crate::Result<CudaBackend> {
+        Ok(CudaBackend {
+            scratch: gpu.alloc::<f32>(SCRATCH_FLOATS, "the prefill tile")?,
+            scratch_len: SCRATCH_FLOATS,
+            step: gpu.alloc::<i32>(2, "the decode position and token")?,
+            pos_now: Mutex::new(None),
+            qkv_settled: AtomicBool::new(false),
+            graph: Mutex::new(None),
+            baked: AtomicBool::new(false),
+            replays: AtomicU64::new(0),
+            launch_ns: AtomicU64::new(0),
+            gpu,
+            mats: HashMap::new(),
+            vectors: HashMap::new(),
+            resident_bytes: 0,
+        })
+    }
+
+    /// The device address holding decode position `pos`, written there first if it holds
+    /// another (never while a step is recorded: decode_step writes it before).
+    pub(super) fn pos_ptr(&self, pos: usize) -> crate::Result<u64> {
+        let p = ptr(&self.step, &self.gpu.stream);
+        let mut now = self.pos_now.lock().unwrap_or_else(|e| e.into_inner());
+        if *now != Some(pos) {
+            let v = step_pos(pos)?;
+            // SAFETY: p holds an i32, set by a memset queued on the stream (no host buffer: no
+            // staging copy), ordered before the launches that read it.
+            unsafe {
+                cudarc::driver::sys::cuMemsetD32Async(p, v, 1, self.gpu.stream.cu_stream())
+                    .result()
+                    .map_err(cuda_err)?;
+            }
+            *now = Some(pos);
+        }
+        Ok(p)
+    }
+
+    /// Copy a host matrix to the device; later calls with the same view find it.
+    pub fn make_resident(&mut self, m: &Matrix<'_>) -> crate::Result<()> {
+        self.upload_matrix(m)
+    }
+
+    /// Copy a host f32 vector (a norm, RoPE frequencies) to the device.
+    pub fn make_resident_vector(&mut self, v: &[f32]) -> crate::Result<()> {
+        let key = v.as_ptr() as usize;
+        if !self.vectors.contains_key(&key) {
+            let d = self.gpu.stream.clone_htod(v).map_err(cuda_err)?;
+            self.resident_bytes += v.len() * 4;
+            self.vectors.insert(key, d);
+        }
+        Ok(())
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Bytes of dense weights on the device.
+    pub fn resident_bytes(&self) -> usize {
+        self.resident_bytes
+    }
+
+    pub(super) fn upload_matrix(&mut self, m: &Matrix<'_>) -> crate::Result<()> {
+        let key = m.codes.as_ptr() as usize;
+        if self.mats.contains_key(&key) {
+            return Ok(());
+        }
+        // codes | scales | mins, each starting on a 256-byte boundary.
+        let a = |n: usize| n.div_ceil(256) * 256;
+        let (sc, mn) = (a(m.codes.len()), a(m.codes.len()) + a(m.scales.len()));
+        let total = mn + m.mins.len();
+        let mut host = vec![0u8; total];
+        host[..m.codes.len()].copy_from_slice(m.codes);
+        host[sc..sc + m.scales.len()].copy_from_slice(m.scales);
+        host[mn..mn + m.mins.len()].copy_from_slice(m.mins);
+        let dev = self.gpu.stream.clone_htod(&host).map_err(cuda_err)?;
+        let base = ptr(&dev, &self.gpu.stream);
+        let dm = DevMat::new(m, base, base + sc as u64, base + mn as u64);
+        self.resident_bytes += total;
+        self.mats.insert(key, (dm, dev));
+        Ok(())
+    }
+
+    pub(super) fn mat(&self, w: &Matrix<'_>) -> crate::Result<&DevMat> {
+        self.mats
+            .get(&(w.codes.as_ptr() as usize))
+            .map(|(d, _)| d)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "CUDA backend: a [{}, {}] matrix was never uploaded",
+                    w.rows, w.cols
+                ))
+            })
+    }
+
+    pub(super) fn vector(&self, v: &[f32]) -> crate::Result<u64> {
+        self.vectors
+            .get(&(v.as_ptr() as usize))
+            .map(|d| ptr(d, &self.gpu.stream))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "CUDA backend: a vector of {} was never uploaded",
+                    v.len()
+                ))
+            })
+    }
+
+    /// The three matrices of one token's fused products (matvec3_*): resident float kinds, all
+    /// one kind, 16-byte rows and x, the buffers long enough; None where the fused kernels do
+    /// not apply.
+    pub(super) fn one_token_floats(
+        &self,
+        w: [&Matrix<'_>; 3],
+        x: &CudaSlice<f32>,
+        t: usize,
+        out: [&CudaSlice<f32>; 3],
+    ) -> crate::Result<Option<[DevMat; 3]>> {
+        let m = [*self.mat(w[0])?, *self.mat(w[1])?, *self.mat(w[2])?];
+        let fused = t == 1
+            && self.p(x).is_multiple_of(16)
+            && m.iter()
+                .all(|d| d.kind < 3 && d.kind == m[0].kind && d.vectorizable());
+        if !fused {
+            return Ok(None);
+        }
+        for (w, o) in w.iter().zip(out) {
+            check_len("matmul input", x.len(), w.cols)?;
+            check_len("matmul output", o.len(), w.rows)?;
+        }
+        Ok(Some(m))
+    }
+
+    pub(super) fn p(&self, s: &CudaSlice<f32>) -> u64 {
+        ptr(s, &self.gpu.stream)
+    }
+
+    /// Routes of t tokens as Gpu::route writes them at `dev` ([t, k] indices, then weights),
+    /// read back into `routes` ([t, k]); `host` is room for them.
+    pub(super) fn routes_back(
+        &self,
+        dev: u64,
+        t: usize,
+        n_experts: usize,
+        routes: &mut [Route],
+        host: &mut Vec<f32>,
+    ) -> crate::Result<()> {
+        let k = routes.len() / t.max(1);
+        host.resize(2 * t * k, 0.0);
+        self.gpu.download_f32(dev, &mut host[..2 * t * k])?;
+        let (ids, wts) = host.split_at(t * k);
+        for (i, ((r, id), w)) in routes.iter_mut().zip(ids).zip(wts).enumerate() {
+            let expert = id.to_bits() as usize;
+            if expert >= n_experts {
+                return Err(Error::Invalid(format!(
+                    "routing: token {} found no expert among {n_experts} (router logits not finite?)",
+                    i / k.max(1)
+                )));
+            }
+            *r = Route { expert, weight: *w };
+        }
+        Ok(())
+    }
+
+    /// Multiply by a device matrix (e.g. an expert in the cache).
+    /// The prefill scratch: its device address and length in floats.
+    pub fn scratch(&self) -> (u64, usize) {
+        (self.p(&self.scratch), self.scratch_len)
+    }
+
+    pub fn matmul_dev(&self, w: &DevMat, x: u64, t: usize, out: u64) -> crate::Result<()> {
+        let scratch = self.p(&self.scratch);
+        self.gpu.matmul(w, x, t, out, scratch, self.scratch_len)
+    }
+}
