@@ -13,13 +13,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A .hob file failed validation.
-    #[error("{}: {source}", path.display())]
-    Format {
-        path: PathBuf,
-        #[source]
-        source: crate::format::FormatError,
-    },
+    /// A .hob file could not be read, failed validation, or could not be written.
+    #[error(transparent)]
+    Format(#[from] crate::format::FormatError),
     /// A Hugging Face checkpoint could not be read or converted.
     #[error(transparent)]
     Import(#[from] crate::import::ImportError),

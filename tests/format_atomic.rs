@@ -4,8 +4,8 @@
 mod format_support;
 
 use format_support::{sample, write};
+use hob::format::FormatError as Error;
 use hob::format::{DType, DenseSpec, ExpertShape, HobWriter, Metadata, Variant};
-use hob::Error;
 
 fn entries(dir: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -48,7 +48,7 @@ fn finish_with_a_missing_item_names_it_and_leaves_nothing() {
         }
     }
     match w.finish() {
-        Err(Error::Invalid(msg)) => {
+        Err(Error::Request(msg)) => {
             assert!(
                 msg.contains("expert (layer 1, expert 1, variant int2/g32) was never written"),
                 "{msg}"
@@ -171,7 +171,7 @@ fn contract_violations_are_refused() {
     ];
     for (d, sh, v, want) in cases {
         match HobWriter::create(&out, &m, &d, sh, &v) {
-            Err(Error::Invalid(msg)) => assert!(msg.contains(want), "{msg} !~ {want}"),
+            Err(Error::Request(msg)) => assert!(msg.contains(want), "{msg} !~ {want}"),
             r => panic!("{want}: {:?}", r.err()),
         }
     }

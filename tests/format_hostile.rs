@@ -581,10 +581,7 @@ fn open_errors_name_the_file() {
     assert!(
         matches!(
             err,
-            hob::Error::Format {
-                source: FormatError::Truncated { .. },
-                ..
-            }
+            FormatError::File { ref source, .. } if matches!(**source, FormatError::Truncated { .. })
         ),
         "{err}"
     );
@@ -596,5 +593,5 @@ fn open_errors_name_the_file() {
     let err = hob::format::HobFile::open(&dir.path().join("missing.hob"))
         .err()
         .unwrap();
-    assert!(matches!(err, hob::Error::Io { op: "open", .. }), "{err}");
+    assert!(matches!(err, FormatError::Io { op: "open", .. }), "{err}");
 }

@@ -138,7 +138,7 @@ impl ModelArgs {
                 self.model.display()
             )));
         }
-        HobFile::open(&self.model)
+        Ok(HobFile::open(&self.model)?)
     }
 
     /// The device this command will use: `--device auto` falls back to the CPU with a note.
@@ -405,10 +405,7 @@ pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> 
     let json = file
         .metadata()
         .get_str(keys::TOKENIZER_HF_JSON)
-        .map_err(|e| Error::Format {
-            path: file.path().to_path_buf(),
-            source: e,
-        })?;
+        .map_err(|e| e.in_file(file.path()))?;
     let missing = |what: &str| {
         Error::Invalid(format!(
             "{}: the metadata has no {what}",

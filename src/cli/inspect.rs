@@ -4,7 +4,6 @@
 use serde_json::{json, Value};
 
 use super::InspectArgs;
-use crate::error::Error;
 use crate::format::{HobFile, MetaValue};
 
 /// Strings longer than this (the tokenizer JSON, the chat template) are shown abbreviated.
@@ -166,10 +165,7 @@ pub fn run(args: &InspectArgs) -> crate::Result<()> {
     let file = HobFile::open(&args.file)?;
     let mut r = report(&file);
     let verified = if args.verify {
-        file.verify().map_err(|source| Error::Format {
-            path: args.file.clone(),
-            source,
-        })?;
+        file.verify().map_err(|e| e.in_file(&args.file))?;
         let n = file.tensors().len() + file.n_layers() * file.n_experts() * file.variants().len();
         r["verify"] = json!({"ok": true, "checksums": n});
         Some(n)

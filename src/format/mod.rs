@@ -65,4 +65,45 @@ pub enum FormatError {
     UnknownVariant { code: u32, what: String },
     #[error("metadata key '{key}': {detail}")]
     Metadata { key: String, detail: String },
+    /// An I/O operation on a named file failed.
+    #[error("{}: {op}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file failed validation (the inner error names the field).
+    #[error("{}: {source}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<FormatError>,
+    },
+    /// The writer was asked for something it cannot write (named in the message).
+    #[error("{0}")]
+    Request(String),
+}
+
+impl FormatError {
+    /// Wrap an io::Error with the file and the operation that failed.
+    pub fn io(
+        path: impl Into<std::path::PathBuf>,
+        op: &'static str,
+        source: std::io::Error,
+    ) -> Self {
+        FormatError::Io {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
+
+    /// This error, found in `path`.
+    pub fn in_file(self, path: impl Into<std::path::PathBuf>) -> Self {
+        FormatError::File {
+            path: path.into(),
+            source: Box::new(self),
+        }
+    }
 }

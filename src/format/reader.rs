@@ -15,7 +15,6 @@ use super::{
     align_up, DType, ExpertLayout, FormatError, MatrixLayout, Metadata, Variant, VariantKind,
     BLOB_ALIGN,
 };
-use crate::error::Error;
 
 pub use super::header::reseal;
 
@@ -544,18 +543,15 @@ pub struct HobFile {
 
 impl HobFile {
     /// mmap and validate. Errors name the file and the field.
-    pub fn open(path: &Path) -> Result<HobFile, Error> {
-        let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    pub fn open(path: &Path) -> Result<HobFile, FormatError> {
+        let file = File::open(path).map_err(|e| FormatError::io(path, "open", e))?;
         // SAFETY: the map is read-only and private to this process, but its pages follow the
         // file: if another process truncates the file while it is mapped, reading the lost
         // pages raises SIGBUS, and writes by others show through. hob never modifies a .hob file
         // in place (the writer renames a new file over the old name, which leaves this mapping's
         // inode intact), and users must not truncate a model file that is being served.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "mmap", e))?;
-        let parsed = parse(&map).map_err(|source| Error::Format {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, "mmap", e))?;
+        let parsed = parse(&map).map_err(|e| e.in_file(path))?;
         let by_name = parsed
             .tensors
             .iter()

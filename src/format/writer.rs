@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 
 use super::header::{self, HEADER_SIZE, VERSION};
 use super::reader::{expert_name, Header, EXPERT_RECORD, EXPERT_TABLE_HEADER, VARIANT_DESCRIPTOR};
-use super::{align_up, DType, ExpertLayout, Metadata, Variant, BLOB_ALIGN};
-use crate::error::Error;
+use super::{align_up, DType, ExpertLayout, FormatError, Metadata, Variant, BLOB_ALIGN};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DenseSpec {
@@ -58,16 +57,16 @@ pub struct HobWriter {
     done: bool,
 }
 
-fn invalid(msg: String) -> Error {
-    Error::Invalid(msg)
+fn invalid(msg: String) -> FormatError {
+    FormatError::Request(msg)
 }
 
-fn too_large(what: &str) -> Error {
+fn too_large(what: &str) -> FormatError {
     invalid(format!("{what}: the .hob file would be too large"))
 }
 
 /// Bytes of a dense tensor, after checking the spec.
-fn dense_size(d: &DenseSpec) -> Result<u64, Error> {
+fn dense_size(d: &DenseSpec) -> Result<u64, FormatError> {
     let what = format!("dense tensor '{}'", d.name);
     if d.name.is_empty() {
         return Err(invalid("dense tensor with an empty name".to_string()));
@@ -93,7 +92,7 @@ impl HobWriter {
         dense: &[DenseSpec],
         experts: ExpertShape,
         variants: &[Variant],
-    ) -> Result<HobWriter, Error> {
+    ) -> Result<HobWriter, FormatError> {
         metadata
             .check()
             .map_err(|e| invalid(format!("metadata: {e}")))?;
@@ -130,7 +129,7 @@ impl HobWriter {
 
         // Data: dense tensors in table order, then blobs in record order, each 4 KiB-aligned.
         let mut pos = data_offset;
-        let mut place = |size: u64| -> Result<Slot, Error> {
+        let mut place = |size: u64| -> Result<Slot, FormatError> {
             let padded = align_up(size as usize, BLOB_ALIGN).ok_or_else(|| too_large("data"))?;
             let slot = Slot {
                 offset: pos,
@@ -179,7 +178,7 @@ impl HobWriter {
             .create(true)
             .truncate(true)
             .open(&tmp)
-            .map_err(|e| Error::io(&tmp, "create", e))?;
+            .map_err(|e| FormatError::io(&tmp, "create", e))?;
         let writer = HobWriter {
             out: out.to_path_buf(),
             tmp,
@@ -200,14 +199,14 @@ impl HobWriter {
 
     /// Reserve the whole file now, so a full disk fails before hours of conversion. Untouched
     /// bytes read as zeros, which is what every padding region must hold.
-    fn preallocate(&self, size: u64) -> Result<(), Error> {
+    fn preallocate(&self, size: u64) -> Result<(), FormatError> {
         let len = libc::off_t::try_from(size).map_err(|_| too_large("file"))?;
         // SAFETY: posix_fallocate only reads its integer arguments; the descriptor is owned by
         // self.file and stays open for the duration of the call.
         let rc = unsafe { libc::posix_fallocate(self.file.as_raw_fd(), 0, len) };
         match rc {
             0 => Ok(()),
-            libc::ENOSPC => Err(Error::io(
+            libc::ENOSPC => Err(FormatError::io(
                 &self.tmp,
                 "preallocate",
                 io::Error::new(
@@ -219,8 +218,8 @@ impl HobWriter {
             libc::EINVAL | libc::EOPNOTSUPP => self
                 .file
                 .set_len(size)
-                .map_err(|e| Error::io(&self.tmp, "set length", e)),
-            errno => Err(Error::io(
+                .map_err(|e| FormatError::io(&self.tmp, "set length", e)),
+            errno => Err(FormatError::io(
                 &self.tmp,
                 "preallocate",
                 io::Error::from_raw_os_error(errno),
@@ -229,7 +228,7 @@ impl HobWriter {
     }
 
     /// Write dense tensor `index` (order of `dense`); `bytes.len()` must equal its size.
-    pub fn write_dense(&mut self, index: usize, bytes: &[u8]) -> Result<(), Error> {
+    pub fn write_dense(&mut self, index: usize, bytes: &[u8]) -> Result<(), FormatError> {
         let Some(name) = self
             .dense
             .get(index)
@@ -251,7 +250,7 @@ impl HobWriter {
         expert: usize,
         variant: usize,
         bytes: &[u8],
-    ) -> Result<(), Error> {
+    ) -> Result<(), FormatError> {
         let s = self.shape;
         if layer >= s.n_layers || expert >= s.n_experts || variant >= self.variants.len() {
             return Err(invalid(format!(
@@ -274,7 +273,7 @@ impl HobWriter {
     }
 
     /// Check everything was written, write the tables and the header, fsync, rename to `out`.
-    pub fn finish(mut self) -> Result<(), Error> {
+    pub fn finish(mut self) -> Result<(), FormatError> {
         if let Some(i) = self.dense_slots.iter().position(|s| !s.written) {
             return Err(invalid(format!(
                 "{}: tensor '{}' was never written",
@@ -309,12 +308,13 @@ impl HobWriter {
         for (bytes, offset) in pieces {
             self.file
                 .write_all_at(bytes, offset)
-                .map_err(|e| Error::io(&self.tmp, "write", e))?;
+                .map_err(|e| FormatError::io(&self.tmp, "write", e))?;
         }
         self.file
             .sync_all()
-            .map_err(|e| Error::io(&self.tmp, "fsync", e))?;
-        std::fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, "rename", e))?;
+            .map_err(|e| FormatError::io(&self.tmp, "fsync", e))?;
+        std::fs::rename(&self.tmp, &self.out)
+            .map_err(|e| FormatError::io(&self.out, "rename", e))?;
         self.done = true;
         // The rename is durable only once the directory entry is.
         let dir = match self.out.parent() {
@@ -323,7 +323,7 @@ impl HobWriter {
         };
         File::open(dir)
             .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io(dir, "fsync directory", e))
+            .map_err(|e| FormatError::io(dir, "fsync directory", e))
     }
 
     fn tensor_table(&self) -> Vec<u8> {
@@ -374,7 +374,7 @@ impl HobWriter {
 
 /// Check the expert shape and variants against the rules a reader applies; the layouts, one
 /// per variant.
-fn plan_experts(s: ExpertShape, variants: &[Variant]) -> Result<Vec<ExpertLayout>, Error> {
+fn plan_experts(s: ExpertShape, variants: &[Variant]) -> Result<Vec<ExpertLayout>, FormatError> {
     for (what, n) in [
         ("n_layers", s.n_layers),
         ("n_experts", s.n_experts),
@@ -424,7 +424,7 @@ fn write_slot(
     slot: &mut Slot,
     name: &str,
     bytes: &[u8],
-) -> Result<(), Error> {
+) -> Result<(), FormatError> {
     if slot.written {
         return Err(invalid(format!("{name} written twice")));
     }
@@ -436,7 +436,7 @@ fn write_slot(
         )));
     }
     file.write_all_at(bytes, slot.offset)
-        .map_err(|e| Error::io(tmp, "write", e))?;
+        .map_err(|e| FormatError::io(tmp, "write", e))?;
     slot.crc32c = crc32c::crc32c(bytes);
     slot.written = true;
     Ok(())

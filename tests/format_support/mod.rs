@@ -156,7 +156,7 @@ pub fn write(s: &Sample, out: &Path) -> hob::Result<()> {
         let (le, v) = (i / nv, i % nv);
         w.write_expert(le / s.shape.n_experts, le % s.shape.n_experts, v, b)?;
     }
-    w.finish()
+    Ok(w.finish()?)
 }
 
 /// The sample file's bytes.

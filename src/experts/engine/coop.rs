@@ -80,7 +80,13 @@ impl Cooperative {
     /// Greedy: whether a miss (as `variant`) goes to the CPU, busy for `cpu_busy` seconds,
     /// rather than the link, busy for `load_busy` and then `load_s` for it. Unmeasured variants
     /// go to the CPU once to be measured.
-    pub fn goes_to_cpu(&mut self, variant: usize, cpu_busy: f64, load_busy: f64, load_s: f64) -> bool {
+    pub fn goes_to_cpu(
+        &mut self,
+        variant: usize,
+        cpu_busy: f64,
+        load_busy: f64,
+        load_s: f64,
+    ) -> bool {
         let go = match self.cpu_s[variant] {
             None => true,
             Some(_) if self.since_cpu[variant] >= PROBE_EVERY => true,

@@ -67,13 +67,14 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         batch: &Batch<'_, D::Buf>,
         mut io: Io<'_, D::Buf>,
     ) -> crate::Result<bool> {
+        let entered = Instant::now();
         let lp = self.plan_layer(dev, layer, batch)?;
         let decode = batch.t == 1;
         let mut run = Run {
             decode,
             n_out: batch.t * batch.hidden,
             top1: top1(batch),
-            entered: Instant::now(),
+            entered,
             places: vec![None; lp.groups.len()],
             placed: 0,
             load_busy: self.slots.link_backlog(),
@@ -82,7 +83,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             cpu_handed: 0,
             cpu_out: Vec::new(),
             background: None,
-            spawned: Instant::now(),
+            spawned: entered,
             cpu_span: None,
             slot_mode: None,
             slot_list: Vec::new(),
