@@ -163,7 +163,6 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         }
         (true, _) => None,
     };
-    let n_predict = usize::try_from(args.n_predict).ok();
     let stop = Arc::new(AtomicBool::new(false));
     if args.interactive {
         let flag = stop.clone();
@@ -179,7 +178,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         model.cfg.top_k,
         gen.describe()
     );
-    let mut session = Chat {
+    let mut chat = Chat {
         gen,
         tok: &tok,
         sampler,
@@ -187,26 +186,35 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         ignore_eos: args.ignore_eos,
         stats: args.model.stats,
     };
+    converse(args, &mut chat, template.as_ref())
+}
+
+/// The conversation: one prompt, or (-i) turns read from stdin until /exit or EOF.
+fn converse(
+    args: &RunArgs,
+    chat: &mut Chat<'_>,
+    template: Option<&ChatTemplate>,
+) -> crate::Result<()> {
+    let n_predict = usize::try_from(args.n_predict).ok();
+    let tok = chat.tok;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
         messages.push(Message::system(system));
     }
     let stdout = std::io::stdout();
     let encode = |messages: &[Message], raw: &str| -> crate::Result<Vec<u32>> {
-        Ok(match &template {
+        Ok(match template {
             Some(t) => tok.encode(&t.render(messages, true)?, false)?,
             None => tok.encode(raw, true)?,
         })
     };
-
     if !args.interactive {
         let prompt = args.prompt.as_deref().unwrap_or_default();
         messages.push(Message::user(prompt));
         let ids = encode(&messages, prompt)?;
-        session.answer(&ids, n_predict, &mut stdout.lock())?;
+        chat.answer(&ids, n_predict, &mut stdout.lock())?;
         return Ok(());
     }
-
     let mut pending = args.prompt.clone();
     let mut transcript = String::new();
     let stdin = std::io::stdin();
@@ -237,7 +245,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         // Without a template the conversation is the running transcript.
         transcript.push_str(&line);
         let ids = encode(&messages, &transcript)?;
-        let answer = session.answer(&ids, n_predict, &mut stdout.lock())?;
+        let answer = chat.answer(&ids, n_predict, &mut stdout.lock())?;
         transcript.push_str(&answer);
         messages.push(Message::assistant(&answer));
     }

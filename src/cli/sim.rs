@@ -161,9 +161,28 @@ fn weight_grid() -> Vec<HobbitWeights> {
     out
 }
 
+/// Every policy's results per column, LRU's penalties, and the fitted weights (with --fit).
+struct Outcome {
+    rows: Vec<(String, Policy)>,
+    results: Vec<Vec<SimResult>>,
+    lru: Vec<f64>,
+    /// (weights, mean change vs LRU in %, per-column change)
+    fit: Option<(HobbitWeights, f64, Vec<f64>)>,
+}
+
 pub fn run(args: &SimArgs) -> crate::Result<()> {
     let trace = Trace::read(&args.trace)?;
     let cols = columns(args, &trace)?;
+    let o = simulate_all(args, &trace, &cols)?;
+    if args.output == "json" {
+        print_json(args, &trace, &cols, &o);
+    } else {
+        print_table(args, &trace, &cols, &o);
+    }
+    Ok(())
+}
+
+fn simulate_all(args: &SimArgs, trace: &Trace, cols: &[Column]) -> crate::Result<Outcome> {
     if args.policies.trim().is_empty() {
         return Err(Error::Invalid(
             "--policies: name at least one policy".into(),
@@ -185,7 +204,7 @@ pub fn run(args: &SimArgs) -> crate::Result<()> {
         cols.par_iter()
             .map(|c| {
                 simulate(
-                    &trace,
+                    trace,
                     policy,
                     c.high_slots,
                     c.low_slots,
@@ -220,42 +239,54 @@ pub fn run(args: &SimArgs) -> crate::Result<()> {
             .reduce(|best, x| if x.1 < best.1 { x } else { best })
     });
     let fit = fit.flatten();
+    Ok(Outcome {
+        rows,
+        results,
+        lru,
+        fit,
+    })
+}
 
+fn print_json(args: &SimArgs, trace: &Trace, cols: &[Column], o: &Outcome) {
+    let (rows, results, lru, fit) = (&o.rows, &o.results, &o.lru, &o.fit);
     let h = &trace.header;
     let low_cost = h.low_bytes as f64 / h.high_bytes as f64;
-    if args.output == "json" {
-        let out = json!({
-            "trace": args.trace.display().to_string(),
-            "model": h.model,
-            "layers": h.layers,
-            "experts": h.experts,
-            "top_k": h.top_k,
-            "tokens": trace.tokens(),
-            "sequences": trace.sequences(),
-            "low_miss_cost": low_cost,
-            "substitute_low": args.substitute_low,
-            "columns": cols.iter().map(|c| json!({
-                "label": c.label, "high_slots": c.high_slots, "low_slots": c.low_slots,
-            })).collect::<Vec<_>>(),
-            "rows": rows.iter().zip(&results).map(|((name, p), rs)| json!({
-                "policy": name,
-                "config": p.to_string(),
-                "cells": rs.iter().zip(&lru).map(|(r, &b)| {
-                    let mut v = serde_json::to_value(r).unwrap_or_default();
-                    v["hit_rate"] = json!(r.hit_rate());
-                    v["vs_lru_pct"] = json!(vs(r.penalty, b));
-                    v
-                }).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-            "fit": fit.as_ref().map(|(w, mean, per)| json!({
-                "weights": [w.lru, w.lfu, w.lhu, w.fld],
-                "mean_vs_lru_pct": mean,
-                "vs_lru_pct": per,
-            })),
-        });
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-        return Ok(());
-    }
+    let out = json!({
+        "trace": args.trace.display().to_string(),
+        "model": h.model,
+        "layers": h.layers,
+        "experts": h.experts,
+        "top_k": h.top_k,
+        "tokens": trace.tokens(),
+        "sequences": trace.sequences(),
+        "low_miss_cost": low_cost,
+        "substitute_low": args.substitute_low,
+        "columns": cols.iter().map(|c| json!({
+            "label": c.label, "high_slots": c.high_slots, "low_slots": c.low_slots,
+        })).collect::<Vec<_>>(),
+        "rows": rows.iter().zip(results).map(|((name, p), rs)| json!({
+            "policy": name,
+            "config": p.to_string(),
+            "cells": rs.iter().zip(lru).map(|(r, &b)| {
+                let mut v = serde_json::to_value(r).unwrap_or_default();
+                v["hit_rate"] = json!(r.hit_rate());
+                v["vs_lru_pct"] = json!(vs(r.penalty, b));
+                v
+            }).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "fit": fit.as_ref().map(|(w, mean, per)| json!({
+            "weights": [w.lru, w.lfu, w.lhu, w.fld],
+            "mean_vs_lru_pct": mean,
+            "vs_lru_pct": per,
+        })),
+    });
+    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+}
+
+fn print_table(args: &SimArgs, trace: &Trace, cols: &[Column], o: &Outcome) {
+    let (rows, results, lru, fit) = (&o.rows, &o.results, &o.lru, &o.fit);
+    let h = &trace.header;
+    let low_cost = h.low_bytes as f64 / h.high_bytes as f64;
 
     let low = match &h.low {
         Some(name) => format!(
@@ -293,9 +324,9 @@ pub fn run(args: &SimArgs) -> crate::Result<()> {
     let mut table: Vec<Vec<String>> = vec![std::iter::once("policy".to_string())
         .chain(cols.iter().map(|c| c.label.clone()))
         .collect()];
-    for ((name, p), rs) in rows.iter().zip(&results) {
+    for ((name, p), rs) in rows.iter().zip(results) {
         let mut line = vec![name.clone()];
-        for (r, &b) in rs.iter().zip(&lru) {
+        for (r, &b) in rs.iter().zip(lru) {
             line.push(if *p == Policy::Lru {
                 format!("{:.2} ({:.1}% hit)", r.penalty, r.hit_rate() * 100.0)
             } else {
@@ -319,7 +350,6 @@ pub fn run(args: &SimArgs) -> crate::Result<()> {
             per.join(", ")
         );
     }
-    Ok(())
 }
 
 /// A markdown table, first row the header; the first column left-aligned, the rest right.

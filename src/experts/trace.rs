@@ -160,6 +160,122 @@ struct RecordIn {
     pred: Vec<Vec<(usize, f32)>>,
 }
 
+/// A record checked against the header and the record before it (`last`: its (seq, tok,
+/// layer)); Err: what is wrong with it.
+fn check_record(
+    h: &TraceHeader,
+    rec: RecordIn,
+    last: &mut Option<(u64, u64, usize)>,
+) -> Result<TraceRecord, String> {
+    if rec.layer >= h.layers {
+        return Err(format!("layer {} >= layers {}", rec.layer, h.layers));
+    }
+    if rec.routes.len() != h.top_k {
+        return Err(format!(
+            "{} routes, the header's top_k is {}",
+            rec.routes.len(),
+            h.top_k
+        ));
+    }
+    let key = (rec.seq, rec.tok, rec.layer);
+    if let Some(prev) = *last {
+        if key <= prev {
+            return Err(format!(
+                "(seq {}, tok {}, layer {}) after (seq {}, tok {}, layer {}): records must be in \
+                 increasing (seq, tok, layer) order",
+                key.0, key.1, key.2, prev.0, prev.1, prev.2
+            ));
+        }
+    }
+    *last = Some(key);
+    let routes = check_routes(h, rec.routes)?;
+    check_predictions(h, rec.layer, &rec.pred)?;
+    Ok(TraceRecord {
+        seq: rec.seq,
+        tok: rec.tok,
+        layer: rec.layer,
+        routes,
+        pred: rec.pred,
+    })
+}
+
+/// A record's routes: distinct experts of the model, finite weights, known precisions.
+fn check_routes(
+    h: &TraceHeader,
+    routes: Vec<(usize, f32, String)>,
+) -> Result<Vec<TracedRoute>, String> {
+    let mut out: Vec<TracedRoute> = Vec::with_capacity(routes.len());
+    for (expert, weight, p) in routes {
+        if expert >= h.experts {
+            return Err(format!("expert {expert} >= experts {}", h.experts));
+        }
+        if out.iter().any(|r| r.expert == expert) {
+            return Err(format!("expert {expert} routed twice"));
+        }
+        if !weight.is_finite() {
+            return Err(format!("expert {expert}: weight {weight} is not finite"));
+        }
+        let precision = match p.as_str() {
+            "high" => Precision::High,
+            "low" if h.low.is_some() => Precision::Low,
+            "low" => {
+                return Err(format!(
+                    "expert {expert} is \"low\" but the header has no low variant"
+                ))
+            }
+            "skip" => Precision::Skip,
+            other => {
+                return Err(format!(
+                    "expert {expert}: unknown precision {other:?} (high, low or skip)"
+                ))
+            }
+        };
+        out.push(TracedRoute {
+            expert,
+            weight,
+            precision,
+        });
+    }
+    Ok(out)
+}
+
+/// A record's stacked-gate predictions: at most the header's depth (within the model), each
+/// top_k distinct experts with finite weights.
+fn check_predictions(
+    h: &TraceHeader,
+    layer: usize,
+    pred: &[Vec<(usize, f32)>],
+) -> Result<(), String> {
+    if pred.len() > h.pred_depth.min(h.layers - 1 - layer) {
+        return Err(format!(
+            "{} predicted layers after layer {layer}: the header's pred_depth is {} and the model \
+             has {} layers",
+            pred.len(),
+            h.pred_depth,
+            h.layers
+        ));
+    }
+    for (d, p) in pred.iter().enumerate() {
+        let what = |m: String| format!("prediction {} layer(s) ahead: {m}", d + 1);
+        if p.len() != h.top_k {
+            return Err(what(format!(
+                "{} routes, the header's top_k is {}",
+                p.len(),
+                h.top_k
+            )));
+        }
+        for (i, &(e, w)) in p.iter().enumerate() {
+            if e >= h.experts || p[..i].iter().any(|q| q.0 == e) || !w.is_finite() {
+                return Err(what(format!(
+                    "[{e}, {w}]: experts must be distinct and < {}, weights finite",
+                    h.experts
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Trace {
     /// Read and validate a trace; errors name the file and the 1-based line.
     pub fn read(path: impl AsRef<Path>) -> crate::Result<Trace> {
@@ -175,7 +291,6 @@ impl Trace {
         let mut header: Option<TraceHeader> = None;
         let mut records = Vec::new();
         let mut last: Option<(u64, u64, usize)> = None;
-        let mut seen = Vec::new();
         for (i, line) in reader.lines().enumerate() {
             let n = i + 1;
             let line = line.map_err(|e| Error::io(path, "read", e))?;
@@ -189,115 +304,7 @@ impl Trace {
             };
             let rec: RecordIn =
                 serde_json::from_str(&line).map_err(|e| bad(n, format!("bad record: {e}")))?;
-            if rec.layer >= h.layers {
-                return Err(bad(
-                    n,
-                    format!("layer {} >= layers {}", rec.layer, h.layers),
-                ));
-            }
-            if rec.routes.len() != h.top_k {
-                return Err(bad(
-                    n,
-                    format!(
-                        "{} routes, the header's top_k is {}",
-                        rec.routes.len(),
-                        h.top_k
-                    ),
-                ));
-            }
-            let key = (rec.seq, rec.tok, rec.layer);
-            if let Some(prev) = last {
-                if key <= prev {
-                    return Err(bad(
-                        n,
-                        format!(
-                            "(seq {}, tok {}, layer {}) after (seq {}, tok {}, layer {}): records \
-                             must be in increasing (seq, tok, layer) order",
-                            key.0, key.1, key.2, prev.0, prev.1, prev.2
-                        ),
-                    ));
-                }
-            }
-            last = Some(key);
-            seen.clear();
-            let mut routes = Vec::with_capacity(h.top_k);
-            for (expert, weight, p) in rec.routes {
-                if expert >= h.experts {
-                    return Err(bad(n, format!("expert {expert} >= experts {}", h.experts)));
-                }
-                if seen.contains(&expert) {
-                    return Err(bad(n, format!("expert {expert} routed twice")));
-                }
-                seen.push(expert);
-                if !weight.is_finite() {
-                    return Err(bad(
-                        n,
-                        format!("expert {expert}: weight {weight} is not finite"),
-                    ));
-                }
-                let precision = match p.as_str() {
-                    "high" => Precision::High,
-                    "low" if h.low.is_some() => Precision::Low,
-                    "low" => {
-                        return Err(bad(
-                            n,
-                            format!("expert {expert} is \"low\" but the header has no low variant"),
-                        ))
-                    }
-                    "skip" => Precision::Skip,
-                    other => {
-                        return Err(bad(
-                            n,
-                            format!(
-                                "expert {expert}: unknown precision {other:?} (high, low or skip)"
-                            ),
-                        ))
-                    }
-                };
-                routes.push(TracedRoute {
-                    expert,
-                    weight,
-                    precision,
-                });
-            }
-            if rec.pred.len() > h.pred_depth.min(h.layers - 1 - rec.layer) {
-                return Err(bad(
-                    n,
-                    format!(
-                        "{} predicted layers after layer {}: the header's pred_depth is {} and \
-                         the model has {} layers",
-                        rec.pred.len(),
-                        rec.layer,
-                        h.pred_depth,
-                        h.layers
-                    ),
-                ));
-            }
-            for (d, p) in rec.pred.iter().enumerate() {
-                let what = |m: String| bad(n, format!("prediction {} layer(s) ahead: {m}", d + 1));
-                if p.len() != h.top_k {
-                    return Err(what(format!(
-                        "{} routes, the header's top_k is {}",
-                        p.len(),
-                        h.top_k
-                    )));
-                }
-                for (i, &(e, w)) in p.iter().enumerate() {
-                    if e >= h.experts || p[..i].iter().any(|q| q.0 == e) || !w.is_finite() {
-                        return Err(what(format!(
-                            "[{e}, {w}]: experts must be distinct and < {}, weights finite",
-                            h.experts
-                        )));
-                    }
-                }
-            }
-            records.push(TraceRecord {
-                seq: rec.seq,
-                tok: rec.tok,
-                layer: rec.layer,
-                routes,
-                pred: rec.pred,
-            });
+            records.push(check_record(h, rec, &mut last).map_err(|m| bad(n, m))?);
         }
         let header = header.ok_or_else(|| {
             Error::Invalid(format!("{}: empty file, no trace header", path.display()))
