@@ -63,38 +63,6 @@ __device__ __forceinline__ void pdl_trigger() {
         pdl_wait();    \
     } while (0)
 
-// Timing of a latency-bound kernel's stages (a measurement switch, off by default:
-// HOB_NVRTC_DEFINES=STAMPS=1): thread 0 of block 0 keeps clock64() at STAMP(i) and prints the
-// cycles between stages and the global time (ns) at the start once the kernel ends.
-#ifndef STAMPS
-#define STAMPS 0
-#endif
-#if STAMPS
-#define STAMP_INIT()                                                       \
-    long long stamp_[8] = {0, 0, 0, 0, 0, 0, 0, 0};                       \
-    unsigned long long stamp_t0_ = 0;                                      \
-    if (threadIdx.x == 0 && blockIdx.x == 0) {                             \
-        stamp_[0] = clock64();                                             \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp_t0_));      \
-    }
-#define STAMP(i) \
-    if (threadIdx.x == 0 && blockIdx.x == 0) stamp_[i] = clock64();
-#define STAMP_PRINT(name)                                                                        \
-    if (threadIdx.x == 0 && blockIdx.x == 0) {                                                   \
-        unsigned long long t1_;                                                                  \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1_));                                  \
-        printf("stamps %s t0 %llu ns %llu d1 %lld d2 %lld d3 %lld d4 %lld d5 %lld d6 %lld d7 %lld\n", \
-               name, stamp_t0_, t1_ - stamp_t0_, stamp_[1] ? stamp_[1] - stamp_[0] : 0LL,        \
-               stamp_[2] - stamp_[0], stamp_[3] - stamp_[0], stamp_[4] - stamp_[0],              \
-               stamp_[5] - stamp_[0], stamp_[6] ? stamp_[6] - stamp_[0] : 0LL,                   \
-               stamp_[7] ? stamp_[7] - stamp_[0] : 0LL);                                         \
-    }
-#else
-#define STAMP_INIT()
-#define STAMP(i)
-#define STAMP_PRINT(name)
-#endif
-
 typedef unsigned short half_bits;
 
 __device__ __forceinline__ float h2f(half_bits bits) {
@@ -491,7 +459,6 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
                                             const float* __restrict__ g, float eps,
                                             float* __restrict__ xn) {
     __shared__ float rs[32];
-    STAMP_INIT();
     pdl_trigger();
     l2_prefetch_block(g, (size_t)n * 4);
     float4* x4 = reinterpret_cast<float4*>(x);
@@ -507,7 +474,6 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
         }
     }
     pdl_wait();
-    STAMP(2);
     if (early) {
         __syncthreads();
         routes = rs;
@@ -538,17 +504,13 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
         if (COMBINE_KEEP && i == i0) v0 = v;
         ss += sq4(v);
     }
-    STAMP(3);
     const float inv = rms_inv(ss, n, eps);
-    STAMP(4);
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
         const float4 v = COMBINE_KEEP && i == i0 ? v0 : val(i), w = early && i == i0 ? g0 : g4[i];
         x4[i] = v;
         reinterpret_cast<float4*>(xn)[i] =
             make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
     }
-    STAMP(5);
-    STAMP_PRINT("combine");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1188,7 +1150,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // products in row_dot's order (lane l: chunks l, l + 32, ..., then the warp sum; dot4_f32's
 // roundings): the same logits as the other forms, from 36 KB of shared-memory traffic where a warp
 // a row reading x and the row took 256 KB. On the H100 the norm and the router's sums took 2.1 us
-// after the wait instead of 3.2 (tools/kernel_stamps.py). ROUTE_REGS=0 (HOB_NVRTC_DEFINES): the
+// after the wait instead of 3.2. ROUTE_REGS=0 (HOB_NVRTC_DEFINES): the
 // A/B switch.
 #ifndef ROUTE_REGS
 #define ROUTE_REGS 1
@@ -1207,7 +1169,6 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
                                                 float* __restrict__ xn, int k,
                                                 float* __restrict__ routes, float* sp) {
     __shared__ float lg[ROUTE_REG_ROWS];
-    STAMP_INIT();
     const int t = threadIdx.x, nc = blockDim.x, warp = t >> 5, lane = t & 31;
     const uint4* rows = reinterpret_cast<const uint4*>(w.codes);
     uint4 rc[ROUTE_REG_ROWS];
@@ -1216,7 +1177,6 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
         rc[r] = r < w.rows ? __ldg(rows + (size_t)r * nc + t) : make_uint4(0, 0, 0, 0);
     const float4 g0 = __ldg(reinterpret_cast<const float4*>(g) + t);
     pdl_wait();
-    STAMP(2);
     const float4 v = __ldcg(reinterpret_cast<const float4*>(x) + t);
     const float inv = rms_inv(sq4(v), w.cols, eps);
     const float4 o = make_float4(g0.x * (v.x * inv), g0.y * (v.y * inv), g0.z * (v.z * inv),
@@ -1226,7 +1186,6 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
     for (int r = 0; r < ROUTE_REG_ROWS; r++)
         if (r < w.rows) sp[r * nc + t] = dot4_f32(rc[r], o);
     __syncthreads();
-    STAMP(3);
     if (warp < w.rows) {
         float acc = 0.f;
         for (int c = lane; c < nc; c += 32) acc += sp[warp * nc + c];
@@ -1234,10 +1193,7 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
         if (lane == 0) lg[warp] = acc;
     }
     __syncthreads();
-    STAMP(4);
     if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
-    STAMP(5);
-    STAMP_PRINT("route_regs");
 }
 
 template <int KIND>
@@ -1250,7 +1206,6 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         route_norm_regs(w, x, g, eps, xn, k, routes, reinterpret_cast<float*>(xs4));
         return;
     }
-    STAMP_INIT();
     float* xs = reinterpret_cast<float*>(xs4);
     uint4* wsm = reinterpret_cast<uint4*>(xs4 + w.cols / 4);
     const int nc = w.row_bytes / 16, total = w.rows * nc;
@@ -1269,16 +1224,13 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         for (int c = threadIdx.x; c < w.cols / 4; c += blockDim.x) gsm[c] = __ldg(gsrc + c);
 #endif
         __syncthreads();
-        STAMP(1);
         g = reinterpret_cast<const float*>(gsm);
     } else {
         l2_prefetch_block(g, (size_t)w.cols * 4);
         l2_prefetch_block(w.codes, (size_t)w.rows * w.row_bytes);
     }
     pdl_wait();
-    STAMP(2);
     rms_norm_row(x, g, xn, xs, w.cols, eps);
-    STAMP(3);
     if (!pre) {
         __syncthreads();
         moe_route_body<KIND>(w, xs, k, routes);
@@ -1296,10 +1248,7 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         if (lane == 0) lg[r] = acc;
     }
     __syncthreads();
-    STAMP(4);
     if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
-    STAMP(5);
-    STAMP_PRINT("route");
 }
 
 #define MOE_KERNELS(SUFFIX, KIND)                                                              \
@@ -2114,11 +2063,6 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
             if (lt < ntiles) load(b1, lt, lk);
         }
         pdl_wait();  // the first codes are loading; x may come from the kernel before
-#if STAMPS
-        unsigned long long tw_ = 0, ts_ = 0;
-        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && ct0 == 0)
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tw_));
-#endif
         const float* xt = x + (size_t)ct0 * CC;
         const float* ut = u ? u + (size_t)ct0 * CC : nullptr;
         float kscale = 1.f;
@@ -2129,12 +2073,6 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         } else {
             kscale = qstage<KIND>(xt, ut, tn, xs4, sxp, wsm);
         }
-#if STAMPS
-        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && ct0 == 0) {
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ts_));
-            printf("stamps qwait rows %d t %llu staged_ns %llu\n", w.rows, tw_, ts_ - tw_);
-        }
-#endif
         float racc[R];
 #pragma unroll
         for (int i = 0; i < R; i++) racc[i] = 0.f;
