@@ -504,16 +504,17 @@ impl BenchKernels {
     fn load(gpu: &Gpu) -> BenchKernels {
         let src = format!(
             "{}\n{}\n{SPIN}",
-            include_str!("../cuda/kernels.cu"),
+            cuda::Kernels::SOURCE,
             include_str!("gpu_matvec_prev.cu")
         );
         let (major, minor) = gpu.compute_capability;
-        // Cached beside hob's own kernels ($HOB_CACHE_DIR), keyed by the source and architecture.
+        let options = cuda::Kernels::nvrtc_options(major, minor);
+        // Cached beside hob's own kernels ($HOB_CACHE_DIR), keyed by the source and options.
         let cached = std::env::var_os("HOB_CACHE_DIR").map(|d| {
-            std::path::PathBuf::from(d).join(format!(
-                "bench-{:08x}-{major}{minor}.ptx",
-                crc32c::crc32c(src.as_bytes())
-            ))
+            let h = options.iter().fold(crc32c::crc32c(src.as_bytes()), |h, o| {
+                crc32c::crc32c_append(h, o.as_bytes())
+            });
+            std::path::PathBuf::from(d).join(format!("bench-{h:08x}-{major}{minor}.ptx"))
         });
         let ptx = match cached
             .as_ref()
@@ -524,10 +525,7 @@ impl BenchKernels {
                 let ptx = cudarc::nvrtc::compile_ptx_with_opts(
                     src,
                     CompileOptions {
-                        options: vec![
-                            format!("--gpu-architecture=compute_{major}{minor}"),
-                            "-std=c++17".into(),
-                        ],
+                        options,
                         ..Default::default()
                     },
                 )

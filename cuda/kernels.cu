@@ -87,9 +87,8 @@ __device__ __forceinline__ float bf2f(unsigned short bits) {
 // Element-wise and normalization kernels.
 
 // A float4's sum of squares, in the order every RMSNorm of hob's kernels adds them, each rounding
-// spelled out: written as a * a + b * b + ..., NVVM contracted it into FMAs differently where it
-// was inlined (rms_norm rounded v.y² first; moe_combine_norm, once it kept its value for the
-// stores, v.x²), so two RMSNorms of the same row differed in the last bit (2026-11-24).
+// spelled out: written as a * a + b * b + ..., NVVM contracts it into FMAs differently where it is
+// inlined, and two RMSNorms of the same row would differ in the last bit.
 __device__ __forceinline__ float sq4(const float4 v) {
     return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
 }
@@ -120,10 +119,10 @@ __device__ __forceinline__ void l2_prefetch_block(const void* p, size_t bytes) {
 }
 
 // o = w * (xr * rsqrt(mean(xr²) + eps)) for one row of n, by the whole block (up to 1024 threads,
-// float4s where the row allows: a row is a few KB, so the cost is load latency; a block of 256
-// threads walking 16 dependent loads took ~10 us per row on the H100), also into `so` (shared
-// memory, 16-byte aligned) when given. The bits depend on blockDim: every caller launches
-// rms_block(n) threads (src/backend/cuda/mod.rs).
+// float4s where the row allows: a row is a few KB, so the cost is load latency, and each thread
+// takes as few dependent loads as it can: benches/results/2026-11-23-h100-decode-graphs.md), also
+// into `so` (shared memory, 16-byte aligned) when given. The bits depend on blockDim: every caller
+// launches rms_block(n) threads (src/backend/cuda/mod.rs).
 __device__ __forceinline__ void rms_norm_row(const float* __restrict__ xr,
                                              const float* __restrict__ w, float* __restrict__ o,
                                              float* __restrict__ so, int n, float eps) {
@@ -443,17 +442,11 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 // path computes it) in one launch: one block of rms_block(n) threads, n % 4 == 0, x, d, g and xn
 // 16-byte aligned (Gpu::moe_combine checks). Each thread computes its float4s of the new x from
 // the old x (no thread reads what another wrote): its first one once, kept in registers from the
-// sum of squares to the stores (COMBINE_KEEP), the rest (rows over 4 * 1024) again for the stores.
+// sum of squares to the stores, the rest (rows over 4 * 1024) again for the stores.
 // It follows a routed down launch (Gpu::routed_ffn), so the routes and x are complete before it
-// starts (kernels.cu sel_mat, "Ordering"): with COMBINE_EARLY (HOB_NVRTC_DEFINES A/B switch) it
-// copies the routes (k <= 16) into shared memory and reads its first float4 of x and of g before
-// it waits; only the experts' outputs d are read after.
-#ifndef COMBINE_EARLY
-#define COMBINE_EARLY 1
-#endif
-#ifndef COMBINE_KEEP
-#define COMBINE_KEEP 1
-#endif
+// starts (sel_mat, "Ordering"): it copies the routes (k <= 16) into shared memory and reads its
+// first float4 of x and of g before it waits; only the experts' outputs d are read after
+// (benches/results/2026-11-24-h100-early-down.md).
 extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* __restrict__ d,
                                             const float* __restrict__ routes, int k, int n,
                                             const float* __restrict__ g, float eps,
@@ -463,7 +456,7 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
     l2_prefetch_block(g, (size_t)n * 4);
     float4* x4 = reinterpret_cast<float4*>(x);
     const int i0 = threadIdx.x;
-    const bool early = COMBINE_EARLY && k <= 16;
+    const bool early = k <= 16;
     const float4* g4 = reinterpret_cast<const float4*>(g);
     float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), g0 = x0;
     if (early) {
@@ -493,20 +486,18 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
         const float4 v = early && i == i0 ? x0 : x4[i];
         return make_float4(v.x + o.x, v.y + o.y, v.z + o.z, v.w + o.w);
     };
-    // The thread's first float4 of the new x, kept from the sum of squares to the stores: computed
-    // again, its second loads of d took ~1.3 us of the launch on the H100 (0.3-0.45 us kept).
-    // COMBINE_KEEP=0 (HOB_NVRTC_DEFINES): computed again (the A/B switch; the same bits since
-    // sq4's roundings are spelled out).
+    // The thread's first float4 of the new x, kept from the sum of squares to the stores: a second
+    // pass would load d again (benches/results/2026-11-24-h100-small-kernels.md).
     float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f);
     float ss = 0.f;
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
         const float4 v = val(i);
-        if (COMBINE_KEEP && i == i0) v0 = v;
+        if (i == i0) v0 = v;
         ss += sq4(v);
     }
     const float inv = rms_inv(ss, n, eps);
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-        const float4 v = COMBINE_KEEP && i == i0 ? v0 : val(i), w = early && i == i0 ? g0 : g4[i];
+        const float4 v = i == i0 ? v0 : val(i), w = early && i == i0 ? g0 : g4[i];
         x4[i] = v;
         reinterpret_cast<float4*>(xn)[i] =
             make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
@@ -521,11 +512,6 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
 #define ATT_MAX_WARPS 16
 #define ATT_MAX_J 8  // head_dim up to 256
 #define ATT_PREFETCH 128  // positions whose keys and values a block prefetches into L2
-// Decode attention loads a warp's next position while it computes one (A/B: HOB_NVRTC_DEFINES=
-// ATT_PIPE=0).
-#ifndef ATT_PIPE
-#define ATT_PIPE 1
-#endif
 
 extern "C" __global__ void attention(const float* __restrict__ q, const half_bits* __restrict__ kc,
                                      const half_bits* __restrict__ vc, float* __restrict__ out,
@@ -566,8 +552,9 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
         acc[j] = 0.f;
     }
     float m = NEG_INF, l = 0.f;
-    // The position's keys and values load together (one memory latency per position); with
-    // ATT_PIPE the warp's next position loads while this one is computed (the same arithmetic).
+    // The position's keys and values load together (one memory latency per position), and the
+    // warp's next position loads while this one is computed
+    // (benches/results/2026-11-25-h100-token-gap.md).
     half_bits kr[ATT_MAX_J], vr[ATT_MAX_J], kn[ATT_MAX_J], vn[ATT_MAX_J];
     auto kv_load = [&](int p, half_bits (&ko)[ATT_MAX_J], half_bits (&vo)[ATT_MAX_J]) {
         const half_bits* k = kc + (size_t)p * kv_dim + kvh * hd;
@@ -580,18 +567,14 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
             vo[j] = in && d < hd ? v[d] : 0;
         }
     };
-    if (ATT_PIPE) kv_load(first + warp, kn, vn);
+    kv_load(first + warp, kn, vn);
     for (int p = first + warp; p <= pos; p += warps) {
-        if (ATT_PIPE) {
 #pragma unroll
-            for (int j = 0; j < ATT_MAX_J; j++) {
-                kr[j] = kn[j];
-                vr[j] = vn[j];
-            }
-            kv_load(p + warps, kn, vn);
-        } else {
-            kv_load(p, kr, vr);
+        for (int j = 0; j < ATT_MAX_J; j++) {
+            kr[j] = kn[j];
+            vr[j] = vn[j];
         }
+        kv_load(p + warps, kn, vn);
         float dot = 0.f;
 #pragma unroll
         for (int j = 0; j < ATT_MAX_J; j++) {
@@ -640,8 +623,8 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
 // softmax per row: a warp owns ATP_ROWS / 8 rows; lane j scores position j of the chunk (keys
 // stored with one padding word a row, so the 32 lanes read 32 banks) and owns DPL dims of the
 // output. Grid (n_kv_heads, tiles); 256 threads; head_dim = 32 * DPL; ATP_ROWS % group == 0
-// (Gpu::attention checks). On the H100 Mixtral's pp512 layer took 640 us in `attention` (a block
-// per query and head, every block reading its positions from L2).
+// (Gpu::attention checks). `attention` would read every position from L2 once per query and head
+// (benches/results/2026-11-24-h100-prefill.md).
 #define ATP_ROWS 32
 #define ATP_CHUNK 32
 template <int DPL>
@@ -819,11 +802,8 @@ __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restri
 // every DEPTH gives the same bits (a lone router launch loads deeper: it is latency-bound).
 // WAIT: pdl_wait() once the first DEPTH chunks of the row are loading (before x is read).
 // ROW_DEPTH: the depth of the float products of the attention block and the output head: rows of
-// a few KB, so each round trip counts (8: resident decode +1.5% over 4 on the H100; an A/B
-// switch: HOB_NVRTC_DEFINES=ROW_DEPTH=4).
-#ifndef ROW_DEPTH
-#define ROW_DEPTH 8
-#endif
+// a few KB, so each round trip counts.
+constexpr int ROW_DEPTH = 8;
 // TRIG: pdl_trigger() right after that wait (a kernel whose dependents may then rely on everything
 // the kernel before it finished: matvec3_rope, see matvec_body's `early`).
 template <int KIND, int DEPTH = 4, bool WAIT = false, bool TRIG = false>
@@ -954,16 +934,10 @@ __device__ __forceinline__ void matvec3_rope_body(const Mat a, const Mat b, cons
     }
 }
 
-// QKV_MINB: blocks of 256 threads an SM must hold (__launch_bounds__). 4 caps the kernel at 64
-// registers (68 uncapped; f16 and bf16 spill nothing on sm_90, 12 bytes on sm_87 and sm_89), so an
-// SM holds 4 of its blocks instead of 3, and Mixtral's 768 (q 512, k and v 128 each) run in 1.45
-// waves of 528 instead of 1.94 of 396: resident decode int4 +3-5%, int2 +4.5-6.6% on the H100
-// (benches/results/2026-11-24-h100-launch-bounds.md). HOB_NVRTC_DEFINES=QKV_MINB=1 for A/B.
-#ifndef QKV_MINB
-#define QKV_MINB 4
-#endif
+// Four blocks an SM (at most 64 registers a thread), so that Mixtral's 768 blocks of q, k and v
+// take fewer waves (benches/results/2026-11-24-h100-launch-bounds.md).
 #define MATVEC3_ROPE(NAME, KIND)                                                                \
-    extern "C" __global__ void __launch_bounds__(256, QKV_MINB)                                 \
+    extern "C" __global__ void __launch_bounds__(256, 4)                                        \
     NAME(const Mat a, const Mat b, const Mat c, const float* x,                                 \
                                     float* yq, float* yk, float* yv, const float* inv_freq,     \
                                     int half, const int* posp, half_bits* kc, half_bits* vc) {  \
@@ -1014,17 +988,8 @@ __device__ __forceinline__ void moe_route_body(const Mat w, const float* __restr
 // kernels after it start (pdl_trigger). A later routed launch (which0 > 0: down) therefore starts
 // only once the routes and the table are complete and visible in L2: it reads them (through L2,
 // __ldcg: an SM's L1 may hold the previous token's) before it waits, and its first weight loads
-// go out while the kernel before it (SwiGLU) still runs, as a plain product's do (resident int4
-// decode +3%, int2 +2% on the H100: benches/results/2026-11-24-h100-early-down.md). SEL_EARLY=0
-// (HOB_NVRTC_DEFINES) makes every routed launch wait first (the A/B switch).
-#ifndef SEL_EARLY
-#define SEL_EARLY 1
-#endif
-// The integer kernels' launch arithmetic without divisions (matvec_q_body, sel_mat): 1 (default);
-// 0 (HOB_NVRTC_DEFINES) divides, for A/B runs.
-#ifndef QD_NODIV
-#define QD_NODIV 1
-#endif
+// go out while the kernel before it (SwiGLU) still runs, as a plain product's do
+// (benches/results/2026-11-24-h100-early-down.md).
 // ceil(a / b) for 0 <= a < 2^24 and 0 < b < 2^24 (a matrix's rows, a tile's rows) without an
 // integer division: a quotient from the reciprocal (off by at most one), then corrected.
 __device__ __forceinline__ int ceil_div_small(int a, int b) {
@@ -1036,8 +1001,9 @@ __device__ __forceinline__ int ceil_div_small(int a, int b) {
 __device__ __forceinline__ Mat sel_mat(const MatEntry* __restrict__ tab, const float* routes, int k,
                                        int which0) {
     // j / k and j % k without a division where j < 2k (every routed launch: gate and up 2k, the
-    // gate-up form and down k), which runs before the routes' load.
-    const int j = blockIdx.y, jq = !QD_NODIV ? j / k : j < k ? 0 : j < 2 * k ? 1 : j / k;
+    // gate-up form and down k), which runs before the routes' load
+    // (benches/results/2026-11-28-h200-x-staging-16bit.md).
+    const int j = blockIdx.y, jq = j < k ? 0 : j < 2 * k ? 1 : j / k;
     const int jr = j - jq * k;
     const int e = __ldcg(reinterpret_cast<const int*>(routes) + jr);
     static_assert(sizeof(MatEntry) == 48, "MatEntry: three 16-byte words");
@@ -1053,7 +1019,7 @@ __device__ __forceinline__ Mat sel_mat(const MatEntry* __restrict__ tab, const f
 
 // The prologue of a routed launch (the ordering above).
 __device__ __forceinline__ void sel_entry(int which0) {
-    if (which0 == 0 || !SEL_EARLY) {
+    if (which0 == 0) {
         pdl_wait();
         pdl_trigger();
     }
@@ -1149,16 +1115,11 @@ __device__ __forceinline__ void cp_async_wait() {
 // leaves the products in shared memory (sp: rows * blockDim.x floats); warp r then adds row r's
 // products in row_dot's order (lane l: chunks l, l + 32, ..., then the warp sum; dot4_f32's
 // roundings): the same logits as the other forms, from 36 KB of shared-memory traffic where a warp
-// a row reading x and the row took 256 KB. On the H100 the norm and the router's sums took 2.1 us
-// after the wait instead of 3.2. ROUTE_REGS=0 (HOB_NVRTC_DEFINES): the
-// A/B switch.
-#ifndef ROUTE_REGS
-#define ROUTE_REGS 1
-#endif
+// a row reading x and the row took 256 KB (benches/results/2026-11-24-h100-small-kernels.md).
 #define ROUTE_REG_ROWS 8
 __device__ __forceinline__ bool route_regs_apply(const Mat& w, const float* x, const float* g,
                                                  const float* xn) {
-    return ROUTE_REGS && w.rows <= ROUTE_REG_ROWS && w.cols == 4 * (int)blockDim.x &&
+    return w.rows <= ROUTE_REG_ROWS && w.cols == 4 * (int)blockDim.x &&
            w.row_bytes == 4 * w.cols &&
            ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(g) |
              reinterpret_cast<size_t>(xn) | reinterpret_cast<size_t>(w.codes)) & 15) == 0;
@@ -1491,77 +1452,31 @@ __device__ float qstage(const float* __restrict__ xt, const float* __restrict__ 
 // each plane in one dp4a (four 8-bit products summed in 32-bit integers, exact): eight int4 codes
 // take 3 mask and shift instructions and 2 * QD_PARTS dp4a where the scalar kernel spends an AND
 // and an FMA on each code (plus shifts). Per chunk and row, the planes' integer sums become one
-// float (exact, or one rounding) times 2^e, then scale and min as in the scalar kernel. The only approximation is x's rounding to XB bits relative to its
-// chunk's largest |x| (2^-(XB-1)); NaN or infinite x make the chunk's sums NaN.
+// float (exact, or one rounding) times 2^e, then scale and min as in the scalar kernel. The only
+// approximation is x's rounding to XB bits relative to its chunk's largest |x| (2^-(XB-1)); NaN or
+// infinite x make the chunk's sums NaN.
+//
+// QD_PARTS (x's byte planes: 2, 16-bit x, benches/results/2026-11-24-h100-dp4a.md) and the ring
+// depths QD_RING_* come from src/backend/cuda/kernels.rs, which sizes shared memory with them.
 #ifndef QD_PARTS
-#define QD_PARTS 2
-#endif
-// int2's planes (QD_PARTS unless set; Rust passes HOB_QD_PARTS_INT2). One plane (8-bit x) measured
-// +4 points of copy bandwidth (benches/results/2026-11-24-h100-routed.md) and +3.5% int2 decode,
-// for a mean KL of 0.0032 nats on a trained model's decoded logits
-// (benches/results/2026-11-24-h100-int2-8bit-x.md).
-#ifndef QD_PARTS_INT2
-#define QD_PARTS_INT2 QD_PARTS
-#endif
-// Per-set accumulators (bit 0: int4, bit 1: int2): set s is masked in place (codes times
-// 2^(BITS s), no shift) into its own sums, joined per chunk by shifts (exact: integers, so the
-// same results). Off by default: with 16-bit x it measured no faster (int4: more registers, -14
-// points), with int2's 8-bit x +2 points.
-#ifndef QD_SETACC
-#define QD_SETACC 0
+#error "QD_PARTS: passed by src/backend/cuda/kernels.rs (Kernels::nvrtc_options)"
 #endif
 
 template <int KIND> struct QDTraits;
 // S: sets (bytes' worth of codes) per 32-bit word; M: the mask keeping one code per byte; AHEAD:
-// the steps loaded ahead of the one computed (matvec_q_body), measured on the H100
-// (benches/results/2026-11-24-h100-dp4a.md: two for int8 and int4, +4-5 points of copy
-// bandwidth; one for int2, whose down shape lost 6 points with two). -DQD_AHEAD=n sets all.
+// the steps loaded ahead of the one computed in the registers' form (matvec_q_body;
+// benches/results/2026-11-24-h100-dp4a.md).
 template <> struct QDTraits<KIND_INT8> { enum : u32 { S = 1, M = 0xffffffffu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT4> { enum : u32 { S = 2, M = 0x0f0f0f0fu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT2> { enum : u32 { S = 4, M = 0x03030303u, AHEAD = 1 }; };
-// x's byte planes for KIND.
-template <int KIND>
-__device__ __forceinline__ constexpr int qd_parts() {
-    return KIND == KIND_INT2 ? QD_PARTS_INT2 : QD_PARTS;
-}
-// Accumulator sets of KIND: S with per-set accumulators (QD_SETACC), else 1.
-template <int KIND>
-__device__ __forceinline__ constexpr int qd_sa() {
-    return (KIND == KIND_INT4 && (QD_SETACC & 1)) || (KIND == KIND_INT2 && (QD_SETACC & 2))
-               ? (int)QDTraits<KIND>::S
-               : 1;
-}
-#ifdef QD_AHEAD
-#define QD_AHEAD_OF(KIND) QD_AHEAD
-#else
-#define QD_AHEAD_OF(KIND) ((int)QDTraits<KIND>::AHEAD)
-#endif
-// The shared-memory ring's steps per kind (matvec_q_body RING; 0: AHEAD steps in registers). Rust
-// passes them (HOB_QD_RING) and reserves the ring's shared memory (QShape::ring).
-#ifndef QD_RING_INT8
-#define QD_RING_INT8 0
-#endif
-#ifndef QD_RING_INT4
-#define QD_RING_INT4 0
-#endif
-#ifndef QD_RING_INT2
-#define QD_RING_INT2 0
+// The shared-memory ring's steps per kind (matvec_q_body RING; 0: AHEAD steps in registers),
+// chosen by architecture in kernels.rs (qd_ring), which reserves the ring's shared memory
+// (QShape::ring; benches/results/2026-11-25-h100-qd-ring.md).
+#if !defined(QD_RING_INT8) || !defined(QD_RING_INT4) || !defined(QD_RING_INT2)
+#error "QD_RING_INT8/INT4/INT2: passed by src/backend/cuda/kernels.rs (Kernels::nvrtc_options)"
 #endif
 #define QD_RING_OF(KIND) \
     ((KIND) == KIND_INT8 ? QD_RING_INT8 : (KIND) == KIND_INT4 ? QD_RING_INT4 : QD_RING_INT2)
-// The plain (one matrix: Gpu::matvec) kernels' depths, QD_RING_* unless set (Rust passes
-// HOB_QD_RING_LONE; on the H100 int2 reads a lone matrix faster with 2 steps, routed ones with 3).
-#ifndef QD_RING_LONE_INT8
-#define QD_RING_LONE_INT8 QD_RING_INT8
-#endif
-#ifndef QD_RING_LONE_INT4
-#define QD_RING_LONE_INT4 QD_RING_INT4
-#endif
-#ifndef QD_RING_LONE_INT2
-#define QD_RING_LONE_INT2 QD_RING_INT2
-#endif
-#define QD_RING_LONE_OF(KIND) \
-    ((KIND) == KIND_INT8 ? QD_RING_LONE_INT8 : (KIND) == KIND_INT4 ? QD_RING_LONE_INT4 : QD_RING_LONE_INT2)
 
 // Set s of code word w: one code per byte (int8: the word, its bytes signed).
 template <int KIND>
@@ -1599,7 +1514,7 @@ __device__ __forceinline__ int qd_dot(u32 a, u32 b, int acc) {
 template <int KIND>
 __device__ __forceinline__ int qd_at(int c, int p, int wd) {
     constexpr int S = QDTraits<KIND>::S;
-    return ((((c >> 5) * qd_parts<KIND>() + p) * 4 + wd) * 32 + (c & 31)) * S;
+    return ((((c >> 5) * QD_PARTS + p) * 4 + wd) * 32 + (c & 31)) * S;
 }
 
 template <int S>
@@ -1616,35 +1531,16 @@ __device__ __forceinline__ void qd_load(const u32* __restrict__ p, u32 (&o)[S]) 
 }
 
 // The planes of one chunk's staged x as one float per row: (top << 8 (PARTS-1)) + the rest.
-// With per-set accumulators (SA > 1) a plane's sets are joined first: sum of set s << BITS (SA-1-s),
-// the whole then 2^(BITS (SA-1)) times too large (qd_unit).
-template <int KIND, int PP, int SA, int R>
-__device__ __forceinline__ float qd_sum(const int (&a)[PP][SA][R], int i) {
-    int t[PP];
-#pragma unroll
-    for (int p = 0; p < PP; p++) {
-        int v = a[p][SA - 1][i];
-#pragma unroll
-        for (int s = SA - 2; s >= 0; s--) v += a[p][s][i] << (QTraits<KIND>::BITS * (SA - 1 - s));
-        t[p] = v;
-    }
-    if (PP == 1) return (float)t[0];
-    if (PP == 2) return (float)(t[0] * 256 + t[1 % PP]);
-    return fmaf((float)t[0], 65536.f, (float)(t[1 % PP] * 256 + t[2 % PP]));
+template <int PP, int R>
+__device__ __forceinline__ float qd_sum(const int (&a)[PP][R], int i) {
+    if (PP == 1) return (float)a[0][i];
+    if (PP == 2) return (float)(a[0][i] * 256 + a[1 % PP][i]);
+    return fmaf((float)a[0][i], 65536.f, (float)(a[1 % PP][i] * 256 + a[2 % PP][i]));
 }
 
-// The factor undoing qd_sum's scale: 2^-(BITS (SA-1)).
-template <int KIND>
-__device__ __forceinline__ constexpr float qd_unit() {
-    return 1.0f / (float)(1 << (QTraits<KIND>::BITS * (qd_sa<KIND>() - 1)));
-}
-
-// qdstage's form for 16-bit x (QD_PARTS 2): the largest |x| as a float, values rounded by a
-// saturating cvt and split into planes by byte permutes: about two thirds of the general form's
-// instructions (int2, two words: 410 -> 283 on sm_90), the same bits.
-#ifndef QD_STAGE16
-#define QD_STAGE16 1
-#endif
+// qdstage's form for 16-bit x (QD_PARTS 2, sm_80 on): the largest |x| as a float, values rounded by
+// a saturating cvt and split into planes by byte permutes: fewer instructions than the general
+// form, the same bits (benches/results/2026-11-28-h200-x-staging-16bit.md).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define QD_MAX_NAN 0
 #else
@@ -1677,18 +1573,15 @@ __device__ __forceinline__ u32 pack_s16_rn(float a, float b) {
 template <int KIND, int QU = 1, typename F>
 __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ ut, int tn,
                         u32* __restrict__ xq, float2* __restrict__ xsx, F&& after_loads) {
-    constexpr int EPW = QTraits<KIND>::EPW, S = QDTraits<KIND>::S, PP = qd_parts<KIND>(), XB = 8 * PP;
+    constexpr int EPW = QTraits<KIND>::EPW, S = QDTraits<KIND>::S, PP = QD_PARTS, XB = 8 * PP;
     constexpr int QMAX = (1 << (XB - 1)) - 1;
     const float4* x4 = reinterpret_cast<const float4*>(xt);
     const float4* u4 = reinterpret_cast<const float4*>(ut);
     const int nw = tn * 4;  // code words (a thread each), four per chunk in adjacent lanes
     // QU words a thread per pass, their loads issued together: a pass's L2 round trip is most of
-    // its time (Mixtral's 14336-column down x, 512 threads, QU 2: one pass instead of two for
-    // int2, 2 instead of 4 for int4). The words of a chunk stay in adjacent lanes: the same sums
-    // and bits (lanes l % 8 taking chunks and l / 8 words, which frees the 16-byte plane stores
-    // of their 4-way bank conflicts, read 2-4 points slower on the H100: 2026-11-27). The ring
-    // form takes 2 (no loads held in registers meanwhile); the register form 1 (2 took int4 to
-    // 154 registers).
+    // its time. The ring form takes 2 (no loads held in registers meanwhile); the register form 1
+    // (2 would cost int4 too many registers). The words of a chunk stay in adjacent lanes: the
+    // same sums and bits (benches/results/2026-11-27-h100-int2-staging.md).
     __syncthreads();  // earlier readers of the shared arrays are done
     for (int m00 = 0; m00 < nw; m00 += QU * blockDim.x) {
         float vv[QU][EPW];
@@ -1713,9 +1606,9 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
             const bool in = m < nw;
             const float* v = vv[u];
             // The largest |x| by its bits (NaN above infinity above every finite value), and the sum.
-            // QD_STAGE16 (16-bit x, sm_80 on): the largest |x| as a float by a max that keeps NaN
-            // (bits 0x7fc00000, as the integer form's): one instruction a value instead of two.
-            constexpr bool F16S = QD_STAGE16 && PP == 2 && QD_MAX_NAN;
+            // F16S (16-bit x, sm_80 on): the largest |x| as a float by a max that keeps NaN (bits
+            // 0x7fc00000, as the integer form's): one instruction a value instead of two.
+            constexpr bool F16S = PP == 2 && QD_MAX_NAN;
             u32 mb = 0;
             float am = 0.f, sum = 0.f;
     #pragma unroll
@@ -1821,8 +1714,8 @@ __device__ __forceinline__ float qreduce(float (&v)[R], int lane) {
     return r;
 }
 
-// A streamed 16-byte load that skips L1 (the weights are read once; x lives in shared memory):
-// measured 4-6% faster than __ldg on the H100.
+// A streamed 16-byte load that skips L1: the weights are read once, and x lives in shared memory
+// (benches/results/2026-11-22-h100-int-matvec.md).
 __device__ __forceinline__ uint4 qld(const uint4* p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -1862,32 +1755,16 @@ struct QBuf {
 // kernel's (same split, same order; qreduce's sums do not depend on the slot), and SwiGLU rounds
 // as the swiglu kernel does: the same bits as the two products and the swiglu launch.
 //
-// EARLY_STEPS: ring steps issued before the kernel waits (and so ahead of x's loads); the rest of
-// the first RING - 1 go out behind x's loads (at least 1, at most RING - 1). The routed kernels
-// issue all RING - 1 first (QD_EARLY, default 16; 1 measured 1-2% slower in decode), the plain
-// ones QD_EARLY_LONE_*: int2 1 (on the H100 with a lone ring of 3, Mixtral's lone int2 matrices
-// read 76-77% -> 79% / 59-60% -> 66% of the copy; int4 loses with 1 or 2, 96/83% -> 84-92/80-82%:
+// EARLY_STEPS: ring steps issued before the kernel waits (and so ahead of x's loads), 0 for all of
+// the first RING - 1; the rest go out behind x's loads. Every kernel issues all of them first but
+// the plain int2 one, which issues 1 (matvec_qd_body;
 // benches/results/2026-11-27-h100-int2-column-slices.md).
-#ifndef QD_EARLY
-#define QD_EARLY 16
-#endif
-#ifndef QD_EARLY_LONE_INT8
-#define QD_EARLY_LONE_INT8 QD_EARLY
-#endif
-#ifndef QD_EARLY_LONE_INT4
-#define QD_EARLY_LONE_INT4 QD_EARLY
-#endif
-#ifndef QD_EARLY_LONE_INT2
-#define QD_EARLY_LONE_INT2 1
-#endif
-#define QD_EARLY_LONE_OF(KIND) \
-    ((KIND) == KIND_INT8 ? QD_EARLY_LONE_INT8 : (KIND) == KIND_INT4 ? QD_EARLY_LONE_INT4 : QD_EARLY_LONE_INT2)
 // RING > 0 (DP only): the codes, scales and mins of the next RING - 1 steps stream into a ring in
 // shared memory by cp.async (no registers held for loads in flight) instead of AHEAD steps of
 // registers; the same sums. Layouts where each group is 1, 2 or 4 chunks, a row's groups a
 // multiple of 8 and scales and mins 16-byte aligned (Gpu::ring_ok); q_smem reserves the ring.
 template <int KIND, int R, bool DP = false, int AHEAD = 1, bool GU = false, int RING = 0,
-          int EARLY_STEPS = QD_EARLY>
+          int EARLY_STEPS = 0>
 __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restrict__ x,
                                               const float* __restrict__ u,
                                               float* __restrict__ y, int split, int tchunks,
@@ -1900,35 +1777,34 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     extern __shared__ float4 qsm[];
     const int n = w.row_bytes >> 4;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // split is a power of two (q_plan): shifts, not divisions. Every integer division here ran
-    // before the first weight load (six of them, ~20 instructions each, in int2's 312 before its
-    // first cp.async on sm_90): QD_NODIV (default 1) takes shifts, and the tile count from a
-    // reciprocal (ceil_div_small).
+    // split is a power of two (q_plan): shifts, and the tile count from a reciprocal
+    // (ceil_div_small), so that no integer division delays the first weight load
+    // (benches/results/2026-11-28-h200-x-staging-16bit.md).
     const int split_sh = __ffs(split) - 1;
-    const int g = QD_NODIV ? warp >> split_sh : warp / split, s = warp - g * split;
+    const int g = warp >> split_sh, s = warp - g * split;
     // Rows of a matrix per warp group (GU: slot i takes row i % RM of w, then of wu).
     constexpr int RM = GU ? R / 2 : R;
-    const int tile_rows = (QD_NODIV ? warps >> split_sh : warps / split) * RM;
-    const int ntiles = QD_NODIV ? ceil_div_small(w.rows, tile_rows) : (w.rows + tile_rows - 1) / tile_rows;
+    const int tile_rows = (warps >> split_sh) * RM;
+    const int ntiles = ceil_div_small(w.rows, tile_rows);
     if ((int)blockIdx.x >= ntiles) return;
     const int tpad = (tchunks + 31) & ~31;
     float4* xs4 = qsm;
     float* sxp = reinterpret_cast<float*>(qsm + tpad * Q);
     // DP: the byte planes (qd_parts * S 16-byte words a chunk), then (2^e, sum) per chunk.
     u32* xq = reinterpret_cast<u32*>(qsm);
-    float2* xsx = reinterpret_cast<float2*>(qsm + tpad * qd_parts<KIND>() * QDTraits<KIND>::S);
+    float2* xsx = reinterpret_cast<float2*>(qsm + tpad * QD_PARTS * QDTraits<KIND>::S);
     float* red = DP ? reinterpret_cast<float*>(xsx + tpad) : sxp + tpad * P;  // [2][warps][R]
     int* wsm = reinterpret_cast<int*>(red + 2 * warps * R);  // [2][warps]
     // RING: this warp's RING steps of RSB bytes after wsm (16-byte aligned): codes [R][32 lanes]
     // of 16 bytes, then per row 64 bytes of scales and 64 of mins (the step's 32 chunks' groups).
     constexpr int RSB = R * 512 + R * 128;
-    // (An offset from qsm, not an integer round trip of the address: that lost the shared space
-    // and made the ring's reads generic loads.)
+    // (An offset from qsm, not an integer round trip of the address, which would lose the shared
+    // space and make the ring's reads generic loads.)
     const int ring_off =
         ((int)(reinterpret_cast<const char*>(wsm + 2 * warps) - reinterpret_cast<const char*>(qsm)) + 15) & ~15;
     u8* const ring = reinterpret_cast<u8*>(qsm) + ring_off + warp * RING * RSB;
     // (RING: groups of 1, 2 or 4 chunks, a power of two.)
-    const int gpr = QD_NODIV && RING > 0 ? w.cols >> (__ffs(w.group) - 1) : w.cols / w.group;
+    const int gpr = RING > 0 ? w.cols >> (__ffs(w.group) - 1) : w.cols / w.group;
     const bool fast = DP || KIND == KIND_INT8 || w.group % CC == 0;
     const int cpg = w.group / CC;
     const int cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;
@@ -1939,8 +1815,8 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     const bool lane_s = RING > 0 && lane < R * per_s;
     // (ppr_s and per_s are powers of two.)
     const int ppr_sh = RING > 0 ? 2 - cpg_shift : 0, per_sh = ppr_sh + (KIND == KIND_INT8 ? 0 : 1);
-    const int ri_s = QD_NODIV ? lane >> per_sh : lane / per_s;
-    const int a_s = QD_NODIV ? (lane - ri_s * per_s) >> ppr_sh : (lane - ri_s * per_s) / ppr_s;
+    const int ri_s = lane >> per_sh;
+    const int a_s = (lane - ri_s * per_s) >> ppr_sh;
     const int pc_s = lane - ri_s * per_s - a_s * ppr_s;
     const int so_s = R * 512 + (ri_s * 2 + a_s) * 64 + pc_s * 16;
     const int step = 32 * split, c0 = s * 32 + lane;
@@ -1948,7 +1824,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 
     for (int ct0 = 0; ct0 < n; ct0 += tchunks) {
         const int tn = min(tchunks, n - ct0);
-        const int ksteps = QD_NODIV ? (tn + step - 1) >> (5 + split_sh) : (tn + step - 1) / step;
+        const int ksteps = (tn + step - 1) >> (5 + split_sh);
         // The rows' code and scale bases of the tile being loaded, set once per tile.
         const uint4* lrow[R];
         int lsrow[R];
@@ -2046,10 +1922,10 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 issue(j, lt, lk);
             }
         };
-        constexpr int EARLY = EARLY_STEPS < 1 ? 1 : (EARLY_STEPS > RING - 1 ? RING - 1 : EARLY_STEPS);
+        constexpr int EARLY = EARLY_STEPS == 0 || EARLY_STEPS > RING - 1 ? RING - 1 : EARLY_STEPS;
         if (RING > 0) {
-            // Steps 0 .. EARLY - 1 before the wait and x's staging (issued after it: 6-25%
-            // slower, 2026-11-27), the rest of the first RING - 1 behind x's loads.
+            // Steps 0 .. EARLY - 1 before the wait and x's staging, the rest of the first RING - 1
+            // behind x's loads.
             issue(0, t, k);
             issue_first(1, EARLY);
         } else {
@@ -2082,14 +1958,12 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
             next_step(t, k, ksteps, nt, nk);
             const int c = c0 + k * step;
             if (DP && c < tn) {
-                constexpr int S = QDTraits<KIND>::S, PP = qd_parts<KIND>(), SA = qd_sa<KIND>();
-                int a[PP][SA][R];
+                constexpr int S = QDTraits<KIND>::S, PP = QD_PARTS;
+                int a[PP][R];
 #pragma unroll
                 for (int p = 0; p < PP; p++)
 #pragma unroll
-                    for (int sa = 0; sa < SA; sa++)
-#pragma unroll
-                        for (int i = 0; i < R; i++) a[p][sa][i] = 0;
+                    for (int i = 0; i < R; i++) a[p][i] = 0;
 #pragma unroll
                 for (int wd = 0; wd < 4; wd++) {
                     u32 xp[PP][S];
@@ -2100,21 +1974,18 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                         const u32 wv = qword(cur.v[i], wd);
 #pragma unroll
                         for (int s = 0; s < S; s++) {
-                            const int sa = SA > 1 ? s : 0;
-                            const u32 cd = SA > 1 ? wv & ((u32)QDTraits<KIND>::M << (QTraits<KIND>::BITS * s))
-                                                  : qd_codes<KIND>(wv, s);
-                            a[0][sa][i] = qd_dot<KIND, true>(cd, xp[0][s], a[0][sa][i]);
+                            const u32 cd = qd_codes<KIND>(wv, s);
+                            a[0][i] = qd_dot<KIND, true>(cd, xp[0][s], a[0][i]);
 #pragma unroll
-                            for (int p = 1; p < PP; p++) a[p][sa][i] = qd_dot<KIND, false>(cd, xp[p][s], a[p][sa][i]);
+                            for (int p = 1; p < PP; p++) a[p][i] = qd_dot<KIND, false>(cd, xp[p][s], a[p][i]);
                         }
                     }
                 }
                 const float2 es = xsx[c];
-                const float ex = es.x * qd_unit<KIND>();
 #pragma unroll
                 for (int i = 0; i < R; i++) {
                     const float sc = h2f((half_bits)(cur.sm[i] & 0xffff));
-                    const float d = qd_sum<KIND, PP, SA, R>(a, i) * ex;
+                    const float d = qd_sum<PP, R>(a, i) * es.x;
                     if (KIND == KIND_INT8) {
                         racc[i] = fmaf(sc, d, racc[i]);
                     } else {
@@ -2305,20 +2176,18 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         BODY<KIND_INT2, ARG>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);   \
     }
 
-// R = 4 rows per warp, one chunk position per step: measured best on the H100 against 2 or 8 rows,
-// two positions per step, and a cp.async ring in shared memory keeping 2-5 steps in flight
-// (benches/results/2026-11-22-h100-int-matvec.md).
+// R = 4 rows per warp, one chunk position per step (benches/results/2026-11-22-h100-int-matvec.md).
 INT_MATVEC_KERNELS(matvec_q, matvec_q_body, matvec_q_body, 4, , __launch_bounds__(512))
 
 // The integer-dot-product kernels (matvec_qd_*), for layouts whose groups are whole chunks.
-// LONE: the plain kernels' ring depth (QD_RING_LONE_*), else the routed ones'.
+// LONE: a plain kernel, whose int2 form issues one ring step before it waits (matvec_q_body).
 template <int KIND, int R, bool LONE = false>
 __device__ __forceinline__ void matvec_qd_body(const Mat w, const float* __restrict__ x,
                                                const float* __restrict__ u,
                                                float* __restrict__ y, int split, int tchunks) {
-    constexpr int RING = LONE ? QD_RING_LONE_OF(KIND) : QD_RING_OF(KIND);
-    constexpr int EARLY = LONE ? QD_EARLY_LONE_OF(KIND) : QD_EARLY;
-    matvec_q_body<KIND, R, true, QD_AHEAD_OF(KIND), false, RING, EARLY>(w, x, u, y, split, tchunks);
+    constexpr int EARLY = LONE && KIND == KIND_INT2 ? 1 : 0;
+    matvec_q_body<KIND, R, true, (int)QDTraits<KIND>::AHEAD, false, QD_RING_OF(KIND), EARLY>(
+        w, x, u, y, split, tchunks);
 }
 template <int KIND, int R>
 __device__ __forceinline__ void matvec_qd_lone_body(const Mat w, const float* x, const float* u,
@@ -2337,7 +2206,7 @@ INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, matvec_qd_lone_body, 4, , __launch
         NAME(const MatEntry* tab, const float* routes, int k, const float* x, float* y, int ys,     \
              int split, int tchunks) {                                                              \
         sel_entry(0);                                                                               \
-        matvec_q_body<KIND, 4, true, QD_AHEAD_OF(KIND), true, QD_RING_OF(KIND)>(                    \
+        matvec_q_body<KIND, 4, true, (int)QDTraits<KIND>::AHEAD, true, QD_RING_OF(KIND)>(          \
             sel_mat(tab, routes, k, 0), x, nullptr, y + (size_t)blockIdx.y * ys, split, tchunks,    \
             sel_mat(tab, routes, k, 1));                                                            \
     }
@@ -2347,13 +2216,12 @@ QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
 
 // ---------------------------------------------------------------------------------------------
 // Integer dequantize-matvec on the tensor cores (sm_80 and later, for groups of 1, 2 or a multiple
-// of 4 whole chunks; the launcher takes it for the kinds where it measured faster: Gpu::qm_kinds).
+// of 4 whole chunks; the launcher takes it only for the kinds where it is faster: Gpu::qm_kinds,
+// benches/results/2026-11-23-h100-int-matvec-mma.md).
 //
 // The scalar kernels above spend about three instructions per weight (an AND and an FMA each,
 // plus addressing). Here the products go to mma.sync m16n8k16 (f16 inputs, f32 accumulation),
-// one instruction per 256 weights of a warp, and dequantization is one AND per two codes. On the
-// H100 that made int2 12-17% faster, but int4 no faster and int8 slower: instruction issue was
-// not what held them (benches/results/2026-11-23-h100-int-matvec-mma.md).
+// one instruction per 256 weights of a warp, and dequantization is one AND per two codes.
 // - A (16 rows x 16 columns per mma): the codes, masked in place in each 16-bit half of a code
 //   word, are read as f16 subnormals q * 2^(p - 24), exact (p: the code's bit position in its half
 //   after at most one shift of the word, p <= 8). A warp's lanes (g = lane / 4, t = lane % 4) load
@@ -2493,8 +2361,8 @@ struct QMBuf {
 // chunks (a multiple of 32 when there is more than one), each staged in turn. Dynamic shared
 // memory: q_smem in mod.rs.
 // SKIP (timing only, benches/gpu_matvec.rs; wrong results): bit 0 no x staging, bit 1 no scale
-// loads, bit 2 no mma (the codes folded into the sums instead). Loading a second step of codes
-// before staging x measured slower (1-2 µs on Mixtral's shapes).
+// loads, bit 2 no mma (the codes folded into the sums instead). One step of codes loads before x
+// is staged, not two (benches/results/2026-11-23-h100-int-matvec-mma.md).
 template <int KIND, int U, int SKIP = 0>
 __device__ __forceinline__ void matvec_qm_body(const Mat w, const float* __restrict__ x,
                                                const float* __restrict__ u,
@@ -2767,9 +2635,8 @@ extern "C" __global__ void dequant_words_h(const Mat w, int kind, half_bits* __r
 // rows x BN / 2 tokens. Block z of the grid's K parts takes steps [z ksteps, (z + 1) ksteps) and
 // writes its partial sums at out + z t ld (sum_splits adds them in z order). Needs cols % 64 == 0,
 // group == 64, row_bytes % 16 == 0, 16-byte aligned codes and xh (Gpu::matmul checks). Grid
-// (ceil(rows / 128), ceil(t / BN), parts). On the H100 it beat dequantizing into f16 tiles for
-// cuBLAS by 4-6% at Mixtral's pp512 (with K in 4 parts; in one part it was 20% slower: the down
-// matrices' 32 row blocks left 100 SMs idle).
+// (ceil(rows / 128), ceil(t / BN), parts): K in parts so that a matrix of few row blocks still
+// fills the SMs (benches/results/2026-11-24-h100-prefill.md).
 #define GQ_BM 128
 #define GQ_BK 64
 #define GQ_LD 72  // halves a shared row: 144 bytes, so ldmatrix's 8 rows hit 32 banks
