@@ -46,7 +46,7 @@ extern "C" __global__ void bench_read(const uint4* __restrict__ p, unsigned long
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
 extern "C" __global__ void bench_empty() {}
-// bench_read as hob's kernels start under dependent launch (kernels.cu pdl_trigger / pdl_wait):
+// bench_read as hob's kernels start under dependent launch (common.cu pdl_trigger / pdl_wait):
 // the next launch may be scheduled at once, the first U words a thread are issued, then the
 // kernel waits for the one before it, then reads the rest U words a thread at a time.
 template <int U>
@@ -129,7 +129,7 @@ extern "C" __global__ void bench_read_rows_mma(const uint4* p, int rows, int n, 
 extern "C" __global__ void bench_read_rows_scalar(const uint4* p, int rows, int n, int split, unsigned* out) {
     read_rows_body<32, 4, 1>(p, rows, n, split, out);
 }
-// matvec_qm_* with parts of its work skipped (timing only: kernels.cu matvec_qm_body's SKIP).
+// matvec_qm_* with parts of its work skipped (timing only: matvec_qm.cu matvec_qm_body's SKIP).
 #define QM_VARIANT(NAME, KIND, SKIP) \
     extern "C" __global__ void __launch_bounds__(512) NAME(const Mat w, const float* x, float* y, int split, int tchunks) { \
         matvec_qm_body<KIND, 2, SKIP>(w, x, nullptr, y, split, tchunks); \

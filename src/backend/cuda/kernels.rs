@@ -1,6 +1,6 @@
-//! cuda/kernels.cu compiled by NVRTC once per process for the GPU at hand, the PTX cached on disk
-//! (keyed by a hash of the source, the compile options and the GPU architecture), every kernel
-//! handle loaded once.
+//! The kernels of cuda/*.cu, concatenated into one source, compiled by NVRTC once per process for
+//! the GPU at hand, the PTX cached on disk (keyed by a hash of the source, the compile options and
+//! the GPU architecture), every kernel handle loaded once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use super::{cuda_err, QShape, QM_QUADS_PER_STEP};
 use crate::Error;
 
-/// Every kernel of cuda/kernels.cu.
+/// Every kernel of cuda/*.cu.
 pub struct Kernels {
     pub rms_norm: CudaFunction,
     pub rope: CudaFunction,
@@ -26,7 +26,7 @@ pub struct Kernels {
     pub swiglu_half: CudaFunction,
     pub axpy: CudaFunction,
     pub attention: CudaFunction,
-    /// Prefill attention (kernels.cu attention_prefill_*) for head_dim 32, 64 and 128.
+    /// Prefill attention (attention.cu attention_prefill_*) for head_dim 32, 64 and 128.
     pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
     pub matvec: [CudaFunction; 3],
@@ -34,17 +34,17 @@ pub struct Kernels {
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
     /// Routed integer-kind experts from a device table, several matrices per launch
-    /// (kernels.cu matvec_q_*_sel).
+    /// (matvec_q.cu matvec_q_*_sel).
     pub matvec_q_sel: [QKernel; 3],
-    /// The integer kinds on the tensor cores (kernels.cu matvec_qm_*, and matvec_qm_*_sel like
+    /// The integer kinds on the tensor cores (matvec_qm.cu matvec_qm_*, and matvec_qm_*_sel like
     /// matvec_q_*_sel): sm_80 and later, None before.
     pub matvec_qm: Option<[QKernel; 3]>,
-    /// Prefill products of int4 (g64) weights on the tensor cores without an f16 tile (kernels.cu
+    /// Prefill products of int4 (g64) weights on the tensor cores without an f16 tile (dequant.cu
     /// gemm_q4h_64, gemm_q4h_128: 64 or 128 tokens a block): sm_80 and later, None before.
     pub gemm_q4h: Option<[CudaFunction; 2]>,
     pub sum_splits: CudaFunction,
     pub matvec_qm_sel: Option<[QKernel; 3]>,
-    /// The integer kinds through dp4a on x staged as integers (kernels.cu matvec_qd_*, and
+    /// The integer kinds through dp4a on x staged as integers (matvec_q.cu matvec_qd_*, and
     /// matvec_qd_*_sel), for groups of whole 16-byte chunks.
     pub matvec_qd: [QKernel; 3],
     pub matvec_qd_sel: [QKernel; 3],
@@ -57,7 +57,7 @@ pub struct Kernels {
     /// matvec3 with RoPE and the KV store of one decode token (matvec3_rope_*).
     pub matvec3_rope: [CudaFunction; 3],
     pub rope_kv: CudaFunction,
-    /// Decode MoE of float-kind experts from a device table (kernels.cu moe_*): routing from the
+    /// Decode MoE of float-kind experts from a device table (moe.cu moe_*): routing from the
     /// router's rows, gate+up with SwiGLU, down with the weighted sum and residual add.
     pub moe_route: [CudaFunction; 3],
     /// The MoE block's RMSNorm and moe_route in one launch.
@@ -89,7 +89,7 @@ pub struct Kernels {
     pub names: Vec<(usize, String)>,
 }
 
-/// An integer matvec kernel (kernels.cu matvec_q_<kind> or matvec_qm_<kind>) and its shape for
+/// An integer matvec kernel (matvec_q.cu matvec_q_<kind>, matvec_qd_<kind>, or matvec_qm_<kind>) and its shape for
 /// launch plans.
 pub struct QKernel {
     pub f: CudaFunction,
@@ -103,7 +103,7 @@ pub enum QFamily {
     Scalar,
     /// matvec_qm_*: tensor cores.
     Mma,
-    /// matvec_qd_*: dp4a with x in this many byte planes (kernels.cu QD_PARTS).
+    /// matvec_qd_*: dp4a with x in this many byte planes (matvec_q_stage.cu QD_PARTS).
     Dp(usize),
 }
 
@@ -126,7 +126,7 @@ impl QKernel {
             .map_err(cuda_err)?;
         if fixed > 0 {
             return Err(Error::Invalid(format!(
-                "CUDA: an integer matvec kernel ({family:?}, kind {kind}) has {fixed} bytes of static shared memory; its plans take only dynamic shared memory (cuda/kernels.cu)"
+                "CUDA: an integer matvec kernel ({family:?}, kind {kind}) has {fixed} bytes of static shared memory; its plans take only dynamic shared memory (cuda/matvec_q.cu)"
             )));
         }
         f.set_attribute(
@@ -137,7 +137,7 @@ impl QKernel {
         let regs = f.num_regs().map_err(cuda_err)?.max(1) as usize;
         Ok(QKernel {
             f,
-            // R = 4 rows per warp (kernels.cu matvec_q_*, matvec_qd_*), or an mma's 16
+            // R = 4 rows per warp (matvec_q.cu matvec_q_*, matvec_qd_*), or an mma's 16
             // (matvec_qm_*).
             shape: QShape {
                 kind,
@@ -161,11 +161,11 @@ impl QKernel {
     }
 }
 
-/// x's byte planes in the dp4a kernels (kernels.cu QD_PARTS): 16-bit x
+/// x's byte planes in the dp4a kernels (matvec_q_stage.cu QD_PARTS): 16-bit x
 /// (benches/results/2026-11-24-h100-dp4a.md).
 const QD_PARTS: usize = 2;
 
-/// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2] (kernels.cu QD_RING_*;
+/// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2] (matvec_q_stage.cu QD_RING_*;
 /// 0: loads held in registers), by compute capability: sm_90 and later int4 4, int2 3
 /// (benches/results/2026-11-25-h100-qd-ring.md); before, 0: cp.async needs sm_80, and the smaller
 /// shared memory of Orin or the RTX 4090 would cut a block's warps (not measured there).
@@ -189,8 +189,20 @@ fn cache_dir() -> Option<PathBuf> {
 }
 
 impl Kernels {
-    /// The kernels' source as NVRTC compiles it.
-    pub const SOURCE: &'static str = include_str!("../../../cuda/kernels.cu");
+    /// The kernels' source as NVRTC compiles it: the helpers, then each family (a file may use
+    /// what the files before it define).
+    pub const SOURCE: &'static str = concat!(
+        include_str!("../../../cuda/common.cu"),
+        include_str!("../../../cuda/elementwise.cu"),
+        include_str!("../../../cuda/attention.cu"),
+        include_str!("../../../cuda/matvec_float.cu"),
+        include_str!("../../../cuda/moe.cu"),
+        include_str!("../../../cuda/matvec_q_stage.cu"),
+        include_str!("../../../cuda/matvec_q.cu"),
+        include_str!("../../../cuda/matvec_qm.cu"),
+        include_str!("../../../cuda/dequant.cu"),
+        include_str!("../../../cuda/link.cu"),
+    );
 
     /// NVRTC's options for a GPU of compute capability major.minor: its architecture and the
     /// values the launch plans share with the kernels (QD_PARTS, QD_RING_*).
@@ -234,7 +246,7 @@ impl Kernels {
                         ..Default::default()
                     },
                 )
-                .map_err(|e| Error::Invalid(format!("NVRTC failed on cuda/kernels.cu: {e}")))?;
+                .map_err(|e| Error::Invalid(format!("NVRTC failed on cuda/*.cu: {e}")))?;
                 if let Some(path) = &cached {
                     // A cache that cannot be written only costs the next process a compile.
                     let write = path
@@ -346,7 +358,7 @@ impl Kernels {
             names: Vec::new(),
         };
         kernels.names = names.take();
-        // moe_route_norm may copy the router's rows into shared memory (kernels.cu
+        // moe_route_norm may copy the router's rows into shared memory (moe.cu
         // moe_route_norm_body): opt in to what the device allows.
         let optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -451,7 +463,7 @@ mod tests {
     }
 
     /// Under programmatic dependent launch (Gpu::launch_raw) a kernel may start while the one
-    /// before it still runs, so every kernel must wait (kernels.cu pdl_wait) before it touches
+    /// before it still runs, so every kernel must wait (common.cu pdl_wait) before it touches
     /// memory an earlier kernel writes or reads: in its own body, or in the device function that
     /// does its work. A kernel that forgot would race only on sm_90 and only sometimes.
     #[test]
