@@ -1,7 +1,6 @@
 // Dequantization for prefill and for layouts the matvec kernels do not take: any-kind matvec
-// (matvec_any), f32 and f16 row tiles for cuBLAS (dequant_rows, dequant_rows_h, dequant_words_h),
-// int4 prefill products on the tensor cores (gemm_q4h_*, sum_splits), and a decode token's
-// embedding row (embed_token).
+// (matvec_any), f16 row tiles for cuBLAS (dequant_rows_h, dequant_words_h), int4 prefill products
+// on the tensor cores (gemm_q4h_*, sum_splits), and a decode token's embedding row (embed_token).
 
 // Element (r, c) of any kind, dequantized.
 __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {
@@ -33,7 +32,8 @@ extern "C" __global__ void matvec_any(const Mat w, int kind, const float* __rest
     if (lane == 0) y[r] = acc;
 }
 
-// The same as f16 (tiles for cuBLAS's tensor-core GEMM). Grid (ceil(cols / block), nrows).
+// out[r * cols + c] = f16(W[r0 + r, c]) for r < nrows: row tiles for cuBLAS's tensor-core GEMM.
+// Grid (ceil(cols / block), nrows).
 extern "C" __global__ void dequant_rows_h(const Mat w, int kind, half_bits* __restrict__ out, int r0,
                                           int nrows) {
     PDL_ENTRY();
@@ -236,16 +236,6 @@ extern "C" __global__ void sum_splits(const float* __restrict__ part, float* __r
     float s = part[i];
     for (int z = 1; z < splits; z++) s += part[(size_t)z * n + i];
     out[i] = s;
-}
-
-// out[(r - r0) * cols + c] = W[r, c] for rows r0..r0 + nrows (f32 tiles for cuBLAS).
-extern "C" __global__ void dequant_rows(const Mat w, int kind, float* __restrict__ out, int r0,
-                                        int nrows) {
-    PDL_ENTRY();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)nrows * w.cols) return;
-    int r = (int)(i / w.cols), c = (int)(i % w.cols);
-    out[i] = element(w, kind, r0 + r, c);
 }
 
 // A decode token's embedding: out[c] = row *tok of w for c < cols. The row's id is read from

@@ -361,9 +361,10 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
 //
 // With `pre` the router's rows follow in shared memory (w.rows * w.row_bytes more, dynamic),
 // copied there before the kernel waits for the one before it (the router is a weight: written
-// only by copies), so that the copy overlaps that kernel's tail, where a single block reading
-// them after the wait took an L2 round trip per 16 chunks at one SM's share of L2 bandwidth
-// (128 KB for Mixtral's f32 router). The sums are row_dot's, in its order: the same routes.
+// only by copies), so that the copy overlaps that kernel's tail: one block reading them after the
+// wait would pay an L2 round trip per 16 chunks at one SM's share of L2 bandwidth
+// (benches/results/2026-11-24-h100-early-down.md). The sums are row_dot's, in its order: the same
+// routes.
 template <int KIND>
 __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __restrict__ x,
                                                     const float* __restrict__ g, float eps,

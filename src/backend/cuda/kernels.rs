@@ -74,7 +74,6 @@ pub struct Kernels {
     pub moe_combine_norm: CudaFunction,
     /// The routed experts' table and routes of a host-routed decode layer (put_slots).
     pub put_slots: CudaFunction,
-    pub dequant_rows: CudaFunction,
     /// A decode token's embedding row, its id read from device memory.
     pub embed_token: CudaFunction,
     pub dequant_rows_h: CudaFunction,
@@ -348,7 +347,6 @@ impl Kernels {
             moe_combine: f("moe_combine")?,
             moe_combine_norm: f("moe_combine_norm")?,
             put_slots: f("put_slots")?,
-            dequant_rows: f("dequant_rows")?,
             embed_token: f("embed_token")?,
             dequant_rows_h: f("dequant_rows_h")?,
             dequant_words_h: f("dequant_words_h")?,
