@@ -1,9 +1,9 @@
 // Integer dequantize-matvec on the tensor cores (sm_80 and later, for groups of 1, 2 or a multiple
-// of 4 whole chunks; the launcher takes it only for the kinds where it is faster: Gpu::qm_kinds,
-// benches/results/2026-11-23-h100-int-matvec-mma.md).
+// of 4 whole chunks; the launcher takes it only for the kinds where it is faster:
+// Gpu::qm_kinds, benches/results/2026-11-23-h100-int-matvec-mma.md).
 //
-// The scalar kernels (matvec_q.cu) spend about three instructions per weight (an AND and an FMA each,
-// plus addressing). Here the products go to mma.sync m16n8k16 (f16 inputs, f32 accumulation),
+// The scalar kernels (matvec_q.cu) spend about three instructions per weight (an AND and an FMA
+// each, plus addressing). Here the products go to mma.sync m16n8k16 (f16 inputs, f32 accumulation),
 // one instruction per 256 weights of a warp, and dequantization is one AND per two codes.
 // - A (16 rows x 16 columns per mma): the codes, masked in place in each 16-bit half of a code
 //   word, are read as f16 subnormals q * 2^(p - 24), exact (p: the code's bit position in its half

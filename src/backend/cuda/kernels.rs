@@ -88,8 +88,8 @@ pub struct Kernels {
     pub names: Vec<(usize, String)>,
 }
 
-/// An integer matvec kernel (matvec_q.cu matvec_q_<kind>, matvec_qd_<kind>, or matvec_qm_<kind>) and its shape for
-/// launch plans.
+/// An integer matvec kernel (matvec_q.cu matvec_q_<kind>, matvec_qd_<kind>; matvec_qm.cu
+/// matvec_qm_<kind>) and its shape for launch plans.
 pub struct QKernel {
     pub f: CudaFunction,
     pub shape: QShape,
@@ -164,8 +164,8 @@ impl QKernel {
 /// (benches/results/2026-11-24-h100-dp4a.md).
 const QD_PARTS: usize = 2;
 
-/// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2] (matvec_q_stage.cu QD_RING_*;
-/// 0: loads held in registers), by compute capability: sm_90 and later int4 4, int2 3
+/// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2] (matvec_q_stage.cu
+/// QD_RING_*; 0: loads held in registers), by compute capability: sm_90 and later int4 4, int2 3
 /// (benches/results/2026-11-25-h100-qd-ring.md); before, 0: cp.async needs sm_80, and the smaller
 /// shared memory of Orin or the RTX 4090 would cut a block's warps (not measured there).
 fn qd_ring(major: i32) -> [usize; 3] {
