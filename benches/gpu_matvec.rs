@@ -6,8 +6,7 @@
 //! CPU's launch rate never shows), each launch reading the next of several copies of the matrix
 //! (256 MB or more in all, five times the H100's 50 MB L2: "cold", as an expert streamed in for
 //! one token is); "warm" reads one copy over and over (an int4 or int2 matrix then sits partly in
-//! L2). The integer kinds are also timed with the kernels hob had before 2026-11-22
-//! (benches/gpu_matvec_prev.cu). Every kernel's result is checked against the CPU backend.
+//! L2). Every kernel's result is checked against the CPU backend.
 //!
 //! Run on the device machine: `cargo bench --bench gpu_matvec` (skips without a GPU): the table,
 //! then checks of other layouts and inputs. The built executable also takes `explore` (the same,
@@ -47,7 +46,7 @@ extern "C" __global__ void bench_read(const uint4* __restrict__ p, unsigned long
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
 extern "C" __global__ void bench_empty() {}
-// bench_read as hob's kernels start under dependent launch (kernels.cu pdl_trigger / pdl_wait):
+// bench_read as hob's kernels start under dependent launch (common.cu pdl_trigger / pdl_wait):
 // the next launch may be scheduled at once, the first U words a thread are issued, then the
 // kernel waits for the one before it, then reads the rest U words a thread at a time.
 template <int U>
@@ -130,7 +129,7 @@ extern "C" __global__ void bench_read_rows_mma(const uint4* p, int rows, int n, 
 extern "C" __global__ void bench_read_rows_scalar(const uint4* p, int rows, int n, int split, unsigned* out) {
     read_rows_body<32, 4, 1>(p, rows, n, split, out);
 }
-// matvec_qm_* with parts of its work skipped (timing only: kernels.cu matvec_qm_body's SKIP).
+// matvec_qm_* with parts of its work skipped (timing only: matvec_qm.cu matvec_qm_body's SKIP).
 #define QM_VARIANT(NAME, KIND, SKIP) \
     extern "C" __global__ void __launch_bounds__(512) NAME(const Mat w, const float* x, float* y, int split, int tchunks) { \
         matvec_qm_body<KIND, 2, SKIP>(w, x, nullptr, y, split, tchunks); \
@@ -228,22 +227,6 @@ fn main() {
                         }),
                     ));
                 }
-            }
-            if kind.starts_with("int") {
-                let f = bench.prev(kind, rows);
-                let rpw = if kind == "int8" && rows < 8192 { 2 } else { 4 };
-                variants.push((
-                    "before".into(),
-                    1e-10,
-                    Box::new(move |m: &DevMat| {
-                        let c = LaunchConfig {
-                            grid_dim: (rows.div_ceil(2 * rpw) as u32, 1, 1),
-                            block_dim: (64, 1, 1),
-                            shared_mem_bytes: 0,
-                        };
-                        launch(gpu, f, c, m, xp, yp, None);
-                    }),
-                ));
             }
             let floor = if kind.starts_with("int") {
                 cpu_floor(name_kind(kind))
@@ -487,14 +470,13 @@ type RunAt<'a> = dyn Fn(usize) + 'a;
 /// One way to run a matvec on a matrix copy.
 type Run<'a> = Box<dyn Fn(&DevMat) + 'a>;
 
-/// The bench's own build of cuda/kernels.cu plus the previous integer kernels and a spin kernel.
+/// The bench's own build of hob's kernels plus its spin, read and matvec_qm timing kernels.
 struct BenchKernels {
     spin: CudaFunction,
     read: CudaFunction,
     /// bench_read_pdl_{4,8,16}: (words in flight a thread, kernel).
     read_pdl: [(u32, CudaFunction); 3],
     empty: CudaFunction,
-    prev: [CudaFunction; 4],
     read_rows: [CudaFunction; 2],
     /// matvec_qm_* timing variants: (name, kernel, whether its result is checked).
     qm: Vec<(String, QKernel, bool)>,
@@ -502,18 +484,15 @@ struct BenchKernels {
 
 impl BenchKernels {
     fn load(gpu: &Gpu) -> BenchKernels {
-        let src = format!(
-            "{}\n{}\n{SPIN}",
-            include_str!("../cuda/kernels.cu"),
-            include_str!("gpu_matvec_prev.cu")
-        );
+        let src = format!("{}\n{SPIN}", cuda::Kernels::SOURCE);
         let (major, minor) = gpu.compute_capability;
-        // Cached beside hob's own kernels ($HOB_CACHE_DIR), keyed by the source and architecture.
+        let options = cuda::Kernels::nvrtc_options(major, minor);
+        // Cached beside hob's own kernels ($HOB_CACHE_DIR), keyed by the source and options.
         let cached = std::env::var_os("HOB_CACHE_DIR").map(|d| {
-            std::path::PathBuf::from(d).join(format!(
-                "bench-{:08x}-{major}{minor}.ptx",
-                crc32c::crc32c(src.as_bytes())
-            ))
+            let h = options.iter().fold(crc32c::crc32c(src.as_bytes()), |h, o| {
+                crc32c::crc32c_append(h, o.as_bytes())
+            });
+            std::path::PathBuf::from(d).join(format!("bench-{h:08x}-{major}{minor}.ptx"))
         });
         let ptx = match cached
             .as_ref()
@@ -524,10 +503,7 @@ impl BenchKernels {
                 let ptx = cudarc::nvrtc::compile_ptx_with_opts(
                     src,
                     CompileOptions {
-                        options: vec![
-                            format!("--gpu-architecture=compute_{major}{minor}"),
-                            "-std=c++17".into(),
-                        ],
+                        options,
                         ..Default::default()
                     },
                 )
@@ -551,12 +527,6 @@ impl BenchKernels {
             ],
             empty: f("bench_empty"),
             read_rows: [f("bench_read_rows_mma"), f("bench_read_rows_scalar")],
-            prev: [
-                f("prev_matvec_int8"),
-                f("prev_matvec_int4"),
-                f("prev_matvec_int2"),
-                f("prev_matvec_int8_r2"),
-            ],
             qm: if gpu.kernels.matvec_qm.is_some() {
                 [
                     ("qm_int4_no_staging", 4),
@@ -579,18 +549,9 @@ impl BenchKernels {
             },
         }
     }
-
-    fn prev(&self, kind: &str, rows: usize) -> &CudaFunction {
-        match kind {
-            "int8" if rows < 8192 => &self.prev[3],
-            "int8" => &self.prev[0],
-            "int4" => &self.prev[1],
-            _ => &self.prev[2],
-        }
-    }
 }
 
-/// Launch an integer kernel of the bench's module: (w, x, y) and, for matvec_q_*, (split, tchunks).
+/// Launch an integer kernel of the bench's module: (w, x, y, split, tchunks).
 fn launch(
     gpu: &Gpu,
     f: &CudaFunction,
@@ -598,9 +559,8 @@ fn launch(
     m: &DevMat,
     x: u64,
     y: u64,
-    q: Option<(i32, i32)>,
+    (split, tchunks): (i32, i32),
 ) {
-    let (split, tchunks) = q.unwrap_or((0, 0));
     let mut params = [
         m as *const DevMat as *mut std::ffi::c_void,
         (&x) as *const u64 as *mut std::ffi::c_void,
@@ -608,14 +568,12 @@ fn launch(
         (&split) as *const i32 as *mut std::ffi::c_void,
         (&tchunks) as *const i32 as *mut std::ffi::c_void,
     ];
-    let n = if q.is_some() { 5 } else { 3 };
-    // SAFETY: the arguments match the kernel's signature (kernels.cu matvec_q_*, or the previous
-    // kernels' (w, x, y)); m describes a live device matrix, x holds m.cols floats and y m.rows,
-    // and the configuration is one the kernel supports (block a multiple of 32 * split, shared
-    // memory as qsmem computes it). Launched as hob launches (dependent launch where the GPU has
-    // it): kernels.cu's kernels wait before they touch x or y; the previous kernels have no
-    // trigger, so the next launch starts only when they end.
-    unsafe { gpu.launch_raw(f, c, &mut params[..n]) }.expect("launch");
+    // SAFETY: the arguments match the kernel's signature (matvec_q_*, matvec_qm_*); m describes
+    // a live device matrix, x holds m.cols floats and y m.rows, and the configuration is one the
+    // kernel supports (block a multiple of 32 * split, shared memory as qsmem computes it).
+    // Launched as hob launches (dependent launch where the GPU has it): the kernels wait before
+    // they touch x or y.
+    unsafe { gpu.launch_raw(f, c, &mut params) }.expect("launch");
 }
 
 /// Seconds per launch of `run(i)` for i in 0..ITERS, queued behind a spin kernel.
@@ -808,7 +766,7 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
                     shared_mem_bytes: p.smem,
                 };
                 assert!(tc % 32 == 0 && tc <= p.tchunks);
-                launch(gpu, f, c, m, xp, yp, Some((p.split, tc)));
+                launch(gpu, f, c, m, xp, yp, (p.split, tc));
             }
         }
         let got = download(gpu, &y, m.rows as usize);
@@ -989,7 +947,7 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
                             block_dim: (block, 1, 1),
                             shared_mem_bytes: smem as u32,
                         };
-                        let qa = Some((split as i32, n as i32));
+                        let qa = (split as i32, n as i32);
                         let s = time(gpu, &bench.spin, |i| {
                             launch(gpu, f, c, &t.mats[i % t.mats.len()], xp, yp, qa)
                         });

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compile cuda/kernels.cu with NVRTC on a machine without a GPU: compile errors, and ptxas's spill report.
+"""Compile hob's kernels (cuda/*.cu) with NVRTC on a machine without a GPU: compile errors, and ptxas's spill report.
 
     python3 tools/nvrtc_check.py [--arch sm_90 sm_89 sm_87] [-D NAME=VALUE ...] [-v]
     python3 tools/nvrtc_check.py --arch sm_90 --sass matvec_qd_int2 [-D NAME=VALUE ...]
@@ -7,14 +7,16 @@
 NVRTC comes from the nvidia-cuda-nvrtc-cu12 wheel (PyPI), downloaded once into ~/.cache/hob-nvrtc; nothing is
 installed. Exit status 1 if any architecture fails to compile. -v prints ptxas's full report (registers per kernel).
 
+The source is cuda/*.cu concatenated in the order of src/backend/cuda/kernels.rs (Kernels::SOURCE), or --source
+FILE. Every architecture compiles with the macros hob's loader passes there (src/backend/cuda/kernels.rs
+Kernels::nvrtc_options: x's planes, the dp4a rings); -D overrides one for an experiment.
+
 --sass KERNEL: that kernel's machine code for each --arch (cuobjdump and nvdisasm from PyPI's nvidia-cuda-cuobjdump
-and nvidia-cuda-nvdisasm wheels, into the same cache), built with the switches hob's loader passes on that
-architecture (src/backend/cuda/kernels.rs: x's planes, the dp4a rings; -D overrides them), then a summary: static
-instructions by opcode and each loop around all of the kernel's dp4a (else mma, else FFMA) instructions (its
-body's size and mix). What runs is counted on the device (Nsight Compute's SourceCounters:
-benches/results/2026-11-28-h200-decode-knobs.md section 7).
+and nvidia-cuda-nvdisasm wheels, into the same cache), then a summary: static instructions by opcode and each loop
+around all of the kernel's dp4a (else mma, else FFMA) instructions (its body's size and mix). What runs is counted
+on the device (Nsight Compute's SourceCounters: benches/results/2026-11-28-h200-decode-knobs.md section 7).
 """
-import argparse, ctypes, glob, os, subprocess, sys, zipfile
+import argparse, ctypes, glob, os, re, subprocess, sys, zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.expanduser("~/.cache/hob-nvrtc")
@@ -46,14 +48,20 @@ def tool(name, wheel):
     return path
 
 
+def kernel_source():
+    """cuda/*.cu concatenated as Kernels::SOURCE concatenates them (kernels.rs's include_str! order)."""
+    rs = open(os.path.join(ROOT, "src", "backend", "cuda", "kernels.rs")).read()
+    names = re.findall(r'include_str!\("\.\./\.\./\.\./cuda/([\w.]+\.cu)"\)', rs)
+    if not names:
+        sys.exit("no cuda/*.cu found in src/backend/cuda/kernels.rs")
+    return b"".join(open(os.path.join(ROOT, "cuda", n), "rb").read() for n in names)
+
+
 def loader_defines(arch):
-    """The switches hob's kernel loader passes by default (kernels.rs Kernels::load)."""
+    """The macros hob's kernel loader passes on `arch` (kernels.rs Kernels::nvrtc_options, qd_ring)."""
     major = int(arch.split("_")[1]) // 10
-    ring, lone = ([0, 4, 3], [0, 4, 3]) if major >= 9 else ([0, 0, 0], [0, 0, 0])
-    d = ["QD_PARTS=2", "QD_PARTS_INT2=2"]
-    d += [f"QD_RING_{k}={v}" for k, v in zip(["INT8", "INT4", "INT2"], ring)]
-    d += [f"QD_RING_LONE_{k}={v}" for k, v in zip(["INT8", "INT4", "INT2"], lone)]
-    return d
+    ring = [0, 4, 3] if major >= 9 else [0, 0, 0]
+    return ["QD_PARTS=2"] + [f"QD_RING_{k}={v}" for k, v in zip(["INT8", "INT4", "INT2"], ring)]
 
 
 def summarize(sass):
@@ -85,22 +93,22 @@ def summarize(sass):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", nargs="+", default=["sm_90", "sm_89", "sm_87"])
-    ap.add_argument("--source", default=os.path.join(ROOT, "cuda", "kernels.cu"))
+    ap.add_argument("--source", help="compile this file instead of cuda/*.cu")
     ap.add_argument("-D", dest="defines", action="append", default=[],
-                    help="a macro for the source, as HOB_NVRTC_DEFINES passes them (repeatable)")
+                    help="a macro for the source, in place of the loader's value (repeatable)")
     ap.add_argument("-v", action="store_true", help="print ptxas's whole report")
     ap.add_argument("--sass", metavar="KERNEL", help="print that kernel's machine code and a summary")
     a = ap.parse_args()
-    lib, src, failed = libnvrtc(), open(a.source, "rb").read(), False
+    src = open(a.source, "rb").read() if a.source else kernel_source()
+    lib, failed = libnvrtc(), False
     for arch in a.arch:
         prog = ctypes.c_void_p()
         if lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"kernels.cu", 0, None, None) != 0:
             sys.exit("nvrtcCreateProgram failed")
         opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-Xptxas", b"-v"]
         defines = list(a.defines)
-        if a.sass:
-            mine = {d.split("=")[0] for d in defines}
-            defines += [d for d in loader_defines(arch) if d.split("=")[0] not in mine]
+        mine = {d.split("=")[0] for d in defines}
+        defines += [d for d in loader_defines(arch) if d.split("=")[0] not in mine]
         opts += [f"-D{d}".encode() for d in defines]
         rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
         n = ctypes.c_size_t()

@@ -1,8 +1,8 @@
-//! cuda/kernels.cu compiled by NVRTC once per process for the GPU at hand, the PTX cached on disk
-//! (keyed by a hash of the source, the compile options and the GPU architecture), every kernel
-//! handle loaded once.
+//! The kernels of cuda/*.cu, concatenated into one source, compiled by NVRTC once per process for
+//! the GPU at hand, the PTX cached on disk (keyed by a hash of the source, the compile options and
+//! the GPU architecture), every kernel handle loaded once.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,9 +13,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use super::{cuda_err, QShape, QM_QUADS_PER_STEP};
 use crate::Error;
 
-const SOURCE: &str = include_str!("../../../cuda/kernels.cu");
-
-/// Every kernel of cuda/kernels.cu.
+/// Every kernel of cuda/*.cu.
 pub struct Kernels {
     pub rms_norm: CudaFunction,
     pub rope: CudaFunction,
@@ -28,7 +26,7 @@ pub struct Kernels {
     pub swiglu_half: CudaFunction,
     pub axpy: CudaFunction,
     pub attention: CudaFunction,
-    /// Prefill attention (kernels.cu attention_prefill_*) for head_dim 32, 64 and 128.
+    /// Prefill attention (attention.cu attention_prefill_*) for head_dim 32, 64 and 128.
     pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
     pub matvec: [CudaFunction; 3],
@@ -36,17 +34,17 @@ pub struct Kernels {
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
     /// Routed integer-kind experts from a device table, several matrices per launch
-    /// (kernels.cu matvec_q_*_sel).
+    /// (matvec_q.cu matvec_q_*_sel).
     pub matvec_q_sel: [QKernel; 3],
-    /// The integer kinds on the tensor cores (kernels.cu matvec_qm_*, and matvec_qm_*_sel like
+    /// The integer kinds on the tensor cores (matvec_qm.cu matvec_qm_*, and matvec_qm_*_sel like
     /// matvec_q_*_sel): sm_80 and later, None before.
     pub matvec_qm: Option<[QKernel; 3]>,
-    /// Prefill products of int4 (g64) weights on the tensor cores without an f16 tile (kernels.cu
+    /// Prefill products of int4 (g64) weights on the tensor cores without an f16 tile (dequant.cu
     /// gemm_q4h_64, gemm_q4h_128: 64 or 128 tokens a block): sm_80 and later, None before.
     pub gemm_q4h: Option<[CudaFunction; 2]>,
     pub sum_splits: CudaFunction,
     pub matvec_qm_sel: Option<[QKernel; 3]>,
-    /// The integer kinds through dp4a on x staged as integers (kernels.cu matvec_qd_*, and
+    /// The integer kinds through dp4a on x staged as integers (matvec_q.cu matvec_qd_*, and
     /// matvec_qd_*_sel), for groups of whole 16-byte chunks.
     pub matvec_qd: [QKernel; 3],
     pub matvec_qd_sel: [QKernel; 3],
@@ -59,7 +57,7 @@ pub struct Kernels {
     /// matvec3 with RoPE and the KV store of one decode token (matvec3_rope_*).
     pub matvec3_rope: [CudaFunction; 3],
     pub rope_kv: CudaFunction,
-    /// Decode MoE of float-kind experts from a device table (kernels.cu moe_*): routing from the
+    /// Decode MoE of float-kind experts from a device table (moe.cu moe_*): routing from the
     /// router's rows, gate+up with SwiGLU, down with the weighted sum and residual add.
     pub moe_route: [CudaFunction; 3],
     /// The MoE block's RMSNorm and moe_route in one launch.
@@ -76,7 +74,6 @@ pub struct Kernels {
     pub moe_combine_norm: CudaFunction,
     /// The routed experts' table and routes of a host-routed decode layer (put_slots).
     pub put_slots: CudaFunction,
-    pub dequant_rows: CudaFunction,
     /// A decode token's embedding row, its id read from device memory.
     pub embed_token: CudaFunction,
     pub dequant_rows_h: CudaFunction,
@@ -91,8 +88,8 @@ pub struct Kernels {
     pub names: Vec<(usize, String)>,
 }
 
-/// An integer matvec kernel (kernels.cu matvec_q_<kind> or matvec_qm_<kind>) and its shape for
-/// launch plans.
+/// An integer matvec kernel (matvec_q.cu matvec_q_<kind>, matvec_qd_<kind>; matvec_qm.cu
+/// matvec_qm_<kind>) and its shape for launch plans.
 pub struct QKernel {
     pub f: CudaFunction,
     pub shape: QShape,
@@ -105,7 +102,7 @@ pub enum QFamily {
     Scalar,
     /// matvec_qm_*: tensor cores.
     Mma,
-    /// matvec_qd_*: dp4a with x in this many byte planes (kernels.cu QD_PARTS).
+    /// matvec_qd_*: dp4a with x in this many byte planes (matvec_q_stage.cu QD_PARTS).
     Dp(usize),
 }
 
@@ -128,7 +125,7 @@ impl QKernel {
             .map_err(cuda_err)?;
         if fixed > 0 {
             return Err(Error::Invalid(format!(
-                "CUDA: an integer matvec kernel ({family:?}, kind {kind}) has {fixed} bytes of static shared memory; its plans take only dynamic shared memory (cuda/kernels.cu)"
+                "CUDA: an integer matvec kernel ({family:?}, kind {kind}) has {fixed} bytes of static shared memory; its plans take only dynamic shared memory (cuda/matvec_q.cu)"
             )));
         }
         f.set_attribute(
@@ -139,7 +136,7 @@ impl QKernel {
         let regs = f.num_regs().map_err(cuda_err)?.max(1) as usize;
         Ok(QKernel {
             f,
-            // R = 4 rows per warp (kernels.cu matvec_q_*, matvec_qd_*), or an mma's 16
+            // R = 4 rows per warp (matvec_q.cu matvec_q_*, matvec_qd_*), or an mma's 16
             // (matvec_qm_*).
             shape: QShape {
                 kind,
@@ -163,67 +160,19 @@ impl QKernel {
     }
 }
 
-/// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2] (kernels.cu
-/// QD_RING_*; 0: loads held in registers). Default on sm_90 and later: int4 4, int2 3, int8 0
-/// (measured on the H100: benches/results/2026-11-25-h100-qd-ring.md); elsewhere 0 (Orin's and
-/// the RTX 4090's smaller shared memory would cut the block's warps: not measured there).
-/// HOB_QD_RING sets them: one number for every kind, or "int2:4,int4:3" (the kinds not named
-/// keep 0). cp.async needs sm_80: older GPUs keep 0.
-pub fn qd_ring(spec: Option<&str>, major: i32) -> crate::Result<[usize; 3]> {
-    let mut ring = [0usize; 3];
-    let Some(spec) = spec.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Ok(if major >= 9 { [0, 4, 3] } else { ring });
-    };
-    let bad = || {
-        Error::Invalid(format!(
-            "HOB_QD_RING={spec}: give a ring depth (0, or 2 to 8 steps) for every integer kind, \
-             or per kind as int8:N,int4:N,int2:N"
-        ))
-    };
-    let depth = |v: &str| match v.trim().parse::<usize>() {
-        Ok(n) if n == 0 || (2..=8).contains(&n) => Ok(n),
-        _ => Err(bad()),
-    };
-    if spec.contains(':') {
-        for part in spec.split(',') {
-            let (kind, v) = part.split_once(':').ok_or_else(bad)?;
-            let i = match kind.trim() {
-                "int8" => 0,
-                "int4" => 1,
-                "int2" => 2,
-                _ => return Err(bad()),
-            };
-            ring[i] = depth(v)?;
-        }
-    } else {
-        ring = [depth(spec)?; 3];
-    }
-    if major < 8 {
-        ring = [0; 3];
-    }
-    Ok(ring)
-}
+/// x's byte planes in the dp4a kernels (matvec_q_stage.cu QD_PARTS): 16-bit x
+/// (benches/results/2026-11-24-h100-dp4a.md).
+const QD_PARTS: usize = 2;
 
-/// The plain (one-matrix) dp4a kernels' ring steps per kind (kernels.cu QD_RING_LONE_*): as
-/// `qd_ring` unless HOB_QD_RING_LONE sets them (same syntax). Default on sm_90 and later: int4 4,
-/// int2 3 (with the plain int2 kernel's later steps issued behind x's loads, kernels.cu
-/// QD_EARLY_LONE_INT2, 3 reads Mixtral's lone int2 matrices at 79% / 66% of the copy against 76% /
-/// 59% with 2 on the H100, 2026-11-27: benches/results/2026-11-27-h100-int2-column-slices.md);
-/// with HOB_QD_RING set, its depths.
-pub fn qd_ring_lone(
-    spec: Option<&str>,
-    routed_spec: Option<&str>,
-    major: i32,
-) -> crate::Result<[usize; 3]> {
-    fn set(s: Option<&str>) -> Option<&str> {
-        s.map(str::trim).filter(|s| !s.is_empty())
-    }
-    match (set(spec), set(routed_spec)) {
-        (Some(s), _) => qd_ring(Some(s), major).map_err(|e| {
-            Error::Invalid(e.to_string().replace("HOB_QD_RING=", "HOB_QD_RING_LONE="))
-        }),
-        (None, Some(r)) => qd_ring(Some(r), major),
-        (None, None) => Ok(if major >= 9 { [0, 4, 3] } else { [0; 3] }),
+/// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2] (matvec_q_stage.cu
+/// QD_RING_*; 0: loads held in registers), by compute capability: sm_90 and later int4 4, int2 3
+/// (benches/results/2026-11-25-h100-qd-ring.md); before, 0: cp.async needs sm_80, and the smaller
+/// shared memory of Orin or the RTX 4090 would cut a block's warps (not measured there).
+fn qd_ring(major: i32) -> [usize; 3] {
+    if major >= 9 {
+        [0, 4, 3]
+    } else {
+        [0; 3]
     }
 }
 
@@ -239,72 +188,41 @@ fn cache_dir() -> Option<PathBuf> {
 }
 
 impl Kernels {
+    /// The kernels' source as NVRTC compiles it: the helpers, then each family (a file may use
+    /// what the files before it define).
+    pub const SOURCE: &'static str = concat!(
+        include_str!("../../../cuda/common.cu"),
+        include_str!("../../../cuda/elementwise.cu"),
+        include_str!("../../../cuda/attention.cu"),
+        include_str!("../../../cuda/matvec_float.cu"),
+        include_str!("../../../cuda/moe.cu"),
+        include_str!("../../../cuda/matvec_q_stage.cu"),
+        include_str!("../../../cuda/matvec_q.cu"),
+        include_str!("../../../cuda/matvec_qm.cu"),
+        include_str!("../../../cuda/dequant.cu"),
+        include_str!("../../../cuda/link.cu"),
+    );
+
+    /// NVRTC's options for a GPU of compute capability major.minor: its architecture and the
+    /// values the launch plans share with the kernels (QD_PARTS, QD_RING_*).
+    pub fn nvrtc_options(major: i32, minor: i32) -> Vec<String> {
+        let ring = qd_ring(major);
+        vec![
+            format!("--gpu-architecture=compute_{major}{minor}"),
+            "-std=c++17".into(),
+            format!("-DQD_PARTS={QD_PARTS}"),
+            format!("-DQD_RING_INT8={}", ring[0]),
+            format!("-DQD_RING_INT4={}", ring[1]),
+            format!("-DQD_RING_INT2={}", ring[2]),
+        ]
+    }
+
     pub fn load(ctx: &Arc<CudaContext>) -> crate::Result<Kernels> {
         let (major, minor) = ctx.compute_capability().map_err(cuda_err)?;
         let arch = format!("compute_{major}{minor}");
-        // x's byte planes in the dp4a kernels (matvec_qd_*): 2 (16 bits; measured faster in
-        // decode than 3, benches/results/2026-11-24-h100-dp4a.md), or 3 with HOB_QD_PARTS=3.
-        let qd_parts = match std::env::var("HOB_QD_PARTS").as_deref() {
-            Ok("3") => 3,
-            _ => 2,
-        };
-        // int2's planes: as the others, or HOB_QD_PARTS_INT2=1|2|3. One plane (8-bit x, as
-        // llama.cpp's q8_1 activations) measured +3.5% int2 decode for a mean KL of 0.0032 nats
-        // on shakespeare-moe's decoded logits, but NMSE 2e-2 on the random fixture's
-        // (benches/results/2026-11-24-h100-int2-8bit-x.md): not the default.
-        let qd_parts_int2 = match std::env::var("HOB_QD_PARTS_INT2").as_deref() {
-            Ok("1") => 1,
-            Ok("2") => 2,
-            Ok("3") => 3,
-            _ => qd_parts,
-        };
-        let ring_spec = std::env::var("HOB_QD_RING").ok();
-        let qd_ring = qd_ring(ring_spec.as_deref(), major)?;
-        let qd_ring_lone = qd_ring_lone(
-            std::env::var("HOB_QD_RING_LONE").ok().as_deref(),
-            ring_spec.as_deref(),
-            major,
-        )?;
-        let mut options = vec![
-            format!("--gpu-architecture={arch}"),
-            "-std=c++17".into(),
-            format!("-DQD_PARTS={qd_parts}"),
-            format!("-DQD_PARTS_INT2={qd_parts_int2}"),
-            format!("-DQD_RING_INT8={}", qd_ring[0]),
-            format!("-DQD_RING_INT4={}", qd_ring[1]),
-            format!("-DQD_RING_INT2={}", qd_ring[2]),
-            format!("-DQD_RING_LONE_INT8={}", qd_ring_lone[0]),
-            format!("-DQD_RING_LONE_INT4={}", qd_ring_lone[1]),
-            format!("-DQD_RING_LONE_INT2={}", qd_ring_lone[2]),
-        ];
-        // Switches of cuda/kernels.cu for A/B runs (e.g. HOB_NVRTC_DEFINES=HOB_L2_PREFETCH=0),
-        // separated by spaces or commas; part of the cache key like every option.
-        if let Ok(defs) = std::env::var("HOB_NVRTC_DEFINES") {
-            options.extend(
-                defs.split([' ', ','])
-                    .filter(|d| !d.is_empty())
-                    .map(|d| format!("-D{d}")),
-            );
-        }
-        // HOB_KERNELS_SOURCE=FILE compiles that file instead of the embedded cuda/kernels.cu: an
-        // A/B run of a kernel edit in one binary, alternated on one machine (the edit must keep
-        // every kernel the launchers load, with the same parameters).
-        let source: std::borrow::Cow<'static, str> = match std::env::var_os("HOB_KERNELS_SOURCE") {
-            Some(path) => {
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    Error::Invalid(format!(
-                        "HOB_KERNELS_SOURCE={}: cannot read the kernel source: {e}",
-                        Path::new(&path).display()
-                    ))
-                })?;
-                log::info!(
-                    "kernels from {} (HOB_KERNELS_SOURCE)",
-                    Path::new(&path).display()
-                );
-                text.into()
-            }
-            None => SOURCE.into(),
-        };
+        let qd_ring = qd_ring(major);
+        let options = Kernels::nvrtc_options(major, minor);
+        let source = Kernels::SOURCE;
         let key = {
             let mut h = crc32c::crc32c(source.as_bytes());
             for o in &options {
@@ -321,13 +239,13 @@ impl Kernels {
             None => {
                 let started = Instant::now();
                 let ptx = cudarc::nvrtc::compile_ptx_with_opts(
-                    &*source,
+                    source,
                     CompileOptions {
                         options,
                         ..Default::default()
                     },
                 )
-                .map_err(|e| Error::Invalid(format!("NVRTC failed on cuda/kernels.cu: {e}")))?;
+                .map_err(|e| Error::Invalid(format!("NVRTC failed on cuda/*.cu: {e}")))?;
                 if let Some(path) = &cached {
                     // A cache that cannot be written only costs the next process a compile.
                     let write = path
@@ -362,22 +280,12 @@ impl Kernels {
         // The three integer kinds of one kernel family.
         let qkernels = |stem: &str, suffix: &str, family: QFamily| -> crate::Result<[QKernel; 3]> {
             let k = |kind: i32, name: &str| {
-                let family = match family {
-                    QFamily::Dp(_) if kind == 5 => QFamily::Dp(qd_parts_int2),
-                    other => other,
-                };
-                // The plain dp4a kernels have their own depths (kernels.cu matvec_qd_lone_body).
-                let ring = if suffix.is_empty() {
-                    qd_ring_lone[(kind - 3) as usize]
-                } else {
-                    qd_ring[(kind - 3) as usize]
-                };
                 QKernel::new(
                     ctx,
                     f(&format!("{stem}_{name}{suffix}"))?,
                     kind,
                     family,
-                    ring,
+                    qd_ring[(kind - 3) as usize],
                 )
             };
             Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
@@ -423,9 +331,9 @@ impl Kernels {
             matvec_qm_sel: mma
                 .then(|| qkernels("matvec_qm", "_sel", QFamily::Mma))
                 .transpose()?,
-            matvec_qd: qkernels("matvec_qd", "", QFamily::Dp(qd_parts))?,
-            matvec_qd_sel: qkernels("matvec_qd", "_sel", QFamily::Dp(qd_parts))?,
-            matvec_qd_gu: qkernels("matvec_qd", "_gu", QFamily::Dp(qd_parts))?,
+            matvec_qd: qkernels("matvec_qd", "", QFamily::Dp(QD_PARTS))?,
+            matvec_qd_sel: qkernels("matvec_qd", "_sel", QFamily::Dp(QD_PARTS))?,
+            matvec_qd_gu: qkernels("matvec_qd", "_gu", QFamily::Dp(QD_PARTS))?,
             matvec_add: floats("matvec_add")?,
             matvec3: floats("matvec3")?,
             matvec3_rope: floats("matvec3_rope")?,
@@ -439,7 +347,6 @@ impl Kernels {
             moe_combine: f("moe_combine")?,
             moe_combine_norm: f("moe_combine_norm")?,
             put_slots: f("put_slots")?,
-            dequant_rows: f("dequant_rows")?,
             embed_token: f("embed_token")?,
             dequant_rows_h: f("dequant_rows_h")?,
             dequant_words_h: f("dequant_words_h")?,
@@ -449,7 +356,7 @@ impl Kernels {
             names: Vec::new(),
         };
         kernels.names = names.take();
-        // moe_route_norm may copy the router's rows into shared memory (kernels.cu
+        // moe_route_norm may copy the router's rows into shared memory (moe.cu
         // moe_route_norm_body): opt in to what the device allows.
         let optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -476,7 +383,9 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{qd_ring, qd_ring_lone, SOURCE};
+    use super::{qd_ring, Kernels};
+
+    const SOURCE: &str = Kernels::SOURCE;
 
     /// The text of the block that opens at the first `{` at or after `from` (braces balanced).
     fn block(src: &str, from: usize) -> &str {
@@ -515,32 +424,44 @@ mod tests {
     }
 
     #[test]
-    fn ring_depths_parse_per_kind_and_refuse_nonsense() {
-        assert_eq!(qd_ring(None, 9).unwrap(), [0, 4, 3]);
-        assert_eq!(qd_ring_lone(None, None, 9).unwrap(), [0, 4, 3]);
-        assert_eq!(qd_ring_lone(None, None, 8).unwrap(), [0, 0, 0]);
-        assert_eq!(qd_ring_lone(None, Some("int2:4"), 9).unwrap(), [0, 0, 4]);
-        assert_eq!(
-            qd_ring_lone(Some("3"), Some("int2:4"), 9).unwrap(),
-            [3, 3, 3]
-        );
-        let e = qd_ring_lone(Some("1"), None, 9).unwrap_err().to_string();
-        assert!(e.contains("HOB_QD_RING_LONE=1"), "{e}");
-        assert_eq!(qd_ring(None, 8).unwrap(), [0, 0, 0]);
-        assert_eq!(qd_ring(Some("0"), 9).unwrap(), [0, 0, 0]);
-        assert_eq!(qd_ring(Some("4"), 9).unwrap(), [4, 4, 4]);
-        assert_eq!(qd_ring(Some("int2:4,int4:3"), 9).unwrap(), [0, 3, 4]);
-        assert_eq!(qd_ring(Some("int8:0, int2:8"), 8).unwrap(), [0, 0, 8]);
-        // No cp.async before sm_80: the registers' form.
-        assert_eq!(qd_ring(Some("4"), 7).unwrap(), [0, 0, 0]);
-        for bad in ["1", "9", "x", "int3:4", "int2=4", "int2:", "int2:1"] {
-            let e = qd_ring(Some(bad), 9).unwrap_err().to_string();
-            assert!(e.contains("HOB_QD_RING"), "{bad}: {e}");
+    fn ring_depths_follow_the_architecture() {
+        assert_eq!(qd_ring(9), [0, 4, 3]);
+        assert_eq!(qd_ring(10), [0, 4, 3]);
+        assert_eq!(qd_ring(8), [0, 0, 0]);
+        assert_eq!(qd_ring(7), [0, 0, 0]);
+    }
+
+    /// The source refuses to compile without the macros it shares with Rust (`#error`): the
+    /// options pass every one of them.
+    #[test]
+    fn the_options_define_every_macro_the_source_requires() {
+        let options = Kernels::nvrtc_options(9, 0);
+        let mut required = 0;
+        for line in SOURCE.lines() {
+            let line = line.trim();
+            let names: Vec<&str> = if let Some(name) = line.strip_prefix("#ifndef ") {
+                vec![name]
+            } else if let Some(rest) = line.strip_prefix("#if !defined(") {
+                rest.split("defined(")
+                    .map(|n| n.trim_start_matches('(').split(')').next().unwrap_or(""))
+                    .collect()
+            } else {
+                continue;
+            };
+            for name in names {
+                let name = name.trim();
+                required += 1;
+                assert!(
+                    options.iter().any(|o| o.starts_with(&format!("-D{name}="))),
+                    "{name} is required by the source but not passed"
+                );
+            }
         }
+        assert!(required >= 4, "{required} required macros found");
     }
 
     /// Under programmatic dependent launch (Gpu::launch_raw) a kernel may start while the one
-    /// before it still runs, so every kernel must wait (kernels.cu pdl_wait) before it touches
+    /// before it still runs, so every kernel must wait (common.cu pdl_wait) before it touches
     /// memory an earlier kernel writes or reads: in its own body, or in the device function that
     /// does its work. A kernel that forgot would race only on sm_90 and only sometimes.
     #[test]

@@ -1,0 +1,244 @@
+// Attention over an f16 KV cache. Grid (n_heads, t); a block of up to ATT_MAX_WARPS warps. Each
+// warp walks a strided subset of the visible positions with an online softmax; the warps then
+// merge.
+
+#define ATT_MAX_WARPS 16
+#define ATT_MAX_J 8  // head_dim up to 256
+#define ATT_PREFETCH 128  // positions whose keys and values a block prefetches into L2
+
+extern "C" __global__ void attention(const float* __restrict__ q, const half_bits* __restrict__ kc,
+                                     const half_bits* __restrict__ vc, float* __restrict__ out,
+                                     int n_heads, int n_kv_heads, int hd, int start_pos,
+                                     int window, const int* __restrict__ posp) {
+    pdl_trigger();
+    int h = blockIdx.x, i = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    int q_dim = n_heads * hd, kv_dim = n_kv_heads * hd;
+    int kvh = h / (n_heads / n_kv_heads);
+    if (gridDim.y == 1) {
+        // Decode: the keys and values of the first ATT_PREFETCH positions this block reads, into
+        // L2 while the kernel before runs (L2 is coherent: a line the kernel before still writes
+        // is only fetched early). The position is read around L1; a stale one would only
+        // prefetch other lines. (Prefill's many blocks would prefetch the same lines again.)
+        int pp = start_pos;
+        if (posp) asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(pp) : "l"(posp));
+        pp += i;
+        const int f0 = window > 0 ? max(0, pp + 1 - window) : 0;
+        const int np = min(pp + 1 - f0, ATT_PREFETCH), lines = (hd * 2 + 127) / 128;
+        for (int j = threadIdx.x; j < np * lines * 2; j += blockDim.x) {
+            const int p = f0 + j / (2 * lines), part = j % (2 * lines);
+            const half_bits* base = (part < lines ? kc : vc) + (size_t)p * kv_dim + kvh * hd;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (part % lines) * 64));
+        }
+    }
+    pdl_wait();
+    // A decode step reads its position from device memory (the same launch serves every token).
+    int pos = (posp ? *posp : start_pos) + i;
+    int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    float scale = 1.0f / sqrtf((float)hd);
+
+    float qv[ATT_MAX_J], acc[ATT_MAX_J];
+#pragma unroll
+    for (int j = 0; j < ATT_MAX_J; j++) {
+        int d = lane + 32 * j;
+        qv[j] = d < hd ? q[(size_t)i * q_dim + h * hd + d] : 0.f;
+        acc[j] = 0.f;
+    }
+    float m = NEG_INF, l = 0.f;
+    // The position's keys and values load together (one memory latency per position), and the
+    // warp's next position loads while this one is computed
+    // (benches/results/2026-11-25-h100-token-gap.md).
+    half_bits kr[ATT_MAX_J], vr[ATT_MAX_J], kn[ATT_MAX_J], vn[ATT_MAX_J];
+    auto kv_load = [&](int p, half_bits (&ko)[ATT_MAX_J], half_bits (&vo)[ATT_MAX_J]) {
+        const half_bits* k = kc + (size_t)p * kv_dim + kvh * hd;
+        const half_bits* v = vc + (size_t)p * kv_dim + kvh * hd;
+        const bool in = p <= pos;
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_J; j++) {
+            int d = lane + 32 * j;
+            ko[j] = in && d < hd ? k[d] : 0;
+            vo[j] = in && d < hd ? v[d] : 0;
+        }
+    };
+    kv_load(first + warp, kn, vn);
+    for (int p = first + warp; p <= pos; p += warps) {
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_J; j++) {
+            kr[j] = kn[j];
+            vr[j] = vn[j];
+        }
+        kv_load(p + warps, kn, vn);
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_J; j++) {
+            int d = lane + 32 * j;
+            if (d < hd) dot += qv[j] * h2f(kr[j]);
+        }
+        float s = warp_sum(dot) * scale;
+        float m_new = fmaxf(m, s);
+        float corr = expf(m - m_new);
+        float e = expf(s - m_new);
+        l = l * corr + e;
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_J; j++) {
+            int d = lane + 32 * j;
+            if (d < hd) acc[j] = acc[j] * corr + e * h2f(vr[j]);
+        }
+        m = m_new;
+    }
+    __shared__ float sm_m[ATT_MAX_WARPS], sm_l[ATT_MAX_WARPS];
+    __shared__ float sm_acc[ATT_MAX_WARPS][32 * ATT_MAX_J];
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_MAX_J; j++) sm_acc[warp][lane + 32 * j] = acc[j];
+    __syncthreads();
+    float mx = NEG_INF;
+    for (int w = 0; w < warps; w++) mx = fmaxf(mx, sm_m[w]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float num = 0.f, den = 0.f;
+        for (int w = 0; w < warps; w++) {
+            if (sm_m[w] == NEG_INF) continue;
+            float f = expf(sm_m[w] - mx);
+            num += sm_acc[w][d] * f;
+            den += sm_l[w] * f;
+        }
+        out[(size_t)i * q_dim + h * hd + d] = num / den;
+    }
+}
+
+// Prefill attention (t > 1 tokens; `attention` serves decode): a block takes ATP_ROWS (query,
+// head) rows that share one KV head (the GQA group's heads of ATP_ROWS / group consecutive
+// queries), walks the visible positions ATP_CHUNK at a time with each chunk's keys and values in
+// shared memory (read from L2 once per block, not once per query and head), and keeps an online
+// softmax per row: a warp owns ATP_ROWS / 8 rows; lane j scores position j of the chunk (keys
+// stored with one padding word a row, so the 32 lanes read 32 banks) and owns DPL dims of the
+// output. Grid (n_kv_heads, tiles); 256 threads; head_dim = 32 * DPL; ATP_ROWS % group == 0
+// (Gpu::attention checks). `attention` would read every position from L2 once per query and head
+// (benches/results/2026-11-24-h100-prefill.md).
+#define ATP_ROWS 32
+#define ATP_CHUNK 32
+template <int DPL>
+__device__ __forceinline__ void attention_prefill_body(
+    const float* __restrict__ q, const half_bits* __restrict__ kc, const half_bits* __restrict__ vc,
+    float* __restrict__ out, int n_heads, int n_kv_heads, int t, int start_pos, int window) {
+    constexpr int HD = 32 * DPL, KW = HD / 2 + 1, RPW = ATP_ROWS / 8;  // key row: KW words
+    __shared__ float qs[ATP_ROWS][HD];
+    __shared__ u32 ks[ATP_CHUNK][KW];
+    __shared__ __align__(16) half_bits vs[ATP_CHUNK][HD];
+    const int group = n_heads / n_kv_heads, qpb = ATP_ROWS / group;
+    const int kvh = blockIdx.x, q0 = blockIdx.y * qpb;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int q_dim = n_heads * HD, kv_dim = n_kv_heads * HD;
+    // Row r: query q0 + r / group, head kvh * group + r % group.
+    for (int i = threadIdx.x; i < ATP_ROWS * HD; i += blockDim.x) {
+        const int r = i / HD, d = i % HD, qi = q0 + r / group;
+        qs[r][d] = qi < t ? q[(size_t)qi * q_dim + (kvh * group + r % group) * HD + d] : 0.f;
+    }
+    // The positions some row of the block sees: [lo, hi].
+    const int qlast = min(q0 + qpb, t) - 1;
+    const int hi = start_pos + qlast;
+    const int lo = window > 0 ? max(0, start_pos + q0 + 1 - window) : 0;
+    float m[RPW], l[RPW], acc[RPW][DPL];
+    int pos[RPW], first[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = warp * RPW + i, qi = q0 + r / group;
+        pos[i] = qi < t ? start_pos + qi : -1;  // a padding row sees nothing
+        first[i] = window > 0 ? max(0, pos[i] + 1 - window) : 0;
+        m[i] = NEG_INF;
+        l[i] = 0.f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[i][d] = 0.f;
+    }
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int p0 = lo; p0 <= hi; p0 += ATP_CHUNK) {
+        __syncthreads();  // the last chunk's readers are done (and qs is written, the first time)
+        // The chunk's keys and values, 8 halves a thread at a time (positions past hi: zeros).
+        for (int i = threadIdx.x; i < ATP_CHUNK * HD / 8; i += blockDim.x) {
+            const int j = i / (HD / 8), c = i % (HD / 8), p = p0 + j;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = kv4;
+            if (p <= hi) {
+                kv4 = *reinterpret_cast<const uint4*>(kc + (size_t)p * kv_dim + kvh * HD + c * 8);
+                vv4 = *reinterpret_cast<const uint4*>(vc + (size_t)p * kv_dim + kvh * HD + c * 8);
+            }
+            ks[j][c * 4] = kv4.x;
+            ks[j][c * 4 + 1] = kv4.y;
+            ks[j][c * 4 + 2] = kv4.z;
+            ks[j][c * 4 + 3] = kv4.w;
+            *reinterpret_cast<uint4*>(&vs[j][c * 8]) = vv4;
+        }
+        __syncthreads();
+        // Scores: lane j against position p0 + j, for the warp's rows.
+        float sc[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) sc[i] = 0.f;
+        const float* qw = &qs[warp * RPW][0];
+#pragma unroll 8
+        for (int w2 = 0; w2 < HD / 2; w2++) {
+            const u32 kw = ks[lane][w2];
+            const float k0 = h2f((half_bits)(kw & 0xffff)), k1 = h2f((half_bits)(kw >> 16));
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                const float2 qv = *reinterpret_cast<const float2*>(qw + i * HD + 2 * w2);
+                sc[i] = fmaf(qv.y, k1, fmaf(qv.x, k0, sc[i]));
+            }
+        }
+        const int p = p0 + lane;
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const bool vis = p <= pos[i] && p >= first[i];
+            const float s = vis ? sc[i] * scale : NEG_INF;
+            float cm = s;
+#pragma unroll
+            for (int o = 16; o >= 1; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+            const float m_new = fmaxf(m[i], cm);
+            if (m_new == NEG_INF) {
+                sc[i] = 0.f;  // nothing visible yet
+                continue;
+            }
+            const float corr = expf(m[i] - m_new);
+            const float e = vis ? expf(s - m_new) : 0.f;
+            l[i] = l[i] * corr + warp_sum(e);
+#pragma unroll
+            for (int d = 0; d < DPL; d++) acc[i][d] *= corr;
+            m[i] = m_new;
+            sc[i] = e;
+        }
+        // Values: every lane adds the chunk's 32 positions to its DPL dims.
+#pragma unroll 4
+        for (int j = 0; j < ATP_CHUNK; j++) {
+            float vv[DPL];
+#pragma unroll
+            for (int d = 0; d < DPL; d++) vv[d] = h2f(vs[j][lane * DPL + d]);
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                const float e = __shfl_sync(0xffffffffu, sc[i], j);
+#pragma unroll
+                for (int d = 0; d < DPL; d++) acc[i][d] = fmaf(e, vv[d], acc[i][d]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = warp * RPW + i, qi = q0 + r / group;
+        if (qi >= t) continue;
+        float* o = out + (size_t)qi * q_dim + (kvh * group + r % group) * HD + lane * DPL;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) o[d] = acc[i][d] / l[i];
+    }
+}
+
+#define ATTENTION_PREFILL(DPL)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) attention_prefill_##DPL(                  \
+        const float* __restrict__ q, const half_bits* __restrict__ kc,                          \
+        const half_bits* __restrict__ vc, float* __restrict__ out, int n_heads, int n_kv_heads, \
+        int t, int start_pos, int window) {                                                     \
+        PDL_ENTRY();                                                                            \
+        attention_prefill_body<DPL>(q, kc, vc, out, n_heads, n_kv_heads, t, start_pos, window); \
+    }
+ATTENTION_PREFILL(1)
+ATTENTION_PREFILL(2)
+ATTENTION_PREFILL(4)

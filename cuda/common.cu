@@ -1,0 +1,137 @@
+// hob's CUDA kernels: this file's device helpers, then one file per family, concatenated in the
+// order of src/backend/cuda/kernels.rs (Kernels::SOURCE) into one source that NVRTC compiles at
+// run time for the GPU at hand, cached on disk. Activations are f32; weights are read in their
+// stored form (f32, f16, bf16, or the planar int8/int4/int2 variants of formats/hob.md) and
+// dequantized in registers.
+//
+// Every kernel waits for the kernel before it (pdl_wait, below) before it touches memory an
+// earlier kernel writes or reads: on sm_90 the compute stream launches with programmatic dependent
+// launch (src/backend/cuda/kernels.rs tests this for every __global__ function).
+//
+// Conventions: every matrix is row-major [rows, cols]; a "row_bytes" is the stored bytes of one
+// row of codes; scales and mins are f16 [rows, cols / group]. Kind codes match WeightKind in
+// src/backend/cuda/mod.rs: 0 f32, 1 f16, 2 bf16, 3 int8, 4 int4, 5 int2.
+
+// No headers: NVRTC needs no include path. f16 values travel as their 16-bit patterns.
+
+#define KIND_F32 0
+#define KIND_F16 1
+#define KIND_BF16 2
+#define KIND_INT8 3
+#define KIND_INT4 4
+#define KIND_INT2 5
+
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Programmatic dependent launch (sm_90 and later; src/backend/cuda/mod.rs Gpu::launch): a kernel
+// launched with it may start while the kernel before it in the stream still runs. Every kernel
+// calls pdl_wait() before it reads anything an earlier kernel wrote or writes anything an earlier
+// kernel may read: that waits until the kernel before has finished and its writes are visible.
+// Weights (written only by copies, never by kernels) may be read before it: a matrix product
+// issues its first weight loads, then waits, so the loads overlap the previous kernel's tail.
+// pdl_trigger() lets the next kernel's blocks be scheduled at once (into whatever an SM has free;
+// they then sit in their own pdl_wait). Both are no-ops before sm_90 and in launches without the
+// attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// The prologue of a kernel that reads no weights before it waits.
+#define PDL_ENTRY() \
+    do {            \
+        pdl_trigger(); \
+        pdl_wait();    \
+    } while (0)
+
+typedef unsigned short half_bits;
+
+__device__ __forceinline__ float h2f(half_bits bits) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+    return f;
+}
+
+__device__ __forceinline__ half_bits f2h(float f) {
+    half_bits b;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(f));
+    return b;
+}
+
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float bf2f(unsigned short bits) {
+    return __uint_as_float(((u32)bits) << 16);
+}
+
+// A matrix as the kernels read it: DevMat's layout in src/backend/cuda/mod.rs.
+struct Mat {
+    const u8* codes;
+    const unsigned short* scales;  // f16 bits
+    const unsigned short* mins;    // f16 bits
+    int rows, cols, group, row_bytes;
+};
+
+// Asynchronous 16-byte copies into shared memory (cp.async, sm_80 on).
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem));
+}
+#endif
+
+// 16 bytes of shared memory from the first `bytes` (0..16, even) at gmem, the rest zero: an
+// asynchronous copy (cp.async, committed and waited for by the caller) from sm_80 on, a plain
+// one before (its cp_async_* calls are then no-ops). gmem is 16-byte aligned (read only where
+// bytes > 0).
+__device__ __forceinline__ void cp_async16z(void* smem, const void* gmem, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
+#else
+    union {
+        uint4 v;
+        unsigned short h[8];
+    } u;
+    u.v = make_uint4(0, 0, 0, 0);
+    if (bytes == 16) {
+        u.v = *reinterpret_cast<const uint4*>(gmem);
+    } else {
+        for (int i = 0; i < bytes / 2; i++) u.h[i] = reinterpret_cast<const unsigned short*>(gmem)[i];
+    }
+    *reinterpret_cast<uint4*>(smem) = u.v;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}

@@ -1,0 +1,272 @@
+// Dequantization for prefill and for layouts the matvec kernels do not take: any-kind matvec
+// (matvec_any), f16 row tiles for cuBLAS (dequant_rows_h, dequant_words_h), int4 prefill products
+// on the tensor cores (gemm_q4h_*, sum_splits), and a decode token's embedding row (embed_token).
+
+// Element (r, c) of any kind, dequantized.
+__device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {
+    const u8* row = w.codes + (size_t)r * w.row_bytes;
+    switch (kind) {
+        case KIND_F32: return reinterpret_cast<const float*>(row)[c];
+        case KIND_F16: return h2f(reinterpret_cast<const unsigned short*>(row)[c]);
+        case KIND_BF16: return bf2f(reinterpret_cast<const unsigned short*>(row)[c]);
+        default: break;
+    }
+    size_t g = (size_t)r * (w.cols / w.group) + c / w.group;
+    float s = h2f(w.scales[g]);
+    if (kind == KIND_INT8) return s * (float)(signed char)row[c];
+    float q = kind == KIND_INT4 ? (float)((row[c / 2] >> (4 * (c % 2))) & 0xf)
+                                : (float)((row[c / 4] >> (2 * (c % 4))) & 0x3);
+    return s * q + h2f(w.mins[g]);
+}
+
+// Any layout: one warp per row, one element per lane step.
+extern "C" __global__ void matvec_any(const Mat w, int kind, const float* __restrict__ x,
+                                      float* __restrict__ y) {
+    PDL_ENTRY();
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= w.rows) return;
+    float acc = 0.f;
+    for (int c = lane; c < w.cols; c += 32) acc += element(w, kind, r, c) * x[c];
+    acc = warp_sum(acc);
+    if (lane == 0) y[r] = acc;
+}
+
+// out[r * cols + c] = f16(W[r0 + r, c]) for r < nrows: row tiles for cuBLAS's tensor-core GEMM.
+// Grid (ceil(cols / block), nrows).
+extern "C" __global__ void dequant_rows_h(const Mat w, int kind, half_bits* __restrict__ out, int r0,
+                                          int nrows) {
+    PDL_ENTRY();
+    int c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (c >= w.cols || r >= nrows) return;
+    out[(size_t)r * w.cols + c] = f2h(element(w, kind, r0 + r, c));
+}
+
+// The same for the integer kinds, one 32-bit code word (4, 8 or 16 codes of one group) per thread,
+// stored as 8-32 contiguous bytes: codes and rows 4-byte aligned, cols % 8 == 0, group a multiple
+// of the codes per word (Gpu::matmul checks; dequant_rows_h otherwise). Each value as element()
+// computes it. Grid (ceil(row_bytes / 4 / block), nrows).
+template <int KIND>
+__device__ __forceinline__ void dequant_word_h(const Mat& w, half_bits* __restrict__ out, int r0,
+                                               int r, int wi) {
+    constexpr int BITS = KIND == KIND_INT8 ? 8 : KIND == KIND_INT4 ? 4 : 2, EPW = 32 / BITS;
+    const size_t row = (size_t)(r0 + r);
+    const int c0 = wi * EPW;
+    const u32 word = reinterpret_cast<const u32*>(w.codes + row * w.row_bytes)[wi];
+    const size_t g = row * (w.cols / w.group) + c0 / w.group;
+    const float s = h2f(w.scales[g]);
+    const float mn = KIND == KIND_INT8 ? 0.f : h2f(w.mins[g]);
+    u32 h[EPW / 2];
+#pragma unroll
+    for (int j = 0; j < EPW; j += 2) {
+        float a, b;
+        if (KIND == KIND_INT8) {
+            a = s * (float)(signed char)(word >> (8 * j));
+            b = s * (float)(signed char)(word >> (8 * j + 8));
+        } else {
+            constexpr u32 M = (1u << BITS) - 1;
+            a = s * (float)((word >> (BITS * j)) & M) + mn;
+            b = s * (float)((word >> (BITS * j + BITS)) & M) + mn;
+        }
+        h[j / 2] = (u32)f2h(a) | ((u32)f2h(b) << 16);
+    }
+    half_bits* o = out + (size_t)r * w.cols + c0;
+    if (EPW == 4) {
+        *reinterpret_cast<uint2*>(o) = make_uint2(h[0], h[1]);
+    } else {
+#pragma unroll
+        for (int v = 0; v < EPW / 8; v++)
+            reinterpret_cast<uint4*>(o)[v] = make_uint4(h[4 * v], h[4 * v + 1], h[4 * v + 2], h[4 * v + 3]);
+    }
+}
+
+extern "C" __global__ void dequant_words_h(const Mat w, int kind, half_bits* __restrict__ out, int r0,
+                                           int nrows) {
+    PDL_ENTRY();
+    const int wi = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (wi * 4 >= w.row_bytes || r >= nrows) return;
+    switch (kind) {
+        case KIND_INT8: dequant_word_h<KIND_INT8>(w, out, r0, r, wi); break;
+        case KIND_INT4: dequant_word_h<KIND_INT4>(w, out, r0, r, wi); break;
+        case KIND_INT2: dequant_word_h<KIND_INT2>(w, out, r0, r, wi); break;
+        default: break;
+    }
+}
+
+// Prefill products of int4 weights without an f16 tile: out[n, r] (rows ld apart) = sum_c W[r, c]
+// xh[n, c] for n < t, r < w.rows, each weight dequantized in shared memory as dequant_word_h
+// computes it (f16 of s * q + min) and multiplied on the tensor cores (mma m16n8k16, f16 inputs, f32
+// accumulation), as cuBLAS does with the tile. A block: 128 rows x BN tokens, 64 columns a step
+// (one group of g64), the next step's codes and tokens loaded during the products; 8 warps of 32
+// rows x BN / 2 tokens. Block z of the grid's K parts takes steps [z ksteps, (z + 1) ksteps) and
+// writes its partial sums at out + z t ld (sum_splits adds them in z order). Needs cols % 64 == 0,
+// group == 64, row_bytes % 16 == 0, 16-byte aligned codes and xh (Gpu::matmul checks). Grid
+// (ceil(rows / 128), ceil(t / BN), parts): K in parts so that a matrix of few row blocks still
+// fills the SMs (benches/results/2026-11-24-h100-prefill.md).
+#define GQ_BM 128
+#define GQ_BK 64
+#define GQ_LD 72  // halves a shared row: 144 bytes, so ldmatrix's 8 rows hit 32 banks
+__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const void* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(a));
+}
+template <int BN>
+__device__ __forceinline__ void gemm_q4h_body(const Mat& w, const half_bits* __restrict__ xh, int t,
+                                              float* __restrict__ out, int ld, int ksteps) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int NT = BN / 16;  // n8 tiles a warp
+    constexpr int XV = BN * GQ_BK / 8 / 256;  // 16-byte x loads a thread per step
+    __shared__ __align__(16) half_bits ws[GQ_BM * GQ_LD];
+    __shared__ __align__(16) half_bits xs[BN * GQ_LD];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wm = warp & 3, wn = warp >> 2;
+    const int m0 = blockIdx.x * GQ_BM, n0 = blockIdx.y * BN;
+    const int gpr = w.cols / w.group;
+    // Split K: block z takes steps [z * ksteps, ...) and writes its own [t, ld] partial.
+    const int kb = blockIdx.z * ksteps * GQ_BK, ke = min(w.cols, kb + ksteps * GQ_BK);
+    out += (size_t)blockIdx.z * t * ld;
+    // This thread's loads: 32 codes (16 bytes) of row lr, half lh of the step; XV x chunks.
+    const int lr = tid >> 1, lh = tid & 1, grow = min(m0 + lr, w.rows - 1);
+    const uint4* crow = reinterpret_cast<const uint4*>(w.codes + (size_t)grow * w.row_bytes);
+    uint4 cv, xv[XV];
+    u32 smv;
+    auto gload = [&](int k0) {
+        cv = crow[k0 / 32 + lh];
+        const size_t g = (size_t)grow * gpr + k0 / w.group;
+        smv = (u32)w.scales[g] | ((u32)w.mins[g] << 16);
+#pragma unroll
+        for (int v = 0; v < XV; v++) {
+            const int i = tid + v * 256, n = i >> 3, part = i & 7;
+            xv[v] = n0 + n < t ? *reinterpret_cast<const uint4*>(xh + (size_t)(n0 + n) * w.cols + k0 + part * 8)
+                               : make_uint4(0, 0, 0, 0);
+        }
+    };
+    float acc[2][NT][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+    if (kb < ke) gload(kb);
+    for (int k0 = kb; k0 < ke; k0 += GQ_BK) {
+        __syncthreads();  // the last step's readers are done
+        {
+            const float s = h2f((half_bits)(smv & 0xffff)), mn = h2f((half_bits)(smv >> 16));
+            const u32 word[4] = {cv.x, cv.y, cv.z, cv.w};
+            u32 h[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const u32 wd = word[j >> 2], sh = 8 * (j & 3);
+                const float a = s * (float)((wd >> sh) & 0xf) + mn;
+                const float b = s * (float)((wd >> (sh + 4)) & 0xf) + mn;
+                h[j] = (u32)f2h(a) | ((u32)f2h(b) << 16);
+            }
+            uint4* dst = reinterpret_cast<uint4*>(ws + lr * GQ_LD + lh * 32);
+#pragma unroll
+            for (int v = 0; v < 4; v++) dst[v] = make_uint4(h[4 * v], h[4 * v + 1], h[4 * v + 2], h[4 * v + 3]);
+#pragma unroll
+            for (int v = 0; v < XV; v++) {
+                const int i = tid + v * 256, n = i >> 3, part = i & 7;
+                *reinterpret_cast<uint4*>(xs + n * GQ_LD + part * 8) = xv[v];
+            }
+        }
+        __syncthreads();
+        if (k0 + GQ_BK < ke) gload(k0 + GQ_BK);  // in flight during the products
+#pragma unroll
+        for (int kk = 0; kk < GQ_BK; kk += 16) {
+            u32 a[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int r = wm * 32 + i * 16 + (lane & 15), c = kk + (lane >> 4) * 8;
+                ldsm_x4(a[i][0], a[i][1], a[i][2], a[i][3], ws + r * GQ_LD + c);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                u32 b0, b1, b2, b3;
+                const int n = wn * (BN / 2) + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+                const int c = kk + ((lane >> 3) & 1) * 8;
+                ldsm_x4(b0, b1, b2, b3, xs + n * GQ_LD + c);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                        : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b0), "r"(b1));
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        : "+f"(acc[i][j + 1][0]), "+f"(acc[i][j + 1][1]), "+f"(acc[i][j + 1][2]), "+f"(acc[i][j + 1][3])
+                        : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b2), "r"(b3));
+                }
+            }
+        }
+    }
+    // c0, c1: row lane / 4, tokens 2 (lane % 4) and + 1; c2, c3: row + 8.
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int r = m0 + wm * 32 + i * 16 + (lane >> 2) + (q >> 1) * 8;
+                const int n = n0 + wn * (BN / 2) + j * 8 + 2 * (lane & 3) + (q & 1);
+                if (r < w.rows && n < t) out[(size_t)n * ld + r] = acc[i][j][q];
+            }
+#endif
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_q4h_64(const Mat w, const half_bits* xh, int t,
+                                                              float* out, int ld, int ksteps) {
+    PDL_ENTRY();
+    gemm_q4h_body<64>(w, xh, t, out, ld, ksteps);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_q4h_128(const Mat w, const half_bits* xh, int t,
+                                                               float* out, int ld, int ksteps) {
+    PDL_ENTRY();
+    gemm_q4h_body<128>(w, xh, t, out, ld, ksteps);
+}
+
+// out[i] = sum over z < splits of part[z * n + i], in z order (gemm_q4h's split-K partials).
+extern "C" __global__ void sum_splits(const float* __restrict__ part, float* __restrict__ out, int n,
+                                      int splits) {
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float s = part[i];
+    for (int z = 1; z < splits; z++) s += part[(size_t)z * n + i];
+    out[i] = s;
+}
+
+// A decode token's embedding: out[c] = row *tok of w for c < cols. The row's id is read from
+// device memory (set before the step's launches: a recorded step replays with each token's own);
+// each value as the host's conversion computes it (model/ops.rs embed_rows: f16 and bf16 exact,
+// the integer kinds s * q + min with both roundings, as Rust computes it). Grid-stride.
+extern "C" __global__ void embed_token(const Mat w, int kind, const int* __restrict__ tok,
+                                       float* __restrict__ out) {
+    PDL_ENTRY();
+    const int r = *tok;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < w.cols; c += gridDim.x * blockDim.x) {
+        const u8* row = w.codes + (size_t)r * w.row_bytes;
+        float v;
+        switch (kind) {
+            case KIND_F32: v = reinterpret_cast<const float*>(row)[c]; break;
+            case KIND_F16: v = h2f(reinterpret_cast<const unsigned short*>(row)[c]); break;
+            case KIND_BF16: v = bf2f(reinterpret_cast<const unsigned short*>(row)[c]); break;
+            default: {
+                const size_t g = (size_t)r * (w.cols / w.group) + c / w.group;
+                const float s = h2f(w.scales[g]);
+                float q, mn = 0.f;
+                if (kind == KIND_INT8) {
+                    q = (float)(signed char)row[c];
+                } else {
+                    q = kind == KIND_INT4 ? (float)((row[c / 2] >> (4 * (c % 2))) & 0xf)
+                                          : (float)((row[c / 4] >> (2 * (c % 4))) & 0x3);
+                    mn = h2f(w.mins[g]);
+                }
+                v = __fadd_rn(__fmul_rn(s, q), mn);
+            }
+        }
+        out[c] = v;
+    }
+}

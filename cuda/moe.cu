@@ -1,0 +1,477 @@
+// Decode MoE on the device: routing (softmax and top k, as the host computes it), the weighted sum
+// of the experts' outputs, float-kind experts from a table of resident experts, and the table and
+// routes the integer kernels' routed forms read (matvec_q.cu _sel, _gu).
+
+// Mixtral routing on the device, as the host's route_softmax_topk computes it: softmax over the
+// ne router logits l of a token, the top k (ties: lower index first), weights renormalized to sum
+// to 1, best first, into re (experts) and rw (weights). k <= 16.
+#define ROUTE_MAX_K 16
+// The top K of the probabilities p(e) (e < ne), descending, weights renormalized, into re and
+// rw (k <= K entries). A template on K: the insertion below unrolls over K slots, so the common
+// k = 1, 2 take a few instructions per expert instead of ROUTE_MAX_K's (the same results: slots
+// at or past k are never touched).
+template <int K, typename P>
+__device__ __forceinline__ void route_top(P p, int ne, int k, int* re, float* rw) {
+    // The best k so far, descending, in registers (every index below is a constant once the
+    // loops unroll: a dynamically indexed array would live in local memory).
+    float w[K];
+    int ex[K];
+#pragma unroll
+    for (int j = 0; j < K; j++) {
+        w[j] = NEG_INF;
+        ex[j] = -1;
+    }
+    for (int e = 0; e < ne; e++) {
+        const float pe = p(e);
+        // pe goes to the first slot it beats (strictly: ties keep the lower index first); the
+        // slots after it shift down one.
+#pragma unroll
+        for (int j = K - 1; j >= 0; j--) {
+            const int jp = j > 0 ? j - 1 : 0;
+            if (j < k && pe > w[j]) {
+                const bool shift = j > 0 && pe > w[jp];
+                w[j] = shift ? w[jp] : pe;
+                ex[j] = shift ? ex[jp] : e;
+            }
+        }
+    }
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < K; j++)
+        if (j < k) total += w[j];
+#pragma unroll
+    for (int j = 0; j < K; j++)
+        if (j < k) {
+            re[j] = ex[j];
+            rw[j] = w[j] / total;
+        }
+}
+
+// route_top for any k <= ROUTE_MAX_K, called (not inlined) so that its registers do not count
+// against the common k's.
+template <typename P>
+__device__ __noinline__ void route_top_max(P p, int ne, int k, int* re, float* rw) {
+    route_top<ROUTE_MAX_K>(p, ne, k, re, rw);
+}
+
+template <typename P>
+__device__ __forceinline__ void route_top_k(P p, int ne, int k, int* re, float* rw) {
+    if (k == 1) {
+        route_top<1>(p, ne, k, re, rw);
+    } else if (k == 2) {
+        route_top<2>(p, ne, k, re, rw);
+    } else {
+        route_top_max(p, ne, k, re, rw);
+    }
+}
+
+// One thread: softmax over l[:ne], then route_top_k.
+__device__ void route_one(const float* l, int ne, int k, int* re, float* rw) {
+    float mx = NEG_INF;
+    for (int e = 0; e < ne; e++) mx = fmaxf(mx, l[e]);
+    float sum = 0.f;
+    for (int e = 0; e < ne; e++) sum += expf(l[e] - mx);
+    route_top_k([&](int e) { return expf(l[e] - mx) / sum; }, ne, k, re, rw);
+}
+
+// route_one by one warp, the same results: the maximum and the exponentials across the lanes
+// (fmaxf's maximum does not depend on the order; each exponential is the same expf), their sum
+// in expert order and the top k by lane 0. l and p: shared memory of ne floats (p may be l).
+__device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne, int k, int* re,
+                                               float* rw, int lane) {
+    float mx = NEG_INF;
+    for (int e = lane; e < ne; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int e = lane; e < ne; e += 32) p[e] = expf(l[e] - mx);
+    __syncwarp();
+    if (lane == 0) {
+        float sum = 0.f;
+        for (int e = 0; e < ne; e++) sum += p[e];
+        route_top_k([&](int e) { return p[e] / sum; }, ne, k, re, rw);
+    }
+}
+
+// Routes of t tokens: routes[i * k + j] = expert (int bits) and routes[t * k + i * k + j] =
+// weight. One thread per token.
+extern "C" __global__ void route_topk(const float* __restrict__ logits, int ne, int k, int t,
+                                      float* __restrict__ routes) {
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= t) return;
+    route_one(logits + (size_t)i * ne, ne, k, reinterpret_cast<int*>(routes) + (size_t)i * k,
+              routes + (size_t)t * k + (size_t)i * k);
+}
+
+// The route (index into re's k experts) with the next expert index above route `prev`'s (prev
+// -1: the lowest): walks a token's routes in ascending expert order (k is small).
+__device__ __forceinline__ int next_route_up(const int* re, int k, int prev) {
+    const int last = prev < 0 ? -1 : re[prev];
+    int jb = -1;
+    for (int j = 0; j < k; j++)
+        if (re[j] > last && (jb < 0 || re[j] < re[jb])) jb = j;
+    return jb;
+}
+
+// x[:n] += sum_j w_j * d[j, :n] over the k routed experts of one token (routes as route_topk
+// writes them, t = 1), the experts taken in ascending index order and summed as a zeroed buffer
+// and axpy then add_assign would: the same roundings as the engine's per-expert path.
+extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __restrict__ d,
+                                       const float* __restrict__ routes, int k, int n) {
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int* re = reinterpret_cast<const int*>(routes);
+    float o = 0.f;
+    for (int m = 0, jb = -1; m < k; m++) {
+        jb = next_route_up(re, k, jb);
+        o = __fmaf_rn(routes[k + jb], d[(size_t)jb * n + i], o);
+    }
+    x[i] = x[i] + o;
+}
+
+// moe_combine, then the next RMSNorm of the new x (xn = RMSNorm(x) * g, as rms_norm_row's float4
+// path computes it) in one launch: one block of rms_block(n) threads, n % 4 == 0, x, d, g and xn
+// 16-byte aligned (Gpu::moe_combine checks). Each thread computes its float4s of the new x from
+// the old x (no thread reads what another wrote): its first one once, kept in registers from the
+// sum of squares to the stores, the rest (rows over 4 * 1024) again for the stores.
+// It follows a routed down launch (Gpu::routed_ffn), so the routes and x are complete before it
+// starts (sel_mat, "Ordering"): it copies the routes (k <= 16) into shared memory and reads its
+// first float4 of x and of g before it waits; only the experts' outputs d are read after
+// (benches/results/2026-11-24-h100-early-down.md).
+extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* __restrict__ d,
+                                            const float* __restrict__ routes, int k, int n,
+                                            const float* __restrict__ g, float eps,
+                                            float* __restrict__ xn) {
+    __shared__ float rs[32];
+    pdl_trigger();
+    l2_prefetch_block(g, (size_t)n * 4);
+    float4* x4 = reinterpret_cast<float4*>(x);
+    const int i0 = threadIdx.x;
+    const bool early = k <= 16;
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), g0 = x0;
+    if (early) {
+        if (threadIdx.x < 2 * k) rs[threadIdx.x] = __ldcg(routes + threadIdx.x);
+        if (i0 < n / 4) {
+            x0 = __ldcg(x4 + i0);
+            g0 = g4[i0];
+        }
+    }
+    pdl_wait();
+    if (early) {
+        __syncthreads();
+        routes = rs;
+    }
+    const int* re = reinterpret_cast<const int*>(routes);
+    auto val = [&](int i) {
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int m = 0, jb = -1; m < k; m++) {
+            jb = next_route_up(re, k, jb);
+            const float wj = routes[k + jb];
+            const float4 dv = __ldcg(reinterpret_cast<const float4*>(d + (size_t)jb * n) + i);
+            o.x = __fmaf_rn(wj, dv.x, o.x);
+            o.y = __fmaf_rn(wj, dv.y, o.y);
+            o.z = __fmaf_rn(wj, dv.z, o.z);
+            o.w = __fmaf_rn(wj, dv.w, o.w);
+        }
+        const float4 v = early && i == i0 ? x0 : x4[i];
+        return make_float4(v.x + o.x, v.y + o.y, v.z + o.z, v.w + o.w);
+    };
+    // The thread's first float4 of the new x, kept from the sum of squares to the stores: a second
+    // pass would load d again (benches/results/2026-11-24-h100-small-kernels.md).
+    float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+        const float4 v = val(i);
+        if (i == i0) v0 = v;
+        ss += sq4(v);
+    }
+    const float inv = rms_inv(ss, n, eps);
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+        const float4 v = i == i0 ? v0 : val(i), w = early && i == i0 ? g0 : g4[i];
+        x4[i] = v;
+        reinterpret_cast<float4*>(xn)[i] =
+            make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
+    }
+}
+
+// A table entry of resident experts' matrices: DevMat's layout in src/backend/cuda/mod.rs.
+// Tables are [experts][3] (gate, up, down).
+//
+// Decode MoE from such a table, float kinds, one token routed to k experts (routes: k expert
+// indices, then k weights):
+// - moe_route_*: the router's logits (one block, a warp per row, ne <= 256) and route_one;
+// - moe_gate_up_*: h[j, r] = silu(gate_j[r] x) * (up_j[r] x), grid (ceil(ffn / 8), k);
+// - moe_down_*: x[r] += sum_j w_j (down_j[r] h_j), experts in ascending index order.
+// Each row's sum is row_dot's, and SwiGLU and the weighted sum round as swiglu, axpy and
+// add_assign do: the same results as the per-expert path, bit for bit.
+struct MatEntry {
+    Mat m;
+    int kind, pad;
+};
+
+template <int KIND>
+__device__ __forceinline__ void moe_route_body(const Mat w, const float* __restrict__ x, int k,
+                                               float* __restrict__ routes) {
+    __shared__ float lg[256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int r = warp; r < w.rows; r += warps) {
+        const float v = row_dot<KIND, 16>(w, r, x, lane);
+        if (lane == 0) lg[r] = v;
+    }
+    __syncthreads();
+    if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
+}
+
+// The experts a token was routed to, from a table of resident experts, several matrices in one
+// launch (decode with routing left on the device; the integer kinds). tab: a table of MatEntry;
+// routes: the token's k experts (route_topk).
+// Launch j = blockIdx.y takes matrix which0 + j / k of expert routes[j % k], reading x + (j % k) *
+// xs and writing y + j * ys: gate and up of every routed expert (which0 0, 2k launches, xs 0), or
+// down (which0 2, k launches, xs the gate outputs' stride).
+
+//
+// Ordering (sm_90, dependent launches): the first routed launch of a token (which0 0: gate and
+// up) reads routes the kernel right before it wrote, so it waits first, and only then lets the
+// kernels after it start (pdl_trigger). A later routed launch (which0 > 0: down) therefore starts
+// only once the routes and the table are complete and visible in L2: it reads them (through L2,
+// __ldcg: an SM's L1 may hold the previous token's) before it waits, and its first weight loads
+// go out while the kernel before it (SwiGLU) still runs, as a plain product's do
+// (benches/results/2026-11-24-h100-early-down.md).
+// ceil(a / b) for 0 <= a < 2^24 and 0 < b < 2^24 (a matrix's rows, a tile's rows) without an
+// integer division: a quotient from the reciprocal (off by at most one), then corrected.
+__device__ __forceinline__ int ceil_div_small(int a, int b) {
+    int q = __float2int_rz((float)a * __frcp_rn((float)b));
+    q -= q * b > a;
+    q += (q + 1) * b <= a;
+    return q + (q * b < a);
+}
+__device__ __forceinline__ Mat sel_mat(const MatEntry* __restrict__ tab, const float* routes, int k,
+                                       int which0) {
+    // j / k and j % k without a division where j < 2k (every routed launch: gate and up 2k, the
+    // gate-up form and down k), which runs before the routes' load
+    // (benches/results/2026-11-28-h200-x-staging-16bit.md).
+    const int j = blockIdx.y, jq = j < k ? 0 : j < 2 * k ? 1 : j / k;
+    const int jr = j - jq * k;
+    const int e = __ldcg(reinterpret_cast<const int*>(routes) + jr);
+    static_assert(sizeof(MatEntry) == 48, "MatEntry: three 16-byte words");
+    const uint4* p = reinterpret_cast<const uint4*>(tab + e * 3 + which0 + jq);
+    union {
+        uint4 w[3];
+        MatEntry m;
+    } u;
+#pragma unroll
+    for (int i = 0; i < 3; i++) u.w[i] = __ldcg(p + i);
+    return u.m.m;
+}
+
+// The prologue of a routed launch (the ordering above).
+__device__ __forceinline__ void sel_entry(int which0) {
+    if (which0 == 0) {
+        pdl_wait();
+        pdl_trigger();
+    }
+}
+
+template <int KIND>
+__device__ __forceinline__ void moe_gate_up_body(const MatEntry* __restrict__ tab,
+                                                 const float* __restrict__ routes, int k,
+                                                 const float* __restrict__ x,
+                                                 float* __restrict__ h) {
+    const int j = blockIdx.y, e = reinterpret_cast<const int*>(routes)[j];
+    const Mat g = tab[e * 3].m, u = tab[e * 3 + 1].m;
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= g.rows) return;
+    const float gv = row_dot<KIND>(g, r, x, lane);
+    const float uv = row_dot<KIND>(u, r, x, lane);
+    if (lane == 0) h[(size_t)j * g.rows + r] = silu_mul(gv, uv);
+}
+
+template <int KIND>
+__device__ __forceinline__ void moe_down_body(const MatEntry* __restrict__ tab,
+                                              const float* __restrict__ routes, int k,
+                                              const float* __restrict__ h,
+                                              float* __restrict__ x) {
+    const int* re = reinterpret_cast<const int*>(routes);
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= tab[re[0] * 3 + 2].m.rows) return;
+    float o = 0.f;
+    for (int m = 0, jb = -1; m < k; m++) {
+        jb = next_route_up(re, k, jb);
+        const Mat d = tab[re[jb] * 3 + 2].m;
+        const float v = row_dot<KIND>(d, r, h + (size_t)jb * d.cols, lane);
+        o = __fmaf_rn(routes[k + jb], v, o);
+    }
+    if (lane == 0) x[r] = x[r] + o;
+}
+
+// moe_route_norm_body for a router of f32 rows with one 16-byte chunk of each row a thread
+// (cols == 4 * blockDim.x: Mixtral's 4096 with 1024 threads) and up to ROUTE_REG_ROWS rows: each
+// thread loads its chunk of every row into registers before the wait (the router is a weight),
+// normalizes its own float4 of x (rms_norm_row's arithmetic), multiplies it into its chunks and
+// leaves the products in shared memory (sp: rows * blockDim.x floats); warp r then adds row r's
+// products in row_dot's order (lane l: chunks l, l + 32, ..., then the warp sum; dot4_f32's
+// roundings): the same logits as the other forms, from 36 KB of shared-memory traffic where a warp
+// a row reading x and the row took 256 KB (benches/results/2026-11-24-h100-small-kernels.md).
+#define ROUTE_REG_ROWS 8
+__device__ __forceinline__ bool route_regs_apply(const Mat& w, const float* x, const float* g,
+                                                 const float* xn) {
+    return w.rows <= ROUTE_REG_ROWS && w.cols == 4 * (int)blockDim.x &&
+           w.row_bytes == 4 * w.cols &&
+           ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(g) |
+             reinterpret_cast<size_t>(xn) | reinterpret_cast<size_t>(w.codes)) & 15) == 0;
+}
+
+__device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __restrict__ x,
+                                                const float* __restrict__ g, float eps,
+                                                float* __restrict__ xn, int k,
+                                                float* __restrict__ routes, float* sp) {
+    __shared__ float lg[ROUTE_REG_ROWS];
+    const int t = threadIdx.x, nc = blockDim.x, warp = t >> 5, lane = t & 31;
+    const uint4* rows = reinterpret_cast<const uint4*>(w.codes);
+    uint4 rc[ROUTE_REG_ROWS];
+#pragma unroll
+    for (int r = 0; r < ROUTE_REG_ROWS; r++)
+        rc[r] = r < w.rows ? __ldg(rows + (size_t)r * nc + t) : make_uint4(0, 0, 0, 0);
+    const float4 g0 = __ldg(reinterpret_cast<const float4*>(g) + t);
+    pdl_wait();
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(x) + t);
+    const float inv = rms_inv(sq4(v), w.cols, eps);
+    const float4 o = make_float4(g0.x * (v.x * inv), g0.y * (v.y * inv), g0.z * (v.z * inv),
+                                 g0.w * (v.w * inv));
+    reinterpret_cast<float4*>(xn)[t] = o;
+#pragma unroll
+    for (int r = 0; r < ROUTE_REG_ROWS; r++)
+        if (r < w.rows) sp[r * nc + t] = dot4_f32(rc[r], o);
+    __syncthreads();
+    if (warp < w.rows) {
+        float acc = 0.f;
+        for (int c = lane; c < nc; c += 32) acc += sp[warp * nc + c];
+        acc = warp_sum(acc);
+        if (lane == 0) lg[warp] = acc;
+    }
+    __syncthreads();
+    if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
+}
+
+// The MoE block's RMSNorm and the routing in one launch: xn = RMSNorm(x) * g (as rms_norm
+// writes it, for the expert launches), kept in shared memory (w.cols floats, dynamic) for the
+// router's rows. rms_block(w.cols) threads.
+//
+// With `pre` the router's rows follow in shared memory (w.rows * w.row_bytes more, dynamic),
+// copied there before the kernel waits for the one before it (the router is a weight: written
+// only by copies), so that the copy overlaps that kernel's tail: one block reading them after the
+// wait would pay an L2 round trip per 16 chunks at one SM's share of L2 bandwidth
+// (benches/results/2026-11-24-h100-early-down.md). The sums are row_dot's, in its order: the same
+// routes.
+template <int KIND>
+__device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __restrict__ x,
+                                                    const float* __restrict__ g, float eps,
+                                                    float* __restrict__ xn, int k,
+                                                    float* __restrict__ routes, int pre) {
+    extern __shared__ float4 xs4[];
+    if (KIND == KIND_F32 && pre && route_regs_apply(w, x, g, xn)) {
+        route_norm_regs(w, x, g, eps, xn, k, routes, reinterpret_cast<float*>(xs4));
+        return;
+    }
+    float* xs = reinterpret_cast<float*>(xs4);
+    uint4* wsm = reinterpret_cast<uint4*>(xs4 + w.cols / 4);
+    const int nc = w.row_bytes / 16, total = w.rows * nc;
+    // With pre, the norm's weights too (w.cols floats after the rows).
+    uint4* gsm = wsm + total;
+    if (pre) {
+        const uint4* src = reinterpret_cast<const uint4*>(w.codes);
+        const uint4* gsrc = reinterpret_cast<const uint4*>(g);
+#if __CUDA_ARCH__ >= 800
+        for (int c = threadIdx.x; c < total; c += blockDim.x) cp_async16(wsm + c, src + c);
+        for (int c = threadIdx.x; c < w.cols / 4; c += blockDim.x) cp_async16(gsm + c, gsrc + c);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_all;" ::: "memory");
+#else
+        for (int c = threadIdx.x; c < total; c += blockDim.x) wsm[c] = __ldg(src + c);
+        for (int c = threadIdx.x; c < w.cols / 4; c += blockDim.x) gsm[c] = __ldg(gsrc + c);
+#endif
+        __syncthreads();
+        g = reinterpret_cast<const float*>(gsm);
+    } else {
+        l2_prefetch_block(g, (size_t)w.cols * 4);
+        l2_prefetch_block(w.codes, (size_t)w.rows * w.row_bytes);
+    }
+    pdl_wait();
+    rms_norm_row(x, g, xn, xs, w.cols, eps);
+    if (!pre) {
+        __syncthreads();
+        moe_route_body<KIND>(w, xs, k, routes);
+        return;
+    }
+    __syncthreads();
+    __shared__ float lg[256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int r = warp; r < w.rows; r += warps) {
+        // row_dot's order: lane l adds chunks l, l + 32, ... in turn, then warp_sum.
+        const uint4* row = wsm + (size_t)r * nc;
+        float acc = 0.f;
+        for (int c = lane; c < nc; c += 32) acc += chunk_dot<KIND>(row[c], xs, c, w, r);
+        acc = warp_sum(acc);
+        if (lane == 0) lg[r] = acc;
+    }
+    __syncthreads();
+    if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
+}
+
+#define MOE_KERNELS(SUFFIX, KIND)                                                              \
+    extern "C" __global__ void __launch_bounds__(1024)                                         \
+        moe_route_##SUFFIX(const Mat w, const float* x, int k, float* routes) {                \
+        PDL_ENTRY();                                                                           \
+        moe_route_body<KIND>(w, x, k, routes);                                                 \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(1024)                                         \
+        moe_route_norm_##SUFFIX(const Mat w, const float* x, const float* g, float eps,         \
+                                float* xn, int k, float* routes, int pre) {                    \
+        pdl_trigger();                                                                         \
+        moe_route_norm_body<KIND>(w, x, g, eps, xn, k, routes, pre);                           \
+    }                                                                                          \
+    extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \
+                                                    int k, const float* x, float* h) {         \
+        PDL_ENTRY();                                                                           \
+        moe_gate_up_body<KIND>(tab, routes, k, x, h);                                          \
+    }                                                                                          \
+    extern "C" __global__ void moe_down_##SUFFIX(const MatEntry* tab, const float* routes,     \
+                                                 int k, const float* h, float* x) {            \
+        PDL_ENTRY();                                                                           \
+        moe_down_body<KIND>(tab, routes, k, h, x);                                             \
+    }
+MOE_KERNELS(f32, KIND_F32)
+MOE_KERNELS(f16, KIND_F16)
+MOE_KERNELS(bf16, KIND_BF16)
+
+// The routed experts of one host-routed decode layer (experts in cache slots), for the routed
+// kernels below and moe_gate_up/moe_down/moe_combine: a table of their matrices and their routes,
+// passed by value (stream-ordered, no host copy). Expert "indices" are ranks 0..n-1 in ascending
+// order of the real indices, so the kernels sum in the same order as for the real ones.
+#define SLOTS_MAX_K 8
+struct SlotArgs {
+    MatEntry e[3 * SLOTS_MAX_K];
+    float routes[2 * SLOTS_MAX_K];  // n ranks (int bits), then n weights
+    int n, pad;
+};
+
+extern "C" __global__ void put_slots(const SlotArgs a, MatEntry* __restrict__ tab,
+                                     float* __restrict__ routes) {
+    PDL_ENTRY();
+    const int i = threadIdx.x;
+    if (i < 3 * a.n) tab[i] = a.e[i];
+    if (i < a.n) {
+        routes[i] = a.routes[i];
+        routes[a.n + i] = a.routes[a.n + i];
+    }
+}
+
+#define SEL_ARGS                                                                                  \
+    const MatEntry *tab, const float *routes, int k, int which0, const float *x, int xs, int glu,  \
+        float *y, int ys
+#define SEL_X x + (size_t)(blockIdx.y % k) * xs
+// glu: x holds k gate products and then k up products (xs apart): the input is their SwiGLU.
+#define SEL_U (glu ? x + (size_t)(blockIdx.y % k + k) * xs : nullptr)
+#define SEL_Y y + (size_t)blockIdx.y * ys
