@@ -55,7 +55,7 @@ pub struct CudaBackend {
     pub(super) launch_ns: AtomicU64,
     /// The last q/k/v launch was matvec3_rope, which lets later kernels start only after its
     /// own wait: the o projection that follows may read the residual before it waits
-    /// (kernels.cu matvec_body `early`). Taken by that projection (matmul_add).
+    /// (matvec_float.cu matvec_body `early`). Taken by that projection (matmul_add).
     pub(super) qkv_settled: AtomicBool,
 }
 
@@ -73,7 +73,7 @@ unsafe impl Send for DecodeGraph {}
 /// sm_90 kernels the f16 experts' full matrices get: int4 pp512 8291 -> 13122 tok/s
 /// (benches/results/2026-11-24-h100-prefill.md).
 pub(super) fn prefill_tile_rows(fit: usize, rows: usize) -> usize {
-    // A launch's grid takes at most 65535 row tiles (kernels.cu dequant_*_h: one row a y block).
+    // A launch's grid takes at most 65535 row tiles (dequant.cu dequant_*_h: one row a y block).
     if fit >= rows && rows <= 65535 {
         return rows.max(1);
     }
@@ -295,7 +295,7 @@ impl Backend for CudaBackend {
             shape.start_pos as i32,
         );
         let window = shape.window.map_or(0, |w| w as i32);
-        // Prefill: a block per ATP_ROWS (query, head) rows of one KV head (kernels.cu
+        // Prefill: a block per ATP_ROWS (query, head) rows of one KV head (cuda/attention.cu
         // attention_prefill_*), for head_dim 32, 64 or 128 and groups that divide ATP_ROWS.
         let group = shape.n_heads / shape.n_kv_heads.max(1);
         let dpl = match shape.head_dim {

@@ -14,7 +14,7 @@ use crate::model::KernelTime;
 #[derive(Default)]
 pub struct KernelClock {
     on: AtomicBool,
-    /// Kernel handle -> name (kernels.cu), filled when the kernels are loaded.
+    /// Kernel handle -> name (cuda/*.cu), filled when the kernels are loaded.
     names: HashMap<usize, String>,
     pending: Mutex<Vec<(usize, CudaEvent, CudaEvent)>>,
     /// Events already read back, recorded again (creating one per launch costs host time that

@@ -30,7 +30,7 @@ impl Gpu {
         let xh = scratch;
         let tile = scratch + (chunk * cols * 2) as u64;
         let (kind, wm) = (w.kind, *w);
-        // Integer kinds a code word per thread where the layout allows (kernels.cu
+        // Integer kinds a code word per thread where the layout allows (cuda/dequant.cu
         // dequant_words_h): 4-byte aligned words, 16-byte aligned output rows, one group a word.
         let per_word = match kind {
             3 => 4,

@@ -28,7 +28,7 @@ pub struct Gpu {
     /// Per-kernel GPU time while switched on (`hob bench --kernel-times`).
     pub clock: clock::KernelClock,
     /// Launch with programmatic dependent launch (sm_90 and later): a kernel may start while the one before it in the stream still runs, and waits for it inside
-    /// (kernels.cu pdl_wait). Its blocks are then resident when the earlier kernel ends, and the
+    /// (common.cu pdl_wait). Its blocks are then resident when the earlier kernel ends, and the
     /// products' first weight loads overlap that kernel's tail.
     pub pdl: bool,
     /// Nanoseconds the host spent in `download_f32` (for --stats): a copy into pageable memory
@@ -42,10 +42,10 @@ pub struct Gpu {
     /// event of its last copy (the buffer is rewritten only once that copy has finished).
     pub(super) stage: Mutex<Option<(PinnedHostSlice<f32>, CudaEvent)>>,
     /// Whether moe_route_norm loads the router's rows before it waits, into shared memory or (an
-    /// f32 router of at most 8 rows) registers (kernels.cu moe_route_norm_body, route_norm_regs;
+    /// f32 router of at most 8 rows) registers (moe.cu moe_route_norm_body, route_norm_regs;
     /// a switch tests compare both forms with).
     pub(super) router_preload: AtomicBool,
-    /// Whether routed_ffn takes gate, up and SwiGLU in one launch where it applies (kernels.cu
+    /// Whether routed_ffn takes gate, up and SwiGLU in one launch where it applies (cuda/matvec_q.cu
     /// matvec_qd_*_gu; benches compare both forms). Both give the same results.
     pub(super) routed_gu: AtomicBool,
 }
@@ -75,7 +75,7 @@ pub(super) fn cfg(grid: u32, block: u32) -> LaunchConfig {
     }
 }
 
-/// Threads of a block that normalizes a row of n (kernels.cu rms_norm_row): one per float4, 32 to
+/// Threads of a block that normalizes a row of n (elementwise.cu rms_norm_row): one per float4, 32 to
 /// 1024. The sum of squares rounds by this shape, so every launch of that code uses it.
 pub(super) fn rms_block(n: usize) -> u32 {
     (n.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32
@@ -159,7 +159,7 @@ impl Gpu {
     /// # Safety
     /// `params` holds one pointer per kernel parameter, each to a live value of that parameter's
     /// type, and the kernel's memory accesses for these arguments stay inside live allocations.
-    /// Every kernel of cuda/kernels.cu waits (pdl_wait) before it touches memory an earlier
+    /// Every kernel of cuda/moe.cu waits (pdl_wait) before it touches memory an earlier
     /// kernel may write or read, so it may be launched either way.
     pub unsafe fn launch_raw(
         &self,

@@ -219,51 +219,8 @@ impl Kernels {
 
     pub fn load(ctx: &Arc<CudaContext>) -> crate::Result<Kernels> {
         let (major, minor) = ctx.compute_capability().map_err(cuda_err)?;
-        let arch = format!("compute_{major}{minor}");
         let qd_ring = qd_ring(major);
-        let options = Kernels::nvrtc_options(major, minor);
-        let source = Kernels::SOURCE;
-        let key = {
-            let mut h = crc32c::crc32c(source.as_bytes());
-            for o in &options {
-                h = crc32c::crc32c_append(h, o.as_bytes());
-            }
-            format!("kernels-{h:08x}-{}-{arch}.ptx", source.len())
-        };
-        let cached = cache_dir().map(|d| d.join(&key));
-        let (ptx, origin) = match cached
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-        {
-            Some(src) => (Ptx::from_src(src), "cache".to_string()),
-            None => {
-                let started = Instant::now();
-                let ptx = cudarc::nvrtc::compile_ptx_with_opts(
-                    source,
-                    CompileOptions {
-                        options,
-                        ..Default::default()
-                    },
-                )
-                .map_err(|e| Error::Invalid(format!("NVRTC failed on cuda/*.cu: {e}")))?;
-                if let Some(path) = &cached {
-                    // A cache that cannot be written only costs the next process a compile.
-                    let write = path
-                        .parent()
-                        .map_or(Ok(()), std::fs::create_dir_all)
-                        .and_then(|_| {
-                            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-                            std::fs::write(&tmp, ptx.to_src())?;
-                            std::fs::rename(&tmp, path)
-                        });
-                    if let Err(e) = write {
-                        log::warn!("cannot cache compiled kernels at {}: {e}", path.display());
-                    }
-                }
-                let origin = format!("nvrtc ({:.2} s)", started.elapsed().as_secs_f64());
-                (ptx, origin)
-            }
-        };
+        let (ptx, origin) = Kernels::ptx(major, minor)?;
         let module = ctx
             .load_module(ptx)
             .map_err(|e| Error::Invalid(format!("loading the compiled kernels: {e}")))?;
@@ -356,14 +313,19 @@ impl Kernels {
             names: Vec::new(),
         };
         kernels.names = names.take();
-        // moe_route_norm may copy the router's rows into shared memory (moe.cu
-        // moe_route_norm_body): opt in to what the device allows.
+        kernels.route_norm_smem = kernels.opt_in_route_norm(ctx)?;
+        Ok(kernels)
+    }
+
+    /// moe_route_norm may copy the router's rows into shared memory (moe.cu
+    /// moe_route_norm_body): opt in to what the device allows; returns what every kind got.
+    fn opt_in_route_norm(&self, ctx: &Arc<CudaContext>) -> crate::Result<usize> {
         let optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(cuda_err)?
             .max(0) as usize;
         let mut smem = optin;
-        for f in &kernels.moe_route_norm {
+        for f in &self.moe_route_norm {
             let fixed = f
                 .get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
                 .map_err(cuda_err)?
@@ -376,8 +338,57 @@ impl Kernels {
             .map_err(cuda_err)?;
             smem = smem.min(dynamic);
         }
-        kernels.route_norm_smem = smem;
-        Ok(kernels)
+        Ok(smem)
+    }
+
+    /// The kernels' PTX for compute capability major.minor: from the on-disk cache, or compiled
+    /// by NVRTC and cached; and where it came from.
+    fn ptx(major: i32, minor: i32) -> crate::Result<(Ptx, String)> {
+        let arch = format!("compute_{major}{minor}");
+        let options = Kernels::nvrtc_options(major, minor);
+        let source = Kernels::SOURCE;
+        let key = {
+            let mut h = crc32c::crc32c(source.as_bytes());
+            for o in &options {
+                h = crc32c::crc32c_append(h, o.as_bytes());
+            }
+            format!("kernels-{h:08x}-{}-{arch}.ptx", source.len())
+        };
+        let cached = cache_dir().map(|d| d.join(&key));
+        let found = match cached
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+        {
+            Some(src) => (Ptx::from_src(src), "cache".to_string()),
+            None => {
+                let started = Instant::now();
+                let ptx = cudarc::nvrtc::compile_ptx_with_opts(
+                    source,
+                    CompileOptions {
+                        options,
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| Error::Invalid(format!("NVRTC failed on cuda/*.cu: {e}")))?;
+                if let Some(path) = &cached {
+                    // A cache that cannot be written only costs the next process a compile.
+                    let write = path
+                        .parent()
+                        .map_or(Ok(()), std::fs::create_dir_all)
+                        .and_then(|_| {
+                            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                            std::fs::write(&tmp, ptx.to_src())?;
+                            std::fs::rename(&tmp, path)
+                        });
+                    if let Err(e) = write {
+                        log::warn!("cannot cache compiled kernels at {}: {e}", path.display());
+                    }
+                }
+                let origin = format!("nvrtc ({:.2} s)", started.elapsed().as_secs_f64());
+                (ptx, origin)
+            }
+        };
+        Ok(found)
     }
 }
 

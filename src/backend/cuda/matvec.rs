@@ -41,7 +41,7 @@ impl Gpu {
 
     /// The integer matvec kernels for `w` (plain, selecting): for groups of whole 16-byte chunks
     /// the dp4a ones (matvec_qd_*) where `qd_kinds` has the kind, else the tensor-core ones where
-    /// the GPU has them and the groups are 1, 2 or a multiple of 4 chunks (kernels.cu
+    /// the GPU has them and the groups are 1, 2 or a multiple of 4 chunks (cuda/matvec_qm.cu
     /// matvec_qm_body) and `qm_kinds` has the kind, else matvec_q_*.
     pub fn q_kernels(&self, w: &DevMat) -> (&QKernel, &QKernel) {
         let i = (w.kind - 3) as usize;
@@ -60,12 +60,12 @@ impl Gpu {
     }
 
     /// Integer-kind matrices of the routed experts of one token, `ny` of them in one launch
-    /// (kernels.cu matvec_q_*_sel): matrix `which0 + j / k` of expert `routes[j % k]` from the
+    /// (matvec_q.cu matvec_q_*_sel): matrix `which0 + j / k` of expert `routes[j % k]` from the
     /// device table `tab` ([experts][3] DevMat: gate, up, down) times x + (j % k) * xs floats,
     /// into y + j * ys floats; with `glu`, times SwiGLU(x + (j % k) * xs, x + (j % k + k) * xs)
     /// instead (k gate products, then k up products). `w` is any one of those matrices (they
     /// share kind and shape). A launch with which0 > 0 reads the routes and the table before it
-    /// waits for the kernel before it (kernels.cu sel_mat, "Ordering"): it must follow the
+    /// waits for the kernel before it (moe.cu sel_mat, "Ordering"): it must follow the
     /// which0 = 0 launch of the same routes, as in `routed_ffn`.
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_sel(
@@ -151,7 +151,7 @@ impl Gpu {
         self.routed_gu.store(on, Ordering::Relaxed);
     }
 
-    /// The launch of kernels.cu matvec_qd_*_gu for k routed experts whose gate matrices are like
+    /// The launch of matvec_q.cu matvec_qd_*_gu for k routed experts whose gate matrices are like
     /// `gate`: where the dp4a kernels serve it and the plain plan's x is one column tile. The
     /// plain plan's split: each row's sum is the plain kernel's.
     fn gu_launch(&self, gate: &DevMat, k: usize) -> Option<(&QKernel, LaunchConfig, i32, i32)> {
@@ -178,7 +178,7 @@ impl Gpu {
     }
 
     /// One token's routes ([k] experts then [k] weights at `routes`) from the router `w` and
-    /// x: one launch for a float-kind router of at most 256 rows (kernels.cu moe_route_*), else
+    /// x: one launch for a float-kind router of at most 256 rows (moe.cu moe_route_*), else
     /// the product into `logits` ([w.rows]) and route_topk. The same routes either way.
     pub fn moe_route(
         &self,
@@ -204,7 +204,7 @@ impl Gpu {
         self.router_preload.store(on, Ordering::Relaxed);
     }
 
-    /// The MoE block's RMSNorm and routing of one token in one launch (kernels.cu
+    /// The MoE block's RMSNorm and routing of one token in one launch (cuda/moe.cu
     /// moe_route_norm_*): xn = RMSNorm(x) * g as `rms_norm` writes it, and the routes as
     /// `moe_route` computes them from xn. Ok(false), nothing launched, where that kernel does not
     /// apply (the caller then launches the two).
@@ -225,7 +225,7 @@ impl Gpu {
             return Ok(false);
         }
         // The router's rows and the norm's weights loaded before the kernel waits (into shared
-        // memory, or registers: kernels.cu route_norm_regs), where they fit beside x.
+        // memory, or registers: moe.cu route_norm_regs), where they fit beside x.
         let rows_bytes = w.rows as usize * w.row_bytes as usize;
         let pre = self.router_preload.load(Ordering::Relaxed)
             && n.is_multiple_of(4)
@@ -307,7 +307,7 @@ impl Gpu {
     }
 
     /// Mixtral routing of t tokens from router logits ([t, ne] at `logits`) into `routes`:
-    /// [t, k] expert indices (i32) then [t, k] weights (kernels.cu route_topk).
+    /// [t, k] expert indices (i32) then [t, k] weights (moe.cu route_topk).
     pub fn route(
         &self,
         logits: u64,
@@ -337,7 +337,7 @@ impl Gpu {
     /// = ((g, eps), xn), also xn = RMSNorm(x) * g (as `rms_norm` computes it) in the same launch
     /// where that kernel applies (n % 4 == 0, every pointer 16-byte aligned); returns whether xn
     /// was written (if not, the caller normalizes). With `norm`, it must follow `routed_ffn` of
-    /// the same routes: that kernel reads the routes and x before it waits (kernels.cu
+    /// the same routes: that kernel reads the routes and x before it waits (cuda/moe.cu
     /// moe_combine_norm).
     pub fn moe_combine(
         &self,

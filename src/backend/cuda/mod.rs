@@ -1,5 +1,5 @@
 //! The CUDA backend: cudarc with dynamic loading (the binary runs where no CUDA is installed),
-//! kernels from cuda/kernels.cu compiled by NVRTC, dense weights and the KV cache (f16) resident
+//! kernels from cuda/*.cu compiled by NVRTC, dense weights and the KV cache (f16) resident
 //! on the device, activations in device buffers, prefill products through cuBLAS.
 //!
 //! All device work goes to one compute stream in order, so buffers need no further
@@ -19,7 +19,7 @@ macro_rules! launch {
         let f = &$f;
         let mut params = [$( (&$arg) as *const _ as *mut ::std::ffi::c_void ),*];
         let t0 = $gpu.clock.start(&$gpu.stream)?;
-        // SAFETY: the argument list matches the kernel's signature in cuda/kernels.cu (each
+        // SAFETY: the argument list matches the kernel's signature in cuda/*.cu (each
         // parameter a pointer to a live local of the kernel parameter's type), and every pointer
         // argument addresses a live device allocation of at least the extent the kernel reads or
         // writes for the given sizes (checked by the callers).
@@ -111,7 +111,7 @@ pub fn probe() -> Result<(), String> {
     }
 }
 
-/// Kind codes shared with cuda/kernels.cu.
+/// Kind codes shared with cuda/*.cu.
 fn kind_code(kind: WeightKind) -> i32 {
     match kind {
         WeightKind::F32 => 0,
@@ -123,7 +123,7 @@ fn kind_code(kind: WeightKind) -> i32 {
     }
 }
 
-/// A matrix in device memory, as the kernels take it (`struct Mat` in kernels.cu).
+/// A matrix in device memory, as the kernels take it (`struct Mat` in cuda/common.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DevMat {
@@ -140,18 +140,18 @@ pub struct DevMat {
 }
 
 // SAFETY: DevMat is #[repr(C)], plain integers, and its leading fields match `struct Mat` in
-// cuda/kernels.cu (the kernels ignore the trailing `kind`); as a table entry it is kernels.cu's
+// cuda/*.cu (the kernels ignore the trailing `kind`); as a table entry it is moe.cu's
 // `struct MatEntry` (Mat, kind, pad: 48 bytes, checked below).
 unsafe impl DeviceRepr for DevMat {}
 const _: () = assert!(std::mem::size_of::<DevMat>() == 48);
 
-/// (query, head) rows of one prefill attention block (kernels.cu ATP_ROWS).
+/// (query, head) rows of one prefill attention block (attention.cu ATP_ROWS).
 const ATP_ROWS: usize = 32;
 
-/// The most routed experts `Gpu::put_slots` takes (kernels.cu SLOTS_MAX_K).
+/// The most routed experts `Gpu::put_slots` takes (moe.cu SLOTS_MAX_K).
 pub const SLOTS_MAX_K: usize = 8;
 
-/// kernels.cu `struct SlotArgs`: the routed experts of one host-routed decode layer, passed by
+/// moe.cu `struct SlotArgs`: the routed experts of one host-routed decode layer, passed by
 /// value to `put_slots`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -164,7 +164,7 @@ pub struct SlotArgs {
     _pad: i32,
 }
 
-// SAFETY: #[repr(C)], plain integers and floats, laid out as kernels.cu's `struct SlotArgs`
+// SAFETY: #[repr(C)], plain integers and floats, laid out as moe.cu's `struct SlotArgs`
 // (48-byte entries, then 16 floats and two ints: 1224 bytes, checked below).
 unsafe impl DeviceRepr for SlotArgs {}
 const _: () = assert!(std::mem::size_of::<SlotArgs>() == 1224);

@@ -23,7 +23,7 @@ pub struct QLimits {
     pub threads_per_sm: usize,
 }
 
-/// The shape of an integer matvec kernel (kernels.cu matvec_q_* or matvec_qm_*).
+/// The shape of an integer matvec kernel (matvec_qm.cu matvec_q_* or matvec_qm_*).
 #[derive(Clone, Copy, Debug)]
 pub struct QShape {
     /// Kind code: 3 int8, 4 int4, 5 int2.
@@ -35,14 +35,14 @@ pub struct QShape {
     /// The tensor-core kernel (matvec_qm_*): its quads (four 16-byte chunks of each of a warp's
     /// rows) per step, U. 0: the scalar kernel (matvec_q_*).
     pub quads: usize,
-    /// The dp4a kernel (matvec_qd_*): x's byte planes (kernels.cu QD_PARTS); 0 for the others.
+    /// The dp4a kernel (matvec_qd_*): x's byte planes (matvec_q_stage.cu QD_PARTS); 0 for the others.
     pub dp_parts: usize,
-    /// The dp4a kernel's steps in its shared-memory ring (kernels.cu QD_RING_*, matvec_q_body
+    /// The dp4a kernel's steps in its shared-memory ring (matvec_q_stage.cu QD_RING_*, matvec_q_body
     /// RING); 0: loads in registers (and for the other kernels).
     pub ring: usize,
 }
 
-/// matvec_qm_*'s U (kernels.cu).
+/// matvec_qm_*'s U (cuda/*.cu).
 pub const QM_QUADS_PER_STEP: usize = 2;
 
 impl QShape {
@@ -56,16 +56,14 @@ impl QShape {
         self.quads > 0
     }
 
-    /// The NMSE bound of this kernel's products against the CPU backend (cuda/README.md): 1e-10
-    /// where the products are exact and only the summation order differs (24-bit x planes
-    /// included); 1e-8 for the dp4a kernel with x in two byte planes (x rounded to 16 bits of its
-    /// chunk's largest |x|: measured up to 1.2e-9); 1e-3 with one plane (8-bit x: measured
-    /// 1.1e-5 to 1.2e-5).
+    /// The NMSE bound of this kernel's products against the CPU backend (cuda/README.md): 1e-8
+    /// for the dp4a kernels (x rounded to 16 bits of its chunk's largest |x|), 1e-10 where the
+    /// products are exact and only the summation order differs.
     pub fn nmse_bound(&self) -> f64 {
-        match self.dp_parts {
-            1 => 1e-3,
-            2 => 1e-8,
-            _ => 1e-10,
+        if self.dp_parts > 0 {
+            1e-8
+        } else {
+            1e-10
         }
     }
 
@@ -94,7 +92,7 @@ impl QShape {
     }
 }
 
-/// Dynamic shared memory of an integer matvec block (the layouts at the top of kernels.cu's
+/// Dynamic shared memory of an integer matvec block (the layouts at the top of matvec_q.cu's
 /// matvec_q_body and matvec_qm_body): staged x for `tchunks` chunks (padded to 32), then the
 /// warps' partial sums (two tiles) and flags, then (from a 16-byte boundary) each warp's ring of
 /// `ring` steps: a chunk of each of its rows a lane, and 128 bytes of scales and mins a row.
@@ -115,7 +113,7 @@ pub fn q_smem(k: &QShape, warps: usize, tchunks: usize) -> usize {
 
 /// Whether the ring form of the dp4a kernels (QShape::ring) takes `w`: its groups are 1, 2 or 4
 /// chunks (a step's 32 chunks then have whole 16-byte pieces of scales and mins), its rows' groups
-/// a multiple of 8 and its scales and mins 16-byte aligned (kernels.cu matvec_q_body's `issue`).
+/// a multiple of 8 and its scales and mins 16-byte aligned (matvec_q.cu matvec_q_body's `issue`).
 pub fn ring_ok(w: &DevMat) -> bool {
     let cc = 16 << (w.kind - 3).clamp(0, 2);
     let cpg = if w.group > 0 && w.group % cc == 0 {
@@ -131,7 +129,7 @@ pub fn ring_ok(w: &DevMat) -> bool {
         && (w.kind == 3 || w.mins.is_multiple_of(16))
 }
 
-/// How an integer matvec is launched: kernels.cu matvec_q_* (w, x, y, split, tchunks).
+/// How an integer matvec is launched: matvec_qm.cu matvec_q_* (w, x, y, split, tchunks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QPlan {
     pub grid: u32,
@@ -313,7 +311,7 @@ mod tests {
                         assert_eq!(q_smem(&k, warps, tchunks), p.smem as usize, "{what}");
                         assert!(p.smem as usize <= lim.smem_max, "{what}");
                         assert!(tchunks == n || (tchunks % 32 == 0 && tchunks < n), "{what}");
-                        // kernels.cu matvec_q_body shifts by the split (QD_NODIV).
+                        // matvec_q.cu matvec_q_body shifts by the split (QD_NODIV).
                         assert!(split.is_power_of_two(), "{what}");
                         assert!(warps % split == 0 && p.block.is_multiple_of(32), "{what}");
                         assert!(
