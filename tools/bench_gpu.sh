@@ -4,11 +4,12 @@
 #
 # A Mixtral-8x7B-shaped synthetic model (random weights, real shapes) with LAYERS of the 32 layers
 # (the device's 64 GiB disk holds ~8 with f16 + int4 experts), then `hob bench` all resident
-# (h100 profile) and as an RTX 4090 (rtx4090-24g: loads paced to 25 GB/s). The 4090's expert
-# cache is scaled to the file: the share of Mixtral's experts a 24 GiB card holds beside the
+# (the RESIDENT profile, default h200: the device machine's) and as an RTX 4090 (rtx4090-24g:
+# loads paced to 25 GB/s). The 4090's expert cache is scaled to the file: the share of Mixtral's experts a 24 GiB card holds beside the
 # 3.21 GB of non-expert weights and ~1 GB of KV cache and buffers, times the experts in the file.
 set -uo pipefail
 LAYERS="${LAYERS:-8}"
+RESIDENT="${RESIDENT:-h200}"
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 model=/tmp/mixtral-synthetic-${LAYERS}l.hob
 log="$out/bench.log"
@@ -27,8 +28,8 @@ frac=min(1.0, avail/total); print(f'{frac*$LAYERS*8*per/gib:.3f}')"; }
 f16_cache=$(share 352.3e6); int4_cache=$(share 99.1e6)
 echo "rtx4090-24g expert cache scaled to $LAYERS layers: f16 $f16_cache GiB, int4 $int4_cache GiB" >> "$log"
 run() { echo "== $*" >> "$log"; "$hob" bench -m "$model" -r 3 "$@" 2>>"$log" | tee -a "$out/bench.md"; }
-run --platform h100 --expert-variant f16 -p 512 -n 64
-run --platform h100 --expert-variant int4/g64 -p 512 -n 64
+run --platform "$RESIDENT" --expert-variant f16 -p 512 -n 64
+run --platform "$RESIDENT" --expert-variant int4/g64 -p 512 -n 64
 run --platform rtx4090-24g --expert-variant f16 --expert-cache "$f16_cache" -p 512 -n 32
 run --platform rtx4090-24g --expert-variant int4/g64 --expert-cache "$int4_cache" -p 512 -n 64
 cat "$log"

@@ -35,7 +35,6 @@
 # ROWS="a d" runs only those rows (spaces in a label as underscores). VARIANTS (default
 # f16,int8,int4,int2) picks the stored variants: f16,int4 is enough for the rtx4090 rows and
 # leaves room on the disk for llama.cpp's GGUF beside it.
-# The row "e, split" splits CPU experts with the GPU (--split-experts auto; off elsewhere, the default).
 # Rows marked "staging" copy missed experts through pinned staging (--no-pin) instead of DMA from
 # the page-locked file: the A/B of the loader's two paths.
 set -uo pipefail
@@ -83,7 +82,6 @@ rtx4090)
   row "d, no prefetch" "${p[@]}" --low int4 --cache-policy hobbit --prefetch 0 -p 0 -n 32
   row "e, no prefetch" "${p[@]}" --low int4 --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)" -p 0 -n 32
   row "e, f16 only" "${p[@]}" --low none --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)" -p 0 -n 32
-  row "e, split" "${p[@]}" --split-experts auto --low int4 --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)" -p 0 -n 32
   row "a, staging" "${p[@]}" --no-pin --low none --cache-policy lru --prefetch 0 -p 0 -n 32
   row "e, staging" "${p[@]}" --no-pin --low int4 --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)" -p 0 -n 32
   cat "$out/$table" ;;
