@@ -2,8 +2,9 @@
 //!
 //! Data flows left to right through the modules: format -> quant -> import -> model -> backend
 //! and experts -> generate -> cli. A module knows nothing of those to its right; backend and
-//! experts meet only through model's traits (`ExpertDevice`, `ExpertExecutor`). Beside that line:
-//! `platform` (hardware profiles) and `bench` (benchmark statistics, physical limit, result tables).
+//! experts meet only through model's traits (`ExpertDevice`, `ExpertExecutor`). Beside that
+//! line: `platform` (hardware profiles) and `bench` (benchmark statistics, physical limit, result
+//! tables).
 
 pub mod backend;
 pub mod bench;

@@ -28,8 +28,9 @@ pub struct Gpu {
     /// Per-kernel GPU time while switched on (`hob bench --kernel-times`).
     pub clock: clock::KernelClock,
     /// Launch with programmatic dependent launch (sm_90 and later): a kernel may start while the
-    /// one before it in the stream still runs, and waits for it inside (common.cu pdl_wait). Its blocks are then resident when the earlier kernel ends, and the
-    /// products' first weight loads overlap that kernel's tail.
+    /// one before it in the stream still runs, and waits for it inside (common.cu pdl_wait). Its
+    /// blocks are then resident when the earlier kernel ends, and the products' first weight
+    /// loads overlap that kernel's tail.
     pub pdl: bool,
     /// Nanoseconds the host spent in `download_f32` (for --stats): a copy into pageable memory
     /// returns once done, so this is where the host waits for the device's results.
