@@ -286,10 +286,11 @@ fn main() {
 /// Decode's routed form of the integer kinds, as the engine launches it (Gpu::matvec_sel, k = 2
 /// experts): one launch for both experts' gate and up products (four 14336x4096 matrices), one for
 /// their down products (two 4096x14336) on plain x as decode runs it (after the `swiglu` launch,
-/// timed alone) and with each block staging SwiGLU itself (decode's form before 2026-11-24), and
-/// the four plain launches the gate and up launch replaces. Cold: each launch reads the next of several
-/// sets of matrices. The gate and up outputs are checked bit for bit against plain launches (the
-/// same plan: the same sums). Returns the failed checks.
+/// timed alone) and with each block staging SwiGLU itself (the form it replaced:
+/// benches/results/2026-11-24-h100-routed.md), and the four plain launches the gate and up launch
+/// replaces. Cold: each launch reads the next of several sets of matrices. The gate and up
+/// outputs are checked bit for bit against plain launches (the same plan: the same sums).
+/// Returns the failed checks.
 fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usize {
     // GPU_MATVEC_ROUTED_K=8: more experts a launch (a launch's start then weighs less).
     let k: usize = std::env::var("GPU_MATVEC_ROUTED_K")
@@ -1011,7 +1012,8 @@ fn explore_candidates(gpu: &Gpu, bench: &BenchKernels, cpu: &CpuBackend, copy: f
                     b.arg(&words);
                     b.arg(&sp);
                     // SAFETY: bench_read reads `words` 16-byte words from p (inside the matrix
-                    // copy: codes, scales and mins are contiguous there) and writes at most sink[0].
+                    // copy: codes, scales and mins are contiguous there) and writes at most
+                    // sink[0].
                     unsafe { b.launch(c) }.expect("read");
                 })
             };

@@ -112,7 +112,8 @@ fn main() {
     let mut out = vec![0.0f32; FFN];
     let mut row =
         |name: &str, bpw: f64, qrate: Option<f64>, gate: Matrix, down: Matrix, size: usize| {
-            // The first CACHED_ROWS rows of the gate matrix fit in L2: the compute ceiling, repeated.
+            // The first CACHED_ROWS rows of the gate matrix fit in L2: the compute ceiling,
+            // repeated.
             let cached_bytes = size / FFN * CACHED_ROWS;
             let tc = median(|| {
                 for _ in 0..CACHED_REPS {

@@ -1,8 +1,10 @@
 //! hob: batch-1 Mixture-of-Experts inference with mixed-precision expert offloading.
 //!
 //! Data flows left to right through the modules: format -> quant -> import -> model -> backend
-//! -> generate -> cli. A module knows nothing of those to its right. Beside that line: `platform`
-//! (hardware profiles) and `bench` (benchmark statistics, physical limit, result tables).
+//! and experts -> generate -> cli. A module knows nothing of those to its right; backend and
+//! experts meet only through model's traits (`ExpertDevice`, `ExpertExecutor`). Beside that
+//! line: `platform` (hardware profiles) and `bench` (benchmark statistics, physical limit, result
+//! tables).
 
 pub mod backend;
 pub mod bench;

@@ -428,7 +428,8 @@ fn unknown_variant_code_is_refused_not_misread() {
         matches!(err, FormatError::Invalid { ref what, .. } if what == "expert table variant #1"),
         "{err}"
     );
-    let err = Sample::new().parse_resealed(|s, b| put_u32(b, s.variant_at(1), 4)); // int8/g64 -> int4/g64
+    // int8/g64 -> int4/g64
+    let err = Sample::new().parse_resealed(|s, b| put_u32(b, s.variant_at(1), 4));
     assert!(
         matches!(err, FormatError::Invalid { ref detail, .. } if detail.contains("listed twice")),
         "{err}"

@@ -7,8 +7,8 @@
 //! - matmul, decode (matvec), every kind: 1e-10 (the same dequantized values; only the summation
 //!   order differs), 1e-8 for the integer kinds' dp4a kernels (x rounded to 16 bits per chunk:
 //!   Gpu::matvec_nmse_bound) and for int4 and int2 where the CPU's kernel rounds x so (AVX-512
-//!   VNNI: hob::quant::packed_rounds_x); prefill (t > 1) of f32 weights (SGEMM): 1e-10; prefill of the other kinds
-//!   (tokens and weights in f16, tensor-core GEMM with f32 accumulation): 1e-5;
+//!   VNNI: hob::quant::packed_rounds_x); prefill (t > 1) of f32 weights (SGEMM): 1e-10; prefill
+//!   of the other kinds (tokens and weights in f16, tensor-core GEMM with f32 accumulation): 1e-5;
 //! - RMSNorm, RoPE, add: 1e-10; attention over the f16 KV cache: 1e-6 (K and V are rounded to f16);
 //! - end to end, logits of the tiny fixture and the demo model: 1e-5, greedy tokens identical.
 
@@ -876,7 +876,8 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
 /// one prefill is two groups in one slot (no low variant: the low routes take the high copy).
 /// Groups are placed as slots free up while earlier ones run, so the slot must stay unevictable
 /// until its last group's kernels are queued; with one mark per key, running the first group
-/// released it and a later placement could load another expert over it (fixed 2026-11-27).
+/// released it and a later placement could load another expert over it (the bug this pins:
+/// benches/results/2026-11-27-h100-l2-prefetch-holds.md).
 /// Any cache size must give the all-resident run's logits with the same plan, bit for bit.
 #[test]
 fn prefill_groups_sharing_a_slot_under_pressure_match_the_all_resident_run() {

@@ -55,7 +55,8 @@ pub struct SimArgs {
         default_value = "lru,lfu,lhu,fld,fld-back,hobbit,hobbit-back"
     )]
     pub policies: String,
-    /// Weights lru,lfu,lhu,fld of the hobbit policies (default 0.5,0,0.5,0: fitted, see the README).
+    /// Weights lru,lfu,lhu,fld of the hobbit policies (default 0.5,0,0.5,0: fitted, see the
+    /// README).
     #[arg(long, value_name = "W,W,W,W")]
     pub cache_weights: Option<String>,
     /// Serve a missed high route (not the token's top-1) from the low pool when it is there.

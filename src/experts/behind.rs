@@ -4,7 +4,8 @@
 //! idle link, so that the cache keeps following the routing as it does without CPU experts. That
 //! pays when routing has locality (a trained router reuses an expert over neighbouring tokens)
 //! and costs when it has none: the load's DMA reads the host memory the CPU experts stream from
-//! (they slow down ~10% meanwhile) and its victim is as likely to be needed as the newcomer.
+//! (slowing them meanwhile) and its victim is as likely to be needed as the newcomer
+//! (benches/results/2026-11-23-h100-replayed-routing.md).
 //!
 //! The judge keeps score with a ghost list. An expert loaded behind the CPU that is hit within
 //! [`HORIZON`] tokens is a gain; the expert its slot evicted, missed within the same horizon, is

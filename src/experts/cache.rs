@@ -58,9 +58,8 @@ pub struct HobbitWeights {
 }
 
 impl HobbitWeights {
-    /// Not from the paper (it publishes none): fitted with `hob sim --fit` on a trace of the
-    /// trained-router shakespeare-moe over held-out Hamlet (2026-11-22; -20% miss penalty vs
-    /// LRU, mean of 25/50/75% caches; benches/results/2026-11-22-h100-hobbit-ablation.md).
+    /// Not from the paper (it publishes none): fitted with `hob sim --fit` on a trained router's
+    /// trace (benches/results/2026-11-22-h100-hobbit-ablation.md).
     pub const DEFAULT: HobbitWeights = HobbitWeights {
         lru: 0.5,
         lfu: 0.0,
@@ -496,12 +495,8 @@ impl ExpertCache {
 }
 
 /// The default share of the expert cache's bytes for the low-precision pool (`--low-share`, run
-/// and sim). Chosen with `hob sim` on a trained router's trace (shakespeare-moe's Hamlet
-/// routing, 8 layers, Mixtral's f16 and int4 sizes, T1/T2 calibrated to 67/30/3): at caches of
-/// 10, 17, 25, 40 and 60% of the experts, 0.05 missed 4-16% fewer bytes than 0.25 (a missed low
-/// route costs 0.28 of a high one; a cached high copy also serves the expert's low routes).
-/// Measured on the device under rtx4090-24g and jetson-orin-32g:
-/// benches/results/2026-11-23-h100-low-share.md.
+/// and sim): small, because a cached high copy also serves the expert's low routes; chosen with
+/// `hob sim` on a trained router's trace (benches/results/2026-11-23-h100-low-share.md).
 pub const DEFAULT_LOW_SHARE: f64 = 0.05;
 
 /// Split a byte budget into pool sizes: `low_share` (clamped to [0, 1]) of the bytes buy low

@@ -1,5 +1,5 @@
-//! The slow tier: expert blobs read from the .hob file on disk into host memory, and the host-RAM
-//! expert cache between the SSD and the GPU (shared/DESIGN.md, "GPU and host memory").
+//! The slow tier: expert blobs read from the .hob file on disk into host memory, the tier below
+//! host RAM (shared/DESIGN.md, "GPU and host memory").
 //!
 //! Blobs start on 4 KiB boundaries and are padded to 4 KiB (formats/hob.md), so a blob can be read
 //! with O_DIRECT straight into page-aligned memory, skipping the page cache: on a Jetson the page

@@ -7,8 +7,8 @@
 //! memory").
 //!
 //! The scheduler is generic over the worker, so its ordering, error and shutdown behaviour is
-//! tested here with fake workers; the GPU worker (read -> pinned staging -> copy stream, with an
-//! event as the completion) plugs in unchanged.
+//! tested here with fake workers; the engine's loader (experts::engine::loader: bytes to the
+//! device's copier, with an event as the completion) plugs in unchanged.
 //!
 //! Every submitted job gets a [`Ticket`] that resolves exactly once: to the worker's completion,
 //! to the worker's error, to [`Error::Cancelled`] (a prefetch dropped by

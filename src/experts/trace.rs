@@ -376,7 +376,7 @@ pub struct TraceWriter {
     /// A batch's layers so far (layer, routes, decisions; [t, top_k] each; predictions per
     /// token), written token-major when its last layer arrives.
     batch: Vec<BatchLayer>,
-    /// The model's stacked gates, when predictions are recorded (`with_predictions`).
+    /// The model's stacked gates, when predictions are recorded (`create_predicting`).
     predictor: Option<Predictor>,
 }
 

@@ -1,6 +1,6 @@
 //! The metadata section, in GGUF's key/value encoding (13 value types, u64-length-prefixed
-//! UTF-8 strings, typed arrays). Decoding is bounded: no count or length read from a file allocates more
-//! than the bytes it claims to describe.
+//! UTF-8 strings, typed arrays). Decoding is bounded: no count or length read from a file
+//! allocates more than the bytes it claims to describe.
 
 use std::collections::HashSet;
 

@@ -1,4 +1,5 @@
-//! What the forward pass asks of a backend, and the interface the expert engine plugs into.
+//! What the forward pass asks of a backend ([`Backend`]), and what a backend reports of its own
+//! work ([`Telemetry`]).
 //!
 //! The forward pass (model/forward.rs) is written once against [`Backend`]: activations live in
 //! the backend's buffers (host vectors for the CPU, device memory for CUDA), and every op works on

@@ -3,7 +3,7 @@
 //!
 //! - `quantize`: per-group clip search for int8/int4/int2, round-to-nearest-even for f16/bf16.
 //! - `scalar`: the plain reference kernels and dequantization.
-//! - `x86` / `neon`: the SIMD fast paths (AVX2+FMA+F16C chosen at run time, AVX-512F for int4/int2
+//! - `x86` / `neon`: the SIMD fast paths (AVX2+FMA+F16C chosen at run time, AVX-512 levels
 //!   where present; NEON always on aarch64).
 //!
 //! Every kernel computes one row at a time in a fixed order, so the result of a row does not

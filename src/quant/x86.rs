@@ -1,24 +1,20 @@
-//! AVX2 + FMA + F16C kernels, and AVX-512F for the int4/int2 ones where the CPU has it. Loads are
+//! AVX2 + FMA + F16C kernels, and AVX-512 ones (int4/int2, f16) where the CPU has it. Loads are
 //! unaligned: only the 64-byte alignment of each sub-array is guaranteed, not that of a row inside
 //! it.
 //!
 //! The integer kernels take two rows at a time (independent accumulators hide the FMA latency) and
 //! widen one byte of codes per 32-bit lane; for int4/int2 the input is reordered once per call to
-//! match (`with_reordered_x`), so a byte's nibbles or 2-bit fields need one shift and mask each (on
-//! AVX-512, one shift and a 16-entry table lookup, `vpermps`, that also converts to f32). Scales are
-//! converted 16 groups at a time. With a software prefetch of the codes, on the device host's
-//! 16-core Xeon: int4 at 69-71 GB/s of weights with 16 threads against 46-50 before
-//! (benches/results/2026-11-23-h100-cpu-int-kernels.md); the table: int4 with 16 threads 50-55 ->
-//! 65-72 GB/s on a noisy host (benches/results/2026-11-23-h100-coop-waits.md).
+//! match (`with_reordered_x`), so a byte's nibbles or 2-bit fields need one shift and mask each
+//! (on AVX-512, one shift and a 16-entry table lookup, `vpermps`, that also converts to f32).
+//! Scales are converted 16 groups at a time, and codes are prefetched ahead of the products
+//! (benches/results/2026-11-23-h100-cpu-int-kernels.md, 2026-11-23-h100-coop-waits.md).
 //!
 //! int4 and int2 on AVX-512 VNNI (`packed_vnni_rows`) round x to 16-bit integers per group and
-//! multiply codes and x bytes in `vpdpbusd`: one thread streamed 11.2 GB/s of int4 weights on the
-//! build machine's EPYC against 7.7 for the f32 table kernel (benches/cpu_stream.rs, 2026-11-27);
-//! the device host's 16 threads 79.7 against 65.3 (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
+//! multiply codes and x bytes in `vpdpbusd`: fewer instructions per byte of codes than the f32
+//! table kernel (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
 //!
-//! f16 on AVX-512F (`f16_rows_512`) takes four rows at a time, x loaded once for the four: the device host's 16
-//! threads streamed 107-116 GB/s of f16 weights against 88-101 for the one-row AVX2 kernel, and the cooperative
-//! row (e) ran 6-30% faster (benches/results/2026-11-28-h200-cpu-f16-avx512.md).
+//! f16 on AVX-512F (`f16_rows_512`) takes four rows at a time, x loaded once for the four
+//! (benches/results/2026-11-28-h200-cpu-f16-avx512.md).
 //!
 //! Every function here is `unsafe` for two reasons, checked by the callers in mod.rs: the CPU must
 //! have AVX2, FMA and F16C (detected at run time; for `matvec_rows`, the features of the `Level`
@@ -427,7 +423,8 @@ unsafe fn packed_rows_512(
                 ]
             })
         }),
-        // For 2-bit fields the table repeats 0, 1, 2, 3: index bits 2-3 (the next field) are ignored.
+        // For 2-bit fields the table repeats 0, 1, 2, 3: index bits 2-3 (the next field) are
+        // ignored.
         WeightKind::Int2 if m.group_size.is_multiple_of(64) => with_reordered_x(x, 64, 16, |xr| {
             let lut = _mm512_setr_ps(
                 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0,
@@ -454,8 +451,8 @@ pub(super) fn packed_vnni_takes(level: Level, m: &Matrix) -> bool {
 }
 
 /// How far ahead of the codes being multiplied the VNNI kernel prefetches, in bytes: further than
-/// the f32 kernels, as it takes a byte of codes in a fraction of their instructions (one thread
-/// of the build machine's EPYC streamed int4 at 11.2 GB/s with 3072, 6.7-8.6 with 1024).
+/// the f32 kernels, as it takes a byte of codes in a fraction of their instructions
+/// (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
 const VNNI_AHEAD: usize = 3072;
 
 /// The largest |q| of a group's rounded x: 256 * 127 + 127, so that both bytes of every value are
@@ -752,9 +749,9 @@ pub(super) unsafe fn group_sums(x: &[f32], gs: usize, out: &mut [f32]) {
     }
 }
 
-/// How far ahead of the weights being multiplied the 16-bit kernels prefetch. Measured on the
-/// device machine's 16-core Xeon (benches/cpu_stream.rs): the hardware prefetchers alone leave
-/// one thread at ~70% of what a plain read streams.
+/// How far ahead of the weights being multiplied the 16-bit kernels prefetch: the hardware
+/// prefetchers alone leave a thread short of what a plain read streams
+/// (benches/results/2026-11-22-h100-host-cpu-stream.md).
 const PREFETCH_AHEAD: usize = 1024;
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -67,10 +67,8 @@ pub(super) struct DecodeGraph(pub(super) cudarc::driver::CudaGraph);
 unsafe impl Send for DecodeGraph {}
 
 /// Rows of an integer matrix dequantized per prefill tile when `fit` rows fit the scratch: all
-/// of them if they fit, else a multiple of 256. On the H100 (cuBLAS 13) tiles of 8064 + 6272 rows
-/// (Mixtral's 14336 in 64 MiB) and 2212 + 1884 (its 4096-row down matrices) got Turing-era
-/// `cutlass_75_tensorop_s1688gemm` kernels at ~117 us a tile, where 256-row multiples get the
-/// sm_90 kernels the f16 experts' full matrices get: int4 pp512 8291 -> 13122 tok/s
+/// of them if they fit, else a multiple of 256: cuBLAS gives other tile heights older, slower
+/// kernels, 256-row multiples the ones whole matrices get
 /// (benches/results/2026-11-24-h100-prefill.md).
 pub(super) fn prefill_tile_rows(fit: usize, rows: usize) -> usize {
     // A launch's grid takes at most 65535 row tiles (dequant.cu dequant_*_h: one row a y block).

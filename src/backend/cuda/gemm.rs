@@ -172,11 +172,12 @@ impl Gpu {
             return Ok(None);
         }
         let (rows, cols) = (w.rows as usize, w.cols as usize);
-        // 128 tokens a block above 64 (64 a block measured 3-5% slower at pp512).
+        // 128 tokens a block above 64: 64 a block was slower at pp512
+        // (benches/results/2026-11-24-h100-prefill.md).
         let (f, bn) = if tn > 64 { (&fs[1], 128) } else { (&fs[0], 64) };
         // K in 4 parts where the grid is short of two waves (Mixtral's 14336-row gate and up:
-        // 112 blocks, its 4096-row down: 32): measured best of 1-8 parts and of parts sized to
-        // the SM count (benches/results/2026-11-24-h100-prefill.md).
+        // 112 blocks, its 4096-row down: 32): the best of 1-8 parts and of parts sized to the
+        // SM count (benches/results/2026-11-24-h100-prefill.md).
         let grid = rows.div_ceil(128) * tn.div_ceil(bn);
         let steps = cols / 64;
         let mut splits = if grid < 2 * self.q_limits.sm_count {

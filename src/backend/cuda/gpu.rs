@@ -27,9 +27,10 @@ pub struct Gpu {
     pub qd_kinds: [bool; 3],
     /// Per-kernel GPU time while switched on (`hob bench --kernel-times`).
     pub clock: clock::KernelClock,
-    /// Launch with programmatic dependent launch (sm_90 and later): a kernel may start while the one before it in the stream still runs, and waits for it inside
-    /// (common.cu pdl_wait). Its blocks are then resident when the earlier kernel ends, and the
-    /// products' first weight loads overlap that kernel's tail.
+    /// Launch with programmatic dependent launch (sm_90 and later): a kernel may start while the
+    /// one before it in the stream still runs, and waits for it inside (common.cu pdl_wait). Its
+    /// blocks are then resident when the earlier kernel ends, and the products' first weight
+    /// loads overlap that kernel's tail.
     pub pdl: bool,
     /// Nanoseconds the host spent in `download_f32` (for --stats): a copy into pageable memory
     /// returns once done, so this is where the host waits for the device's results.
@@ -45,8 +46,8 @@ pub struct Gpu {
     /// f32 router of at most 8 rows) registers (moe.cu moe_route_norm_body, route_norm_regs;
     /// a switch tests compare both forms with).
     pub(super) router_preload: AtomicBool,
-    /// Whether routed_ffn takes gate, up and SwiGLU in one launch where it applies (cuda/matvec_q.cu
-    /// matvec_qd_*_gu; benches compare both forms). Both give the same results.
+    /// Whether routed_ffn takes gate, up and SwiGLU in one launch where it applies
+    /// (cuda/matvec_q.cu matvec_qd_*_gu; benches compare both forms). Both give the same results.
     pub(super) routed_gu: AtomicBool,
 }
 
@@ -57,13 +58,13 @@ pub(super) const PINNED_READ_MIN: usize = 1024;
 /// device instead, stage_token).
 pub(super) const STAGED_EMBED_MIN: usize = 16;
 
-/// Where the tensor-core integer matvec is the faster one, measured on the H100
+/// Where the tensor-core integer matvec is the faster one
 /// (benches/results/2026-11-23-h100-int-matvec-mma.md): int2 only; int8 and int4 keep the scalar
 /// kernels.
 pub(super) const QM_KINDS: [bool; 3] = [false, false, true];
 
 /// Where the dp4a integer matvec (matvec_qd_*) is taken for groups of whole chunks (int8, int4,
-/// int2): every kind, measured faster than the scalar and tensor-core kernels on the H100
+/// int2): every kind, faster than the scalar and tensor-core kernels
 /// (benches/results/2026-11-24-h100-dp4a.md); sm_61 and later (dp4a).
 pub(super) const QD_KINDS: [bool; 3] = [true, true, true];
 
@@ -75,8 +76,8 @@ pub(super) fn cfg(grid: u32, block: u32) -> LaunchConfig {
     }
 }
 
-/// Threads of a block that normalizes a row of n (elementwise.cu rms_norm_row): one per float4, 32 to
-/// 1024. The sum of squares rounds by this shape, so every launch of that code uses it.
+/// Threads of a block that normalizes a row of n (elementwise.cu rms_norm_row): one per float4,
+/// 32 to 1024. The sum of squares rounds by this shape, so every launch of that code uses it.
 pub(super) fn rms_block(n: usize) -> u32 {
     (n.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32
 }

@@ -166,8 +166,8 @@ const QD_PARTS: usize = 2;
 
 /// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2] (matvec_q_stage.cu
 /// QD_RING_*; 0: loads held in registers), by compute capability: sm_90 and later int4 4, int2 3
-/// (benches/results/2026-11-25-h100-qd-ring.md); before, 0: cp.async needs sm_80, and the smaller
-/// shared memory of Orin or the RTX 4090 would cut a block's warps (not measured there).
+/// (benches/results/2026-11-25-h100-qd-ring.md); below sm_90, 0: cp.async needs sm_80, and the
+/// smaller shared memory of Orin or the RTX 4090 would cut a block's warps (not measured there).
 fn qd_ring(major: i32) -> [usize; 3] {
     if major >= 9 {
         [0, 4, 3]

@@ -35,10 +35,11 @@ pub struct QShape {
     /// The tensor-core kernel (matvec_qm_*): its quads (four 16-byte chunks of each of a warp's
     /// rows) per step, U. 0: the scalar kernel (matvec_q_*).
     pub quads: usize,
-    /// The dp4a kernel (matvec_qd_*): x's byte planes (matvec_q_stage.cu QD_PARTS); 0 for the others.
+    /// The dp4a kernel (matvec_qd_*): x's byte planes (matvec_q_stage.cu QD_PARTS); 0 for the
+    /// others.
     pub dp_parts: usize,
-    /// The dp4a kernel's steps in its shared-memory ring (matvec_q_stage.cu QD_RING_*, matvec_q_body
-    /// RING); 0: loads in registers (and for the other kernels).
+    /// The dp4a kernel's steps in its shared-memory ring (matvec_q_stage.cu QD_RING_*,
+    /// matvec_q_body RING); 0: loads in registers (and for the other kernels).
     pub ring: usize,
 }
 
@@ -146,9 +147,9 @@ pub struct QPlan {
 /// the most warps per block whose shared memory holds the whole x (else the most that hold a tile
 /// of 32 chunks), a grid of as many blocks as the SMs take at once, each looping over tiles of
 /// rows, and the `split` with the fewest steps for the busiest block, a tile counting one step more
-/// (its reduction; measured on the H100, this picks within 2% of the best split and block size
-/// for Mixtral's shapes); the smallest split on a tie. None where no block fits the GPU's shared
-/// memory (matvec_any then).
+/// (its reduction; near the best split and block size for Mixtral's shapes:
+/// benches/results/2026-11-22-h100-int-matvec.md); the smallest split on a tie. None where no
+/// block fits the GPU's shared memory (matvec_any then).
 pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Option<QPlan> {
     let n = (row_bytes / 16).max(1);
     let per_chunk = k.staged_per_chunk();

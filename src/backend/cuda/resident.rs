@@ -209,12 +209,12 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Multiply by a device matrix (e.g. an expert in the cache).
     /// The prefill scratch: its device address and length in floats.
     pub fn scratch(&self) -> (u64, usize) {
         (self.p(&self.scratch), self.scratch_len)
     }
 
+    /// Multiply by a device matrix (e.g. an expert in the cache).
     pub fn matmul_dev(&self, w: &DevMat, x: u64, t: usize, out: u64) -> crate::Result<()> {
         let scratch = self.p(&self.scratch);
         self.gpu.matmul(w, x, t, out, scratch, self.scratch_len)
