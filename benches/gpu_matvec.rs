@@ -350,15 +350,17 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
             cuda::ptr(&o, s),
             cuda::ptr(&one, s),
         );
+        let routed = |t: &(_, _, u64, u64, _)| cuda::Routed {
+            tab: t.2,
+            routes: t.3,
+            k,
+        };
         let gate_up = |i: usize| {
             let t = &tables[i % sets];
             gpu.matvec_sel(
                 &gu.mats[0],
-                t.2,
-                t.3,
-                k,
-                0,
-                2 * k,
+                routed(t),
+                (0, 2 * k),
                 (xp, 0, false),
                 (hp, ffn),
             )
@@ -366,12 +368,12 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
         };
         let down = |i: usize| {
             let t = &tables[i % sets];
-            gpu.matvec_sel(&dn.mats[0], t.2, t.3, k, 2, k, (hp, ffn, true), (op, dim))
+            gpu.matvec_sel(&dn.mats[0], routed(t), (2, k), (hp, ffn, true), (op, dim))
                 .expect("matvec_sel");
         };
         let down_plain = |i: usize| {
             let t = &tables[i % sets];
-            gpu.matvec_sel(&dn.mats[0], t.2, t.3, k, 2, k, (hp, ffn, false), (op, dim))
+            gpu.matvec_sel(&dn.mats[0], routed(t), (2, k), (hp, ffn, false), (op, dim))
                 .expect("matvec_sel");
         };
         // SwiGLU in place on a copy of the outputs (its values drift over the repeats; the
@@ -388,7 +390,7 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
         // matvec_qd_*_gu applies), and the same with the one-launch form off.
         let gate_up_glu = |i: usize| {
             let t = &tables[i % sets];
-            gpu.routed_gate_up(&gu.mats[0], t.2, t.3, k, xp, (hp, ffn))
+            gpu.routed_gate_up(&gu.mats[0], routed(t), xp, (hp, ffn))
                 .expect("routed_gate_up");
         };
         let gate_up_glu2 = |i: usize| {

@@ -185,7 +185,7 @@ fn write_json(
         }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
-            write_container(out, '[', ']', &items, indent, depth, |out, item| {
+            write_container(out, ('[', ']'), &items, (indent, depth), |out, item| {
                 write_json(out, item, indent, sort_keys, depth + 1)
             })?;
         }
@@ -194,7 +194,7 @@ fn write_json(
             if sort_keys {
                 keys.sort();
             }
-            write_container(out, '{', '}', &keys, indent, depth, |out, key| {
+            write_container(out, ('{', '}'), &keys, (indent, depth), |out, key| {
                 let name = key.to_string();
                 out.push_str(&json_scalar(name.as_str())?);
                 out.push_str(": ");
@@ -208,11 +208,9 @@ fn write_json(
 
 fn write_container(
     out: &mut String,
-    open: char,
-    close: char,
+    (open, close): (char, char),
     items: &[Value],
-    indent: Option<usize>,
-    depth: usize,
+    (indent, depth): (Option<usize>, usize),
     mut write_item: impl FnMut(&mut String, &Value) -> Result<(), Error>,
 ) -> Result<(), Error> {
     out.push(open);

@@ -56,9 +56,7 @@ pub struct SyntheticModel {
 }
 
 fn spec(
-    hidden: usize,
-    ffn: usize,
-    n_layers: usize,
+    (hidden, ffn, n_layers): (usize, usize, usize),
     (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
     vocab: usize,
     (n_experts, n_experts_used): (usize, usize),
@@ -90,9 +88,7 @@ impl SyntheticModel {
         let spec = match name {
             // mistralai/Mixtral-8x7B-v0.1
             "mixtral-8x7b" => spec(
-                4096,
-                14336,
-                32,
+                (4096, 14336, 32),
                 (32, 8, 128),
                 32000,
                 (8, 2),
@@ -101,9 +97,7 @@ impl SyntheticModel {
             // microsoft/Phi-3.5-MoE-instruct (its sparsemixer routing and LayerNorm are not
             // modeled: the file routes and normalizes as Mixtral does).
             "phi-3.5-moe" => spec(
-                4096,
-                6400,
-                32,
+                (4096, 6400, 32),
                 (32, 8, 128),
                 32064,
                 (16, 2),
@@ -111,9 +105,7 @@ impl SyntheticModel {
             ),
             // Qwen/Qwen3-30B-A3B: head_dim 128 with 32 heads, so q_dim 4096 != hidden 2048.
             "qwen3-30b-a3b" => spec(
-                2048,
-                768,
-                48,
+                (2048, 768, 48),
                 (32, 4, 128),
                 151936,
                 (128, 8),

@@ -503,7 +503,7 @@ impl Backend for CudaBackend {
             let g = (self.vector(norm)?, eps);
             if self
                 .gpu
-                .moe_route_norm(&rw, self.p(x), g, self.p(out.xn), k, scratch)?
+                .moe_route_norm(&rw, (self.p(x), self.p(out.xn)), g, k, scratch)?
             {
                 return self.routes_back(scratch, 1, ne, out.routes, out.host);
             }

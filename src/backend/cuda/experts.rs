@@ -7,7 +7,7 @@
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 
 use super::copier::{register_file, CudaCopier, LinkClock};
-use super::{cuda_err, ptr, CudaBackend, DevMat, QueuedRead, SlotArgs, SLOTS_MAX_K};
+use super::{cuda_err, ptr, CudaBackend, DevMat, QueuedRead, Routed, SlotArgs, SLOTS_MAX_K};
 use crate::format::{ExpertView, MatrixLayout};
 use crate::model::{
     ArenaBase, Backend, CopierSetup, DeviceEvent, ExpertDevice, MoeBlock, SlotExpert,
@@ -331,11 +331,12 @@ impl ExpertDevice for CudaBackend {
         let (gpu, xp, op) = (&self.gpu, self.p(x), self.p(out));
         gpu.put_slots(&args, tab, rp)?;
         let (gate, down) = (experts[0].2[0], experts[0].2[2]);
+        let routed = Routed { tab, routes: rp, k };
         if gate.kind < 3 {
-            gpu.moe_gate_up(&gate, tab, rp, k, xp, g)?;
-            gpu.moe_down(&down, tab, rp, k, g, op)
+            gpu.moe_gate_up(&gate, routed, xp, g)?;
+            gpu.moe_down(&down, routed, g, op)
         } else {
-            gpu.routed_ffn((&gate, &down), tab, rp, k, xp, (g, dn), (h, f))?;
+            gpu.routed_ffn((&gate, &down), routed, xp, (g, dn), (h, f))?;
             gpu.moe_combine(op, dn, rp, (k, h), None).map(|_| ())
         }
     }
@@ -389,20 +390,21 @@ impl ExpertDevice for CudaBackend {
         let (gpu, xsp, xp) = (&self.gpu, self.p(xs), self.p(x));
         let rw = self.mat(block.router)?;
         let eps = block.eps;
-        if !gpu.moe_route_norm(rw, xp, (self.vector(block.norm)?, eps), xsp, k, routes)? {
+        if !gpu.moe_route_norm(rw, (xp, xsp), (self.vector(block.norm)?, eps), k, routes)? {
             self.rms_norm(x, 0..1, block.norm, eps, xs)?;
             gpu.moe_route(rw, xsp, k, routes, dn)?;
         }
+        let routed = Routed { tab, routes, k };
         if r.gate.kind < 3 {
             // Float kinds: gate and up with SwiGLU in one launch, down with the weighted sum
             // and the residual add in another.
-            gpu.moe_gate_up(&r.gate, tab, routes, k, xsp, g)?;
-            gpu.moe_down(&r.down, tab, routes, k, g, xp)?;
+            gpu.moe_gate_up(&r.gate, routed, xsp, g)?;
+            gpu.moe_down(&r.down, routed, g, xp)?;
             return Ok(false);
         }
         // Integer kinds: gate and up of the k experts in one launch, their SwiGLU, down of all
         // k, then the weighted sum and residual add, with the norm that follows folded in.
-        gpu.routed_ffn((&r.gate, &r.down), tab, routes, k, xsp, (g, dn), (h, f))?;
+        gpu.routed_ffn((&r.gate, &r.down), routed, xsp, (g, dn), (h, f))?;
         let norm = match block.next {
             Some(nw) => Some(((self.vector(nw)?, eps), xsp)),
             None => None,

@@ -21,7 +21,11 @@ impl Gpu {
         }
         let (rows, cols) = (w.rows as usize, w.cols as usize);
         if w.kind == 0 {
-            return self.gemm(w.codes, Precision::F32, x, t, out, rows, cols, 0, rows);
+            return self.gemm(
+                (w.codes, Precision::F32, (rows, cols)),
+                (x, t),
+                (out, 0, rows),
+            );
         }
         // scratch as f16: [tokens (chunk x cols) | weight tile]
         let halves = scratch_len * 2;
@@ -61,7 +65,11 @@ impl Gpu {
                     self.sum_splits(part, dst, tn * rows, splits)?;
                 }
             } else if kind == 1 {
-                self.gemm(w.codes, Precision::F16, xh, tn, dst, rows, cols, 0, rows)?;
+                self.gemm(
+                    (w.codes, Precision::F16, (rows, cols)),
+                    (xh, tn),
+                    (dst, 0, rows),
+                )?;
             } else {
                 let mut r0 = 0;
                 while r0 < rows {
@@ -82,7 +90,7 @@ impl Gpu {
                         };
                         launch!(self, self.kernels.dequant_rows_h, grid; wm, kind, tile, r0i, ni)?;
                     }
-                    self.gemm(tile, Precision::F16, xh, tn, dst, n, cols, r0, rows)?;
+                    self.gemm((tile, Precision::F16, (n, cols)), (xh, tn), (dst, r0, rows))?;
                     r0 += n;
                 }
             }
@@ -92,20 +100,14 @@ impl Gpu {
     }
 
     /// out[token, r0 + i] = sum_c A[i, c] B[token, c] for i < n, token < t: A a row-major
-    /// [n, cols] weight block, B the tokens [t, cols], out rows `ld_out` wide (the whole matrix's
-    /// rows). Column-major for cuBLAS: C (n x t, ld ld_out, from row r0) = Aᵀ (cols x n)ᵀ · B.
-    #[allow(clippy::too_many_arguments)]
+    /// [n, cols] weight block (`a` = (A, its precision, (n, cols))), B the tokens [t, cols], out
+    /// rows `ld_out` wide (the whole matrix's rows), from row r0. Column-major for cuBLAS:
+    /// C (n x t, ld ld_out, from row r0) = Aᵀ (cols x n)ᵀ · B.
     fn gemm(
         &self,
-        a: u64,
-        p: Precision,
-        b: u64,
-        t: usize,
-        out: u64,
-        n: usize,
-        cols: usize,
-        r0: usize,
-        ld_out: usize,
+        (a, p, (n, cols)): (u64, Precision, (usize, usize)),
+        (b, t): (u64, usize),
+        (out, r0, ld_out): (u64, usize, usize),
     ) -> crate::Result<()> {
         use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
         let (alpha, beta) = (1.0f32, 0.0f32);

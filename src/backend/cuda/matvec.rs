@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// One token's routed experts on the device: the table of their matrices (`tab`, [experts][gate,
+/// up, down] DevMat), their routes (`routes`: k expert ranks, then k weights) and k.
+#[derive(Clone, Copy, Debug)]
+pub struct Routed {
+    pub tab: u64,
+    pub routes: u64,
+    pub k: usize,
+}
+
 impl Gpu {
     /// y[rows] = W · x for one token (pointers to device memory).
     pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
@@ -67,15 +76,11 @@ impl Gpu {
     /// share kind and shape). A launch with which0 > 0 reads the routes and the table before it
     /// waits for the kernel before it (moe.cu sel_mat, "Ordering"): it must follow the
     /// which0 = 0 launch of the same routes, as in `routed_ffn`.
-    #[allow(clippy::too_many_arguments)]
     pub fn matvec_sel(
         &self,
         w: &DevMat,
-        tab: u64,
-        routes: u64,
-        k: usize,
-        which0: i32,
-        ny: usize,
+        Routed { tab, routes, k }: Routed,
+        (which0, ny): (i32, usize),
         (x, xs, glu): (u64, usize, bool),
         (y, ys): (u64, usize),
     ) -> crate::Result<()> {
@@ -105,40 +110,35 @@ impl Gpu {
     /// `gate` / `down`), through the routed kernels: gate and up of the k experts in one launch
     /// into g ([2k, f]: k gate rows, then k up rows), their SwiGLU, and down of all k into dn
     /// ([k, h]).
-    #[allow(clippy::too_many_arguments)]
     pub fn routed_ffn(
         &self,
         (gate, down): (&DevMat, &DevMat),
-        tab: u64,
-        routes: u64,
-        k: usize,
+        r: Routed,
         x: u64,
         (g, dn): (u64, u64),
         (h, f): (usize, usize),
     ) -> crate::Result<()> {
-        self.routed_gate_up(gate, tab, routes, k, x, (g, f))?;
-        self.matvec_sel(down, tab, routes, k, 2, k, (g, f, false), (dn, h))
+        self.routed_gate_up(gate, r, x, (g, f))?;
+        self.matvec_sel(down, r, (2, r.k), (g, f, false), (dn, h))
     }
 
     /// SwiGLU(gate x, up x) of one token's k routed experts (integer kinds, every gate matrix
     /// like `gate`) into the first k rows of g ([2k, f]; the other k are scratch): one launch
     /// where matvec_qd_*_gu applies (Gpu::gu_launch), else the routed gate and up launch and the
     /// swiglu launch. The same bits either way.
-    #[allow(clippy::too_many_arguments)]
     pub fn routed_gate_up(
         &self,
         gate: &DevMat,
-        tab: u64,
-        routes: u64,
-        k: usize,
+        r: Routed,
         x: u64,
         (g, f): (u64, usize),
     ) -> crate::Result<()> {
+        let Routed { tab, routes, k } = r;
         if let Some((q, c, split, tchunks)) = self.gu_launch(gate, k) {
             let (ki, fi) = (k as i32, f as i32);
             return launch!(self, q.f, c; tab, routes, ki, x, g, fi, split, tchunks);
         }
-        self.matvec_sel(gate, tab, routes, k, 0, 2 * k, (x, 0, false), (g, f))?;
+        self.matvec_sel(gate, r, (0, 2 * k), (x, 0, false), (g, f))?;
         // SwiGLU in its own launch: each block of the down launch staging it measured slower
         // (benches/results/2026-11-24-h100-routed.md), as did staging its x once for the
         // launch (benches/results/2026-11-24-h100-decode-host.md).
@@ -208,13 +208,11 @@ impl Gpu {
     /// moe_route_norm_*): xn = RMSNorm(x) * g as `rms_norm` writes it, and the routes as
     /// `moe_route` computes them from xn. Ok(false), nothing launched, where that kernel does not
     /// apply (the caller then launches the two).
-    #[allow(clippy::too_many_arguments)]
     pub fn moe_route_norm(
         &self,
         w: &DevMat,
-        x: u64,
+        (x, xn): (u64, u64),
         (g, eps): (u64, f32),
-        xn: u64,
         k: usize,
         routes: u64,
     ) -> crate::Result<bool> {
@@ -246,9 +244,7 @@ impl Gpu {
     pub fn moe_gate_up(
         &self,
         gate: &DevMat,
-        tab: u64,
-        routes: u64,
-        k: usize,
+        Routed { tab, routes, k }: Routed,
         x: u64,
         h: u64,
     ) -> crate::Result<()> {
@@ -266,9 +262,7 @@ impl Gpu {
     pub fn moe_down(
         &self,
         down: &DevMat,
-        tab: u64,
-        routes: u64,
-        k: usize,
+        Routed { tab, routes, k }: Routed,
         h: u64,
         x: u64,
     ) -> crate::Result<()> {

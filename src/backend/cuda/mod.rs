@@ -45,6 +45,7 @@ pub use copier::CudaCopier;
 pub use experts::{CudaArena, CudaResident, CudaWork};
 pub use gpu::Gpu;
 pub use kernels::{Kernels, QFamily, QKernel};
+pub use matvec::Routed;
 pub use plan::{q_plan, q_smem, ring_ok, QLimits, QPlan, QShape, QM_QUADS_PER_STEP};
 pub use transfer::{PinnedFloats, QueuedRead};
 

@@ -1,0 +1,286 @@
+//! int4 and int2 on AVX-512 VNNI: x rounded to 16-bit integers per group, codes and x's bytes
+//! multiplied in `vpdpbusd` (benches/results/2026-11-28-h100-cpu-int4-vnni.md). The same contract
+//! as the other kernels of x86.rs (the caller checks the CPU's features and the slices' lengths).
+
+use super::*;
+
+/// How far ahead of the codes being multiplied the VNNI kernel prefetches, in bytes: further than
+/// the f32 kernels, as it takes a byte of codes in a fraction of their instructions
+/// (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
+const VNNI_AHEAD: usize = 3072;
+
+/// The largest |q| of a group's rounded x: 256 * 127 + 127, so that both bytes of every value are
+/// signed bytes (`QuantX`).
+const QX_MAX: f32 = 32639.0;
+
+/// The least power of two at least `t` (t > 0 and finite; `t` itself where it is subnormal or
+/// too large for one): x's factor, so that scaling by it is exact and values on a coarser grid
+/// (integers, halves) stay exact.
+fn pow2_at_least(t: f32) -> f32 {
+    let (e, mant) = ((t.to_bits() >> 23) & 0xff, t.to_bits() & 0x7f_ffff);
+    if e == 0 || e >= 254 {
+        return t;
+    }
+    f32::from_bits((e + u32::from(mant != 0)) << 23)
+}
+
+/// x of one packed product as `packed_vnni_rows` takes it, for codes of `bits` (4 or 2: F = 8 /
+/// bits fields a byte, field j of byte p holding column F p + j of a block). Per group g, x is
+/// about f[g] times an integer q of at most QX_MAX in magnitude, f[g] the least power of two at
+/// least the group's largest |x| / QX_MAX (15 to 16 significant bits of that |x|), or NaN where
+/// the group holds a NaN or an infinity (so the rows' results are NaN, as the f32 kernels' are),
+/// or 0 where the group is below ~4e-34 throughout (its factor's inverse would overflow);
+/// q = 256 hi + lo with hi and lo signed bytes. Per block of 64 F columns (64 bytes of codes),
+/// 2 F planes of 64 bytes: hi of field 0 .. F - 1, then lo of each (byte p of plane j: column
+/// F p + j of the block); a last block is zero past the row. `x`, `gs` and `bits`: what it was
+/// made from, so a thread's later calls on the same input (the other row blocks of one product)
+/// reuse it.
+#[derive(Default)]
+struct QuantX {
+    x: Vec<f32>,
+    gs: usize,
+    bits: usize,
+    planes: Vec<i8>,
+    f: Vec<f32>,
+    /// Per group, the sum of the rounded x (f[g] * sum q): the min term's sums, so that a row's
+    /// error is its dequantized weights times x's rounding.
+    sums: Vec<f32>,
+}
+
+thread_local! {
+    static QUANT_X: std::cell::RefCell<QuantX> = std::cell::RefCell::new(QuantX::default());
+}
+
+impl QuantX {
+    /// # Safety
+    /// The CPU has AVX-512F and BW (`Level::Avx512Vnni`).
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    unsafe fn make(&mut self, x: &[f32], gs: usize, bits: usize) {
+        // Bitwise (a byte comparison: NaN as NaN, -0 apart from 0).
+        if self.gs == gs
+            && self.bits == bits
+            && bytemuck::cast_slice::<f32, u8>(&self.x) == bytemuck::cast_slice::<f32, u8>(x)
+        {
+            return;
+        }
+        let fields = 8 / bits;
+        let block = 64 * fields;
+        self.x.clear();
+        self.x.extend_from_slice(x);
+        (self.gs, self.bits) = (gs, bits);
+        self.f.clear();
+        self.sums.clear();
+        self.planes.clear();
+        self.planes
+            .resize(x.len().div_ceil(block) * 128 * fields, 0);
+        // 16 columns at a time (a group is a multiple of 16): rounded and split on 16 lanes,
+        // narrowed to bytes, and each byte sent to its field's plane by one shuffle (the 16
+        // columns start a multiple of 16 into their block, so each field's share lands in
+        // 16 / F consecutive bytes of its plane).
+        let split = if fields == 2 {
+            _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)
+        } else {
+            _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
+        };
+        let (qmax, qmin) = (
+            _mm512_set1_epi32(QX_MAX as i32),
+            _mm512_set1_epi32(-(QX_MAX as i32)),
+        );
+        let (c128, c255) = (_mm512_set1_epi32(128), _mm512_set1_epi32(255));
+        let inf = _mm512_set1_ps(f32::INFINITY);
+        let per = 16 / fields;
+        let planes = self.planes.as_mut_ptr();
+        for (g, xs) in x.chunks_exact(gs).enumerate() {
+            let xp = xs.as_ptr();
+            let (mut m, mut finite) = (_mm512_setzero_ps(), !0u16);
+            for i in (0..gs).step_by(16) {
+                let a = _mm512_abs_ps(_mm512_loadu_ps(xp.add(i)));
+                finite &= _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, inf);
+                m = _mm512_max_ps(m, a);
+            }
+            let m = _mm512_reduce_max_ps(m);
+            let (f, inv) = match (finite == !0, m > 0.0) {
+                (false, _) => (f32::NAN, 0.0),
+                // (A group below ~4e-34 throughout, whose factor's inverse overflows: zero.)
+                (true, true) => match pow2_at_least(m / QX_MAX) {
+                    f if (1.0 / f).is_finite() => (f, 1.0 / f),
+                    _ => (0.0, 0.0),
+                },
+                (true, false) => (0.0, 0.0),
+            };
+            let vinv = _mm512_set1_ps(inv);
+            let mut sum = _mm512_setzero_si512();
+            for i in (0..gs).step_by(16) {
+                let v = _mm512_mul_ps(_mm512_loadu_ps(xp.add(i)), vinv);
+                let q = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    v,
+                );
+                let q = _mm512_max_epi32(_mm512_min_epi32(q, qmax), qmin);
+                sum = _mm512_add_epi32(sum, q);
+                let lo = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(q, c128), c255), c128);
+                let hi = _mm512_srai_epi32::<8>(_mm512_sub_epi32(q, lo));
+                let c = g * gs + i;
+                let (b, k) = (c / block, c % block);
+                let at = planes.add(b * 128 * fields + k / fields);
+                let hb = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(hi), split);
+                let lb = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(lo), split);
+                let (mut hv, mut lv) = ([0u8; 16], [0u8; 16]);
+                _mm_storeu_si128(hv.as_mut_ptr() as *mut __m128i, hb);
+                _mm_storeu_si128(lv.as_mut_ptr() as *mut __m128i, lb);
+                for j in 0..fields {
+                    std::ptr::copy_nonoverlapping(
+                        hv.as_ptr().add(j * per),
+                        at.add(j * 64) as *mut u8,
+                        per,
+                    );
+                    std::ptr::copy_nonoverlapping(
+                        lv.as_ptr().add(j * per),
+                        at.add((fields + j) * 64) as *mut u8,
+                        per,
+                    );
+                }
+            }
+            self.f.push(f);
+            self.sums.push(f * _mm512_reduce_add_epi32(sum) as f32);
+        }
+    }
+}
+
+/// int4 and int2 by integer dot products (AVX-512 VNNI), for matrices `packed_vnni_takes`. x is
+/// rounded to 16-bit integers per group (`QuantX`: at most 2^-15 of the group's largest |x| off,
+/// as the GPU's dp4a kernels round it to their grid; the min term takes the rounded x's sums,
+/// so a row's error is its dequantized weights times x's rounding). A 64-byte load of codes is
+/// masked into its fields (int4: low and high nibbles; int2: four 2-bit fields), and each meets
+/// x's hi and lo planes in `vpdpbusd` (64 products of an unsigned and a signed byte summed into
+/// sixteen 32-bit lanes, exact): 4 of them for 128 int4 weights, where the f32 kernel takes 8
+/// table lookups and 8 FMAs. Each lane's integer sum (4 F columns of one group) becomes one f32
+/// times the group's scale times f[g], summed per lane over the row and across the lanes at its
+/// end. Two rows at a time, each row's arithmetic the same as alone.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) {
+    let (gs, bits) = (m.group_size, m.kind.bits());
+    let block = 512 / bits;
+    QUANT_X.with(|cell| {
+        let mut q = cell.borrow_mut();
+        q.make(x, gs, bits);
+        // Each lane's group, per load of a 16-group window (16 gs columns: whole loads, as gs is
+        // a multiple of 16 and a block 128 or 256 columns).
+        let mut idx = [_mm512_setzero_si512(); 64];
+        for (j, v) in idx.iter_mut().enumerate().take((16 * gs).div_ceil(block)) {
+            let mut l = [0i32; 16];
+            for (lane, g) in l.iter_mut().enumerate() {
+                *g = ((j * block + lane * block / 16) / gs).min(15) as i32;
+            }
+            *v = _mm512_loadu_si512(l.as_ptr() as *const _);
+        }
+        let (rb, gpr) = (m.row_bytes(), m.groups_per_row());
+        let codes = |r: usize| m.codes[r * rb..(r + 1) * rb].as_ptr();
+        let scales = |r: usize| m.scales[r * gpr * 2..(r + 1) * gpr * 2].as_ptr() as *const u16;
+        let mins = |r: usize, v: f32| v + dot_f16(&m.mins[r * gpr * 2..(r + 1) * gpr * 2], &q.sums);
+        let dot2 = |r: usize| match bits {
+            4 => dot_packed_vnni::<2, 2>(
+                [codes(r), codes(r + 1)],
+                [scales(r), scales(r + 1)],
+                &q,
+                &idx,
+            ),
+            _ => dot_packed_vnni::<2, 4>(
+                [codes(r), codes(r + 1)],
+                [scales(r), scales(r + 1)],
+                &q,
+                &idx,
+            ),
+        };
+        let dot1 = |r: usize| match bits {
+            4 => dot_packed_vnni::<1, 2>([codes(r)], [scales(r)], &q, &idx),
+            _ => dot_packed_vnni::<1, 4>([codes(r)], [scales(r)], &q, &idx),
+        };
+        let start = rows.start;
+        let mut pairs = out.chunks_exact_mut(2);
+        for (p, o) in pairs.by_ref().enumerate() {
+            let r = start + 2 * p;
+            let v = dot2(r);
+            o[0] = mins(r, v[0]);
+            o[1] = mins(r + 1, v[1]);
+        }
+        if let [o] = pairs.into_remainder() {
+            let r = rows.end - 1;
+            *o = mins(r, dot1(r)[0]);
+        }
+    });
+}
+
+/// R rows' sums of scale * codes * x for codes of F fields a byte (`packed_vnni_rows`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
+    codes: [*const u8; R],
+    scales: [*const u16; R],
+    q: &QuantX,
+    idx: &[__m512i; 64],
+) -> [f32; R] {
+    let mask = _mm512_set1_epi8(if F == 2 { 0x0f } else { 0x03 });
+    let zero = _mm512_setzero_si512();
+    let (gs, groups) = (q.gs, q.f.len());
+    let (cols, block) = (groups * gs, 64 * F);
+    let planes = q.planes.as_ptr();
+    let ahead = VNNI_AHEAD;
+    let mut acc = [_mm512_setzero_ps(); R];
+    let (mut g0, mut b0) = (0, 0);
+    while g0 < groups {
+        let n = (groups - g0).min(16);
+        // The window's scales times x's factors, one lane a group.
+        let mut fx = [0.0f32; 16];
+        fx[..n].copy_from_slice(&q.f[g0..g0 + n]);
+        let fx = _mm512_loadu_ps(fx.as_ptr());
+        let mut sfx = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            let mut sf = [0.0f32; 16];
+            scales_f32(scales[r].add(g0), n, &mut sf);
+            sfx[r] = _mm512_mul_ps(_mm512_loadu_ps(sf.as_ptr()), fx);
+        }
+        let loads = (n * gs).div_ceil(block);
+        for (j, lanes) in idx.iter().enumerate().take(loads) {
+            let b = b0 + j;
+            let xp = planes.add(b * 128 * F);
+            let mut hi = [zero; F];
+            let mut lo = [zero; F];
+            for k in 0..F {
+                hi[k] = _mm512_loadu_si512(xp.add(64 * k) as *const _);
+                lo[k] = _mm512_loadu_si512(xp.add(64 * (F + k)) as *const _);
+            }
+            // A last part of a block: its bytes of codes only (the row's end; whole lanes, as
+            // rows are whole groups of a multiple of 16 columns).
+            let keep: u64 = if (b + 1) * block > cols {
+                (1u64 << ((cols - b * block) / F)) - 1
+            } else {
+                !0
+            };
+            for r in 0..R {
+                let p = codes[r].add(b * 64);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                let v = _mm512_maskz_loadu_epi8(keep, p as *const i8);
+                let (mut ah, mut al) = (zero, zero);
+                for k in 0..F {
+                    // Field k of every byte (shifting 16-bit lanes brings in the next byte's
+                    // bits above the field, which the mask removes).
+                    let c = match (k, F) {
+                        (0, _) => _mm512_and_si512(v, mask),
+                        (1, 2) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
+                        (1, _) => _mm512_and_si512(_mm512_srli_epi16::<2>(v), mask),
+                        (2, _) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
+                        _ => _mm512_and_si512(_mm512_srli_epi16::<6>(v), mask),
+                    };
+                    ah = _mm512_dpbusd_epi32(ah, c, hi[k]);
+                    al = _mm512_dpbusd_epi32(al, c, lo[k]);
+                }
+                let t = _mm512_add_epi32(_mm512_slli_epi32::<8>(ah), al);
+                let f = _mm512_permutexvar_ps(*lanes, sfx[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), f, acc[r]);
+            }
+        }
+        b0 += loads;
+        g0 += n;
+    }
+    acc.map(|a| _mm512_reduce_add_ps(a))
+}
