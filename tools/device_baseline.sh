@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A new device machine's figures in one device call (~90 s on the H200, 2026-11-28), after
-# `bash tools/stage_gpu.sh gpu_backend experts_loader cli_bench cli_replay cli_sim`:
+# `bash tools/stage_gpu.sh gpu_backend gpu_engine experts_loader cli_bench cli_replay cli_sim`:
 #   carry [".gpu"], command "bash tools/device_baseline.sh"
 # -> $OUT/machine.txt (GPU, CPU flags, memory, disk), the staged GPU tests ($OUT/tests-summary.txt),
 #    gpu_matvec (device copy figure and every kernel's share, $OUT/gpu_matvec.md), cpu_stream with

@@ -3,7 +3,7 @@
 # the release `hob` binary, every release test executable, and the tokenizer/fixtures they read.
 #
 #   bash tools/stage_gpu.sh          then, with the device tool: carry [".gpu"], command "bash .gpu/run.sh tests"
-#   bash tools/stage_gpu.sh gpu_backend experts_loader cli_bench
+#   bash tools/stage_gpu.sh gpu_backend gpu_engine experts_loader cli_bench
 #                                    only those test executables (the whole set can pass the device tool's
 #                                    64 MiB carry: 69 MB on 2026-11-27)
 #
@@ -74,7 +74,7 @@ tests)
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
   for t in .gpu/tests/*; do
     name=$(basename "$t")
-    extra=(); case "$name" in gpu_backend-*) extra=(--nocapture --test-threads=1);; esac
+    extra=(); case "$name" in gpu_backend-*|gpu_engine-*) extra=(--nocapture --test-threads=1);; esac
     { echo "=== $name"; "$t" "${extra[@]}" 2>&1; } >> "$out/tests.log" || { status=1; echo "FAILED: $name"; }
   done
   grep -h "test result" "$out/tests.log"

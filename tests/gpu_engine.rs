@@ -1,0 +1,498 @@
+//! Whole models on the CUDA backend and the HOBBIT engine: the tiny fixture and the demo model
+//! against the CPU and transformers, quantized experts against the CPU, and the engine's
+//! invariant: with one precision and nothing skipped, any cache size, policy, prefetch depth,
+//! slot memory and tier gives the all-resident logits bit for bit (cooperative CPU experts: up to
+//! float rounding). Without a usable GPU every test prints why and passes (CI has no GPU); they
+//! run on the device machine through tools/stage_gpu.sh. Bounds: tests/gpu_backend.rs's header.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::gpu::gpu;
+use common::{convert_fixture, nmse, reference};
+use hob::backend::cpu::CpuBackend;
+use hob::backend::cuda::{CudaBackend, Gpu};
+use hob::experts::cache::Policy;
+use hob::experts::engine::{EngineConfig, Tier};
+use hob::experts::{DirectExperts, Engine, PrecisionPlan, Thresholds};
+use hob::format::HobFile;
+use hob::generate::{Bound, Session};
+use hob::model::{Logits, Model};
+
+/// A GPU session on `file` with an expert cache of `slots` experts (None: all).
+fn gpu_session<'a>(
+    g: &Arc<Gpu>,
+    file: &'a HobFile,
+    model: &'a Model<'a>,
+    slots: Option<usize>,
+) -> Box<dyn Session + 'a> {
+    let slot = file.expert_layout(0).padded_size;
+    let mut cfg = EngineConfig::simple(0, slots.map(|n| n * slot));
+    cfg.tuning.preload = slots.is_none();
+    engine_session(g, model, cfg)
+}
+
+/// A GPU session with the expert engine configured by `cfg`.
+fn engine_session<'a>(
+    g: &Arc<Gpu>,
+    model: &'a Model<'a>,
+    cfg: EngineConfig,
+) -> Box<dyn Session + 'a> {
+    let mut backend = CudaBackend::new(g.clone(), model).unwrap();
+    let experts = Engine::new(model, &mut backend, cfg).unwrap();
+    Box::new(Bound::new(model, backend, Box::new(experts), 128, "cuda".into()).unwrap())
+}
+
+fn cpu_session<'a>(file: &'a HobFile, model: &'a Model<'a>) -> Box<dyn Session + 'a> {
+    let backend = CpuBackend::new(2).unwrap();
+    let experts = DirectExperts::new(file, 0).unwrap();
+    Box::new(Bound::new(model, backend, Box::new(experts), 128, "cpu".into()).unwrap())
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32
+}
+
+/// Prefill logits at every position, then `n` greedy steps: (prefill logits, ids, step logits).
+fn greedy(s: &mut dyn Session, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+    s.truncate(0);
+    let all = s.forward(prompt, Logits::All).unwrap().to_vec();
+    let vocab = s.config().vocab;
+    let mut logits = all[all.len() - vocab..].to_vec();
+    let (mut ids, mut steps) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let next = argmax(&logits);
+        ids.push(next);
+        logits = s.forward(&[next], Logits::Last).unwrap().to_vec();
+        steps.extend_from_slice(&logits);
+    }
+    (all, ids, steps)
+}
+
+/// The decode logits after each of `ids` (prompt first, then one token at a time).
+fn teacher_forced(s: &mut dyn Session, prompt: &[u32], ids: &[u32]) -> Vec<f32> {
+    s.truncate(0);
+    s.forward(prompt, Logits::Last).unwrap();
+    let mut steps = Vec::new();
+    for &id in ids {
+        steps.extend_from_slice(s.forward(&[id], Logits::Last).unwrap());
+    }
+    steps
+}
+
+#[test]
+fn fixture_on_the_gpu_matches_the_cpu_and_transformers() {
+    let Some(g) = gpu() else { return };
+    let r = reference();
+    let (_dir, path) = convert_fixture("f16");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let (c_all, c_ids, c_steps) = greedy(&mut *cpu_session(&file, &model), &r.input_ids, 32);
+    let mut full = gpu_session(&g, &file, &model, None);
+    let (g_all, g_ids, g_steps) = greedy(&mut *full, &r.input_ids, 32);
+    // Every expert resident: decode routes and computes its experts on the device.
+    assert_eq!(full.expert_stats().device_routed, 32, "{}", full.describe());
+    // ... from one recording of a decode step (a CUDA graph), replayed for every later token.
+    assert_eq!(full.decode_replays(), 32, "{}", full.describe());
+    let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
+    let e_ref = nmse(&g_all, &r.logits);
+    println!("fixture: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}; vs transformers {e_ref:.2e}");
+    assert!(e_pre <= 1e-5 && e_dec <= 1e-5 && e_ref <= 1e-5);
+    assert_eq!(g_ids, c_ids, "greedy tokens differ between GPU and CPU");
+    assert_eq!(
+        g_ids, r.greedy_ids,
+        "greedy tokens differ from transformers"
+    );
+
+    // Offloading changes speed, never results: a cache of a quarter of the experts gives the
+    // same logits bit for bit as the all-resident run.
+    let total = file.n_layers() * file.n_experts();
+    let mut quarter = gpu_session(&g, &file, &model, Some(total / 4));
+    let (q_all, q_ids, q_steps) = greedy(&mut *quarter, &r.input_ids, 32);
+    let stats = quarter.expert_stats();
+    println!(
+        "quarter cache ({} of {total} slots): {} uses, {} misses, {} bytes loaded",
+        total / 4,
+        stats.uses(),
+        stats.misses(),
+        stats.bytes_loaded
+    );
+    assert!(stats.misses() > 0, "a quarter cache must miss");
+    assert_eq!(stats.device_routed, 0, "a quarter cache routes on the host");
+    // Its decode layers (both experts in slots, loads waited for) take the routed kernels.
+    let layers = 32 * file.n_layers() as u64;
+    assert_eq!(stats.slot_routed_layers, layers, "{}", quarter.describe());
+    assert_eq!(q_ids, g_ids);
+    assert!(
+        q_all == g_all && q_steps == g_steps,
+        "logits differ with a quarter cache"
+    );
+    // ... and so does the per-expert path (five launches an expert).
+    let slot = file.expert_layout(0).padded_size;
+    let mut cfg = EngineConfig::simple(0, Some(total / 4 * slot));
+    cfg.tuning.preload = false;
+    cfg.tuning.routed_slots = false;
+    let mut per_expert = engine_session(&g, &model, cfg);
+    let (p_all, p_ids, p_steps) = greedy(&mut *per_expert, &r.input_ids, 32);
+    assert_eq!(per_expert.expert_stats().slot_routed_layers, 0);
+    assert_eq!(p_ids, g_ids);
+    assert!(
+        p_all == g_all && p_steps == g_steps,
+        "logits differ with a quarter cache, experts one at a time"
+    );
+}
+
+#[test]
+fn quantized_experts_on_the_gpu_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let r = reference();
+    let (_dir, path) = convert_fixture("int4,int8,int2");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    for v in 0..file.variants().len() {
+        let cpu_b = CpuBackend::new(2).unwrap();
+        let mut cpu: Box<dyn Session> = Box::new(
+            Bound::new(
+                &model,
+                cpu_b,
+                Box::new(DirectExperts::new(&file, v).unwrap()),
+                128,
+                "cpu".into(),
+            )
+            .unwrap(),
+        );
+        let mut gs = engine_session(&g, &model, EngineConfig::simple(v, None));
+        let (want, want_ids, want_steps) = greedy(&mut *cpu, &r.input_ids, 8);
+        let (got, ids, steps) = greedy(&mut *gs, &r.input_ids, 8);
+        let name = &file.variants()[v];
+        // Decode's products round x to 16 bits of each chunk's largest value (matvec_q_stage.cu
+        // qdstage; bound 1e-8 a product). The decode logits are compared on the CPU's tokens, so
+        // a token picked differently cannot hide a larger error.
+        let mut fs = engine_session(&g, &model, EngineConfig::simple(v, None));
+        let forced = teacher_forced(&mut *fs, &r.input_ids, &want_ids);
+        let (e, e_dec) = (nmse(&got, &want), nmse(&forced, &want_steps));
+        println!("{name} experts: GPU vs CPU prefill NMSE {e:.2e}, decode {e_dec:.2e}");
+        assert!(e <= 1e-5 && e_dec <= 1e-5, "{name}");
+        assert_eq!(ids, want_ids, "{name}");
+        // Decode routed on the device (the routed-expert kernels) computes what host routing
+        // and the per-expert kernels compute, bit for bit.
+        assert_eq!(gs.expert_stats().device_routed, 8, "{name}");
+        assert_eq!(gs.decode_replays(), 8, "{name}");
+        // Host routing: the routed kernels on a table of slots, then one expert at a time.
+        for slots in [true, false] {
+            let mut c = EngineConfig::simple(v, None);
+            c.tuning.device_routing = false;
+            c.tuning.routed_slots = slots;
+            let mut hs = engine_session(&g, &model, c);
+            let (h_all, h_ids, h_steps) = greedy(&mut *hs, &r.input_ids, 8);
+            let st = hs.expert_stats();
+            assert_eq!(st.device_routed, 0, "{name}");
+            let want_layers = if slots { 8 * file.n_layers() as u64 } else { 0 };
+            assert_eq!(
+                st.slot_routed_layers, want_layers,
+                "{name} routed slots {slots}"
+            );
+            assert_eq!(hs.decode_replays(), 0, "{name}");
+            assert_eq!(h_ids, ids, "{name}");
+            assert!(
+                h_all == got && h_steps == steps,
+                "{name}: host (routed slots {slots}) and device routing differ: prefill + decode \
+                 NMSE {:.2e} (first difference at {:?} of {}), decode steps NMSE {:.2e}",
+                nmse(&h_all, &got),
+                h_all
+                    .iter()
+                    .zip(&got)
+                    .position(|(a, b)| a.to_bits() != b.to_bits()),
+                got.len(),
+                nmse(&h_steps, &steps)
+            );
+        }
+    }
+}
+
+/// The demo model, where tools/demo.sh built it (models/smollm2-moe.hob in the checkout).
+#[test]
+fn demo_model_on_the_gpu_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let path = common::paths::repo_root().join("models/smollm2-moe.hob");
+    if !path.exists() {
+        eprintln!(
+            "skipping: no {} (bash tools/demo.sh builds it)",
+            path.display()
+        );
+        return;
+    }
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let prompt: Vec<u32> = (0..48).map(|i| 1 + (i * 7919) % 4000).collect();
+    let (c_all, c_ids, c_steps) = greedy(&mut *cpu_session(&file, &model), &prompt, 32);
+    let (g_all, g_ids, g_steps) = greedy(&mut *gpu_session(&g, &file, &model, None), &prompt, 32);
+    let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
+    println!("demo model: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}");
+    assert!(e_pre <= 1e-5 && e_dec <= 1e-5);
+    assert_eq!(g_ids, c_ids);
+}
+
+/// HOBBIT's engine with T1 = T2 = 1 (all high, nothing skipped): any cache size, policy,
+/// prefetch depth, slot memory (device or mapped host) and slow tier gives the all-resident
+/// logits bit for bit; cooperative CPU experts give them up to float rounding.
+#[test]
+fn the_engine_in_exact_mode_matches_the_all_resident_run() {
+    let Some(g) = gpu() else { return };
+    let r = reference();
+    let (_dir, path) = convert_fixture("f16,int4");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let (want_all, want_ids, want_steps) =
+        greedy(&mut *gpu_session(&g, &file, &model, None), &r.input_ids, 16);
+    let slot = file.expert_layout(0).padded_size;
+    let total = file.n_layers() * file.n_experts();
+    let exact = |slots: usize| {
+        let mut c = EngineConfig::simple(0, Some(slots * slot));
+        c.tuning.preload = false;
+        c.plan = PrecisionPlan {
+            high: 0,
+            low: Some(1),
+            thresholds: Thresholds::ALL_HIGH,
+            renormalize_skips: false,
+        };
+        c.substitute_low = true;
+        c
+    };
+    let policies = [
+        Policy::Lru,
+        Policy::Lfu,
+        Policy::parse("hobbit", None).unwrap(),
+    ];
+    let mut cases: Vec<(String, EngineConfig)> = Vec::new();
+    for slots in [total, total / 4, 3] {
+        for (pi, policy) in policies.iter().enumerate() {
+            for prefetch in [0, 2] {
+                let mut c = exact(slots);
+                c.policy = *policy;
+                c.prefetch = prefetch;
+                cases.push((
+                    format!("{slots} slots, policy {pi}, prefetch {prefetch}"),
+                    c,
+                ));
+            }
+        }
+    }
+    let mut c = exact(total / 4);
+    c.mapped = true;
+    c.prefetch = 2;
+    cases.push(("mapped host slots (unified-memory mode)".into(), c));
+    let mut c = exact(total / 4);
+    c.tier = Tier::Disk;
+    c.prefetch = 1;
+    cases.push(("SSD tier".into(), c));
+    let mut c = exact(total / 4);
+    c.mapped = true;
+    c.tier = Tier::Disk;
+    cases.push((
+        "mapped host slots loaded from the SSD, matrix by matrix".into(),
+        c,
+    ));
+    let mut c = exact(total / 4);
+    c.pin_file = false;
+    c.prefetch = 2;
+    cases.push(("copies through pinned staging".into(), c));
+    let mut c = exact(total / 4);
+    c.pace_bytes_per_s = Some(2e9);
+    c.prefetch = 2;
+    cases.push(("link paced on the copy stream".into(), c));
+    // Decode layers that computed their cached experts while other loads landed (early_layer).
+    let mut early = 0;
+    for (name, cfg) in cases {
+        let (direct, disk, mapped) = (cfg.pin_file, cfg.tier == Tier::Disk, cfg.mapped);
+        let mut s = engine_session(&g, &model, cfg);
+        let how = s.describe();
+        println!("{name}: {how}");
+        if direct && !disk && !mapped {
+            // The fixture's experts fit in half of any host's RAM: page-locked, loaded by DMA.
+            assert!(how.contains("page-locked"), "{name}: {how}");
+        } else if !disk && !mapped {
+            assert!(how.contains("staging"), "{name}: {how}");
+        }
+        let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
+        let st = s.expert_stats();
+        println!(
+            "{name}: {} uses, {} misses, {} prefetched ({} used, {} dropped while loading), {} bytes loaded, {} layers with cached experts first",
+            st.uses(),
+            st.misses(),
+            st.prefetch_issued,
+            st.prefetch_used,
+            st.prefetch_cancelled,
+            st.bytes_loaded,
+            st.early_layers
+        );
+        early += st.early_layers;
+        assert_eq!(st.skipped + st.substituted, 0, "{name}");
+        assert_eq!(ids, want_ids, "{name}: greedy tokens differ");
+        assert!(
+            all == want_all && steps == want_steps,
+            "{name}: logits differ"
+        );
+    }
+    assert!(
+        early > 0,
+        "no decode layer computed its cached experts while a load landed"
+    );
+    // Cooperative mode: missed decode experts computed on the CPU, with and without prefetches
+    // into the idle link (a prefetch still in flight may be overtaken by the CPU), with and
+    // without loads behind the CPU (a CPU-computed miss also loaded over an idle link), and with
+    // the link paced on the copy stream.
+    let (mut chances, mut loaded) = (0, 0);
+    for (prefetch, behind, paced) in [
+        (0, true, false),
+        (0, false, false),
+        (2, true, false),
+        (0, true, true),
+    ] {
+        let mut c = exact(total / 4);
+        c.cpu_experts = Some(2);
+        c.prefetch = prefetch;
+        c.load_behind = behind;
+        if paced {
+            c.pace_bytes_per_s = Some(2e9);
+        }
+        let mut s = engine_session(&g, &model, c);
+        let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
+        let st = s.expert_stats();
+        let e = nmse(&steps, &want_steps);
+        let case = format!("prefetch {prefetch}, load-behind {behind}, paced {paced}");
+        println!(
+            "cooperative, {case}: {} experts on the CPU ({} overtaking a load, {} loaded behind of {} chances), {} prefetched ({} used), decode NMSE {e:.2e}",
+            st.cpu_computed, st.late_to_cpu, st.loaded_behind, st.behind_chances, st.prefetch_issued, st.prefetch_used
+        );
+        if !behind {
+            assert_eq!(st.loaded_behind, 0, "--no-load-behind loads nothing behind");
+            assert_eq!(st.behind_chances, 0, "--no-load-behind looks for no chance");
+        } else {
+            // A CPU miss that finds the link idle (whether one does depends on when the loads
+            // before it land) and the judge wanting (it loads its first misses whatever the
+            // score) is loaded behind, unless every slot it could take is protected.
+            assert!(st.loaded_behind <= st.behind_chances);
+            chances += st.behind_chances;
+            loaded += st.loaded_behind;
+        }
+        assert!(
+            st.cpu_computed > 0,
+            "a quarter cache must send misses to the CPU"
+        );
+        assert_eq!(all, want_all, "prefill never uses the CPU");
+        assert_eq!(ids, want_ids, "{case}");
+        assert!(e <= 1e-10, "cooperative decode NMSE {e:e} ({case})");
+    }
+    println!("load-behind: {loaded} loaded of {chances} chances (an idle link, the judge wanting)");
+    assert!(
+        chances > 0 && loaded * 2 >= chances,
+        "an idle link loads CPU misses behind: {loaded} of {chances}"
+    );
+}
+
+/// A prefill layer whose groups outnumber the slots: an expert routed both high and low in
+/// one prefill is two groups in one slot (no low variant: the low routes take the high copy).
+/// Groups are placed as slots free up while earlier ones run, so the slot must stay unevictable
+/// until its last group's kernels are queued; with one mark per key, running the first group
+/// released it and a later placement could load another expert over it (the bug this pins:
+/// benches/results/2026-11-27-h100-l2-prefetch-holds.md).
+/// Any cache size must give the all-resident run's logits with the same plan, bit for bit.
+#[test]
+fn prefill_groups_sharing_a_slot_under_pressure_match_the_all_resident_run() {
+    let Some(g) = gpu() else { return };
+    let r = reference();
+    let (_dir, path) = convert_fixture("f16");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let slot = file.expert_layout(0).padded_size;
+    // T1 = 0: every route but a token's top-1 is low; T2 = 1: none skipped.
+    let config = |slots: Option<usize>, prefetch: usize| {
+        let mut c = EngineConfig::simple(0, slots.map(|n| n * slot));
+        c.tuning.preload = slots.is_none();
+        c.plan = PrecisionPlan {
+            high: 0,
+            low: None,
+            thresholds: Thresholds::new(0.0, 1.0).unwrap(),
+            renormalize_skips: false,
+        };
+        c.prefetch = prefetch;
+        c
+    };
+    let (want_all, want_ids, want_steps) = greedy(
+        &mut *engine_session(&g, &model, config(None, 0)),
+        &r.input_ids,
+        8,
+    );
+    for slots in [2, 3] {
+        for prefetch in [0, 1] {
+            let mut s = engine_session(&g, &model, config(Some(slots), prefetch));
+            let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 8);
+            let st = s.expert_stats();
+            println!(
+                "{slots} slots, prefetch {prefetch}: {} uses, {} misses, prefill NMSE {:.2e}",
+                st.uses(),
+                st.misses(),
+                nmse(&all, &want_all)
+            );
+            assert_eq!(st.skipped, 0);
+            assert!(st.misses() > 0, "{slots} slots must miss");
+            assert!(
+                all == want_all,
+                "{slots} slots, prefetch {prefetch}: prefill logits differ (NMSE {:.2e})",
+                nmse(&all, &want_all)
+            );
+            assert_eq!(ids, want_ids, "{slots} slots, prefetch {prefetch}");
+            assert!(
+                steps == want_steps,
+                "{slots} slots, prefetch {prefetch}: decode logits differ"
+            );
+        }
+    }
+}
+
+/// Dynamic precision on the GPU computes what the CPU computes with the same plan.
+#[test]
+fn dynamic_precision_on_the_gpu_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let r = reference();
+    let (_dir, path) = convert_fixture("f16,int4");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let plan = PrecisionPlan {
+        high: 0,
+        low: Some(1),
+        thresholds: Thresholds::new(0.55, 0.7).unwrap(),
+        renormalize_skips: false,
+    };
+    let mut cpu: Box<dyn Session> = Box::new(
+        Bound::new(
+            &model,
+            CpuBackend::new(2).unwrap(),
+            Box::new(DirectExperts::with_plan(&file, plan.clone()).unwrap()),
+            128,
+            "cpu".into(),
+        )
+        .unwrap(),
+    );
+    let mut c = EngineConfig::simple(0, None);
+    c.plan = plan;
+    c.low_share = 0.5;
+    c.substitute_low = false;
+    c.tuning.upgrade_low = false;
+    let mut gs = engine_session(&g, &model, c);
+    let (c_all, c_ids, c_steps) = greedy(&mut *cpu, &r.input_ids, 16);
+    let (g_all, g_ids, g_steps) = greedy(&mut *gs, &r.input_ids, 16);
+    let (cs, gst) = (cpu.expert_stats(), gs.expert_stats());
+    println!(
+        "dynamic precision: CPU skipped {} GPU skipped {}; NMSE prefill {:.2e} decode {:.2e}",
+        cs.skipped,
+        gst.skipped,
+        nmse(&g_all, &c_all),
+        nmse(&g_steps, &c_steps)
+    );
+    assert!(gst.skipped > 0 && gst.per_variant[1].hits + gst.per_variant[1].misses > 0);
+    assert!(nmse(&g_all, &c_all) <= 1e-5 && nmse(&g_steps, &c_steps) <= 1e-5);
+    assert_eq!(g_ids, c_ids);
+}
