@@ -336,6 +336,21 @@ impl Platform {
     }
 }
 
+/// A pool of `threads` CPU threads named `name-N` (0: one per available core): the CPU backend's
+/// and the expert engine's helpers.
+pub fn thread_pool(threads: usize, name: &'static str) -> crate::Result<rayon::ThreadPool> {
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("{name}-{i}"))
+        .build()
+        .map_err(|e| Error::Invalid(format!("cannot start {threads} CPU threads ({name}): {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,19 +20,9 @@ const MIN_ROWS_PER_TASK: usize = 16;
 impl CpuBackend {
     /// A pool of `threads` workers (0: one per available core).
     pub fn new(threads: usize) -> crate::Result<CpuBackend> {
-        let threads = if threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            threads
-        };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("hob-cpu-{i}"))
-            .build()
-            .map_err(|e| {
-                crate::Error::Invalid(format!("cannot start {threads} CPU threads: {e}"))
-            })?;
-        Ok(CpuBackend { pool })
+        Ok(CpuBackend {
+            pool: crate::platform::thread_pool(threads, "hob-cpu")?,
+        })
     }
 
     pub fn threads(&self) -> usize {

@@ -67,18 +67,7 @@ pub struct HelperPool {
 impl HelperPool {
     /// A pool of `threads` workers (0: one per available core).
     pub fn new(threads: usize) -> crate::Result<HelperPool> {
-        let threads = if threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            threads
-        };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("hob-helper-{i}"))
-            .build()
-            .map_err(|e| {
-                crate::Error::Invalid(format!("cannot start {threads} CPU helper threads: {e}"))
-            })?;
+        let pool = crate::platform::thread_pool(threads, "hob-helper")?;
         Ok(HelperPool {
             pool: Arc::new(pool),
             passes: Arc::default(),
