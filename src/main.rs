@@ -1,9 +1,7 @@
-use clap::Parser;
-
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = hob::cli::Cli::parse();
-    if let Err(e) = hob::cli::main_with(cli) {
+    let result = hob::cli::parse(std::env::args_os().collect()).and_then(hob::cli::main_with);
+    if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

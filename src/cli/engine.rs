@@ -29,104 +29,153 @@ pub enum Device {
     Cuda,
 }
 
+// `-h`'s groups after the command's own (prompt and sampling first, as llama.cpp's help).
+const DEVICE: &str = "Device";
+const ENGINE: &str = "Experts (the HOBBIT engine)";
+const DIAGNOSTICS: &str = "Diagnostics";
+
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
     /// The .hob model file.
-    #[arg(short = 'm', long = "model")]
+    #[arg(short = 'm', long = "model", help_heading = "Model")]
     pub model: PathBuf,
     /// CPU threads (0: one per core).
-    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    #[arg(
+        short = 't',
+        long = "threads",
+        default_value_t = 0,
+        help_heading = DEVICE
+    )]
     pub threads: usize,
     /// Expert variant to compute with (the high precision of HOBBIT's scorer): f16, bf16,
     /// int8, int4 or int2 (default: the profile's high_variant, else the file's first).
-    #[arg(long = "expert-variant", visible_alias = "high")]
+    #[arg(
+        long = "expert-variant",
+        visible_alias = "high",
+        help_heading = ENGINE
+    )]
     pub expert_variant: Option<String>,
     /// Low-precision expert variant: turns on HOBBIT's dynamic precision (experts that matter
     /// little to a token run in this variant, or are skipped). Default: the profile's; "none"
     /// turns it off.
-    #[arg(long = "low")]
+    #[arg(long = "low", help_heading = ENGINE)]
     pub low: Option<String>,
     /// Scorer threshold T1: a selected expert whose higher-ranked gate weights sum to <= T1 runs
     /// in high precision (default: the profile's, else 0.6 with --low, else 1 = all high).
-    #[arg(long = "t1")]
+    #[arg(long = "t1", help_heading = ENGINE)]
     pub t1: Option<f32>,
     /// Scorer threshold T2: above T1 and <= T2 low precision, above T2 skipped (default: the
     /// profile's, else 0.9 with --low, else 1 = none skipped).
-    #[arg(long = "t2")]
+    #[arg(long = "t2", help_heading = ENGINE)]
     pub t2: Option<f32>,
     /// After skipping an expert, rescale the token's other expert weights to the full sum.
-    #[arg(long = "renorm-skips")]
+    #[arg(long = "renorm-skips", help_heading = ENGINE)]
     pub renorm_skips: bool,
     /// Expert cache policy: lru, lfu, or hobbit (HOBBIT Eq. 3: LRU, LFU, LHU and FLD terms).
-    #[arg(long = "cache-policy", default_value = "hobbit")]
+    #[arg(
+        long = "cache-policy",
+        default_value = "hobbit",
+        help_heading = ENGINE
+    )]
     pub cache_policy: String,
     /// Weights of the hobbit policy's LRU, LFU, LHU and FLD terms, summing to 1 (e.g.
     /// "0.4,0.2,0.3,0.1"; default: fitted with `hob sim --fit`, see the README).
-    #[arg(long = "cache-weights")]
+    #[arg(long = "cache-weights", help_heading = ENGINE)]
     pub cache_weights: Option<String>,
     /// Share of the expert cache's bytes for low-precision experts (with --low).
-    #[arg(long = "low-share", default_value_t = crate::experts::cache::DEFAULT_LOW_SHARE)]
+    #[arg(long = "low-share", default_value_t = crate::experts::cache::DEFAULT_LOW_SHARE, help_heading = ENGINE)]
     pub low_share: f64,
     /// Never run a high-precision miss from its cached low-precision copy (default: do, except
     /// for a token's top-1 expert).
-    #[arg(long = "no-substitute")]
+    #[arg(long = "no-substitute", help_heading = ENGINE)]
     pub no_substitute: bool,
     /// Predict this many layers ahead with stacked gates and prefetch (0: off, the default:
     /// measured, a wrong prediction costs a whole load on a link-bound card; see the README).
-    #[arg(long = "prefetch", default_value_t = 0)]
+    #[arg(
+        long = "prefetch",
+        default_value_t = 0,
+        help_heading = ENGINE
+    )]
     pub prefetch: usize,
     /// Prefetch only predicted experts whose predicted gate weight (after top-k) is at least
     /// this (0, the default: every predicted expert, as HOBBIT does).
-    #[arg(long = "prefetch-min-weight", default_value_t = 0.0, value_name = "W")]
+    #[arg(
+        long = "prefetch-min-weight",
+        default_value_t = 0.0,
+        value_name = "W",
+        help_heading = ENGINE
+    )]
     pub prefetch_min_weight: f32,
     /// Let CPU threads compute missed experts from host memory when that beats loading them
     /// (cooperative mode; -t sets the threads).
-    #[arg(long = "cpu-experts")]
+    #[arg(long = "cpu-experts", help_heading = ENGINE)]
     pub cpu_experts: bool,
     /// Cooperative mode: never load a miss the CPU computes into the cache (by default it is
     /// loaded behind the CPU when the link is idle, so that the cache follows the routing).
-    #[arg(long = "no-load-behind")]
+    #[arg(long = "no-load-behind", help_heading = ENGINE)]
     pub no_load_behind: bool,
     /// Read missed experts from the SSD (io_uring + O_DIRECT) instead of the page cache
     /// (default on unified-memory platforms).
-    #[arg(long = "ssd", conflicts_with = "no_ssd")]
+    #[arg(
+        long = "ssd",
+        conflicts_with = "no_ssd",
+        help_heading = ENGINE
+    )]
     pub ssd: bool,
     /// Read missed experts from the page cache even on unified-memory platforms, paced to the
     /// profile's SSD bandwidth: emulates that SSD on a host whose own disk is slower.
-    #[arg(long = "no-ssd")]
+    #[arg(long = "no-ssd", help_heading = ENGINE)]
     pub no_ssd: bool,
     /// Copy missed experts through pinned staging buffers instead of page-locking the model
     /// file's expert pages for direct DMA (the default, when they fit in half the RAM).
-    #[arg(long = "no-pin")]
+    #[arg(long = "no-pin", help_heading = ENGINE)]
     pub no_pin: bool,
     /// Print a per-token breakdown after the run: hits, misses and skips per precision,
     /// prefetch accuracy, bytes per tier, time waiting for loads and CPU experts.
-    #[arg(long = "stats")]
+    #[arg(long = "stats", help_heading = DIAGNOSTICS)]
     pub stats: bool,
     /// Write every routing decision (layer, experts, gate weights, precision) to FILE, for
     /// `hob sim`.
-    #[arg(long = "record-trace", value_name = "FILE")]
+    #[arg(
+        long = "record-trace",
+        value_name = "FILE",
+        help_heading = DIAGNOSTICS
+    )]
     pub record_trace: Option<PathBuf>,
     /// Take every MoE layer's experts and gate weights from a trace written by --record-trace
     /// instead of the model's router (model layer l uses the trace's layer l mod its layers;
     /// each sequence starts at the trace's next one). For speed studies of synthetic-weight
     /// models routed as a trained router routes: the text such a run writes is meaningless.
-    #[arg(long = "replay-trace", value_name = "FILE")]
+    #[arg(
+        long = "replay-trace",
+        value_name = "FILE",
+        help_heading = DIAGNOSTICS
+    )]
     pub replay_trace: Option<PathBuf>,
     /// Where to compute.
-    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    #[arg(long, value_enum, default_value_t = Device::Auto, help_heading = DEVICE)]
     pub device: Device,
+    /// llama.cpp's GPU layers (-ngl): 0 computes on the CPU, as --device cpu; any other value
+    /// uses the GPU, where hob places every layer itself (dense weights resident, experts
+    /// cached within --gpu-mem).
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "gpu-layers",
+        value_name = "N",
+        help_heading = DEVICE
+    )]
+    pub n_gpu_layers: Option<i64>,
     /// Device memory hob may use in total, GiB (default: what the GPU has free).
-    #[arg(long = "gpu-mem")]
+    #[arg(long = "gpu-mem", help_heading = DEVICE)]
     pub gpu_mem: Option<f64>,
     /// Device memory for the expert cache, GiB (default: what --gpu-mem leaves after the
     /// resident weights, the KV cache and work buffers; without either, room for every expert).
-    #[arg(long = "expert-cache")]
+    #[arg(long = "expert-cache", help_heading = DEVICE)]
     pub expert_cache: Option<f64>,
     /// Hardware profile: a name (rtx4090-24g, jetson-orin-32g, jetson-orin-64g, h100, h200) or a
     /// .toml path. Sets the defaults of --gpu-mem and --expert-cache, paces expert loads to the
     /// profile's link when it asks for it, and gives `hob bench` its physical limit.
-    #[arg(long)]
+    #[arg(long, help_heading = DEVICE)]
     pub platform: Option<String>,
 }
 
@@ -143,7 +192,16 @@ impl ModelArgs {
 
     /// The device this command will use: `--device auto` falls back to the CPU with a note.
     pub fn resolve_device(&self) -> crate::Result<Device> {
-        match self.device {
+        let device = match (self.n_gpu_layers, self.device) {
+            (Some(0), Device::Cuda) => {
+                return Err(Error::Invalid(
+                    "-ngl 0 asks for the CPU and --device cuda for the GPU: pick one".into(),
+                ))
+            }
+            (Some(0), _) => Device::Cpu,
+            (_, d) => d,
+        };
+        match device {
             Device::Cpu => Ok(Device::Cpu),
             Device::Cuda => cuda::probe()
                 .map(|_| Device::Cuda)

@@ -6,6 +6,8 @@ use clap::{Args, Parser, Subcommand};
 
 pub mod bench;
 pub mod calibrate;
+mod chat;
+pub mod compat;
 pub mod convert;
 pub mod engine;
 pub mod inspect;
@@ -91,6 +93,17 @@ pub struct InspectArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The command line as clap reads it after llama.cpp's habits are translated ([`compat`]); the
+/// notes on ignored flags go to stderr. A usage error exits here, as clap does.
+pub fn parse(args: Vec<std::ffi::OsString>) -> crate::Result<Cli> {
+    use clap::CommandFactory;
+    let normalized = compat::normalize(&Cli::command(), args)?;
+    for note in &normalized.notes {
+        eprintln!("{note}");
+    }
+    Ok(Cli::parse_from(normalized.args))
 }
 
 pub fn main_with(cli: Cli) -> crate::Result<()> {

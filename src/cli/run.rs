@@ -1,8 +1,9 @@
-//! `hob run`: generate from a prompt (-p) or chat (-i), streaming tokens to stdout, with
-//! llama.cpp's flag names. A timing summary goes to stderr.
+//! `hob run`: generate from a prompt (-p, -f) or chat (-i), streaming tokens to stdout, with
+//! llama.cpp's flag names and meanings. A timing summary goes to stderr.
 
 use clap::Args;
-use std::io::{BufRead, Write};
+use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -17,72 +18,175 @@ use crate::Error;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// The prompt (the first user message in chat mode).
-    #[arg(short = 'p', long = "prompt")]
+    /// The prompt (the first user message in chat mode); "-" reads it from stdin.
+    #[arg(short = 'p', long = "prompt", help_heading = "Prompt")]
     pub prompt: Option<String>,
-    /// Interactive multi-turn chat on stdin; /exit or EOF ends it, Ctrl-C stops an answer.
-    #[arg(short = 'i', long = "interactive")]
+    /// Read the prompt from FILE ("-": stdin), for prompts too long for a command line.
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "FILE",
+        conflicts_with = "prompt",
+        help_heading = "Prompt"
+    )]
+    pub file: Option<PathBuf>,
+    /// Interactive multi-turn chat (llama.cpp's -cnv): Ctrl-D, /exit or Ctrl-C at the prompt
+    /// quits; Ctrl-C stops an answer; /clear starts over.
+    #[arg(
+        short = 'i',
+        long = "interactive",
+        visible_alias = "conversation",
+        help_heading = "Prompt"
+    )]
     pub interactive: bool,
-    /// Tokens to generate per answer (-1: until EOS or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    /// One answer and exit (llama.cpp's -no-cnv; hob's default without -i).
+    #[arg(long = "no-conversation", conflicts_with = "interactive", hide = true)]
+    pub no_conversation: bool,
+    /// System message for chat mode (llama.cpp's -sys).
+    #[arg(
+        long = "system",
+        visible_alias = "system-prompt",
+        help_heading = "Prompt"
+    )]
+    pub system: Option<String>,
+    /// Plain completion of the prompt, without the chat template.
+    #[arg(long = "no-chat", help_heading = "Prompt")]
+    pub no_chat: bool,
+    /// Tokens to generate per answer (-1, -2: until the end of the answer or a full context).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, value_parser = n_predict,
+          help_heading = "Prompt")]
     pub n_predict: i64,
     /// Context size in tokens (0: the model's, capped at 4096).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0, value_parser = ctx_size,
+          help_heading = "Prompt")]
     pub ctx: usize,
+    /// Keep generating past the end-of-sequence token (for benchmarks).
+    #[arg(long = "ignore-eos", help_heading = "Prompt")]
+    pub ignore_eos: bool,
     /// Temperature; 0 or less means greedy.
-    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
+    #[arg(
+        long = "temp",
+        default_value_t = 0.8,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
     pub temp: f32,
-    /// Keep the K most likely tokens (0: off).
-    #[arg(long = "top-k", default_value_t = 40)]
+    /// Keep the K most likely tokens (0 or -1: off).
+    #[arg(long = "top-k", default_value_t = 40, value_parser = top_k, help_heading = "Sampling")]
     pub top_k: usize,
     /// Nucleus sampling threshold (1.0: off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, help_heading = "Sampling")]
     pub top_p: f32,
     /// Drop tokens below this fraction of the top token's probability (0.0: off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, help_heading = "Sampling")]
     pub min_p: f32,
     /// Penalize repeats of the last --repeat-last-n tokens (1.0: off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(
+        long = "repeat-penalty",
+        default_value_t = 1.0,
+        help_heading = "Sampling"
+    )]
     pub repeat_penalty: f32,
-    /// How many recent tokens the repeat penalty looks at.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
+    /// How many recent tokens the repeat penalty looks at (0: off, -1: the whole context).
+    #[arg(long = "repeat-last-n", default_value_t = 64, value_parser = repeat_last_n,
+          help_heading = "Sampling")]
+    pub repeat_last_n: i64,
     /// Random seed (-1: from the clock; printed on stderr).
-    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
+    #[arg(short = 's', long = "seed", default_value_t = -1, value_parser = seed,
+          help_heading = "Sampling")]
     pub seed: i64,
-    /// System message for chat mode.
-    #[arg(long = "system")]
-    pub system: Option<String>,
-    /// Keep generating past the end-of-sequence token (for benchmarks).
-    #[arg(long = "ignore-eos")]
-    pub ignore_eos: bool,
-    /// Plain completion of the prompt, without the chat template.
-    #[arg(long = "no-chat")]
-    pub no_chat: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
 }
 
-/// One conversation: the generator (a session and the tokens its KV cache holds), the tokenizer
-/// and the sampler.
-struct Chat<'a> {
-    gen: Generator<'a>,
-    tok: &'a Tokenizer,
+fn int(s: &str) -> Result<i64, String> {
+    s.parse::<i64>()
+        .map_err(|_| format!("{s:?} is not a whole number"))
+}
+
+/// llama.cpp's -n: -1 until the end of the answer, -2 until the context is full (hob never
+/// shifts the context, so both stop at a full context).
+fn n_predict(s: &str) -> Result<i64, String> {
+    match int(s)? {
+        n if n >= -2 => Ok(n),
+        _ => Err("a number of tokens, or -1 (no limit)".into()),
+    }
+}
+
+fn ctx_size(s: &str) -> Result<usize, String> {
+    usize::try_from(int(s)?).map_err(|_| "a number of tokens (0: the model's)".into())
+}
+
+/// llama.cpp's --top-k: 0 or less turns it off.
+fn top_k(s: &str) -> Result<usize, String> {
+    Ok(usize::try_from(int(s)?).unwrap_or(0))
+}
+
+fn repeat_last_n(s: &str) -> Result<i64, String> {
+    match int(s)? {
+        n if n >= -1 => Ok(n),
+        _ => Err("0 or more tokens, or -1 (the whole context)".into()),
+    }
+}
+
+fn seed(s: &str) -> Result<i64, String> {
+    match int(s)? {
+        n if n >= -1 => Ok(n),
+        _ => Err("0 or more, or -1 (from the clock)".into()),
+    }
+}
+
+/// The prompt of -p or -f ("-": stdin), if any.
+fn prompt_text(args: &RunArgs) -> crate::Result<Option<String>> {
+    let from_stdin = |what: &str| -> crate::Result<String> {
+        if args.interactive {
+            return Err(Error::Invalid(format!(
+                "{what} -: stdin is the chat's input with -i; give the first message with -p TEXT or -f FILE"
+            )));
+        }
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| Error::io("<stdin>", "read the prompt", e))?;
+        Ok(s)
+    };
+    let text = match (&args.prompt, &args.file) {
+        (Some(p), _) if p == "-" => from_stdin("-p")?,
+        (Some(p), _) => return Ok(Some(p.clone())),
+        (None, Some(f)) if f.as_os_str() == "-" => from_stdin("-f")?,
+        (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| Error::io(f, "read", e))?,
+        (None, None) => return Ok(None),
+    };
+    // As llama.cpp reads -f: a file's last newline ends the file, not the prompt.
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    Ok(Some(text.strip_suffix('\r').unwrap_or(text).to_string()))
+}
+
+/// One conversation: the generator (a session and the tokens its KV cache holds), the tokenizer,
+/// the sampler and the chat template.
+pub(super) struct Chat<'a> {
+    pub gen: Generator<'a>,
+    pub tok: &'a Tokenizer,
+    pub template: Option<&'a ChatTemplate>,
     sampler: Sampler,
-    stop: Arc<AtomicBool>,
+    pub stop: Arc<AtomicBool>,
     ignore_eos: bool,
     stats: bool,
+    pub n_predict: Option<usize>,
 }
 
 impl Chat<'_> {
+    /// The prompt ids of `messages` (through the template), or of `raw` without one.
+    pub fn encode(&self, messages: &[Message], raw: &str) -> crate::Result<Vec<u32>> {
+        Ok(match self.template {
+            Some(t) => self.tok.encode(&t.render(messages, true)?, false)?,
+            None => self.tok.encode(raw, true)?,
+        })
+    }
+
     /// Prefill `ids` and generate up to `n_predict` tokens, streaming them to `out`; the timing
-    /// to stderr. Returns the answer's text.
-    fn answer(
-        &mut self,
-        ids: &[u32],
-        n_predict: Option<usize>,
-        out: &mut dyn Write,
-    ) -> crate::Result<String> {
+    /// to stderr. Returns the answer's text and why it stopped.
+    pub fn answer(&mut self, ids: &[u32], out: &mut dyn Write) -> crate::Result<(String, Stop)> {
         let mut stream = StreamDecoder::new(self.tok, true);
         let mut text = String::new();
         let mut emit = |piece: String, out: &mut dyn Write| -> crate::Result<()> {
@@ -94,7 +198,7 @@ impl Chat<'_> {
         };
         self.stop.store(false, Ordering::SeqCst);
         let limits = Limits {
-            n_predict,
+            n_predict: self.n_predict,
             ignore_eos: self.ignore_eos,
             stop: Some(&self.stop),
         };
@@ -104,19 +208,42 @@ impl Chat<'_> {
             emit(piece, out)
         })?;
         emit(stream.flush()?, out)?;
-        if stop == Stop::ContextFull {
-            eprintln!("\n[context full: {} tokens]", self.gen.session().ctx());
+        match stop {
+            Stop::ContextFull => eprint!("\n[context full: {} tokens]", self.gen.session().ctx()),
+            Stop::Interrupted => eprint!("\n[stopped]"),
+            Stop::Eos | Stop::Length => {}
         }
-        println!();
+        writeln!(out).map_err(|e| Error::io("<stdout>", "write", e))?;
         eprint!("{}", timing.report(self.stats));
-        Ok(text)
+        Ok((text, stop))
     }
 }
 
+fn sampler(args: &RunArgs, ctx: usize) -> crate::Result<(Sampler, u64)> {
+    let seed = if args.seed < 0 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    } else {
+        args.seed as u64
+    };
+    let sampler = Sampler::new(SamplerConfig {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: usize::try_from(args.repeat_last_n).unwrap_or(ctx),
+        seed,
+    })?;
+    Ok((sampler, seed))
+}
+
 pub fn run(args: &RunArgs) -> crate::Result<()> {
-    if args.prompt.is_none() && !args.interactive {
+    let prompt = prompt_text(args)?;
+    if prompt.is_none() && !args.interactive {
         return Err(Error::Invalid(
-            "give a prompt with -p PROMPT, or chat with -i".into(),
+            "give a prompt with -p TEXT or -f FILE, or chat with -i".into(),
         ));
     }
     let file = args.model.open()?;
@@ -132,22 +259,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
             model.cfg.context_length
         )));
     }
-    let seed = if args.seed < 0 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-    } else {
-        args.seed as u64
-    };
-    let sampler = Sampler::new(SamplerConfig {
-        temperature: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        seed,
-    })?;
+    let (sampler, seed) = sampler(args, ctx)?;
     let template = match (args.no_chat, file.metadata().get_str(keys::CHAT_TEMPLATE)) {
         (false, Ok(src)) => {
             let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
@@ -181,73 +293,23 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     let mut chat = Chat {
         gen,
         tok: &tok,
+        template: template.as_ref(),
         sampler,
         stop,
         ignore_eos: args.ignore_eos,
         stats: args.model.stats,
+        n_predict: usize::try_from(args.n_predict).ok(),
     };
-    converse(args, &mut chat, template.as_ref())
-}
-
-/// The conversation: one prompt, or (-i) turns read from stdin until /exit or EOF.
-fn converse(
-    args: &RunArgs,
-    chat: &mut Chat<'_>,
-    template: Option<&ChatTemplate>,
-) -> crate::Result<()> {
-    let n_predict = usize::try_from(args.n_predict).ok();
-    let tok = chat.tok;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
         messages.push(Message::system(system));
     }
-    let stdout = std::io::stdout();
-    let encode = |messages: &[Message], raw: &str| -> crate::Result<Vec<u32>> {
-        Ok(match template {
-            Some(t) => tok.encode(&t.render(messages, true)?, false)?,
-            None => tok.encode(raw, true)?,
-        })
-    };
-    if !args.interactive {
-        let prompt = args.prompt.as_deref().unwrap_or_default();
-        messages.push(Message::user(prompt));
-        let ids = encode(&messages, prompt)?;
-        chat.answer(&ids, n_predict, &mut stdout.lock())?;
-        return Ok(());
+    if args.interactive {
+        return super::chat::converse(&mut chat, messages, prompt);
     }
-    let mut pending = args.prompt.clone();
-    let mut transcript = String::new();
-    let stdin = std::io::stdin();
-    loop {
-        let line = match pending.take() {
-            Some(p) => p,
-            None => {
-                eprint!("\n> ");
-                std::io::stderr().flush().ok();
-                let mut line = String::new();
-                let read = stdin
-                    .lock()
-                    .read_line(&mut line)
-                    .map_err(|e| Error::io("<stdin>", "read", e))?;
-                if read == 0 {
-                    break;
-                }
-                line.trim_end_matches(['\n', '\r']).to_string()
-            }
-        };
-        if line.trim() == "/exit" {
-            break;
-        }
-        if line.trim().is_empty() {
-            continue;
-        }
-        messages.push(Message::user(&line));
-        // Without a template the conversation is the running transcript.
-        transcript.push_str(&line);
-        let ids = encode(&messages, &transcript)?;
-        let answer = chat.answer(&ids, n_predict, &mut stdout.lock())?;
-        transcript.push_str(&answer);
-        messages.push(Message::assistant(&answer));
-    }
+    let prompt = prompt.unwrap_or_default();
+    messages.push(Message::user(&prompt));
+    let ids = chat.encode(&messages, &prompt)?;
+    chat.answer(&ids, &mut std::io::stdout().lock())?;
     Ok(())
 }

@@ -33,7 +33,7 @@ pub struct Limits<'s> {
     pub n_predict: Option<usize>,
     /// Keep generating past EOS (benchmarks).
     pub ignore_eos: bool,
-    /// Checked before every token.
+    /// Checked before every prompt batch and every token.
     pub stop: Option<&'s AtomicBool>,
 }
 
@@ -111,22 +111,15 @@ impl<'a> Generator<'a> {
 
     /// Bring the KV cache to `ids`, reusing the longest prefix it holds already and feeding the
     /// rest `batch` tokens per forward pass (the last prompt token always: its logits start
-    /// the answer). Returns the last position's logits.
-    pub fn prefill(&mut self, ids: &[u32], batch: usize) -> crate::Result<Vec<f32>> {
-        let ctx = self.session.ctx();
-        if ids.is_empty() {
-            return Err(Error::Invalid(
-                "the prompt encodes to no tokens (and the model adds no BOS): nothing to continue"
-                    .into(),
-            ));
-        }
-        if ids.len() >= ctx {
-            return Err(Error::Invalid(format!(
-                "the prompt is {} tokens but the context holds {ctx} (use a larger -c/--ctx-size, at most {})",
-                ids.len(),
-                self.session.config().context_length
-            )));
-        }
+    /// the answer). Returns the last position's logits, or None when `stop` was raised between
+    /// two batches (the cache then holds the part fed).
+    pub fn prefill(
+        &mut self,
+        ids: &[u32],
+        batch: usize,
+        stop: Option<&AtomicBool>,
+    ) -> crate::Result<Option<Vec<f32>>> {
+        self.check_fits(ids.len())?;
         let common = self
             .cached
             .iter()
@@ -138,6 +131,9 @@ impl<'a> Generator<'a> {
         self.cached.truncate(keep);
         let mut logits = Vec::new();
         for chunk in ids[keep..].chunks(batch.max(1)) {
+            if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+                return Ok(None);
+            }
             let last = chunk.as_ptr_range().end == ids.as_ptr_range().end;
             let want = if last { Logits::Last } else { Logits::None };
             let l = self.session.forward(chunk, want)?;
@@ -146,7 +142,30 @@ impl<'a> Generator<'a> {
             }
             self.cached.extend_from_slice(chunk);
         }
-        Ok(logits)
+        Ok(Some(logits))
+    }
+
+    /// A prompt of `n` tokens can be prefilled: it is not empty and leaves room for an answer.
+    pub fn check_fits(&self, n: usize) -> crate::Result<()> {
+        let ctx = self.session.ctx();
+        let max = self.session.config().context_length;
+        if n == 0 {
+            return Err(Error::Invalid(
+                "the prompt is empty and the model adds no BOS token: nothing to continue (give a prompt)"
+                    .into(),
+            ));
+        }
+        if n < ctx {
+            return Ok(());
+        }
+        let what = if ctx < max {
+            format!("raise -c/--ctx-size (at most {max}, the model's) or shorten it")
+        } else {
+            "that is the model's whole context: shorten it".to_string()
+        };
+        Err(Error::Invalid(format!(
+            "the prompt is {n} tokens and the context holds {ctx}: {what}"
+        )))
     }
 
     /// Sample from `logits` and feed each token back until a limit, the end of sequence
@@ -194,7 +213,13 @@ impl<'a> Generator<'a> {
         let common = self.cached.iter().zip(ids).take_while(|(a, b)| a == b);
         let reused = common.count().min(ids.len().saturating_sub(1));
         let started = Instant::now();
-        let logits = self.prefill(ids, PREFILL_BATCH)?;
+        let Some(logits) = self.prefill(ids, PREFILL_BATCH, limits.stop)? else {
+            let timing = Timing {
+                prompt_time: started.elapsed(),
+                ..Timing::default()
+            };
+            return Ok((Stop::Interrupted, timing));
+        };
         let prompt_time = started.elapsed();
         self.session.reset_stats();
         let started = Instant::now();

@@ -1,0 +1,336 @@
+//! A llama.cpp user's habits and a new user's first session, end to end on the tiny fixture
+//! (issue 49): llama.cpp's multi-letter flags, negative values, prompts from files and stdin,
+//! empty and over-long prompts, and the interactive chat's commands and keys.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use common::{convert_fixture, fixture_dir, hob, hob_command};
+
+fn run(model: &Path, extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec![
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--temp",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    hob(&args)
+}
+
+/// `hob run` with `input` on stdin: (success, stdout, stderr).
+fn run_with_stdin(model: &Path, extra: &[&str], input: &[u8]) -> (bool, String, String) {
+    let mut child = hob_command()
+        .args(["run", "-m", model.to_str().unwrap(), "--device", "cpu"])
+        .args(["--temp", "0"])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn prompt_tokens(stderr: &str) -> Vec<usize> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("prompt: "))
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn ngl_99_is_not_read_as_n_gl() {
+    let (_dir, path) = convert_fixture("f16");
+    let (ok, _, stderr) = run(&path, &["-ngl", "99", "-p", "hi", "-n", "3"]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("generation: 3 tokens"), "{stderr}");
+    // -ngl 0 is the CPU, and says nothing about a GPU.
+    let (ok, _, stderr) = hob(&[
+        "run",
+        "-m",
+        path.to_str().unwrap(),
+        "-ngl",
+        "0",
+        "-p",
+        "hi",
+        "-n",
+        "2",
+    ]);
+    assert!(ok && stderr.contains("cpu:"), "{stderr}");
+}
+
+#[test]
+fn cnv_and_sys_are_llama_cpp_s_chat_flags() {
+    let (_dir, path) = convert_fixture("f16");
+    let (ok, _, stderr) = run_with_stdin(
+        &path,
+        &["-cnv", "-sys", "Be brief.", "-n", "2", "--no-chat"],
+        b"hello\n",
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stderr.matches("generation: 2 tokens").count(),
+        1,
+        "{stderr}"
+    );
+    let (ok, _, stderr) = run(&path, &["-fa", "-p", "hi", "-n", "1", "--mlock"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("note: -fa (llama.cpp's flag) is ignored"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unknown_multi_letter_flag_is_named() {
+    let (_dir, path) = convert_fixture("f16");
+    for (flag, said) in [
+        ("-ngx", "unknown flag -ngx for `hob run`"),
+        ("--no-mmap", "--no-mmap (llama.cpp's flag) is not supported"),
+        ("-ot", "-ot (llama.cpp's flag) is not supported"),
+    ] {
+        let (ok, _, stderr) = run(&path, &[flag, "x", "-p", "hi"]);
+        assert!(!ok && stderr.contains(said), "{flag}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn negative_values_follow_llama_cpp_or_are_refused_by_name() {
+    let (_dir, path) = convert_fixture("f16");
+    for (flag, value) in [
+        ("-c", "-1"),
+        ("-n", "-5"),
+        ("-s", "-5"),
+        ("--repeat-last-n", "-2"),
+    ] {
+        let (ok, _, stderr) = run(&path, &[flag, value, "-p", "hi"]);
+        assert!(!ok, "{flag} {value} accepted");
+        assert!(
+            stderr.contains(&format!("invalid value '{value}' for '-")),
+            "{flag} {value}: {stderr}"
+        );
+    }
+    // llama.cpp's -1s: no top-k, a seed from the clock, the whole context, no limit.
+    let (ok, _, stderr) = run(
+        &path,
+        &[
+            "--top-k",
+            "-1",
+            "-s",
+            "-1",
+            "--repeat-last-n",
+            "-1",
+            "-n",
+            "-1",
+            "-p",
+            "hi",
+        ],
+    );
+    assert!(ok, "{stderr}");
+}
+
+#[test]
+fn prompt_from_a_file_or_stdin() {
+    let (dir, path) = convert_fixture("f16");
+    let text = "The capital of France is";
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, format!("{text}\n")).unwrap();
+    let (ok, expected, stderr) = run(&path, &["-p", text, "-n", "4", "--no-chat"]);
+    assert!(ok, "{stderr}");
+    let (ok, from_file, stderr) = run(
+        &path,
+        &["-f", file.to_str().unwrap(), "-n", "4", "--no-chat"],
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(from_file, expected);
+    for flag in ["-p", "-f"] {
+        let input = format!("{text}\n");
+        let (ok, stdout, stderr) = run_with_stdin(
+            &path,
+            &[flag, "-", "-n", "4", "--no-chat"],
+            input.as_bytes(),
+        );
+        assert!(ok, "{flag} -: {stderr}");
+        assert_eq!(stdout, expected, "{flag} -");
+    }
+}
+
+#[test]
+fn prompt_longer_than_a_command_line_is_read_and_measured() {
+    let (dir, path) = convert_fixture("f16");
+    // Beyond Linux's 128 KiB limit on one argument.
+    let file = dir.path().join("long.txt");
+    std::fs::write(&file, "word ".repeat(40_000)).unwrap();
+    let (ok, _, stderr) = run(&path, &["-f", file.to_str().unwrap(), "--no-chat"]);
+    assert!(!ok);
+    // -c is already the model's whole context: "raise -c" would be wrong advice.
+    assert!(
+        stderr.contains("the context holds 256: that is the model's whole context"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = run(&path, &["-f", file.to_str().unwrap(), "-c", "64"]);
+    assert!(
+        !ok && stderr.contains("raise -c/--ctx-size (at most 256"),
+        "{stderr}"
+    );
+}
+
+/// The fixture converted without a BOS token and with `template` as its chat template.
+fn convert_without_bos(dir: &Path, template: &str) -> PathBuf {
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    for entry in std::fs::read_dir(fixture_dir()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
+    }
+    let cfg_path = src.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["add_bos_token"] = false.into();
+    cfg["chat_template"] = template.into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let out = dir.join("nobos.hob");
+    let (ok, _, stderr) = hob(&[
+        "convert",
+        "--from",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--experts",
+        "f16",
+        "--no-progress",
+    ]);
+    assert!(ok, "{stderr}");
+    out
+}
+
+#[test]
+fn empty_prompt_without_bos_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = convert_without_bos(dir.path(), "{% for m in messages %}{% endfor %}");
+    // A raw empty prompt, and a template that renders nothing.
+    for extra in [&["--no-chat", "-p", ""][..], &["-p", "hello"][..]] {
+        let (ok, _, stderr) = run(&path, extra);
+        assert!(!ok, "{extra:?}");
+        assert!(
+            stderr.contains("error: the prompt is empty and the model adds no BOS token"),
+            "{extra:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn chat_refuses_a_too_long_message_and_goes_on() {
+    let (_dir, path) = convert_fixture("f16");
+    let long = "word ".repeat(400);
+    let input = format!("hello\n{long}\nagain\n");
+    let (ok, _, stderr) = run_with_stdin(&path, &["-i", "-n", "2"], input.as_bytes());
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("[not sent: the prompt is"), "{stderr}");
+    assert_eq!(
+        stderr.matches("generation: 2 tokens").count(),
+        2,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn chat_says_how_to_quit_and_clear_starts_over() {
+    let (_dir, path) = convert_fixture("f16");
+    let (ok, _, stderr) = run_with_stdin(
+        &path,
+        &["-i", "-n", "2"],
+        b"hello\n/clear\nhello\nline one \\\nline two\n",
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("Ctrl-D, /exit or Ctrl-C at the prompt quits"),
+        "{stderr}"
+    );
+    let prompts = prompt_tokens(&stderr);
+    assert_eq!(prompts.len(), 3, "{stderr}");
+    // After /clear the same message is the whole prompt again; the continued line is one message.
+    assert_eq!(prompts[0], prompts[1], "{stderr}");
+    assert!(prompts[2] < prompts[1] + 16, "{stderr}");
+}
+
+/// A pseudo-terminal: the chat reads it through the line editor, in raw mode, where Ctrl-C is a
+/// key (not a signal) at the prompt.
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "pseudo-terminal modes under qemu-user: run natively"
+)]
+fn ctrl_c_at_the_chat_prompt_quits() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (_dir, path) = convert_fixture("f16");
+    let (master, slave) = {
+        let (mut m, mut s) = (0, 0);
+        // SAFETY: openpty writes two new descriptors into m and s; the null pointers ask for
+        // no name and default terminal settings.
+        let rc = unsafe {
+            libc::openpty(
+                &mut m,
+                &mut s,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty");
+        // SAFETY: both descriptors were just opened and are owned by nobody else.
+        unsafe { (std::fs::File::from_raw_fd(m), OwnedFd::from_raw_fd(s)) }
+    };
+    let mut child = hob_command()
+        .args(["run", "-m", path.to_str().unwrap(), "--device", "cpu", "-i"])
+        .args(["-n", "2", "--temp", "0"])
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let mut writer = master.try_clone().unwrap();
+    let mut master = master;
+    let mut seen = Vec::new();
+    // Reads until `needle` appears after byte `from` of what the chat wrote; returns where it ends.
+    let mut wait_for = |needle: &str, from: usize| -> usize {
+        let mut buf = [0u8; 4096];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let text = String::from_utf8_lossy(&seen[from.min(seen.len())..]).into_owned();
+            if let Some(at) = text.find(needle) {
+                return from + at + needle.len();
+            }
+            let all = String::from_utf8_lossy(&seen).into_owned();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {needle:?} in {all:?}"
+            );
+            let n = master.read(&mut buf).unwrap_or(0);
+            seen.extend_from_slice(&buf[..n]);
+        }
+    };
+    let at = wait_for("> ", 0);
+    writer.write_all(b"hello\r").unwrap();
+    let at = wait_for("generation: 2 tokens", at);
+    wait_for("> ", at);
+    writer.write_all(b"\x03").unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "the chat did not end cleanly on Ctrl-C");
+}
