@@ -77,8 +77,9 @@ fn matrix<'a>(
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn matmul_matches_the_cpu_for_every_storage_kind() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let cpu = CpuBackend::new(2).unwrap();
     // (kind, rows, cols): vectorized layouts, and ones whose rows are not 16-byte multiples.
     let cases = [
@@ -161,8 +162,9 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
 /// launches it) gives the host conversion's row bit for bit, for every storage kind a table may
 /// have, and the staged id is read at launch time (two tokens staged in turn).
 #[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn device_embedding_matches_the_host_rows() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     for (i, kind) in ["f32", "f16", "bf16", "int8", "int4", "int2", "int4/g32"]
         .into_iter()
         .enumerate()
@@ -195,8 +197,9 @@ fn device_embedding_matches_the_host_rows() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn norm_rope_add_and_attention_match_the_cpu() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let cpu = CpuBackend::new(2).unwrap();
     let mut b = CudaBackend::empty(g).unwrap();
     let (t, width) = (6usize, 128usize);
@@ -287,8 +290,9 @@ fn norm_rope_add_and_attention_match_the_cpu() {
 /// warp a row through row_dot), the same normalized row as the RMSNorm launch, bit for bit, the
 /// same routes bit for bit, and the CPU's experts.
 #[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn norm_route_in_one_launch_matches_its_other_forms() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let cpu = CpuBackend::new(2).unwrap();
     let mut b = CudaBackend::empty(g.clone()).unwrap();
     let (n, ne, k) = (4096usize, 8usize, 2usize);
@@ -399,8 +403,9 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
 /// probabilities that underflow to zero and NaN: the same experts and weights, bit for bit, for 4
 /// to 32 experts and top 1 to 4; and, without NaN, the CPU's routing's experts and weights.
 #[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn warp_routing_matches_one_thread_routing() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let b = CudaBackend::empty(g.clone()).unwrap();
     let p = |d: &cudarc::driver::CudaSlice<f32>| cuda::ptr(d, &g.stream);
     let (mut checked, mut tied) = (0, 0);

@@ -10,6 +10,7 @@
 //! The shares are those of an all-high run; a dynamic run routes slightly differently downstream
 //! of low or skipped experts, so `hob perplexity` reports the split a dynamic run actually used.
 
+use super::out::outln;
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -300,7 +301,7 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
     }
     all.scores.sort_by(f32::total_cmp);
     let routes = all.top1 as usize + all.scores.len();
-    println!(
+    outln!(
         "calibrate: {} tokens in {} chunks of {} ({:.1} s), {} layers, top-{} of {} experts, {} \
          experts: {routes} routes, {} top-1 (always high)",
         rec.tokens,
@@ -317,24 +318,24 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
     let th = fit(&all.scores, all.top1, split, cfg.top_k)?;
     let got = all.split(th);
     let hobbit = all.split(Thresholds::HOBBIT_MIXTRAL);
-    println!("target split high/low/skip: {}", split.show());
-    println!(
+    outln!("target split high/low/skip: {}", split.show());
+    outln!(
         "fitted: T1 = {}, T2 = {} -> {} on this text",
         th.t1,
         th.t2,
         got.show()
     );
-    println!(
+    outln!(
         "HOBBIT's Mixtral defaults T1 = {}, T2 = {} -> {} on this text",
         Thresholds::HOBBIT_MIXTRAL.t1,
         Thresholds::HOBBIT_MIXTRAL.t2,
         hobbit.show()
     );
-    println!("per layer with the fitted thresholds (high / low / skip):");
+    outln!("per layer with the fitted thresholds (high / low / skip):");
     for (i, l) in rec.layers.iter().enumerate() {
-        println!("  layer {i:>3}: {}", l.split(th).show());
+        outln!("  layer {i:>3}: {}", l.split(th).show());
     }
-    println!(
+    outln!(
         "(shares of an all-high run; a dynamic run's routing shifts downstream of low or skipped \
          experts: `hob perplexity --low ... --kl-baseline` reports the split it used)"
     );
@@ -449,9 +450,9 @@ fn write_profile(
         ),
     ];
     p.save(out, &header)?;
-    println!("wrote {} (profile {})", out.display(), p.name);
+    outln!("wrote {} (profile {})", out.display(), p.name);
     if p.low_variant.is_none() {
-        println!("note: the profile names no low_variant: the thresholds apply with --low VARIANT");
+        outln!("note: the profile names no low_variant: the thresholds apply with --low VARIANT");
     }
     Ok(())
 }
@@ -459,7 +460,7 @@ fn write_profile(
 /// Ten bins from the lowest score's tenth down to 1.
 fn print_histogram(sorted: &[f32]) {
     if sorted.is_empty() {
-        println!("no scores besides top-1 routes (top_k = 1): every route is high");
+        outln!("no scores besides top-1 routes (top_k = 1): every route is high");
         return;
     }
     let lo = ((sorted[0].max(0.0) * 10.0).floor() / 10.0).min(0.9) as f64;
@@ -470,12 +471,12 @@ fn print_histogram(sorted: &[f32]) {
         bins[b] += 1;
     }
     let most = *bins.iter().max().unwrap_or(&1);
-    println!(
+    outln!(
         "scores of the non-top-1 routes (sum of the gate weights ranked above), {}:",
         sorted.len()
     );
     let q = |p: f64| sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
-    println!(
+    outln!(
         "  quantiles: min {:.4}, p10 {:.4}, p50 {:.4}, p90 {:.4}, p99 {:.4}, max {:.4}",
         sorted[0],
         q(0.1),
@@ -486,7 +487,7 @@ fn print_histogram(sorted: &[f32]) {
     );
     for (i, &c) in bins.iter().enumerate() {
         let (a, b) = (lo + i as f64 * width, lo + (i + 1) as f64 * width);
-        println!(
+        outln!(
             "  [{a:.3}, {b:.3}{} {c:>9} {:>5.1} % {}",
             if i == 9 { "]" } else { ")" },
             100.0 * c as f64 / sorted.len() as f64,

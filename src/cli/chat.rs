@@ -101,7 +101,7 @@ pub(super) fn converse(
             eprintln!("[not sent: {e}; /clear starts over]");
             continue;
         }
-        let (answer, stop) = chat.answer(&ids, &mut std::io::stdout().lock())?;
+        let (answer, stop) = chat.answer(&ids)?;
         if stop == Stop::Interrupted && answer.is_empty() {
             messages.pop();
             continue;

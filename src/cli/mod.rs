@@ -12,6 +12,7 @@ pub mod convert;
 pub mod engine;
 pub mod inspect;
 pub mod kl_file;
+mod out;
 pub mod perplexity;
 pub mod run;
 pub mod sim;

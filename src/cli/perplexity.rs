@@ -9,6 +9,7 @@
 //! (src/cli/kl_file.rs: one run writes its logits, a later one compares with them), and `-b N`
 //! sets the tokens per forward pass (`-b 1`: the decode path).
 
+use super::out::{out, outln};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -290,8 +291,8 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     }
     let started = Instant::now();
     let (nll, base_nll, kl) = score_chunks(args, (&mut gen, &mut cmp), &tokens, shape, &tok)?;
-    println!();
-    println!(
+    outln!();
+    outln!(
         "Final estimate: PPL = {:.4} +/- {:.5}",
         nll.ppl(),
         nll.ppl_error()
@@ -367,7 +368,7 @@ fn score_chunks(
                 kl.add(&base_logits[row.clone()], &logits[row]);
             }
         }
-        print!("[{}]{:.4},", i + 1, nll.ppl());
+        out!("[{}]{:.4},", i + 1, nll.ppl());
         std::io::stdout().flush().ok();
         if i == 0 {
             let pass = started.elapsed().as_secs_f64();
@@ -381,22 +382,22 @@ fn score_chunks(
 }
 
 fn print_comparison(what: &str, base_nll: &Nll, kl: &KlStats) {
-    println!(
+    outln!(
         "Baseline ({what}): PPL = {:.4} +/- {:.5}",
         base_nll.ppl(),
         base_nll.ppl_error()
     );
-    println!(
+    outln!(
         "Mean KL(baseline || tested): {} +/- {} nats",
         show_kl(kl.mean()),
         show_kl(kl.mean_error())
     );
-    println!("99th percentile KL: {} nats", show_kl(kl.quantile(0.99)));
-    println!(
+    outln!("99th percentile KL: {} nats", show_kl(kl.quantile(0.99)));
+    outln!(
         "Maximum KL: {} nats",
         show_kl(kl.kl.iter().copied().fold(0.0, f64::max))
     );
-    println!("Same top token: {:.3} %", 100.0 * kl.same_top_share());
+    outln!("Same top token: {:.3} %", 100.0 * kl.same_top_share());
 }
 
 fn print_routes(file: &crate::format::HobFile, plan: &PrecisionPlan, stats: &ExpertStats) {
@@ -408,7 +409,7 @@ fn print_routes(file: &crate::format::HobFile, plan: &PrecisionPlan, stats: &Exp
         Some(i) => format!("{}", v[i]),
         None => "none: low-scored routes ran high".into(),
     };
-    println!(
+    outln!(
         "Routes: high {:.2} % ({}), low {:.2} % ({low}), skipped {:.2} % (T1 {}, T2 {}{})",
         100.0 * h,
         v[plan.high],

@@ -2,12 +2,13 @@
 //! llama.cpp's flag names and meanings. A timing summary goes to stderr.
 
 use clap::Args;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::engine::{tokenizer, ModelArgs};
+use super::out::{out, outln};
 use crate::format::keys;
 use crate::generate::{
     ChatTemplate, Generator, Limits, Message, Sampler, SamplerConfig, Stop, StreamDecoder,
@@ -184,17 +185,14 @@ impl Chat<'_> {
         })
     }
 
-    /// Prefill `ids` and generate up to `n_predict` tokens, streaming them to `out`; the timing
+    /// Prefill `ids` and generate up to `n_predict` tokens, streaming them to stdout; the timing
     /// to stderr. Returns the answer's text and why it stopped.
-    pub fn answer(&mut self, ids: &[u32], out: &mut dyn Write) -> crate::Result<(String, Stop)> {
+    pub fn answer(&mut self, ids: &[u32]) -> crate::Result<(String, Stop)> {
         let mut stream = StreamDecoder::new(self.tok, true);
         let mut text = String::new();
-        let mut emit = |piece: String, out: &mut dyn Write| -> crate::Result<()> {
-            out.write_all(piece.as_bytes())
-                .and_then(|_| out.flush())
-                .map_err(|e| Error::io("<stdout>", "write", e))?;
+        let mut emit = |piece: String| {
+            out!("{piece}");
             text.push_str(&piece);
-            Ok(())
         };
         self.stop.store(false, Ordering::SeqCst);
         let limits = Limits {
@@ -204,16 +202,16 @@ impl Chat<'_> {
         };
         let sampling = (&mut self.sampler, self.tok);
         let (stop, timing) = self.gen.generate(ids, sampling, limits, |id| {
-            let piece = stream.push(id)?;
-            emit(piece, out)
+            emit(stream.push(id)?);
+            Ok(())
         })?;
-        emit(stream.flush()?, out)?;
+        emit(stream.flush()?);
         match stop {
             Stop::ContextFull => eprint!("\n[context full: {} tokens]", self.gen.session().ctx()),
             Stop::Interrupted => eprint!("\n[stopped]"),
             Stop::Eos | Stop::Length => {}
         }
-        writeln!(out).map_err(|e| Error::io("<stdout>", "write", e))?;
+        outln!();
         eprint!("{}", timing.report(self.stats));
         Ok((text, stop))
     }
@@ -310,6 +308,6 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     let prompt = prompt.unwrap_or_default();
     messages.push(Message::user(&prompt));
     let ids = chat.encode(&messages, &prompt)?;
-    chat.answer(&ids, &mut std::io::stdout().lock())?;
+    chat.answer(&ids)?;
     Ok(())
 }

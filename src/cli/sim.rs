@@ -9,6 +9,7 @@
 //! `--fit` grid-searches Eq. 3's weights (step 0.1, summing to 1, forward FLD) for the lowest
 //! mean penalty relative to LRU over the sizes.
 
+use super::out::{out, outln};
 use std::path::PathBuf;
 
 use clap::Args;
@@ -281,7 +282,7 @@ fn print_json(args: &SimArgs, trace: &Trace, cols: &[Column], o: &Outcome) {
             "vs_lru_pct": per,
         })),
     });
-    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
 }
 
 fn print_table(args: &SimArgs, trace: &Trace, cols: &[Column], o: &Outcome) {
@@ -296,7 +297,7 @@ fn print_table(args: &SimArgs, trace: &Trace, cols: &[Column], o: &Outcome) {
         ),
         None => ", no low variant".into(),
     };
-    println!(
+    outln!(
         "trace {}: {}, {} layers x {} experts, top-{}; {} tokens in {} sequences; high {} ({} B){low}",
         args.trace.display(),
         h.model,
@@ -309,7 +310,7 @@ fn print_table(args: &SimArgs, trace: &Trace, cols: &[Column], o: &Outcome) {
         h.high_bytes,
     );
     if let Some(r) = results.first().and_then(|r| r.first()) {
-        println!(
+        outln!(
             "routes: {} computed, {} skipped{}",
             r.served(),
             r.skips,
@@ -320,8 +321,8 @@ fn print_table(args: &SimArgs, trace: &Trace, cols: &[Column], o: &Outcome) {
             }
         );
     }
-    println!("cells: miss penalty (high miss = 1) (hit rate, change vs lru)");
-    println!();
+    outln!("cells: miss penalty (high miss = 1) (hit rate, change vs lru)");
+    outln!();
     let mut table: Vec<Vec<String>> = vec![std::iter::once("policy".to_string())
         .chain(cols.iter().map(|c| c.label.clone()))
         .collect()];
@@ -341,11 +342,11 @@ fn print_table(args: &SimArgs, trace: &Trace, cols: &[Column], o: &Outcome) {
         }
         table.push(line);
     }
-    print!("{}", markdown(&table));
+    out!("{}", markdown(&table));
     if let Some((w, mean, per)) = &fit {
         let per: Vec<String> = per.iter().map(|p| format!("{p:+.1}%")).collect();
-        println!();
-        println!(
+        outln!();
+        outln!(
             "fit (hobbit, forward FLD, 286 weight sets of step 0.1): best --cache-weights {w} \
              (lru,lfu,lhu,fld): penalty vs lru {mean:+.2}% mean ({})",
             per.join(", ")
