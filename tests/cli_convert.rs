@@ -371,3 +371,48 @@ fn errors_before_writing_name_the_problem_and_leave_nothing() {
         &[name, "expected shape [32, 64], found [64, 32]"],
     );
 }
+
+/// Issue 49, item 3: a syntax error inside tokenizer.json's "decoder" panicked in the tokenizers
+/// crate; convert names the file and the line and embeds nothing.
+#[test]
+fn convert_refuses_a_tokenizer_json_that_panicked_the_tokenizers_crate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let model = fixture_copy(tmp.path());
+    let path = model.join("tokenizer.json");
+    let json = std::fs::read_to_string(&path).unwrap();
+    let decoder = "\"decoder\": {\n    \"type\": \"ByteLevel\",";
+    assert!(json.contains(decoder));
+    std::fs::write(
+        &path,
+        json.replacen(decoder, "\"decoder\": {\n    \"type\": \"ByteLevel\"", 1),
+    )
+    .unwrap();
+    let shown = path.display().to_string();
+    convert_fails(
+        &model,
+        &out_dir,
+        &[],
+        &[
+            &format!("{shown}: not a Hugging Face tokenizer: invalid JSON: expected `,` or `}}`"),
+            "at line 44 column 5",
+        ],
+    );
+    // Valid JSON with a decoder the crate does not know: refused the same way.
+    std::fs::write(
+        &path,
+        json.replacen(
+            decoder,
+            "\"decoder\": {\n    \"type\": \"NoSuchDecoder\",",
+            1,
+        ),
+    )
+    .unwrap();
+    convert_fails(
+        &model,
+        &out_dir,
+        &[],
+        &[&format!("{shown}: not a Hugging Face tokenizer: ")],
+    );
+}
