@@ -8,7 +8,8 @@ mod import_fixture;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use hob::format::{DType, HobFile, MatrixView, VariantKind};
 use hob::import::dtype;
@@ -370,4 +371,191 @@ fn errors_before_writing_name_the_problem_and_leave_nothing() {
         &[],
         &[name, "expected shape [32, 64], found [64, 32]"],
     );
+}
+
+/// Issue 49, item 3: a syntax error inside tokenizer.json's "decoder" panicked in the tokenizers
+/// crate; convert names the file and the line and embeds nothing.
+#[test]
+fn convert_refuses_a_tokenizer_json_that_panicked_the_tokenizers_crate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let model = fixture_copy(tmp.path());
+    let path = model.join("tokenizer.json");
+    let json = std::fs::read_to_string(&path).unwrap();
+    let decoder = "\"decoder\": {\n    \"type\": \"ByteLevel\",";
+    assert!(json.contains(decoder));
+    std::fs::write(
+        &path,
+        json.replacen(decoder, "\"decoder\": {\n    \"type\": \"ByteLevel\"", 1),
+    )
+    .unwrap();
+    let shown = path.display().to_string();
+    convert_fails(
+        &model,
+        &out_dir,
+        &[],
+        &[
+            &format!("{shown}: not a Hugging Face tokenizer: invalid JSON: expected `,` or `}}`"),
+            "at line 44 column 5",
+        ],
+    );
+    // Valid JSON with a decoder the crate does not know: refused the same way.
+    std::fs::write(
+        &path,
+        json.replacen(
+            decoder,
+            "\"decoder\": {\n    \"type\": \"NoSuchDecoder\",",
+            1,
+        ),
+    )
+    .unwrap();
+    convert_fails(
+        &model,
+        &out_dir,
+        &[],
+        &[&format!("{shown}: not a Hugging Face tokenizer: ")],
+    );
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A convert that runs for seconds (1 GB: one synthetic Mixtral layer, int2 experts).
+fn start_slow_convert(out: &Path) -> Child {
+    common::hob_command()
+        .args(["convert", "--synthetic", "mixtral-8x7b", "--layers", "1"])
+        .args(["--experts", "int2", "--no-progress", "-o"])
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait until `child` has created its temporary file in `dir`; its path.
+fn wait_for_temp_file(dir: &Path, child: &mut Child) -> PathBuf {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(name) = names_in(dir).into_iter().find(|n| n.contains(".tmp-")) {
+            return dir.join(name);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("convert ended ({status}) before its temporary file appeared");
+        }
+        assert!(Instant::now() < deadline, "no temporary file after 300 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn send_signal(child: &Child, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill takes integers only; `pid` is our own child, not yet reaped (so not reused).
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
+/// Issue 49, item 8: Ctrl-C, SIGTERM or SIGHUP during a convert left `OUT.tmp-PID` behind at its
+/// full preallocated size.
+#[test]
+fn interrupted_convert_leaves_no_temp_file() {
+    for (signal, name) in [
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGHUP, "SIGHUP"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m.hob");
+        let mut child = start_slow_convert(&out);
+        let tmp = wait_for_temp_file(dir.path(), &mut child);
+        send_signal(&child, signal);
+        let o = child.wait_with_output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(130), "{name}: {}: {err}", o.status);
+        assert!(
+            err.contains(&format!(
+                "hob convert: interrupted; removed the unfinished output {}\n",
+                tmp.display()
+            )),
+            "{name}: {err}"
+        );
+        assert!(
+            names_in(dir.path()).is_empty(),
+            "{name}: {:?}",
+            names_in(dir.path())
+        );
+    }
+}
+
+/// Issue 49, item 8: after `kill -9` (which no handler sees) the temporary file stayed forever;
+/// the next convert to the same output removes it, and only files of dead processes.
+#[test]
+fn killed_convert_temp_file_is_removed_by_the_next_convert() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.hob");
+    let mut child = start_slow_convert(&out);
+    let tmp = wait_for_temp_file(dir.path(), &mut child);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let pid = child.id();
+    assert!(tmp.exists(), "SIGKILL cannot be handled: the file stays");
+    // A live process's file (this test's) and another output's file are not touched.
+    let live = dir.path().join(format!("m.hob.tmp-{}", std::process::id()));
+    let other = dir.path().join(format!("other.hob.tmp-{pid}"));
+    std::fs::write(&live, b"busy").unwrap();
+    std::fs::write(&other, b"not ours").unwrap();
+
+    let err = stderr(&hob(&convert_args(&fx::fixture_dir(), &out, &[])));
+    assert!(
+        err.contains(&format!(
+            "hob convert: removed {}, left by an interrupted convert (process {pid}, which is gone)",
+            tmp.display()
+        )),
+        "{err}"
+    );
+    assert!(out.exists(), "{err}");
+    let mut expected = vec![
+        "m.hob".to_string(),
+        format!("m.hob.tmp-{}", std::process::id()),
+        format!("other.hob.tmp-{pid}"),
+    ];
+    expected.sort();
+    assert_eq!(names_in(dir.path()), expected);
+}
+
+/// Issue 49, item 8: `-o DIR` failed only after the whole conversion (at the final rename).
+#[test]
+fn output_naming_a_directory_fails_before_any_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("models");
+    std::fs::create_dir(&dir).unwrap();
+    let shown = dir.display().to_string();
+    let want = |out: &str| {
+        format!("error: -o {out}: names a directory; give the path of the .hob file to write (e.g. {shown}/model.hob)")
+    };
+    // Checked before the source is even opened.
+    let missing = tmp.path().join("no-such-checkpoint");
+    for out in [format!("{shown}/"), shown.clone()] {
+        let o = hob(&convert_args(&missing, Path::new(&out), &[]));
+        assert!(!o.status.success());
+        assert_eq!(stderr(&o).trim_end(), want(&out));
+    }
+    let o = hob(&[
+        "convert",
+        "--synthetic",
+        "mixtral-8x7b",
+        "--layers",
+        "1",
+        "--no-progress",
+        "-o",
+        &shown,
+    ]);
+    assert!(!o.status.success());
+    assert_eq!(stderr(&o).trim_end(), want(&shown));
+    assert!(names_in(&dir).is_empty() && names_in(tmp.path()) == ["models"]);
 }

@@ -246,3 +246,41 @@ fn a_model_without_experts_is_valid() {
     );
     f.verify().unwrap();
 }
+
+/// Issue 49, item 8: temporary files of killed writers were never removed. Only `<out>.tmp-<pid>`
+/// files of `out` whose process is gone are; a live process's file and other names stay.
+#[test]
+fn stale_temp_files_of_dead_processes_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.hob");
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    child.wait().unwrap();
+    let dead = child.id();
+    let live = std::process::id();
+    for name in [
+        format!("m.hob.tmp-{dead}"),
+        format!("m.hob.tmp-{live}"),
+        format!("m.hob.tmp-{dead}x"),
+        format!("other.hob.tmp-{dead}"),
+        "m.hob".to_string(),
+    ] {
+        std::fs::write(dir.path().join(name), b"x").unwrap();
+    }
+    std::fs::create_dir(dir.path().join(format!("m.hob.tmp-{}", dead + 1))).ok();
+    let removed = hob::format::writer::remove_stale_temp_files(&out).unwrap();
+    assert_eq!(
+        removed,
+        [(dir.path().join(format!("m.hob.tmp-{dead}")), dead as i32)]
+    );
+    let left = entries(dir.path());
+    assert_eq!(left.len(), 5, "{left:?}");
+    assert!(!left.contains(&format!("m.hob.tmp-{dead}")), "{left:?}");
+    // Nothing to do where the directory has no such files; a missing directory is named.
+    assert!(hob::format::writer::remove_stale_temp_files(&out)
+        .unwrap()
+        .is_empty());
+    let err = hob::format::writer::remove_stale_temp_files(&dir.path().join("no/m.hob"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no: list directory"), "{err}");
+}

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use hob::generate::{
     ChatTemplate, Conversation, GenerateError, Message, RenderDelta, StreamDecoder, Tokenizer,
+    TEMPLATE_FUEL, TEMPLATE_MAX_OUTPUT,
 };
 
 const TOKENIZER_JSON: &str = include_str!("fixtures/mistral/tokenizer.json");
@@ -276,7 +277,11 @@ fn tokenizer_errors_name_the_problem() {
     let bad = Tokenizer::from_json("{\"model\": 3}", 1, 2, true)
         .err()
         .unwrap();
-    assert!(bad.to_string().starts_with("tokenizer.json: "), "{bad}");
+    assert!(
+        bad.to_string()
+            .starts_with("not a Hugging Face tokenizer: "),
+        "{bad}"
+    );
     let out_of_range = Tokenizer::from_json(TOKENIZER_JSON, 1, 40000, true)
         .err()
         .unwrap();
@@ -291,4 +296,110 @@ fn tokenizer_errors_name_the_problem() {
         "tokenizer: token \"<|im_end|>\" is not in the vocabulary"
     );
     assert!(tok.decode(&[1, 99999], false).is_err());
+}
+
+/// Issue 49, item 3: a syntax error inside "decoder" made the tokenizers crate panic.
+#[test]
+fn tokenizer_json_with_a_syntax_error_in_its_decoder_is_an_error_not_a_panic() {
+    let decoder = "\"decoder\": {\n    \"type\": \"Sequence\",";
+    assert!(TOKENIZER_JSON.contains(decoder));
+    // serde_json reports the missing comma where the next key starts, two lines below "decoder".
+    let decoder_line = TOKENIZER_JSON[..TOKENIZER_JSON.find(decoder).unwrap()]
+        .matches('\n')
+        .count()
+        + 1;
+    let broken = TOKENIZER_JSON.replacen(decoder, "\"decoder\": {\n    \"type\": \"Sequence\"", 1);
+    let err = Tokenizer::from_json(&broken, 1, 2, true).err().unwrap();
+    assert!(matches!(err, GenerateError::TokenizerLoad { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("not a Hugging Face tokenizer: invalid JSON: ")
+            && text.contains(&format!("at line {} column", decoder_line + 2)),
+        "{text}"
+    );
+    // Valid JSON the crate refuses: its own error, no panic either.
+    let unknown = TOKENIZER_JSON.replacen(
+        decoder,
+        "\"decoder\": {\n    \"type\": \"NoSuchDecoder\",",
+        1,
+    );
+    let err = Tokenizer::from_json(&unknown, 1, 2, true).err().unwrap();
+    assert!(
+        err.to_string()
+            .starts_with("not a Hugging Face tokenizer: "),
+        "{err}"
+    );
+    assert!(hob::generate::parse_hf_json(&broken).is_err());
+    assert!(hob::generate::parse_hf_json("[1, 2]").is_err());
+}
+
+/// Issue 49, item 4: nested range(100000) loops rendered forever.
+#[test]
+fn template_with_nested_huge_loops_stops_with_a_budget_error() {
+    let source = "{% for i in range(100000) %}\n{% for j in range(100000) %}{{ j }}{% endfor %}\n{% endfor %}";
+    let template = ChatTemplate::new(source, "", "").unwrap();
+    let started = std::time::Instant::now();
+    let err = template.render(&[Message::user("hi")], true).unwrap_err();
+    assert!(
+        matches!(err, GenerateError::TemplateTooMuchWork { .. }),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "chat template: too much work (more than {TEMPLATE_FUEL} steps): stopped at line 2 of the template"
+        )
+    );
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+}
+
+/// Issue 49, item 4: a template could print gigabytes (here 10 GB) before failing.
+#[test]
+fn template_with_gigantic_output_is_bounded() {
+    let template = ChatTemplate::new(
+        "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+        "",
+        "",
+    )
+    .unwrap();
+    let err = template.render(&[], false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("chat template: the prompt would be longer than {TEMPLATE_MAX_OUTPUT} bytes")
+    );
+    // One huge string is refused before it is made, by the budget.
+    let template = ChatTemplate::new("{{ 'x' * 10000000000 }}", "", "").unwrap();
+    let err = template.render(&[], false).unwrap_err();
+    assert!(
+        matches!(err, GenerateError::TemplateTooMuchWork { .. }),
+        "{err}"
+    );
+}
+
+/// Issue 49, item 4: "chat template: syntax error: syntax error: ..." said it twice; render errors
+/// said "invalid operation: " before the template's own message.
+#[test]
+fn template_errors_say_what_went_wrong_once() {
+    let syntax = ChatTemplate::new("{{ 1 }}\n{% if %}", "", "")
+        .err()
+        .unwrap();
+    assert_eq!(
+        syntax.to_string(),
+        "chat template: syntax error: unexpected end of block at line 2"
+    );
+    let template = ChatTemplate::new(MIXTRAL_TEMPLATE, "<s>", "</s>").unwrap();
+    let refused = template
+        .render(&[Message::assistant("x")], true)
+        .unwrap_err();
+    let text = refused.to_string();
+    assert!(
+        text.starts_with("chat template: cannot render the conversation: After the optional")
+            && text.ends_with("at line 11"),
+        "{text}"
+    );
+    let template = ChatTemplate::new("{{ nope(1) }}", "", "").unwrap();
+    assert_eq!(
+        template.render(&[], false).unwrap_err().to_string(),
+        "chat template: cannot render the conversation: unknown function: nope is unknown at line 1"
+    );
 }

@@ -2,7 +2,9 @@
 //! so peak memory stays near one expert (all its variants) plus the largest dense tensor.
 
 use std::io::IsTerminal;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -10,7 +12,7 @@ use rayon::prelude::*;
 
 use super::ConvertArgs;
 use crate::error::Error;
-use crate::format::{DType, ExpertLayout, HobWriter, Variant};
+use crate::format::{writer, DType, ExpertLayout, HobWriter, Variant};
 use crate::import::synthetic::{self, SyntheticModel};
 use crate::import::{dtype, Checkpoint, ExpertWeights};
 use crate::quant::{self, ErrorStats};
@@ -60,8 +62,17 @@ pub fn quantize_expert(
     (blob, stats)
 }
 
-/// The output's directory must exist before any work is done.
-fn check_output_dir(out: &Path) -> crate::Result<()> {
+/// Checks on `-o` before any work is done: a file name (not a directory), in a directory that
+/// exists.
+fn check_output(out: &Path) -> crate::Result<()> {
+    let shown = out.display();
+    let names_a_dir = out.as_os_str().as_bytes().ends_with(b"/") || out.file_name().is_none();
+    if names_a_dir || out.is_dir() {
+        return Err(Error::Invalid(format!(
+            "-o {shown}: names a directory; give the path of the .hob file to write (e.g. {})",
+            out.join("model.hob").display()
+        )));
+    }
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -74,6 +85,62 @@ fn check_output_dir(out: &Path) -> crate::Result<()> {
         ))),
         Err(e) => Err(Error::io(dir, "output directory", e)),
     }
+}
+
+/// Everything done before reading the source: check `-o`, make Ctrl-C and SIGTERM remove the
+/// temporary file, and remove temporary files of earlier converts that were killed.
+fn prepare_output(out: &Path) -> crate::Result<()> {
+    check_output(out)?;
+    install_interrupt_handler()?;
+    for (path, pid) in writer::remove_stale_temp_files(out)? {
+        eprintln!(
+            "hob convert: removed {}, left by an interrupted convert (process {pid}, which is gone)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Exit status after an interrupt (128 + SIGINT, as a shell reports Ctrl-C; ctrlc does not say
+/// whether SIGINT, SIGTERM or SIGHUP arrived).
+const INTERRUPTED_STATUS: i32 = 130;
+
+/// On SIGINT, SIGTERM or SIGHUP: remove the temporary .hob file being written, say so, and exit.
+/// Installed once per process (a second convert in the same process keeps the first handler,
+/// which serves every writer).
+fn install_interrupt_handler() -> crate::Result<()> {
+    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+    let installed = INSTALLED.get_or_init(|| {
+        ctrlc::set_handler(|| {
+            writer::remove_temp_files_then(|removed| {
+                let removed = match removed {
+                    [] => String::new(),
+                    files => format!(
+                        "; removed the unfinished output {}",
+                        files
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                };
+                // A progress bar may be on the current line.
+                let newline = if std::io::stderr().is_terminal() {
+                    "\n"
+                } else {
+                    ""
+                };
+                eprintln!("{newline}hob convert: interrupted{removed}");
+                std::process::exit(INTERRUPTED_STATUS)
+            })
+        })
+        .map_err(|e| e.to_string())
+    });
+    installed.clone().map_err(|e| {
+        Error::Invalid(format!(
+            "convert: cannot install the interrupt handler: {e}"
+        ))
+    })
 }
 
 fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
@@ -117,7 +184,7 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
     let start = Instant::now();
     let variants = parse_variants(&args.experts, args.group_size)?;
     let dense_dtype = args.dense.as_deref().map(parse_dense).transpose()?;
-    check_output_dir(&args.output)?;
+    prepare_output(&args.output)?;
     let ckpt = Checkpoint::open(from)?;
     let shape = ckpt.expert_shape();
     let layouts = variants
@@ -239,7 +306,7 @@ fn run_synthetic(args: &ConvertArgs, name: &str) -> crate::Result<()> {
     let dense = args.dense.as_deref().map(parse_dense).transpose()?;
     let dense = dense.unwrap_or(DType::F16);
     let seed = args.seed.unwrap_or(0);
-    check_output_dir(&args.output)?;
+    prepare_output(&args.output)?;
     let bar = progress_bar(
         synthetic::payload_bytes(&model, &variants, dense),
         !args.no_progress && std::io::stderr().is_terminal(),
@@ -322,8 +389,23 @@ mod tests {
 
     #[test]
     fn output_directory_must_exist() {
-        assert!(check_output_dir(Path::new("x.hob")).is_ok());
-        let e = check_output_dir(Path::new("/nonexistent-hob-dir/x.hob")).unwrap_err();
+        assert!(check_output(Path::new("x.hob")).is_ok());
+        let e = check_output(Path::new("/nonexistent-hob-dir/x.hob")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent-hob-dir"), "{e}");
+    }
+
+    #[test]
+    fn output_naming_a_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        for out in [
+            d.clone(),
+            format!("{d}/"),
+            format!("{d}/missing/"),
+            "/".into(),
+        ] {
+            let e = check_output(Path::new(&out)).unwrap_err().to_string();
+            assert!(e.contains(&format!("-o {out}: names a directory")), "{e}");
+        }
     }
 }

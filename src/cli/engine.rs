@@ -472,5 +472,24 @@ pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> 
     };
     let bos = cfg.bos.ok_or_else(|| missing(keys::BOS_TOKEN_ID))?;
     let eos = cfg.eos.ok_or_else(|| missing(keys::EOS_TOKEN_ID))?;
-    Ok(Tokenizer::from_json(json, bos, eos, cfg.add_bos)?)
+    // Name the file and the metadata key that hold the bad value.
+    Tokenizer::from_json(json, bos, eos, cfg.add_bos).map_err(|e| {
+        use crate::format::FormatError;
+        use crate::generate::GenerateError;
+        let key = match &e {
+            GenerateError::TokenizerLoad { .. } => keys::TOKENIZER_HF_JSON,
+            GenerateError::SpecialIdOutOfRange {
+                field: "bos_id", ..
+            } => keys::BOS_TOKEN_ID,
+            GenerateError::SpecialIdOutOfRange { .. } => keys::EOS_TOKEN_ID,
+            _ => return Error::from(e),
+        };
+        let detail = e.to_string();
+        FormatError::Metadata {
+            key: key.to_string(),
+            detail,
+        }
+        .in_file(file.path())
+        .into()
+    })
 }

@@ -2,15 +2,21 @@
 //! then stream tensors and expert blobs into a temporary file, then write tables and header and
 //! rename.
 //!
+//! A writer's temporary file is listed in a process-wide registry while it exists, so that a
+//! signal handler can remove it ([`remove_temp_files_then`]); files left by processes that were
+//! killed outright are found by name ([`remove_stale_temp_files`]).
+//!
 //! The layout is a pure function of (metadata, dense specs, expert shape, variants), and nothing
 //! time- or process-dependent is written, so the same inputs give byte-identical files.
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use super::header::{self, HEADER_SIZE, VERSION};
 use super::reader::{expert_name, Header, EXPERT_RECORD, EXPERT_TABLE_HEADER, VARIANT_DESCRIPTOR};
@@ -172,13 +178,19 @@ impl HobWriter {
         };
 
         let tmp = temp_path(out);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(|e| FormatError::io(&tmp, "create", e))?;
+        let file = {
+            // Created and listed under the lock, so a signal handler removes every file it finds.
+            let mut live = live_temp_files();
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)
+                .map_err(|e| FormatError::io(&tmp, "create", e))?;
+            live.push(tmp.clone());
+            file
+        };
         let writer = HobWriter {
             out: out.to_path_buf(),
             tmp,
@@ -313,9 +325,14 @@ impl HobWriter {
         self.file
             .sync_all()
             .map_err(|e| FormatError::io(&self.tmp, "fsync", e))?;
-        std::fs::rename(&self.tmp, &self.out)
-            .map_err(|e| FormatError::io(&self.out, "rename", e))?;
-        self.done = true;
+        {
+            // Under the lock: a signal handler sees either the temporary file or the finished one.
+            let mut live = live_temp_files();
+            std::fs::rename(&self.tmp, &self.out)
+                .map_err(|e| FormatError::io(&self.out, "rename", e))?;
+            live.retain(|p| p != &self.tmp);
+            self.done = true;
+        }
         // The rename is durable only once the directory entry is.
         let dir = match self.out.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
@@ -449,12 +466,114 @@ fn temp_path(out: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// The temporary files of this process's writers that exist now.
+static LIVE_TEMP_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn live_temp_files() -> MutexGuard<'static, Vec<PathBuf>> {
+    // The list stays consistent even if a holder panicked: every update is one push or retain.
+    LIVE_TEMP_FILES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// For a signal handler: remove the temporary file of every writer still open, then call `then`
+/// with their paths while holding the registry, so no writer creates or renames a file meanwhile
+/// (`then` is expected to exit the process). A writer's later writes go to the removed inode.
+pub fn remove_temp_files_then<R>(then: impl FnOnce(&[PathBuf]) -> R) -> R {
+    let mut live = live_temp_files();
+    let removed: Vec<PathBuf> = live
+        .drain(..)
+        .filter(|p| std::fs::remove_file(p).is_ok())
+        .collect();
+    then(&removed)
+}
+
+/// Remove the temporary files `<out>.tmp-<pid>` left beside `out` by processes that no longer
+/// exist (killed with SIGKILL, or a crash); returns `(path, pid)` of each one removed. Files of
+/// live processes, this one included, are left alone.
+pub fn remove_stale_temp_files(out: &Path) -> Result<Vec<(PathBuf, i32)>, FormatError> {
+    let Some(name) = out.file_name() else {
+        return Ok(Vec::new());
+    };
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let prefix = [name.as_bytes(), b".tmp-"].concat();
+    let entries = std::fs::read_dir(dir).map_err(|e| FormatError::io(dir, "list directory", e))?;
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| FormatError::io(dir, "list directory", e))?;
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .as_bytes()
+            .strip_prefix(prefix.as_slice())
+            .and_then(parse_pid)
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if !is_file || pid as u32 == std::process::id() || !process_is_gone(pid) {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed.push((path, pid)),
+            // Another process cleaned it up first.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(FormatError::io(&path, "remove stale temporary file", e)),
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// A process id written by `temp_path`: decimal digits only, positive.
+fn parse_pid(digits: &[u8]) -> Option<i32> {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits)
+        .ok()?
+        .parse::<i32>()
+        .ok()
+        .filter(|&p| p > 0)
+}
+
+/// Whether no process `pid` exists (EPERM means one does, owned by someone else).
+fn process_is_gone(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 sends nothing; it only checks whether `pid` exists. It takes
+    // integers and touches no memory of this process.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == -1 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
 impl Drop for HobWriter {
     fn drop(&mut self) {
         if !self.done {
+            let mut live = live_temp_files();
             // Nothing half-written is left behind; a failure here leaves only a .tmp file, which
-            // never has the output's name.
+            // never has the output's name (and the next convert removes it).
             let _ = std::fs::remove_file(&self.tmp);
+            live.retain(|p| p != &self.tmp);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_file_pids_parse_strictly() {
+        assert_eq!(parse_pid(b"4242"), Some(4242));
+        for bad in [&b""[..], b"0", b"-3", b"12a", b"+5", b"99999999999"] {
+            assert_eq!(parse_pid(bad), None, "{:?}", std::str::from_utf8(bad));
+        }
+    }
+
+    #[test]
+    fn this_process_is_not_gone() {
+        assert!(!process_is_gone(std::process::id() as i32));
     }
 }

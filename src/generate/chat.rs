@@ -3,6 +3,7 @@
 //! therefore the prompt ids, are the ones the model was tuned on.
 
 use std::fmt::Write;
+use std::io;
 use std::sync::Arc;
 
 use minijinja::value::{Enumerator, Kwargs, Object, ValueKind};
@@ -11,6 +12,15 @@ use minijinja::{context, Environment, Error, ErrorKind, Value};
 use super::GenerateError;
 
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// The most work one render may do, in minijinja fuel (about one step per instruction, one per 64
+/// bytes of text made). Mixtral's template renders a 4000-message, 4 MB conversation with 1/30
+/// of it; a runaway loop is stopped in well under a second.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// The longest prompt a render may produce: far beyond any model's context (1M tokens are about
+/// 4 MiB of text).
+pub const TEMPLATE_MAX_OUTPUT: usize = 64 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
@@ -77,6 +87,7 @@ impl ChatTemplate {
                 reason: describe(&e),
             })?;
         env.set_syntax(syntax);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         // Python string/dict methods (.strip(), .startswith(), .items()) used by HF templates.
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
@@ -105,8 +116,9 @@ impl ChatTemplate {
                 .map_err(|e| GenerateError::TemplateSyntax {
                     reason: describe(&e),
                 })?;
-        template
-            .render(context! {
+        let mut out = CappedWriter::default();
+        let rendered = template.render_captured_to(
+            context! {
                 messages => messages
                     .iter()
                     .map(|m| Value::from_object(MessageObject(m.clone())))
@@ -114,16 +126,70 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
-            })
-            .map_err(|e| GenerateError::TemplateRender {
+            },
+            &mut out,
+        );
+        match rendered {
+            Ok(_) => String::from_utf8(out.bytes).map_err(|e| GenerateError::TemplateRender {
+                reason: format!("the output is not UTF-8: {e}"),
+            }),
+            Err(_) if out.overflowed => Err(GenerateError::TemplateTooLong {
+                limit: TEMPLATE_MAX_OUTPUT,
+            }),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(GenerateError::TemplateTooMuchWork {
+                steps: TEMPLATE_FUEL,
+                reason: match at_line(&e).as_str() {
+                    "" => "stopped".to_string(),
+                    line => format!("stopped{line} of the template"),
+                },
+            }),
+            Err(e) => Err(GenerateError::TemplateRender {
                 reason: describe(&e),
-            })
+            }),
+        }
     }
 }
 
-/// A minijinja error with its causes, on one line.
+/// The render's output, refused beyond [`TEMPLATE_MAX_OUTPUT`] bytes.
+#[derive(Default)]
+struct CappedWriter {
+    bytes: Vec<u8>,
+    overflowed: bool,
+}
+
+impl io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.bytes.len() + buf.len() > TEMPLATE_MAX_OUTPUT {
+            self.overflowed = true;
+            return Err(io::Error::other("chat template output too long"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// " at line N" where the error has a line in the template.
+fn at_line(err: &Error) -> String {
+    match err.line() {
+        Some(line) if err.name().is_some() => format!(" at line {line}"),
+        _ => String::new(),
+    }
+}
+
+/// A minijinja error with its causes, on one line: its detail (the kind too where the detail
+/// alone would not say what went wrong), the line, then the causes. The variant of
+/// [`GenerateError`] already says whether it is a syntax or a render error.
 fn describe(err: &Error) -> String {
-    let mut text = err.to_string();
+    let mut text = match (err.kind(), err.detail()) {
+        (ErrorKind::SyntaxError | ErrorKind::InvalidOperation, Some(detail)) => detail.to_string(),
+        (kind, Some(detail)) => format!("{kind}: {detail}"),
+        (kind, None) => kind.to_string(),
+    };
+    text.push_str(&at_line(err));
     let mut source = std::error::Error::source(err);
     while let Some(cause) = source {
         let _ = write!(text, ": {cause}");

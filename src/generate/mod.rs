@@ -12,17 +12,20 @@ mod session;
 mod stream;
 mod tokenizer;
 
-pub use chat::{ChatTemplate, Conversation, Message, RenderDelta};
+pub use chat::{
+    ChatTemplate, Conversation, Message, RenderDelta, TEMPLATE_FUEL, TEMPLATE_MAX_OUTPUT,
+};
 pub use driver::{Generator, Limits, Stop, Timing, PREFILL_BATCH};
 pub use sampler::{Sampler, SamplerConfig};
 pub use session::{open_session, Bound, Device, Session, SessionConfig};
 pub use stream::StreamDecoder;
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{parse_hf_json, Tokenizer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
-    /// The embedded tokenizer.json could not be loaded or does not fit the model's metadata.
-    #[error("tokenizer.json: {reason}")]
+    /// A tokenizer.json could not be loaded (invalid JSON, or not what the tokenizers crate
+    /// reads). The caller names where the text came from (a file, a metadata key).
+    #[error("not a Hugging Face tokenizer: {reason}")]
     TokenizerLoad { reason: String },
     /// A special token id given by the model's metadata is outside the tokenizer's vocabulary.
     #[error("tokenizer: {field} = {id} is outside the vocabulary (size {vocab_size})")]
@@ -46,6 +49,12 @@ pub enum GenerateError {
     /// The chat template refused the conversation (raise_exception) or failed while rendering.
     #[error("chat template: cannot render the conversation: {reason}")]
     TemplateRender { reason: String },
+    /// The chat template ran past its budget of steps (a loop too long to be a prompt).
+    #[error("chat template: too much work (more than {steps} steps): {reason}")]
+    TemplateTooMuchWork { steps: u64, reason: String },
+    /// The chat template's output ran past the longest prompt allowed.
+    #[error("chat template: the prompt would be longer than {limit} bytes")]
+    TemplateTooLong { limit: usize },
     /// A sampling parameter is out of its range.
     #[error("sampler: {field} must be {expected}, found {found}")]
     InvalidSampler {

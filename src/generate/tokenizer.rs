@@ -1,7 +1,10 @@
 //! The model's Hugging Face tokenizer.json, with the BOS/EOS facts that come from the model's
 //! metadata rather than from the file.
 
+use std::cell::Cell;
+use std::panic::{self, AssertUnwindSafe};
 use std::str::FromStr;
+use std::sync::Once;
 
 use super::GenerateError;
 
@@ -30,16 +33,7 @@ impl Tokenizer {
         eos_id: u32,
         add_bos: bool,
     ) -> Result<Self, GenerateError> {
-        let load = |text: &str| {
-            tokenizers::Tokenizer::from_str(text).map_err(|e| GenerateError::TokenizerLoad {
-                reason: e.to_string(),
-            })
-        };
-        let inner = load(json)?;
-        let continuation = match legacy_without_prepend(json)? {
-            Some(rewritten) => Some(load(&rewritten)?),
-            None => None,
-        };
+        let (inner, continuation) = load(json)?;
         let vocab_size = inner.get_vocab_size(true);
         for (field, id) in [("bos_id", bos_id), ("eos_id", eos_id)] {
             if id as usize >= vocab_size {
@@ -219,25 +213,89 @@ impl Tokenizer {
     }
 }
 
+/// Check a tokenizer.json the way [`Tokenizer::from_json`] loads it (both forms of a legacy
+/// SentencePiece file), and return the Hugging Face tokenizer: for `hob convert`, which must not
+/// embed a file that would not load.
+pub fn parse_hf_json(json: &str) -> Result<tokenizers::Tokenizer, GenerateError> {
+    Ok(load(json)?.0)
+}
+
+/// The tokenizer, and for a legacy SentencePiece file its variant without the dummy prefix.
+fn load(
+    json: &str,
+) -> Result<(tokenizers::Tokenizer, Option<tokenizers::Tokenizer>), GenerateError> {
+    // JSON first: the tokenizers crate panics on some syntax errors (inside "decoder", for one),
+    // and serde_json names the line and column.
+    let root: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| GenerateError::TokenizerLoad {
+            reason: format!("invalid JSON: {e}"),
+        })?;
+    if !root.is_object() {
+        return Err(GenerateError::TokenizerLoad {
+            reason: "the JSON is not an object".into(),
+        });
+    }
+    let inner = from_str_caught(json)?;
+    let continuation = match legacy_without_prepend(root) {
+        Some(rewritten) => Some(from_str_caught(&rewritten)?),
+        None => None,
+    };
+    Ok((inner, continuation))
+}
+
+/// `tokenizers::Tokenizer::from_str`, with a panic inside the crate turned into an error.
+fn from_str_caught(json: &str) -> Result<tokenizers::Tokenizer, GenerateError> {
+    match catch_panic_quietly(|| tokenizers::Tokenizer::from_str(json)) {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(GenerateError::TokenizerLoad {
+            reason: e.to_string(),
+        }),
+        Err(panic) => Err(GenerateError::TokenizerLoad {
+            reason: format!("the tokenizers library failed on it ({panic})"),
+        }),
+    }
+}
+
+thread_local! {
+    /// Set while this thread runs [`catch_panic_quietly`]: the panic hook stays silent.
+    static QUIET_PANICS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f`; a panic in it becomes `Err(its message)` and prints nothing. Panics elsewhere (other
+/// threads, or this one outside `f`) are reported by the hook that was installed before.
+fn catch_panic_quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if !QUIET_PANICS.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    let was_quiet = QUIET_PANICS.with(|q| q.replace(true));
+    // Nothing of `f`'s is used after a panic: its result is dropped unseen.
+    let result = panic::catch_unwind(AssertUnwindSafe(f));
+    QUIET_PANICS.with(|q| q.set(was_quiet));
+    result.map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+    })
+}
+
 /// For a legacy Llama/Mistral tokenizer.json (normalizer `Sequence[Prepend("▁"), Replace(" ",
 /// "▁")]`), the same file with the Prepend removed; `None` for any other tokenizer.
-fn legacy_without_prepend(json: &str) -> Result<Option<String>, GenerateError> {
-    let mut root: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| GenerateError::TokenizerLoad {
-            reason: format!("not valid JSON: {e}"),
-        })?;
-    let Some(normalizer) = root.get_mut("normalizer") else {
-        return Ok(None);
-    };
+fn legacy_without_prepend(mut root: serde_json::Value) -> Option<String> {
+    let normalizer = root.get_mut("normalizer")?;
     if normalizer.get("type").and_then(|t| t.as_str()) != Some("Sequence") {
-        return Ok(None);
+        return None;
     }
-    let Some(steps) = normalizer
+    let steps = normalizer
         .get_mut("normalizers")
-        .and_then(|n| n.as_array_mut())
-    else {
-        return Ok(None);
-    };
+        .and_then(|n| n.as_array_mut())?;
     let is_prepend_space = |step: &serde_json::Value| {
         step.get("type").and_then(|t| t.as_str()) == Some("Prepend")
             && step.get("prepend").and_then(|p| p.as_str()) == Some(SPIECE_SPACE)
@@ -245,7 +303,20 @@ fn legacy_without_prepend(json: &str) -> Result<Option<String>, GenerateError> {
     let before = steps.len();
     steps.retain(|step| !is_prepend_space(step));
     if steps.len() == before {
-        return Ok(None);
+        return None;
     }
-    Ok(Some(root.to_string()))
+    Some(root.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_is_caught_and_the_hook_is_kept_for_others() {
+        let caught = catch_panic_quietly(|| -> u32 { panic!("boom {}", 7) });
+        assert_eq!(caught, Err("boom 7".to_string()));
+        assert_eq!(catch_panic_quietly(|| 5), Ok(5));
+        assert!(!QUIET_PANICS.with(Cell::get));
+    }
 }

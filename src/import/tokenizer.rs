@@ -27,10 +27,12 @@ impl TokenizerFiles {
     ) -> Result<TokenizerFiles, ImportError> {
         let json_path = dir.join("tokenizer.json");
         let json = read_text(&json_path)?;
-        let tokenizer: tokenizers::Tokenizer =
-            json.parse().map_err(|e| ImportError::Tokenizer {
+        // Loaded as `hob run` will load it from the .hob file, so a file that would fail there
+        // never gets into one.
+        let tokenizer =
+            crate::generate::parse_hf_json(&json).map_err(|e| ImportError::Tokenizer {
                 path: json_path.clone(),
-                detail: format!("not a Hugging Face tokenizer: {e}"),
+                detail: e.to_string(),
             })?;
 
         let config_path = dir.join("tokenizer_config.json");
