@@ -101,17 +101,18 @@ fn prepare_output(out: &Path) -> crate::Result<()> {
     Ok(())
 }
 
-/// Exit status after an interrupt (128 + SIGINT, as a shell reports Ctrl-C; ctrlc does not say
-/// whether SIGINT, SIGTERM or SIGHUP arrived).
-const INTERRUPTED_STATUS: i32 = 130;
-
 /// On SIGINT, SIGTERM or SIGHUP: remove the temporary .hob file being written, say so, and exit.
 /// Installed once per process (a second convert in the same process keeps the first handler,
 /// which serves every writer).
 fn install_interrupt_handler() -> crate::Result<()> {
     static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
     let installed = INSTALLED.get_or_init(|| {
-        ctrlc::set_handler(|| {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+            .map_err(|e| e.to_string())?;
+        // A thread of its own waits for the signal, so the handler may remove files and print.
+        std::thread::spawn(move || {
+            let signal = signals.forever().next().unwrap_or(SIGINT);
             writer::remove_temp_files_then(|removed| {
                 let removed = match removed {
                     [] => String::new(),
@@ -131,10 +132,11 @@ fn install_interrupt_handler() -> crate::Result<()> {
                     ""
                 };
                 eprintln!("{newline}hob convert: interrupted{removed}");
-                std::process::exit(INTERRUPTED_STATUS)
+                // 128 + the signal, as a shell reports a process the signal ended.
+                std::process::exit(128 + signal)
             })
-        })
-        .map_err(|e| e.to_string())
+        });
+        Ok(())
     });
     installed.clone().map_err(|e| {
         Error::Invalid(format!(

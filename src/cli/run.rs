@@ -275,8 +275,8 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     };
     let stop = Arc::new(AtomicBool::new(false));
     if args.interactive {
-        let flag = stop.clone();
-        ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        // Ctrl-C stops an answer; SIGTERM and SIGHUP keep their default: they end hob.
+        signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())
             .map_err(|e| Error::Invalid(format!("cannot install the Ctrl-C handler: {e}")))?;
     }
     let gen = args.model.generator(&file, &model, ctx)?;
