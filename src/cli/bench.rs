@@ -387,7 +387,7 @@ fn cooperative_host_gbs(
     platform: Option<&crate::platform::Platform>,
     figures: Option<(f64, f64)>,
 ) -> crate::Result<f64> {
-    let cpu = crate::backend::cpu::CpuBackend::new(args.model.threads)?;
+    let cpu = crate::backend::cpu::CpuBackend::new(args.model.thread_count()?)?;
     let alone = cpu.read_bandwidth_gbs(1 << 30);
     let link = figures.map_or(f64::INFINITY, |f| f.1);
     let pace = platform.and_then(|p| p.pacing()).map(|p| p.gbs * 1e9);
