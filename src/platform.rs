@@ -336,14 +336,29 @@ impl Platform {
     }
 }
 
+/// CPU cores this process may use (`std::thread::available_parallelism`; 1 when unknown).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The threads a user's count asks for on a machine of `cores` cores: 0 is one per core, and a
+/// count above the cores is capped to them (the pools spin while they wait for work, so a
+/// thread beyond the cores only takes time slices from the others: 7-100x slower, never faster).
+/// Returns (threads, capped).
+pub fn user_threads(requested: usize, cores: usize) -> (usize, bool) {
+    match requested {
+        0 => (cores, false),
+        n if n > cores => (cores, true),
+        n => (n, false),
+    }
+}
+
 /// A pool of `threads` CPU threads named `name-N` (0: one per available core): the CPU backend's
-/// and the expert engine's helpers.
+/// and the expert engine's helpers. Any other count is built as asked (tests compare thread
+/// counts above a small machine's cores); the command line caps a user's count with
+/// [`user_threads`].
 pub fn thread_pool(threads: usize, name: &'static str) -> crate::Result<rayon::ThreadPool> {
-    let threads = if threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        threads
-    };
+    let threads = if threads == 0 { cores() } else { threads };
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("{name}-{i}"))
@@ -388,6 +403,16 @@ mod tests {
         let h = Platform::resolve("h100").unwrap();
         assert_eq!((h.gpu_mem_gib, h.pacing()), (None, None));
         assert_eq!((h.expert_cache_bytes(), h.load_gbs()), (None, 54.0));
+    }
+
+    #[test]
+    fn user_thread_counts_are_capped_at_the_cores() {
+        assert_eq!(user_threads(0, 2), (2, false));
+        assert_eq!(user_threads(1, 2), (1, false));
+        assert_eq!(user_threads(2, 2), (2, false));
+        assert_eq!(user_threads(1000, 2), (2, true));
+        assert_eq!(user_threads(3, 16), (3, false));
+        assert!(cores() >= 1);
     }
 
     #[test]

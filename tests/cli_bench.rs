@@ -92,3 +92,150 @@ fn bench_default_sizes_fit_a_model_of_256_tokens() {
         "{stdout}"
     );
 }
+
+/// The machine's cores, as hob caps -t at them.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `hob bench -o json` with `extra` flags on the CPU: the rows.
+fn bench_json(p: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = vec!["bench", "-m", p, "--device", "cpu", "-r", "1", "-o", "json"];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = hob(&args);
+    assert!(ok, "{args:?}: {stderr}");
+    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("bench -o json prints JSON");
+    rows.as_array().expect("an array of rows").clone()
+}
+
+/// Issue 49 item 13: `-p 64,128 -n 32 -t 1,2` was refused; llama-bench runs every combination,
+/// one row per test per thread count, in its order: for each thread count, the prefill tests and
+/// then the decode tests.
+#[test]
+fn bench_comma_lists_run_every_combination_in_llama_bench_order() {
+    let (_dir, path) = convert_fixture("f16");
+    let rows = bench_json(
+        path.to_str().unwrap(),
+        &["-p", "16,32", "-n", "8", "-t", "1,2"],
+    );
+    let got: Vec<(u64, String)> = rows
+        .iter()
+        .map(|r| (r["n_threads"].as_u64().unwrap(), r["test"].to_string()))
+        .collect();
+    let two = 2.min(cores()) as u64;
+    let want: Vec<(u64, String)> = [1, two]
+        .iter()
+        .flat_map(|&t| ["pp16", "pp32", "tg8"].map(|test| (t, format!("\"{test}\""))))
+        .collect();
+    assert_eq!(got, want);
+    // A size 0 in a list is skipped, as llama-bench does.
+    let rows = bench_json(path.to_str().unwrap(), &["-p", "0,16", "-n", "0"]);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["test"], "pp16");
+}
+
+/// Issue 49 item 13: the size and params columns described the whole file (every variant) and
+/// params was empty; they are the dense weights plus the experts in the variant benchmarked, as
+/// `hob inspect` counts them, and the table has llama-bench's threads column.
+#[test]
+fn bench_size_and_params_are_the_benchmarked_variants() {
+    let (_dir, path) = convert_fixture("f16,int4");
+    let p = path.to_str().unwrap();
+    let (ok, stdout, stderr) = hob(&["inspect", "--json", p]);
+    assert!(ok, "{stderr}");
+    let info: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let tensors = info["tensors"].as_array().unwrap();
+    let dense_bytes: u64 = tensors.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+    let dense_params: u64 = tensors
+        .iter()
+        .map(|t| {
+            t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap())
+                .product::<u64>()
+        })
+        .sum();
+    let e = &info["experts"];
+    let n = e["layers"].as_u64().unwrap() * e["experts_per_layer"].as_u64().unwrap();
+    let params = dense_params + n * 3 * e["hidden"].as_u64().unwrap() * e["ffn"].as_u64().unwrap();
+    let variant_bytes = |name: &str| {
+        e["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["variant"].as_str().unwrap().starts_with(name))
+            .map(|v| v["bytes"].as_u64().unwrap())
+            .unwrap()
+    };
+    let file_size = info["header"]["file_size"].as_u64().unwrap();
+    for variant in ["f16", "int4"] {
+        let rows = bench_json(p, &["-p", "8", "-n", "0", "--expert-variant", variant]);
+        let size = dense_bytes + variant_bytes(variant);
+        assert_eq!(rows[0]["size_bytes"].as_u64(), Some(size), "{variant}");
+        assert!(size < file_size, "{variant}: {size} of {file_size}");
+        assert_eq!(rows[0]["params"].as_u64(), Some(params), "{variant}");
+    }
+    // With --low, both variants computed with count.
+    let rows = bench_json(p, &["-p", "8", "-n", "0", "--low", "int4"]);
+    let both = dense_bytes + variant_bytes("f16") + variant_bytes("int4");
+    assert_eq!(rows[0]["size_bytes"].as_u64(), Some(both));
+    // The markdown table: a threads column after the backend, and a params figure.
+    let (ok, md, stderr) = hob(&[
+        "bench", "-m", p, "--device", "cpu", "-r", "1", "-p", "8", "-n", "0", "-t", "1",
+    ]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<&str> = md.lines().collect();
+    assert!(lines[0].contains("| backend | threads |"), "{md}");
+    assert!(lines[2].contains("| CPU     |       1 |"), "{md}");
+    assert!(!lines[2].contains("|      - | CPU"), "params empty: {md}");
+}
+
+/// Issue 49 item 7: -t far above the cores was accepted and ran 7-100x slower (the pool spins);
+/// bench caps every count at the cores with a note, and its rows show the threads used.
+#[test]
+fn bench_thread_counts_above_the_cores_are_capped() {
+    let (_dir, path) = convert_fixture("f16");
+    let p = path.to_str().unwrap();
+    let c = cores();
+    let (ok, stdout, stderr) = hob(&[
+        "bench", "-m", p, "--device", "cpu", "-r", "1", "-p", "8", "-n", "0", "-t", "1,1000", "-o",
+        "json",
+    ]);
+    assert!(ok, "{stderr}");
+    if c < 1000 {
+        let plural = if c == 1 { "" } else { "s" };
+        let note = format!("-t 1000: this machine has {c} core{plural}; using {c}");
+        assert!(stderr.contains(&note), "{stderr}");
+    }
+    let rows: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let threads: Vec<u64> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["n_threads"].as_u64().unwrap())
+        .collect();
+    assert_eq!(threads, [1, c.min(1000) as u64]);
+}
+
+/// Issue 49 items 12 and 13: a bad value in a list is refused by its flag and value.
+#[test]
+fn bench_refuses_bad_list_values_by_name() {
+    let (_dir, path) = convert_fixture("f16");
+    let p = path.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["-p", "16,100000"], "-p 100000: at most 255 tokens"),
+        (&["-n", "8,x"], "'x'"),
+        (&["-t", "1,-5"], "-t -5:"),
+        (&["-p", "0", "-n", "0,0"], "nothing to measure"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["bench", "-m", p, "--device", "cpu", "-r", "1"];
+        args.extend_from_slice(extra);
+        let (ok, _, stderr) = hob(&args);
+        assert!(!ok, "{extra:?} should fail");
+        assert!(stderr.contains(want), "{extra:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

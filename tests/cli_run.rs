@@ -257,3 +257,56 @@ fn bad_input_is_a_clear_error() {
         );
     }
 }
+
+// Issue 49, -t as llama.cpp users give it (items 7 and 12).
+
+/// `hob run` on the CPU with `threads` as -t: (success, stderr).
+fn run_with_threads(p: &str, threads: &[&str]) -> (bool, String) {
+    let mut args = vec!["run", "-m", p, "-p", "hi", "-n", "2", "--device", "cpu"];
+    args.extend_from_slice(threads);
+    let (ok, _, stderr) = hob(&args);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (ok, stderr)
+}
+
+/// Issue 49 item 7: `-t 1000` on a small machine was accepted and ran 7-100x slower (the pool
+/// spins); the count is capped at the cores, with a note.
+#[test]
+fn threads_above_the_cores_are_capped_with_a_note() {
+    let (_dir, path) = convert_fixture("f16");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (ok, stderr) = run_with_threads(path.to_str().unwrap(), &["-t", "1000"]);
+    assert!(ok, "{stderr}");
+    if cores < 1000 {
+        let plural = if cores == 1 { "" } else { "s" };
+        let note = format!("-t 1000: this machine has {cores} core{plural}; using {cores}");
+        assert!(stderr.contains(&note), "{stderr}");
+        assert!(
+            stderr.contains(&format!("cpu: {cores} thread{plural}")),
+            "{stderr}"
+        );
+    }
+}
+
+/// Issue 49 item 12: `-t -1` was "unexpected argument '-1'"; as in llama.cpp, -1 (and 0) mean one
+/// thread per core, and other negative counts are refused by name.
+#[test]
+fn threads_minus_one_means_one_per_core() {
+    let (_dir, path) = convert_fixture("f16");
+    let p = path.to_str().unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_core = format!("cpu: {cores} thread{}", if cores == 1 { "" } else { "s" });
+    for t in [&["-t", "-1"][..], &["-t", "0"], &["--threads=-1"], &[]] {
+        let (ok, stderr) = run_with_threads(p, t);
+        assert!(ok, "{t:?}: {stderr}");
+        assert!(stderr.contains(&per_core), "{t:?}: {stderr}");
+    }
+    let (ok, stderr) = run_with_threads(p, &["-t", "-5"]);
+    assert!(!ok && stderr.contains("-t -5:"), "{stderr}");
+    // Lists are for `hob bench`: elsewhere -t takes one count.
+    let (ok, stderr) = run_with_threads(p, &["-t", "1,2"]);
+    assert!(
+        !ok && stderr.contains("comma lists are for hob bench"),
+        "{stderr}"
+    );
+}

@@ -2,8 +2,8 @@
 //!
 //! One `BenchRow` per (model, configuration, test). `render_markdown` prints llama-bench's
 //! `-o md` look (padded cells, numeric columns right-aligned); `render_json` prints a JSON array
-//! with one object per row (llama-bench's `-o json` field names where they exist: `avg_ts`,
-//! `stddev_ts`, `samples_ts`, `n_prompt`, `n_gen`).
+//! with one object per row (llama-bench's `-o json` field names where they exist: `n_threads`,
+//! `avg_ts`, `stddev_ts`, `samples_ts`, `n_prompt`, `n_gen`).
 //!
 //! The `limit t/s` column is the perfect-overlap bound (`Limit::overlap_tok_s`): nothing can beat
 //! it, so `% limit` stays at or below 100. The JSON carries both bounds.
@@ -66,12 +66,15 @@ pub struct MoeStats {
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchRow {
     pub model: String,
-    /// The model file's size, bytes.
+    /// Bytes of what is benchmarked: the dense weights and the expert variants computed with
+    /// (not the file's other variants).
     pub size_bytes: u64,
-    /// Parameter count, when known.
+    /// Parameter count (dense and experts), when known.
     pub params: Option<u64>,
     /// "CPU", "CUDA", ...
     pub backend: String,
+    /// CPU threads of the session (llama-bench shows them for every backend).
+    pub threads: usize,
     /// The platform profile the run used or emulated ("h100", "rtx4090-24g", ...).
     pub profile: String,
     pub test: BenchTest,
@@ -105,13 +108,15 @@ impl BenchRow {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+const MIB: f64 = (1u64 << 20) as f64;
 
 /// (header, right-aligned)
-const COLUMNS: [(&str, bool); 13] = [
+const COLUMNS: [(&str, bool); 14] = [
     ("model", false),
     ("size", true),
     ("params", true),
     ("backend", false),
+    ("threads", true),
     ("profile", false),
     ("test", true),
     ("t/s", true),
@@ -123,16 +128,36 @@ const COLUMNS: [(&str, bool); 13] = [
     ("% limit", true),
 ];
 
-fn cells(r: &BenchRow) -> [String; 13] {
+/// llama-bench's size cell: MiB below a GiB, else GiB.
+fn size_cell(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b < GIB {
+        format!("{:.2} MiB", b / MIB)
+    } else {
+        format!("{:.2} GiB", b / GIB)
+    }
+}
+
+/// llama-bench's params cell: M below a billion, else B.
+fn params_cell(params: u64) -> String {
+    let p = params as f64;
+    if p < 1e9 {
+        format!("{:.2} M", p / 1e6)
+    } else {
+        format!("{:.2} B", p / 1e9)
+    }
+}
+
+fn cells(r: &BenchRow) -> [String; 14] {
     let dash = || "-".to_string();
     let (mean, sd) = r.tok_s();
     let moe = r.moe.as_ref();
     [
         r.model.clone(),
-        format!("{:.2} GiB", r.size_bytes as f64 / GIB),
-        r.params
-            .map_or_else(dash, |p| format!("{:.2} B", p as f64 / 1e9)),
+        size_cell(r.size_bytes),
+        r.params.map_or_else(dash, params_cell),
         r.backend.clone(),
+        r.threads.to_string(),
         r.profile.clone(),
         r.test.to_string(),
         format!("{mean:.2} ± {sd:.2}"),
@@ -159,7 +184,7 @@ fn cells(r: &BenchRow) -> [String; 13] {
 
 /// A markdown table in llama-bench's look, one line per row, ending with a newline.
 pub fn render_markdown(rows: &[BenchRow]) -> String {
-    let body: Vec<[String; 13]> = rows.iter().map(cells).collect();
+    let body: Vec<[String; 14]> = rows.iter().map(cells).collect();
     let widths: Vec<usize> = COLUMNS
         .iter()
         .enumerate()
@@ -227,6 +252,7 @@ fn row_json(r: &BenchRow) -> Value {
         "size_bytes": r.size_bytes,
         "params": r.params,
         "backend": r.backend,
+        "n_threads": r.threads,
         "profile": r.profile,
         "test": r.test,
         "n_prompt": n_prompt,
@@ -267,6 +293,7 @@ mod tests {
                 size_bytes: 29 << 30,
                 params: Some(46_700_000_000),
                 backend: "CUDA".into(),
+                threads: 8,
                 profile: "rtx4090-24g".into(),
                 test: BenchTest::Generate(128),
                 samples_tok_s: vec![2.0, 2.1, 2.2],
@@ -293,6 +320,7 @@ mod tests {
                 size_bytes: 29 << 30,
                 params: None,
                 backend: "CPU".into(),
+                threads: 16,
                 profile: "h100".into(),
                 test: BenchTest::Prompt(512),
                 samples_tok_s: vec![100.0],
@@ -313,17 +341,19 @@ mod tests {
         let md = render_markdown(&rows());
         let lines: Vec<&str> = md.lines().collect();
         assert_eq!(lines.len(), 4, "{md}");
-        // Every line has the same width and 13 columns.
+        // Every line has the same width and 14 columns.
         for l in &lines {
             assert_eq!(l.chars().count(), lines[0].chars().count(), "{md}");
-            assert_eq!(l.matches(" |").count(), 13, "{l}");
+            assert_eq!(l.matches(" |").count(), 14, "{l}");
         }
+        assert!(lines[0].contains("| backend | threads | profile "), "{md}");
         assert!(lines[0].starts_with("| model        |      size |"), "{md}");
         assert!(lines[1].starts_with("| ------------ | --------: |"), "{md}");
         let r = lines[2];
         for want in [
             "| 29.00 GiB |",
             " 46.70 B |",
+            "| CUDA    |       8 |",
             "| rtx4090-24g |",
             " tg128 |",
             " 2.10 ± 0.10 |",
@@ -346,11 +376,23 @@ mod tests {
     }
 
     #[test]
+    fn small_models_show_mib_and_millions_as_llama_bench_does() {
+        assert_eq!(size_cell(29 << 30), "29.00 GiB");
+        assert_eq!(size_cell(3 << 19), "1.50 MiB");
+        assert_eq!(params_cell(46_700_000_000), "46.70 B");
+        assert_eq!(params_cell(234_560), "0.23 M");
+    }
+
+    #[test]
     fn json_has_one_object_per_row() {
         let v: Value = serde_json::from_str(&render_json(&rows())).unwrap();
         let a = v.as_array().unwrap();
         assert_eq!(a.len(), 2);
         assert_eq!(a[0]["test"], "tg128");
+        assert_eq!(
+            (a[0]["n_threads"].as_u64(), a[1]["n_threads"].as_u64()),
+            (Some(8), Some(16))
+        );
         assert_eq!(
             (a[0]["n_prompt"].as_u64(), a[0]["n_gen"].as_u64()),
             (Some(0), Some(128))

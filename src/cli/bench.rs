@@ -22,12 +22,19 @@ use crate::Error;
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt tokens of the prefill test (0: skip it; default 512, at most the model's context).
-    #[arg(short = 'p', long = "n-prompt")]
-    pub n_prompt: Option<usize>,
-    /// Tokens of the decode test (0: skip it; default 128, at most the model's context).
-    #[arg(short = 'n', long = "n-gen")]
-    pub n_gen: Option<usize>,
+    /// Prompt tokens of the prefill tests, a comma list (0: none; default 512, at most the
+    /// model's context).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_name = "N",
+        value_delimiter = ','
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Tokens of the decode tests, a comma list (0: none; default 128, at most the model's
+    /// context).
+    #[arg(short = 'n', long = "n-gen", value_name = "N", value_delimiter = ',')]
+    pub n_gen: Vec<usize>,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,
@@ -58,27 +65,41 @@ pub fn token_trace(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// The test sizes: -p and -n as given (each below the model's context), or their defaults
-/// clamped to it (said on stderr).
-fn test_sizes(args: &BenchArgs, context: usize) -> crate::Result<(usize, usize)> {
-    let fit = |given: Option<usize>, default: usize, flag: &str| -> crate::Result<usize> {
-        match given {
-            Some(n) if n >= context => Err(Error::Invalid(format!(
+/// The tests of one session, in llama-bench's order: each -p size as a prefill test, then each
+/// -n size as a decode test (sizes 0 skipped). Each size is below the model's context; a default
+/// beyond it is clamped to it (said on stderr).
+fn tests(args: &BenchArgs, context: usize) -> crate::Result<Vec<BenchTest>> {
+    let fit = |given: &[usize], default: usize, flag: &str| -> crate::Result<Vec<usize>> {
+        if given.is_empty() && default >= context {
+            eprintln!(
+                "bench: {flag} defaults to {default}, beyond the model's context of {context}: {}",
+                context - 1
+            );
+            return Ok(vec![context - 1]);
+        }
+        if given.is_empty() {
+            return Ok(vec![default]);
+        }
+        match given.iter().find(|&&n| n >= context) {
+            Some(n) => Err(Error::Invalid(format!(
                 "{flag} {n}: at most {} tokens (the model's context)",
                 context - 1
             ))),
-            Some(n) => Ok(n),
-            None if default >= context => {
-                eprintln!(
-                    "bench: {flag} defaults to {default}, beyond the model's context of {context}: {}",
-                    context - 1
-                );
-                Ok(context - 1)
-            }
-            None => Ok(default),
+            None => Ok(given.iter().copied().filter(|&n| n > 0).collect()),
         }
     };
-    Ok((fit(args.n_prompt, 512, "-p")?, fit(args.n_gen, 128, "-n")?))
+    let prompts = fit(&args.n_prompt, 512, "-p")?.into_iter();
+    let gens = fit(&args.n_gen, 128, "-n")?.into_iter();
+    let tests: Vec<BenchTest> = prompts
+        .map(BenchTest::Prompt)
+        .chain(gens.map(BenchTest::Generate))
+        .collect();
+    if tests.is_empty() {
+        return Err(Error::Invalid(
+            "nothing to measure: every -p and -n size is 0".into(),
+        ));
+    }
+    Ok(tests)
 }
 
 pub fn run(args: &BenchArgs) -> crate::Result<()> {
@@ -88,58 +109,45 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
     let file = args.model.open()?;
     let model = Model::load(&file)?;
     let cfg = &model.cfg;
-    let (n_prompt, n_gen) = test_sizes(args, cfg.context_length)?;
-    if n_prompt == 0 && n_gen == 0 {
-        return Err(Error::Invalid(
-            "nothing to measure: -p and -n are both 0".into(),
-        ));
-    }
-    let ctx = (n_prompt.max(n_gen) + 1).min(cfg.context_length);
+    let tests = tests(args, cfg.context_length)?;
+    let longest = tests.iter().map(|&t| args_n(t)).max().unwrap_or(1);
+    let ctx = (longest + 1).min(cfg.context_length);
     let platform = args.model.platform()?;
-    // Without --platform, this device's own figures for the limit, measured before the session
+    let decodes = tests.iter().any(|t| matches!(t, BenchTest::Generate(_)));
+    // Without --platform, this device's own figures for the limit, measured before a session
     // takes device memory for its expert cache (the copy needs 2 GiB).
-    let measured = (platform.is_none()
-        && n_gen > 0
+    let mut measured = (platform.is_none()
+        && decodes
         && !matches!(args.model.device, super::engine::Device::Cpu)
         && crate::backend::cuda::probe().is_ok())
     .then(measure_device);
-    let mut gen = args.model.generator(&file, &model, ctx)?;
-    eprintln!("bench: {}", gen.describe());
+    let mut bench = Bench::new(args, &file, platform.as_ref(), cfg.tie_embeddings)?;
     let trace = token_trace(ctx, cfg.vocab, args.seed);
-    // Warm-up (not measured), as llama-bench does: one prefill of the test's size (buffers grow
-    // and cuBLAS picks its kernels for that shape once) and a few decode steps.
-    gen.feed_timed(&trace[..n_prompt.max(1)], true)?;
-    gen.feed_timed(&trace[..4.min(ctx - 1)], false)?;
-    let cuda = gen.describe().starts_with("cuda");
-    let figures = limit_figures(platform.as_ref(), measured.filter(|_| cuda));
-    let bench = Bench {
-        label: model_label(args, &file, platform.as_ref())?,
-        size_bytes: file.bytes().len() as u64,
-        backend: if cuda { "CUDA" } else { "CPU" },
-        profile: platform
-            .as_ref()
-            .map_or_else(|| "native".to_string(), |p| p.name.clone()),
-        dense: dense_bytes(&file, cfg.tie_embeddings),
-        variant_bytes: (0..file.variants().len())
-            .map(|v| file.expert_layout(v).size as f64)
-            .collect(),
-        figures,
-        host_gbs: if args.model.cpu_experts && cuda {
-            Some(cooperative_host_gbs(args, platform.as_ref(), figures)?)
-        } else {
-            None
-        },
-        warn_profile: platform
-            .as_ref()
-            .map(|p| (p.name.clone(), p.memory_bandwidth_gbs)),
-    };
+    let mut figures = None;
     let mut rows = Vec::new();
-    let tests = [
-        (n_prompt > 0).then_some(BenchTest::Prompt(n_prompt)),
-        (n_gen > 0).then_some(BenchTest::Generate(n_gen)),
-    ];
-    for test in tests.into_iter().flatten() {
-        rows.push(bench.measure(args, &mut gen, test, &trace)?);
+    // llama-bench's order: for each thread count, its own session (the previous one and its
+    // device memory gone first), the prefill tests, then the decode tests.
+    for threads in args.model.thread_counts() {
+        let mut gen = args
+            .model
+            .with_threads(threads)
+            .generator(&file, &model, ctx)?;
+        eprintln!("bench: {}", gen.describe());
+        let cuda = gen.describe().starts_with("cuda");
+        let figures = *figures.get_or_insert_with(|| {
+            limit_figures(platform.as_ref(), measured.take().filter(|_| cuda))
+        });
+        bench.threads = threads;
+        bench.backend = if cuda { "CUDA" } else { "CPU" };
+        bench.figures = figures;
+        bench.host_gbs = match args.model.cpu_experts && cuda {
+            true => Some(cooperative_host_gbs(threads, platform.as_ref(), figures)?),
+            false => None,
+        };
+        for &test in &tests {
+            warm_up(&mut gen, test, &trace)?;
+            rows.push(bench.measure(args, &mut gen, test, &trace)?);
+        }
     }
     match args.output.as_str() {
         "json" => println!("{}", render_json(&rows)),
@@ -148,25 +156,66 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
     Ok(())
 }
 
-/// What every row of one bench run shares.
+/// Before each test, as llama-bench does, one run not measured: a prefill of the test's size
+/// (buffers grow and cuBLAS picks its kernels for that shape once), or a few decode steps.
+fn warm_up(gen: &mut Generator<'_>, test: BenchTest, trace: &[u32]) -> crate::Result<()> {
+    match test {
+        BenchTest::Prompt(n) => gen.feed_timed(&trace[..n], true)?,
+        BenchTest::Generate(n) => gen.feed_timed(&trace[..n.min(4)], false)?,
+    };
+    Ok(())
+}
+
+/// What the rows of one bench run share, and the session's settings (set per thread count).
 struct Bench {
     label: String,
+    /// Bytes and parameters of what is benchmarked: the dense weights and every expert in the
+    /// variants computed with (not the file's other variants).
     size_bytes: u64,
-    backend: &'static str,
+    params: u64,
     profile: String,
     /// Bytes one decode token reads of the dense weights.
     dense: f64,
     /// Bytes of one expert in each variant (what a use reads from device memory).
     variant_bytes: Vec<f64>,
+    /// The profile's name and memory rate (a row above its limit is warned about).
+    warn_profile: Option<(String, f64)>,
+    /// The session's CPU threads.
+    threads: usize,
+    backend: &'static str,
     /// The limit's memory and link figures, GB/s.
     figures: Option<(f64, f64)>,
     /// Cooperative runs: host memory's rate for the missed bytes, GB/s.
     host_gbs: Option<f64>,
-    /// The profile's name and memory rate (a row above its limit is warned about).
-    warn_profile: Option<(String, f64)>,
 }
 
 impl Bench {
+    fn new(
+        args: &BenchArgs,
+        file: &crate::format::HobFile,
+        platform: Option<&crate::platform::Platform>,
+        tied: bool,
+    ) -> crate::Result<Bench> {
+        let plan = args.model.plan(file, platform)?;
+        let used: Vec<usize> = std::iter::once(plan.high).chain(plan.low).collect();
+        let (size_bytes, params) = footprint(file, &used);
+        Ok(Bench {
+            label: model_label(args, file, platform)?,
+            size_bytes,
+            params,
+            profile: platform.map_or_else(|| "native".to_string(), |p| p.name.clone()),
+            dense: dense_bytes(file, tied),
+            variant_bytes: (0..file.variants().len())
+                .map(|v| file.expert_layout(v).size as f64)
+                .collect(),
+            warn_profile: platform.map(|p| (p.name.clone(), p.memory_bandwidth_gbs)),
+            threads: 0,
+            backend: "CPU",
+            figures: None,
+            host_gbs: None,
+        })
+    }
+
     /// `-r` runs of `test`, the engine's counters summed over them: one row.
     fn measure(
         &self,
@@ -213,8 +262,9 @@ impl Bench {
         Ok(BenchRow {
             model: self.label.clone(),
             size_bytes: self.size_bytes,
-            params: None,
+            params: Some(self.params),
             backend: self.backend.to_string(),
+            threads: self.threads,
             profile: self.profile.clone(),
             test,
             samples_tok_s: samples,
@@ -355,6 +405,26 @@ fn dense_bytes(file: &crate::format::HobFile, tied: bool) -> f64 {
         .sum::<u64>() as f64
 }
 
+/// Bytes and parameters of the dense weights and of every expert in `variants` (each variant
+/// holds every expert: a variant's parameters are the experts' weights, whatever their
+/// precision, so they count once).
+fn footprint(file: &crate::format::HobFile, variants: &[usize]) -> (u64, u64) {
+    let experts = (file.n_layers() * file.n_experts()) as u64;
+    let (hidden, ffn) = file.expert_dims();
+    let dense_bytes: u64 = file.tensors().iter().map(|t| t.size).sum();
+    let dense_params: u64 = file
+        .tensors()
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>() as u64)
+        .sum();
+    let expert_bytes: u64 = variants
+        .iter()
+        .map(|&v| experts * file.expert_layout(v).size as u64)
+        .sum();
+    let expert_params = experts * 3 * (hidden * ffn) as u64;
+    (dense_bytes + expert_bytes, dense_params + expert_params)
+}
+
 /// The limit's figures: the profile's, or without --platform this device's own (a
 /// device-to-device copy and the link from page-locked memory), so that every CUDA decode row
 /// has its limit beside it.
@@ -383,11 +453,11 @@ fn limit_figures(
 /// reads host memory too: the two are measured together, and the bound takes the lesser of
 /// their sum alone and what they reach at once.
 fn cooperative_host_gbs(
-    args: &BenchArgs,
+    threads: usize,
     platform: Option<&crate::platform::Platform>,
     figures: Option<(f64, f64)>,
 ) -> crate::Result<f64> {
-    let cpu = crate::backend::cpu::CpuBackend::new(args.model.threads)?;
+    let cpu = crate::backend::cpu::CpuBackend::new(threads)?;
     let alone = cpu.read_bandwidth_gbs(1 << 30);
     let link = figures.map_or(f64::INFINITY, |f| f.1);
     let pace = platform.and_then(|p| p.pacing()).map(|p| p.gbs * 1e9);

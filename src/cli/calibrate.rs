@@ -382,7 +382,7 @@ fn record(
         layers: layers.clone(),
         buf: Vec::new(),
     };
-    let backend = CpuBackend::new(args.model.threads)?;
+    let backend = CpuBackend::new(args.model.thread_count()?)?;
     let label = format!("cpu: {} threads", backend.threads());
     let bound = Bound::new(model, backend, Box::new(recorder), n_ctx, label)?;
     let mut gen = Generator::new(Box::new(bound));

@@ -39,14 +39,10 @@ pub struct ModelArgs {
     /// The .hob model file.
     #[arg(short = 'm', long = "model", help_heading = "Model")]
     pub model: PathBuf,
-    /// CPU threads (0: one per core).
-    #[arg(
-        short = 't',
-        long = "threads",
-        default_value_t = 0,
-        help_heading = DEVICE
-    )]
-    pub threads: usize,
+    /// CPU threads (-1 or 0, the default: one per core; a count above the cores is capped to
+    /// them). `hob bench` takes a comma list (-t 1,2,4): one set of rows per count.
+    #[arg(short = 't', long = "threads", value_name = "N", value_delimiter = ',', value_parser = parse_threads, help_heading = DEVICE)]
+    pub threads: Vec<usize>,
     /// Expert variant to compute with (the high precision of HOBBIT's scorer): f16, bf16,
     /// int8, int4 or int2 (default: the profile's high_variant, else the file's first).
     #[arg(
@@ -179,7 +175,61 @@ pub struct ModelArgs {
     pub platform: Option<String>,
 }
 
+/// One -t value, llama.cpp's way: -1 and 0 are one thread per core; a count above the cores is
+/// capped to them, with a note (extra threads only slow the spinning pools down).
+fn parse_threads(s: &str) -> Result<usize, String> {
+    let n: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| "expected a number of threads (-1 or 0: one per core)".to_string())?;
+    let cores = crate::platform::cores();
+    match n {
+        -1 | 0 => Ok(cores),
+        n if n < 0 => Err(format!(
+            "-t {n}: a thread count is positive, or -1 or 0 for one per core"
+        )),
+        n => {
+            let (threads, capped) =
+                crate::platform::user_threads(usize::try_from(n).unwrap_or(usize::MAX), cores);
+            if capped {
+                let plural = if cores == 1 { "" } else { "s" };
+                eprintln!("-t {n}: this machine has {cores} core{plural}; using {threads}");
+            }
+            Ok(threads)
+        }
+    }
+}
+
 impl ModelArgs {
+    /// The -t thread counts (each already resolved: one per core by default, capped at the
+    /// cores); `hob bench` runs each.
+    pub fn thread_counts(&self) -> Vec<usize> {
+        if self.threads.is_empty() {
+            vec![crate::platform::cores()]
+        } else {
+            self.threads.clone()
+        }
+    }
+
+    /// The one -t thread count of a command that is not `hob bench`.
+    pub fn thread_count(&self) -> crate::Result<usize> {
+        match self.thread_counts()[..] {
+            [n] => Ok(n),
+            ref many => Err(Error::Invalid(format!(
+                "-t: one thread count here, not a list of {} (comma lists are for hob bench)",
+                many.len()
+            ))),
+        }
+    }
+
+    /// These flags with one thread count: what one of `hob bench`'s sessions runs with.
+    pub fn with_threads(&self, threads: usize) -> ModelArgs {
+        ModelArgs {
+            threads: vec![threads],
+            ..self.clone()
+        }
+    }
+
     pub fn open(&self) -> crate::Result<HobFile> {
         if !self.model.exists() {
             return Err(Error::Invalid(format!(
@@ -337,6 +387,7 @@ impl ModelArgs {
         model: &Model<'_>,
     ) -> crate::Result<SessionConfig> {
         self.check_values()?;
+        let threads = self.thread_count()?;
         let platform = self.platform()?;
         let plan = self.plan(file, platform.as_ref())?;
         // Checked whatever the device, so a typo never passes silently on the CPU.
@@ -368,7 +419,7 @@ impl ModelArgs {
             substitute_low: !self.no_substitute,
             prefetch: self.prefetch,
             prefetch_min_weight: self.prefetch_min_weight,
-            cpu_experts: self.cpu_experts.then_some(self.threads),
+            cpu_experts: self.cpu_experts.then_some(threads),
             load_behind: !self.no_load_behind,
             tier: if self.ssd || (unified && !self.no_ssd) {
                 Tier::Disk
@@ -386,7 +437,7 @@ impl ModelArgs {
                 Device::Cuda => crate::generate::Device::Cuda,
                 _ => crate::generate::Device::Cpu,
             },
-            threads: self.threads,
+            threads,
             engine,
             score_predictions: self.stats,
             replay,

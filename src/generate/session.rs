@@ -164,7 +164,8 @@ pub fn open_session<'a>(
         }
         Device::Cpu => {
             let backend = CpuBackend::new(cfg.threads)?;
-            let label = format!("cpu: {} threads", backend.threads());
+            let n = backend.threads();
+            let label = format!("cpu: {n} thread{}", if n == 1 { "" } else { "s" });
             let depth = if cfg.score_predictions {
                 cfg.engine.prefetch
             } else {
