@@ -109,8 +109,9 @@ fn looping_chat_template_fails_with_a_budget_error() {
     assert_eq!(
         run_error(&bad),
         format!(
-            "error: chat template: too much work (more than {} steps): stopped at line 1 of the \
-             template",
+            "error: {}: metadata key 'tokenizer.chat_template': chat template: too much work \
+             (more than {} steps): stopped at line 1 of the template",
+            bad.display(),
             hob::generate::TEMPLATE_FUEL
         )
     );

@@ -5,6 +5,7 @@
 //! Tokens come from a fixed pseudo-random trace (--seed), not from sampling, so two runs (A/B)
 //! route identically. Each repetition starts from an empty context, as llama-bench does.
 
+use super::out::{out, outln};
 use clap::Args;
 
 use super::engine::ModelArgs;
@@ -150,8 +151,8 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         }
     }
     match args.output.as_str() {
-        "json" => println!("{}", render_json(&rows)),
-        _ => print!("{}", render_markdown(&rows)),
+        "json" => outln!("{}", render_json(&rows)),
+        _ => out!("{}", render_markdown(&rows)),
     }
     Ok(())
 }

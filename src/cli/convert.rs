@@ -1,6 +1,7 @@
 //! `hob convert`: Hugging Face checkpoint -> .hob, streamed one tensor or one expert at a time
 //! so peak memory stays near one expert (all its variants) plus the largest dense tensor.
 
+use super::out::outln;
 use std::io::IsTerminal;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -270,23 +271,27 @@ fn print_summary(
     dense_bytes: u64,
     variants: &[VariantSummary],
 ) {
-    println!(
+    outln!(
         "wrote {} ({size} bytes, {:.1} MiB) in {:.2} s",
         out.display(),
         size as f64 / (1024.0 * 1024.0),
         elapsed.as_secs_f64()
     );
-    println!("dense: {n_dense} tensors, {dense_bytes} bytes");
-    println!(
+    outln!("dense: {n_dense} tensors, {dense_bytes} bytes");
+    outln!(
         "{:<10} {:>8} {:>14} {:>12} {:>14}",
-        "variant", "experts", "bytes", "bits/weight", "rel. RMS err"
+        "variant",
+        "experts",
+        "bytes",
+        "bits/weight",
+        "rel. RMS err"
     );
     for s in variants {
         let error = s
             .error
             .as_ref()
             .map_or_else(|| "-".to_string(), |e| format!("{:.6}", e.relative_rms()));
-        println!(
+        outln!(
             "{:<10} {:>8} {:>14} {:>12.3} {:>14}",
             s.variant.name(),
             s.count,
@@ -341,9 +346,11 @@ fn run_synthetic(args: &ConvertArgs, name: &str) -> crate::Result<()> {
             error: None,
         })
         .collect();
-    println!(
+    outln!(
         "synthetic {}: {} of {} layers, seed {seed}; architecture mixtral, no tokenizer",
-        model.name, model.spec.n_layers, model.total_layers
+        model.name,
+        model.spec.n_layers,
+        model.total_layers
     );
     print_summary(
         &args.output,
@@ -353,7 +360,7 @@ fn run_synthetic(args: &ConvertArgs, name: &str) -> crate::Result<()> {
         summary.dense_bytes,
         &summaries,
     );
-    println!(
+    outln!(
         "throughput: {:.2} GB/s written",
         size as f64 / 1e9 / elapsed.as_secs_f64().max(1e-9)
     );

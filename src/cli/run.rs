@@ -166,6 +166,8 @@ fn prompt_text(args: &RunArgs) -> crate::Result<Option<String>> {
 /// One conversation: the generator (a session and the tokens its KV cache holds), the tokenizer,
 /// the sampler and the chat template.
 pub(super) struct Chat<'a> {
+    /// The .hob file, named by template errors.
+    pub path: &'a std::path::Path,
     pub gen: Generator<'a>,
     pub tok: &'a Tokenizer,
     pub template: Option<&'a ChatTemplate>,
@@ -180,7 +182,12 @@ impl Chat<'_> {
     /// The prompt ids of `messages` (through the template), or of `raw` without one.
     pub fn encode(&self, messages: &[Message], raw: &str) -> crate::Result<Vec<u32>> {
         Ok(match self.template {
-            Some(t) => self.tok.encode(&t.render(messages, true)?, false)?,
+            Some(t) => {
+                let text = t
+                    .render(messages, true)
+                    .map_err(|e| template_error(self.path, e))?;
+                self.tok.encode(&text, false)?
+            }
             None => self.tok.encode(raw, true)?,
         })
     }
@@ -215,6 +222,15 @@ impl Chat<'_> {
         eprint!("{}", timing.report(self.stats));
         Ok((text, stop))
     }
+}
+
+/// A chat template's error, named by the file and key it came from.
+fn template_error(path: &std::path::Path, e: crate::generate::GenerateError) -> Error {
+    Error::Invalid(format!(
+        "{}: metadata key '{}': {e}",
+        path.display(),
+        keys::CHAT_TEMPLATE
+    ))
 }
 
 fn sampler(args: &RunArgs, ctx: usize) -> crate::Result<(Sampler, u64)> {
@@ -261,11 +277,8 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     let template = match (args.no_chat, file.metadata().get_str(keys::CHAT_TEMPLATE)) {
         (false, Ok(src)) => {
             let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
-            Some(ChatTemplate::new(
-                src,
-                &name(model.cfg.bos),
-                &name(model.cfg.eos),
-            )?)
+            let t = ChatTemplate::new(src, &name(model.cfg.bos), &name(model.cfg.eos));
+            Some(t.map_err(|e| template_error(file.path(), e))?)
         }
         (false, Err(_)) => {
             eprintln!("note: the file has no chat template: plain completion");
@@ -289,6 +302,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         gen.describe()
     );
     let mut chat = Chat {
+        path: file.path(),
         gen,
         tok: &tok,
         template: template.as_ref(),
