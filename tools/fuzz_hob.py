@@ -15,7 +15,7 @@ Outcomes: ok (exit 0); clean error (exit 1, and the "error:" line names the muta
 unnamed error (exit 1, the error line does not name the file), panic (exit 101 or "panicked"), hang
 (timeout), signal (killed by a signal), odd exit (any other status). Failing cases are saved (mutant,
 command, stderr, mutation) under --out, a few per distinct failure; the summary is printed and written to
---out/summary.txt. Exit status 1 when anything failed.
+--out/summary.txt (every distinct failure, counted: --out/signatures.txt). Exit status 1 when anything failed.
 
   python3 tools/fuzz_hob.py --minutes 10 --jobs 2                 # builds the tiny fixture's .hob
   python3 tools/fuzz_hob.py --hob target/release/hob --seed-file m.hob --cases 500 --out /tmp/fz
@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -295,8 +296,8 @@ def m_truncate(buf, lay, rng):
     h = lay.header
     cuts = [0, 1, 7, 8, 12, HEADER_SIZE - 1, HEADER_SIZE, h["metadata_offset"] + h["metadata_len"] // 2,
             h["tensors_offset"] + 3, h["experts_offset"] + 30, h["data_offset"], len(buf) - 1,
-            rng.randrange(len(buf))]
-    n = rng.choice(cuts)
+            rng.randrange(max(1, len(buf)))]
+    n = max(0, rng.choice(cuts))
     del buf[n:]
     return f"truncate to {n}"
 
@@ -408,6 +409,7 @@ class Fuzzer:
         self.outcomes, self.by_cmd, self.by_kind = Counter(), Counter(), Counter()
         self.signatures, self.saved, self.clean = Counter(), 0, Counter()
         self.mutants = 0
+        self.bugs = 0  # mutants this script failed to make
         self.work = tempfile.mkdtemp(prefix="fuzz_hob-")
 
     def worker(self, wid, deadline, max_cases):
@@ -420,7 +422,14 @@ class Fuzzer:
                 index = self.mutants
                 self.mutants += 1
             rng = random.Random(self.args.rng_seed * 1_000_003 + index)
-            data, kinds, desc = mutate(self.seed, self.lay, rng)
+            try:
+                data, kinds, desc = mutate(self.seed, self.lay, rng)
+            except Exception:  # a bug of this script: reported, the run goes on
+                with self.lock:
+                    self.bugs += 1
+                    if self.bugs == 1:
+                        traceback.print_exc()
+                continue
             with open(path, "wb") as f:
                 f.write(data)
             for name, argv in self.cmds.items():
@@ -471,6 +480,8 @@ class Fuzzer:
             ok, clean = self.by_kind[(k, "ok")], self.by_kind[(k, "clean error")]
             bad = sum(self.by_kind[(k, o)] for o in FAILURES)
             lines.append(f"  {k:<18}{ok:>7,} {clean:>7,} {bad:>7,}")
+        if self.bugs:
+            lines.append(f"fuzz_hob bugs: {self.bugs} mutants not made (traceback above)")
         lines.append(f"distinct clean errors: {len(self.clean)}; the most common:")
         lines += [f"  {n:>6,}  {s}" for s, n in self.clean.most_common(12)]
         if failed:
@@ -507,7 +518,8 @@ def main(argv=None):
     ap.add_argument("--cases", type=int, default=0, help="stop after about this many cases (0: the budget only)")
     ap.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds a command may run (default 20)")
-    ap.add_argument("--out", default="fuzz-out", help="where failures and the summary go (default fuzz-out)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "target", "fuzz-out"),
+                    help="where failures and the summary go (default target/fuzz-out)")
     ap.add_argument("--rng-seed", type=int, default=1, help="mutant i uses Random(seed * 1000003 + i)")
     ap.add_argument("--save-per-signature", type=int, default=3, help="failing cases kept per distinct failure")
     args = ap.parse_args(argv)
@@ -536,6 +548,8 @@ def main(argv=None):
     print(text)
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write(text + "\n")
+    with open(os.path.join(out, "signatures.txt"), "w") as f:
+        f.writelines(f"{n:>8}  {s}\n" for s, n in fz.signatures.most_common())
     return 1 if any(fz.outcomes[o] for o in FAILURES) else 0
 
 
