@@ -202,7 +202,7 @@ fn bad_input_is_a_clear_error() {
         ),
         (
             vec!["run", "-m", p].into_iter().map(String::from).collect(),
-            "-p PROMPT",
+            "-p TEXT or -f FILE",
         ),
         (
             vec!["run", "-m", p, "-p", "hi", "--expert-variant", "int2"]
@@ -309,4 +309,243 @@ fn threads_minus_one_means_one_per_core() {
         !ok && stderr.contains("comma lists are for hob bench"),
         "{stderr}"
     );
+}
+
+// ---- Damaged models (issue 49's fuzzing): each is an error naming the file, never a panic ----
+
+/// The fixture converted with `experts`, then `damage`d and resealed: the CRCs of the header, the
+/// sections and every dense tensor recomputed (`damage` may change data or metadata), so that the
+/// file reaches the check behind them. Returns the directory and the file.
+fn damaged_fixture(
+    experts: &str,
+    damage: impl FnOnce(&hob::format::reader::Parsed, &mut Vec<u8>),
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    use hob::format::reader::{parse, reseal};
+    let (dir, path) = convert_fixture(experts);
+    let mut b = std::fs::read(&path).unwrap();
+    let p = parse(&b).unwrap();
+    damage(&p, &mut b);
+    // Each tensor entry: name (u64 length + bytes), dtype, ndim, dims, offset, size, crc.
+    let mut at = p.header.tensors_offset as usize;
+    for t in &p.tensors {
+        let crc_at = at + 8 + t.name.len() + 8 + 8 * t.shape.len() + 16;
+        let data = &b[t.offset as usize..(t.offset + t.size) as usize];
+        let crc = crc32c::crc32c(data);
+        b[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+        at = crc_at + 4;
+    }
+    reseal(&mut b);
+    std::fs::write(&path, &b).unwrap();
+    (dir, path)
+}
+
+fn tensor<'p>(p: &'p hob::format::reader::Parsed, name: &str) -> &'p hob::format::TensorInfo {
+    p.tensors.iter().find(|t| t.name == name).unwrap()
+}
+
+/// `hob args...`: (exit code, stderr), asserting no panic.
+fn exit_and_stderr(args: &[&str]) -> (Option<i32>, String) {
+    let out = common::hob_command().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "{args:?}:\n{stderr}");
+    (out.status.code(), stderr)
+}
+
+/// `run`, `perplexity` and `bench` of `model` on the CPU (with `extra` flags) each fail with
+/// exit code 1 and an error line naming the file and containing `needle`.
+fn every_command_refuses(model: &std::path::Path, extra: &[&str], needle: &str) {
+    let text = model.with_extension("txt");
+    std::fs::write(
+        &text,
+        "To be, or not to be, that is the question. ".repeat(8),
+    )
+    .unwrap();
+    let m = model.to_str().unwrap();
+    let runs: [&[&str]; 3] = [
+        &["run", "-m", m, "-p", "hi", "-n", "4", "--temp", "0"],
+        &[
+            "perplexity",
+            "-m",
+            m,
+            "-f",
+            text.to_str().unwrap(),
+            "-c",
+            "16",
+        ],
+        &["bench", "-m", m, "-p", "8", "-n", "4", "-r", "1"],
+    ];
+    for run in runs {
+        let args: Vec<&str> = run
+            .iter()
+            .chain(&["--device", "cpu"])
+            .chain(extra)
+            .copied()
+            .collect();
+        let (code, stderr) = exit_and_stderr(&args);
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or("");
+        assert_eq!(code, Some(1), "{args:?}:\n{stderr}");
+        assert!(
+            line.contains(m) && line.contains(needle),
+            "{args:?}: the error line lacks the file or {needle:?}:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn nan_router_logit_is_an_error_not_a_panic() {
+    // One NaN in layer 1's router: its logits are NaN, top-k found no expert and the route's
+    // index usize::MAX panicked in the file's expert lookup.
+    let (_dir, path) = damaged_fixture("f16", |p, b| {
+        let at = tensor(p, "blk.1.ffn_gate_inp.weight").offset as usize + 4 * 70;
+        b[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    });
+    every_command_refuses(
+        &path,
+        &[],
+        "non-finite activation at layer 1 (router logits): the model's weights or hyper-parameters are broken",
+    );
+}
+
+#[test]
+fn infinite_attention_weights_are_an_error_at_their_layer() {
+    let (_dir, path) = damaged_fixture("f16", |p, b| {
+        let at = tensor(p, "blk.0.attn_v.weight").offset as usize;
+        for i in 0..64 {
+            b[at + 2 * i..at + 2 * i + 2].copy_from_slice(&0x7c00u16.to_le_bytes());
+        }
+    });
+    every_command_refuses(
+        &path,
+        &[],
+        "non-finite activation at layer 0 (router logits)",
+    );
+}
+
+#[test]
+fn nan_output_logit_is_an_error_not_a_wrong_answer() {
+    let (_dir, path) = damaged_fixture("f16", |p, b| {
+        let at = tensor(p, "output.weight").offset as usize + 2 * 64 * 5;
+        b[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    });
+    every_command_refuses(&path, &[], "non-finite activation in the output logits");
+}
+
+#[test]
+fn tiny_rope_freq_base_is_refused() {
+    let key = b"mixtral.rope.freq_base";
+    let (_dir, path) = damaged_fixture("f16", |p, b| {
+        let m = p.header.metadata_offset as usize;
+        let at = m + b[m..].windows(key.len()).position(|w| w == key).unwrap() + key.len();
+        assert_eq!(b[at..at + 4], 6u32.to_le_bytes(), "an f32 value");
+        b[at + 4..at + 8].copy_from_slice(&1.4e-45f32.to_le_bytes());
+    });
+    every_command_refuses(
+        &path,
+        &[],
+        "mixtral.rope.freq_base = 1e-45: out of range (accepted: 1 to 1e12)",
+    );
+}
+
+#[test]
+fn flipped_expert_byte_fails_its_checksum_on_first_read() {
+    // Every int4 blob of layer 0 damaged (whichever two experts the router picks), the section
+    // and header CRCs intact: the file opens, and the first read of such a blob fails.
+    let (dir, path) = convert_fixture("f16,int4");
+    let mut b = std::fs::read(&path).unwrap();
+    let p = hob::format::reader::parse(&b).unwrap();
+    for e in 0..p.n_experts {
+        let r = p.records[e * p.variants.len() + 1];
+        b[r.offset as usize + 1000] ^= 0x04;
+    }
+    std::fs::write(&path, &b).unwrap();
+    every_command_refuses(
+        &path,
+        &["--expert-variant", "int4"],
+        "checksum mismatch in expert (layer 0, expert ",
+    );
+    // The f16 experts are intact: they run; `inspect` reads no blob, `inspect --verify` all.
+    let m = path.to_str().unwrap();
+    let (ok, _, stderr) = hob(&["run", "-m", m, "-p", "hi", "-n", "2", "--device", "cpu"]);
+    assert!(ok, "{stderr}");
+    assert!(hob(&["inspect", m]).0);
+    let (code, stderr) = exit_and_stderr(&["inspect", "--verify", m]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("variant int4/g64"), "{stderr}");
+    drop(dir);
+}
+
+#[test]
+fn flipped_dense_byte_fails_its_checksum_when_the_model_loads() {
+    let (dir, path) = convert_fixture("f16");
+    let mut b = std::fs::read(&path).unwrap();
+    let p = hob::format::reader::parse(&b).unwrap();
+    b[tensor(&p, "blk.1.attn_k.weight").offset as usize + 9] ^= 0x80;
+    std::fs::write(&path, &b).unwrap();
+    every_command_refuses(
+        &path,
+        &[],
+        "checksum mismatch in tensor 'blk.1.attn_k.weight'",
+    );
+    drop(dir);
+}
+
+#[test]
+fn a_fifo_a_directory_or_a_device_as_model_is_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.hob");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let cases = [
+        (fifo.clone(), "is a FIFO: expected a .hob file"),
+        (
+            dir.path().to_path_buf(),
+            "is a directory: expected a .hob file",
+        ),
+        (
+            "/dev/null".into(),
+            "is a character device: expected a .hob file",
+        ),
+    ];
+    for (path, needle) in cases {
+        let mut child = common::hob_command()
+            .args(["run", "-m", path.to_str().unwrap(), "-p", "hi"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                child.kill().unwrap();
+                panic!("`run -m {}` hangs", path.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let expected = format!("error: {} {needle}", path.display());
+        assert!(stderr.contains(&expected), "{stderr}");
+    }
+}
+
+#[test]
+fn gguf_as_model_says_how_to_convert() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("model.gguf");
+    let mut bytes = b"GGUF\x03\0\0\0".to_vec();
+    bytes.resize(1024, 0);
+    std::fs::write(&gguf, bytes).unwrap();
+    let (code, stderr) = exit_and_stderr(&["run", "-m", gguf.to_str().unwrap(), "-p", "hi"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    let expected = format!(
+        "error: {} is a GGUF file; hob reads .hob files: convert a Hugging Face directory with \
+         `hob convert --from DIR -o model.hob` (GGUF input is planned)",
+        gguf.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
 }

@@ -596,3 +596,150 @@ fn open_errors_name_the_file() {
         .unwrap();
     assert!(matches!(err, FormatError::Io { op: "open", .. }), "{err}");
 }
+
+/// `bytes` written to `name` in a new temporary directory: (the directory, the file).
+fn write_temp(bytes: &[u8], name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn flipped_expert_byte_fails_its_checksum_on_first_read() {
+    let s = Sample::new();
+    let mut b = s.bytes.clone();
+    // Layer 1, expert 2, int4/g64 (variant 2 of 4).
+    let r = s.p.records[(5 * 4) + 2];
+    b[(r.offset + 100) as usize] ^= 0x10;
+    let (_dir, path) = write_temp(&b, "flipped.hob");
+    // The header and the sections are intact: the file opens; the blob fails when first read.
+    let f = hob::format::HobFile::open(&path).unwrap();
+    let err = f.verify_expert(1, 2, 2).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&path.display().to_string())
+            && msg.contains("checksum mismatch in expert (layer 1, expert 2, variant int4/g64)"),
+        "{msg}"
+    );
+    // Every read fails, not only the first; the other blobs pass, and once checked stay checked.
+    assert!(f.verify_expert(1, 2, 2).is_err());
+    let checks = f.blob_checks();
+    let i = checks.index(1, 1, 2).unwrap();
+    assert!(!checks.is_verified(i));
+    f.verify_expert(1, 1, 2).unwrap();
+    assert!(checks.is_verified(i));
+    assert!(!checks.is_verified(checks.index(1, 2, 2).unwrap()));
+    // A loader copying any part of the blob (here: from its second page) checks the whole blob.
+    let at = r.offset as usize + 4096;
+    let err = checks.range(at..at + 100, crc32c::crc32c).unwrap_err();
+    assert!(
+        err.to_string().contains("expert (layer 1, expert 2"),
+        "{err}"
+    );
+    // A range outside every blob (a dense tensor) is nobody's to check.
+    let t = s.p.tensors[0].offset as usize;
+    checks.range(t..t + 8, crc32c::crc32c).unwrap();
+    // Out-of-range indices are an error, not a panic.
+    assert!(f.verify_expert(2, 0, 0).is_err() && f.verify_expert(0, 3, 0).is_err());
+    assert!(f.verify_expert(0, 0, 4).is_err());
+}
+
+#[test]
+fn flipped_dense_byte_fails_its_checksum_when_the_weights_load() {
+    let s = Sample::new();
+    let mut b = s.bytes.clone();
+    b[s.p.tensors[1].offset as usize + 7] ^= 0x01;
+    let (_dir, path) = write_temp(&b, "flipped.hob");
+    let f = hob::format::HobFile::open(&path).unwrap();
+    let msg = f.verify_dense().unwrap_err().to_string();
+    assert!(
+        msg.starts_with(&path.display().to_string())
+            && msg.contains("checksum mismatch in tensor 'blk.0.attn_q.weight'"),
+        "{msg}"
+    );
+    // In pieces (as a model's load computes it on several threads): the same verdict.
+    let pieces = |d: &[u8]| {
+        hob::format::crc32c_pieces(d, 64, |ps| ps.iter().map(|p| crc32c::crc32c(p)).collect())
+    };
+    assert!(f.verify_dense_with(pieces).is_err());
+    let (_dir, good) = write_temp(&s.bytes, "good.hob");
+    let f = hob::format::HobFile::open(&good).unwrap();
+    f.verify_dense_with(pieces).unwrap();
+    f.verify_dense().unwrap();
+}
+
+/// `HobFile::open(path)`'s error message, failing the test if it takes over 10 s (a FIFO once
+/// blocked the open until a writer came).
+fn open_error(path: &std::path::Path) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        let r = hob::format::HobFile::open(&p).err().map(|e| e.to_string());
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+        Ok(Some(msg)) => msg,
+        Ok(None) => panic!("{} opened", path.display()),
+        Err(_) => panic!("opening {} hangs", path.display()),
+    }
+}
+
+#[test]
+fn a_directory_a_fifo_or_a_device_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let msg = open_error(dir.path());
+    assert_eq!(
+        msg,
+        format!(
+            "{} is a directory: expected a .hob file",
+            dir.path().display()
+        )
+    );
+    #[cfg(unix)]
+    {
+        let msg = open_error(std::path::Path::new("/dev/null"));
+        assert_eq!(msg, "/dev/null is a character device: expected a .hob file");
+        let fifo = dir.path().join("model.hob");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let msg = open_error(&fifo);
+        assert_eq!(
+            msg,
+            format!("{} is a FIFO: expected a .hob file", fifo.display())
+        );
+    }
+}
+
+#[test]
+fn gguf_empty_and_foreign_files_say_what_they_are() {
+    let mut gguf = b"GGUF\x03\0\0\0".to_vec();
+    gguf.resize(4096, 0);
+    let (_d1, path) = write_temp(&gguf, "model.gguf");
+    let msg = open_error(&path);
+    assert!(
+        msg.starts_with(&format!(
+            "{} is a GGUF file; hob reads .hob files",
+            path.display()
+        )) && msg.contains("hob convert --from DIR -o model.hob")
+            && msg.contains("GGUF input is planned"),
+        "{msg}"
+    );
+    let (_d2, path) = write_temp(&[], "empty.hob");
+    assert_eq!(
+        open_error(&path),
+        format!(
+            "{} is empty (0 bytes): expected a .hob file",
+            path.display()
+        )
+    );
+    let (_d3, path) = write_temp(b"\x7fELF\x02\x01\x01\0 and more bytes", "hob");
+    assert_eq!(
+        open_error(&path),
+        format!(
+            "{}: not a .hob file (magic \"\\x7fELF\\x02\\x01\\x01\\x00\", expected \"HOBFILE\\0\")",
+            path.display()
+        )
+    );
+}

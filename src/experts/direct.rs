@@ -104,6 +104,8 @@ impl<'a> DirectExperts<'a> {
     ) -> crate::Result<()> {
         let (h, f) = (self.hidden, self.ffn);
         let n = rows.len();
+        // Its checksum, the first time this process reads the blob.
+        self.file.verify_expert(layer, expert, variant)?;
         let view = self.file.expert(layer, expert, variant);
         self.xs.resize(n * h, 0.0);
         self.gate.resize(n * f, 0.0);

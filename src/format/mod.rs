@@ -4,16 +4,21 @@
 //! - `keys`: the metadata keys hob writes and reads.
 //! - `gguf`: the metadata section, in GGUF's key/value encoding.
 //! - `reader`: mmap + full validation (`HobFile::open`), zero-copy views.
+//! - `checked`: the data section's checksums, each checked on first read.
+//! - `open`: a model file is a regular file (a directory, a FIFO, a device refused by name).
 //! - `writer`: streaming, atomic writer (`HobWriter`).
 
+mod checked;
 mod cursor;
 pub mod gguf;
 mod header;
 pub mod keys;
+mod open;
 pub mod reader;
 pub mod variant;
 pub mod writer;
 
+pub use checked::{crc32c_pieces, BlobChecks};
 pub use gguf::{MetaValue, Metadata};
 pub use reader::{ExpertRecord, ExpertView, Header, HobFile, MatrixView, TensorInfo, TensorView};
 pub use variant::{align_up, DType, ExpertLayout, MatrixLayout, Variant, VariantKind, BLOB_ALIGN};
@@ -22,8 +27,15 @@ pub use writer::{DenseSpec, ExpertShape, HobWriter};
 /// Why a .hob file was rejected. Each variant names the field or record and what was expected.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("not a .hob file: bad magic {found:02x?}")]
+    #[error("not a .hob file (magic \"{}\", expected \"HOBFILE\\0\")", found.escape_ascii())]
     BadMagic { found: Vec<u8> },
+    /// The path names something other than a .hob file: a directory, a FIFO, a device, a GGUF
+    /// file (`what` says which, and what was expected).
+    #[error("{} is {what}", path.display())]
+    NotHob {
+        path: std::path::PathBuf,
+        what: String,
+    },
     #[error("unsupported .hob version {found} (this build reads version {supported})")]
     UnsupportedVersion { found: u32, supported: u32 },
     #[error("truncated: {what} needs bytes {start}..{end} but the file has {file_size}")]

@@ -4,13 +4,14 @@
 //! [`HobFile::open`] maps the file and calls it.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use super::checked::BlobChecks;
 use super::cursor::Cursor;
 use super::header::{self, HEADER_SIZE};
+use super::open::{open_regular, GGUF_MAGIC};
 use super::{
     align_up, DType, ExpertLayout, FormatError, MatrixLayout, Metadata, Variant, VariantKind,
     BLOB_ALIGN,
@@ -539,18 +540,39 @@ pub struct HobFile {
     map: std::sync::Arc<Mmap>,
     parsed: Parsed,
     by_name: HashMap<String, usize>,
+    /// Which expert blobs have passed their checksum (checked on first read).
+    checks: std::sync::Arc<BlobChecks>,
+    /// Every dense tensor has passed its checksum.
+    dense_verified: std::sync::atomic::AtomicBool,
 }
 
 impl HobFile {
-    /// mmap and validate. Errors name the file and the field.
+    /// Open, mmap and validate (the header, the section checksums and every table: the data
+    /// section's checksums are checked on first read, [`HobFile::verify_dense`] and
+    /// [`HobFile::verify_expert`]). Only a regular file is opened: a directory, a FIFO or a
+    /// device is refused by name, as is a GGUF file. Errors name the file and the field.
     pub fn open(path: &Path) -> Result<HobFile, FormatError> {
-        let file = File::open(path).map_err(|e| FormatError::io(path, "open", e))?;
+        let file = open_regular(path)?;
         // SAFETY: the map is read-only and private to this process, but its pages follow the
         // file: if another process truncates the file while it is mapped, reading the lost
         // pages raises SIGBUS, and writes by others show through. hob never modifies a .hob file
         // in place (the writer renames a new file over the old name, which leaves this mapping's
         // inode intact), and users must not truncate a model file that is being served.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, "mmap", e))?;
+        if map.is_empty() {
+            return Err(FormatError::NotHob {
+                path: path.to_path_buf(),
+                what: "empty (0 bytes): expected a .hob file".into(),
+            });
+        }
+        if map.starts_with(GGUF_MAGIC) {
+            return Err(FormatError::NotHob {
+                path: path.to_path_buf(),
+                what: "a GGUF file; hob reads .hob files: convert a Hugging Face directory with \
+                       `hob convert --from DIR -o model.hob` (GGUF input is planned)"
+                    .into(),
+            });
+        }
         let parsed = parse(&map).map_err(|e| e.in_file(path))?;
         let by_name = parsed
             .tensors
@@ -558,11 +580,15 @@ impl HobFile {
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
+        let map = std::sync::Arc::new(map);
+        let checks = BlobChecks::new(path, map.clone(), &parsed);
         Ok(HobFile {
             path: path.to_path_buf(),
-            map: std::sync::Arc::new(map),
+            map,
             parsed,
             by_name,
+            checks: std::sync::Arc::new(checks),
+            dense_verified: std::sync::atomic::AtomicBool::new(false),
         })
     }
     pub fn path(&self) -> &Path {
@@ -650,5 +676,41 @@ impl HobFile {
     /// Check every checksum; the error names the first bad tensor or (layer, expert, variant).
     pub fn verify(&self) -> Result<(), FormatError> {
         self.parsed.verify(&self.map)
+    }
+    /// Check every dense tensor's checksum, in file order, unless done already: what a model
+    /// calls when it loads. The error names the file and the first bad tensor.
+    pub fn verify_dense(&self) -> Result<(), FormatError> {
+        self.verify_dense_with(crc32c::crc32c)
+    }
+    /// [`HobFile::verify_dense`] with `crc` computing each tensor's CRC-32C (e.g. on several
+    /// threads: [`crc32c_pieces`](super::crc32c_pieces)).
+    pub fn verify_dense_with(&self, crc: impl Fn(&[u8]) -> u32) -> Result<(), FormatError> {
+        use std::sync::atomic::Ordering;
+        if self.dense_verified.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        for (i, t) in self.parsed.tensors.iter().enumerate() {
+            let computed = crc(self.parsed.tensor_data(&self.map, i));
+            if computed != t.crc32c {
+                return Err(FormatError::Checksum {
+                    what: format!("tensor '{}'", t.name),
+                    stored: t.crc32c,
+                    computed,
+                }
+                .in_file(&self.path));
+            }
+        }
+        self.dense_verified.store(true, Ordering::Release);
+        Ok(())
+    }
+    /// Check expert blob (layer, expert, variant `v`)'s checksum the first time it is read in
+    /// this process (later calls cost a bit test). The error names the file and the blob.
+    pub fn verify_expert(&self, layer: usize, expert: usize, v: usize) -> Result<(), FormatError> {
+        self.checks.expert(layer, expert, v)
+    }
+    /// The blobs' checksums and which have been checked, for a thread that copies blobs out of
+    /// the map (the expert loader checks each blob beside its first load).
+    pub fn blob_checks(&self) -> std::sync::Arc<BlobChecks> {
+        self.checks.clone()
     }
 }

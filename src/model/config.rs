@@ -22,6 +22,32 @@ impl Architecture {
     }
 }
 
+/// The ranges hob accepts for hyper-parameters (inclusive): wide enough for every released MoE,
+/// narrow enough that nothing in them overflows an activation or an allocation size.
+pub mod limits {
+    pub const VOCAB: (usize, usize) = (1, 1 << 24);
+    /// The hidden size and the expert FFN width.
+    pub const WIDTH: (usize, usize) = (1, 1 << 18);
+    pub const LAYERS: (usize, usize) = (1, 1024);
+    pub const HEADS: (usize, usize) = (1, 1024);
+    pub const HEAD_DIM: (usize, usize) = (2, 1024);
+    pub const EXPERTS: (usize, usize) = (1, 4096);
+    pub const CONTEXT: (usize, usize) = (1, 1 << 24);
+    pub const RMS_EPS: (f32, f32) = (1e-12, 1e-1);
+    /// RoPE's base: below 1 the frequencies grow with the dimension, and a tiny base
+    /// overflows them to infinity (a NaN at the first rotation).
+    pub const ROPE_FREQ_BASE: (f32, f32) = (1.0, 1e12);
+}
+
+/// A float as a person writes it: 1e-5, 1000000, 1e12, 1e-45, NaN.
+fn show(v: f32) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-3..1e7).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     pub arch: Architecture,
@@ -106,70 +132,89 @@ impl ModelConfig {
             },
         };
         cfg.check()?;
+        // Values are as wide as keys in every architecture hob runs.
+        if md.get(&arch_key(a, keys::VALUE_LENGTH)).is_some() {
+            let v = u(keys::VALUE_LENGTH)?;
+            if v != head_dim {
+                return Err(ModelError::BadHyperParameter {
+                    key: arch_key(a, keys::VALUE_LENGTH),
+                    value: v.to_string(),
+                    problem: format!("must equal the key length {head_dim}"),
+                });
+            }
+        }
         Ok(cfg)
     }
 
+    /// Every hyper-parameter in the range hob runs (and real models use): a value outside it
+    /// is refused here, by key, rather than met as a NaN or an allocation failure later.
     fn check(&self) -> Result<(), ModelError> {
-        let bad = |key: &str, value: usize, problem: &str| {
+        let bad = |key: &str, value: &dyn std::fmt::Display, problem: String| {
+            let key = match key {
+                keys::BOS_TOKEN_ID | keys::EOS_TOKEN_ID => key.to_string(),
+                k => arch_key(self.arch.name(), k),
+            };
             Err(ModelError::BadHyperParameter {
-                key: arch_key(self.arch.name(), key),
+                key,
                 value: value.to_string(),
-                problem: problem.to_string(),
+                problem,
             })
         };
-        for (key, v) in [
-            (keys::VOCAB_SIZE, self.vocab),
-            (keys::EMBEDDING_LENGTH, self.hidden),
-            (keys::BLOCK_COUNT, self.n_layers),
-            (keys::HEAD_COUNT, self.n_heads),
-            (keys::HEAD_COUNT_KV, self.n_kv_heads),
-            (keys::KEY_LENGTH, self.head_dim),
-            (keys::FEED_FORWARD_LENGTH, self.ffn),
-            (keys::EXPERT_COUNT, self.n_experts),
-            (keys::EXPERT_USED_COUNT, self.top_k),
-            (keys::CONTEXT_LENGTH, self.context_length),
+        for (key, v, (lo, hi)) in [
+            (keys::VOCAB_SIZE, self.vocab, limits::VOCAB),
+            (keys::EMBEDDING_LENGTH, self.hidden, limits::WIDTH),
+            (keys::BLOCK_COUNT, self.n_layers, limits::LAYERS),
+            (keys::HEAD_COUNT, self.n_heads, limits::HEADS),
+            (keys::HEAD_COUNT_KV, self.n_kv_heads, (1, self.n_heads)),
+            (keys::KEY_LENGTH, self.head_dim, limits::HEAD_DIM),
+            (keys::FEED_FORWARD_LENGTH, self.ffn, limits::WIDTH),
+            (keys::EXPERT_COUNT, self.n_experts, limits::EXPERTS),
+            (keys::EXPERT_USED_COUNT, self.top_k, (1, self.n_experts)),
+            (keys::CONTEXT_LENGTH, self.context_length, limits::CONTEXT),
+            (
+                keys::SLIDING_WINDOW,
+                self.sliding_window.unwrap_or(1),
+                (1, usize::MAX),
+            ),
         ] {
-            if v == 0 {
-                return bad(key, v, "must be positive");
+            if !(lo..=hi).contains(&v) {
+                let range = match hi {
+                    usize::MAX => format!("at least {lo}"),
+                    _ => format!("{lo} to {hi}"),
+                };
+                return bad(key, &v, format!("out of range (accepted: {range})"));
             }
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return bad(
-                keys::HEAD_COUNT_KV,
-                self.n_kv_heads,
-                "must divide the head count",
-            );
+            let problem = format!("must divide the head count {}", self.n_heads);
+            return bad(keys::HEAD_COUNT_KV, &self.n_kv_heads, problem);
         }
         if !self.head_dim.is_multiple_of(2) {
-            return bad(
-                keys::KEY_LENGTH,
-                self.head_dim,
-                "RoPE needs an even head size",
-            );
+            let problem = "RoPE needs an even head size".to_string();
+            return bad(keys::KEY_LENGTH, &self.head_dim, problem);
         }
-        if self.sliding_window == Some(0) {
-            return bad(keys::SLIDING_WINDOW, 0, "must be positive");
+        for (key, v, (lo, hi)) in [
+            (keys::RMS_EPS, self.rms_eps, limits::RMS_EPS),
+            (
+                keys::ROPE_FREQ_BASE,
+                self.rope_theta,
+                limits::ROPE_FREQ_BASE,
+            ),
+        ] {
+            // (NaN is in no range.)
+            if !(lo..=hi).contains(&v) {
+                let (v, lo, hi) = (show(v), show(lo), show(hi));
+                return bad(key, &v, format!("out of range (accepted: {lo} to {hi})"));
+            }
         }
-        if self.top_k > self.n_experts {
-            return bad(
-                keys::EXPERT_USED_COUNT,
-                self.top_k,
-                "exceeds the expert count",
-            );
-        }
-        if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
-            return Err(ModelError::BadHyperParameter {
-                key: arch_key(self.arch.name(), keys::RMS_EPS),
-                value: self.rms_eps.to_string(),
-                problem: "must be a finite non-negative number".into(),
-            });
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(ModelError::BadHyperParameter {
-                key: arch_key(self.arch.name(), keys::ROPE_FREQ_BASE),
-                value: self.rope_theta.to_string(),
-                problem: "must be a finite positive number".into(),
-            });
+        for (key, id) in [
+            (keys::BOS_TOKEN_ID, self.bos),
+            (keys::EOS_TOKEN_ID, self.eos),
+        ] {
+            if let Some(id) = id.filter(|&id| id as usize >= self.vocab) {
+                let problem = format!("out of range (accepted: 0 to {})", self.vocab - 1);
+                return bad(key, &id, problem);
+            }
         }
         Ok(())
     }
@@ -180,5 +225,176 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::MetaValue;
+
+    /// The tiny fixture's hyper-parameters.
+    fn tiny() -> Metadata {
+        let mut m = Metadata::new();
+        m.set(keys::ARCHITECTURE, MetaValue::String("mixtral".into()));
+        for (k, v) in [
+            (keys::VOCAB_SIZE, 512),
+            (keys::CONTEXT_LENGTH, 256),
+            (keys::EMBEDDING_LENGTH, 64),
+            (keys::FEED_FORWARD_LENGTH, 128),
+            (keys::BLOCK_COUNT, 2),
+            (keys::HEAD_COUNT, 4),
+            (keys::HEAD_COUNT_KV, 2),
+            (keys::KEY_LENGTH, 16),
+            (keys::VALUE_LENGTH, 16),
+            (keys::EXPERT_COUNT, 4),
+            (keys::EXPERT_USED_COUNT, 2),
+        ] {
+            m.set(&arch_key("mixtral", k), MetaValue::U32(v));
+        }
+        m.set(&arch_key("mixtral", keys::RMS_EPS), MetaValue::F32(1e-5));
+        m.set(
+            &arch_key("mixtral", keys::ROPE_FREQ_BASE),
+            MetaValue::F32(1e6),
+        );
+        m.set(keys::BOS_TOKEN_ID, MetaValue::U32(1));
+        m.set(keys::EOS_TOKEN_ID, MetaValue::U32(2));
+        m
+    }
+
+    /// The error for the tiny metadata with `key` set to `value`.
+    fn refused(key: &str, value: MetaValue) -> String {
+        let mut m = tiny();
+        m.set(key, value);
+        match ModelConfig::from_metadata(&m) {
+            Ok(cfg) => panic!("{key} accepted: {cfg:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_tiny_fixture_passes() {
+        let cfg = ModelConfig::from_metadata(&tiny()).unwrap();
+        assert_eq!((cfg.head_dim, cfg.top_k, cfg.rope_theta), (16, 2, 1e6));
+    }
+
+    #[test]
+    fn tiny_rope_freq_base_is_refused() {
+        // 1.4e-45 passed "finite and positive": RoPE's frequencies overflowed to infinity and
+        // the first rotation made the hidden state NaN.
+        let key = arch_key("mixtral", keys::ROPE_FREQ_BASE);
+        for v in [1.4e-45, 0.0, -1.0, 0.5, f32::NAN, f32::INFINITY, 1e30] {
+            let msg = refused(&key, MetaValue::F32(v));
+            assert!(
+                msg.contains("mixtral.rope.freq_base") && msg.contains("(accepted: 1 to 1e12)"),
+                "{v}: {msg}"
+            );
+        }
+        assert!(refused(&key, MetaValue::F32(1.4e-45)).contains("= 1e-45:"));
+    }
+
+    #[test]
+    fn hyper_parameters_out_of_range_are_refused_by_key() {
+        let a = |k: &str| arch_key("mixtral", k);
+        let cases = [
+            (
+                a(keys::RMS_EPS),
+                MetaValue::F32(0.0),
+                "accepted: 1e-12 to 0.1",
+            ),
+            (
+                a(keys::RMS_EPS),
+                MetaValue::F32(f32::NAN),
+                "accepted: 1e-12 to 0.1",
+            ),
+            (
+                a(keys::RMS_EPS),
+                MetaValue::F32(2.0),
+                "accepted: 1e-12 to 0.1",
+            ),
+            (
+                a(keys::VOCAB_SIZE),
+                MetaValue::U32(0),
+                "accepted: 1 to 16777216",
+            ),
+            (
+                a(keys::BLOCK_COUNT),
+                MetaValue::U32(5000),
+                "accepted: 1 to 1024",
+            ),
+            (
+                a(keys::HEAD_COUNT),
+                MetaValue::U32(0),
+                "accepted: 1 to 1024",
+            ),
+            (
+                a(keys::HEAD_COUNT_KV),
+                MetaValue::U32(8),
+                "accepted: 1 to 4",
+            ),
+            (
+                a(keys::HEAD_COUNT_KV),
+                MetaValue::U32(3),
+                "must divide the head count 4",
+            ),
+            (a(keys::KEY_LENGTH), MetaValue::U32(15), "even head size"),
+            (
+                a(keys::KEY_LENGTH),
+                MetaValue::U32(1 << 20),
+                "accepted: 2 to 1024",
+            ),
+            (
+                a(keys::VALUE_LENGTH),
+                MetaValue::U32(32),
+                "must equal the key length 16",
+            ),
+            (
+                a(keys::EXPERT_COUNT),
+                MetaValue::U32(0),
+                "accepted: 1 to 4096",
+            ),
+            (
+                a(keys::EXPERT_USED_COUNT),
+                MetaValue::U32(5),
+                "accepted: 1 to 4",
+            ),
+            (
+                a(keys::EXPERT_USED_COUNT),
+                MetaValue::U32(0),
+                "accepted: 1 to 4",
+            ),
+            (
+                a(keys::CONTEXT_LENGTH),
+                MetaValue::U32(0),
+                "accepted: 1 to 16777216",
+            ),
+            (
+                a(keys::FEED_FORWARD_LENGTH),
+                MetaValue::U32(u32::MAX),
+                "accepted: 1 to 262144",
+            ),
+            (
+                a(keys::SLIDING_WINDOW),
+                MetaValue::U32(0),
+                "accepted: at least 1",
+            ),
+            (
+                keys::BOS_TOKEN_ID.to_string(),
+                MetaValue::U32(512),
+                "accepted: 0 to 511",
+            ),
+            (
+                keys::EOS_TOKEN_ID.to_string(),
+                MetaValue::U32(70000),
+                "accepted: 0 to 511",
+            ),
+        ];
+        for (key, value, needle) in cases {
+            let msg = refused(&key, value.clone());
+            assert!(
+                msg.contains(&format!("{key} = ")) && msg.contains(needle),
+                "{key} = {value:?}: {msg}"
+            );
+        }
     }
 }

@@ -105,7 +105,13 @@ impl<B: Backend> RunState<B> {
 }
 
 impl<'f> Model<'f> {
+    /// The model in `file`: its hyper-parameters checked, its dense weights viewed and their
+    /// checksums checked. Errors name the file.
     pub fn load(file: &'f HobFile) -> Result<Model<'f>, ModelError> {
+        Self::load_checked(file).map_err(|e| e.in_file(file.path()))
+    }
+
+    fn load_checked(file: &'f HobFile) -> Result<Model<'f>, ModelError> {
         let cfg = ModelConfig::from_metadata(file.metadata())?;
         let (hidden, ffn) = file.expert_dims();
         if file.n_layers() != cfg.n_layers
@@ -129,6 +135,8 @@ impl<'f> Model<'f> {
             ));
         }
         let w = Weights::load(file, &cfg)?;
+        file.verify_dense_with(crc_parallel)
+            .map_err(ModelError::Data)?;
         let d = cfg.head_dim;
         // transformers: 1 / base ** (arange(0, d, 2).float() / d), all in f32.
         let inv_freq = (0..d / 2)
@@ -160,6 +168,7 @@ impl<'f> Model<'f> {
                 ctx: self.cfg.context_length,
                 max: self.cfg.context_length,
             }
+            .in_file(self.file.path())
             .into());
         }
         Ok(RunState {
@@ -194,6 +203,7 @@ impl<'f> Model<'f> {
                 ctx: st.ctx,
                 max: cfg.context_length,
             }
+            .in_file(self.file.path())
             .into());
         }
         if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab) {
@@ -201,6 +211,7 @@ impl<'f> Model<'f> {
                 token: bad,
                 vocab: cfg.vocab,
             }
+            .in_file(self.file.path())
             .into());
         }
         if t == 0 {
@@ -280,8 +291,23 @@ impl<'f> Model<'f> {
             unreachable!("allocated above")
         };
         backend.download_host(&b.logits, host, n)?;
+        if !all_finite(&host[..n]) {
+            return Err(ModelError::non_finite(self.file.path(), None, "output logits").into());
+        }
         experts.after_forward(backend)?;
         Ok(&host[..n])
+    }
+
+    /// Routes as the backend computed them from layer `layer`'s router logits: a non-finite
+    /// logit leaves a NaN gate weight (route_softmax_topk, the device's routing read back),
+    /// which is an error naming the layer, not an expert index out of range later.
+    fn check_routes(&self, layer: usize, routes: &[Route]) -> crate::Result<()> {
+        let ne = self.cfg.n_experts;
+        if routes.iter().all(|r| r.expert < ne && r.weight.is_finite()) {
+            return Ok(());
+        }
+        let what = "router logits";
+        Err(ModelError::non_finite(self.file.path(), Some(layer), what).into())
     }
 
     /// Every layer of tokens start..start + t (embedded in b.x), then the output head of `rows`
@@ -366,6 +392,7 @@ impl<'f> Model<'f> {
                 host: router,
             };
             backend.norm_route(&b.x, t, &block, out)?;
+            self.check_routes(l, &routes[..t * k])?;
             let batch = Batch {
                 xs: &b.xn,
                 t,
@@ -436,9 +463,37 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// CRC-32C of `data` in pieces on rayon's global pool (the dense weights' checksums when a model
+/// loads: ~10 GB/s per core).
+fn crc_parallel(data: &[u8]) -> u32 {
+    use rayon::prelude::*;
+    crate::format::crc32c_pieces(data, 4 << 20, |pieces| {
+        pieces.par_iter().map(|p| crc32c::crc32c(p)).collect()
+    })
+}
+
+/// Whether every value is finite (vectorizes: no early exit inside a block).
+pub fn all_finite(x: &[f32]) -> bool {
+    x.chunks(256)
+        .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
+}
+
 /// Mixtral routing: softmax over all router logits, keep the top-k (ties: lower index first),
-/// renormalize their weights to sum to 1. `routes.len()` is k.
+/// renormalize their weights to sum to 1. `routes.len()` is k (at most `logits.len()`).
+///
+/// A non-finite logit (NaN, or an infinity) has no softmax: the routes are then experts
+/// 0..k with NaN weights, an index in range that the caller must not compute with (the
+/// forward pass refuses a NaN weight, naming the layer).
 pub fn route_softmax_topk(logits: &[f32], routes: &mut [Route]) {
+    if !all_finite(logits) || routes.len() > logits.len() {
+        for (j, r) in routes.iter_mut().enumerate() {
+            *r = Route {
+                expert: j.min(logits.len().saturating_sub(1)),
+                weight: f32::NAN,
+            };
+        }
+        return;
+    }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
     for r in routes.iter_mut() {
@@ -485,6 +540,35 @@ mod tests {
         assert!((routes[0].weight + routes[1].weight - 1.0).abs() < 1e-6);
         route_softmax_topk(&[1.0, 1.0, 1.0, 1.0], &mut routes);
         assert_eq!((routes[0].expert, routes[1].expert), (0, 1));
+    }
+
+    #[test]
+    fn nan_router_logit_is_an_error_not_a_panic() {
+        // A NaN logit made every softmax weight NaN: no expert beat the sentinel and the
+        // route kept expert usize::MAX, which panicked in the file's expert lookup.
+        let mut routes = vec![
+            Route {
+                expert: 7,
+                weight: 0.5
+            };
+            2
+        ];
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            route_softmax_topk(&[0.1, bad, -1.0, 1.0], &mut routes);
+            for (j, r) in routes.iter().enumerate() {
+                assert_eq!(r.expert, j, "{bad}: an expert in range");
+                assert!(
+                    r.weight.is_nan(),
+                    "{bad}: a weight the forward pass refuses"
+                );
+            }
+        }
+        assert!(all_finite(&[0.0; 1000]));
+        let mut v = vec![1.0f32; 1000];
+        v[999] = f32::INFINITY;
+        assert!(!all_finite(&v));
+        v[999] = f32::NAN;
+        assert!(!all_finite(&v[500..]));
     }
 
     #[test]

@@ -196,15 +196,19 @@ impl CudaBackend {
         host.resize(2 * t * k, 0.0);
         self.gpu.download_f32(dev, &mut host[..2 * t * k])?;
         let (ids, wts) = host.split_at(t * k);
-        for (i, ((r, id), w)) in routes.iter_mut().zip(ids).zip(wts).enumerate() {
+        for (r, (id, w)) in routes.iter_mut().zip(ids.iter().zip(wts)) {
             let expert = id.to_bits() as usize;
-            if expert >= n_experts {
-                return Err(Error::Invalid(format!(
-                    "routing: token {} found no expert among {n_experts} (router logits not finite?)",
-                    i / k.max(1)
-                )));
-            }
-            *r = Route { expert, weight: *w };
+            // No expert found (the device's top-k saw only NaN: router logits not finite): a
+            // route in range with a NaN weight, which the forward pass refuses by layer
+            // (as the host's route_softmax_topk leaves it).
+            *r = if expert < n_experts {
+                Route { expert, weight: *w }
+            } else {
+                Route {
+                    expert: 0,
+                    weight: f32::NAN,
+                }
+            };
         }
         Ok(())
     }

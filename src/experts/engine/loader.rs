@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use crate::experts::io::BlobSource;
 use crate::experts::scheduler::{Ticket, Worker};
+use crate::format::{crc32c_pieces, BlobChecks};
 use crate::model::{ChunkCopier, DeviceEvent};
 use crate::Error;
 
@@ -24,6 +25,8 @@ pub const CHUNKS_IN_FLIGHT: usize = 4;
 /// Threads copying out of the page cache: enough to outrun a 25 GB/s link, the other cores left
 /// to CPU experts.
 const FILL_THREADS: usize = 8;
+/// Bytes of a blob one fill thread checksums at a time.
+const CRC_PIECE: usize = 1 << 20;
 /// Lateness of a paced chunk still counted as back to back with the previous one (a sleep's
 /// overshoot, not an idle link).
 const PACE_SLACK: Duration = Duration::from_micros(500);
@@ -85,6 +88,8 @@ pub struct Loader<C: ChunkCopier> {
     disk: Option<Box<dyn BlobSource>>,
     counters: Arc<LoadCounters>,
     fill_pool: rayon::ThreadPool,
+    /// The file's blob checksums: a blob's is checked beside its first load.
+    checks: Option<Arc<BlobChecks>>,
 }
 
 impl<C: ChunkCopier> Loader<C> {
@@ -110,7 +115,29 @@ impl<C: ChunkCopier> Loader<C> {
             disk,
             counters,
             fill_pool,
+            checks: None,
         })
+    }
+
+    /// Check each blob's checksum (`checks`, the file's) the first time a job loads from it.
+    pub fn with_checks(mut self, checks: Arc<BlobChecks>) -> Self {
+        self.checks = Some(checks);
+        self
+    }
+
+    /// The checksum of the blob `job` loads from, unless checked already: computed on the fill
+    /// threads from the mapped file while the job's last copies cross (a first load only).
+    fn check_blob(&self, job: &LoadJob<C::Event>) -> crate::Result<()> {
+        let Some(checks) = &self.checks else {
+            return Ok(());
+        };
+        let pool = &self.fill_pool;
+        let crc = |data: &[u8]| {
+            crc32c_pieces(data, CRC_PIECE, |pieces| {
+                pool.install(|| pieces.par_iter().map(|p| crc32c::crc32c(p)).collect())
+            })
+        };
+        Ok(checks.range(job.src.clone(), crc)?)
     }
 }
 
@@ -169,6 +196,9 @@ impl<C: ChunkCopier> Worker for Loader<C> {
     }
 
     fn complete(&mut self, job: &Self::Job) -> crate::Result<Self::Done> {
+        // A blob that fails its checksum fails the load: whoever waits for it gets the error
+        // (naming the file and the expert) before computing with the slot.
+        self.check_blob(job)?;
         // The job is through the emulated link when its last chunk is.
         let waited = Instant::now();
         if self.pace.is_some() {
@@ -235,4 +265,143 @@ fn fill(
         }),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experts::scheduler::{Priority, Scheduler};
+    use crate::format::{
+        DType, DenseSpec, ExpertShape, HobFile, HobWriter, Metadata, Variant, BLOB_ALIGN,
+    };
+
+    /// A device whose memory is one host buffer: staged copies land in it, events are done.
+    struct HostCopier(Arc<std::sync::Mutex<Vec<u8>>>);
+    struct Done;
+
+    impl DeviceEvent for Done {
+        fn is_complete(&self) -> bool {
+            true
+        }
+        fn synchronize(&self) -> crate::Result<()> {
+            Ok(())
+        }
+        fn seconds_until(&self, _later: &Self) -> crate::Result<f64> {
+            Ok(0.0)
+        }
+    }
+
+    impl ChunkCopier for HostCopier {
+        type Event = Done;
+        fn after(&mut self, _ev: &Done, _on_host: bool) -> crate::Result<()> {
+            Ok(())
+        }
+        fn fill_mapped(
+            &mut self,
+            dst: u64,
+            len: usize,
+            fill: &mut dyn FnMut(&mut [u8]) -> crate::Result<()>,
+        ) -> crate::Result<()> {
+            self.copy_staged(dst, len, fill)
+        }
+        fn copy_staged(
+            &mut self,
+            dst: u64,
+            len: usize,
+            fill: &mut dyn FnMut(&mut [u8]) -> crate::Result<()>,
+        ) -> crate::Result<()> {
+            let mut mem = self
+                .0
+                .lock()
+                .map_err(|_| Error::Loader("poisoned".into()))?;
+            fill(&mut mem[dst as usize..dst as usize + len])
+        }
+        fn copy_direct(&mut self, src: &[u8], dst: u64) -> crate::Result<Option<Duration>> {
+            let mut mem = self
+                .0
+                .lock()
+                .map_err(|_| Error::Loader("poisoned".into()))?;
+            mem[dst as usize..dst as usize + src.len()].copy_from_slice(src);
+            Ok(None)
+        }
+        fn fence(&mut self) -> crate::Result<Done> {
+            Ok(Done)
+        }
+    }
+
+    /// A file of 1 layer x 2 experts in f16 ([64, 128]): its path, with the byte at `flip`
+    /// bytes into expert 1's blob flipped.
+    fn file_with_flip(dir: &std::path::Path, flip: usize) -> std::path::PathBuf {
+        let path = dir.join("m.hob");
+        let shape = ExpertShape {
+            n_layers: 1,
+            n_experts: 2,
+            hidden: 64,
+            ffn: 128,
+        };
+        let variants = [Variant::parse("f16", None).unwrap()];
+        let dense = [DenseSpec {
+            name: "output_norm.weight".into(),
+            dtype: DType::F32,
+            shape: vec![64],
+        }];
+        let mut w = HobWriter::create(&path, &Metadata::new(), &dense, shape, &variants).unwrap();
+        w.write_dense(0, &[0u8; 256]).unwrap();
+        let size = variants[0].expert_layout(64, 128).unwrap().size;
+        for e in 0..2 {
+            let blob: Vec<u8> = (0..size).map(|i| (i * 31 + e * 7) as u8).collect();
+            w.write_expert(0, e, 0, &blob).unwrap();
+        }
+        w.finish().unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let f = HobFile::open(&path).unwrap();
+        bytes[f.expert_record(0, 1, 0).offset as usize + flip] ^= 0x20;
+        drop(f);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn flipped_expert_byte_fails_its_checksum_on_first_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = file_with_flip(dir.path(), 5000);
+        let file = HobFile::open(&path).unwrap();
+        let mem = Arc::new(std::sync::Mutex::new(vec![0u8; 1 << 20]));
+        let loader = Loader::new(
+            HostCopier(mem),
+            file.shared_map(),
+            false,
+            (None, None),
+            Arc::new(LoadCounters::default()),
+        )
+        .unwrap()
+        .with_checks(file.blob_checks());
+        let loader = Scheduler::spawn(loader).unwrap();
+        let load = |e: usize, part: usize| {
+            // A whole blob, or (part 1) from its second page on, as a mapped slot's later
+            // matrices load.
+            let r = file.blob_range(0, e, 0, true);
+            let job = LoadJob {
+                src: r.start + part * BLOB_ALIGN..r.end,
+                dst: 0,
+                mapped: false,
+                after: Done,
+                abort: None,
+            };
+            loader.submit(job, Priority::Demand).unwrap().wait()
+        };
+        load(0, 0).unwrap();
+        let checks = file.blob_checks();
+        assert!(checks.is_verified(checks.index(0, 0, 0).unwrap()));
+        for part in [0, 1] {
+            let msg = load(1, part).err().unwrap().to_string();
+            assert!(
+                msg.starts_with(&path.display().to_string())
+                    && msg.contains("checksum mismatch in expert (layer 0, expert 1, variant f16)"),
+                "{msg}"
+            );
+        }
+        assert!(!checks.is_verified(checks.index(0, 1, 0).unwrap()));
+        loader.shutdown().unwrap();
+    }
 }

@@ -277,7 +277,8 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             direct,
             (cfg.pace_bytes_per_s, disk),
             counters,
-        )?;
+        )?
+        .with_checks(file.blob_checks());
         Ok((Scheduler::spawn(loader)?, direct))
     }
 

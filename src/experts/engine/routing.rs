@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::experts::cache::PoolKind;
-use crate::model::{ExpertDevice, Route};
+use crate::model::{ExpertDevice, ModelError, Route};
 use crate::Error;
 
 pub struct DeviceRouting<D: ExpertDevice> {
@@ -46,22 +46,24 @@ impl<D: ExpertDevice> DeviceRouting<D> {
         }
     }
 
-    /// Read the queued routes into `host`, every expert index checked against `n_experts`.
-    pub fn fetch(&mut self, dev: &D, n_experts: usize, k: usize) -> crate::Result<()> {
+    /// Read the queued routes into `host`, every expert index checked against `n_experts` and
+    /// every gate weight checked finite: a layer whose router logits were not finite (the
+    /// device's top-k found no expert, or their softmax is NaN) is an error naming the layer
+    /// and `file`.
+    pub fn fetch(
+        &mut self,
+        dev: &D,
+        (n_experts, k): (usize, usize),
+        file: &std::path::Path,
+    ) -> crate::Result<()> {
         let Some(r) = self.resident.as_mut() else {
             return Ok(());
         };
         let got = dev.read_routes(r)?;
         self.host.clear();
         self.host.extend_from_slice(got);
-        let bad = self
-            .host
-            .chunks_exact(2 * k)
-            .position(|lr| lr[..k].iter().any(|e| e.to_bits() as usize >= n_experts));
-        match bad {
-            Some(l) => Err(Error::Invalid(format!(
-                "routing: layer {l} found no expert among {n_experts} (router logits not finite?)"
-            ))),
+        match bad_layer(&self.host, n_experts, k) {
+            Some(l) => Err(ModelError::non_finite(file, Some(l), "router logits").into()),
             None => Ok(()),
         }
     }
@@ -71,6 +73,16 @@ impl<D: ExpertDevice> DeviceRouting<D> {
         self.tokens += 1;
         self.account += arrived.elapsed();
     }
+}
+
+/// The first layer of routes `host` (per layer: k expert indices as f32 bits, then k weights)
+/// with an index outside `n_experts` or a non-finite weight.
+fn bad_layer(host: &[f32], n_experts: usize, k: usize) -> Option<usize> {
+    host.chunks_exact(2 * k.max(1)).position(|lr| {
+        let (ids, weights) = lr.split_at(k);
+        ids.iter().any(|e| e.to_bits() as usize >= n_experts)
+            || weights.iter().any(|w| !w.is_finite())
+    })
 }
 
 impl<D: ExpertDevice> super::Engine<'_, D> {
@@ -125,7 +137,8 @@ impl<D: ExpertDevice> super::Engine<'_, D> {
     /// `forward` would count them at once, or, without a trace to write, held and counted once
     /// the next token's launches are queued.
     pub(super) fn account_device(&mut self, dev: &D, hold: bool) -> crate::Result<()> {
-        self.routing.fetch(dev, self.file.n_experts(), self.top_k)?;
+        let shape = (self.file.n_experts(), self.top_k);
+        self.routing.fetch(dev, shape, self.file.path())?;
         if hold && self.trace.is_none() {
             self.routing.held = true;
             Ok(())
@@ -182,5 +195,27 @@ impl<D: ExpertDevice> super::Engine<'_, D> {
         self.routing.host = host;
         self.routing.counted(arrived);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bad_layer;
+
+    #[test]
+    fn routes_read_back_with_no_expert_or_a_nan_weight_name_their_layer() {
+        let id = |e: u32| f32::from_bits(e);
+        // Two layers of k = 2: (ids, weights).
+        let good = [id(1), id(3), 0.75, 0.25, id(0), id(2), 0.5, 0.5];
+        assert_eq!(bad_layer(&good, 4, 2), None);
+        let mut no_expert = good;
+        no_expert[4] = id(u32::MAX); // the device's -1: no expert beat -inf
+        assert_eq!(bad_layer(&no_expert, 4, 2), Some(1));
+        let mut nan = good;
+        nan[3] = f32::NAN;
+        assert_eq!(bad_layer(&nan, 4, 2), Some(0));
+        let mut out_of_range = good;
+        out_of_range[1] = id(4);
+        assert_eq!(bad_layer(&out_of_range, 4, 2), Some(0));
     }
 }
