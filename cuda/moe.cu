@@ -19,7 +19,9 @@ __device__ __forceinline__ void route_top(P p, int ne, int k, int* re, float* rw
 #pragma unroll
     for (int j = 0; j < K; j++) {
         w[j] = NEG_INF;
-        ex[j] = -1;
+        // In range even when no weight beats -inf (NaN logits): the kernels that use the route
+        // before the host sees its NaN weight (and reports the layer) must not read out of bounds.
+        ex[j] = j;
     }
     for (int e = 0; e < ne; e++) {
         const float pe = p(e);

@@ -146,7 +146,7 @@ fn calibrate_input_errors_are_clear() {
         (vec!["--platform", "nowhere.toml", "-o", o], "nowhere.toml"),
         (
             vec!["-c", "4096"],
-            "-c/--ctx-size 4096: the model's context length is 256",
+            "-c/--ctx-size 4096: the context length of ",
         ),
         (vec!["--low", "int2"], "--low int2"),
     ];

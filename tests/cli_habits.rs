@@ -228,7 +228,10 @@ fn empty_prompt_without_bos_is_an_error_not_a_panic() {
         let (ok, _, stderr) = run(&path, extra);
         assert!(!ok, "{extra:?}");
         assert!(
-            stderr.contains("error: the prompt is empty and the model adds no BOS token"),
+            stderr.contains(&format!(
+                "error: {}: the prompt is empty and the model adds no BOS token",
+                path.display()
+            )),
             "{extra:?}: {stderr}"
         );
         assert!(!stderr.contains("panicked"), "{stderr}");
@@ -333,4 +336,34 @@ fn ctrl_c_at_the_chat_prompt_quits() {
     writer.write_all(b"\x03").unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "the chat did not end cleanly on Ctrl-C");
+}
+
+/// `hob inspect M | head -1` and `hob perplexity ... | head` panicked on the broken pipe: every
+/// command ends quietly (exit 0) when its reader goes away.
+#[test]
+fn commands_writing_into_a_closed_pipe_do_not_panic() {
+    let (dir, path) = convert_fixture("f16");
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "a b c d e f g h ".repeat(64)).unwrap();
+    let (m, t) = (path.to_str().unwrap(), text.to_str().unwrap());
+    let commands: [&[&str]; 4] = [
+        &["inspect", m],
+        &["perplexity", "-m", m, "-f", t, "-c", "32", "--device", "cpu"],
+        &["run", "-m", m, "-p", "hi", "-n", "8", "--device", "cpu"],
+        &["bench", "-m", m, "-p", "8", "-n", "4", "-r", "1", "--device", "cpu"],
+    ];
+    for args in commands {
+        let mut child = hob_command()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before the command writes its first line.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
 }

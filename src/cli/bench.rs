@@ -83,8 +83,9 @@ fn tests(args: &BenchArgs, context: usize) -> crate::Result<Vec<BenchTest>> {
         }
         match given.iter().find(|&&n| n >= context) {
             Some(n) => Err(Error::Invalid(format!(
-                "{flag} {n}: at most {} tokens (the model's context)",
-                context - 1
+                "{flag} {n}: at most {} tokens (the context of {})",
+                context - 1,
+                args.model.model.display()
             ))),
             None => Ok(given.iter().copied().filter(|&n| n > 0).collect()),
         }

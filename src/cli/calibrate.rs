@@ -358,7 +358,12 @@ fn record(
     plan.renormalize_skips = false;
     let tok = tokenizer(file, cfg)?;
     let tokens = read_tokens(&args.file, &tok, cfg.add_bos)?;
-    let n_ctx = chunk_ctx("calibrate", args.ctx, 512, cfg.context_length)?;
+    let n_ctx = chunk_ctx(
+        ("calibrate", &args.model.model),
+        args.ctx,
+        512,
+        cfg.context_length,
+    )?;
     if n_ctx < 2 {
         return Err(Error::Invalid(format!(
             "--ctx-size {n_ctx}: must be at least 2"

@@ -1,6 +1,7 @@
 //! `hob inspect`: header, metadata, dense tensors and the expert table of a .hob file, as text or
 //! one JSON object; `--verify` checks every checksum.
 
+use super::out::outln;
 use serde_json::{json, Value};
 
 use super::InspectArgs;
@@ -111,7 +112,7 @@ pub fn report(file: &HobFile) -> Value {
 
 fn print_text(r: &Value) {
     let h = &r["header"];
-    println!(
+    outln!(
         "{}: hob version {}, {} bytes",
         r["file"].as_str().unwrap_or(""),
         h["version"],
@@ -119,22 +120,23 @@ fn print_text(r: &Value) {
     );
     if let Some(sections) = h["sections"].as_object() {
         for (name, s) in sections {
-            println!(
+            outln!(
                 "  {name:<9} offset {:>12}  {:>12} bytes",
-                s["offset"], s["bytes"]
+                s["offset"],
+                s["bytes"]
             );
         }
     }
     if let Some(m) = r["metadata"].as_object() {
-        println!("metadata ({} keys):", m.len());
+        outln!("metadata ({} keys):", m.len());
         for (k, v) in m {
-            println!("  {k} = {v}");
+            outln!("  {k} = {v}");
         }
     }
     if let Some(ts) = r["tensors"].as_array() {
-        println!("dense tensors ({}):", ts.len());
+        outln!("dense tensors ({}):", ts.len());
         for t in ts {
-            println!(
+            outln!(
                 "  {:<28} {:<5} {:<14} {:>12} bytes",
                 t["name"].as_str().unwrap_or(""),
                 t["dtype"].as_str().unwrap_or(""),
@@ -144,13 +146,16 @@ fn print_text(r: &Value) {
         }
     }
     let e = &r["experts"];
-    println!(
+    outln!(
         "experts: {} layers x {} experts, hidden {}, ffn {}",
-        e["layers"], e["experts_per_layer"], e["hidden"], e["ffn"]
+        e["layers"],
+        e["experts_per_layer"],
+        e["hidden"],
+        e["ffn"]
     );
     if let Some(vs) = e["variants"].as_array() {
         for v in vs {
-            println!(
+            outln!(
                 "  {:<10} {:>6} blobs {:>14} bytes {:>8.3} bits/weight",
                 v["variant"].as_str().unwrap_or(""),
                 v["count"],
@@ -173,14 +178,14 @@ pub fn run(args: &InspectArgs) -> crate::Result<()> {
         None
     };
     if args.json {
-        println!("{r}");
+        outln!("{r}");
         if let Some(n) = verified {
             eprintln!("verify: all {n} checksums OK");
         }
     } else {
         print_text(&r);
         if let Some(n) = verified {
-            println!("verify: all {n} checksums OK");
+            outln!("verify: all {n} checksums OK");
         }
     }
     Ok(())

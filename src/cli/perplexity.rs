@@ -201,14 +201,15 @@ impl Nll {
 /// The context of a command's chunks: -c as given (at most the model's), or `default`
 /// clamped to the model's context (said on stderr).
 pub fn chunk_ctx(
-    cmd: &str,
+    (cmd, model): (&str, &std::path::Path),
     given: Option<usize>,
     default: usize,
     model_ctx: usize,
 ) -> crate::Result<usize> {
     match given {
         Some(c) if c > model_ctx => Err(Error::Invalid(format!(
-            "-c/--ctx-size {c}: the model's context length is {model_ctx}"
+            "-c/--ctx-size {c}: the context length of {} is {model_ctx}",
+            model.display()
         ))),
         Some(c) => Ok(c),
         None if default > model_ctx => {
@@ -233,7 +234,12 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     let model = Model::load(&file)?;
     let tok = tokenizer(&file, &model.cfg)?;
     let tokens = read_tokens(&args.file, &tok, model.cfg.add_bos)?;
-    let n_ctx = chunk_ctx("perplexity", args.ctx, 512, model.cfg.context_length)?;
+    let n_ctx = chunk_ctx(
+        ("perplexity", &args.model.model),
+        args.ctx,
+        512,
+        model.cfg.context_length,
+    )?;
     if n_ctx < 4 {
         return Err(Error::Invalid(format!(
             "--ctx-size {n_ctx}: must be at least 4"

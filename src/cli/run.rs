@@ -269,7 +269,8 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     };
     if ctx > model.cfg.context_length {
         return Err(Error::Invalid(format!(
-            "-c {ctx}: the model's context length is {}",
+            "-c {ctx}: the context length of {} is {}",
+            file.path().display(),
             model.cfg.context_length
         )));
     }
@@ -322,6 +323,9 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     let prompt = prompt.unwrap_or_default();
     messages.push(Message::user(&prompt));
     let ids = chat.encode(&messages, &prompt)?;
+    chat.gen
+        .check_fits(ids.len())
+        .map_err(|e| Error::Invalid(format!("{}: {e}", file.path().display())))?;
     chat.answer(&ids)?;
     Ok(())
 }

@@ -297,6 +297,10 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         c.host_x.resize(self.file.expert_dims().0, 0.0);
         dev.download(xs, &mut c.host_x)?;
         let jobs = std::mem::take(&mut run.cpu_jobs);
+        // Each blob's checksum before its first use (a bit test after that).
+        for j in &jobs {
+            self.file.verify_expert(layer, j.expert, j.variant)?;
+        }
         run.cpu_handed += jobs.len();
         let (pool, est, x, file) = (c.pool.clone(), c.estimates(), c.host_x.clone(), self.file);
         let (tx, done) = crossbeam_channel::bounded(1);
