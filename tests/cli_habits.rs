@@ -348,9 +348,21 @@ fn commands_writing_into_a_closed_pipe_do_not_panic() {
     let (m, t) = (path.to_str().unwrap(), text.to_str().unwrap());
     let commands: [&[&str]; 4] = [
         &["inspect", m],
-        &["perplexity", "-m", m, "-f", t, "-c", "32", "--device", "cpu"],
+        &[
+            "perplexity",
+            "-m",
+            m,
+            "-f",
+            t,
+            "-c",
+            "32",
+            "--device",
+            "cpu",
+        ],
         &["run", "-m", m, "-p", "hi", "-n", "8", "--device", "cpu"],
-        &["bench", "-m", m, "-p", "8", "-n", "4", "-r", "1", "--device", "cpu"],
+        &[
+            "bench", "-m", m, "-p", "8", "-n", "4", "-r", "1", "--device", "cpu",
+        ],
     ];
     for args in commands {
         let mut child = hob_command()

@@ -1,6 +1,7 @@
 //! Shared test support: the tiny Mixtral fixture converted to .hob, and its transformers reference.
 #![allow(dead_code)]
 
+pub mod damage;
 pub mod gpu;
 pub mod paths;
 pub mod random;
