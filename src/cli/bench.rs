@@ -66,6 +66,31 @@ pub fn token_trace(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
+/// Every expert blob a run may compute with, checked before the tests: a run checks each on its
+/// first use, a one-time cost that the warm-up of a few tokens does not cover (measured:
+/// benches/results/2026-12-01-h200-issue49.md); the table is of the steady state.
+fn check_experts(
+    file: &crate::format::HobFile,
+    plan: &crate::experts::PrecisionPlan,
+) -> crate::Result<()> {
+    let started = std::time::Instant::now();
+    let variants: Vec<usize> = std::iter::once(plan.high).chain(plan.low).collect();
+    for l in 0..file.n_layers() {
+        for e in 0..file.n_experts() {
+            for &v in &variants {
+                file.verify_expert(l, e, v)?;
+            }
+        }
+    }
+    let bytes: usize = variants.iter().map(|&v| file.expert_layout(v).size).sum();
+    let gb = (file.n_layers() * file.n_experts() * bytes) as f64 / 1e9;
+    eprintln!(
+        "bench: checked the experts' checksums ({gb:.2} GB) in {:.2} s before the tests",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 /// The tests of one session, in llama-bench's order: each -p size as a prefill test, then each
 /// -n size as a decode test (sizes 0 skipped). Each size is below the model's context; a default
 /// beyond it is clamped to it (said on stderr).
@@ -124,6 +149,7 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
         && crate::backend::cuda::probe().is_ok())
     .then(measure_device);
     let mut bench = Bench::new(args, &file, platform.as_ref(), cfg.tie_embeddings)?;
+    check_experts(&file, &args.model.plan(&file, platform.as_ref())?)?;
     let trace = token_trace(ctx, cfg.vocab, args.seed);
     let mut figures = None;
     let mut rows = Vec::new();

@@ -18,7 +18,7 @@ pub mod reader;
 pub mod variant;
 pub mod writer;
 
-pub use checked::{crc32c_pieces, BlobChecks};
+pub use checked::{crc32c_pieces, crc_parallel, BlobChecks};
 pub use gguf::{MetaValue, Metadata};
 pub use reader::{ExpertRecord, ExpertView, Header, HobFile, MatrixView, TensorInfo, TensorView};
 pub use variant::{align_up, DType, ExpertLayout, MatrixLayout, Variant, VariantKind, BLOB_ALIGN};

@@ -135,7 +135,7 @@ impl<'f> Model<'f> {
             ));
         }
         let w = Weights::load(file, &cfg)?;
-        file.verify_dense_with(crc_parallel)
+        file.verify_dense_with(crate::format::crc_parallel)
             .map_err(ModelError::Data)?;
         let d = cfg.head_dim;
         // transformers: 1 / base ** (arange(0, d, 2).float() / d), all in f32.
@@ -291,10 +291,12 @@ impl<'f> Model<'f> {
             unreachable!("allocated above")
         };
         backend.download_host(&b.logits, host, n)?;
-        if !all_finite(&host[..n]) {
+        let finite = all_finite(&host[..n]);
+        // Routes read back here first: a layer's non-finite router logits name that layer.
+        experts.after_forward(backend)?;
+        if !finite {
             return Err(ModelError::non_finite(self.file.path(), None, "output logits").into());
         }
-        experts.after_forward(backend)?;
         Ok(&host[..n])
     }
 
@@ -461,15 +463,6 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
-}
-
-/// CRC-32C of `data` in pieces on rayon's global pool (the dense weights' checksums when a model
-/// loads: ~10 GB/s per core).
-fn crc_parallel(data: &[u8]) -> u32 {
-    use rayon::prelude::*;
-    crate::format::crc32c_pieces(data, 4 << 20, |pieces| {
-        pieces.par_iter().map(|p| crc32c::crc32c(p)).collect()
-    })
 }
 
 /// Whether every value is finite (vectorizes: no early exit inside a block).

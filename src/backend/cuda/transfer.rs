@@ -71,7 +71,7 @@ impl Gpu {
             Some(b) if b.len() >= dst.len() => rb.insert(b),
             // SAFETY: page-locked host memory of dst.len() floats, written only by the copy
             // below and read after the stream is synchronized.
-            _ => rb.insert(unsafe { self.ctx.alloc_pinned::<f32>(dst.len()) }.map_err(cuda_err)?),
+            _ => rb.insert(unsafe { self.alloc_readable::<f32>(dst.len()) }?),
         };
         let host = &mut buf.as_mut_slice().map_err(cuda_err)?[..dst.len()];
         // SAFETY: src addresses at least dst.len() floats, host holds as many; the stream is
@@ -85,10 +85,24 @@ impl Gpu {
         Ok(())
     }
 
+    /// Page-locked host memory the CPU reads: cached, unlike cudarc's `alloc_pinned`, which is
+    /// write-combined (its reads bypass the caches: a 128 KB logits scan took ~25 us a token,
+    /// benches/results/2026-12-01-h200-issue49.md).
+    ///
+    /// # Safety
+    /// The memory is uninitialized: write it (or copy into it) before reading.
+    unsafe fn alloc_readable<T: cudarc::driver::DeviceRepr>(
+        &self,
+        n: usize,
+    ) -> crate::Result<PinnedHostSlice<T>> {
+        // SAFETY: the caller initializes the memory before reading it (this fn's contract).
+        unsafe { self.ctx.alloc_pinned_with_flags::<T>(n, 0) }.map_err(cuda_err)
+    }
+
     /// Page-locked host memory of `n` floats (zeroed) that results are read back into.
     pub fn alloc_floats(&self, n: usize) -> crate::Result<PinnedFloats> {
         // SAFETY: page-locked host memory of n floats, zeroed below before any read.
-        let mut buf = unsafe { self.ctx.alloc_pinned::<f32>(n.max(1)) }.map_err(cuda_err)?;
+        let mut buf = unsafe { self.alloc_readable::<f32>(n.max(1)) }?;
         buf.as_mut_slice().map_err(cuda_err)?.fill(0.0);
         let at = buf.as_mut_ptr().map_err(cuda_err)?;
         Ok(PinnedFloats { buf, at })
@@ -98,7 +112,7 @@ impl Gpu {
     pub fn alloc_read(&self, n: usize) -> crate::Result<QueuedRead> {
         // SAFETY: page-locked host memory of n floats, written only by the copies queue_read
         // queues and read only after their event has completed (QueuedRead::wait).
-        let buf = unsafe { self.ctx.alloc_pinned::<f32>(n) }.map_err(cuda_err)?;
+        let buf = unsafe { self.alloc_readable::<f32>(n) }?;
         let done = self.ctx.new_event(None).map_err(cuda_err)?;
         Ok(QueuedRead {
             buf,
