@@ -454,9 +454,16 @@ fn wait_for_temp_file(dir: &Path, child: &mut Child) -> PathBuf {
     }
 }
 
-fn send_signal(child: &Child, signal: libc::c_int) {
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill takes integers only; `pid` is our own child, not yet reaped (so not reused).
+/// The process that wrote `tmp` (`OUT.tmp-PID`): hob itself, also when the test started it
+/// through a runner (.ci/qemu-runner, whose shell would hold a signal until hob ended).
+fn writer_pid(tmp: &Path) -> libc::pid_t {
+    let name = tmp.file_name().unwrap().to_str().unwrap();
+    name.rsplit("tmp-").next().unwrap().parse().unwrap()
+}
+
+fn send_signal(pid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill takes integers only; `pid` belongs to a child of ours that is still running
+    // (its temporary file exists), so it is not a reused pid.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
 }
 
@@ -473,7 +480,7 @@ fn interrupted_convert_leaves_no_temp_file() {
         let out = dir.path().join("m.hob");
         let mut child = start_slow_convert(&out);
         let tmp = wait_for_temp_file(dir.path(), &mut child);
-        send_signal(&child, signal);
+        send_signal(writer_pid(&tmp), signal);
         let o = child.wait_with_output().unwrap();
         let err = stderr(&o);
         assert_eq!(
@@ -505,9 +512,15 @@ fn killed_convert_temp_file_is_removed_by_the_next_convert() {
     let out = dir.path().join("m.hob");
     let mut child = start_slow_convert(&out);
     let tmp = wait_for_temp_file(dir.path(), &mut child);
+    let pid = writer_pid(&tmp);
+    // The child first: a runner that saw its hob killed would start it once more.
     child.kill().unwrap();
+    send_signal(pid, libc::SIGKILL);
     child.wait().unwrap();
-    let pid = child.id();
+    // Natively hob is the child, reaped above; under a runner it is reaped by its parent.
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert!(tmp.exists(), "SIGKILL cannot be handled: the file stays");
     // A live process's file (this test's) and another output's file are not touched.
     let live = dir.path().join(format!("m.hob.tmp-{}", std::process::id()));
