@@ -256,6 +256,9 @@ impl Bench {
         let mut total = ExpertStats::default();
         let mut tokens = 0usize;
         let replays = gen.session().decode_replays();
+        // The logits are discarded: checked in the warm-up, not in the measured runs (their
+        // scan is a sampler's cost, which llama-bench's tg does not include either).
+        gen.session().check_logits(false);
         for rep in 0..args.reps {
             gen.session().reset_stats();
             let (n, secs) = run_test(gen, test, trace)?;
@@ -269,6 +272,7 @@ impl Bench {
                 n as f64 / secs
             );
         }
+        gen.session().check_logits(true);
         if let (BenchTest::Generate(_), n) = (test, gen.session().decode_replays() - replays) {
             if n > 0 {
                 eprintln!("bench: {test}: {n} of {tokens} decode steps replayed from a CUDA graph");

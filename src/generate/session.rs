@@ -26,6 +26,8 @@ pub trait Session {
     /// Expert counters since the last `reset_stats`.
     fn expert_stats(&self) -> ExpertStats;
     fn reset_stats(&mut self);
+    /// Refuse non-finite output logits (the default) or not (for a caller that discards them).
+    fn check_logits(&mut self, on: bool);
     /// Decode steps the backend ran from a recording (CUDA graphs) so far.
     fn decode_replays(&self) -> u64 {
         0
@@ -105,6 +107,9 @@ impl<B: Backend + Telemetry> Session for Bound<'_, B> {
     fn reset_stats(&mut self) {
         self.experts.reset_stats();
         self.backend.reset_host_times();
+    }
+    fn check_logits(&mut self, on: bool) {
+        self.st.check_logits(on);
     }
     fn decode_replays(&self) -> u64 {
         self.backend.decode_replays()
