@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -190,21 +191,33 @@ fn prompt_longer_than_a_command_line_is_read_and_measured() {
     );
 }
 
-/// The fixture converted without a BOS token and with `template` as its chat template.
-fn convert_without_bos(dir: &Path, template: &str) -> PathBuf {
+/// The fixture converted with its tokenizer_config.json and config.json changed by `tok` and
+/// `cfg`.
+fn convert_changed(
+    dir: &Path,
+    tok: impl FnOnce(&mut serde_json::Value),
+    cfg: impl FnOnce(&mut serde_json::Value),
+) -> PathBuf {
     let src = dir.join("src");
     std::fs::create_dir(&src).unwrap();
     for entry in std::fs::read_dir(fixture_dir()).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
     }
-    let cfg_path = src.join("tokenizer_config.json");
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
-    cfg["add_bos_token"] = false.into();
-    cfg["chat_template"] = template.into();
-    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    let out = dir.join("nobos.hob");
+    for (name, change) in [
+        (
+            "tokenizer_config.json",
+            Box::new(tok) as Box<dyn FnOnce(&mut _)>,
+        ),
+        ("config.json", Box::new(cfg)),
+    ] {
+        let path = src.join(name);
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        change(&mut json);
+        std::fs::write(&path, json.to_string()).unwrap();
+    }
+    let out = dir.join("changed.hob");
     let (ok, _, stderr) = hob(&[
         "convert",
         "--from",
@@ -217,6 +230,15 @@ fn convert_without_bos(dir: &Path, template: &str) -> PathBuf {
     ]);
     assert!(ok, "{stderr}");
     out
+}
+
+/// The fixture converted without a BOS token and with `template` as its chat template.
+fn convert_without_bos(dir: &Path, template: &str) -> PathBuf {
+    let tok = |cfg: &mut serde_json::Value| {
+        cfg["add_bos_token"] = false.into();
+        cfg["chat_template"] = template.into();
+    };
+    convert_changed(dir, tok, |_| {})
 }
 
 #[test]
@@ -273,69 +295,157 @@ fn chat_says_how_to_quit_and_clear_starts_over() {
     assert!(prompts[2] < prompts[1] + 16, "{stderr}");
 }
 
-/// A pseudo-terminal: the chat reads it through the line editor, in raw mode, where Ctrl-C is a
-/// key (not a signal) at the prompt.
+/// A chat on a pseudo-terminal: hob reads it through the line editor, in raw mode, where Ctrl-C
+/// is a key (not a signal) at the prompt.
+struct PtyChat {
+    child: std::process::Child,
+    master: std::fs::File,
+    seen: Vec<u8>,
+}
+
+impl PtyChat {
+    fn start(model: &Path, extra: &[&str]) -> PtyChat {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        let (master, slave) = {
+            let (mut m, mut s) = (0, 0);
+            // SAFETY: openpty writes two new descriptors into m and s; the null pointers ask
+            // for no name and default terminal settings.
+            let rc = unsafe {
+                libc::openpty(
+                    &mut m,
+                    &mut s,
+                    std::ptr::null_mut(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(rc, 0, "openpty");
+            // SAFETY: both descriptors were just opened and are owned by nobody else.
+            unsafe { (std::fs::File::from_raw_fd(m), OwnedFd::from_raw_fd(s)) }
+        };
+        let child = hob_command()
+            .args([
+                "run",
+                "-m",
+                model.to_str().unwrap(),
+                "--device",
+                "cpu",
+                "-i",
+            ])
+            .args(["--temp", "0"])
+            .args(extra)
+            .stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave))
+            .spawn()
+            .unwrap();
+        PtyChat {
+            child,
+            master,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads until `needle` appears after byte `from` of what the chat wrote; where it ends.
+    fn wait_for(&mut self, needle: &str, from: usize) -> usize {
+        let mut buf = [0u8; 4096];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let text = String::from_utf8_lossy(&self.seen[from.min(self.seen.len())..]);
+            if let Some(at) = text.find(needle) {
+                return from + at + needle.len();
+            }
+            let all = String::from_utf8_lossy(&self.seen).into_owned();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {needle:?} in {all:?}"
+            );
+            // Read only what is there: a chat that says nothing more fails at the deadline.
+            let mut fds = [libc::pollfd {
+                fd: self.master.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: one valid pollfd, for a descriptor we own, for 100 ms.
+            if unsafe { libc::poll(fds.as_mut_ptr(), 1, 100) } == 1 {
+                let n = self.master.read(&mut buf).unwrap_or(0);
+                self.seen.extend_from_slice(&buf[..n]);
+            }
+        }
+    }
+
+    /// Keys, all in one write (as a paste or a fast typist sends them).
+    fn keys(&mut self, keys: &[u8]) {
+        self.master.write_all(keys).unwrap();
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.seen).into_owned()
+    }
+}
+
+impl Drop for PtyChat {
+    /// A failed test leaves no chat running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[test]
 #[cfg_attr(
     not(target_arch = "x86_64"),
     ignore = "pseudo-terminal modes under qemu-user: run natively"
 )]
 fn ctrl_c_at_the_chat_prompt_quits() {
-    use std::os::fd::{FromRawFd, OwnedFd};
     let (_dir, path) = convert_fixture("f16");
-    let (master, slave) = {
-        let (mut m, mut s) = (0, 0);
-        // SAFETY: openpty writes two new descriptors into m and s; the null pointers ask for
-        // no name and default terminal settings.
-        let rc = unsafe {
-            libc::openpty(
-                &mut m,
-                &mut s,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(rc, 0, "openpty");
-        // SAFETY: both descriptors were just opened and are owned by nobody else.
-        unsafe { (std::fs::File::from_raw_fd(m), OwnedFd::from_raw_fd(s)) }
-    };
-    let mut child = hob_command()
-        .args(["run", "-m", path.to_str().unwrap(), "--device", "cpu", "-i"])
-        .args(["-n", "2", "--temp", "0"])
-        .stdin(Stdio::from(slave.try_clone().unwrap()))
-        .stdout(Stdio::from(slave.try_clone().unwrap()))
-        .stderr(Stdio::from(slave))
-        .spawn()
-        .unwrap();
-    let mut writer = master.try_clone().unwrap();
-    let mut master = master;
-    let mut seen = Vec::new();
-    // Reads until `needle` appears after byte `from` of what the chat wrote; returns where it ends.
-    let mut wait_for = |needle: &str, from: usize| -> usize {
-        let mut buf = [0u8; 4096];
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            let text = String::from_utf8_lossy(&seen[from.min(seen.len())..]).into_owned();
-            if let Some(at) = text.find(needle) {
-                return from + at + needle.len();
-            }
-            let all = String::from_utf8_lossy(&seen).into_owned();
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no {needle:?} in {all:?}"
-            );
-            let n = master.read(&mut buf).unwrap_or(0);
-            seen.extend_from_slice(&buf[..n]);
-        }
-    };
-    let at = wait_for("> ", 0);
-    writer.write_all(b"hello\r").unwrap();
-    let at = wait_for("generation: 2 tokens", at);
-    wait_for("> ", at);
-    writer.write_all(b"\x03").unwrap();
-    let status = child.wait().unwrap();
+    let mut chat = PtyChat::start(&path, &["-n", "2"]);
+    let at = chat.wait_for("> ", 0);
+    chat.keys(b"hello\r");
+    let at = chat.wait_for("generation: 2 tokens", at);
+    chat.wait_for("> ", at);
+    chat.keys(b"\x03");
+    let status = chat.child.wait().unwrap();
     assert!(status.success(), "the chat did not end cleanly on Ctrl-C");
+}
+
+/// Ctrl-C during an answer did nothing: the line editor's own SIGINT handler, installed for the
+/// whole session, displaced hob's. And a message sent in one write (a paste ending in Enter)
+/// waited for another key before it was read (rustyline before 19).
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "pseudo-terminal modes under qemu-user: run natively"
+)]
+fn ctrl_c_during_an_answer_stops_it_and_the_chat_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    // A long context, so that an answer that is not stopped runs for seconds.
+    let path = convert_changed(
+        dir.path(),
+        |_| {},
+        |cfg| {
+            cfg["max_position_embeddings"] = 32768.into();
+        },
+    );
+    let mut chat = PtyChat::start(&path, &["-c", "32768", "-n", "-1", "--ignore-eos"]);
+    let at = chat.wait_for("> ", 0);
+    chat.keys(b"tell me a long story\r");
+    let at = chat.wait_for("story", at);
+    // Some of the answer, then what the terminal sends for Ctrl-C during it.
+    chat.wait_for(" ", at + 8);
+    let pid = libc::pid_t::try_from(chat.child.id()).unwrap();
+    // SAFETY: kill takes integers only; `pid` is our child, running (not reaped).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let at = chat.wait_for("[stopped]", at);
+    let at = chat.wait_for("> ", at);
+    assert!(!chat.text().contains("[context full"), "{}", chat.text());
+    chat.keys(b"/exit\r");
+    let status = chat.child.wait().unwrap();
+    assert!(
+        status.success(),
+        "after the stopped answer: {}",
+        &chat.text()[at..]
+    );
 }
 
 /// `hob inspect M | head -1` and `hob perplexity ... | head` panicked on the broken pipe: every
