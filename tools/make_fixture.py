@@ -1,5 +1,10 @@
 #!/usr/bin/env python3
-"""Build tests/fixtures/tiny-mixtral: a tiny random MixtralForCausalLM with transformers, fixed seed.
+"""Build tests/fixtures/tiny-<family>: a tiny random MoE checkpoint made with transformers, fixed seed.
+
+Families: mixtral (tests/fixtures/tiny-mixtral), qwen3_moe, qwen2_moe, olmoe, phimoe (issue 50). Each has its
+own special tokens, chat template (ChatML-style for Qwen and OLMoE, Phi's own) and stop tokens; the new families
+also perturb every norm weight and bias (transformers initializes them to 1 and 0), so a forward pass that skips
+one is caught, and store `chat_ids`: transformers' apply_chat_template ids of a multi-turn conversation.
 
 Needs torch, transformers and tokenizers (the device machine has them; CI does not run this). Writes:
   config.json, model-0000N-of-00002.safetensors + model.safetensors.index.json (f16 weights),
@@ -12,7 +17,7 @@ Weights are rounded to f16 before the reference runs in float32, so the stored c
 the reference logits come from. initializer_range 0.15 makes every block matter (shared/ASSETS.md): the script
 zeroes one layer's attention output and one expert and prints how far the mean log-likelihood moves.
 
-usage: python3 tools/make_fixture.py OUT_DIR
+usage: python3 tools/make_fixture.py OUT_DIR [--family mixtral|qwen3_moe|qwen2_moe|olmoe|phimoe]
 """
 import json
 import os
@@ -56,13 +61,13 @@ MIXTRAL_TEMPLATE = (
 )
 
 
-def build_tokenizer():
+def build_tokenizer(specials=("<unk>", "<s>", "</s>")):
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB,
-        special_tokens=["<unk>", "<s>", "</s>"],
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -72,6 +77,12 @@ def build_tokenizer():
 
 def main():
     out = sys.argv[1]
+    family = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--family" else "mixtral"
+    if family != "mixtral":
+        import make_family_fixture
+
+        make_family_fixture.make(out, family)
+        return
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)

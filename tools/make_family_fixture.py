@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""tests/fixtures/tiny-<family> for the MoE families of issue 50, made with transformers (see make_fixture.py).
+
+Run through make_fixture.py: `python3 tools/make_fixture.py OUT_DIR --family qwen3_moe`. Writes what the Mixtral
+fixture has (config.json, sharded f16 safetensors, tokenizer.json, tokenizer_config.json, generation_config.json,
+reference.safetensors, reference.json) plus, in reference.safetensors:
+  chat_ids [N] i64: apply_chat_template(CONVERSATION, add_generation_prompt=True) of transformers' tokenizer;
+  chat_ids_no_think (qwen3_moe): the same with enable_thinking=False;
+  long_ids [L] i64 and long_logits [L, V] f32 (phimoe): a prefill past original_max_position_embeddings,
+  where LongRoPE's long factors apply.
+Every norm weight and bias is perturbed (transformers starts them at 1 and 0) so that none can be skipped.
+"""
+import json
+import os
+
+import torch
+import transformers
+import tokenizers
+from safetensors.torch import save_file
+
+from make_fixture import N_GREEDY, PROMPT, SEED, build_tokenizer
+
+VOCAB = 512
+CONVERSATION = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "And of Italy?"},
+]
+
+# ChatML, as Qwen's and OLMoE's instruct models use it; Qwen3's adds the thinking switch.
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+QWEN3_CHATML = CHATML.replace(
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}",
+)
+PHI_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and message['content'] %}"
+    "{{ '<|system|>\\n' + message['content'] + '<|end|>\\n' }}"
+    "{% elif message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + '<|end|>\\n' }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\\n' + message['content'] + '<|end|>\\n' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+PHI_SPECIALS = ("<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=256,
+    initializer_range=0.15,
+    tie_word_embeddings=False,
+)
+
+
+def family_spec(family):
+    """(config, model class, special tokens, tokenizer_config fields, eos ids by name, template)."""
+    if family == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(
+            **COMMON,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_key_value_heads=2,
+            head_dim=32,  # apart from hidden / heads, as in Qwen3-30B-A3B (2048 / 32 = 64, head_dim 128)
+            num_experts=8,
+            num_experts_per_tok=4,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            rms_norm_eps=1e-6,
+            rope_theta=1e6,
+            attention_bias=False,
+        )
+        return cfg, transformers.Qwen3MoeForCausalLM, QWEN_SPECIALS, qwen_tok(QWEN3_CHATML), ["<|im_end|>", "<|endoftext|>"]
+    if family == "qwen2_moe":
+        cfg = transformers.Qwen2MoeConfig(
+            **COMMON,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=4,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            rms_norm_eps=1e-6,
+            rope_theta=1e6,
+        )
+        return cfg, transformers.Qwen2MoeForCausalLM, QWEN_SPECIALS, qwen_tok(CHATML), ["<|im_end|>", "<|endoftext|>"]
+    if family == "olmoe":
+        cfg = transformers.OlmoeConfig(
+            **COMMON,
+            intermediate_size=32,
+            num_key_value_heads=4,
+            num_experts=8,
+            num_experts_per_tok=4,
+            norm_topk_prob=False,
+            rms_norm_eps=1e-5,
+            rope_theta=1e4,
+            clip_qkv=None,
+        )
+        return cfg, transformers.OlmoeForCausalLM, QWEN_SPECIALS, qwen_tok(CHATML), ["<|im_end|>", "<|endoftext|>"]
+    if family == "phimoe":
+        head = COMMON["hidden_size"] // COMMON["num_attention_heads"]
+        g = torch.Generator().manual_seed(SEED)
+        short = (1.0 + torch.rand(head // 2, generator=g)).tolist()
+        long = (1.0 + 8.0 * torch.rand(head // 2, generator=g)).tolist()
+        rope = {
+            "rope_type": "longrope",
+            "type": "longrope",
+            "short_factor": short,
+            "long_factor": long,
+            "short_mscale": 1.243163121016122,
+            "long_mscale": 1.243163121016122,
+            "original_max_position_embeddings": 128,
+        }
+        kw = dict(
+            **COMMON,
+            intermediate_size=96,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rms_norm_eps=1e-5,
+            rope_theta=1e4,
+            router_jitter_noise=0.01,
+            input_jitter_noise=0.0,
+            attention_bias=True,
+            lm_head_bias=True,
+            original_max_position_embeddings=128,
+        )
+        try:
+            cfg = transformers.PhimoeConfig(**kw, rope_scaling=rope)
+        except TypeError:
+            cfg = transformers.PhimoeConfig(**kw, rope_parameters=dict(rope, rope_theta=1e4))
+        tok_cfg = {
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "chat_template": PHI_TEMPLATE,
+            "model_max_length": 256,
+        }
+        return cfg, transformers.PhimoeForCausalLM, PHI_SPECIALS, tok_cfg, ["<|end|>", "</s>"]
+    raise SystemExit(f"unknown family {family!r}")
+
+
+def qwen_tok(template):
+    return {
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "chat_template": template,
+        "model_max_length": 256,
+    }
+
+
+def perturb_norms_and_biases(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias") or "layernorm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+
+
+def round_to_f16(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+
+
+def greedy(model, ids):
+    seq = list(ids)
+    steps = []
+    with torch.no_grad():
+        for _ in range(N_GREEDY):
+            step = model(torch.tensor([seq])).logits[0, -1].float()
+            steps.append(step)
+            seq.append(int(step.argmax()))
+    top2 = torch.stack(steps).topk(2, dim=-1).values
+    return seq[len(ids):], torch.stack(steps), float((top2[:, 0] - top2[:, 1]).min())
+
+
+def chat_ids(tok_obj, tok_cfg, **kw):
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok_obj,
+        bos_token=tok_cfg.get("bos_token"),
+        eos_token=tok_cfg.get("eos_token"),
+        unk_token=tok_cfg.get("unk_token"),
+        pad_token=tok_cfg.get("pad_token"),
+    )
+    fast.chat_template = tok_cfg["chat_template"]
+    text = fast.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True, **kw)
+    ids = fast(text, add_special_tokens=False)["input_ids"]
+    return text, ids
+
+
+def make(out, family):
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(SEED)
+    torch.use_deterministic_algorithms(True)
+    cfg, cls, specials, tok_cfg, eos_names = family_spec(family)
+    tok = build_tokenizer(specials)
+    assert tok.get_vocab_size() <= VOCAB, tok.get_vocab_size()
+    tok.save(os.path.join(out, "tokenizer.json"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(tok_cfg, f, indent=2)
+    eos_ids = [tok.token_to_id(n) for n in eos_names]
+    bos_id = tok.token_to_id(tok_cfg["bos_token"]) if tok_cfg.get("bos_token") else None
+    cfg.bos_token_id = bos_id
+    cfg.eos_token_id = eos_ids[0]
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).eval()
+    perturb_norms_and_biases(model)
+    round_to_f16(model)
+    model.generation_config.eos_token_id = eos_ids
+    model.generation_config.bos_token_id = bos_id
+
+    ids = ([bos_id] if tok_cfg.get("add_bos_token") else []) + tok.encode(PROMPT).ids
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    greedy_ids, greedy_logits, margin = greedy(model, ids)
+    tensors = {
+        "input_ids": torch.tensor(ids, dtype=torch.int64),
+        "logits": logits.contiguous(),
+        "greedy_ids": torch.tensor(greedy_ids, dtype=torch.int64),
+        "greedy_logits": greedy_logits.contiguous(),
+    }
+    info = {"family": family, "architecture": cls.__name__}
+    text, cids = chat_ids(tok, tok_cfg)
+    tensors["chat_ids"] = torch.tensor(cids, dtype=torch.int64)
+    info["chat_text"] = text
+    if family == "qwen3_moe":
+        text, cids = chat_ids(tok, tok_cfg, enable_thinking=False)
+        tensors["chat_ids_no_think"] = torch.tensor(cids, dtype=torch.int64)
+        info["chat_text_no_think"] = text
+    if family == "phimoe":
+        long_ids = (ids * 8)[:160]
+        with torch.no_grad():
+            tensors["long_logits"] = model(torch.tensor([long_ids])).logits[0].float().contiguous()
+        tensors["long_ids"] = torch.tensor(long_ids, dtype=torch.int64)
+
+    model.half()
+    model.save_pretrained(out, max_shard_size="400KB")
+    save_file(tensors, os.path.join(out, "reference.safetensors"))
+    info.update(
+        {
+            "seed": SEED,
+            "prompt": PROMPT,
+            "prompt_tokens": len(ids),
+            "conversation": CONVERSATION,
+            "eos_token_ids": eos_ids,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+            "greedy_min_top2_margin": margin,
+            "greedy_ids": greedy_ids,
+        }
+    )
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    print(json.dumps(info, indent=2)[:2000])
+    print(sorted(os.listdir(out)))
