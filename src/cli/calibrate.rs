@@ -399,8 +399,8 @@ fn record(
     let started = Instant::now();
     for i in 0..n_chunk {
         let mut chunk = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
-        if cfg.add_bos {
-            chunk[0] = tok.bos_id();
+        if let (true, Some(bos)) = (cfg.add_bos, tok.bos_id()) {
+            chunk[0] = bos;
         }
         gen.feed(&chunk)?;
         if i == 0 {

@@ -521,7 +521,10 @@ pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> 
             file.path().display()
         ))
     };
-    let bos = cfg.bos.ok_or_else(|| missing(keys::BOS_TOKEN_ID))?;
+    let bos = match (cfg.bos, cfg.add_bos) {
+        (None, true) => return Err(missing(keys::BOS_TOKEN_ID)),
+        (bos, _) => bos,
+    };
     let eos = cfg.eos.ok_or_else(|| missing(keys::EOS_TOKEN_ID))?;
     // Name the file and the metadata key that hold the bad value.
     Tokenizer::from_json(json, bos, eos, cfg.add_bos).map_err(|e| {

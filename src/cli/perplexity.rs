@@ -63,8 +63,8 @@ pub fn read_tokens(
 ) -> crate::Result<Vec<u32>> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;
     let mut tokens = tok.encode(&text, false)?;
-    if add_bos {
-        tokens.insert(0, tok.bos_id());
+    if let (true, Some(bos)) = (add_bos, tok.bos_id()) {
+        tokens.insert(0, bos);
     }
     Ok(tokens)
 }
@@ -352,8 +352,8 @@ fn score_chunks(
     for i in 0..shape.chunks {
         let start = i * n_ctx;
         let mut chunk = tokens[start..start + n_ctx].to_vec();
-        if tok.add_bos() {
-            chunk[0] = tok.bos_id();
+        if let (true, Some(bos)) = (tok.add_bos(), tok.bos_id()) {
+            chunk[0] = bos;
         }
         if let Some(b) = cmp.baseline.as_mut() {
             b.score(&chunk, first, batch, &mut base_logits)?;

@@ -53,6 +53,11 @@ pub struct RunArgs {
     /// Plain completion of the prompt, without the chat template.
     #[arg(long = "no-chat", help_heading = "Prompt")]
     pub no_chat: bool,
+    /// Variables for the chat template, a JSON object (as llama.cpp's), e.g.
+    /// '{"enable_thinking": false}' for Qwen3's answers without a thinking block.
+    #[arg(long = "chat-template-kwargs", value_name = "JSON", value_parser = json_object,
+          help_heading = "Prompt")]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Tokens to generate per answer (-1, -2: until the end of the answer or a full context).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, value_parser = n_predict,
           help_heading = "Prompt")]
@@ -278,8 +283,13 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     let template = match (args.no_chat, file.metadata().get_str(keys::CHAT_TEMPLATE)) {
         (false, Ok(src)) => {
             let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
-            let t = ChatTemplate::new(src, &name(model.cfg.bos), &name(model.cfg.eos));
-            Some(t.map_err(|e| template_error(file.path(), e))?)
+            let mut t = ChatTemplate::new(src, &name(model.cfg.bos), &name(model.cfg.eos))
+                .map_err(|e| template_error(file.path(), e))?;
+            for (k, v) in args.chat_template_kwargs.iter().flatten() {
+                t.set_var(k, v)
+                    .map_err(|e| Error::Invalid(format!("--chat-template-kwargs: {e}")))?;
+            }
+            Some(t)
         }
         (false, Err(_)) => {
             eprintln!("note: the file has no chat template: plain completion");
@@ -328,4 +338,15 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         .map_err(|e| Error::Invalid(format!("{}: {e}", file.path().display())))?;
     chat.answer(&ids)?;
     Ok(())
+}
+
+/// A JSON object (--chat-template-kwargs).
+fn json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(other) => Err(format!(
+            "a JSON object, e.g. '{{\"enable_thinking\": false}}', not {other}"
+        )),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }

@@ -55,5 +55,8 @@ pub const ATTN_K: &str = "attn_k.weight";
 pub const ATTN_V: &str = "attn_v.weight";
 pub const ATTN_OUTPUT: &str = "attn_output.weight";
 pub const FFN_NORM: &str = "ffn_norm.weight";
+/// QK-norm (Qwen3-MoE): RMSNorm weights over each head of q and k, [head_dim].
+pub const ATTN_Q_NORM: &str = "attn_q_norm.weight";
+pub const ATTN_K_NORM: &str = "attn_k_norm.weight";
 /// The router: [n_experts, hidden].
 pub const FFN_GATE_INP: &str = "ffn_gate_inp.weight";

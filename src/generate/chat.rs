@@ -69,6 +69,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// Extra variables the template reads (Qwen3's `enable_thinking`): llama.cpp's
+    /// --chat-template-kwargs, transformers' apply_chat_template keyword arguments.
+    vars: std::collections::BTreeMap<String, Value>,
 }
 
 impl ChatTemplate {
@@ -100,7 +103,28 @@ impl ChatTemplate {
             env,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
+            vars: Default::default(),
         })
+    }
+
+    /// Set template variable `name` (e.g. `enable_thinking` to false); the names the renderer
+    /// sets itself (messages, add_generation_prompt, bos_token, eos_token) cannot be replaced.
+    pub fn set_var(&mut self, name: &str, value: &serde_json::Value) -> Result<(), GenerateError> {
+        if [
+            "messages",
+            "add_generation_prompt",
+            "bos_token",
+            "eos_token",
+        ]
+        .contains(&name)
+        {
+            return Err(GenerateError::TemplateRender {
+                reason: format!("'{name}' is set by hob, not by a template variable"),
+            });
+        }
+        self.vars
+            .insert(name.to_owned(), Value::from(minijinja::value::Serde(value)));
+        Ok(())
     }
 
     /// The prompt text for `messages`; `add_generation_prompt` appends the opening of the
@@ -126,6 +150,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
+                ..Value::from(self.vars.clone())
             },
             &mut out,
         );

@@ -18,24 +18,26 @@ pub struct Tokenizer {
     continuation: Option<tokenizers::Tokenizer>,
     /// Added tokens (content, id), longest first so that the longest one wins where two match.
     added: Vec<(String, u32)>,
-    bos_id: u32,
+    bos_id: Option<u32>,
     eos_ids: Vec<u32>,
     add_bos: bool,
     vocab_size: usize,
 }
 
 impl Tokenizer {
-    /// Load a tokenizer.json. `bos_id`, `eos_id` and `add_bos` (whether a raw prompt starts with
-    /// BOS) come from the model's metadata.
+    /// Load a tokenizer.json. `bos_id` (None: the model has none, as Qwen's), `eos_id` and
+    /// `add_bos` (whether a raw prompt starts with BOS) come from the model's metadata.
     pub fn from_json(
         json: &str,
-        bos_id: u32,
+        bos_id: impl Into<Option<u32>>,
         eos_id: u32,
         add_bos: bool,
     ) -> Result<Self, GenerateError> {
+        let bos_id = bos_id.into();
         let (inner, continuation) = load(json)?;
         let vocab_size = inner.get_vocab_size(true);
-        for (field, id) in [("bos_id", bos_id), ("eos_id", eos_id)] {
+        let ids = [("bos_id", bos_id), ("eos_id", Some(eos_id))];
+        for (field, id) in ids.into_iter().filter_map(|(f, id)| Some((f, id?))) {
             if id as usize >= vocab_size {
                 return Err(GenerateError::SpecialIdOutOfRange {
                     field,
@@ -57,7 +59,7 @@ impl Tokenizer {
             added,
             bos_id,
             eos_ids: vec![eos_id],
-            add_bos,
+            add_bos: add_bos && bos_id.is_some(),
             vocab_size,
         })
     }
@@ -67,8 +69,8 @@ impl Tokenizer {
     /// Hugging Face; chat templates rely on it.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, GenerateError> {
         let mut ids = Vec::new();
-        if add_special && self.add_bos {
-            ids.push(self.bos_id);
+        if let (true, Some(bos)) = (add_special && self.add_bos, self.bos_id) {
+            ids.push(bos);
         }
         match &self.continuation {
             None => ids.extend(self.encode_plain(&self.inner, text)?),
@@ -175,7 +177,7 @@ impl Tokenizer {
         self.vocab_size
     }
 
-    pub fn bos_id(&self) -> u32 {
+    pub fn bos_id(&self) -> Option<u32> {
         self.bos_id
     }
 

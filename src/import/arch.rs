@@ -12,11 +12,13 @@ use crate::format::{keys, ExpertShape, MetaValue, Metadata};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Architecture {
     Mixtral(MixtralSpec),
+    /// Qwen3MoeForCausalLM: Mixtral's hyper-parameters; QK-norm tensors and Qwen's names.
+    Qwen3Moe(MixtralSpec),
 }
 
-const SUPPORTED: &[&str] = &["MixtralForCausalLM"];
+const SUPPORTED: &[&str] = &["MixtralForCausalLM", "Qwen3MoeForCausalLM"];
 
-/// MixtralForCausalLM's hyper-parameters.
+/// The hyper-parameters of a Mixtral-style MoE (MixtralForCausalLM, Qwen3MoeForCausalLM).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MixtralSpec {
     pub hidden: usize,
@@ -57,11 +59,46 @@ pub struct DenseTensor {
 /// Where the experts' matrices are in the checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExpertSource {
-    /// `block_sparse_moe.experts.E.w1/w3/w2.weight`: one tensor per matrix (the hub layout).
-    PerExpert { hidden: usize, ffn: usize },
+    /// One tensor per matrix (the hub layout): Mixtral's `block_sparse_moe.experts.E.w1/w3/w2`
+    /// or Qwen's `mlp.experts.E.gate_proj/up_proj/down_proj`.
+    PerExpert {
+        hidden: usize,
+        ffn: usize,
+        names: ExpertNames,
+    },
     /// transformers 5's fused layout (`save_original_format=False`): `mlp.experts.gate_up_proj`
     /// [E, 2 * ffn, hidden] (gate rows first) and `mlp.experts.down_proj` [E, hidden, ffn].
     Fused { hidden: usize, ffn: usize },
+}
+
+/// How a checkpoint names one expert's matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertNames {
+    /// `model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight`
+    Mixtral,
+    /// `model.layers.L.mlp.experts.E.{gate_proj,up_proj,down_proj}.weight`
+    Qwen,
+}
+
+impl ExpertNames {
+    fn name(self, layer: usize, expert: usize, which: Which) -> String {
+        let (block, w) = match (self, which) {
+            (ExpertNames::Mixtral, Which::Gate) => ("block_sparse_moe", "w1"),
+            (ExpertNames::Mixtral, Which::Up) => ("block_sparse_moe", "w3"),
+            (ExpertNames::Mixtral, Which::Down) => ("block_sparse_moe", "w2"),
+            (ExpertNames::Qwen, Which::Gate) => ("mlp", "gate_proj"),
+            (ExpertNames::Qwen, Which::Up) => ("mlp", "up_proj"),
+            (ExpertNames::Qwen, Which::Down) => ("mlp", "down_proj"),
+        };
+        format!("model.layers.{layer}.{block}.experts.{expert}.{w}.weight")
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Which {
+    Gate,
+    Up,
+    Down,
 }
 
 /// Typed access to config.json fields with errors that name the field.
@@ -164,6 +201,7 @@ impl Architecture {
             .ok_or_else(|| f.err("architectures", "a list of names", Some(&archs[0])))?;
         match name {
             "MixtralForCausalLM" => Ok(Architecture::Mixtral(MixtralSpec::from_fields(&f)?)),
+            "Qwen3MoeForCausalLM" => Ok(Architecture::Qwen3Moe(MixtralSpec::from_qwen3(&f)?)),
             other => Err(ImportError::UnsupportedArchitecture {
                 path: path.to_path_buf(),
                 found: other.to_string(),
@@ -172,56 +210,68 @@ impl Architecture {
         }
     }
 
-    /// general.architecture in the .hob file.
+    /// general.architecture in the .hob file (llama.cpp's name for it).
     pub fn hob_name(&self) -> &'static str {
         match self {
             Architecture::Mixtral(_) => "mixtral",
+            Architecture::Qwen3Moe(_) => "qwen3moe",
+        }
+    }
+
+    fn spec(&self) -> &MixtralSpec {
+        match self {
+            Architecture::Mixtral(s) | Architecture::Qwen3Moe(s) => s,
+        }
+    }
+
+    /// How the checkpoint names one expert's matrices.
+    fn expert_names(&self) -> ExpertNames {
+        match self {
+            Architecture::Mixtral(_) => ExpertNames::Mixtral,
+            Architecture::Qwen3Moe(_) => ExpertNames::Qwen,
         }
     }
 
     /// (bos, eos) ids from config.json, used when tokenizer_config.json names none.
     pub fn special_token_ids(&self) -> (Option<u32>, Option<u32>) {
-        match self {
-            Architecture::Mixtral(s) => (s.bos_token_id, s.eos_token_id),
-        }
+        let s = self.spec();
+        (s.bos_token_id, s.eos_token_id)
     }
 
     pub fn tie_word_embeddings(&self) -> bool {
-        match self {
-            Architecture::Mixtral(s) => s.tie_word_embeddings,
-        }
+        self.spec().tie_word_embeddings
     }
 
     pub fn expert_shape(&self) -> ExpertShape {
-        match self {
-            Architecture::Mixtral(s) => ExpertShape {
-                n_layers: s.n_layers,
-                n_experts: s.n_experts,
-                hidden: s.hidden,
-                ffn: s.ffn,
-            },
+        let s = self.spec();
+        ExpertShape {
+            n_layers: s.n_layers,
+            n_experts: s.n_experts,
+            hidden: s.hidden,
+            ffn: s.ffn,
         }
     }
 
     /// Dense tensors in the order convert writes them; router names follow the expert layout.
     pub fn dense_tensors(&self, experts: &ExpertSource) -> Vec<DenseTensor> {
-        match self {
-            Architecture::Mixtral(s) => s.dense_tensors(experts),
-        }
+        let router = match (self, experts) {
+            (Architecture::Mixtral(_), ExpertSource::PerExpert { .. }) => {
+                "block_sparse_moe.gate.weight"
+            }
+            _ => "mlp.gate.weight",
+        };
+        let qk_norm = matches!(self, Architecture::Qwen3Moe(_));
+        self.spec().dense_tensors(router, qk_norm)
     }
 
     /// Find the experts in the checkpoint (either layout) and check every tensor's shape.
     pub fn expert_source(&self, index: &TensorIndex) -> Result<ExpertSource, ImportError> {
-        match self {
-            Architecture::Mixtral(s) => s.expert_source(index),
-        }
+        self.spec().expert_source(index, self.expert_names())
     }
 
     /// The `{arch}.*` hyper-parameter keys.
     pub fn write_metadata(&self, m: &mut Metadata) {
-        match self {
-            Architecture::Mixtral(s) => s.write_metadata(m),
-        }
+        self.spec().write_metadata(self.hob_name(), m)
     }
 }
 
@@ -232,6 +282,47 @@ fn u32_value(n: usize) -> MetaValue {
 
 impl MixtralSpec {
     fn from_fields(f: &Fields) -> Result<MixtralSpec, ImportError> {
+        Self::parse(f, "num_local_experts", "intermediate_size")
+    }
+
+    /// Qwen3MoeForCausalLM's config: `num_experts` (hub) or `num_local_experts` (saved by
+    /// transformers 5), `moe_intermediate_size`; what hob does not run yet is refused by field.
+    fn from_qwen3(f: &Fields) -> Result<MixtralSpec, ImportError> {
+        let unsupported = |field: &str, detail: &str| ImportError::Unsupported {
+            path: f.path.to_path_buf(),
+            what: format!("'{field}'"),
+            detail: format!("found {}; {detail}", f.obj[field]),
+        };
+        if f.opt_usize("decoder_sparse_step")?.is_some_and(|s| s != 1) {
+            let d = "hob runs every layer sparse (decoder_sparse_step 1)";
+            return Err(unsupported("decoder_sparse_step", d));
+        }
+        if f.get("mlp_only_layers")
+            .and_then(|v| v.as_array())
+            .is_some_and(|a| !a.is_empty())
+        {
+            let d = "hob runs every layer sparse (no dense-MLP layers)";
+            return Err(unsupported("mlp_only_layers", d));
+        }
+        if !f.bool_or("norm_topk_prob", false)? {
+            let d = "hob renormalizes the top-k weights (norm_topk_prob true)";
+            return Err(unsupported("norm_topk_prob", d));
+        }
+        if f.bool_or("attention_bias", false)? {
+            return Err(unsupported(
+                "attention_bias",
+                "hob runs attention without biases",
+            ));
+        }
+        let experts = match f.get("num_experts") {
+            Some(_) => "num_experts",
+            None => "num_local_experts",
+        };
+        Self::parse(f, experts, "moe_intermediate_size")
+    }
+
+    /// The common fields; the experts' count and width are read from `experts` and `ffn`.
+    fn parse(f: &Fields, experts: &str, ffn: &str) -> Result<MixtralSpec, ImportError> {
         if f.get("rope_scaling").is_some() {
             return Err(ImportError::Unsupported {
                 path: f.path.to_path_buf(),
@@ -265,18 +356,18 @@ impl MixtralSpec {
                 ))
             }
         };
-        let n_experts = f.usize("num_local_experts")?;
+        let n_experts = f.usize(experts)?;
         let n_experts_used = f.usize("num_experts_per_tok")?;
         if n_experts_used > n_experts {
             return Err(f.err(
                 "num_experts_per_tok",
-                &format!("at most num_local_experts ({n_experts})"),
+                &format!("at most {experts} ({n_experts})"),
                 f.get("num_experts_per_tok"),
             ));
         }
         let spec = MixtralSpec {
             hidden,
-            ffn: f.usize("intermediate_size")?,
+            ffn: f.usize(ffn)?,
             n_layers: f.usize("num_hidden_layers")?,
             n_heads,
             n_kv_heads,
@@ -294,12 +385,12 @@ impl MixtralSpec {
         };
         for (field, v) in [
             ("hidden_size", spec.hidden),
-            ("intermediate_size", spec.ffn),
+            (ffn, spec.ffn),
             ("vocab_size", spec.vocab),
             ("max_position_embeddings", spec.context_length),
             ("head_dim", spec.head_dim),
             ("sliding_window", spec.sliding_window.unwrap_or(0)),
-            ("num_local_experts", spec.n_experts),
+            (experts, spec.n_experts),
         ] {
             if u32::try_from(v).is_err() {
                 return Err(f.err(field, "a value below 2^32", f.get(field)));
@@ -308,11 +399,8 @@ impl MixtralSpec {
         Ok(spec)
     }
 
-    fn dense_tensors(&self, experts: &ExpertSource) -> Vec<DenseTensor> {
-        let router = match experts {
-            ExpertSource::PerExpert { .. } => "block_sparse_moe.gate.weight",
-            ExpertSource::Fused { .. } => "mlp.gate.weight",
-        };
+    /// `router`: the router's name in a layer; `qk_norm`: q and k have RMSNorm weights.
+    fn dense_tensors(&self, router: &str, qk_norm: bool) -> Vec<DenseTensor> {
         let (h, q, kv) = (
             self.hidden,
             self.n_heads * self.head_dim,
@@ -363,6 +451,24 @@ impl MixtralSpec {
                     vec![h, q],
                     TensorRole::Matrix,
                 ),
+            ]);
+            if qk_norm {
+                out.extend([
+                    t(
+                        keys::blk(l, keys::ATTN_Q_NORM),
+                        hf("self_attn.q_norm.weight"),
+                        vec![self.head_dim],
+                        TensorRole::Norm,
+                    ),
+                    t(
+                        keys::blk(l, keys::ATTN_K_NORM),
+                        hf("self_attn.k_norm.weight"),
+                        vec![self.head_dim],
+                        TensorRole::Norm,
+                    ),
+                ]);
+            }
+            out.extend([
                 t(
                     keys::blk(l, keys::FFN_NORM),
                     hf("post_attention_layernorm.weight"),
@@ -394,9 +500,13 @@ impl MixtralSpec {
         out
     }
 
-    fn expert_source(&self, index: &TensorIndex) -> Result<ExpertSource, ImportError> {
+    fn expert_source(
+        &self,
+        index: &TensorIndex,
+        names: ExpertNames,
+    ) -> Result<ExpertSource, ImportError> {
         let (hidden, ffn, n) = (self.hidden, self.ffn, self.n_experts);
-        if !index.contains(&per_expert_name(0, 0, "w1"))
+        if !index.contains(&names.name(0, 0, Which::Gate))
             && index.contains(&fused_name(0, "gate_up_proj"))
         {
             for l in 0..self.n_layers {
@@ -407,16 +517,16 @@ impl MixtralSpec {
         }
         for l in 0..self.n_layers {
             for e in 0..n {
-                index.check(&per_expert_name(l, e, "w1"), &[ffn, hidden])?;
-                index.check(&per_expert_name(l, e, "w3"), &[ffn, hidden])?;
-                index.check(&per_expert_name(l, e, "w2"), &[hidden, ffn])?;
+                index.check(&names.name(l, e, Which::Gate), &[ffn, hidden])?;
+                index.check(&names.name(l, e, Which::Up), &[ffn, hidden])?;
+                index.check(&names.name(l, e, Which::Down), &[hidden, ffn])?;
             }
         }
-        Ok(ExpertSource::PerExpert { hidden, ffn })
+        Ok(ExpertSource::PerExpert { hidden, ffn, names })
     }
 
-    fn write_metadata(&self, m: &mut Metadata) {
-        let k = |key: &str| keys::arch_key("mixtral", key);
+    fn write_metadata(&self, arch: &str, m: &mut Metadata) {
+        let k = |key: &str| keys::arch_key(arch, key);
         for (key, v) in [
             (keys::VOCAB_SIZE, self.vocab),
             (keys::CONTEXT_LENGTH, self.context_length),
@@ -469,10 +579,6 @@ fn rope_theta(f: &Fields) -> Result<f32, ImportError> {
     f.f32("rope_theta")
 }
 
-fn per_expert_name(layer: usize, expert: usize, w: &str) -> String {
-    format!("model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}.weight")
-}
-
 fn fused_name(layer: usize, w: &str) -> String {
     format!("model.layers.{layer}.mlp.experts.{w}")
 }
@@ -485,10 +591,10 @@ impl ExpertSource {
         expert: usize,
     ) -> Result<ExpertWeights, ImportError> {
         match *self {
-            ExpertSource::PerExpert { .. } => Ok(ExpertWeights {
-                gate: index.load_f32(&per_expert_name(layer, expert, "w1"))?,
-                up: index.load_f32(&per_expert_name(layer, expert, "w3"))?,
-                down: index.load_f32(&per_expert_name(layer, expert, "w2"))?,
+            ExpertSource::PerExpert { names, .. } => Ok(ExpertWeights {
+                gate: index.load_f32(&names.name(layer, expert, Which::Gate))?,
+                up: index.load_f32(&names.name(layer, expert, Which::Up))?,
+                down: index.load_f32(&names.name(layer, expert, Which::Down))?,
             }),
             ExpertSource::Fused { hidden, ffn } => {
                 let m = hidden * ffn;

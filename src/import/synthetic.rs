@@ -164,6 +164,7 @@ impl SyntheticModel {
     /// converted Mixtral checkpoint.
     pub fn dense_tensors(&self) -> Vec<DenseTensor> {
         self.arch().dense_tensors(&ExpertSource::PerExpert {
+            names: super::arch::ExpertNames::Mixtral,
             hidden: self.spec.hidden,
             ffn: self.spec.ffn,
         })

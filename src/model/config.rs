@@ -4,20 +4,42 @@ use super::ModelError;
 use crate::format::keys::{self, arch_key};
 use crate::format::Metadata;
 
-/// The architectures hob runs. Qwen-MoE, Phi-MoE, OLMoE and dense Llama add as variants here
-/// (with their routing rule and extra tensors), not as flags.
+/// The architectures hob runs. Each is a variant with its named parts (its routing rule, its
+/// extra tensors), not a flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     /// Mixtral: softmax over all router logits, top-k, renormalized over the top-k.
     Mixtral,
+    /// Qwen3-MoE: Mixtral's block with an RMSNorm over each head of q and k before RoPE
+    /// (QK-norm), and many small experts.
+    Qwen3Moe,
+}
+
+/// Where an architecture normalizes q and k before RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    /// Each head's head_dim values, with one [head_dim] weight shared by the heads.
+    PerHead,
 }
 
 impl Architecture {
-    pub const SUPPORTED: [(&'static str, Architecture); 1] = [("mixtral", Architecture::Mixtral)];
+    pub const SUPPORTED: [(&'static str, Architecture); 2] = [
+        ("mixtral", Architecture::Mixtral),
+        ("qwen3moe", Architecture::Qwen3Moe),
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Architecture::Mixtral => "mixtral",
+            Architecture::Qwen3Moe => "qwen3moe",
+        }
+    }
+
+    /// The attention block's normalization of q and k, if any.
+    pub fn qk_norm(self) -> Option<QkNorm> {
+        match self {
+            Architecture::Mixtral => None,
+            Architecture::Qwen3Moe => Some(QkNorm::PerHead),
         }
     }
 }

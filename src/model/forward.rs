@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::experts::{Batch, ExpertExecutor, MoeBlock, OnDevice};
 use super::ops::{AttentionShape, Backend, DecodeStep, QkvStep, Route, RouteOut};
-use super::weights::Weights;
+use super::weights::{LayerWeights, Weights};
 use super::{ModelConfig, ModelError};
 use crate::format::HobFile;
 
@@ -78,6 +78,8 @@ struct Buffers<B: Backend> {
     k: B::Buf,
     /// (t, kv_dim)
     v: B::Buf,
+    /// (t, kv_dim): k after QK-norm (one value where the architecture has none)
+    kn: B::Buf,
     /// (t, q_dim)
     att: B::Buf,
     /// (t, hidden) block output
@@ -321,6 +323,29 @@ impl<'f> Model<'f> {
         Err(ModelError::non_finite(self.file.path(), Some(layer), what).into())
     }
 
+    /// The attention block's q, k and v from b.xn, RoPE applied and k, v in the cache. With
+    /// QK-norm (an RMSNorm over each head of q and k before RoPE) q ends in b.att: true.
+    fn attention_inputs<B: Backend>(
+        &self,
+        b: &mut Buffers<B>,
+        lw: &LayerWeights<'_>,
+        step: &QkvStep<'_>,
+        kv: &mut B::Kv,
+        backend: &B,
+    ) -> crate::Result<bool> {
+        let w = [&lw.wq, &lw.wk, &lw.wv];
+        let Some([qn, kn]) = &lw.qk_norm else {
+            backend.qkv_rope_kv(w, &b.xn, [&mut b.q, &mut b.k, &mut b.v], step, kv)?;
+            return Ok(false);
+        };
+        let (t, cfg) = (step.t, &self.cfg);
+        backend.matmul_qkv(w, &b.xn, t, [&mut b.q, &mut b.k, &mut b.v])?;
+        backend.rms_norm(&b.q, 0..t * cfg.n_heads, qn, cfg.rms_eps, &mut b.att)?;
+        backend.rms_norm(&b.k, 0..t * cfg.n_kv_heads, kn, cfg.rms_eps, &mut b.kn)?;
+        backend.rope_kv_write([&mut b.att, &mut b.kn, &mut b.v], step, kv)?;
+        Ok(true)
+    }
+
     /// Every layer of tokens start..start + t (embedded in b.x), then the output head of `rows`
     /// into b.logits (none for None).
     fn layers_and_head<B: Backend>(
@@ -349,13 +374,11 @@ impl<'f> Model<'f> {
                 layer: l,
                 inv_freq: &self.inv_freq,
             };
-            backend.qkv_rope_kv(
-                [&lw.wq, &lw.wk, &lw.wv],
-                &b.xn,
-                [&mut b.q, &mut b.k, &mut b.v],
-                &step,
-                kv,
-            )?;
+            let q_in_att = self.attention_inputs(b, lw, &step, kv, backend)?;
+            let (q, att) = match q_in_att {
+                true => (&b.att, &mut b.q),
+                false => (&b.q, &mut b.att),
+            };
             backend.attention(
                 AttentionShape {
                     n_heads: cfg.n_heads,
@@ -365,12 +388,12 @@ impl<'f> Model<'f> {
                     t,
                     window: cfg.sliding_window,
                 },
-                &b.q,
+                q,
                 kv,
                 l,
-                &mut b.att,
+                att,
             )?;
-            backend.matmul_add(&lw.wo, &b.att, t, &mut b.out, &mut b.x)?;
+            backend.matmul_add(&lw.wo, att, t, &mut b.out, &mut b.x)?;
 
             // Mixture-of-experts block: a decode token whose experts are all resident may be
             // routed and computed without leaving the device; otherwise routing comes to the
@@ -433,6 +456,11 @@ impl<B: Backend> Buffers<B> {
             q: backend.alloc(t * qd)?,
             k: backend.alloc(t * kvd)?,
             v: backend.alloc(t * kvd)?,
+            kn: backend.alloc(if cfg.arch.qk_norm().is_some() {
+                t * kvd
+            } else {
+                1
+            })?,
             att: backend.alloc(t * qd)?,
             out: backend.alloc(t * h)?,
             router: backend.alloc(t * cfg.n_experts)?,

@@ -1,5 +1,6 @@
 //! Dense weights as views into the mmap of a .hob file. Norms are copied to f32 (they are tiny).
 
+use super::config::QkNorm;
 use super::{ModelConfig, ModelError};
 use crate::format::keys::{self, blk};
 use crate::format::HobFile;
@@ -18,6 +19,8 @@ pub struct LayerWeights<'f> {
     pub ffn_norm: Vec<f32>,
     /// (n_experts, hidden)
     pub router: Matrix<'f>,
+    /// QK-norm weights of q and k ([head_dim] each), where the architecture has them.
+    pub qk_norm: Option<[Vec<f32>; 2]>,
 }
 
 pub struct Weights<'f> {
@@ -44,6 +47,13 @@ impl<'f> Weights<'f> {
                     wo: mat(&blk(l, keys::ATTN_OUTPUT), h, q)?,
                     ffn_norm: norm(&blk(l, keys::FFN_NORM))?,
                     router: mat(&blk(l, keys::FFN_GATE_INP), cfg.n_experts, h)?,
+                    qk_norm: match cfg.arch.qk_norm() {
+                        None => None,
+                        Some(QkNorm::PerHead) => {
+                            let head = |name| vector(file, &blk(l, name), cfg.head_dim);
+                            Some([head(keys::ATTN_Q_NORM)?, head(keys::ATTN_K_NORM)?])
+                        }
+                    },
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;

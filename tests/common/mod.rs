@@ -10,7 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn fixture_dir() -> PathBuf {
-    paths::repo_root().join("tests/fixtures/tiny-mixtral")
+    family_dir("mixtral")
+}
+
+/// tests/fixtures/tiny-FAMILY (tools/make_fixture.py --family).
+pub fn family_dir(family: &str) -> PathBuf {
+    paths::repo_root().join(format!("tests/fixtures/tiny-{family}"))
 }
 
 /// A `Command` for the hob binary that cargo built for this test's target (or its staged copy,
@@ -92,18 +97,25 @@ pub fn perplexity_stdout(model: &Path, text: &Path, ctx: usize, extra: &[&str]) 
 
 /// Convert the tiny fixture with the given `--experts` list into a fresh temporary directory.
 pub fn convert_fixture(experts: &str) -> (tempfile::TempDir, PathBuf) {
+    convert_dir(&fixture_dir(), experts, &[])
+}
+
+/// Convert the checkpoint in `src` with `--experts experts` and `extra` flags.
+pub fn convert_dir(src: &Path, experts: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("tiny.hob");
-    let (ok, stdout, stderr) = hob(&[
+    let mut args = vec![
         "convert",
         "--from",
-        fixture_dir().to_str().unwrap(),
+        src.to_str().unwrap(),
         "-o",
         out.to_str().unwrap(),
         "--experts",
         experts,
         "--no-progress",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = hob(&args);
     assert!(ok, "convert failed:\n{stdout}\n{stderr}");
     (dir, out)
 }
@@ -119,7 +131,25 @@ pub struct Reference {
 }
 
 pub fn reference() -> Reference {
-    let bytes = std::fs::read(fixture_dir().join("reference.safetensors")).expect("reference file");
+    reference_in(&fixture_dir())
+}
+
+/// Integer ids stored as i64 under `name` in the reference file of `dir`, if present.
+pub fn reference_ids(dir: &Path, name: &str) -> Option<Vec<u32>> {
+    let bytes = std::fs::read(dir.join("reference.safetensors")).expect("reference file");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("reference parses");
+    let t = st.tensor(name).ok()?;
+    Some(
+        t.data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect(),
+    )
+}
+
+/// The transformers reference beside the checkpoint in `dir`.
+pub fn reference_in(dir: &Path) -> Reference {
+    let bytes = std::fs::read(dir.join("reference.safetensors")).expect("reference file");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("reference parses");
     let ids = |name: &str| -> Vec<u32> {
         let t = st.tensor(name).unwrap();

@@ -1,0 +1,136 @@
+//! The MoE families beside Mixtral (issue 50) against transformers on their tiny random fixtures
+//! (tools/make_fixture.py --family): prefill logits at every position, 32 greedy tokens, the
+//! quantized experts' distance from f16, and each family's chat template and tokenizer against
+//! transformers' apply_chat_template ids.
+
+mod common;
+
+use std::path::Path;
+
+use common::{convert_dir, family_dir, nmse, reference_ids, reference_in};
+use hob::backend::cpu::CpuBackend;
+use hob::experts::DirectExperts;
+use hob::format::{keys, HobFile};
+use hob::generate::{ChatTemplate, Message};
+use hob::model::{Logits, Model};
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Prefill logits at every position with expert variant `variant`, then `n` greedy steps:
+/// (prefill logits, greedy ids, the greedy steps' logits).
+fn run(file: &HobFile, variant: usize, ids: &[u32], n: usize) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+    let model = Model::load(file).unwrap();
+    let backend = CpuBackend::new(2).unwrap();
+    let mut experts = DirectExperts::new(file, variant).unwrap();
+    let mut st = model.new_state(&backend, 128).unwrap();
+    let prefill = model
+        .forward(&mut st, ids, &backend, &mut experts, Logits::All)
+        .unwrap()
+        .to_vec();
+    let vocab = model.cfg.vocab;
+    let mut logits = prefill[prefill.len() - vocab..].to_vec();
+    let (mut out, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        all.extend_from_slice(&logits);
+        let next = argmax(&logits);
+        out.push(next);
+        logits = model
+            .forward(&mut st, &[next], &backend, &mut experts, Logits::Last)
+            .unwrap()
+            .to_vec();
+    }
+    (prefill, out, all)
+}
+
+/// The family's fixture against its reference, and int8/int4 experts against f16.
+fn parity(family: &str) {
+    let dir = family_dir(family);
+    let r = reference_in(&dir);
+    let (_tmp, path) = convert_dir(&dir, "f16,int8,int4", &["--group-size", "32"]);
+    let file = HobFile::open(&path).unwrap();
+    let n = r.greedy_ids.len();
+    let (prefill, ids, greedy) = run(&file, 0, &r.input_ids, n);
+    let (e_prefill, e_greedy) = (nmse(&prefill, &r.logits), nmse(&greedy, &r.greedy_logits));
+    println!(
+        "{family}: prefill NMSE {e_prefill:.2e} over {} positions, greedy {e_greedy:.2e}",
+        r.input_ids.len()
+    );
+    assert!(e_prefill <= 1e-6, "{family}: prefill NMSE {e_prefill}");
+    assert!(e_greedy <= 1e-6, "{family}: greedy NMSE {e_greedy}");
+    assert_eq!(ids, r.greedy_ids, "{family}: greedy tokens");
+    for (variant, name, bound) in [(1, "int8", 1e-3), (2, "int4", 5e-2)] {
+        let (q, _, _) = run(&file, variant, &r.input_ids, 0);
+        let e = nmse(&q, &prefill);
+        println!("{family}: {name} experts, prefill NMSE vs f16 {e:.2e}");
+        assert!(e <= bound, "{family}: {name} NMSE {e}");
+    }
+}
+
+/// The conversation of tools/make_family_fixture.py.
+fn conversation() -> Vec<Message> {
+    vec![
+        Message::system("You are a terse assistant."),
+        Message::user("What is the capital of France?"),
+        Message::assistant("Paris."),
+        Message::user("And of Italy?"),
+    ]
+}
+
+/// hob's template and tokenizer from the converted file give transformers' chat ids.
+fn chat_ids(family: &str, path: &Path, vars: &[(&str, serde_json::Value)], reference: &str) {
+    let file = HobFile::open(path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let tok = hob::cli::engine::tokenizer(&file, &model.cfg).unwrap();
+    let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
+    let src = file.metadata().get_str(keys::CHAT_TEMPLATE).unwrap();
+    let mut template = ChatTemplate::new(src, &name(model.cfg.bos), &name(model.cfg.eos)).unwrap();
+    for (k, v) in vars {
+        template.set_var(k, v).unwrap();
+    }
+    let text = template.render(&conversation(), true).unwrap();
+    let ids = tok.encode(&text, false).unwrap();
+    let expected = reference_ids(&family_dir(family), reference).unwrap();
+    assert_eq!(ids, expected, "{family} {reference}: {text:?}");
+}
+
+#[test]
+fn qwen3_moe_matches_transformers() {
+    parity("qwen3-moe");
+}
+
+#[test]
+fn qwen3_moe_chat_ids_match_apply_chat_template_with_and_without_thinking() {
+    let (_tmp, path) = convert_dir(&family_dir("qwen3-moe"), "f16", &[]);
+    chat_ids("qwen3-moe", &path, &[], "chat_ids");
+    let off = [("enable_thinking", serde_json::Value::Bool(false))];
+    chat_ids("qwen3-moe", &path, &off, "chat_ids_no_think");
+}
+
+/// `hob run` on a Qwen3-MoE file, with llama.cpp's --chat-template-kwargs; a value that is
+/// not a JSON object is refused by the flag's name.
+#[test]
+fn qwen3_moe_runs_from_the_command_line_with_template_kwargs() {
+    let (_tmp, path) = convert_dir(&family_dir("qwen3-moe"), "f16", &[]);
+    let m = path.to_str().unwrap();
+    let base = [
+        "run", "-m", m, "-p", "hi", "-n", "4", "--temp", "0", "--device", "cpu",
+    ];
+    let kwargs = ["--chat-template-kwargs", r#"{"enable_thinking": false}"#];
+    let (ok, _, stderr) = common::hob(&[&base[..], &kwargs[..]].concat());
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("generation: 4 tokens"), "{stderr}");
+    for bad in ["3", "{not json"] {
+        let (ok, _, stderr) =
+            common::hob(&[&base[..], &["--chat-template-kwargs", bad][..]].concat());
+        assert!(!ok);
+        assert!(stderr.contains("--chat-template-kwargs"), "{stderr}");
+    }
+}
