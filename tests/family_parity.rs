@@ -134,3 +134,14 @@ fn qwen3_moe_runs_from_the_command_line_with_template_kwargs() {
         assert!(stderr.contains("--chat-template-kwargs"), "{stderr}");
     }
 }
+
+#[test]
+fn olmoe_matches_transformers() {
+    parity("olmoe");
+}
+
+#[test]
+fn olmoe_chat_ids_match_apply_chat_template() {
+    let (_tmp, path) = convert_dir(&family_dir("olmoe"), "f16", &[]);
+    chat_ids("olmoe", &path, &[], "chat_ids");
+}

@@ -314,6 +314,7 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
         router: &router,
         next: None,
         eps: 1e-5,
+        renormalize: true,
     };
     let none = hob::model::ops::Route {
         expert: usize::MAX,

@@ -14,9 +14,15 @@ pub enum Architecture {
     Mixtral(MixtralSpec),
     /// Qwen3MoeForCausalLM: Mixtral's hyper-parameters; QK-norm tensors and Qwen's names.
     Qwen3Moe(MixtralSpec),
+    /// OlmoeForCausalLM: QK-norm over the whole projections, Qwen's names.
+    Olmoe(MixtralSpec),
 }
 
-const SUPPORTED: &[&str] = &["MixtralForCausalLM", "Qwen3MoeForCausalLM"];
+const SUPPORTED: &[&str] = &[
+    "MixtralForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "OlmoeForCausalLM",
+];
 
 /// The hyper-parameters of a Mixtral-style MoE (MixtralForCausalLM, Qwen3MoeForCausalLM).
 #[derive(Clone, Debug, PartialEq)]
@@ -202,6 +208,7 @@ impl Architecture {
         match name {
             "MixtralForCausalLM" => Ok(Architecture::Mixtral(MixtralSpec::from_fields(&f)?)),
             "Qwen3MoeForCausalLM" => Ok(Architecture::Qwen3Moe(MixtralSpec::from_qwen3(&f)?)),
+            "OlmoeForCausalLM" => Ok(Architecture::Olmoe(MixtralSpec::from_olmoe(&f)?)),
             other => Err(ImportError::UnsupportedArchitecture {
                 path: path.to_path_buf(),
                 found: other.to_string(),
@@ -215,12 +222,13 @@ impl Architecture {
         match self {
             Architecture::Mixtral(_) => "mixtral",
             Architecture::Qwen3Moe(_) => "qwen3moe",
+            Architecture::Olmoe(_) => "olmoe",
         }
     }
 
     fn spec(&self) -> &MixtralSpec {
         match self {
-            Architecture::Mixtral(s) | Architecture::Qwen3Moe(s) => s,
+            Architecture::Mixtral(s) | Architecture::Qwen3Moe(s) | Architecture::Olmoe(s) => s,
         }
     }
 
@@ -228,7 +236,7 @@ impl Architecture {
     fn expert_names(&self) -> ExpertNames {
         match self {
             Architecture::Mixtral(_) => ExpertNames::Mixtral,
-            Architecture::Qwen3Moe(_) => ExpertNames::Qwen,
+            Architecture::Qwen3Moe(_) | Architecture::Olmoe(_) => ExpertNames::Qwen,
         }
     }
 
@@ -260,8 +268,13 @@ impl Architecture {
             }
             _ => "mlp.gate.weight",
         };
-        let qk_norm = matches!(self, Architecture::Qwen3Moe(_));
-        self.spec().dense_tensors(router, qk_norm)
+        let s = self.spec();
+        let qk_norm = match self {
+            Architecture::Mixtral(_) => None,
+            Architecture::Qwen3Moe(_) => Some([s.head_dim; 2]),
+            Architecture::Olmoe(_) => Some([s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim]),
+        };
+        s.dense_tensors(router, qk_norm)
     }
 
     /// Find the experts in the checkpoint (either layout) and check every tensor's shape.
@@ -319,6 +332,34 @@ impl MixtralSpec {
             None => "num_local_experts",
         };
         Self::parse(f, experts, "moe_intermediate_size")
+    }
+
+    /// OlmoeForCausalLM's config: `num_experts`, `intermediate_size` (the experts' width); the
+    /// top-k weights as they are (`norm_topk_prob` false), no q/k/v clipping.
+    fn from_olmoe(f: &Fields) -> Result<MixtralSpec, ImportError> {
+        let unsupported = |field: &str, detail: &str| ImportError::Unsupported {
+            path: f.path.to_path_buf(),
+            what: format!("'{field}'"),
+            detail: format!("found {}; {detail}", f.obj[field]),
+        };
+        if f.bool_or("norm_topk_prob", false)? {
+            let d = "hob runs OLMoE's top-k weights as they are (norm_topk_prob false)";
+            return Err(unsupported("norm_topk_prob", d));
+        }
+        if f.get("clip_qkv").is_some() {
+            return Err(unsupported("clip_qkv", "hob does not clip q, k and v"));
+        }
+        if f.bool_or("attention_bias", false)? {
+            return Err(unsupported(
+                "attention_bias",
+                "hob runs attention without biases",
+            ));
+        }
+        let experts = match f.get("num_experts") {
+            Some(_) => "num_experts",
+            None => "num_local_experts",
+        };
+        Self::parse(f, experts, "intermediate_size")
     }
 
     /// The common fields; the experts' count and width are read from `experts` and `ffn`.
@@ -399,8 +440,9 @@ impl MixtralSpec {
         Ok(spec)
     }
 
-    /// `router`: the router's name in a layer; `qk_norm`: q and k have RMSNorm weights.
-    fn dense_tensors(&self, router: &str, qk_norm: bool) -> Vec<DenseTensor> {
+    /// `router`: the router's name in a layer; `qk_norm`: the widths of q's and k's RMSNorm
+    /// weights, where they have them.
+    fn dense_tensors(&self, router: &str, qk_norm: Option<[usize; 2]>) -> Vec<DenseTensor> {
         let (h, q, kv) = (
             self.hidden,
             self.n_heads * self.head_dim,
@@ -452,18 +494,18 @@ impl MixtralSpec {
                     TensorRole::Matrix,
                 ),
             ]);
-            if qk_norm {
+            if let Some([qn, kn]) = qk_norm {
                 out.extend([
                     t(
                         keys::blk(l, keys::ATTN_Q_NORM),
                         hf("self_attn.q_norm.weight"),
-                        vec![self.head_dim],
+                        vec![qn],
                         TensorRole::Norm,
                     ),
                     t(
                         keys::blk(l, keys::ATTN_K_NORM),
                         hf("self_attn.k_norm.weight"),
-                        vec![self.head_dim],
+                        vec![kn],
                         TensorRole::Norm,
                     ),
                 ]);

@@ -13,6 +13,9 @@ pub enum Architecture {
     /// Qwen3-MoE: Mixtral's block with an RMSNorm over each head of q and k before RoPE
     /// (QK-norm), and many small experts.
     Qwen3Moe,
+    /// OLMoE: an RMSNorm over the whole q and k projections before RoPE; the top-k softmax
+    /// weights are used as they are (not renormalized).
+    Olmoe,
 }
 
 /// Where an architecture normalizes q and k before RoPE.
@@ -20,18 +23,22 @@ pub enum Architecture {
 pub enum QkNorm {
     /// Each head's head_dim values, with one [head_dim] weight shared by the heads.
     PerHead,
+    /// A token's whole q ([q_dim] weight) and whole k ([kv_dim] weight).
+    Whole,
 }
 
 impl Architecture {
-    pub const SUPPORTED: [(&'static str, Architecture); 2] = [
+    pub const SUPPORTED: [(&'static str, Architecture); 3] = [
         ("mixtral", Architecture::Mixtral),
         ("qwen3moe", Architecture::Qwen3Moe),
+        ("olmoe", Architecture::Olmoe),
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             Architecture::Mixtral => "mixtral",
             Architecture::Qwen3Moe => "qwen3moe",
+            Architecture::Olmoe => "olmoe",
         }
     }
 
@@ -40,7 +47,19 @@ impl Architecture {
         match self {
             Architecture::Mixtral => None,
             Architecture::Qwen3Moe => Some(QkNorm::PerHead),
+            Architecture::Olmoe => Some(QkNorm::Whole),
         }
+    }
+
+    /// Whether the top-k softmax weights are renormalized to sum to 1 (transformers'
+    /// `norm_topk_prob`; Mixtral's top-k softmax is the same as renormalizing).
+    pub fn renormalizes_top_k(self) -> bool {
+        !matches!(self, Architecture::Olmoe)
+    }
+
+    /// Whether the CUDA backend runs this architecture (its device routing renormalizes).
+    pub fn runs_on_cuda(self) -> bool {
+        self.renormalizes_top_k()
     }
 }
 

@@ -22,6 +22,8 @@ pub struct MoeBlock<'a> {
     pub router: &'a Matrix<'a>,
     pub next: Option<&'a [f32]>,
     pub eps: f32,
+    /// Whether the top-k weights are renormalized to sum to 1 (`Architecture::renormalizes_top_k`).
+    pub renormalize: bool,
 }
 
 /// What `ExpertExecutor::forward_on_device` did with a decode layer's MoE block.

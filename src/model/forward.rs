@@ -340,8 +340,10 @@ impl<'f> Model<'f> {
         };
         let (t, cfg) = (step.t, &self.cfg);
         backend.matmul_qkv(w, &b.xn, t, [&mut b.q, &mut b.k, &mut b.v])?;
-        backend.rms_norm(&b.q, 0..t * cfg.n_heads, qn, cfg.rms_eps, &mut b.att)?;
-        backend.rms_norm(&b.k, 0..t * cfg.n_kv_heads, kn, cfg.rms_eps, &mut b.kn)?;
+        // Rows of the norm's width: a head each (per-head norm) or a token each (whole).
+        let (q_rows, k_rows) = (t * cfg.q_dim() / qn.len(), t * cfg.kv_dim() / kn.len());
+        backend.rms_norm(&b.q, 0..q_rows, qn, cfg.rms_eps, &mut b.att)?;
+        backend.rms_norm(&b.k, 0..k_rows, kn, cfg.rms_eps, &mut b.kn)?;
         backend.rope_kv_write([&mut b.att, &mut b.kn, &mut b.v], step, kv)?;
         Ok(true)
     }
@@ -408,6 +410,7 @@ impl<'f> Model<'f> {
                     None => (rows == Some(0..1)).then_some(&self.w.output_norm[..]),
                 },
                 eps: cfg.rms_eps,
+                renormalize: cfg.arch.renormalizes_top_k(),
             };
             if t == 1 {
                 match experts.forward_on_device(backend, l, &block, &mut b.xn, &mut b.x)? {
@@ -515,6 +518,13 @@ pub fn all_finite(x: &[f32]) -> bool {
 /// 0..k with NaN weights, an index in range that the caller must not compute with (the
 /// forward pass refuses a NaN weight, naming the layer).
 pub fn route_softmax_topk(logits: &[f32], routes: &mut [Route]) {
+    route_softmax_top(logits, routes, true)
+}
+
+/// The softmax's top-k of `logits` into `routes`, renormalized over the top-k or not (OLMoE's
+/// and Qwen2-MoE's weights are the softmax's own); non-finite logits as in
+/// [`route_softmax_topk`].
+pub fn route_softmax_top(logits: &[f32], routes: &mut [Route], renormalize: bool) {
     if !all_finite(logits) || routes.len() > logits.len() {
         for (j, r) in routes.iter_mut().enumerate() {
             *r = Route {
@@ -543,9 +553,11 @@ pub fn route_softmax_topk(logits: &[f32], routes: &mut [Route]) {
             };
         }
     }
-    let total: f32 = routes.iter().map(|r| r.weight).sum();
-    for r in routes.iter_mut() {
-        r.weight /= total;
+    if renormalize {
+        let total: f32 = routes.iter().map(|r| r.weight).sum();
+        for r in routes.iter_mut() {
+            r.weight /= total;
+        }
     }
 }
 
@@ -570,6 +582,23 @@ mod tests {
         assert!((routes[0].weight + routes[1].weight - 1.0).abs() < 1e-6);
         route_softmax_topk(&[1.0, 1.0, 1.0, 1.0], &mut routes);
         assert_eq!((routes[0].expert, routes[1].expert), (0, 1));
+    }
+
+    #[test]
+    fn olmoe_routing_keeps_the_softmax_weights() {
+        let logits = [0.5f32, 2.0, -1.0, 1.0];
+        let sum: f32 = logits.iter().map(|l| l.exp()).sum();
+        let r0 = Route {
+            expert: 0,
+            weight: 0.0,
+        };
+        let (mut kept, mut renormalized) = ([r0; 2], [r0; 2]);
+        route_softmax_top(&logits, &mut kept, false);
+        route_softmax_top(&logits, &mut renormalized, true);
+        assert_eq!((kept[0].expert, kept[1].expert), (1, 3));
+        assert!((kept[0].weight - 2f32.exp() / sum).abs() < 1e-6);
+        assert!((kept[1].weight - 1f32.exp() / sum).abs() < 1e-6);
+        assert!((renormalized[0].weight + renormalized[1].weight - 1.0).abs() < 1e-6);
     }
 
     #[test]

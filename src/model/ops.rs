@@ -259,14 +259,14 @@ pub trait Backend {
         self.add_assign(out, tmp, t * w.rows)
     }
 
-    /// Mixtral routing of t tokens ([`route_softmax_topk`](super::forward::route_softmax_topk))
-    /// from their router logits ([t, n_experts] in `logits`): `routes` ([t, k]) on the host.
+    /// Routing of t tokens ([`route_softmax_top`](super::forward::route_softmax_top), top-k
+    /// weights renormalized or not) from their router logits ([t, n_experts] in `logits`):
+    /// `routes` ([t, k]) on the host.
     /// `host` is room the default uses for the logits.
     fn route(
         &self,
         logits: &Self::Buf,
-        t: usize,
-        n_experts: usize,
+        (t, n_experts, renormalize): (usize, usize, bool),
         routes: &mut [Route],
         host: &mut Vec<f32>,
     ) -> crate::Result<()> {
@@ -274,7 +274,7 @@ pub trait Backend {
         self.download(logits, host)?;
         let k = routes.len() / t.max(1);
         for (l, r) in host.chunks_exact(n_experts).zip(routes.chunks_exact_mut(k)) {
-            super::forward::route_softmax_topk(l, r);
+            super::forward::route_softmax_top(l, r, renormalize);
         }
         Ok(())
     }
@@ -291,7 +291,8 @@ pub trait Backend {
     ) -> crate::Result<()> {
         self.rms_norm(x, 0..t, block.norm, block.eps, out.xn)?;
         self.matmul(block.router, out.xn, t, out.logits)?;
-        self.route(out.logits, t, block.router.rows, out.routes, out.host)
+        let shape = (t, block.router.rows, block.renormalize);
+        self.route(out.logits, shape, out.routes, out.host)
     }
 
     /// A decode token at position `pos` whose every op, through the output head, stays on the

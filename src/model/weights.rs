@@ -53,6 +53,10 @@ impl<'f> Weights<'f> {
                             let head = |name| vector(file, &blk(l, name), cfg.head_dim);
                             Some([head(keys::ATTN_Q_NORM)?, head(keys::ATTN_K_NORM)?])
                         }
+                        Some(QkNorm::Whole) => Some([
+                            vector(file, &blk(l, keys::ATTN_Q_NORM), q)?,
+                            vector(file, &blk(l, keys::ATTN_K_NORM), kv)?,
+                        ]),
                     },
                 })
             })

@@ -470,11 +470,16 @@ impl Backend for CudaBackend {
     fn route(
         &self,
         logits: &CudaSlice<f32>,
-        t: usize,
-        n_experts: usize,
+        (t, n_experts, renormalize): (usize, usize, bool),
         routes: &mut [Route],
         host: &mut Vec<f32>,
     ) -> crate::Result<()> {
+        if !renormalize {
+            return Err(Error::Invalid(
+                "CUDA routing renormalizes the top-k weights; this model's are used as they are"
+                    .into(),
+            ));
+        }
         let k = routes.len() / t.max(1);
         check_len("route input", logits.len(), t * n_experts)?;
         check_len("route scratch", self.scratch_len, 2 * t * k)?;
@@ -492,7 +497,7 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let (norm, eps, router) = (block.norm, block.eps, block.router);
         let (n, ne, k) = (router.cols, router.rows, out.routes.len());
-        if t == 1 && k <= self.scratch_len / 2 {
+        if t == 1 && k <= self.scratch_len / 2 && block.renormalize {
             // One token: RMSNorm, the router and top-k in one launch (the same results as the
             // three launches: moe_route_norm).
             check_len("norm_route input", x.len(), n)?;
@@ -510,7 +515,7 @@ impl Backend for CudaBackend {
         }
         self.rms_norm(x, 0..t, norm, eps, out.xn)?;
         self.matmul(router, out.xn, t, out.logits)?;
-        self.route(out.logits, t, ne, out.routes, out.host)
+        self.route(out.logits, (t, ne, block.renormalize), out.routes, out.host)
     }
 
     fn decode_step(&self, key: u64, pos: usize) -> crate::Result<DecodeStep> {
