@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""A Mixtral-8x7B-shaped GGUF with random weights, for llama.cpp speed runs beside `hob convert --synthetic`.
+"""A GGUF with random weights in a real MoE's shapes, for llama.cpp speed runs beside `hob convert --synthetic`.
 
-    python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8]
+    python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b]
+
+Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors), so
+both programs run the same shapes and the same attention.
 
 Needs numpy and llama.cpp's gguf-py (PYTHONPATH=<llama.cpp>/gguf-py). Streams tensor by tensor (memory stays
 near 1 GB). The weights are noise (speed only): f16 ~ N(0, 0.02) drawn from a 64M-value pool, routers f32 N(0, 1)
@@ -14,28 +17,40 @@ import numpy as np
 import gguf
 from gguf.gguf_writer import WriterState
 
-HIDDEN, FFN, HEADS, KV_HEADS, VOCAB, EXPERTS, TOP_K = 4096, 14336, 32, 8, 32000, 8, 2
-HEAD_DIM = HIDDEN // HEADS
+# name: (gguf architecture, hidden, expert ffn, heads, kv heads, head dim, vocab, experts, top-k, layers,
+#        rope base, rms eps, context, QK-norm: None | "head" | "whole")
+MODELS = {
+    "mixtral-8x7b": ("llama", 4096, 14336, 32, 8, 128, 32000, 8, 2, 32, 1e6, 1e-5, 32768, None),
+    "qwen3-30b-a3b": ("qwen3moe", 2048, 768, 32, 4, 128, 151936, 128, 8, 48, 1e6, 1e-6, 40960, "head"),
+    "olmoe-1b-7b": ("olmoe", 2048, 1024, 16, 16, 128, 50304, 64, 8, 16, 1e4, 1e-5, 4096, "whole"),
+}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--model", default="mixtral-8x7b", choices=sorted(MODELS))
     a = ap.parse_args()
+    arch, HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB, EXPERTS, TOP_K, total, base, eps, ctx, qk = MODELS[a.model]
+    q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     rng = np.random.default_rng(1234)
     pool = (rng.standard_normal(64 << 20, dtype=np.float32) * 0.02).astype(np.float16)
 
-    w = gguf.GGUFWriter(a.out, "llama")
-    w.add_name(f"synthetic mixtral-8x7b ({a.layers} of 32 layers)")
+    w = gguf.GGUFWriter(a.out, arch)
+    w.add_name(f"synthetic {a.model} ({a.layers} of {total} layers)")
     w.add_block_count(a.layers)
-    w.add_context_length(32768)
+    w.add_context_length(ctx)
     w.add_embedding_length(HIDDEN)
     w.add_feed_forward_length(FFN)
+    if arch != "llama":
+        w.add_expert_feed_forward_length(FFN)
+        w.add_key_length(HEAD_DIM)
+        w.add_value_length(HEAD_DIM)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(base)
+    w.add_layer_norm_rms_eps(eps)
     w.add_expert_count(EXPERTS)
     w.add_expert_used_count(TOP_K)
     w.add_rope_dimension_count(HEAD_DIM)
@@ -54,10 +69,15 @@ def main():
         b = f"blk.{l}."
         specs += [
             (b + "attn_norm.weight", (HIDDEN,), np.float32),
-            (b + "attn_q.weight", (HIDDEN, HIDDEN), np.float16),
-            (b + "attn_k.weight", (KV_HEADS * HEAD_DIM, HIDDEN), np.float16),
-            (b + "attn_v.weight", (KV_HEADS * HEAD_DIM, HIDDEN), np.float16),
-            (b + "attn_output.weight", (HIDDEN, HIDDEN), np.float16),
+            (b + "attn_q.weight", (q_dim, HIDDEN), np.float16),
+            (b + "attn_k.weight", (kv_dim, HIDDEN), np.float16),
+            (b + "attn_v.weight", (kv_dim, HIDDEN), np.float16),
+            (b + "attn_output.weight", (HIDDEN, q_dim), np.float16),
+        ]
+        if qk is not None:
+            qn, kn = (HEAD_DIM, HEAD_DIM) if qk == "head" else (q_dim, kv_dim)
+            specs += [(b + "attn_q_norm.weight", (qn,), np.float32), (b + "attn_k_norm.weight", (kn,), np.float32)]
+        specs += [
             (b + "ffn_norm.weight", (HIDDEN,), np.float32),
             (b + "ffn_gate_inp.weight", (EXPERTS, HIDDEN), np.float32),
             (b + "ffn_gate_exps.weight", (EXPERTS, FFN, HIDDEN), np.float16),

@@ -1,9 +1,10 @@
 //! Synthetic models: random weights in a real model's exact shapes, written straight to .hob for
 //! speed benchmarks at real scale (speed only: the weights mean nothing).
 //!
-//! hob runs the Mixtral architecture only, so every synthetic file is written as architecture
-//! `mixtral` (softmax top-k routing, renormalized) with the named model's shapes; the metadata's
-//! `general.name` says so, e.g. "synthetic phi-3.5-moe (mixtral routing)".
+//! Each preset is written as its own architecture where hob runs it (qwen3-30b-a3b as `qwen3moe`
+//! with its QK-norm, olmoe-1b-7b as `olmoe`); the others as `mixtral` (softmax top-k routing,
+//! renormalized) with the named model's shapes, which the metadata's `general.name` says, e.g.
+//! "synthetic phi-3.5-moe (mixtral routing)".
 //!
 //! Nothing is quantized: each variant's bytes are generated directly, so a file of tens of GB
 //! takes as long as the disk needs to take it.
@@ -36,7 +37,12 @@ use crate::format::{
 };
 
 /// The models `--synthetic` knows, by the name it takes.
-pub const PRESETS: [&str; 3] = ["mixtral-8x7b", "phi-3.5-moe", "qwen3-30b-a3b"];
+pub const PRESETS: [&str; 4] = [
+    "mixtral-8x7b",
+    "phi-3.5-moe",
+    "qwen3-30b-a3b",
+    "olmoe-1b-7b",
+];
 
 /// Standard deviation of the generated weights.
 pub const WEIGHT_SD: f32 = 0.02;
@@ -111,6 +117,14 @@ impl SyntheticModel {
                 (128, 8),
                 (1e6, 1e-6, 40960),
             ),
+            // allenai/OLMoE-1B-7B-0924
+            "olmoe-1b-7b" => spec(
+                (2048, 1024, 16),
+                (16, 16, 128),
+                50304,
+                (64, 8),
+                (1e4, 1e-5, 4096),
+            ),
             _ => {
                 return Err(format!(
                     "unknown synthetic model '{name}' (known: {})",
@@ -146,7 +160,7 @@ impl SyntheticModel {
                 self.spec.n_layers, self.total_layers
             ));
         }
-        if !self.name.starts_with("mixtral") {
+        if !self.name.starts_with("mixtral") && matches!(self.arch(), Architecture::Mixtral(_)) {
             notes.push("mixtral routing".to_string());
         }
         if notes.is_empty() {
@@ -157,7 +171,12 @@ impl SyntheticModel {
     }
 
     fn arch(&self) -> Architecture {
-        Architecture::Mixtral(self.spec.clone())
+        let spec = self.spec.clone();
+        match self.name.as_str() {
+            "qwen3-30b-a3b" => Architecture::Qwen3Moe(spec),
+            "olmoe-1b-7b" => Architecture::Olmoe(spec),
+            _ => Architecture::Mixtral(spec),
+        }
     }
 
     /// Dense tensors in the order they are written: the same names, shapes and roles as a
@@ -189,10 +208,13 @@ impl SyntheticModel {
         self.arch().expert_shape()
     }
 
-    /// Architecture `mixtral`, the hyper-parameters, and `hob.synthetic_*`; no tokenizer.
+    /// The architecture, the hyper-parameters, and `hob.synthetic_*`; no tokenizer.
     pub fn metadata(&self, seed: u64) -> Metadata {
         let mut m = Metadata::new();
-        m.set(keys::ARCHITECTURE, MetaValue::String("mixtral".into()));
+        m.set(
+            keys::ARCHITECTURE,
+            MetaValue::String(self.arch().hob_name().into()),
+        );
         m.set(keys::NAME, MetaValue::String(self.display_name()));
         self.arch().write_metadata(&mut m);
         m.set(keys::TIE_WORD_EMBEDDINGS, MetaValue::Bool(false));
@@ -599,7 +621,7 @@ mod tests {
         assert_eq!((q.vocab, q.n_experts, q.n_experts_used), (151936, 128, 8));
         let e = SyntheticModel::preset("llama").unwrap_err();
         assert!(
-            e.contains("mixtral-8x7b, phi-3.5-moe, qwen3-30b-a3b"),
+            e.contains("mixtral-8x7b, phi-3.5-moe, qwen3-30b-a3b, olmoe-1b-7b"),
             "{e}"
         );
     }
@@ -618,6 +640,10 @@ mod tests {
         assert_eq!(m.display_name(), "synthetic phi-3.5-moe (mixtral routing)");
         let mx = SyntheticModel::preset("mixtral-8x7b").unwrap();
         assert_eq!(mx.display_name(), "synthetic mixtral-8x7b");
+        // Written as its own architecture: no "mixtral routing" note.
+        let q = SyntheticModel::preset("qwen3-30b-a3b").unwrap();
+        assert_eq!(q.display_name(), "synthetic qwen3-30b-a3b");
+        assert_eq!(q.arch().hob_name(), "qwen3moe");
     }
 
     #[test]
