@@ -145,3 +145,14 @@ fn olmoe_chat_ids_match_apply_chat_template() {
     let (_tmp, path) = convert_dir(&family_dir("olmoe"), "f16", &[]);
     chat_ids("olmoe", &path, &[], "chat_ids");
 }
+
+#[test]
+fn qwen2_moe_matches_transformers() {
+    parity("qwen2-moe");
+}
+
+#[test]
+fn qwen2_moe_chat_ids_match_apply_chat_template() {
+    let (_tmp, path) = convert_dir(&family_dir("qwen2-moe"), "f16", &[]);
+    chat_ids("qwen2-moe", &path, &[], "chat_ids");
+}

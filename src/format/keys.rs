@@ -18,6 +18,8 @@ pub const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
 pub const ROPE_FREQ_BASE: &str = "rope.freq_base";
 pub const EXPERT_COUNT: &str = "expert_count";
 pub const EXPERT_USED_COUNT: &str = "expert_used_count";
+/// The shared expert's FFN width, where the architecture has one.
+pub const EXPERT_SHARED_FEED_FORWARD_LENGTH: &str = "expert_shared_feed_forward_length";
 /// Sliding attention window in tokens; absent when attention is global.
 pub const SLIDING_WINDOW: &str = "attention.sliding_window";
 
@@ -58,5 +60,15 @@ pub const FFN_NORM: &str = "ffn_norm.weight";
 /// QK-norm (Qwen3-MoE): RMSNorm weights over each head of q and k, [head_dim].
 pub const ATTN_Q_NORM: &str = "attn_q_norm.weight";
 pub const ATTN_K_NORM: &str = "attn_k_norm.weight";
+/// Attention biases (Qwen2-MoE): [q_dim], [kv_dim], [kv_dim].
+pub const ATTN_Q_BIAS: &str = "attn_q.bias";
+pub const ATTN_K_BIAS: &str = "attn_k.bias";
+pub const ATTN_V_BIAS: &str = "attn_v.bias";
+/// The shared expert (Qwen2-MoE): an FFN every token runs, scaled by a sigmoid gate
+/// ([1, hidden]); its width is `{arch}.expert_shared_feed_forward_length`.
+pub const FFN_GATE_SHEXP: &str = "ffn_gate_shexp.weight";
+pub const FFN_UP_SHEXP: &str = "ffn_up_shexp.weight";
+pub const FFN_DOWN_SHEXP: &str = "ffn_down_shexp.weight";
+pub const FFN_GATE_INP_SHEXP: &str = "ffn_gate_inp_shexp.weight";
 /// The router: [n_experts, hidden].
 pub const FFN_GATE_INP: &str = "ffn_gate_inp.weight";

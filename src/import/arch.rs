@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use super::fields::Fields;
 use super::{ExpertWeights, ImportError, TensorIndex};
 use crate::format::{keys, ExpertShape, MetaValue, Metadata};
 
@@ -16,12 +17,15 @@ pub enum Architecture {
     Qwen3Moe(MixtralSpec),
     /// OlmoeForCausalLM: QK-norm over the whole projections, Qwen's names.
     Olmoe(MixtralSpec),
+    /// Qwen2MoeForCausalLM: q/k/v biases and a shared expert of this FFN width.
+    Qwen2Moe(MixtralSpec, usize),
 }
 
 const SUPPORTED: &[&str] = &[
     "MixtralForCausalLM",
     "Qwen3MoeForCausalLM",
     "OlmoeForCausalLM",
+    "Qwen2MoeForCausalLM",
 ];
 
 /// The hyper-parameters of a Mixtral-style MoE (MixtralForCausalLM, Qwen3MoeForCausalLM).
@@ -107,80 +111,6 @@ enum Which {
     Down,
 }
 
-/// Typed access to config.json fields with errors that name the field.
-struct Fields<'a> {
-    path: &'a Path,
-    obj: &'a Map<String, Value>,
-}
-
-impl Fields<'_> {
-    fn err(&self, field: &str, expected: &str, found: Option<&Value>) -> ImportError {
-        ImportError::Field {
-            path: self.path.to_path_buf(),
-            field: field.to_string(),
-            expected: expected.to_string(),
-            found: found.map_or_else(|| "nothing (missing)".to_string(), |v| v.to_string()),
-        }
-    }
-
-    /// The field, treating null as absent.
-    fn get(&self, field: &str) -> Option<&Value> {
-        self.obj.get(field).filter(|v| !v.is_null())
-    }
-
-    fn opt_usize(&self, field: &str) -> Result<Option<usize>, ImportError> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
-                Some(n) if n > 0 => Ok(Some(n)),
-                _ => Err(self.err(field, "a positive integer", Some(v))),
-            },
-        }
-    }
-
-    fn usize(&self, field: &str) -> Result<usize, ImportError> {
-        self.opt_usize(field)?
-            .ok_or_else(|| self.err(field, "a positive integer", None))
-    }
-
-    fn opt_f64(&self, field: &str) -> Result<Option<f64>, ImportError> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
-                _ => Err(self.err(field, "a positive number", Some(v))),
-            },
-        }
-    }
-
-    fn f32(&self, field: &str) -> Result<f32, ImportError> {
-        Ok(self
-            .opt_f64(field)?
-            .ok_or_else(|| self.err(field, "a positive number", None))? as f32)
-    }
-
-    fn bool_or(&self, field: &str, default: bool) -> Result<bool, ImportError> {
-        match self.get(field) {
-            None => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(self.err(field, "true or false", Some(v))),
-        }
-    }
-
-    /// A token id, or the first of a list of ids (`eos_token_id` may be a list).
-    fn opt_token_id(&self, field: &str) -> Result<Option<u32>, ImportError> {
-        let v = match self.get(field) {
-            None => return Ok(None),
-            Some(Value::Array(items)) if !items.is_empty() => &items[0],
-            Some(v) => v,
-        };
-        v.as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| self.err(field, "a token id or a list of token ids", Some(v)))
-    }
-}
-
 impl Architecture {
     /// Parse config.json (already read from `path`, which errors name).
     pub fn from_config(path: &Path, config: &Value) -> Result<Architecture, ImportError> {
@@ -209,6 +139,13 @@ impl Architecture {
             "MixtralForCausalLM" => Ok(Architecture::Mixtral(MixtralSpec::from_fields(&f)?)),
             "Qwen3MoeForCausalLM" => Ok(Architecture::Qwen3Moe(MixtralSpec::from_qwen3(&f)?)),
             "OlmoeForCausalLM" => Ok(Architecture::Olmoe(MixtralSpec::from_olmoe(&f)?)),
+            "Qwen2MoeForCausalLM" => {
+                let spec = MixtralSpec::from_qwen2(&f)?;
+                Ok(Architecture::Qwen2Moe(
+                    spec,
+                    f.usize("shared_expert_intermediate_size")?,
+                ))
+            }
             other => Err(ImportError::UnsupportedArchitecture {
                 path: path.to_path_buf(),
                 found: other.to_string(),
@@ -223,12 +160,16 @@ impl Architecture {
             Architecture::Mixtral(_) => "mixtral",
             Architecture::Qwen3Moe(_) => "qwen3moe",
             Architecture::Olmoe(_) => "olmoe",
+            Architecture::Qwen2Moe(..) => "qwen2moe",
         }
     }
 
     fn spec(&self) -> &MixtralSpec {
         match self {
-            Architecture::Mixtral(s) | Architecture::Qwen3Moe(s) | Architecture::Olmoe(s) => s,
+            Architecture::Mixtral(s)
+            | Architecture::Qwen3Moe(s)
+            | Architecture::Olmoe(s)
+            | Architecture::Qwen2Moe(s, _) => s,
         }
     }
 
@@ -236,7 +177,9 @@ impl Architecture {
     fn expert_names(&self) -> ExpertNames {
         match self {
             Architecture::Mixtral(_) => ExpertNames::Mixtral,
-            Architecture::Qwen3Moe(_) | Architecture::Olmoe(_) => ExpertNames::Qwen,
+            Architecture::Qwen3Moe(_) | Architecture::Olmoe(_) | Architecture::Qwen2Moe(..) => {
+                ExpertNames::Qwen
+            }
         }
     }
 
@@ -269,12 +212,17 @@ impl Architecture {
             _ => "mlp.gate.weight",
         };
         let s = self.spec();
+        let (q, kv) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
         let qk_norm = match self {
-            Architecture::Mixtral(_) => None,
+            Architecture::Mixtral(_) | Architecture::Qwen2Moe(..) => None,
             Architecture::Qwen3Moe(_) => Some([s.head_dim; 2]),
-            Architecture::Olmoe(_) => Some([s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim]),
+            Architecture::Olmoe(_) => Some([q, kv]),
         };
-        s.dense_tensors(router, qk_norm)
+        let mut out = s.dense_tensors(router, qk_norm);
+        if let Architecture::Qwen2Moe(_, shared) = *self {
+            s.add_qwen2_tensors(shared, &mut out);
+        }
+        out
     }
 
     /// Find the experts in the checkpoint (either layout) and check every tensor's shape.
@@ -284,7 +232,11 @@ impl Architecture {
 
     /// The `{arch}.*` hyper-parameter keys.
     pub fn write_metadata(&self, m: &mut Metadata) {
-        self.spec().write_metadata(self.hob_name(), m)
+        self.spec().write_metadata(self.hob_name(), m);
+        if let Architecture::Qwen2Moe(_, shared) = *self {
+            let key = keys::arch_key(self.hob_name(), keys::EXPERT_SHARED_FEED_FORWARD_LENGTH);
+            m.set(&key, u32_value(shared));
+        }
     }
 }
 
@@ -332,6 +284,104 @@ impl MixtralSpec {
             None => "num_local_experts",
         };
         Self::parse(f, experts, "moe_intermediate_size")
+    }
+
+    /// Qwen2MoeForCausalLM's config: Qwen3's fields without QK-norm; q/k/v biases (`qkv_bias`,
+    /// true where absent as in Qwen1.5-MoE's config), top-k weights as they are.
+    fn from_qwen2(f: &Fields) -> Result<MixtralSpec, ImportError> {
+        let unsupported = |field: &str, detail: &str| ImportError::Unsupported {
+            path: f.path.to_path_buf(),
+            what: format!("'{field}'"),
+            detail: format!("found {}; {detail}", f.obj[field]),
+        };
+        if f.opt_usize("decoder_sparse_step")?.is_some_and(|s| s != 1) {
+            let d = "hob runs every layer sparse (decoder_sparse_step 1)";
+            return Err(unsupported("decoder_sparse_step", d));
+        }
+        if f.get("mlp_only_layers")
+            .and_then(|v| v.as_array())
+            .is_some_and(|a| !a.is_empty())
+        {
+            let d = "hob runs every layer sparse (no dense-MLP layers)";
+            return Err(unsupported("mlp_only_layers", d));
+        }
+        if f.bool_or("norm_topk_prob", false)? {
+            let d = "hob runs Qwen2-MoE's top-k weights as they are (norm_topk_prob false)";
+            return Err(unsupported("norm_topk_prob", d));
+        }
+        if !f.bool_or("qkv_bias", true)? {
+            return Err(unsupported(
+                "qkv_bias",
+                "hob runs Qwen2-MoE with q/k/v biases",
+            ));
+        }
+        let experts = match f.get("num_experts") {
+            Some(_) => "num_experts",
+            None => "num_local_experts",
+        };
+        Self::parse(f, experts, "moe_intermediate_size")
+    }
+
+    /// Qwen2-MoE's q/k/v biases and shared expert (of width `shared`), after the common tensors.
+    fn add_qwen2_tensors(&self, shared: usize, out: &mut Vec<DenseTensor>) {
+        let (h, q, kv) = (
+            self.hidden,
+            self.n_heads * self.head_dim,
+            self.n_kv_heads * self.head_dim,
+        );
+        for l in 0..self.n_layers {
+            let hf = |s: &str| format!("model.layers.{l}.{s}");
+            let t = |hob: &str, hf: String, shape: Vec<usize>, role| DenseTensor {
+                hob_name: keys::blk(l, hob),
+                hf_name: hf,
+                shape,
+                role,
+            };
+            out.extend([
+                t(
+                    keys::ATTN_Q_BIAS,
+                    hf("self_attn.q_proj.bias"),
+                    vec![q],
+                    TensorRole::Norm,
+                ),
+                t(
+                    keys::ATTN_K_BIAS,
+                    hf("self_attn.k_proj.bias"),
+                    vec![kv],
+                    TensorRole::Norm,
+                ),
+                t(
+                    keys::ATTN_V_BIAS,
+                    hf("self_attn.v_proj.bias"),
+                    vec![kv],
+                    TensorRole::Norm,
+                ),
+                t(
+                    keys::FFN_GATE_SHEXP,
+                    hf("mlp.shared_expert.gate_proj.weight"),
+                    vec![shared, h],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::FFN_UP_SHEXP,
+                    hf("mlp.shared_expert.up_proj.weight"),
+                    vec![shared, h],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::FFN_DOWN_SHEXP,
+                    hf("mlp.shared_expert.down_proj.weight"),
+                    vec![h, shared],
+                    TensorRole::Matrix,
+                ),
+                t(
+                    keys::FFN_GATE_INP_SHEXP,
+                    hf("mlp.shared_expert_gate.weight"),
+                    vec![1, h],
+                    TensorRole::Router,
+                ),
+            ]);
+        }
     }
 
     /// OlmoeForCausalLM's config: `num_experts`, `intermediate_size` (the experts' width); the
@@ -420,7 +470,11 @@ impl MixtralSpec {
             n_experts,
             n_experts_used,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
-            sliding_window: f.opt_usize("sliding_window")?,
+            // Qwen's configs carry a window they do not use (use_sliding_window false).
+            sliding_window: match f.get("use_sliding_window") {
+                Some(Value::Bool(false)) => None,
+                _ => f.opt_usize("sliding_window")?,
+            },
             bos_token_id: f.opt_token_id("bos_token_id")?,
             eos_token_id: f.opt_token_id("eos_token_id")?,
         };

@@ -12,6 +12,7 @@ use crate::format::{keys, DType, DenseSpec, ExpertShape, MetaValue, Metadata};
 
 pub mod arch;
 pub mod dtype;
+mod fields;
 pub mod safetensors;
 pub mod synthetic;
 pub mod tokenizer;

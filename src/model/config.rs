@@ -16,6 +16,9 @@ pub enum Architecture {
     /// OLMoE: an RMSNorm over the whole q and k projections before RoPE; the top-k softmax
     /// weights are used as they are (not renormalized).
     Olmoe,
+    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): q/k/v biases, a shared expert beside the routed
+    /// ones (scaled by a sigmoid gate), top-k weights not renormalized.
+    Qwen2Moe,
 }
 
 /// Where an architecture normalizes q and k before RoPE.
@@ -28,10 +31,11 @@ pub enum QkNorm {
 }
 
 impl Architecture {
-    pub const SUPPORTED: [(&'static str, Architecture); 3] = [
+    pub const SUPPORTED: [(&'static str, Architecture); 4] = [
         ("mixtral", Architecture::Mixtral),
         ("qwen3moe", Architecture::Qwen3Moe),
         ("olmoe", Architecture::Olmoe),
+        ("qwen2moe", Architecture::Qwen2Moe),
     ];
 
     pub fn name(self) -> &'static str {
@@ -39,6 +43,7 @@ impl Architecture {
             Architecture::Mixtral => "mixtral",
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Olmoe => "olmoe",
+            Architecture::Qwen2Moe => "qwen2moe",
         }
     }
 
@@ -48,13 +53,24 @@ impl Architecture {
             Architecture::Mixtral => None,
             Architecture::Qwen3Moe => Some(QkNorm::PerHead),
             Architecture::Olmoe => Some(QkNorm::Whole),
+            Architecture::Qwen2Moe => None,
         }
+    }
+
+    /// Whether q, k and v have biases.
+    pub fn attention_bias(self) -> bool {
+        matches!(self, Architecture::Qwen2Moe)
+    }
+
+    /// Whether each MoE block has a shared expert (its width from the metadata).
+    pub fn shared_expert(self) -> bool {
+        matches!(self, Architecture::Qwen2Moe)
     }
 
     /// Whether the top-k softmax weights are renormalized to sum to 1 (transformers'
     /// `norm_topk_prob`; Mixtral's top-k softmax is the same as renormalizing).
     pub fn renormalizes_top_k(self) -> bool {
-        !matches!(self, Architecture::Olmoe)
+        !matches!(self, Architecture::Olmoe | Architecture::Qwen2Moe)
     }
 
     /// Whether the CUDA backend runs this architecture (its device routing renormalizes).
@@ -103,6 +119,8 @@ pub struct ModelConfig {
     pub n_experts: usize,
     /// Experts used per token.
     pub top_k: usize,
+    /// The shared expert's FFN width, where the architecture has one.
+    pub shared_ffn: Option<usize>,
     pub rms_eps: f32,
     pub rope_theta: f32,
     /// Training context length (the largest -c allowed).
@@ -157,6 +175,10 @@ impl ModelConfig {
             ffn: u(keys::FEED_FORWARD_LENGTH)?,
             n_experts: u(keys::EXPERT_COUNT)?,
             top_k: u(keys::EXPERT_USED_COUNT)?,
+            shared_ffn: match arch.shared_expert() {
+                true => Some(u(keys::EXPERT_SHARED_FEED_FORWARD_LENGTH)?),
+                false => None,
+            },
             rms_eps: md.get_f32(&arch_key(a, keys::RMS_EPS))?,
             rope_theta: md.get_f32(&arch_key(a, keys::ROPE_FREQ_BASE))?,
             context_length: u(keys::CONTEXT_LENGTH)?,
@@ -209,6 +231,11 @@ impl ModelConfig {
             (keys::HEAD_COUNT_KV, self.n_kv_heads, (1, self.n_heads)),
             (keys::KEY_LENGTH, self.head_dim, limits::HEAD_DIM),
             (keys::FEED_FORWARD_LENGTH, self.ffn, limits::WIDTH),
+            (
+                keys::EXPERT_SHARED_FEED_FORWARD_LENGTH,
+                self.shared_ffn.unwrap_or(1),
+                limits::WIDTH,
+            ),
             (keys::EXPERT_COUNT, self.n_experts, limits::EXPERTS),
             (keys::EXPERT_USED_COUNT, self.top_k, (1, self.n_experts)),
             (keys::CONTEXT_LENGTH, self.context_length, limits::CONTEXT),

@@ -80,6 +80,11 @@ struct Buffers<B: Backend> {
     v: B::Buf,
     /// (t, kv_dim): k after QK-norm (one value where the architecture has none)
     kn: B::Buf,
+    /// The shared expert's (t, ffn) gate and up products and (t, 1) gate logits (one value
+    /// each where the architecture has no shared expert)
+    sh_gate: B::Buf,
+    sh_up: B::Buf,
+    sh_logit: B::Buf,
     /// (t, q_dim)
     att: B::Buf,
     /// (t, hidden) block output
@@ -323,8 +328,28 @@ impl<'f> Model<'f> {
         Err(ModelError::non_finite(self.file.path(), Some(layer), what).into())
     }
 
-    /// The attention block's q, k and v from b.xn, RoPE applied and k, v in the cache. With
-    /// QK-norm (an RMSNorm over each head of q and k before RoPE) q ends in b.att: true.
+    /// The shared expert of a layer that has one: x += sigmoid(g · xn) * down(silu(gate · xn) *
+    /// (up · xn)), from the MoE block's normalized input b.xn.
+    fn shared_expert<B: Backend>(
+        &self,
+        b: &mut Buffers<B>,
+        lw: &LayerWeights<'_>,
+        t: usize,
+        backend: &B,
+    ) -> crate::Result<()> {
+        let Some(sh) = &lw.shared else {
+            return Ok(());
+        };
+        backend.matmul(&sh.gate, &b.xn, t, &mut b.sh_gate)?;
+        backend.matmul(&sh.up, &b.xn, t, &mut b.sh_up)?;
+        backend.matmul(&sh.gate_inp, &b.xn, t, &mut b.sh_logit)?;
+        backend.shared_gate(&mut b.sh_gate, &b.sh_up, &b.sh_logit, (t, sh.gate.rows))?;
+        backend.matmul_add(&sh.down, &b.sh_gate, t, &mut b.out, &mut b.x)
+    }
+
+    /// The attention block's q, k and v from b.xn (biases added where the architecture has
+    /// them), RoPE applied and k, v in the cache. With QK-norm (an RMSNorm over q and k before
+    /// RoPE) q ends in b.att: true.
     fn attention_inputs<B: Backend>(
         &self,
         b: &mut Buffers<B>,
@@ -334,12 +359,21 @@ impl<'f> Model<'f> {
         backend: &B,
     ) -> crate::Result<bool> {
         let w = [&lw.wq, &lw.wk, &lw.wv];
-        let Some([qn, kn]) = &lw.qk_norm else {
+        if lw.qk_norm.is_none() && lw.qkv_bias.is_none() {
             backend.qkv_rope_kv(w, &b.xn, [&mut b.q, &mut b.k, &mut b.v], step, kv)?;
             return Ok(false);
-        };
+        }
         let (t, cfg) = (step.t, &self.cfg);
         backend.matmul_qkv(w, &b.xn, t, [&mut b.q, &mut b.k, &mut b.v])?;
+        if let Some([bq, bk, bv]) = &lw.qkv_bias {
+            backend.add_rows(&mut b.q, t, bq)?;
+            backend.add_rows(&mut b.k, t, bk)?;
+            backend.add_rows(&mut b.v, t, bv)?;
+        }
+        let Some([qn, kn]) = &lw.qk_norm else {
+            backend.rope_kv_write([&mut b.q, &mut b.k, &mut b.v], step, kv)?;
+            return Ok(false);
+        };
         // Rows of the norm's width: a head each (per-head norm) or a token each (whole).
         let (q_rows, k_rows) = (t * cfg.q_dim() / qn.len(), t * cfg.kv_dim() / kn.len());
         backend.rms_norm(&b.q, 0..q_rows, qn, cfg.rms_eps, &mut b.att)?;
@@ -412,7 +446,7 @@ impl<'f> Model<'f> {
                 eps: cfg.rms_eps,
                 renormalize: cfg.arch.renormalizes_top_k(),
             };
-            if t == 1 {
+            if t == 1 && lw.shared.is_none() {
                 match experts.forward_on_device(backend, l, &block, &mut b.xn, &mut b.x)? {
                     OnDevice::No => {}
                     OnDevice::Done => continue,
@@ -430,6 +464,7 @@ impl<'f> Model<'f> {
             };
             backend.norm_route(&b.x, t, &block, out)?;
             self.check_routes(l, &routes[..t * k])?;
+            self.shared_expert(b, lw, t, backend)?;
             let batch = Batch {
                 xs: &b.xn,
                 t,
@@ -464,6 +499,9 @@ impl<B: Backend> Buffers<B> {
             } else {
                 1
             })?,
+            sh_gate: backend.alloc(t * cfg.shared_ffn.unwrap_or(0) + 1)?,
+            sh_up: backend.alloc(t * cfg.shared_ffn.unwrap_or(0) + 1)?,
+            sh_logit: backend.alloc(t + 1)?,
             att: backend.alloc(t * qd)?,
             out: backend.alloc(t * h)?,
             router: backend.alloc(t * cfg.n_experts)?,

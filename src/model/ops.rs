@@ -181,6 +181,45 @@ pub trait Backend {
     /// x[..n] += y[..n].
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, n: usize) -> crate::Result<()>;
 
+    /// Each of x's `t` rows += `bias` (attention biases). The default works through host
+    /// copies; a backend may do it in place.
+    fn add_rows(&self, x: &mut Self::Buf, t: usize, bias: &[f32]) -> crate::Result<()> {
+        let mut host = vec![0.0; t * bias.len()];
+        self.download(x, &mut host)?;
+        for row in host.chunks_exact_mut(bias.len().max(1)) {
+            row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+        }
+        self.upload(&host, x)
+    }
+
+    /// A shared expert's hidden activations of `t` rows of `width`: gate[r] = sigmoid(s[r]) *
+    /// silu(gate[r]) * up[r], where s ([t]) is its gate's logit (Qwen2-MoE). The default works
+    /// through host copies.
+    fn shared_gate(
+        &self,
+        gate: &mut Self::Buf,
+        up: &Self::Buf,
+        s: &Self::Buf,
+        (t, width): (usize, usize),
+    ) -> crate::Result<()> {
+        let (mut g, mut u, mut sh) = (vec![0.0; t * width], vec![0.0; t * width], vec![0.0; t]);
+        self.download(gate, &mut g)?;
+        self.download(up, &mut u)?;
+        self.download(s, &mut sh)?;
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+        for ((gr, ur), &sr) in g
+            .chunks_exact_mut(width)
+            .zip(u.chunks_exact(width))
+            .zip(&sh)
+        {
+            let scale = sigmoid(sr);
+            for (gv, &uv) in gr.iter_mut().zip(ur) {
+                *gv = scale * (*gv * sigmoid(*gv)) * uv;
+            }
+        }
+        self.upload(&g, gate)
+    }
+
     /// Write the new tokens' keys and values (`t` rows each) at positions start..start + t of
     /// `layer` (`at` = (layer, start)).
     fn kv_write(

@@ -19,8 +19,25 @@ pub struct LayerWeights<'f> {
     pub ffn_norm: Vec<f32>,
     /// (n_experts, hidden)
     pub router: Matrix<'f>,
-    /// QK-norm weights of q and k ([head_dim] each), where the architecture has them.
+    /// QK-norm weights of q and k ([head_dim] each, or [q_dim] and [kv_dim]), where the
+    /// architecture has them.
     pub qk_norm: Option<[Vec<f32>; 2]>,
+    /// Biases of q, k and v, where the architecture has them.
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// The shared expert, where the architecture has one.
+    pub shared: Option<SharedExpert<'f>>,
+}
+
+/// An FFN every token runs beside its routed experts, scaled by sigmoid(gate · x).
+pub struct SharedExpert<'f> {
+    /// (ffn, hidden)
+    pub gate: Matrix<'f>,
+    /// (ffn, hidden)
+    pub up: Matrix<'f>,
+    /// (hidden, ffn)
+    pub down: Matrix<'f>,
+    /// (1, hidden)
+    pub gate_inp: Matrix<'f>,
 }
 
 pub struct Weights<'f> {
@@ -57,6 +74,23 @@ impl<'f> Weights<'f> {
                             vector(file, &blk(l, keys::ATTN_Q_NORM), q)?,
                             vector(file, &blk(l, keys::ATTN_K_NORM), kv)?,
                         ]),
+                    },
+                    qkv_bias: match cfg.arch.attention_bias() {
+                        false => None,
+                        true => Some([
+                            vector(file, &blk(l, keys::ATTN_Q_BIAS), q)?,
+                            vector(file, &blk(l, keys::ATTN_K_BIAS), kv)?,
+                            vector(file, &blk(l, keys::ATTN_V_BIAS), kv)?,
+                        ]),
+                    },
+                    shared: match cfg.shared_ffn {
+                        None => None,
+                        Some(f) => Some(SharedExpert {
+                            gate: mat(&blk(l, keys::FFN_GATE_SHEXP), f, h)?,
+                            up: mat(&blk(l, keys::FFN_UP_SHEXP), f, h)?,
+                            down: mat(&blk(l, keys::FFN_DOWN_SHEXP), h, f)?,
+                            gate_inp: mat(&blk(l, keys::FFN_GATE_INP_SHEXP), 1, h)?,
+                        }),
                     },
                 })
             })

@@ -1,0 +1,81 @@
+//! Typed access to config.json fields, with errors that name the field and the file.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::ImportError;
+
+/// Typed access to config.json fields with errors that name the field.
+pub(super) struct Fields<'a> {
+    pub path: &'a Path,
+    pub obj: &'a Map<String, Value>,
+}
+
+impl Fields<'_> {
+    pub(super) fn err(&self, field: &str, expected: &str, found: Option<&Value>) -> ImportError {
+        ImportError::Field {
+            path: self.path.to_path_buf(),
+            field: field.to_string(),
+            expected: expected.to_string(),
+            found: found.map_or_else(|| "nothing (missing)".to_string(), |v| v.to_string()),
+        }
+    }
+
+    /// The field, treating null as absent.
+    pub(super) fn get(&self, field: &str) -> Option<&Value> {
+        self.obj.get(field).filter(|v| !v.is_null())
+    }
+
+    pub(super) fn opt_usize(&self, field: &str) -> Result<Option<usize>, ImportError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(self.err(field, "a positive integer", Some(v))),
+            },
+        }
+    }
+
+    pub(super) fn usize(&self, field: &str) -> Result<usize, ImportError> {
+        self.opt_usize(field)?
+            .ok_or_else(|| self.err(field, "a positive integer", None))
+    }
+
+    pub(super) fn opt_f64(&self, field: &str) -> Result<Option<f64>, ImportError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+                _ => Err(self.err(field, "a positive number", Some(v))),
+            },
+        }
+    }
+
+    pub(super) fn f32(&self, field: &str) -> Result<f32, ImportError> {
+        Ok(self
+            .opt_f64(field)?
+            .ok_or_else(|| self.err(field, "a positive number", None))? as f32)
+    }
+
+    pub(super) fn bool_or(&self, field: &str, default: bool) -> Result<bool, ImportError> {
+        match self.get(field) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(self.err(field, "true or false", Some(v))),
+        }
+    }
+
+    /// A token id, or the first of a list of ids (`eos_token_id` may be a list).
+    pub(super) fn opt_token_id(&self, field: &str) -> Result<Option<u32>, ImportError> {
+        let v = match self.get(field) {
+            None => return Ok(None),
+            Some(Value::Array(items)) if !items.is_empty() => &items[0],
+            Some(v) => v,
+        };
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| self.err(field, "a token id or a list of token ids", Some(v)))
+    }
+}
