@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::error::Error;
 
 /// The profiles compiled into the binary: (name, file name, TOML text).
-const BUILTIN: [(&str, &str, &str); 5] = [
+const BUILTIN: [(&str, &str, &str); 9] = [
     (
         "h100",
         "platforms/h100.toml",
@@ -34,6 +34,26 @@ const BUILTIN: [(&str, &str, &str); 5] = [
         "jetson-orin-64g",
         "platforms/jetson-orin-64g.toml",
         include_str!("../platforms/jetson-orin-64g.toml"),
+    ),
+    (
+        "jetson-orin-nx-16g",
+        "platforms/jetson-orin-nx-16g.toml",
+        include_str!("../platforms/jetson-orin-nx-16g.toml"),
+    ),
+    (
+        "jetson-orin-nano-8g",
+        "platforms/jetson-orin-nano-8g.toml",
+        include_str!("../platforms/jetson-orin-nano-8g.toml"),
+    ),
+    (
+        "rtx3060-12g",
+        "platforms/rtx3060-12g.toml",
+        include_str!("../platforms/rtx3060-12g.toml"),
+    ),
+    (
+        "rtx4060ti-16g",
+        "platforms/rtx4060ti-16g.toml",
+        include_str!("../platforms/rtx4060ti-16g.toml"),
     ),
     (
         "rtx4090-24g",
@@ -420,7 +440,7 @@ mod tests {
         let e = Platform::resolve("a100").unwrap_err().to_string();
         assert!(
             e.contains("'a100'")
-                && e.contains("h100, h200, jetson-orin-32g, jetson-orin-64g, rtx4090-24g")
+                && e.contains("h100, h200, jetson-orin-32g, jetson-orin-64g, jetson-orin-nx-16g, jetson-orin-nano-8g, rtx3060-12g, rtx4060ti-16g, rtx4090-24g")
                 && e.contains(".toml"),
             "{e}"
         );

@@ -168,8 +168,8 @@ pub struct ModelArgs {
     /// resident weights, the KV cache and work buffers; without either, room for every expert).
     #[arg(long = "expert-cache", help_heading = DEVICE)]
     pub expert_cache: Option<f64>,
-    /// Hardware profile: a name (rtx4090-24g, jetson-orin-32g, jetson-orin-64g, h100, h200) or a
-    /// .toml path. Sets the defaults of --gpu-mem and --expert-cache, paces expert loads to the
+    /// Hardware profile: a name (rtx4090-24g, rtx4060ti-16g, rtx3060-12g, jetson-orin-32g,
+    /// jetson-orin-64g, jetson-orin-nx-16g, jetson-orin-nano-8g, h100, h200) or a .toml path. Sets the defaults of --gpu-mem and --expert-cache, paces expert loads to the
     /// profile's link when it asks for it, and gives `hob bench` its physical limit.
     #[arg(long, help_heading = DEVICE)]
     pub platform: Option<String>,
