@@ -314,7 +314,8 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
         router: &router,
         next: None,
         eps: 1e-5,
-        renormalize: true,
+        routing: hob::model::routing::Routing::Softmax { renormalize: true },
+        norm_bias: None,
     };
     let none = hob::model::ops::Route {
         expert: usize::MAX,

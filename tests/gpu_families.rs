@@ -111,7 +111,11 @@ fn qwen3_moe_on_the_gpu_matches_the_cpu_and_transformers() {
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn families_the_gpu_does_not_run_yet_are_refused_by_name() {
     let _ = gpu();
-    for (family, arch) in [("olmoe", "olmoe"), ("qwen2-moe", "qwen2moe")] {
+    for (family, arch) in [
+        ("olmoe", "olmoe"),
+        ("qwen2-moe", "qwen2moe"),
+        ("phimoe", "phimoe"),
+    ] {
         let (_tmp, path) = convert_dir(&family_dir(family), "f16", &[]);
         let m = path.to_str().unwrap();
         let (ok, _, stderr) = hob(&["run", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda"]);

@@ -18,6 +18,15 @@ pub const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
 pub const ROPE_FREQ_BASE: &str = "rope.freq_base";
 pub const EXPERT_COUNT: &str = "expert_count";
 pub const EXPERT_USED_COUNT: &str = "expert_used_count";
+/// Phi-3.5-MoE's sparsemixer margin (transformers' router_jitter_noise).
+pub const EXPERT_ROUTER_JITTER: &str = "expert_router_jitter_eps";
+/// LongRoPE: the training context below which the short factors apply, the per-dimension
+/// factors ([head_dim / 2] f32 arrays) and the cos/sin scales.
+pub const ROPE_SCALING_ORIG_CTX: &str = "rope.scaling.original_context_length";
+pub const ROPE_SHORT_FACTOR: &str = "rope.scaling.short_factor";
+pub const ROPE_LONG_FACTOR: &str = "rope.scaling.long_factor";
+pub const ROPE_SHORT_MSCALE: &str = "rope.scaling.short_mscale";
+pub const ROPE_LONG_MSCALE: &str = "rope.scaling.long_mscale";
 /// The shared expert's FFN width, where the architecture has one.
 pub const EXPERT_SHARED_FEED_FORWARD_LENGTH: &str = "expert_shared_feed_forward_length";
 /// Sliding attention window in tokens; absent when attention is global.
@@ -60,6 +69,12 @@ pub const FFN_NORM: &str = "ffn_norm.weight";
 /// QK-norm (Qwen3-MoE): RMSNorm weights over each head of q and k, [head_dim].
 pub const ATTN_Q_NORM: &str = "attn_q_norm.weight";
 pub const ATTN_K_NORM: &str = "attn_k_norm.weight";
+/// LayerNorm biases and the attention output's and output head's biases (Phi-3.5-MoE).
+pub const ATTN_NORM_BIAS: &str = "attn_norm.bias";
+pub const FFN_NORM_BIAS: &str = "ffn_norm.bias";
+pub const ATTN_OUTPUT_BIAS: &str = "attn_output.bias";
+pub const OUTPUT_NORM_BIAS: &str = "output_norm.bias";
+pub const OUTPUT_BIAS: &str = "output.bias";
 /// Attention biases (Qwen2-MoE): [q_dim], [kv_dim], [kv_dim].
 pub const ATTN_Q_BIAS: &str = "attn_q.bias";
 pub const ATTN_K_BIAS: &str = "attn_k.bias";

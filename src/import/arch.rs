@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::fields::Fields;
+use super::phimoe::PhiExtras;
 use super::{ExpertWeights, ImportError, TensorIndex};
 use crate::format::{keys, ExpertShape, MetaValue, Metadata};
 
@@ -19,6 +20,8 @@ pub enum Architecture {
     Olmoe(MixtralSpec),
     /// Qwen2MoeForCausalLM: q/k/v biases and a shared expert of this FFN width.
     Qwen2Moe(MixtralSpec, usize),
+    /// PhimoeForCausalLM: Mixtral's names, LayerNorm and biases, sparsemixer, LongRoPE.
+    Phimoe(MixtralSpec, PhiExtras),
 }
 
 const SUPPORTED: &[&str] = &[
@@ -26,6 +29,7 @@ const SUPPORTED: &[&str] = &[
     "Qwen3MoeForCausalLM",
     "OlmoeForCausalLM",
     "Qwen2MoeForCausalLM",
+    "PhimoeForCausalLM",
 ];
 
 /// The hyper-parameters of a Mixtral-style MoE (MixtralForCausalLM, Qwen3MoeForCausalLM).
@@ -139,6 +143,10 @@ impl Architecture {
             "MixtralForCausalLM" => Ok(Architecture::Mixtral(MixtralSpec::from_fields(&f)?)),
             "Qwen3MoeForCausalLM" => Ok(Architecture::Qwen3Moe(MixtralSpec::from_qwen3(&f)?)),
             "OlmoeForCausalLM" => Ok(Architecture::Olmoe(MixtralSpec::from_olmoe(&f)?)),
+            "PhimoeForCausalLM" => {
+                let (spec, extras) = super::phimoe::parse(&f)?;
+                Ok(Architecture::Phimoe(spec, extras))
+            }
             "Qwen2MoeForCausalLM" => {
                 let spec = MixtralSpec::from_qwen2(&f)?;
                 Ok(Architecture::Qwen2Moe(
@@ -161,6 +169,7 @@ impl Architecture {
             Architecture::Qwen3Moe(_) => "qwen3moe",
             Architecture::Olmoe(_) => "olmoe",
             Architecture::Qwen2Moe(..) => "qwen2moe",
+            Architecture::Phimoe(..) => "phimoe",
         }
     }
 
@@ -169,14 +178,15 @@ impl Architecture {
             Architecture::Mixtral(s)
             | Architecture::Qwen3Moe(s)
             | Architecture::Olmoe(s)
-            | Architecture::Qwen2Moe(s, _) => s,
+            | Architecture::Qwen2Moe(s, _)
+            | Architecture::Phimoe(s, _) => s,
         }
     }
 
     /// How the checkpoint names one expert's matrices.
     fn expert_names(&self) -> ExpertNames {
         match self {
-            Architecture::Mixtral(_) => ExpertNames::Mixtral,
+            Architecture::Mixtral(_) | Architecture::Phimoe(..) => ExpertNames::Mixtral,
             Architecture::Qwen3Moe(_) | Architecture::Olmoe(_) | Architecture::Qwen2Moe(..) => {
                 ExpertNames::Qwen
             }
@@ -206,21 +216,26 @@ impl Architecture {
     /// Dense tensors in the order convert writes them; router names follow the expert layout.
     pub fn dense_tensors(&self, experts: &ExpertSource) -> Vec<DenseTensor> {
         let router = match (self, experts) {
-            (Architecture::Mixtral(_), ExpertSource::PerExpert { .. }) => {
-                "block_sparse_moe.gate.weight"
-            }
+            (
+                Architecture::Mixtral(_) | Architecture::Phimoe(..),
+                ExpertSource::PerExpert { .. },
+            ) => "block_sparse_moe.gate.weight",
             _ => "mlp.gate.weight",
         };
         let s = self.spec();
         let (q, kv) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
         let qk_norm = match self {
-            Architecture::Mixtral(_) | Architecture::Qwen2Moe(..) => None,
+            Architecture::Mixtral(_) | Architecture::Qwen2Moe(..) | Architecture::Phimoe(..) => {
+                None
+            }
             Architecture::Qwen3Moe(_) => Some([s.head_dim; 2]),
             Architecture::Olmoe(_) => Some([q, kv]),
         };
         let mut out = s.dense_tensors(router, qk_norm);
-        if let Architecture::Qwen2Moe(_, shared) = *self {
-            s.add_qwen2_tensors(shared, &mut out);
+        match self {
+            Architecture::Qwen2Moe(_, shared) => s.add_qwen2_tensors(*shared, &mut out),
+            Architecture::Phimoe(..) => super::phimoe::add_tensors(s, &mut out),
+            _ => {}
         }
         out
     }
@@ -233,9 +248,15 @@ impl Architecture {
     /// The `{arch}.*` hyper-parameter keys.
     pub fn write_metadata(&self, m: &mut Metadata) {
         self.spec().write_metadata(self.hob_name(), m);
-        if let Architecture::Qwen2Moe(_, shared) = *self {
-            let key = keys::arch_key(self.hob_name(), keys::EXPERT_SHARED_FEED_FORWARD_LENGTH);
-            m.set(&key, u32_value(shared));
+        match self {
+            Architecture::Qwen2Moe(_, shared) => {
+                let key = keys::arch_key(self.hob_name(), keys::EXPERT_SHARED_FEED_FORWARD_LENGTH);
+                m.set(&key, u32_value(*shared));
+            }
+            Architecture::Phimoe(_, extras) => {
+                super::phimoe::write_metadata(extras, self.hob_name(), m)
+            }
+            _ => {}
         }
     }
 }
@@ -413,7 +434,7 @@ impl MixtralSpec {
     }
 
     /// The common fields; the experts' count and width are read from `experts` and `ffn`.
-    fn parse(f: &Fields, experts: &str, ffn: &str) -> Result<MixtralSpec, ImportError> {
+    pub(super) fn parse(f: &Fields, experts: &str, ffn: &str) -> Result<MixtralSpec, ImportError> {
         if f.get("rope_scaling").is_some() {
             return Err(ImportError::Unsupported {
                 path: f.path.to_path_buf(),

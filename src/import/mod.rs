@@ -13,6 +13,7 @@ use crate::format::{keys, DType, DenseSpec, ExpertShape, MetaValue, Metadata};
 pub mod arch;
 pub mod dtype;
 mod fields;
+mod phimoe;
 pub mod safetensors;
 pub mod synthetic;
 pub mod tokenizer;

@@ -1,5 +1,6 @@
 //! Hyper-parameters from the .hob metadata, for each supported architecture.
 
+use super::routing::Routing;
 use super::ModelError;
 use crate::format::keys::{self, arch_key};
 use crate::format::Metadata;
@@ -19,6 +20,21 @@ pub enum Architecture {
     /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): q/k/v biases, a shared expert beside the routed
     /// ones (scaled by a sigmoid gate), top-k weights not renormalized.
     Qwen2Moe,
+    /// Phi-3.5-MoE: LayerNorm (with biases), biases on q/k/v/o and the output head, sparsemixer
+    /// routing, LongRoPE.
+    Phimoe,
+}
+
+/// LongRoPE (Phi-3.5-MoE): per-dimension divisors of RoPE's frequencies and a scale of cos and
+/// sin, short below `original_context` and long above it (chosen by the context size, as
+/// llama.cpp does).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    pub original_context: usize,
+    pub short_factor: Vec<f32>,
+    pub long_factor: Vec<f32>,
+    pub short_mscale: f32,
+    pub long_mscale: f32,
 }
 
 /// Where an architecture normalizes q and k before RoPE.
@@ -31,11 +47,12 @@ pub enum QkNorm {
 }
 
 impl Architecture {
-    pub const SUPPORTED: [(&'static str, Architecture); 4] = [
+    pub const SUPPORTED: [(&'static str, Architecture); 5] = [
         ("mixtral", Architecture::Mixtral),
         ("qwen3moe", Architecture::Qwen3Moe),
         ("olmoe", Architecture::Olmoe),
         ("qwen2moe", Architecture::Qwen2Moe),
+        ("phimoe", Architecture::Phimoe),
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +61,7 @@ impl Architecture {
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Olmoe => "olmoe",
             Architecture::Qwen2Moe => "qwen2moe",
+            Architecture::Phimoe => "phimoe",
         }
     }
 
@@ -53,13 +71,19 @@ impl Architecture {
             Architecture::Mixtral => None,
             Architecture::Qwen3Moe => Some(QkNorm::PerHead),
             Architecture::Olmoe => Some(QkNorm::Whole),
-            Architecture::Qwen2Moe => None,
+            Architecture::Qwen2Moe | Architecture::Phimoe => None,
         }
     }
 
     /// Whether q, k and v have biases.
     pub fn attention_bias(self) -> bool {
-        matches!(self, Architecture::Qwen2Moe)
+        matches!(self, Architecture::Qwen2Moe | Architecture::Phimoe)
+    }
+
+    /// Whether the attention output and the output head have biases, and the norms are
+    /// LayerNorms with biases (Phi-3.5-MoE) rather than RMSNorms.
+    pub fn layer_norm_and_output_biases(self) -> bool {
+        matches!(self, Architecture::Phimoe)
     }
 
     /// Whether each MoE block has a shared expert (its width from the metadata).
@@ -67,15 +91,10 @@ impl Architecture {
         matches!(self, Architecture::Qwen2Moe)
     }
 
-    /// Whether the top-k softmax weights are renormalized to sum to 1 (transformers'
-    /// `norm_topk_prob`; Mixtral's top-k softmax is the same as renormalizing).
-    pub fn renormalizes_top_k(self) -> bool {
-        !matches!(self, Architecture::Olmoe | Architecture::Qwen2Moe)
-    }
-
-    /// Whether the CUDA backend runs this architecture (its device routing renormalizes).
+    /// Whether the CUDA backend runs this architecture: its routing is a renormalized top-k
+    /// softmax, its norms RMSNorms.
     pub fn runs_on_cuda(self) -> bool {
-        self.renormalizes_top_k()
+        matches!(self, Architecture::Mixtral | Architecture::Qwen3Moe)
     }
 }
 
@@ -121,6 +140,10 @@ pub struct ModelConfig {
     pub top_k: usize,
     /// The shared expert's FFN width, where the architecture has one.
     pub shared_ffn: Option<usize>,
+    /// Sparsemixer's relative margin (Phi-3.5-MoE's router_jitter_noise; 0 elsewhere).
+    pub router_jitter: f32,
+    /// LongRoPE's factors, where the architecture has them.
+    pub long_rope: Option<LongRope>,
     pub rms_eps: f32,
     pub rope_theta: f32,
     /// Training context length (the largest -c allowed).
@@ -178,6 +201,14 @@ impl ModelConfig {
             shared_ffn: match arch.shared_expert() {
                 true => Some(u(keys::EXPERT_SHARED_FEED_FORWARD_LENGTH)?),
                 false => None,
+            },
+            router_jitter: match arch {
+                Architecture::Phimoe => md.get_f32(&arch_key(a, keys::EXPERT_ROUTER_JITTER))?,
+                _ => 0.0,
+            },
+            long_rope: match arch {
+                Architecture::Phimoe => Some(long_rope(md, a, head_dim)?),
+                _ => None,
             },
             rms_eps: md.get_f32(&arch_key(a, keys::RMS_EPS))?,
             rope_theta: md.get_f32(&arch_key(a, keys::ROPE_FREQ_BASE))?,
@@ -287,6 +318,19 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// How the router's logits become routes.
+    pub fn routing(&self) -> Routing {
+        match self.arch {
+            Architecture::Mixtral | Architecture::Qwen3Moe => {
+                Routing::Softmax { renormalize: true }
+            }
+            Architecture::Olmoe | Architecture::Qwen2Moe => Routing::Softmax { renormalize: false },
+            Architecture::Phimoe => Routing::SparseMixer {
+                jitter_eps: self.router_jitter,
+            },
+        }
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
@@ -294,6 +338,39 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+}
+
+/// LongRoPE's keys of architecture `a`: both factor lists hold head_dim / 2 positive values.
+fn long_rope(md: &Metadata, a: &str, head_dim: usize) -> Result<LongRope, ModelError> {
+    let factors = |k: &str| -> Result<Vec<f32>, ModelError> {
+        let key = arch_key(a, k);
+        let bad = |value: String| ModelError::BadHyperParameter {
+            key: key.clone(),
+            value,
+            problem: format!("must be a list of {} positive numbers", head_dim / 2),
+        };
+        let Some(crate::format::MetaValue::Array { items, .. }) = md.get(&key) else {
+            return Err(bad("not a list".into()));
+        };
+        let values: Vec<f32> = items
+            .iter()
+            .filter_map(|v| match v {
+                crate::format::MetaValue::F32(x) if x.is_finite() && *x > 0.0 => Some(*x),
+                _ => None,
+            })
+            .collect();
+        if values.len() != items.len() || values.len() != head_dim / 2 {
+            return Err(bad(format!("{} items", items.len())));
+        }
+        Ok(values)
+    };
+    Ok(LongRope {
+        original_context: md.get_u32(&arch_key(a, keys::ROPE_SCALING_ORIG_CTX))? as usize,
+        short_factor: factors(keys::ROPE_SHORT_FACTOR)?,
+        long_factor: factors(keys::ROPE_LONG_FACTOR)?,
+        short_mscale: md.get_f32(&arch_key(a, keys::ROPE_SHORT_MSCALE))?,
+        long_mscale: md.get_f32(&arch_key(a, keys::ROPE_LONG_MSCALE))?,
+    })
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! plug in.
 
 use super::ops::{Backend, Route};
+use super::routing::Routing;
 use crate::quant::Matrix;
 
 /// One MoE layer's batch: t tokens' normalized inputs ([t, hidden]) and routes ([t, top_k],
@@ -22,8 +23,10 @@ pub struct MoeBlock<'a> {
     pub router: &'a Matrix<'a>,
     pub next: Option<&'a [f32]>,
     pub eps: f32,
-    /// Whether the top-k weights are renormalized to sum to 1 (`Architecture::renormalizes_top_k`).
-    pub renormalize: bool,
+    /// How the router's logits become routes (`Architecture::routing`).
+    pub routing: Routing,
+    /// The norm's bias where it is a LayerNorm (Phi-3.5-MoE), None for an RMSNorm.
+    pub norm_bias: Option<&'a [f32]>,
 }
 
 /// What `ExpertExecutor::forward_on_device` did with a decode layer's MoE block.

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::experts::{Batch, ExpertExecutor, MoeBlock, OnDevice};
 use super::ops::{AttentionShape, Backend, DecodeStep, QkvStep, Route, RouteOut};
+pub use super::routing::{route_softmax_top, route_softmax_topk};
 use super::weights::{LayerWeights, Weights};
 use super::{ModelConfig, ModelError};
 use crate::format::HobFile;
@@ -29,6 +30,8 @@ pub struct Model<'f> {
     w: Weights<'f>,
     /// RoPE inverse frequencies, [head_dim / 2], computed in f32 as transformers does.
     inv_freq: Vec<f32>,
+    /// LongRoPE's inverse frequencies with its long factors, where the model has them.
+    long_inv_freq: Option<Vec<f32>>,
 }
 
 /// Everything a sequence needs between calls: the KV cache and reusable activation buffers,
@@ -63,6 +66,8 @@ struct Pass {
     start: usize,
     t: usize,
     rows: Option<Range<usize>>,
+    /// LongRoPE's long factors apply (the context is longer than the model's original one).
+    long_rope: bool,
 }
 
 /// Activations for a batch of t tokens, grown to the largest batch seen, never per token.
@@ -153,15 +158,24 @@ impl<'f> Model<'f> {
         file.verify_dense_with(crate::format::crc_parallel)
             .map_err(ModelError::Data)?;
         let d = cfg.head_dim;
-        // transformers: 1 / base ** (arange(0, d, 2).float() / d), all in f32.
-        let inv_freq = (0..d / 2)
-            .map(|i| 1.0 / cfg.rope_theta.powf((2 * i) as f32 / d as f32))
-            .collect();
+        // transformers: 1 / (factor * base ** (arange(0, d, 2).float() / d)), all in f32; the
+        // factors are LongRoPE's (short, and long in long_inv_freq) or 1.
+        let freqs = |factors: Option<&[f32]>| -> Vec<f32> {
+            (0..d / 2)
+                .map(|i| {
+                    let f = factors.map_or(1.0, |f| f[i]);
+                    1.0 / (f * cfg.rope_theta.powf((2 * i) as f32 / d as f32))
+                })
+                .collect()
+        };
+        let inv_freq = freqs(cfg.long_rope.as_ref().map(|r| &r.short_factor[..]));
+        let long_inv_freq = cfg.long_rope.as_ref().map(|r| freqs(Some(&r.long_factor)));
         Ok(Model {
             cfg,
             file,
             w,
             inv_freq,
+            long_inv_freq,
         })
     }
 
@@ -277,6 +291,10 @@ impl<'f> Model<'f> {
                 start,
                 t,
                 rows: rows.clone(),
+                long_rope: cfg
+                    .long_rope
+                    .as_ref()
+                    .is_some_and(|r| st.ctx > r.original_context),
             };
             let host = (&mut st.routes[..], &mut st.router);
             self.layers_and_head(b, &mut st.kv, host, &pass, (backend, &mut *experts))
@@ -400,17 +418,26 @@ impl<'f> Model<'f> {
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
             if !std::mem::take(&mut normed) {
-                backend.rms_norm(&b.x, 0..t, &lw.attn_norm, cfg.rms_eps, &mut b.xn)?;
+                let bias = lw.biases.as_ref().map(|[attn, _, _]| &attn[..]);
+                self.norm(backend, (&b.x, 0..t), (&lw.attn_norm, bias), &mut b.xn)?;
             }
+            let (inv_freq, q_scale) = self.rope(pass.long_rope);
             let step = QkvStep {
                 t,
                 q_width: qd,
                 kv_width: kvd,
                 start,
                 layer: l,
-                inv_freq: &self.inv_freq,
+                inv_freq,
             };
             let q_in_att = self.attention_inputs(b, lw, &step, kv, backend)?;
+            if q_scale != 1.0 {
+                backend.scale(
+                    if q_in_att { &mut b.att } else { &mut b.q },
+                    t * qd,
+                    q_scale,
+                )?;
+            }
             let (q, att) = match q_in_att {
                 true => (&b.att, &mut b.q),
                 false => (&b.q, &mut b.att),
@@ -430,6 +457,9 @@ impl<'f> Model<'f> {
                 att,
             )?;
             backend.matmul_add(&lw.wo, att, t, &mut b.out, &mut b.x)?;
+            if let Some([_, _, o]) = &lw.biases {
+                backend.add_rows(&mut b.x, t, o)?;
+            }
 
             // Mixture-of-experts block: a decode token whose experts are all resident may be
             // routed and computed without leaving the device; otherwise routing comes to the
@@ -444,7 +474,8 @@ impl<'f> Model<'f> {
                     None => (rows == Some(0..1)).then_some(&self.w.output_norm[..]),
                 },
                 eps: cfg.rms_eps,
-                renormalize: cfg.arch.renormalizes_top_k(),
+                routing: cfg.routing(),
+                norm_bias: lw.biases.as_ref().map(|[_, ffn, _]| &ffn[..]),
             };
             if t == 1 && lw.shared.is_none() {
                 match experts.forward_on_device(backend, l, &block, &mut b.xn, &mut b.x)? {
@@ -475,12 +506,42 @@ impl<'f> Model<'f> {
         }
         if let Some(rows) = rows {
             let n = rows.len();
+            let biases = self.w.output_biases.as_ref();
             if !normed {
-                backend.rms_norm(&b.x, rows, &self.w.output_norm, cfg.rms_eps, &mut b.xn)?;
+                let norm = (&self.w.output_norm[..], biases.map(|[nb, _]| &nb[..]));
+                self.norm(backend, (&b.x, rows), norm, &mut b.xn)?;
             }
             backend.matmul(&self.w.output, &b.xn, n, &mut b.logits)?;
+            if let Some([_, head]) = biases {
+                backend.add_rows(&mut b.logits, n, head)?;
+            }
         }
         Ok(())
+    }
+
+    /// The architecture's norm of x's `rows` into out: RMSNorm, or LayerNorm where it has a bias.
+    fn norm<B: Backend>(
+        &self,
+        backend: &B,
+        (x, rows): (&B::Buf, Range<usize>),
+        (w, bias): (&[f32], Option<&[f32]>),
+        out: &mut B::Buf,
+    ) -> crate::Result<()> {
+        let eps = self.cfg.rms_eps;
+        match bias {
+            Some(b) => backend.layer_norm(x, rows, (w, b), eps, out),
+            None => backend.rms_norm(x, rows, w, eps, out),
+        }
+    }
+
+    /// RoPE's inverse frequencies and the factor q is scaled by (LongRoPE's cos/sin scale,
+    /// squared: it scales q and k alike), with LongRoPE's long factors or not.
+    fn rope(&self, long: bool) -> (&[f32], f32) {
+        match (&self.cfg.long_rope, &self.long_inv_freq) {
+            (Some(r), Some(f)) if long => (f, r.long_mscale * r.long_mscale),
+            (Some(r), _) => (&self.inv_freq, r.short_mscale * r.short_mscale),
+            _ => (&self.inv_freq, 1.0),
+        }
     }
 }
 
@@ -549,124 +610,9 @@ pub fn all_finite(x: &[f32]) -> bool {
         .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
 }
 
-/// Mixtral routing: softmax over all router logits, keep the top-k (ties: lower index first),
-/// renormalize their weights to sum to 1. `routes.len()` is k (at most `logits.len()`).
-///
-/// A non-finite logit (NaN, or an infinity) has no softmax: the routes are then experts
-/// 0..k with NaN weights, an index in range that the caller must not compute with (the
-/// forward pass refuses a NaN weight, naming the layer).
-pub fn route_softmax_topk(logits: &[f32], routes: &mut [Route]) {
-    route_softmax_top(logits, routes, true)
-}
-
-/// The softmax's top-k of `logits` into `routes`, renormalized over the top-k or not (OLMoE's
-/// and Qwen2-MoE's weights are the softmax's own); non-finite logits as in
-/// [`route_softmax_topk`].
-pub fn route_softmax_top(logits: &[f32], routes: &mut [Route], renormalize: bool) {
-    if !all_finite(logits) || routes.len() > logits.len() {
-        for (j, r) in routes.iter_mut().enumerate() {
-            *r = Route {
-                expert: j.min(logits.len().saturating_sub(1)),
-                weight: f32::NAN,
-            };
-        }
-        return;
-    }
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
-    for r in routes.iter_mut() {
-        *r = Route {
-            expert: usize::MAX,
-            weight: f32::NEG_INFINITY,
-        };
-    }
-    for (e, &l) in logits.iter().enumerate() {
-        let p = (l - max).exp() / sum;
-        // Insertion into the sorted top-k; strict > keeps the lower index first on ties.
-        if let Some(slot) = routes.iter().position(|r| p > r.weight) {
-            routes[slot..].rotate_right(1);
-            routes[slot] = Route {
-                expert: e,
-                weight: p,
-            };
-        }
-    }
-    if renormalize {
-        let total: f32 = routes.iter().map(|r| r.weight).sum();
-        for r in routes.iter_mut() {
-            r.weight /= total;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn routing_picks_top_k_and_renormalizes() {
-        let mut routes = vec![
-            Route {
-                expert: 0,
-                weight: 0.0
-            };
-            2
-        ];
-        route_softmax_topk(&[0.1, 2.0, -1.0, 1.0], &mut routes);
-        assert_eq!(routes[0].expert, 1);
-        assert_eq!(routes[1].expert, 3);
-        let (a, b) = (2.0f32.exp(), 1.0f32.exp());
-        assert!((routes[0].weight - a / (a + b)).abs() < 1e-6);
-        assert!((routes[0].weight + routes[1].weight - 1.0).abs() < 1e-6);
-        route_softmax_topk(&[1.0, 1.0, 1.0, 1.0], &mut routes);
-        assert_eq!((routes[0].expert, routes[1].expert), (0, 1));
-    }
-
-    #[test]
-    fn olmoe_routing_keeps_the_softmax_weights() {
-        let logits = [0.5f32, 2.0, -1.0, 1.0];
-        let sum: f32 = logits.iter().map(|l| l.exp()).sum();
-        let r0 = Route {
-            expert: 0,
-            weight: 0.0,
-        };
-        let (mut kept, mut renormalized) = ([r0; 2], [r0; 2]);
-        route_softmax_top(&logits, &mut kept, false);
-        route_softmax_top(&logits, &mut renormalized, true);
-        assert_eq!((kept[0].expert, kept[1].expert), (1, 3));
-        assert!((kept[0].weight - 2f32.exp() / sum).abs() < 1e-6);
-        assert!((kept[1].weight - 1f32.exp() / sum).abs() < 1e-6);
-        assert!((renormalized[0].weight + renormalized[1].weight - 1.0).abs() < 1e-6);
-    }
-
-    #[test]
-    fn nan_router_logit_is_an_error_not_a_panic() {
-        // A NaN logit made every softmax weight NaN: no expert beat the sentinel and the
-        // route kept expert usize::MAX, which panicked in the file's expert lookup.
-        let mut routes = vec![
-            Route {
-                expert: 7,
-                weight: 0.5
-            };
-            2
-        ];
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            route_softmax_topk(&[0.1, bad, -1.0, 1.0], &mut routes);
-            for (j, r) in routes.iter().enumerate() {
-                assert_eq!(r.expert, j, "{bad}: an expert in range");
-                assert!(
-                    r.weight.is_nan(),
-                    "{bad}: a weight the forward pass refuses"
-                );
-            }
-        }
-        assert!(all_finite(&[0.0; 1000]));
-        let mut v = vec![1.0f32; 1000];
-        v[999] = f32::INFINITY;
-        assert!(!all_finite(&v));
-        v[999] = f32::NAN;
-        assert!(!all_finite(&v[500..]));
-    }
 
     #[test]
     fn rms_norm_matches_definition() {

@@ -13,6 +13,7 @@ pub mod device;
 pub mod experts;
 pub mod forward;
 pub mod ops;
+pub mod routing;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};

@@ -7,6 +7,7 @@
 //! device backend keeps resident copies of them (uploaded once) and finds them by that view.
 
 use super::experts::MoeBlock;
+use super::routing::Routing;
 use crate::quant::Matrix;
 
 /// One routed expert of one token: which expert and its (renormalized) gate weight.
@@ -181,6 +182,40 @@ pub trait Backend {
     /// x[..n] += y[..n].
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf, n: usize) -> crate::Result<()>;
 
+    /// LayerNorm of x's rows `rows` (each w.len() wide) into out's rows 0..rows.len():
+    /// (x - mean) / sqrt(var + eps) * w + b (Phi-3.5-MoE). The default works through host
+    /// copies.
+    fn layer_norm(
+        &self,
+        x: &Self::Buf,
+        rows: std::ops::Range<usize>,
+        (w, b): (&[f32], &[f32]),
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> crate::Result<()> {
+        let n = w.len();
+        let mut host = vec![0.0; rows.end * n];
+        self.download(x, &mut host)?;
+        let mut normed = host.split_off(rows.start * n);
+        for row in normed.chunks_exact_mut(n.max(1)) {
+            let mean = row.iter().sum::<f32>() / n as f32;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+            let inv = 1.0 / (var + eps).sqrt();
+            for ((v, g), c) in row.iter_mut().zip(w).zip(b) {
+                *v = (*v - mean) * inv * g + c;
+            }
+        }
+        self.upload(&normed, out)
+    }
+
+    /// x[..n] *= factor. The default works through host copies.
+    fn scale(&self, x: &mut Self::Buf, n: usize, factor: f32) -> crate::Result<()> {
+        let mut host = vec![0.0; n];
+        self.download(x, &mut host)?;
+        host.iter_mut().for_each(|v| *v *= factor);
+        self.upload(&host, x)
+    }
+
     /// Each of x's `t` rows += `bias` (attention biases). The default works through host
     /// copies; a backend may do it in place.
     fn add_rows(&self, x: &mut Self::Buf, t: usize, bias: &[f32]) -> crate::Result<()> {
@@ -298,14 +333,13 @@ pub trait Backend {
         self.add_assign(out, tmp, t * w.rows)
     }
 
-    /// Routing of t tokens ([`route_softmax_top`](super::forward::route_softmax_top), top-k
-    /// weights renormalized or not) from their router logits ([t, n_experts] in `logits`):
+    /// Routing of t tokens by `routing` from their router logits ([t, n_experts] in `logits`):
     /// `routes` ([t, k]) on the host.
     /// `host` is room the default uses for the logits.
     fn route(
         &self,
         logits: &Self::Buf,
-        (t, n_experts, renormalize): (usize, usize, bool),
+        (t, n_experts, routing): (usize, usize, Routing),
         routes: &mut [Route],
         host: &mut Vec<f32>,
     ) -> crate::Result<()> {
@@ -313,7 +347,7 @@ pub trait Backend {
         self.download(logits, host)?;
         let k = routes.len() / t.max(1);
         for (l, r) in host.chunks_exact(n_experts).zip(routes.chunks_exact_mut(k)) {
-            super::forward::route_softmax_top(l, r, renormalize);
+            routing.route(l, r);
         }
         Ok(())
     }
@@ -328,9 +362,12 @@ pub trait Backend {
         block: &MoeBlock<'_>,
         out: RouteOut<'_, Self>,
     ) -> crate::Result<()> {
-        self.rms_norm(x, 0..t, block.norm, block.eps, out.xn)?;
+        match block.norm_bias {
+            Some(b) => self.layer_norm(x, 0..t, (block.norm, b), block.eps, out.xn)?,
+            None => self.rms_norm(x, 0..t, block.norm, block.eps, out.xn)?,
+        }
         self.matmul(block.router, out.xn, t, out.logits)?;
-        let shape = (t, block.router.rows, block.renormalize);
+        let shape = (t, block.router.rows, block.routing);
         self.route(out.logits, shape, out.routes, out.host)
     }
 

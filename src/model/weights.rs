@@ -26,6 +26,9 @@ pub struct LayerWeights<'f> {
     pub qkv_bias: Option<[Vec<f32>; 3]>,
     /// The shared expert, where the architecture has one.
     pub shared: Option<SharedExpert<'f>>,
+    /// LayerNorm biases of attn_norm and ffn_norm, and the attention output's bias
+    /// (Phi-3.5-MoE).
+    pub biases: Option<[Vec<f32>; 3]>,
 }
 
 /// An FFN every token runs beside its routed experts, scaled by sigmoid(gate · x).
@@ -47,6 +50,8 @@ pub struct Weights<'f> {
     pub output_norm: Vec<f32>,
     /// (vocab, hidden); the embedding itself when tied.
     pub output: Matrix<'f>,
+    /// The output norm's LayerNorm bias and the output head's bias (Phi-3.5-MoE).
+    pub output_biases: Option<[Vec<f32>; 2]>,
 }
 
 impl<'f> Weights<'f> {
@@ -92,6 +97,14 @@ impl<'f> Weights<'f> {
                             gate_inp: mat(&blk(l, keys::FFN_GATE_INP_SHEXP), 1, h)?,
                         }),
                     },
+                    biases: match cfg.arch.layer_norm_and_output_biases() {
+                        false => None,
+                        true => Some([
+                            norm(&blk(l, keys::ATTN_NORM_BIAS))?,
+                            norm(&blk(l, keys::FFN_NORM_BIAS))?,
+                            norm(&blk(l, keys::ATTN_OUTPUT_BIAS))?,
+                        ]),
+                    },
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -106,6 +119,13 @@ impl<'f> Weights<'f> {
             layers,
             output_norm: norm(keys::OUTPUT_NORM)?,
             output,
+            output_biases: match cfg.arch.layer_norm_and_output_biases() {
+                false => None,
+                true => Some([
+                    norm(keys::OUTPUT_NORM_BIAS)?,
+                    vector(file, keys::OUTPUT_BIAS, cfg.vocab)?,
+                ]),
+            },
         })
     }
 }

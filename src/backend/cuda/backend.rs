@@ -2,6 +2,7 @@
 //! recorded as CUDA graphs and replayed, and what it reports (model::ops::Telemetry).
 
 use super::*;
+use crate::model::routing::Routing;
 
 /// The KV cache on the device: (layer, ctx, kv_dim) f16 keys and values.
 pub struct CudaKv {
@@ -470,15 +471,14 @@ impl Backend for CudaBackend {
     fn route(
         &self,
         logits: &CudaSlice<f32>,
-        (t, n_experts, renormalize): (usize, usize, bool),
+        (t, n_experts, routing): (usize, usize, Routing),
         routes: &mut [Route],
         host: &mut Vec<f32>,
     ) -> crate::Result<()> {
-        if !renormalize {
-            return Err(Error::Invalid(
-                "CUDA routing renormalizes the top-k weights; this model's are used as they are"
-                    .into(),
-            ));
+        if !routing.is_renormalized_softmax() {
+            return Err(Error::Invalid(format!(
+                "CUDA routing is a renormalized top-k softmax; this model's is {routing:?}"
+            )));
         }
         let k = routes.len() / t.max(1);
         check_len("route input", logits.len(), t * n_experts)?;
@@ -495,9 +495,12 @@ impl Backend for CudaBackend {
         block: &MoeBlock<'_>,
         out: RouteOut<'_, Self>,
     ) -> crate::Result<()> {
+        if block.norm_bias.is_some() {
+            return Err(Error::Invalid("the CUDA backend has no LayerNorm".into()));
+        }
         let (norm, eps, router) = (block.norm, block.eps, block.router);
         let (n, ne, k) = (router.cols, router.rows, out.routes.len());
-        if t == 1 && k <= self.scratch_len / 2 && block.renormalize {
+        if t == 1 && k <= self.scratch_len / 2 && block.routing.is_renormalized_softmax() {
             // One token: RMSNorm, the router and top-k in one launch (the same results as the
             // three launches: moe_route_norm).
             check_len("norm_route input", x.len(), n)?;
@@ -515,7 +518,7 @@ impl Backend for CudaBackend {
         }
         self.rms_norm(x, 0..t, norm, eps, out.xn)?;
         self.matmul(router, out.xn, t, out.logits)?;
-        self.route(out.logits, (t, ne, block.renormalize), out.routes, out.host)
+        self.route(out.logits, (t, ne, block.routing), out.routes, out.host)
     }
 
     fn decode_step(&self, key: u64, pos: usize) -> crate::Result<DecodeStep> {

@@ -1,0 +1,209 @@
+//! Routing rules: which experts a token's router logits pick, with which weights. Each
+//! architecture names its rule (`Architecture::routing`).
+
+use super::forward::all_finite;
+use super::ops::Route;
+
+/// How an architecture turns router logits into routes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Routing {
+    /// Softmax over all logits, the top k; their weights renormalized to sum to 1 (Mixtral,
+    /// Qwen3-MoE) or used as they are (OLMoE, Qwen2-MoE).
+    Softmax { renormalize: bool },
+    /// Phi-3.5-MoE's sparsemixer at inference: two experts, each weighted by a softmax over the
+    /// logits within a relative `jitter_eps` margin of the best remaining one.
+    SparseMixer { jitter_eps: f32 },
+}
+
+impl Routing {
+    /// The routes ([k]) of one token's router `logits`.
+    pub fn route(self, logits: &[f32], routes: &mut [Route]) {
+        match self {
+            Routing::Softmax { renormalize } => route_softmax_top(logits, routes, renormalize),
+            Routing::SparseMixer { jitter_eps } => route_sparsemixer(logits, routes, jitter_eps),
+        }
+    }
+
+    /// Whether the weights are renormalized top-k softmax weights (what the CUDA routing does).
+    pub fn is_renormalized_softmax(self) -> bool {
+        self == Routing::Softmax { renormalize: true }
+    }
+}
+
+/// Routes in range with NaN weights, for logits that have no softmax: the forward pass refuses a
+/// NaN weight, naming the layer.
+fn refuse(logits: &[f32], routes: &mut [Route]) {
+    for (j, r) in routes.iter_mut().enumerate() {
+        *r = Route {
+            expert: j.min(logits.len().saturating_sub(1)),
+            weight: f32::NAN,
+        };
+    }
+}
+
+/// Mixtral routing: softmax over all router logits, keep the top-k (ties: lower index first),
+/// renormalize their weights to sum to 1. `routes.len()` is k (at most `logits.len()`).
+///
+/// A non-finite logit (NaN, or an infinity) has no softmax: the routes are then experts
+/// 0..k with NaN weights, an index in range that the caller must not compute with (the
+/// forward pass refuses a NaN weight, naming the layer).
+pub fn route_softmax_topk(logits: &[f32], routes: &mut [Route]) {
+    route_softmax_top(logits, routes, true)
+}
+
+/// The softmax's top-k of `logits` into `routes`, renormalized over the top-k or not (OLMoE's
+/// and Qwen2-MoE's weights are the softmax's own); non-finite logits as in
+/// [`route_softmax_topk`].
+pub fn route_softmax_top(logits: &[f32], routes: &mut [Route], renormalize: bool) {
+    if !all_finite(logits) || routes.len() > logits.len() {
+        return refuse(logits, routes);
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    for r in routes.iter_mut() {
+        *r = Route {
+            expert: usize::MAX,
+            weight: f32::NEG_INFINITY,
+        };
+    }
+    for (e, &l) in logits.iter().enumerate() {
+        let p = (l - max).exp() / sum;
+        // Insertion into the sorted top-k; strict > keeps the lower index first on ties.
+        if let Some(slot) = routes.iter().position(|r| p > r.weight) {
+            routes[slot..].rotate_right(1);
+            routes[slot] = Route {
+                expert: e,
+                weight: p,
+            };
+        }
+    }
+    if renormalize {
+        let total: f32 = routes.iter().map(|r| r.weight).sum();
+        for r in routes.iter_mut() {
+            r.weight /= total;
+        }
+    }
+}
+
+/// Phi-3.5-MoE's sparsemixer, as transformers computes it at inference, for k = 2: the best
+/// expert, weighted by the softmax over the logits s with (max - s) / max(|s|, max) <= 2 eps;
+/// then the same over the other experts for the second.
+pub fn route_sparsemixer(logits: &[f32], routes: &mut [Route], jitter_eps: f32) {
+    if !all_finite(logits) || routes.len() != 2 || logits.len() < 2 {
+        return refuse(logits, routes);
+    }
+    let mut excluded = None;
+    for r in routes.iter_mut() {
+        // The best logit not excluded (ties: the lower index, as torch.max).
+        let (mut best, mut max) = (0, f32::NEG_INFINITY);
+        for (e, &l) in logits.iter().enumerate() {
+            if Some(e) != excluded && l > max {
+                (best, max) = (e, l);
+            }
+        }
+        // The softmax over the logits within the margin, evaluated at the best one.
+        let kept = |e: usize, l: f32| {
+            Some(e) != excluded && (max - l) / l.abs().max(max) <= 2.0 * jitter_eps
+        };
+        let sum: f32 = logits
+            .iter()
+            .enumerate()
+            .filter(|&(e, &l)| kept(e, l))
+            .map(|(_, &l)| (l - max).exp())
+            .sum();
+        *r = Route {
+            expert: best,
+            weight: 1.0 / sum,
+        };
+        excluded = Some(best);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_picks_top_k_and_renormalizes() {
+        let mut routes = vec![
+            Route {
+                expert: 0,
+                weight: 0.0
+            };
+            2
+        ];
+        route_softmax_topk(&[0.1, 2.0, -1.0, 1.0], &mut routes);
+        assert_eq!(routes[0].expert, 1);
+        assert_eq!(routes[1].expert, 3);
+        let (a, b) = (2.0f32.exp(), 1.0f32.exp());
+        assert!((routes[0].weight - a / (a + b)).abs() < 1e-6);
+        assert!((routes[0].weight + routes[1].weight - 1.0).abs() < 1e-6);
+        route_softmax_topk(&[1.0, 1.0, 1.0, 1.0], &mut routes);
+        assert_eq!((routes[0].expert, routes[1].expert), (0, 1));
+    }
+
+    #[test]
+    fn olmoe_routing_keeps_the_softmax_weights() {
+        let logits = [0.5f32, 2.0, -1.0, 1.0];
+        let sum: f32 = logits.iter().map(|l| l.exp()).sum();
+        let r0 = Route {
+            expert: 0,
+            weight: 0.0,
+        };
+        let (mut kept, mut renormalized) = ([r0; 2], [r0; 2]);
+        route_softmax_top(&logits, &mut kept, false);
+        route_softmax_top(&logits, &mut renormalized, true);
+        assert_eq!((kept[0].expert, kept[1].expert), (1, 3));
+        assert!((kept[0].weight - 2f32.exp() / sum).abs() < 1e-6);
+        assert!((kept[1].weight - 1f32.exp() / sum).abs() < 1e-6);
+        assert!((renormalized[0].weight + renormalized[1].weight - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn nan_router_logit_is_an_error_not_a_panic() {
+        // A NaN logit made every softmax weight NaN: no expert beat the sentinel and the
+        // route kept expert usize::MAX, which panicked in the file's expert lookup.
+        let mut routes = vec![
+            Route {
+                expert: 7,
+                weight: 0.5
+            };
+            2
+        ];
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            route_softmax_topk(&[0.1, bad, -1.0, 1.0], &mut routes);
+            for (j, r) in routes.iter().enumerate() {
+                assert_eq!(r.expert, j, "{bad}: an expert in range");
+                assert!(
+                    r.weight.is_nan(),
+                    "{bad}: a weight the forward pass refuses"
+                );
+            }
+        }
+        assert!(all_finite(&[0.0; 1000]));
+        let mut v = vec![1.0f32; 1000];
+        v[999] = f32::INFINITY;
+        assert!(!all_finite(&v));
+        v[999] = f32::NAN;
+        assert!(!all_finite(&v[500..]));
+    }
+
+    #[test]
+    fn sparsemixer_weights_the_experts_within_its_margin() {
+        let r0 = Route {
+            expert: 0,
+            weight: 0.0,
+        };
+        let mut routes = [r0; 2];
+        // Far apart: each pick alone in its margin, weight 1.
+        route_sparsemixer(&[0.0, 10.0, 5.0, -3.0], &mut routes, 0.01);
+        assert_eq!((routes[0].expert, routes[1].expert), (1, 2));
+        assert_eq!((routes[0].weight, routes[1].weight), (1.0, 1.0));
+        // Two logits within 2 eps of the best share the first softmax.
+        route_sparsemixer(&[10.0, 9.9, 0.0, 0.0], &mut routes, 0.01);
+        let p = 1.0 / (1.0 + (-0.1f32).exp());
+        assert_eq!(routes[0].expert, 0);
+        assert!((routes[0].weight - p).abs() < 1e-6, "{routes:?}");
+        assert_eq!(routes[1].expert, 1);
+    }
+}
