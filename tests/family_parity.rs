@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{convert_dir, family_dir, nmse, reference_ids, reference_in};
+use common::{convert_dir, family_dir, hob, nmse, reference_ids, reference_in};
 use hob::backend::cpu::CpuBackend;
 use hob::experts::DirectExperts;
 use hob::format::{keys, HobFile};
@@ -216,4 +216,48 @@ fn phimoe_long_context_switches_to_longrope_long_factors() {
         e.is_finite() && e > 1e-3,
         "the long factors were not applied: NMSE {e}"
     );
+}
+
+/// generation_config.json's eos_token_id list ends answers: Qwen's <|im_end|> (EOS) and
+/// <|endoftext|>.
+#[test]
+fn qwen3_moe_stops_at_every_generation_config_eos_token() {
+    let (_tmp, path) = convert_dir(&family_dir("qwen3-moe"), "f16", &[]);
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let tok = hob::cli::engine::tokenizer(&file, &model.cfg).unwrap();
+    let end = |t: &str| tok.is_eos(tok.token_to_id(t).unwrap());
+    assert!(end("<|im_end|>") && end("<|endoftext|>"));
+    assert!(!end("<|im_start|>"));
+}
+
+#[test]
+fn a_stop_token_outside_the_vocabulary_is_refused_by_file_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for entry in std::fs::read_dir(family_dir("qwen3-moe")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(
+        src.join("generation_config.json"),
+        r#"{"eos_token_id": [2, 99999]}"#,
+    )
+    .unwrap();
+    let out = tmp.path().join("m.hob");
+    let (ok, _, stderr) = hob(&[
+        "convert",
+        "--from",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--no-progress",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("generation_config.json") && stderr.contains("eos_token_id"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
 }

@@ -527,7 +527,7 @@ pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> 
     };
     let eos = cfg.eos.ok_or_else(|| missing(keys::EOS_TOKEN_ID))?;
     // Name the file and the metadata key that hold the bad value.
-    Tokenizer::from_json(json, bos, eos, cfg.add_bos).map_err(|e| {
+    let mut tok = Tokenizer::from_json(json, bos, eos, cfg.add_bos).map_err(|e| {
         use crate::format::FormatError;
         use crate::generate::GenerateError;
         let key = match &e {
@@ -545,5 +545,24 @@ pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> 
         }
         .in_file(file.path())
         .into()
-    })
+    })?;
+    // Every token that ends an answer (Qwen's <|im_end|> and <|endoftext|>).
+    use crate::format::MetaValue;
+    if let Some(MetaValue::Array { items, .. }) = file.metadata().get(keys::STOP_TOKEN_IDS) {
+        for item in items {
+            let bad = |detail: String| -> Error {
+                crate::format::FormatError::Metadata {
+                    key: keys::STOP_TOKEN_IDS.to_string(),
+                    detail,
+                }
+                .in_file(file.path())
+                .into()
+            };
+            let MetaValue::U32(id) = item else {
+                return Err(bad(format!("{item:?} is not a token id")));
+            };
+            tok.add_stop_id(*id).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    Ok(tok)
 }

@@ -40,6 +40,8 @@ pub const TOKENIZER_HF_JSON: &str = "tokenizer.huggingface.json";
 pub const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
 pub const BOS_TOKEN_ID: &str = "tokenizer.ggml.bos_token_id";
 pub const EOS_TOKEN_ID: &str = "tokenizer.ggml.eos_token_id";
+/// Every token that ends an answer (generation_config.json's eos_token_id list), EOS included.
+pub const STOP_TOKEN_IDS: &str = "hob.stop_token_ids";
 /// Whether the tokenizer_config.json asked for BOS to be prepended (`add_bos_token`).
 pub const ADD_BOS_TOKEN: &str = "tokenizer.ggml.add_bos_token";
 

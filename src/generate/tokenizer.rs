@@ -209,6 +209,22 @@ impl Tokenizer {
         Ok(id)
     }
 
+    /// Also stop generation at token `id` (from the model's list of stop tokens); an id outside
+    /// the vocabulary is an error.
+    pub fn add_stop_id(&mut self, id: u32) -> Result<(), GenerateError> {
+        if id as usize >= self.vocab_size {
+            return Err(GenerateError::SpecialIdOutOfRange {
+                field: "stop token",
+                id,
+                vocab_size: self.vocab_size,
+            });
+        }
+        if !self.eos_ids.contains(&id) {
+            self.eos_ids.push(id);
+        }
+        Ok(())
+    }
+
     /// Whether `id` ends generation: EOS or a token added by [`Tokenizer::add_stop_token`].
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos_ids.contains(&id)

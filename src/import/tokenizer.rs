@@ -16,6 +16,9 @@ pub struct TokenizerFiles {
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     pub add_bos: bool,
+    /// generation_config.json's `eos_token_id` list: every token that ends an answer (Qwen's
+    /// <|im_end|> and <|endoftext|>), EOS included.
+    pub stop_ids: Vec<u32>,
 }
 
 impl TokenizerFiles {
@@ -91,12 +94,14 @@ impl TokenizerFiles {
             Some(Value::Bool(b)) => *b,
             Some(v) => return Err(field_err(&config_path, "add_bos_token", "true or false", v)),
         };
+        let stop_ids = stop_ids(dir, tokenizer.get_vocab_size(true))?;
         Ok(TokenizerFiles {
             json,
             chat_template,
             bos_id,
             eos_id,
             add_bos,
+            stop_ids,
         })
     }
 
@@ -115,7 +120,42 @@ impl TokenizerFiles {
             m.set(keys::EOS_TOKEN_ID, MetaValue::U32(id));
         }
         m.set(keys::ADD_BOS_TOKEN, MetaValue::Bool(self.add_bos));
+        if !self.stop_ids.is_empty() {
+            let items = self.stop_ids.iter().map(|&id| MetaValue::U32(id)).collect();
+            // GGUF's uint32 element type.
+            let list = MetaValue::Array {
+                elem_type: 4,
+                items,
+            };
+            m.set(keys::STOP_TOKEN_IDS, list);
+        }
     }
+}
+
+/// generation_config.json's `eos_token_id` (an id or a list of ids), if the file is there; each
+/// id must be in the vocabulary of `vocab` tokens.
+fn stop_ids(dir: &Path, vocab: usize) -> Result<Vec<u32>, ImportError> {
+    let path = dir.join("generation_config.json");
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let config = read_json(&path)?;
+    let field = "eos_token_id";
+    let values = match config.get(field) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items.clone(),
+        Some(v) => vec![v.clone()],
+    };
+    let expected = format!("a token id below {vocab} or a list of them");
+    values
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|&n| (n as usize) < vocab)
+                .ok_or_else(|| field_err(&path, field, &expected, &config[field]))
+        })
+        .collect()
 }
 
 fn field_err(path: &Path, field: &str, expected: &str, found: &Value) -> ImportError {
