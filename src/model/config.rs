@@ -113,6 +113,8 @@ pub mod limits {
     /// RoPE's base: below 1 the frequencies grow with the dimension, and a tiny base
     /// overflows them to infinity (a NaN at the first rotation).
     pub const ROPE_FREQ_BASE: (f32, f32) = (1.0, 1e12);
+    /// LongRoPE's scale of cos and sin (Phi-3.5-MoE's is 1.24).
+    pub const ROPE_MSCALE: (f32, f32) = (0.01, 100.0);
 }
 
 /// A float as a person writes it: 1e-5, 1000000, 1e12, 1e-45, NaN.
@@ -298,6 +300,17 @@ impl ModelConfig {
                 keys::ROPE_FREQ_BASE,
                 self.rope_theta,
                 limits::ROPE_FREQ_BASE,
+            ),
+            (keys::EXPERT_ROUTER_JITTER, self.router_jitter, (0.0, 1.0)),
+            (
+                keys::ROPE_SHORT_MSCALE,
+                self.long_rope.as_ref().map_or(1.0, |r| r.short_mscale),
+                limits::ROPE_MSCALE,
+            ),
+            (
+                keys::ROPE_LONG_MSCALE,
+                self.long_rope.as_ref().map_or(1.0, |r| r.long_mscale),
+                limits::ROPE_MSCALE,
             ),
         ] {
             // (NaN is in no range.)
