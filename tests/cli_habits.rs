@@ -199,11 +199,7 @@ fn convert_changed(
     cfg: impl FnOnce(&mut serde_json::Value),
 ) -> PathBuf {
     let src = dir.join("src");
-    std::fs::create_dir(&src).unwrap();
-    for entry in std::fs::read_dir(fixture_dir()).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
-    }
+    common::copy_checkpoint(&fixture_dir(), &src);
     for (name, change) in [
         (
             "tokenizer_config.json",

@@ -235,11 +235,7 @@ fn qwen3_moe_stops_at_every_generation_config_eos_token() {
 fn a_stop_token_outside_the_vocabulary_is_refused_by_file_and_field() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    for entry in std::fs::read_dir(family_dir("qwen3-moe")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
-    }
+    common::copy_checkpoint(&family_dir("qwen3-moe"), &src);
     std::fs::write(
         src.join("generation_config.json"),
         r#"{"eos_token_id": [2, 99999]}"#,

@@ -7,48 +7,15 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::gpu::gpu;
+use common::gpu::{cpu_session, engine_session, gpu, gpu_session};
 use common::{convert_fixture, nmse, reference};
 use hob::backend::cpu::CpuBackend;
-use hob::backend::cuda::{CudaBackend, Gpu};
 use hob::experts::cache::Policy;
 use hob::experts::engine::{EngineConfig, Tier};
-use hob::experts::{DirectExperts, Engine, PrecisionPlan, Thresholds};
+use hob::experts::{DirectExperts, PrecisionPlan, Thresholds};
 use hob::format::HobFile;
 use hob::generate::{Bound, Session};
 use hob::model::{Logits, Model};
-
-/// A GPU session on `file` with an expert cache of `slots` experts (None: all).
-fn gpu_session<'a>(
-    g: &Arc<Gpu>,
-    file: &'a HobFile,
-    model: &'a Model<'a>,
-    slots: Option<usize>,
-) -> Box<dyn Session + 'a> {
-    let slot = file.expert_layout(0).padded_size;
-    let mut cfg = EngineConfig::simple(0, slots.map(|n| n * slot));
-    cfg.tuning.preload = slots.is_none();
-    engine_session(g, model, cfg)
-}
-
-/// A GPU session with the expert engine configured by `cfg`.
-fn engine_session<'a>(
-    g: &Arc<Gpu>,
-    model: &'a Model<'a>,
-    cfg: EngineConfig,
-) -> Box<dyn Session + 'a> {
-    let mut backend = CudaBackend::new(g.clone(), model).unwrap();
-    let experts = Engine::new(model, &mut backend, cfg).unwrap();
-    Box::new(Bound::new(model, backend, Box::new(experts), 128, "cuda".into()).unwrap())
-}
-
-fn cpu_session<'a>(file: &'a HobFile, model: &'a Model<'a>) -> Box<dyn Session + 'a> {
-    let backend = CpuBackend::new(2).unwrap();
-    let experts = DirectExperts::new(file, 0).unwrap();
-    Box::new(Bound::new(model, backend, Box::new(experts), 128, "cpu".into()).unwrap())
-}
 
 fn argmax(v: &[f32]) -> u32 {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32

@@ -5,38 +5,11 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::gpu::gpu;
+use common::gpu::{cpu_session, gpu, gpu_session};
 use common::{convert_dir, family_dir, hob, nmse, reference_in};
-use hob::backend::cpu::CpuBackend;
-use hob::backend::cuda::{CudaBackend, Gpu};
-use hob::experts::engine::EngineConfig;
-use hob::experts::{DirectExperts, Engine};
 use hob::format::HobFile;
-use hob::generate::{Bound, Session};
+use hob::generate::Session;
 use hob::model::{Logits, Model};
-
-/// A GPU session with an expert cache of `slots` experts (None: all resident).
-fn gpu_session<'a>(
-    g: &Arc<Gpu>,
-    file: &'a HobFile,
-    model: &'a Model<'a>,
-    slots: Option<usize>,
-) -> Box<dyn Session + 'a> {
-    let slot = file.expert_layout(0).padded_size;
-    let mut cfg = EngineConfig::simple(0, slots.map(|n| n * slot));
-    cfg.tuning.preload = slots.is_none();
-    let mut backend = CudaBackend::new(g.clone(), model).unwrap();
-    let experts = Engine::new(model, &mut backend, cfg).unwrap();
-    Box::new(Bound::new(model, backend, Box::new(experts), 128, "cuda".into()).unwrap())
-}
-
-fn cpu_session<'a>(file: &'a HobFile, model: &'a Model<'a>) -> Box<dyn Session + 'a> {
-    let backend = CpuBackend::new(2).unwrap();
-    let experts = DirectExperts::new(file, 0).unwrap();
-    Box::new(Bound::new(model, backend, Box::new(experts), 128, "cpu".into()).unwrap())
-}
 
 fn argmax(v: &[f32]) -> u32 {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32

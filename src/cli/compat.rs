@@ -174,10 +174,15 @@ pub fn normalize(cli: &Command, args: Vec<OsString>) -> crate::Result<Normalized
             out.args.push(token);
             continue;
         }
-        let flag = match find(&cmd, &text) {
-            Some(_) => text,
-            None => match habit(&text) {
-                Some(Habit::Alias(long)) if find(&cmd, long).is_some() => long.to_string(),
+        let habit = habit(&text);
+        let alias = match habit {
+            Some(Habit::Alias(long)) => find(&cmd, long).map(|arg| (long.to_string(), arg)),
+            _ => None,
+        };
+        let (flag, arg) = match (find(&cmd, &text), alias) {
+            (Some(arg), _) => (text, arg),
+            (None, Some(alias)) => alias,
+            (None, None) => match habit {
                 Some(Habit::Alias(_)) | None => {
                     check_unknown(&cmd, &text)?;
                     out.args.push(token);
@@ -213,22 +218,21 @@ pub fn normalize(cli: &Command, args: Vec<OsString>) -> crate::Result<Normalized
                 }
             },
         };
-        let arg = find(&cmd, &flag).expect("found above");
         // A value that starts with '-' (`-c -1`, `-p -`, `-p "-x"`) goes with its flag, as
         // llama.cpp reads it; clap would take it for a flag.
         let hyphen_value = rest
             .front()
             .and_then(|v| v.to_str())
             .is_some_and(|v| v.starts_with('-'));
-        match (takes_one_value(arg), arg.get_long(), hyphen_value) {
-            (true, Some(long), true) => {
-                let value = rest.pop_front().expect("checked");
+        let joined = match arg.get_long() {
+            Some(long) if takes_one_value(arg) && hyphen_value => rest.pop_front().map(|value| {
                 let mut joined = OsString::from(format!("--{long}="));
                 joined.push(value);
-                out.args.push(joined);
-            }
-            _ => out.args.push(flag.into()),
-        }
+                joined
+            }),
+            _ => None,
+        };
+        out.args.push(joined.unwrap_or_else(|| flag.into()));
     }
     Ok(out)
 }

@@ -274,73 +274,23 @@ impl MixtralSpec {
     /// Qwen3MoeForCausalLM's config: `num_experts` (hub) or `num_local_experts` (saved by
     /// transformers 5), `moe_intermediate_size`; what hob does not run yet is refused by field.
     fn from_qwen3(f: &Fields) -> Result<MixtralSpec, ImportError> {
-        let unsupported = |field: &str, detail: &str| ImportError::Unsupported {
-            path: f.path.to_path_buf(),
-            what: format!("'{field}'"),
-            detail: format!("found {}; {detail}", f.obj[field]),
-        };
-        if f.opt_usize("decoder_sparse_step")?.is_some_and(|s| s != 1) {
-            let d = "hob runs every layer sparse (decoder_sparse_step 1)";
-            return Err(unsupported("decoder_sparse_step", d));
-        }
-        if f.get("mlp_only_layers")
-            .and_then(|v| v.as_array())
-            .is_some_and(|a| !a.is_empty())
-        {
-            let d = "hob runs every layer sparse (no dense-MLP layers)";
-            return Err(unsupported("mlp_only_layers", d));
-        }
-        if !f.bool_or("norm_topk_prob", false)? {
-            let d = "hob renormalizes the top-k weights (norm_topk_prob true)";
-            return Err(unsupported("norm_topk_prob", d));
-        }
-        if f.bool_or("attention_bias", false)? {
-            return Err(unsupported(
-                "attention_bias",
-                "hob runs attention without biases",
-            ));
-        }
-        let experts = match f.get("num_experts") {
-            Some(_) => "num_experts",
-            None => "num_local_experts",
-        };
-        Self::parse(f, experts, "moe_intermediate_size")
+        require_all_sparse(f)?;
+        let renorm = "hob renormalizes the top-k weights (norm_topk_prob true)";
+        require_bool(f, ("norm_topk_prob", false), true, renorm)?;
+        let bias = "hob runs attention without biases";
+        require_bool(f, ("attention_bias", false), false, bias)?;
+        Self::parse(f, experts_field(f), "moe_intermediate_size")
     }
 
     /// Qwen2MoeForCausalLM's config: Qwen3's fields without QK-norm; q/k/v biases (`qkv_bias`,
     /// true where absent as in Qwen1.5-MoE's config), top-k weights as they are.
     fn from_qwen2(f: &Fields) -> Result<MixtralSpec, ImportError> {
-        let unsupported = |field: &str, detail: &str| ImportError::Unsupported {
-            path: f.path.to_path_buf(),
-            what: format!("'{field}'"),
-            detail: format!("found {}; {detail}", f.obj[field]),
-        };
-        if f.opt_usize("decoder_sparse_step")?.is_some_and(|s| s != 1) {
-            let d = "hob runs every layer sparse (decoder_sparse_step 1)";
-            return Err(unsupported("decoder_sparse_step", d));
-        }
-        if f.get("mlp_only_layers")
-            .and_then(|v| v.as_array())
-            .is_some_and(|a| !a.is_empty())
-        {
-            let d = "hob runs every layer sparse (no dense-MLP layers)";
-            return Err(unsupported("mlp_only_layers", d));
-        }
-        if f.bool_or("norm_topk_prob", false)? {
-            let d = "hob runs Qwen2-MoE's top-k weights as they are (norm_topk_prob false)";
-            return Err(unsupported("norm_topk_prob", d));
-        }
-        if !f.bool_or("qkv_bias", true)? {
-            return Err(unsupported(
-                "qkv_bias",
-                "hob runs Qwen2-MoE with q/k/v biases",
-            ));
-        }
-        let experts = match f.get("num_experts") {
-            Some(_) => "num_experts",
-            None => "num_local_experts",
-        };
-        Self::parse(f, experts, "moe_intermediate_size")
+        require_all_sparse(f)?;
+        let kept = "hob runs Qwen2-MoE's top-k weights as they are (norm_topk_prob false)";
+        require_bool(f, ("norm_topk_prob", false), false, kept)?;
+        let bias = "hob runs Qwen2-MoE with q/k/v biases";
+        require_bool(f, ("qkv_bias", true), true, bias)?;
+        Self::parse(f, experts_field(f), "moe_intermediate_size")
     }
 
     /// Qwen2-MoE's q/k/v biases and shared expert (of width `shared`), after the common tensors.
@@ -408,29 +358,14 @@ impl MixtralSpec {
     /// OlmoeForCausalLM's config: `num_experts`, `intermediate_size` (the experts' width); the
     /// top-k weights as they are (`norm_topk_prob` false), no q/k/v clipping.
     fn from_olmoe(f: &Fields) -> Result<MixtralSpec, ImportError> {
-        let unsupported = |field: &str, detail: &str| ImportError::Unsupported {
-            path: f.path.to_path_buf(),
-            what: format!("'{field}'"),
-            detail: format!("found {}; {detail}", f.obj[field]),
-        };
-        if f.bool_or("norm_topk_prob", false)? {
-            let d = "hob runs OLMoE's top-k weights as they are (norm_topk_prob false)";
-            return Err(unsupported("norm_topk_prob", d));
-        }
+        let kept = "hob runs OLMoE's top-k weights as they are (norm_topk_prob false)";
+        require_bool(f, ("norm_topk_prob", false), false, kept)?;
         if f.get("clip_qkv").is_some() {
-            return Err(unsupported("clip_qkv", "hob does not clip q, k and v"));
+            return Err(f.unsupported("clip_qkv", "hob does not clip q, k and v"));
         }
-        if f.bool_or("attention_bias", false)? {
-            return Err(unsupported(
-                "attention_bias",
-                "hob runs attention without biases",
-            ));
-        }
-        let experts = match f.get("num_experts") {
-            Some(_) => "num_experts",
-            None => "num_local_experts",
-        };
-        Self::parse(f, experts, "intermediate_size")
+        let bias = "hob runs attention without biases";
+        require_bool(f, ("attention_bias", false), false, bias)?;
+        Self::parse(f, experts_field(f), "intermediate_size")
     }
 
     /// The common fields; the experts' count and width are read from `experts` and `ffn`.
@@ -694,6 +629,41 @@ fn rope_theta(f: &Fields) -> Result<f32, ImportError> {
         }
     }
     f.f32("rope_theta")
+}
+
+/// Refuse a model unless boolean `field` (`default` where absent) is `want`.
+fn require_bool(
+    f: &Fields,
+    (field, default): (&str, bool),
+    want: bool,
+    detail: &str,
+) -> Result<(), ImportError> {
+    match f.bool_or(field, default)? == want {
+        true => Ok(()),
+        false => Err(f.unsupported(field, detail)),
+    }
+}
+
+/// Refuse dense-MLP layers: hob runs every layer sparse.
+fn require_all_sparse(f: &Fields) -> Result<(), ImportError> {
+    if f.opt_usize("decoder_sparse_step")?.is_some_and(|s| s != 1) {
+        let detail = "hob runs every layer sparse (decoder_sparse_step 1)";
+        return Err(f.unsupported("decoder_sparse_step", detail));
+    }
+    let dense = f.get("mlp_only_layers").and_then(|v| v.as_array());
+    if dense.is_some_and(|a| !a.is_empty()) {
+        let detail = "hob runs every layer sparse (no dense-MLP layers)";
+        return Err(f.unsupported("mlp_only_layers", detail));
+    }
+    Ok(())
+}
+
+/// The experts' count: `num_experts` on the hub, `num_local_experts` as transformers 5 saves it.
+fn experts_field(f: &Fields) -> &'static str {
+    match f.get("num_experts") {
+        Some(_) => "num_experts",
+        None => "num_local_experts",
+    }
 }
 
 fn fused_name(layer: usize, w: &str) -> String {

@@ -22,6 +22,18 @@ impl Fields<'_> {
         }
     }
 
+    /// A field whose value hob does not run: what was found and why.
+    pub(super) fn unsupported(&self, field: &str, detail: &str) -> ImportError {
+        let found = self
+            .get(field)
+            .map_or("nothing".to_string(), |v| v.to_string());
+        ImportError::Unsupported {
+            path: self.path.to_path_buf(),
+            what: format!("'{field}'"),
+            detail: format!("found {found}; {detail}"),
+        }
+    }
+
     /// The field, treating null as absent.
     pub(super) fn get(&self, field: &str) -> Option<&Value> {
         self.obj.get(field).filter(|v| !v.is_null())

@@ -2,7 +2,13 @@
 
 use std::sync::Arc;
 
-use hob::backend::cuda::{self, Gpu};
+use hob::backend::cpu::CpuBackend;
+use hob::backend::cuda::{self, CudaBackend, Gpu};
+use hob::experts::engine::EngineConfig;
+use hob::experts::{DirectExperts, Engine};
+use hob::format::HobFile;
+use hob::generate::{Bound, Session};
+use hob::model::Model;
 
 /// Device 0. The GPU tests are `#[ignore]`d (so a machine without a GPU counts them as ignored,
 /// not passed); run with `--include-ignored`, they fail where CUDA cannot be used, saying why.
@@ -11,4 +17,34 @@ pub fn gpu() -> Arc<Gpu> {
         panic!("this GPU test was asked for (--include-ignored) but CUDA cannot be used: {why}");
     }
     Gpu::open(0).expect("a usable GPU opens")
+}
+
+/// A GPU session on `file` with an expert cache of `slots` experts (None: all).
+pub fn gpu_session<'a>(
+    g: &Arc<Gpu>,
+    file: &'a HobFile,
+    model: &'a Model<'a>,
+    slots: Option<usize>,
+) -> Box<dyn Session + 'a> {
+    let slot = file.expert_layout(0).padded_size;
+    let mut cfg = EngineConfig::simple(0, slots.map(|n| n * slot));
+    cfg.tuning.preload = slots.is_none();
+    engine_session(g, model, cfg)
+}
+
+/// A GPU session with the expert engine configured by `cfg`.
+pub fn engine_session<'a>(
+    g: &Arc<Gpu>,
+    model: &'a Model<'a>,
+    cfg: EngineConfig,
+) -> Box<dyn Session + 'a> {
+    let mut backend = CudaBackend::new(g.clone(), model).unwrap();
+    let experts = Engine::new(model, &mut backend, cfg).unwrap();
+    Box::new(Bound::new(model, backend, Box::new(experts), 128, "cuda".into()).unwrap())
+}
+
+pub fn cpu_session<'a>(file: &'a HobFile, model: &'a Model<'a>) -> Box<dyn Session + 'a> {
+    let backend = CpuBackend::new(2).unwrap();
+    let experts = DirectExperts::new(file, 0).unwrap();
+    Box::new(Bound::new(model, backend, Box::new(experts), 128, "cpu".into()).unwrap())
 }

@@ -13,6 +13,15 @@ pub fn fixture_dir() -> PathBuf {
     family_dir("mixtral")
 }
 
+/// A copy of the checkpoint folder `from` at `to` (created), to change a file of it.
+pub fn copy_checkpoint(from: &Path, to: &Path) {
+    std::fs::create_dir(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
 /// tests/fixtures/tiny-FAMILY (tools/make_fixture.py --family).
 pub fn family_dir(family: &str) -> PathBuf {
     paths::repo_root().join(format!("tests/fixtures/tiny-{family}"))
