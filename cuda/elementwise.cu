@@ -1,5 +1,5 @@
-// Element-wise and normalization kernels: RMSNorm, RoPE, SwiGLU, f16 stores, row gathers and
-// scatters, axpy.
+// Element-wise and normalization kernels: RMSNorm, LayerNorm, RoPE, SwiGLU, biases and scales,
+// f16 stores, row gathers and scatters, axpy.
 
 // A float4's sum of squares, in the order every RMSNorm of hob's kernels adds them, each rounding
 // spelled out: written as a * a + b * b + ..., NVVM contracts it into FMAs differently where it is
@@ -115,12 +115,20 @@ extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__
 
 // RoPE, the stored keys and values in one launch: q ([t, qw]) and k ([t, kvw]) rotated in place as
 // `rope` rotates them, the rotated k and v stored as f16 at kc and vc ([t, kvw] each: the cache
-// rows of the new positions) as `to_half` stores them.
+// rows of the new positions) as `to_half` stores them. With posp (one token), the position is
+// read from device memory and kc, vc are the layer's rows from position 0 (a recorded decode
+// step replays with each token's position).
 extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k,
                                    const float* __restrict__ v, const float* __restrict__ inv_freq,
                                    int t, int qw, int kvw, int half, int start_pos,
-                                   half_bits* __restrict__ kc, half_bits* __restrict__ vc) {
+                                   half_bits* __restrict__ kc, half_bits* __restrict__ vc,
+                                   const int* __restrict__ posp) {
     PDL_ENTRY();
+    if (posp) {
+        start_pos = *posp;
+        kc += (size_t)start_pos * kvw;
+        vc += (size_t)start_pos * kvw;
+    }
     const int nq = t * qw / 2, nk = t * kvw / 2, nv = t * kvw;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < nq) {
@@ -130,6 +138,57 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k,
     } else if ((idx -= nk) < nv) {
         vc[idx] = f2h(v[idx]);
     }
+}
+
+// A sum over the block, every thread getting it (warps, then their sums, in a fixed order).
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float part[32];
+    __syncthreads();  // part may still be read by a previous call's threads
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        s = warp_sum(s);
+        if (threadIdx.x == 0) part[0] = s;
+    }
+    __syncthreads();
+    return part[0];
+}
+
+// out[r, :] = LayerNorm(x[r0 + r, :]) * w + b: (x - mean) / sqrt(var + eps), the variance about
+// the mean (Phi-3.5-MoE); one block per row.
+extern "C" __global__ void layer_norm(const float* __restrict__ x, const float* __restrict__ w,
+                                      const float* __restrict__ b, float* __restrict__ out, int n,
+                                      int r0, float eps) {
+    PDL_ENTRY();
+    const float* xr = x + (size_t)(r0 + blockIdx.x) * n;
+    float* o = out + (size_t)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+    const float mean = block_sum(s) / (float)n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float d = xr[i] - mean;
+        ss += d * d;
+    }
+    const float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = (xr[i] - mean) * inv * w[i] + b[i];
+}
+
+// x[i] += b[i % n] for i < t * n: a bias on each of t rows.
+extern "C" __global__ void add_rows(float* __restrict__ x, const float* __restrict__ b, int n,
+                                    int total) {
+    PDL_ENTRY();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) x[i] += b[i % n];
+}
+
+// x[i] *= f for i < n.
+extern "C" __global__ void scale(float* __restrict__ x, float f, int n) {
+    PDL_ENTRY();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= f;
 }
 
 extern "C" __global__ void add_assign(float* __restrict__ x, const float* __restrict__ y, int n) {
@@ -148,6 +207,17 @@ extern "C" __global__ void swiglu(float* __restrict__ g, const float* __restrict
     PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = silu_mul(g[i], u[i]);
+}
+
+// A shared expert's activations (Qwen2-MoE): g[i] = sigmoid(s[i / width]) * silu(g[i]) * u[i]
+// for i < t * width, s its gate's logit per row.
+extern "C" __global__ void shared_gate(float* __restrict__ g, const float* __restrict__ u,
+                                       const float* __restrict__ s, int width, int total) {
+    PDL_ENTRY();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const float sg = 1.0f / (1.0f + expf(-s[i / width]));
+    g[i] = sg * silu_mul(g[i], u[i]);
 }
 
 // act[i] = f16(silu(g[i]) * u[i]) for i < n: swiglu and to_half in one pass, with their arithmetic

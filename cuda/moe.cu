@@ -2,16 +2,20 @@
 // of the experts' outputs, float-kind experts from a table of resident experts, and the table and
 // routes the integer kernels' routed forms read (matvec_q.cu _sel, _gu).
 
-// Mixtral routing on the device, as the host's route_softmax_topk computes it: softmax over the
-// ne router logits l of a token, the top k (ties: lower index first), weights renormalized to sum
-// to 1, best first, into re (experts) and rw (weights). k <= 16.
+// Routing on the device, as the host's routing rules compute it (src/model/routing.rs): softmax
+// over the ne router logits l of a token, the top k (ties: lower index first), weights
+// renormalized to sum to 1 or not, best first, into re (experts) and rw (weights), k <= 16; or
+// Phi-3.5-MoE's sparsemixer (k = 2). A rule and its eps, as every routing kernel takes them:
+#define RULE_SOFTMAX_RENORM 0
+#define RULE_SOFTMAX 1
+#define RULE_SPARSEMIXER 2
 #define ROUTE_MAX_K 16
-// The top K of the probabilities p(e) (e < ne), descending, weights renormalized, into re and
-// rw (k <= K entries). A template on K: the insertion below unrolls over K slots, so the common
+// The top K of the probabilities p(e) (e < ne), descending, weights renormalized (renorm) or
+// not, into re and rw (k <= K entries). A template on K: the insertion below unrolls over K slots, so the common
 // k = 1, 2 take a few instructions per expert instead of ROUTE_MAX_K's (the same results: slots
 // at or past k are never touched).
 template <int K, typename P>
-__device__ __forceinline__ void route_top(P p, int ne, int k, int* re, float* rw) {
+__device__ __forceinline__ void route_top(P p, int ne, int k, bool renorm, int* re, float* rw) {
     // The best k so far, descending, in registers (every index below is a constant once the
     // loops unroll: a dynamically indexed array would live in local memory).
     float w[K];
@@ -45,42 +49,84 @@ __device__ __forceinline__ void route_top(P p, int ne, int k, int* re, float* rw
     for (int j = 0; j < K; j++)
         if (j < k) {
             re[j] = ex[j];
-            rw[j] = w[j] / total;
+            rw[j] = renorm ? w[j] / total : w[j];
         }
 }
 
 // route_top for any k <= ROUTE_MAX_K, called (not inlined) so that its registers do not count
 // against the common k's.
 template <typename P>
-__device__ __noinline__ void route_top_max(P p, int ne, int k, int* re, float* rw) {
-    route_top<ROUTE_MAX_K>(p, ne, k, re, rw);
+__device__ __noinline__ void route_top_max(P p, int ne, int k, bool renorm, int* re, float* rw) {
+    route_top<ROUTE_MAX_K>(p, ne, k, renorm, re, rw);
 }
 
 template <typename P>
-__device__ __forceinline__ void route_top_k(P p, int ne, int k, int* re, float* rw) {
+__device__ __forceinline__ void route_top_k(P p, int ne, int k, bool renorm, int* re, float* rw) {
     if (k == 1) {
-        route_top<1>(p, ne, k, re, rw);
+        route_top<1>(p, ne, k, renorm, re, rw);
     } else if (k == 2) {
-        route_top<2>(p, ne, k, re, rw);
+        route_top<2>(p, ne, k, renorm, re, rw);
     } else {
-        route_top_max(p, ne, k, re, rw);
+        route_top_max(p, ne, k, renorm, re, rw);
     }
 }
 
-// One thread: softmax over l[:ne], then route_top_k.
-__device__ void route_one(const float* l, int ne, int k, int* re, float* rw) {
+// Phi-3.5-MoE's sparsemixer at inference (route_sparsemixer's arithmetic), k = 2: the best logit
+// not yet taken (ties: the lower index), weighted by the softmax over the logits within a relative
+// 2 eps of it. A non-finite logit gives experts 0, 1 with NaN weights (the host's refusal, which
+// names the layer).
+__device__ __noinline__ void route_sparsemixer(const float* l, int ne, float eps, int* re,
+                                               float* rw) {
+    bool finite = true;
+    for (int e = 0; e < ne; e++) finite &= isfinite(l[e]);
+    if (!finite) {
+        re[0] = 0;
+        re[1] = 1;
+        rw[0] = rw[1] = __int_as_float(0x7fc00000);
+        return;
+    }
+    int excluded = -1;
+    for (int j = 0; j < 2; j++) {
+        int best = 0;
+        float mx = NEG_INF;
+        for (int e = 0; e < ne; e++)
+            if (e != excluded && l[e] > mx) {
+                best = e;
+                mx = l[e];
+            }
+        float sum = 0.f;
+        for (int e = 0; e < ne; e++)
+            if (e != excluded && (mx - l[e]) / fmaxf(fabsf(l[e]), mx) <= 2.f * eps)
+                sum += expf(l[e] - mx);
+        re[j] = best;
+        rw[j] = 1.f / sum;
+        excluded = best;
+    }
+}
+
+// One thread: the rule's routes of l[:ne] (softmax, then route_top_k; or sparsemixer).
+__device__ void route_one(const float* l, int ne, int k, int rule, float reps, int* re, float* rw) {
+    if (rule == RULE_SPARSEMIXER) {
+        route_sparsemixer(l, ne, reps, re, rw);
+        return;
+    }
     float mx = NEG_INF;
     for (int e = 0; e < ne; e++) mx = fmaxf(mx, l[e]);
     float sum = 0.f;
     for (int e = 0; e < ne; e++) sum += expf(l[e] - mx);
-    route_top_k([&](int e) { return expf(l[e] - mx) / sum; }, ne, k, re, rw);
+    route_top_k([&](int e) { return expf(l[e] - mx) / sum; }, ne, k, rule == RULE_SOFTMAX_RENORM,
+                re, rw);
 }
 
 // route_one by one warp, the same results: the maximum and the exponentials across the lanes
 // (fmaxf's maximum does not depend on the order; each exponential is the same expf), their sum
 // in expert order and the top k by lane 0. l and p: shared memory of ne floats (p may be l).
-__device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne, int k, int* re,
-                                               float* rw, int lane) {
+__device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne, int k, int rule,
+                                               float reps, int* re, float* rw, int lane) {
+    if (rule == RULE_SPARSEMIXER) {
+        if (lane == 0) route_sparsemixer(l, ne, reps, re, rw);
+        return;
+    }
     float mx = NEG_INF;
     for (int e = lane; e < ne; e += 32) mx = fmaxf(mx, l[e]);
 #pragma unroll
@@ -90,18 +136,19 @@ __device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne,
     if (lane == 0) {
         float sum = 0.f;
         for (int e = 0; e < ne; e++) sum += p[e];
-        route_top_k([&](int e) { return p[e] / sum; }, ne, k, re, rw);
+        route_top_k([&](int e) { return p[e] / sum; }, ne, k, rule == RULE_SOFTMAX_RENORM, re, rw);
     }
 }
 
 // Routes of t tokens: routes[i * k + j] = expert (int bits) and routes[t * k + i * k + j] =
 // weight. One thread per token.
 extern "C" __global__ void route_topk(const float* __restrict__ logits, int ne, int k, int t,
-                                      float* __restrict__ routes) {
+                                      int rule, float reps, float* __restrict__ routes) {
     PDL_ENTRY();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= t) return;
-    route_one(logits + (size_t)i * ne, ne, k, reinterpret_cast<int*>(routes) + (size_t)i * k,
+    route_one(logits + (size_t)i * ne, ne, k, rule, reps,
+              reinterpret_cast<int*>(routes) + (size_t)i * k,
               routes + (size_t)t * k + (size_t)i * k);
 }
 
@@ -215,7 +262,7 @@ struct MatEntry {
 
 template <int KIND>
 __device__ __forceinline__ void moe_route_body(const Mat w, const float* __restrict__ x, int k,
-                                               float* __restrict__ routes) {
+                                               int rule, float reps, float* __restrict__ routes) {
     __shared__ float lg[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int r = warp; r < w.rows; r += warps) {
@@ -223,7 +270,9 @@ __device__ __forceinline__ void moe_route_body(const Mat w, const float* __restr
         if (lane == 0) lg[r] = v;
     }
     __syncthreads();
-    if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
+    if (warp == 0)
+        route_one_warp(lg, lg, w.rows, k, rule, reps, reinterpret_cast<int*>(routes), routes + k,
+                       lane);
 }
 
 // The experts a token was routed to, from a table of resident experts, several matrices in one
@@ -327,7 +376,7 @@ __device__ __forceinline__ bool route_regs_apply(const Mat& w, const float* x, c
 
 __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __restrict__ x,
                                                 const float* __restrict__ g, float eps,
-                                                float* __restrict__ xn, int k,
+                                                float* __restrict__ xn, int k, int rule, float reps,
                                                 float* __restrict__ routes, float* sp) {
     __shared__ float lg[ROUTE_REG_ROWS];
     const int t = threadIdx.x, nc = blockDim.x, warp = t >> 5, lane = t & 31;
@@ -354,7 +403,9 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
         if (lane == 0) lg[warp] = acc;
     }
     __syncthreads();
-    if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
+    if (warp == 0)
+        route_one_warp(lg, lg, w.rows, k, rule, reps, reinterpret_cast<int*>(routes), routes + k,
+                       lane);
 }
 
 // The MoE block's RMSNorm and the routing in one launch: xn = RMSNorm(x) * g (as rms_norm
@@ -370,11 +421,12 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
 template <int KIND>
 __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __restrict__ x,
                                                     const float* __restrict__ g, float eps,
-                                                    float* __restrict__ xn, int k,
-                                                    float* __restrict__ routes, int pre) {
+                                                    float* __restrict__ xn, int k, int rule,
+                                                    float reps, float* __restrict__ routes,
+                                                    int pre) {
     extern __shared__ float4 xs4[];
     if (KIND == KIND_F32 && pre && route_regs_apply(w, x, g, xn)) {
-        route_norm_regs(w, x, g, eps, xn, k, routes, reinterpret_cast<float*>(xs4));
+        route_norm_regs(w, x, g, eps, xn, k, rule, reps, routes, reinterpret_cast<float*>(xs4));
         return;
     }
     float* xs = reinterpret_cast<float*>(xs4);
@@ -404,7 +456,7 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
     rms_norm_row(x, g, xn, xs, w.cols, eps);
     if (!pre) {
         __syncthreads();
-        moe_route_body<KIND>(w, xs, k, routes);
+        moe_route_body<KIND>(w, xs, k, rule, reps, routes);
         return;
     }
     __syncthreads();
@@ -419,20 +471,24 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         if (lane == 0) lg[r] = acc;
     }
     __syncthreads();
-    if (warp == 0) route_one_warp(lg, lg, w.rows, k, reinterpret_cast<int*>(routes), routes + k, lane);
+    if (warp == 0)
+        route_one_warp(lg, lg, w.rows, k, rule, reps, reinterpret_cast<int*>(routes), routes + k,
+                       lane);
 }
 
 #define MOE_KERNELS(SUFFIX, KIND)                                                              \
     extern "C" __global__ void __launch_bounds__(1024)                                         \
-        moe_route_##SUFFIX(const Mat w, const float* x, int k, float* routes) {                \
+        moe_route_##SUFFIX(const Mat w, const float* x, int k, int rule, float reps,          \
+                           float* routes) {                                                    \
         PDL_ENTRY();                                                                           \
-        moe_route_body<KIND>(w, x, k, routes);                                                 \
+        moe_route_body<KIND>(w, x, k, rule, reps, routes);                                     \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(1024)                                         \
         moe_route_norm_##SUFFIX(const Mat w, const float* x, const float* g, float eps,         \
-                                float* xn, int k, float* routes, int pre) {                    \
+                                float* xn, int k, int rule, float reps, float* routes,         \
+                                int pre) {                                                     \
         pdl_trigger();                                                                         \
-        moe_route_norm_body<KIND>(w, x, g, eps, xn, k, routes, pre);                           \
+        moe_route_norm_body<KIND>(w, x, g, eps, xn, k, rule, reps, routes, pre);               \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \
                                                     int k, const float* x, float* h) {         \

@@ -20,6 +20,7 @@ use hob::backend::cpu::CpuBackend;
 use hob::backend::cuda::{self, CudaBackend};
 use hob::format::{DType, Variant};
 use hob::model::ops::AttentionShape;
+use hob::model::routing::Routing;
 use hob::model::{Backend, MoeBlock, RouteOut};
 use hob::quant::{quantize_matrix, Matrix};
 
@@ -234,6 +235,34 @@ fn norm_rope_add_and_attention_match_the_cpu() {
     b.add_assign(&mut xd, &yd, t * width).unwrap();
     assert_eq!(from_gpu(&b, &xd, t * width), want);
 
+    // The ops of the other families: LayerNorm with a bias (Phi-3.5-MoE), a bias on each row, a
+    // scale, a shared expert's sigmoid-gated SwiGLU (Qwen2-MoE).
+    let bias = random(width, 4);
+    b.make_resident_vector(&bias).unwrap();
+    let mut want = vec![0.0; 3 * width];
+    cpu.layer_norm(&x, 2..5, (&w, &bias), 1e-5, &mut want)
+        .unwrap();
+    let (xd, mut od) = (to_gpu(&b, &x), b.alloc(3 * width).unwrap());
+    b.layer_norm(&xd, 2..5, (&w, &bias), 1e-5, &mut od).unwrap();
+    let e = nmse(&from_gpu(&b, &od, 3 * width), &want);
+    println!("layer_norm NMSE {e:.2e}");
+    assert!(e <= 1e-10);
+    let mut want = x.clone();
+    cpu.add_rows(&mut want, t, &bias).unwrap();
+    cpu.scale(&mut want, t * width, 0.75).unwrap();
+    let mut xd = to_gpu(&b, &x);
+    b.add_rows(&mut xd, t, &bias).unwrap();
+    b.scale(&mut xd, t * width, 0.75).unwrap();
+    assert_eq!(from_gpu(&b, &xd, t * width), want);
+    let sl = random(t, 5);
+    let mut want = x.clone();
+    cpu.shared_gate(&mut want, &y, &sl, (t, width)).unwrap();
+    let (mut gd, ud, sd) = (to_gpu(&b, &x), to_gpu(&b, &y), to_gpu(&b, &sl));
+    b.shared_gate(&mut gd, &ud, &sd, (t, width)).unwrap();
+    let e = nmse(&from_gpu(&b, &gd, t * width), &want);
+    println!("shared_gate NMSE {e:.2e}");
+    assert!(e <= 1e-10);
+
     // GQA attention over a cache filled in two writes (prefills), with and without a sliding
     // window, then one decode step: 8 heads over 2 KV heads of 32; Mixtral's heads (32 over 8 of
     // 128) with prefills of 70 and 45 (the prefill kernel's tiles of 8 queries and chunks of 32
@@ -403,7 +432,8 @@ fn norm_route_in_one_launch_matches_its_other_forms() {
 /// across the lanes, the sum and the top k by lane 0, as moe_route runs it) against the
 /// one-thread form (route_one, as a prefill's route_topk runs it) on logits with ties,
 /// probabilities that underflow to zero and NaN: the same experts and weights, bit for bit, for 4
-/// to 32 experts and top 1 to 4; and, without NaN, the CPU's routing's experts and weights.
+/// to 32 experts and top 1 to 4, for each routing rule (renormalized softmax, the softmax's own
+/// weights, sparsemixer at k = 2); and, without NaN, the CPU's routing's experts and weights.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn warp_routing_matches_one_thread_routing() {
@@ -420,8 +450,17 @@ fn warp_routing_matches_one_thread_routing() {
         g.stream.memcpy_htod(&bytes, &mut codes).unwrap();
         let m = Matrix::dense(DType::F32, ne, ne, &bytes);
         let dm = cuda::DevMat::new(&m, cuda::ptr(&codes, &g.stream), 0, 0);
-        for k in [1usize, 2, 4] {
-            if k > ne {
+        let rules = [
+            Routing::Softmax { renormalize: true },
+            Routing::Softmax { renormalize: false },
+            Routing::SparseMixer { jitter_eps: 0.01 },
+        ];
+        for (k, routing) in [1usize, 2, 4]
+            .into_iter()
+            .flat_map(|k| rules.map(|r| (k, r)))
+        {
+            let sparse = matches!(routing, Routing::SparseMixer { .. });
+            if k > ne || (sparse && k != 2) {
                 continue;
             }
             for trial in 0..64u64 {
@@ -445,14 +484,15 @@ fn warp_routing_matches_one_thread_routing() {
                     b.alloc(2 * k).unwrap(),
                     b.alloc(2 * k).unwrap(),
                 );
-                g.moe_route(&dm, p(&x), k, p(&warp), p(&scratch)).unwrap();
-                g.route(p(&x), 1, ne, k, p(&one)).unwrap();
+                g.moe_route(&dm, p(&x), (k, routing), p(&warp), p(&scratch))
+                    .unwrap();
+                g.route(p(&x), 1, ne, (k, routing), p(&one)).unwrap();
                 let (a, c) = (from_gpu(&b, &warp, 2 * k), from_gpu(&b, &one, 2 * k));
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&a),
                     bits(&c),
-                    "ne {ne} k {k} logits {logits:?}: warp {a:?} vs one thread {c:?}"
+                    "{routing:?} ne {ne} k {k} logits {logits:?}: warp {a:?} vs one thread {c:?}"
                 );
                 // Against the CPU's routing (forward::route_softmax_topk, the path the model
                 // tests hold to transformers' logits): the same experts in the same order (ties
@@ -465,16 +505,19 @@ fn warp_routing_matches_one_thread_routing() {
                         };
                         k
                     ];
-                    hob::model::forward::route_softmax_topk(&logits, &mut cr);
+                    routing.route(&logits, &mut cr);
                     for (j, r) in cr.iter().enumerate() {
                         assert_eq!(
                             a[j].to_bits() as usize,
                             r.expert,
-                            "ne {ne} k {k} {logits:?}"
+                            "{routing:?} ne {ne} k {k} {logits:?}"
                         );
+                        // (No margin for sparsemixer on all-zero logits: an infinite weight on
+                        // both, which the forward pass refuses.)
+                        let same = !r.weight.is_finite() && !a[k + j].is_finite();
                         assert!(
-                            (a[k + j] - r.weight).abs() <= 2e-6,
-                            "ne {ne} k {k} {logits:?}: weight {} vs CPU {}",
+                            same || (a[k + j] - r.weight).abs() <= 2e-6,
+                            "{routing:?} ne {ne} k {k} {logits:?}: weight {} vs CPU {}",
                             a[k + j],
                             r.weight
                         );

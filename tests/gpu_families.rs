@@ -1,12 +1,15 @@
 //! The MoE families beside Mixtral on the CUDA backend and the HOBBIT engine (issue 50): each
-//! fixture against the CPU and transformers, and offloading that changes speed, never results.
-//! Ignored without a GPU; tools/stage_gpu.sh runs them on the device machine. Bounds as in
-//! tests/gpu_engine.rs.
+//! fixture against the CPU and transformers, and offloading that changes speed, never results
+//! (one precision, nothing skipped: a quarter cache with prefetches gives the all-resident logits
+//! bit for bit; cooperative CPU experts up to float rounding). Ignored without a GPU;
+//! tools/stage_gpu.sh runs them on the device machine. Bounds as in tests/gpu_engine.rs.
 
 mod common;
 
-use common::gpu::{cpu_session, gpu, gpu_session};
-use common::{convert_dir, family_dir, hob, nmse, reference_in};
+use common::gpu::{cpu_session, engine_session, gpu, gpu_session};
+use common::{convert_dir, family_dir, nmse, reference_in};
+use hob::experts::engine::EngineConfig;
+use hob::experts::{PrecisionPlan, Thresholds};
 use hob::format::HobFile;
 use hob::generate::Session;
 use hob::model::{Logits, Model};
@@ -32,13 +35,13 @@ fn greedy(s: &mut dyn Session, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>,
     (all, ids, steps)
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
-fn qwen3_moe_on_the_gpu_matches_the_cpu_and_transformers() {
+/// `family`'s fixture (f16 experts) on the GPU against the CPU and transformers, then the engine
+/// offloading it (f16 high, int4 low, all high) against the all-resident GPU run.
+fn family_on_the_gpu(family: &str) {
     let g = gpu();
-    let dir = family_dir("qwen3-moe");
+    let dir = family_dir(family);
     let r = reference_in(&dir);
-    let (_tmp, path) = convert_dir(&dir, "f16", &[]);
+    let (_tmp, path) = convert_dir(&dir, "f16,int4", &["--group-size", "32"]);
     let file = HobFile::open(&path).unwrap();
     let model = Model::load(&file).unwrap();
     let n = r.greedy_ids.len();
@@ -48,52 +51,95 @@ fn qwen3_moe_on_the_gpu_matches_the_cpu_and_transformers() {
     let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
     let (r_pre, r_dec) = (nmse(&g_all, &r.logits), nmse(&g_steps, &r.greedy_logits));
     println!(
-        "qwen3-moe: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}; vs transformers \
+        "{family}: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}; vs transformers \
          {r_pre:.2e}, {r_dec:.2e}; {}",
         full.describe()
     );
     assert!(e_pre <= 1e-5 && e_dec <= 1e-5 && r_pre <= 1e-5 && r_dec <= 1e-5);
-    assert_eq!(g_ids, c_ids, "greedy tokens differ between GPU and CPU");
+    assert_eq!(
+        g_ids, c_ids,
+        "{family}: greedy tokens differ between GPU and CPU"
+    );
     assert_eq!(
         g_ids, r.greedy_ids,
-        "greedy tokens differ from transformers"
+        "{family}: greedy tokens differ from transformers"
     );
 
-    // A quarter of the experts cached: the all-resident logits bit for bit.
+    let slot = file.expert_layout(0).padded_size;
     let total = file.n_layers() * file.n_experts();
-    let mut quarter = gpu_session(&g, &file, &model, Some(total / 4));
-    let (q_all, q_ids, q_steps) = greedy(&mut *quarter, &r.input_ids, n);
-    let stats = quarter.expert_stats();
-    println!(
-        "qwen3-moe quarter cache ({} of {total} slots): {} uses, {} misses",
-        total / 4,
-        stats.uses(),
-        stats.misses()
-    );
-    assert!(stats.misses() > 0, "a quarter cache must miss");
-    assert_eq!(q_ids, g_ids);
-    assert!(
-        q_all == g_all && q_steps == g_steps,
-        "logits differ with a quarter cache"
-    );
+    let exact = |prefetch: usize, cpu: Option<usize>| {
+        let mut c = EngineConfig::simple(0, Some(total / 4 * slot));
+        c.tuning.preload = false;
+        c.plan = PrecisionPlan {
+            high: 0,
+            low: Some(1),
+            thresholds: Thresholds::ALL_HIGH,
+            renormalize_skips: false,
+        };
+        c.substitute_low = true;
+        c.prefetch = prefetch;
+        c.cpu_experts = cpu;
+        c
+    };
+    for (name, cfg) in [
+        ("quarter cache", exact(0, None)),
+        ("quarter cache, prefetch 2", exact(2, None)),
+        (
+            "quarter cache, cooperative CPU experts, prefetch 2",
+            exact(2, Some(2)),
+        ),
+    ] {
+        let coop = cfg.cpu_experts.is_some();
+        let mut s = engine_session(&g, &model, cfg);
+        let (all, ids, steps) = greedy(&mut *s, &r.input_ids, n);
+        let st = s.expert_stats();
+        let e = nmse(&steps, &g_steps);
+        println!(
+            "{family} {name} ({} of {total} slots): {} uses, {} misses, {} on the CPU, {} \
+             prefetched, decode NMSE vs all-resident {e:.2e}",
+            total / 4,
+            st.uses(),
+            st.misses(),
+            st.cpu_computed,
+            st.prefetch_issued
+        );
+        assert!(
+            st.misses() > 0,
+            "{family} {name}: a quarter cache must miss"
+        );
+        assert_eq!(st.skipped + st.substituted, 0, "{family} {name}");
+        assert_eq!(ids, g_ids, "{family} {name}: greedy tokens differ");
+        if coop {
+            assert!(e <= 1e-10, "{family} {name}: decode NMSE {e:.2e}");
+        } else {
+            assert!(
+                all == g_all && steps == g_steps,
+                "{family} {name}: logits differ"
+            );
+        }
+    }
 }
 
-/// The CUDA backend's routing renormalizes the top-k weights: the families whose weights are
-/// used as they are are refused by name, not run wrong.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
-fn families_the_gpu_does_not_run_yet_are_refused_by_name() {
-    let _ = gpu();
-    for (family, arch) in [
-        ("olmoe", "olmoe"),
-        ("qwen2-moe", "qwen2moe"),
-        ("phimoe", "phimoe"),
-    ] {
-        let (_tmp, path) = convert_dir(&family_dir(family), "f16", &[]);
-        let m = path.to_str().unwrap();
-        let (ok, _, stderr) = hob(&["run", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda"]);
-        assert!(!ok, "{family}: {stderr}");
-        let want = format!("the CUDA backend does not run {arch} models yet: use --device cpu");
-        assert!(stderr.contains(&want), "{family}: {stderr}");
-    }
+fn qwen3_moe_on_the_gpu_matches_the_cpu_and_transformers() {
+    family_on_the_gpu("qwen3-moe");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn qwen2_moe_on_the_gpu_matches_the_cpu_and_transformers() {
+    family_on_the_gpu("qwen2-moe");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn olmoe_on_the_gpu_matches_the_cpu_and_transformers() {
+    family_on_the_gpu("olmoe");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn phimoe_on_the_gpu_matches_the_cpu_and_transformers() {
+    family_on_the_gpu("phimoe");
 }

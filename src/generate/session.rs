@@ -154,14 +154,6 @@ pub fn open_session<'a>(
     let replay = cfg.replay.take();
     match cfg.device {
         Device::Cuda => {
-            let arch = model.cfg.arch;
-            if !arch.runs_on_cuda() {
-                return Err(crate::Error::Invalid(format!(
-                    "{}: the CUDA backend does not run {} models yet: use --device cpu",
-                    file.path().display(),
-                    arch.name()
-                )));
-            }
             let gpu = Gpu::open(0)?;
             let mut backend = CudaBackend::new(gpu.clone(), model)?;
             let label = format!(

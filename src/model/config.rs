@@ -90,12 +90,6 @@ impl Architecture {
     pub fn shared_expert(self) -> bool {
         matches!(self, Architecture::Qwen2Moe)
     }
-
-    /// Whether the CUDA backend runs this architecture: its routing is a renormalized top-k
-    /// softmax, its norms RMSNorms.
-    pub fn runs_on_cuda(self) -> bool {
-        matches!(self, Architecture::Mixtral | Architecture::Qwen3Moe)
-    }
 }
 
 /// The ranges hob accepts for hyper-parameters (inclusive): wide enough for every released MoE,

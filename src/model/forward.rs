@@ -184,6 +184,13 @@ impl<'f> Model<'f> {
         &self.w
     }
 
+    /// RoPE's inverse frequencies: the one table, and LongRoPE's long one where it has one.
+    pub fn rope_tables(&self) -> Vec<&[f32]> {
+        std::iter::once(&self.inv_freq[..])
+            .chain(self.long_inv_freq.as_deref())
+            .collect()
+    }
+
     /// RoPE inverse frequencies, [head_dim / 2].
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq

@@ -23,11 +23,6 @@ impl Routing {
             Routing::SparseMixer { jitter_eps } => route_sparsemixer(logits, routes, jitter_eps),
         }
     }
-
-    /// Whether the weights are renormalized top-k softmax weights (what the CUDA routing does).
-    pub fn is_renormalized_softmax(self) -> bool {
-        self == Routing::Softmax { renormalize: true }
-    }
 }
 
 /// Routes in range with NaN weights, for logits that have no softmax: the forward pass refuses a

@@ -128,6 +128,40 @@ impl<'f> Weights<'f> {
             },
         })
     }
+
+    /// Every dense matrix (all but the routed experts), in load order: what a backend keeps
+    /// resident. The embedding appears twice where the output head is tied to it.
+    pub fn matrices(&self) -> Vec<&Matrix<'f>> {
+        let mut m = vec![&self.token_embd, &self.output];
+        for l in &self.layers {
+            m.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.router]);
+            if let Some(sh) = &l.shared {
+                m.extend([&sh.gate, &sh.up, &sh.down, &sh.gate_inp]);
+            }
+        }
+        m
+    }
+
+    /// Every f32 vector: norms, QK-norms and biases.
+    pub fn vectors(&self) -> Vec<&[f32]> {
+        let mut v = vec![&self.output_norm[..]];
+        v.extend(self.output_biases.iter().flatten().map(|b| &b[..]));
+        for l in &self.layers {
+            v.extend([&l.attn_norm[..], &l.ffn_norm[..]]);
+            let extra = [
+                &l.qk_norm.as_ref().map(|a| &a[..]),
+                &l.qkv_bias.as_ref().map(|a| &a[..]),
+            ];
+            v.extend(
+                extra
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|a| a.iter().map(|b| &b[..])),
+            );
+            v.extend(l.biases.iter().flatten().map(|b| &b[..]));
+        }
+        v
+    }
 }
 
 fn matrix<'f>(

@@ -246,6 +246,54 @@ impl Backend for CudaBackend {
         launch!(self.gpu, self.gpu.kernels.add_assign, cfg(blocks(n, 256), 256); xp, yp, ni)
     }
 
+    fn layer_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        rows: Range<usize>,
+        (w, b): (&[f32], &[f32]),
+        eps: f32,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        let n = w.len();
+        check_len("layer_norm input", x.len(), rows.end * n)?;
+        check_len("layer_norm output", out.len(), rows.len() * n)?;
+        check_len("layer_norm bias", b.len(), n)?;
+        let (xp, wp, bp, op) = (self.p(x), self.vector(w)?, self.vector(b)?, self.p(out));
+        let (ni, r0) = (n as i32, rows.start as i32);
+        let c = cfg(rows.len() as u32, rms_block(n));
+        launch!(self.gpu, self.gpu.kernels.layer_norm, c; xp, wp, bp, op, ni, r0, eps)
+    }
+
+    fn scale(&self, x: &mut CudaSlice<f32>, n: usize, factor: f32) -> crate::Result<()> {
+        check_len("scale input", x.len(), n)?;
+        let (xp, ni) = (self.p(x), n as i32);
+        launch!(self.gpu, self.gpu.kernels.scale, cfg(blocks(n, 256), 256); xp, factor, ni)
+    }
+
+    fn add_rows(&self, x: &mut CudaSlice<f32>, t: usize, bias: &[f32]) -> crate::Result<()> {
+        let n = t * bias.len();
+        check_len("add_rows input", x.len(), n)?;
+        let (xp, bp) = (self.p(x), self.vector(bias)?);
+        let (wi, ni) = (bias.len() as i32, n as i32);
+        launch!(self.gpu, self.gpu.kernels.add_rows, cfg(blocks(n, 256), 256); xp, bp, wi, ni)
+    }
+
+    fn shared_gate(
+        &self,
+        gate: &mut CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+        s: &CudaSlice<f32>,
+        (t, width): (usize, usize),
+    ) -> crate::Result<()> {
+        let n = t * width;
+        check_len("shared_gate input", gate.len().min(up.len()), n)?;
+        check_len("shared_gate logits", s.len(), t)?;
+        let (gp, up, sp) = (self.p(gate), self.p(up), self.p(s));
+        let (wi, ni) = (width as i32, n as i32);
+        let c = cfg(blocks(n, 256), 256);
+        launch!(self.gpu, self.gpu.kernels.shared_gate, c; gp, up, sp, wi, ni)
+    }
+
     fn kv_write(
         &self,
         kv: &mut CudaKv,
@@ -411,7 +459,8 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    /// RoPE and the KV store in one launch (rope_kv).
+    /// RoPE and the KV store in one launch (rope_kv); one token reads its position from the
+    /// device (a recorded decode step replays with each token's).
     fn rope_kv_write(
         &self,
         [q, k, v]: [&mut CudaSlice<f32>; 3],
@@ -420,8 +469,6 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
         let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
-        // The position is an argument here: a recorded decode step cannot replay this.
-        self.baked.store(true, Ordering::Relaxed);
         check_len("rope input", q.len(), t * q_width)?;
         check_len("kv_write input", k.len().min(v.len()), t * kv_width)?;
         if kv_width != kv.kv_dim {
@@ -431,6 +478,14 @@ impl Backend for CudaBackend {
             )));
         }
         let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
+        let (kd, vd, posp) = if t == 1 {
+            let (k0, v0) = kv.rows(layer, 0, 1, &self.gpu.stream)?;
+            (k0, v0, self.pos_ptr(start)?)
+        } else {
+            // The position is an argument here: a recorded decode step cannot replay this.
+            self.baked.store(true, Ordering::Relaxed);
+            (kd, vd, 0u64)
+        };
         let (qp, kp, vp, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
         let n = t * (q_width / 2 + kv_width / 2 + kv_width);
         let (ti, qw, kw, hi, si) = (
@@ -440,7 +495,8 @@ impl Backend for CudaBackend {
             inv_freq.len() as i32,
             start as i32,
         );
-        launch!(self.gpu, self.gpu.kernels.rope_kv, cfg(blocks(n, 256), 256); qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd)
+        let c = cfg(blocks(n, 256), 256);
+        launch!(self.gpu, self.gpu.kernels.rope_kv, c; qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd, posp)
     }
 
     /// One token with float weights: the residual add inside the product (matvec_add_*).
@@ -475,16 +531,12 @@ impl Backend for CudaBackend {
         routes: &mut [Route],
         host: &mut Vec<f32>,
     ) -> crate::Result<()> {
-        if !routing.is_renormalized_softmax() {
-            return Err(Error::Invalid(format!(
-                "CUDA routing is a renormalized top-k softmax; this model's is {routing:?}"
-            )));
-        }
         let k = routes.len() / t.max(1);
         check_len("route input", logits.len(), t * n_experts)?;
         check_len("route scratch", self.scratch_len, 2 * t * k)?;
         let scratch = self.p(&self.scratch);
-        self.gpu.route(self.p(logits), t, n_experts, k, scratch)?;
+        self.gpu
+            .route(self.p(logits), t, n_experts, (k, routing), scratch)?;
         self.routes_back(scratch, t, n_experts, routes, host)
     }
 
@@ -495,12 +547,14 @@ impl Backend for CudaBackend {
         block: &MoeBlock<'_>,
         out: RouteOut<'_, Self>,
     ) -> crate::Result<()> {
-        if block.norm_bias.is_some() {
-            return Err(Error::Invalid("the CUDA backend has no LayerNorm".into()));
-        }
         let (norm, eps, router) = (block.norm, block.eps, block.router);
         let (n, ne, k) = (router.cols, router.rows, out.routes.len());
-        if t == 1 && k <= self.scratch_len / 2 && block.routing.is_renormalized_softmax() {
+        if let Some(bias) = block.norm_bias {
+            self.layer_norm(x, 0..t, (norm, bias), eps, out.xn)?;
+            self.matmul(router, out.xn, t, out.logits)?;
+            return self.route(out.logits, (t, ne, block.routing), out.routes, out.host);
+        }
+        if t == 1 && k <= self.scratch_len / 2 {
             // One token: RMSNorm, the router and top-k in one launch (the same results as the
             // three launches: moe_route_norm).
             check_len("norm_route input", x.len(), n)?;
@@ -509,10 +563,13 @@ impl Backend for CudaBackend {
             let scratch = self.p(&self.scratch);
             let rw = *self.mat(router)?;
             let g = (self.vector(norm)?, eps);
-            if self
-                .gpu
-                .moe_route_norm(&rw, (self.p(x), self.p(out.xn)), g, k, scratch)?
-            {
+            if self.gpu.moe_route_norm(
+                &rw,
+                (self.p(x), self.p(out.xn)),
+                g,
+                (k, block.routing),
+                scratch,
+            )? {
                 return self.routes_back(scratch, 1, ne, out.routes, out.host);
             }
         }

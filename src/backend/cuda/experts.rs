@@ -389,10 +389,19 @@ impl ExpertDevice for CudaBackend {
         let dn = g + (2 * k * f * 4) as u64;
         let (gpu, xsp, xp) = (&self.gpu, self.p(xs), self.p(x));
         let rw = self.mat(block.router)?;
-        let eps = block.eps;
-        if !gpu.moe_route_norm(rw, (xp, xsp), (self.vector(block.norm)?, eps), k, routes)? {
+        let (eps, pick) = (block.eps, (k, block.routing));
+        if let Some(bias) = block.norm_bias {
+            self.layer_norm(x, 0..1, (block.norm, bias), eps, xs)?;
+            gpu.moe_route(rw, xsp, pick, routes, dn)?;
+        } else if !gpu.moe_route_norm(
+            rw,
+            (xp, xsp),
+            (self.vector(block.norm)?, eps),
+            pick,
+            routes,
+        )? {
             self.rms_norm(x, 0..1, block.norm, eps, xs)?;
-            gpu.moe_route(rw, xsp, k, routes, dn)?;
+            gpu.moe_route(rw, xsp, pick, routes, dn)?;
         }
         let routed = Routed { tab, routes, k };
         if r.gate.kind < 3 {
@@ -405,9 +414,10 @@ impl ExpertDevice for CudaBackend {
         // Integer kinds: gate and up of the k experts in one launch, their SwiGLU, down of all
         // k, then the weighted sum and residual add, with the norm that follows folded in.
         gpu.routed_ffn((&r.gate, &r.down), routed, xsp, (g, dn), (h, f))?;
-        let norm = match block.next {
-            Some(nw) => Some(((self.vector(nw)?, eps), xsp)),
-            None => None,
+        // The next norm folded in where it is an RMSNorm (a LayerNorm follows on its own).
+        let norm = match (block.next, block.norm_bias) {
+            (Some(nw), None) => Some(((self.vector(nw)?, eps), xsp)),
+            _ => None,
         };
         gpu.moe_combine(xp, dn, routes, (k, h), norm)
     }

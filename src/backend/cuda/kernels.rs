@@ -16,6 +16,12 @@ use crate::Error;
 /// Every kernel of cuda/*.cu.
 pub struct Kernels {
     pub rms_norm: CudaFunction,
+    /// LayerNorm with a bias (Phi-3.5-MoE).
+    pub layer_norm: CudaFunction,
+    /// A bias on each row; a scale; a shared expert's sigmoid-gated SwiGLU (Qwen2-MoE).
+    pub add_rows: CudaFunction,
+    pub scale: CudaFunction,
+    pub shared_gate: CudaFunction,
     pub rope: CudaFunction,
     pub add_assign: CudaFunction,
     pub swiglu: CudaFunction,
@@ -259,6 +265,10 @@ impl Kernels {
         let mma = major >= 8;
         let mut kernels = Kernels {
             rms_norm: f("rms_norm")?,
+            layer_norm: f("layer_norm")?,
+            add_rows: f("add_rows")?,
+            scale: f("scale")?,
+            shared_gate: f("shared_gate")?,
             rope: f("rope")?,
             add_assign: f("add_assign")?,
             swiglu: f("swiglu")?,

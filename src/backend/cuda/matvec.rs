@@ -2,6 +2,27 @@
 //! slots, the routes on the device), routing and the MoE block's fused launches.
 
 use super::*;
+use crate::model::routing::Routing;
+
+/// A routing rule as the routing kernels take it (cuda/moe.cu RULE_*): the rule and its eps, for
+/// k routes of ne experts.
+fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)> {
+    if k == 0 || k > 16 || k > ne {
+        return Err(Error::Invalid(format!(
+            "CUDA: routing to {k} of {ne} experts (the kernels take 1 to 16)"
+        )));
+    }
+    Ok(match routing {
+        Routing::Softmax { renormalize: true } => (0, 0.0),
+        Routing::Softmax { renormalize: false } => (1, 0.0),
+        Routing::SparseMixer { jitter_eps } if k == 2 => (2, jitter_eps),
+        Routing::SparseMixer { .. } => {
+            return Err(Error::Invalid(format!(
+                "CUDA: sparsemixer routing picks 2 experts, not {k}"
+            )))
+        }
+    })
+}
 
 /// One token's routed experts on the device: the table of their matrices (`tab`, [experts][gate,
 /// up, down] DevMat), their routes (`routes`: k expert ranks, then k weights) and k.
@@ -184,18 +205,19 @@ impl Gpu {
         &self,
         w: &DevMat,
         x: u64,
-        k: usize,
+        (k, routing): (usize, Routing),
         routes: u64,
         logits: u64,
     ) -> crate::Result<()> {
-        let small = w.rows <= 256 && k <= 16 && k <= w.rows as usize;
-        if w.kind >= 3 || !w.vectorizable() || !x.is_multiple_of(16) || !small {
+        let (rule, reps) = route_rule(routing, k, w.rows.max(0) as usize)?;
+        if w.kind >= 3 || !w.vectorizable() || !x.is_multiple_of(16) || w.rows > 256 {
             self.matvec(w, x, logits)?;
-            return self.route(logits, 1, w.rows as usize, k, routes);
+            return self.route(logits, 1, w.rows as usize, (k, routing), routes);
         }
         let warps = (w.rows as u32).clamp(1, 32);
         let (wm, ki) = (*w, k as i32);
-        launch!(self, self.kernels.moe_route[w.kind as usize], cfg(1, 32 * warps); wm, x, ki, routes)
+        let f = &self.kernels.moe_route[w.kind as usize];
+        launch!(self, f, cfg(1, 32 * warps); wm, x, ki, rule, reps, routes)
     }
 
     /// Whether later routing launches may copy the router into the block before they wait (the
@@ -213,13 +235,13 @@ impl Gpu {
         w: &DevMat,
         (x, xn): (u64, u64),
         (g, eps): (u64, f32),
-        k: usize,
+        (k, routing): (usize, Routing),
         routes: u64,
     ) -> crate::Result<bool> {
         let n = w.cols as usize;
-        let small = w.rows <= 256 && k <= 16 && k <= w.rows as usize;
+        let (rule, reps) = route_rule(routing, k, w.rows.max(0) as usize)?;
         // The row in shared memory within the 48 KB a launch gets without opting in.
-        if w.kind >= 3 || !w.vectorizable() || !small || n * 4 > 48 << 10 {
+        if w.kind >= 3 || !w.vectorizable() || w.rows > 256 || n * 4 > 48 << 10 {
             return Ok(false);
         }
         // The router's rows and the norm's weights loaded before the kernel waits (into shared
@@ -235,7 +257,8 @@ impl Gpu {
             shared_mem_bytes: (n * 4 + if pre { rows_bytes + n * 4 } else { 0 }) as u32,
         };
         let (wm, ki, prei) = (*w, k as i32, i32::from(pre));
-        launch!(self, self.kernels.moe_route_norm[w.kind as usize], c; wm, x, g, eps, xn, ki, routes, prei)?;
+        let f = &self.kernels.moe_route_norm[w.kind as usize];
+        launch!(self, f, c; wm, x, g, eps, xn, ki, rule, reps, routes, prei)?;
         Ok(true)
     }
 
@@ -300,23 +323,20 @@ impl Gpu {
         })
     }
 
-    /// Mixtral routing of t tokens from router logits ([t, ne] at `logits`) into `routes`:
+    /// Routing of t tokens by `routing` from router logits ([t, ne] at `logits`) into `routes`:
     /// [t, k] expert indices (i32) then [t, k] weights (moe.cu route_topk).
     pub fn route(
         &self,
         logits: u64,
         t: usize,
         ne: usize,
-        k: usize,
+        (k, routing): (usize, Routing),
         routes: u64,
     ) -> crate::Result<()> {
-        if k == 0 || k > 16 || k > ne {
-            return Err(Error::Invalid(format!(
-                "CUDA: routing to {k} of {ne} experts (the kernel takes 1 to 16)"
-            )));
-        }
+        let (rule, reps) = route_rule(routing, k, ne)?;
         let (nei, ki, ti) = (ne as i32, k as i32, t as i32);
-        launch!(self, self.kernels.route_topk, cfg(blocks(t, 128), 128); logits, nei, ki, ti, routes)
+        let c = cfg(blocks(t, 128), 128);
+        launch!(self, self.kernels.route_topk, c; logits, nei, ki, ti, rule, reps, routes)
     }
 
     /// Write `a`'s table ([n][gate, up, down] at `tab`) and routes (n ranks then n weights at

@@ -7,12 +7,9 @@ impl CudaBackend {
     /// frequencies in f32).
     pub fn new(gpu: Arc<Gpu>, model: &Model<'_>) -> crate::Result<CudaBackend> {
         let w = model.weights();
-        let mut mats: Vec<&Matrix> = vec![&w.token_embd, &w.output];
-        let mut vectors: Vec<&[f32]> = vec![&w.output_norm, model.inv_freq()];
-        for l in &w.layers {
-            mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.router]);
-            vectors.extend([l.attn_norm.as_slice(), l.ffn_norm.as_slice()]);
-        }
+        let mats = w.matrices();
+        let mut vectors = w.vectors();
+        vectors.extend(model.rope_tables());
         let needed: usize = mats
             .iter()
             .map(|m| m.codes.len() + m.scales.len() + m.mins.len())
