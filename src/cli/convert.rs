@@ -347,10 +347,11 @@ fn run_synthetic(args: &ConvertArgs, name: &str) -> crate::Result<()> {
         })
         .collect();
     outln!(
-        "synthetic {}: {} of {} layers, seed {seed}; architecture mixtral, no tokenizer",
+        "synthetic {}: {} of {} layers, seed {seed}; architecture {}, no tokenizer",
         model.name,
         model.spec.n_layers,
-        model.total_layers
+        model.total_layers,
+        model.arch_name()
     );
     print_summary(
         &args.output,

@@ -54,8 +54,8 @@ pub struct ConvertArgs {
     #[arg(long, value_name = "DIR")]
     pub from: Option<PathBuf>,
     /// Instead of --from: random weights in this model's exact shapes, for speed benchmarks only
-    /// (the output is noise). Written as architecture "mixtral" (Mixtral's top-k routing) for every
-    /// model, with no tokenizer: feed token ids.
+    /// (the output is noise). Each in its own architecture (routing, norms, biases, shared
+    /// expert), with no tokenizer: feed token ids.
     #[arg(long, value_name = "MODEL",
           value_parser = clap::builder::PossibleValuesParser::new(crate::import::synthetic::PRESETS))]
     pub synthetic: Option<String>,

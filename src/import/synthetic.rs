@@ -1,10 +1,10 @@
 //! Synthetic models: random weights in a real model's exact shapes, written straight to .hob for
 //! speed benchmarks at real scale (speed only: the weights mean nothing).
 //!
-//! Each preset is written as its own architecture where hob runs it (qwen3-30b-a3b as `qwen3moe`
-//! with its QK-norm, olmoe-1b-7b as `olmoe`); the others as `mixtral` (softmax top-k routing,
-//! renormalized) with the named model's shapes, which the metadata's `general.name` says, e.g.
-//! "synthetic phi-3.5-moe (mixtral routing)".
+//! Each preset is written as its own architecture, with its routing and norms: qwen3-30b-a3b as
+//! `qwen3moe` (QK-norm), qwen1.5-moe-a2.7b as `qwen2moe` (q/k/v biases, a shared expert),
+//! olmoe-1b-7b as `olmoe`, phi-3.5-moe as `phimoe` (LayerNorm, biases, sparsemixer; LongRoPE with
+//! factors of 1, which changes no shape or cost), mixtral-8x7b as `mixtral`.
 //!
 //! Nothing is quantized: each variant's bytes are generated directly, so a file of tens of GB
 //! takes as long as the disk needs to take it.
@@ -29,6 +29,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use super::arch::{Architecture, ExpertSource, MixtralSpec, TensorRole};
+use super::phimoe::PhiExtras;
 use super::DenseTensor;
 use crate::error::Error;
 use crate::format::{
@@ -37,12 +38,16 @@ use crate::format::{
 };
 
 /// The models `--synthetic` knows, by the name it takes.
-pub const PRESETS: [&str; 4] = [
+pub const PRESETS: [&str; 5] = [
     "mixtral-8x7b",
     "phi-3.5-moe",
     "qwen3-30b-a3b",
+    "qwen1.5-moe-a2.7b",
     "olmoe-1b-7b",
 ];
+
+/// Qwen1.5-MoE-A2.7B's shared expert width (shared_expert_intermediate_size).
+const QWEN15_SHARED_FFN: usize = 5632;
 
 /// Standard deviation of the generated weights.
 pub const WEIGHT_SD: f32 = 0.02;
@@ -100,8 +105,7 @@ impl SyntheticModel {
                 (8, 2),
                 (1e6, 1e-5, 32768),
             ),
-            // microsoft/Phi-3.5-MoE-instruct (its sparsemixer routing and LayerNorm are not
-            // modeled: the file routes and normalizes as Mixtral does).
+            // microsoft/Phi-3.5-MoE-instruct
             "phi-3.5-moe" => spec(
                 (4096, 6400, 32),
                 (32, 8, 128),
@@ -116,6 +120,14 @@ impl SyntheticModel {
                 151936,
                 (128, 8),
                 (1e6, 1e-6, 40960),
+            ),
+            // Qwen/Qwen1.5-MoE-A2.7B (and a shared expert of QWEN15_SHARED_FFN)
+            "qwen1.5-moe-a2.7b" => spec(
+                (2048, 1408, 24),
+                (16, 16, 128),
+                151936,
+                (60, 4),
+                (1e6, 1e-6, 8192),
             ),
             // allenai/OLMoE-1B-7B-0924
             "olmoe-1b-7b" => spec(
@@ -151,30 +163,42 @@ impl SyntheticModel {
         Ok(self)
     }
 
-    /// `general.name`: "synthetic phi-3.5-moe (8 of 32 layers, mixtral routing)".
+    /// `general.name`: "synthetic phi-3.5-moe (8 of 32 layers)".
     pub fn display_name(&self) -> String {
-        let mut notes = Vec::new();
         if self.spec.n_layers != self.total_layers {
-            notes.push(format!(
-                "{} of {} layers",
-                self.spec.n_layers, self.total_layers
-            ));
-        }
-        if !self.name.starts_with("mixtral") && matches!(self.arch(), Architecture::Mixtral(_)) {
-            notes.push("mixtral routing".to_string());
-        }
-        if notes.is_empty() {
-            format!("synthetic {}", self.name)
+            let (n, total) = (self.spec.n_layers, self.total_layers);
+            format!("synthetic {} ({n} of {total} layers)", self.name)
         } else {
-            format!("synthetic {} ({})", self.name, notes.join(", "))
+            format!("synthetic {}", self.name)
         }
+    }
+
+    /// The architecture the file is written as (`general.architecture`).
+    pub fn arch_name(&self) -> &'static str {
+        self.arch().hob_name()
     }
 
     fn arch(&self) -> Architecture {
         let spec = self.spec.clone();
         match self.name.as_str() {
             "qwen3-30b-a3b" => Architecture::Qwen3Moe(spec),
+            "qwen1.5-moe-a2.7b" => Architecture::Qwen2Moe(spec, QWEN15_SHARED_FFN),
             "olmoe-1b-7b" => Architecture::Olmoe(spec),
+            "phi-3.5-moe" => {
+                // Phi-3.5-MoE's sparsemixer margin and LongRoPE context; factors of 1.
+                let half = spec.head_dim / 2;
+                Architecture::Phimoe(
+                    spec,
+                    PhiExtras {
+                        jitter_eps: 0.01,
+                        original_context: 4096,
+                        short_factor: vec![1.0; half],
+                        long_factor: vec![1.0; half],
+                        short_mscale: 1.0,
+                        long_mscale: 1.0,
+                    },
+                )
+            }
             _ => Architecture::Mixtral(spec),
         }
     }
@@ -633,11 +657,9 @@ mod tests {
         assert!(m.clone().with_layers(33).unwrap_err().contains("32 layers"));
         let cut = m.clone().with_layers(8).unwrap();
         assert_eq!(cut.spec.n_layers, 8);
-        assert_eq!(
-            cut.display_name(),
-            "synthetic phi-3.5-moe (8 of 32 layers, mixtral routing)"
-        );
-        assert_eq!(m.display_name(), "synthetic phi-3.5-moe (mixtral routing)");
+        assert_eq!(cut.display_name(), "synthetic phi-3.5-moe (8 of 32 layers)");
+        assert_eq!(m.display_name(), "synthetic phi-3.5-moe");
+        assert_eq!(m.arch_name(), "phimoe");
         let mx = SyntheticModel::preset("mixtral-8x7b").unwrap();
         assert_eq!(mx.display_name(), "synthetic mixtral-8x7b");
         // Written as its own architecture: no "mixtral routing" note.

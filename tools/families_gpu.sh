@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Issue 50's device grid: hob beside llama.cpp on the Qwen3-30B-A3B shape (LAYERS of its 48 layers,
+# synthetic weights in both programs' own qwen3moe layouts), resident and under the 16 GB x8 and
+# 12 GB card profiles. Run on the device machine after tools/stage_gpu.sh and, for llama.cpp,
+# tools/llamacpp_gpu.sh pack (or its saved binaries in .gpu/llb.part*):
+#   bash tools/families_gpu.sh prepare   llama.cpp built or restored; the f16 GGUF, its Q8_0 and Q4_K_M
+#                                        (llama-quantize); the .hob with f16, int8 and int4 experts
+#   bash tools/families_gpu.sh qwen3     the rows, hob and llama.cpp alternated row by row
+#                                        -> $OUT/qwen3.md (hob's and llama-bench's markdown rows)
+#   bash tools/families_gpu.sh trace     train tools/train_qwen3_router.py's model (128 experts, top-8; data
+#                                        staged in .gpu/shakes), convert it, fit T1/T2 to HOBBIT's 67/30/3
+#                                        split on Hamlet, record its Hamlet trace -> /tmp/q3r-trace.jsonl,
+#                                        $OUT/trace.env (TRACE, T1, T2) and its training log
+#   TRACE=.. T1=.. T2=.. bash tools/families_gpu.sh replay
+#                                        the offloaded rows with every layer's routing replayed from the
+#                                        trained router's trace (hob's cache sees learned routing; llama.cpp's
+#                                        --n-cpu-moe split does not depend on it), the Orin NX row
+#                                        -> $OUT/qwen3-replay.md
+# LAYERS (default 8). Memory is scaled as tools/hobbit_gpu.sh scales it: a card's budget less the
+# full model's non-expert weights (hob: f16; llama.cpp: its quantization's) and ~1 GB of KV cache and
+# buffers, as a share of the full model's experts, times this file's experts (hob's --expert-cache;
+# llama.cpp's --n-cpu-moe: the layers whose experts do not fit, then one and two more).
+set -uo pipefail
+LAYERS="${LAYERS:-8}"
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+L=/tmp/llama
+model=/tmp/qwen3-synthetic-${LAYERS}l.hob
+g=/tmp/qwen3-synthetic-${LAYERS}l
+log="$out/families.log"
+# Full Qwen3-30B-A3B: 48 layers x 128 experts of 2048 x 768 x 3; non-expert weights 1.23e9 values.
+frac() { # budget GiB, bytes per expert, non-expert bytes -> share of the experts that fit
+  python3 -c "print(max(0.0, min(1.0, ($1*2**30 - $3 - 1e9) / (6144*$2))))"; }
+cache() { # share, bytes per expert -> GiB for this file's experts
+  python3 -c "print(f'{$1*$LAYERS*128*$2/2**30:.3f}')"; }
+ncpu() { # share -> llama.cpp layers whose experts stay on the CPU
+  python3 -c "import math; print(min($LAYERS, math.ceil($LAYERS*(1-$1) - 1e-9)))"; }
+# Bytes per expert: hob int8 g64 / int4 g64 (f16 scales, int4 also f16 mins); llama.cpp Q8_0, Q4_K_M
+# (Q4_K/Q6_K mix, ~4.9 bits).
+E_INT8=4866048; E_INT4=2654208; E_Q8=5013504; E_Q4KM=2890000
+D_F16=2.46e9; D_Q8=1.31e9; D_Q4KM=0.75e9
+hobrow() { # label, args...
+  local label="$1"; shift
+  echo "== hob $label: $*" >> "$log"
+  timeout 200 "$hob" bench -m "$model" --stats "$@" 2>>"$log" | grep -v '^| ---\|^| model' \
+    | sed "s#^|#| hob $label |#" >> "$out/qwen3.md"
+}
+llrow() { # label, gguf, args...
+  local label="$1" m="$2"; shift 2
+  echo "== llama.cpp $label: $*" >> "$log"
+  timeout 200 $L/build/bin/llama-bench -m "$m" -ngl 99 -t "$(nproc)" "$@" -o md 2>>"$log" \
+    | grep -v '^| ---\|^| model' | sed "s#^|#| llama.cpp $label |#" >> "$out/qwen3.md"
+}
+case "${1:-}" in
+prepare)
+  {
+    echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%F), $(nproc) CPU threads"
+    if [ ! -x $L/build/bin/llama-bench ]; then
+      if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
+      else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
+    fi
+    t0=$(date +%s)
+    [ -f "$g-f16.gguf" ] || PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$g-f16.gguf" \
+      --model qwen3-30b-a3b --layers "$LAYERS" 2>/dev/null
+    for q in Q8_0 Q4_K_M; do
+      [ -f "$g-$q.gguf" ] || $L/build/bin/llama-quantize "$g-f16.gguf" "$g-$q.gguf" $q "$(nproc)" > /tmp/quantize-$q.log 2>&1 \
+        || tail -3 /tmp/quantize-$q.log
+    done
+    [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers "$LAYERS" --experts f16,int8,int4,int2 \
+      -o "$model" --no-progress | tail -3
+    echo "prepared in $(( $(date +%s) - t0 )) s"; ls -l /tmp/*.gguf "$model"; df -h /tmp | tail -1
+  } >> "$log" 2>&1
+  tail -8 "$log" ;;
+qwen3)
+  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit; llama.cpp: ngl, n_cpu_moe) |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  r=(-r 3 -p 512 -n 64)
+  # All resident: int4 beside Q4_K_M, f16 beside f16.
+  hobrow "resident int4" --platform h200 --expert-variant int4 --low none "${r[@]}"
+  llrow "resident Q4_K_M" "$g-Q4_K_M.gguf" "${r[@]}"
+  hobrow "resident f16" --platform h200 --expert-variant f16 --low none "${r[@]}"
+  llrow "resident f16" "$g-f16.gguf" "${r[@]}"
+  for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
+    name=${prof%%:*}; gib=${prof##*:}
+    f8=$(frac "$gib" $E_INT8 $D_F16); f4=$(frac "$gib" $E_INT4 $D_F16)
+    fq8=$(frac "$gib" $E_Q8 $D_Q8); fq4=$(frac "$gib" $E_Q4KM $D_Q4KM)
+    echo "$name: hob int8 share $f8 ($(cache "$f8" $E_INT8) GiB), int4 share $f4 ($(cache "$f4" $E_INT4) GiB); llama.cpp Q8_0 share $fq8, Q4_K_M share $fq4" >> "$out/qwen3.md"
+    p=(--platform "$name" --cache-policy hobbit --prefetch 3 "${r[@]}")
+    hobrow "$name int8+int4" "${p[@]}" --expert-variant int8 --low int4 --expert-cache "$(cache "$f8" $E_INT8)"
+    n8=$(ncpu "$fq8")
+    for n in $n8 $((n8 + 1)) $((n8 + 2)); do
+      [ "$n" -le "$LAYERS" ] && llrow "$name Q8_0 n-cpu-moe $n" "$g-Q8_0.gguf" --n-cpu-moe "$n" "${r[@]}"
+    done
+    hobrow "$name int4, CPU experts" "${p[@]}" --expert-variant int4 --low none --cpu-experts -t "$(nproc)" \
+      --expert-cache "$(cache "$f4" $E_INT4)"
+    n4=$(ncpu "$fq4")
+    for n in $n4 $((n4 + 1)) $((n4 + 2)); do
+      [ "$n" -le "$LAYERS" ] && llrow "$name Q4_K_M n-cpu-moe $n" "$g-Q4_K_M.gguf" --n-cpu-moe "$n" "${r[@]}"
+    done
+  done
+  cat "$out/qwen3.md" ;;
+trace)
+  [ -f .gpu/shakes/train.bin ] && [ -f .gpu/hamlet-60k.txt ] \
+    || { echo "trace: stage .gpu/shakes and .gpu/hamlet-60k.txt first (tools/stage_gpu.sh)"; exit 2; }
+  t=/tmp/q3r.log; w=/tmp/q3r
+  trap 'cat "$t" >> "$log"' EXIT
+  python3 tools/train_qwen3_router.py "$w" --data .gpu/shakes --budget "${BUDGET:-150}" > "$t" 2>&1 || { tail "$t"; exit 1; }
+  cp "$w/train_log.json" "$out/q3r-train-log.json"
+  cp tests/fixtures/mistral/tokenizer.json "$w/"
+  "$hob" convert --from "$w" --experts f16,int8,int4,int2 -o /tmp/q3r.hob --no-progress >> "$t" 2>&1 || exit 1
+  "$hob" calibrate -m /tmp/q3r.hob -f .gpu/hamlet-60k.txt --split 67/30/3 >> "$t" 2>&1 || exit 1
+  t1=$(grep "^fitted" "$t" | sed 's/.*T1 = \([0-9.]*\),.*/\1/'); t2=$(grep "^fitted" "$t" | sed 's/.*T2 = \([0-9.]*\) .*/\1/')
+  "$hob" perplexity -m /tmp/q3r.hob -f .gpu/hamlet-60k.txt -c 512 --record-trace /tmp/q3r-trace.jsonl >> "$t" 2>&1 || exit 1
+  printf 'TRACE=/tmp/q3r-trace.jsonl\nT1=%s\nT2=%s\n' "$t1" "$t2" | tee "$out/trace.env"
+  grep -E "best|^fitted|scored|Final|perplexity" "$t" | tail -8 ;;
+replay)
+  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  r=(-r 3 -p 512 -n 64)
+  rt=(--replay-trace "$TRACE" --cache-policy hobbit --prefetch 3)
+  for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
+    name=${prof%%:*}; gib=${prof##*:}
+    f8=$(frac "$gib" $E_INT8 $D_F16); f4=$(frac "$gib" $E_INT4 $D_F16)
+    fq8=$(frac "$gib" $E_Q8 $D_Q8); fq4=$(frac "$gib" $E_Q4KM $D_Q4KM)
+    echo "$name: hob int8 share $f8 ($(cache "$f8" $E_INT8) GiB), int4 share $f4; llama.cpp Q8_0 share $fq8, Q4_K_M share $fq4" >> "$out/qwen3.md"
+    p=(--platform "$name" "${rt[@]}" "${r[@]}")
+    c8=$(cache "$f8" $E_INT8); c4=$(cache "$f4" $E_INT4)
+    hobrow "$name int8+int4 T1 $T1 T2 1 (none skipped)" "${p[@]}" --expert-variant int8 --low int4 --t1 "$T1" --t2 1 --expert-cache "$c8"
+    hobrow "$name int8+int4 T1 $T1 T2 $T2" "${p[@]}" --expert-variant int8 --low int4 --t1 "$T1" --t2 "$T2" --expert-cache "$c8"
+    n8=$(ncpu "$fq8")
+    for n in $n8 $((n8 + 1)); do
+      [ "$n" -le "$LAYERS" ] && llrow "$name Q8_0 n-cpu-moe $n" "$g-Q8_0.gguf" --n-cpu-moe "$n" "${r[@]}"
+    done
+    hobrow "$name int4, CPU experts" "${p[@]}" --expert-variant int4 --low none --cpu-experts -t "$(nproc)" --expert-cache "$c4"
+    hobrow "$name int4" "${p[@]}" --expert-variant int4 --low none --expert-cache "$c4"
+    n4=$(ncpu "$fq4")
+    for n in $n4 $((n4 + 1)); do
+      [ "$n" -le "$LAYERS" ] && llrow "$name Q4_K_M n-cpu-moe $n" "$g-Q4_K_M.gguf" --n-cpu-moe "$n" "${r[@]}"
+    done
+  done
+  # Orin NX 16 GB: int4 high, int2 low from the NVMe tier (paced page cache: --no-ssd), no CPU experts
+  # (the CPU would read the same memory). 12 GiB of its 16 for hob.
+  f4=$(frac 12 $E_INT4 $D_F16)
+  echo "jetson-orin-nx-16g: int4 share $f4" >> "$out/qwen3.md"
+  hobrow "jetson-orin-nx-16g int4+int2 T1 $T1 T2 $T2" --platform jetson-orin-nx-16g "${rt[@]}" -r 2 -p 0 -n 32 --no-ssd \
+    --expert-variant int4 --low int2 --t1 "$T1" --t2 "$T2" --expert-cache "$(cache "$f4" $E_INT4)"
+  cat "$out/qwen3.md" ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|trace|replay"; exit 2 ;;
+esac
