@@ -239,3 +239,37 @@ fn bench_refuses_bad_list_values_by_name() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// Issue 50 item 4: the projection onto a profile's memory is for CUDA decode rows only. On the
+/// CPU, with a profile whose memory is far below any GPU's, the JSON has the field as null and
+/// the table keeps its 14 columns.
+#[test]
+fn bench_projects_nothing_on_the_cpu() {
+    let (_dir, path) = convert_fixture("f16");
+    let p = path.to_str().unwrap();
+    // The profile's int4/int2 pair is not in the fixture: its f16 alone.
+    let flags = [
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "--platform",
+        "jetson-orin-nx-16g",
+        "--expert-variant",
+        "f16",
+        "--low",
+        "none",
+    ];
+    let rows = bench_json(p, &flags);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["profile"], "jetson-orin-nx-16g");
+    assert!(rows[0]["projected_ts"].is_null(), "{}", rows[0]);
+    assert!(rows[0]["gpu_busy_per_token_s"].is_null(), "{}", rows[0]);
+    let mut args = vec!["bench", "-m", p, "--device", "cpu", "-r", "1"];
+    args.extend_from_slice(&flags);
+    let (ok, md, stderr) = hob(&args);
+    assert!(ok, "{stderr}");
+    assert!(!md.contains("projected"), "{md}");
+    assert!(!stderr.contains("projection"), "{stderr}");
+    assert!(md.lines().all(|l| l.matches(" |").count() == 14), "{md}");
+}

@@ -4,10 +4,13 @@
 //!
 //! - `mean_sd`: mean and sample standard deviation of repeated measurements.
 //! - `physical_limit`: the bound of shared/REFERENCE.md, with and without load/compute overlap.
+//! - `project`: a decode row's tokens/s projected onto an emulated profile's slower memory.
 //! - `report`: `BenchRow`, `render_markdown`, `render_json`.
 
+pub mod projection;
 pub mod report;
 
+pub use projection::{project, Projection};
 pub use report::{render_json, render_markdown, BenchRow, BenchTest, HitRate, MoeStats};
 
 /// Mean and sample standard deviation (n - 1 in the denominator) of `xs`. One value: sd 0.

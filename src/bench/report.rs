@@ -7,13 +7,18 @@
 //!
 //! The `limit t/s` column is the perfect-overlap bound (`Limit::overlap_tok_s`): nothing can beat
 //! it, so `% limit` stays at or below 100. The JSON carries both bounds.
+//!
+//! Where a row has a projection onto its profile's memory (`super::projection`), the table gets
+//! one more column, last, named for the profile: `projected t/s (rtx4060ti-16g's memory)`; a
+//! table without one keeps llama-bench's columns and hob's 14. The JSON always has the fields
+//! (`projected_ts`, `gpu_busy_per_token_s`, `device_memory_gbs`: null when absent).
 
 use std::fmt;
 
 use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 
-use super::{mean_sd, Limit};
+use super::{mean_sd, Limit, Projection};
 
 /// The test, as llama-bench names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +89,9 @@ pub struct BenchRow {
     pub moe: Option<MoeStats>,
     /// The physical limit of this configuration, when computed.
     pub limit: Option<Limit>,
+    /// Tokens/s projected onto the profile's memory (CUDA decode rows of a profile whose memory
+    /// is slower than the device's), when computed.
+    pub projection: Option<Projection>,
 }
 
 impl BenchRow {
@@ -148,7 +156,7 @@ fn params_cell(params: u64) -> String {
     }
 }
 
-fn cells(r: &BenchRow) -> [String; 14] {
+fn cells(r: &BenchRow) -> Vec<String> {
     let dash = || "-".to_string();
     let (mean, sd) = r.tok_s();
     let moe = r.moe.as_ref();
@@ -180,12 +188,44 @@ fn cells(r: &BenchRow) -> [String; 14] {
             .map_or_else(dash, |l| format!("{:.2}", l.overlap_tok_s)),
         r.limit_pct().map_or_else(dash, |p| format!("{p:.1}%")),
     ]
+    .into()
+}
+
+/// The columns of `rows`: hob's 14, and the projection's when a row has one. It names the
+/// profile when every projected row shares it (one bench run has one profile).
+fn columns(rows: &[BenchRow]) -> Vec<(String, bool)> {
+    let mut columns: Vec<(String, bool)> = COLUMNS
+        .iter()
+        .map(|&(h, right)| (h.to_string(), right))
+        .collect();
+    let mut projected = rows.iter().filter(|r| r.projection.is_some());
+    if let Some(first) = projected.next() {
+        let name = match projected.all(|r| r.profile == first.profile) {
+            true => format!("{}'s", first.profile),
+            false => "the profile's".to_string(),
+        };
+        columns.push((format!("projected t/s ({name} memory)"), true));
+    }
+    columns
 }
 
 /// A markdown table in llama-bench's look, one line per row, ending with a newline.
 pub fn render_markdown(rows: &[BenchRow]) -> String {
-    let body: Vec<[String; 14]> = rows.iter().map(cells).collect();
-    let widths: Vec<usize> = COLUMNS
+    let columns = columns(rows);
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut c = cells(r);
+            if columns.len() > COLUMNS.len() {
+                c.push(
+                    r.projection
+                        .map_or_else(|| "-".to_string(), |p| format!("{:.2}", p.tok_s)),
+                );
+            }
+            c
+        })
+        .collect();
+    let widths: Vec<usize> = columns
         .iter()
         .enumerate()
         .map(|(i, (h, _))| {
@@ -215,12 +255,12 @@ pub fn render_markdown(rows: &[BenchRow]) -> String {
         }
     };
     let mut out = line(
-        &mut COLUMNS
+        &mut columns
             .iter()
             .zip(&widths)
             .map(|((h, right), &w)| pad(h, w, *right)),
     );
-    out.push_str(&line(&mut COLUMNS.iter().zip(&widths).map(
+    out.push_str(&line(&mut columns.iter().zip(&widths).map(
         |((_, right), &w)| {
             if *right {
                 format!("{}:", "-".repeat(w - 1))
@@ -233,7 +273,7 @@ pub fn render_markdown(rows: &[BenchRow]) -> String {
         out.push_str(&line(
             &mut c
                 .iter()
-                .zip(COLUMNS.iter().zip(&widths))
+                .zip(columns.iter().zip(&widths))
                 .map(|(text, ((_, right), &w))| pad(text, w, *right)),
         ));
     }
@@ -269,6 +309,9 @@ fn row_json(r: &BenchRow) -> Value {
         "limit_no_overlap_ts": r.limit.map(|l| l.no_overlap_tok_s),
         "limit_pct": r.limit_pct(),
         "no_overlap_pct": r.no_overlap_pct(),
+        "projected_ts": r.projection.map(|p| p.tok_s),
+        "gpu_busy_per_token_s": r.projection.map(|p| p.gpu_busy_s),
+        "device_memory_gbs": r.projection.map(|p| p.device_gbs),
     })
 }
 
@@ -314,6 +357,7 @@ mod tests {
                     skipped_per_token: 0.0,
                 }),
                 limit: Some(limit),
+                projection: None,
             },
             BenchRow {
                 model: "mixtral 8x7B".into(),
@@ -326,6 +370,7 @@ mod tests {
                 samples_tok_s: vec![100.0],
                 moe: None,
                 limit: None,
+                projection: None,
             },
         ]
     }
@@ -407,5 +452,78 @@ mod tests {
         assert_eq!(a[1]["test"], "pp512");
         assert!(a[1]["params"].is_null() && a[1]["hit_rates"].is_null());
         assert!(a[1]["limit_pct"].is_null());
+        for field in ["projected_ts", "gpu_busy_per_token_s", "device_memory_gbs"] {
+            assert!(a[0][field].is_null() && a[1][field].is_null(), "{field}");
+        }
+    }
+
+    /// The rows above with the decode row projected: H200 to an RTX 4060 Ti.
+    fn projected_rows() -> Vec<BenchRow> {
+        let mut rows = rows();
+        rows[0].profile = "rtx4060ti-16g".into();
+        rows[0].projection = super::super::project(2.1, (0.1, f64::INFINITY), 4275.0, 288.0);
+        rows
+    }
+
+    #[test]
+    fn a_projection_adds_one_column_named_for_the_profile() {
+        let md = render_markdown(&projected_rows());
+        let lines: Vec<&str> = md.lines().collect();
+        assert_eq!(lines.len(), 4, "{md}");
+        for l in &lines {
+            assert_eq!(l.chars().count(), lines[0].chars().count(), "{md}");
+            assert_eq!(l.matches(" |").count(), 15, "{l}");
+        }
+        // The other columns are where they were.
+        let plain = render_markdown(&rows());
+        let cut = |l: &str| {
+            l.split(" |")
+                .take(13)
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join("|")
+        };
+        for (a, b) in md.lines().zip(plain.lines()).skip(2) {
+            assert_eq!(cut(a).replace("rtx4060ti-16g", "rtx4090-24g"), cut(b));
+        }
+        assert!(
+            lines[0].ends_with("| projected t/s (rtx4060ti-16g's memory) |"),
+            "{md}"
+        );
+        assert!(lines[1].ends_with("-: |"), "{md}");
+        let last_two = |l: &str| {
+            let c: Vec<String> = l.split('|').map(|c| c.trim().to_string()).collect();
+            (c[c.len() - 3].clone(), c[c.len() - 2].clone())
+        };
+        // 1 / (1/2.1 - 0.1 + 0.1 x 4275 / 288) = 0.5375 tok/s.
+        assert_eq!(last_two(lines[2]), ("94.6%".into(), "0.54".into()), "{md}");
+        assert_eq!(last_two(lines[3]), ("-".into(), "-".into()), "{md}");
+        // Rows of two profiles (never one bench run): the header names neither.
+        let mut mixed = projected_rows();
+        mixed[1].projection = mixed[0].projection;
+        let md = render_markdown(&mixed);
+        assert!(
+            md.starts_with("| model ")
+                && md
+                    .lines()
+                    .next()
+                    .unwrap()
+                    .ends_with("| projected t/s (the profile's memory) |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn json_carries_the_projection_beside_the_measured_fields() {
+        let v: Value = serde_json::from_str(&render_json(&projected_rows())).unwrap();
+        let a = v.as_array().unwrap();
+        let want = 1.0 / (1.0 / 2.1 - 0.1 + 0.1 * 4275.0 / 288.0);
+        assert!((a[0]["projected_ts"].as_f64().unwrap() - want).abs() < 1e-12);
+        assert_eq!(a[0]["gpu_busy_per_token_s"], 0.1);
+        assert_eq!(a[0]["device_memory_gbs"], 4275.0);
+        // The measured fields scripts read are the same as without it.
+        assert!((a[0]["avg_ts"].as_f64().unwrap() - 2.1).abs() < 1e-12);
+        assert_eq!(a[0]["n_gen"], 128);
+        assert!(a[1]["projected_ts"].is_null());
     }
 }

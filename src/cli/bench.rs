@@ -4,19 +4,23 @@
 //!
 //! Tokens come from a fixed pseudo-random trace (--seed), not from sampling, so two runs (A/B)
 //! route identically. Each repetition starts from an empty context, as llama-bench does.
+//!
+//! A profile emulated on a faster device (`--platform` with slower memory than the device's
+//! measured copy) gets a projection beside each CUDA decode row: one more run with every kernel
+//! timed gives the GPU-busy time a token, scaled by the two memories' ratio (`bench::project`).
 
 use super::out::{out, outln};
 use clap::Args;
 
 use super::engine::ModelArgs;
 use crate::bench::{
-    achieved_gbs, physical_limit, render_json, render_markdown, BenchRow, BenchTest, HitRate,
-    MoeStats,
+    achieved_gbs, physical_limit, project, render_json, render_markdown, BenchRow, BenchTest,
+    HitRate, Limit, MoeStats, Projection,
 };
 use crate::experts::ExpertStats;
 use crate::format::keys;
 use crate::generate::Generator;
-use crate::model::Model;
+use crate::model::{KernelTime, Model};
 use crate::Error;
 
 #[derive(Args, Debug)]
@@ -141,14 +145,19 @@ pub fn run(args: &BenchArgs) -> crate::Result<()> {
     let ctx = (longest + 1).min(cfg.context_length);
     let platform = args.model.platform()?;
     let decodes = tests.iter().any(|t| matches!(t, BenchTest::Generate(_)));
-    // Without --platform, this device's own figures for the limit, measured before a session
-    // takes device memory for its expert cache (the copy needs 2 GiB).
-    let mut measured = (platform.is_none()
-        && decodes
+    let on_cuda = decodes
         && !matches!(args.model.device, super::engine::Device::Cpu)
-        && crate::backend::cuda::probe().is_ok())
-    .then(measure_device);
+        && crate::backend::cuda::probe().is_ok();
+    // Without --platform, this device's own figures for the limit; with one, this device's
+    // memory for the projection. Measured before a session takes device memory for its expert
+    // cache (the copy needs 2 GiB).
+    let mut measured = (platform.is_none() && on_cuda).then(measure_device);
+    let projected = match (&platform, on_cuda) {
+        (Some(p), true) => projection_figures(p),
+        _ => None,
+    };
     let mut bench = Bench::new(args, &file, platform.as_ref(), cfg.tie_embeddings)?;
+    bench.projected = projected;
     check_experts(&file, &args.model.plan(&file, platform.as_ref())?)?;
     let trace = token_trace(ctx, cfg.vocab, args.seed);
     let mut figures = None;
@@ -215,6 +224,9 @@ struct Bench {
     figures: Option<(f64, f64)>,
     /// Cooperative runs: host memory's rate for the missed bytes, GB/s.
     host_gbs: Option<f64>,
+    /// This device's memory and the profile's, GB/s, where the profile's is the slower: CUDA
+    /// decode rows get a projection onto it.
+    projected: Option<(f64, f64)>,
 }
 
 impl Bench {
@@ -241,6 +253,7 @@ impl Bench {
             backend: "CPU",
             figures: None,
             host_gbs: None,
+            projected: None,
         })
     }
 
@@ -278,8 +291,14 @@ impl Bench {
                 eprintln!("bench: {test}: {n} of {tokens} decode steps replayed from a CUDA graph");
             }
         }
+        let projects = matches!(test, BenchTest::Generate(_)) && self.backend == "CUDA";
+        let projects = projects.then_some(self.projected).flatten();
+        let timed = match args.kernel_times || projects.is_some() {
+            true => kernel_run(gen, test, trace)?,
+            false => None,
+        };
         if args.kernel_times {
-            print_kernel_times(gen, test, trace)?;
+            print_kernel_times(test, timed.as_ref());
         }
         if args.model.stats {
             let secs = samples.iter().map(|r| args_n(test) as f64 / r).sum();
@@ -291,6 +310,13 @@ impl Bench {
         if let (BenchTest::Generate(_), Some(l)) = (test, &limit) {
             self.say_limit(test, l, &total, &samples, tok);
         }
+        let projection = match (projects, &timed) {
+            (Some(figures), Some(run)) => {
+                let read = self.read_per_token(&total, tok);
+                self.projection(test, figures, (run, read), &samples, &limit)
+            }
+            _ => None,
+        };
         Ok(BenchRow {
             model: self.label.clone(),
             size_bytes: self.size_bytes,
@@ -302,7 +328,41 @@ impl Bench {
             samples_tok_s: samples,
             moe: (self.backend == "CUDA" || total.skipped > 0).then_some(moe),
             limit,
+            projection,
         })
+    }
+
+    /// A decode row's projection onto the profile's memory (`figures`: the device's and the
+    /// profile's GB/s), from the kernel-timed `run` and the bytes a token reads; said on stderr.
+    fn projection(
+        &self,
+        test: BenchTest,
+        (device, profile): (f64, f64),
+        (run, read): (&KernelRun, f64),
+        samples: &[f64],
+        limit: &Option<Limit>,
+    ) -> Option<Projection> {
+        let busy = run.times.iter().map(|t| t.seconds).sum::<f64>() / run.tokens as f64;
+        let mean = crate::bench::mean_sd(samples).0;
+        // `run` launched every kernel directly (the clock's event pairs keep CUDA graphs off),
+        // so its GPU time can exceed the time a token of the graph-replayed repetitions:
+        // `project` clamps it to that time.
+        let p = project(mean, (busy, read), device, profile)?;
+        let of_limit = limit
+            .map(|l| format!(" ({:.0}% of its limit)", 100.0 * p.tok_s / l.overlap_tok_s))
+            .unwrap_or_default();
+        eprintln!(
+            "bench: {test}: projected {:.2} tok/s on {}'s memory{of_limit}, a projection: of {:.2} ms a token here, {:.2} ms in kernels, whose {:.2} GB read scales by {:.0} / {:.0} GB/s (x{:.2}); the rest as measured",
+            p.tok_s,
+            self.profile,
+            1e3 / mean,
+            1e3 * p.gpu_busy_s,
+            read / 1e9,
+            p.device_gbs,
+            p.profile_gbs,
+            p.device_gbs / p.profile_gbs
+        );
+        Some(p)
     }
 
     /// Bytes one decode token reads from device memory: the dense weights and every expert it
@@ -324,7 +384,7 @@ impl Bench {
         total: &ExpertStats,
         moe: &MoeStats,
         tok: f64,
-    ) -> Option<crate::bench::Limit> {
+    ) -> Option<Limit> {
         let (BenchTest::Generate(_), Some((mem, link)), "CUDA") =
             (test, self.figures, self.backend)
         else {
@@ -345,7 +405,7 @@ impl Bench {
     fn say_limit(
         &self,
         test: BenchTest,
-        l: &crate::bench::Limit,
+        l: &Limit,
         total: &ExpertStats,
         samples: &[f64],
         tok: f64,
@@ -525,6 +585,35 @@ fn measure_device() -> crate::Result<(f64, f64)> {
     Ok((mem, link))
 }
 
+/// With --platform on CUDA: this device's memory (measured as `measure_device` does, the kind of
+/// figure the h100 and h200 profiles hold) and the profile's, where the profile's is slower by
+/// `projection::MIN_RATIO`; else None, and why on stderr. Other profiles hold their card's
+/// nominal figure, which a copy does not reach, so their projection errs on the fast side.
+fn projection_figures(p: &crate::platform::Platform) -> Option<(f64, f64)> {
+    let profile = p.memory_bandwidth_gbs;
+    let measured = crate::backend::cuda::Gpu::open(0).and_then(|gpu| gpu.copy_gbs(1 << 30));
+    match measured {
+        Ok(device) if device >= crate::bench::projection::MIN_RATIO * profile => {
+            eprintln!(
+                "bench: this device's memory copies {device:.0} GB/s, the {} profile's reads {profile} GB/s: each decode row gets a projection onto it (one more run with its kernels timed)",
+                p.name
+            );
+            Some((device, profile))
+        }
+        Ok(device) => {
+            eprintln!(
+                "bench: this device's memory copies {device:.0} GB/s, not above the {} profile's {profile} GB/s: no projection",
+                p.name
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("bench: this device's memory could not be measured ({e}): no projection");
+            None
+        }
+    }
+}
+
 /// One run of `test` from an empty context: (tokens, seconds).
 fn run_test(
     gen: &mut Generator<'_>,
@@ -538,21 +627,47 @@ fn run_test(
     Ok((n, gen.feed_timed(&trace[..n], one_pass)?))
 }
 
-/// One more run of `test` with every kernel timed; the GPU time per kernel and token to stderr.
-fn print_kernel_times(
+/// One run of `test` with every kernel timed (not in the table).
+struct KernelRun {
+    tokens: usize,
+    seconds: f64,
+    /// GPU time per kernel over the run.
+    times: Vec<KernelTime>,
+}
+
+/// One more run of `test` with every kernel timed; None where the device has no kernel clock.
+fn kernel_run(
     gen: &mut Generator<'_>,
     test: BenchTest,
     trace: &[u32],
-) -> crate::Result<()> {
+) -> crate::Result<Option<KernelRun>> {
     if !gen.session().kernel_clock(true) {
-        eprintln!("bench: --kernel-times: no kernel clock on this device (CUDA only)");
-        return Ok(());
+        return Ok(None);
     }
     gen.session().kernel_times()?; // drop anything recorded before
     let run = run_test(gen, test, trace);
     gen.session().kernel_clock(false);
-    let (n, secs) = run?;
+    let (tokens, seconds) = run?;
     let times = gen.session().kernel_times()?;
+    Ok(Some(KernelRun {
+        tokens,
+        seconds,
+        times,
+    }))
+}
+
+/// `--kernel-times`: the GPU time per kernel and token of the timed run, to stderr.
+fn print_kernel_times(test: BenchTest, run: Option<&KernelRun>) {
+    let Some(KernelRun {
+        tokens: n,
+        seconds: secs,
+        times,
+    }) = run
+    else {
+        eprintln!("bench: --kernel-times: no kernel clock on this device (CUDA only)");
+        return;
+    };
+    let (n, secs) = (*n, *secs);
     let us = |s: f64| s * 1e6 / n as f64;
     let in_kernels: f64 = times.iter().map(|t| t.seconds).sum();
     eprintln!(
@@ -563,7 +678,7 @@ fn print_kernel_times(
         "  {:<28} {:>9} {:>10} {:>11} {:>7}",
         "kernel", "launches", "us", "us/launch", "share"
     );
-    for t in &times {
+    for t in times {
         eprintln!(
             "  {:<28} {:>9.2} {:>10.1} {:>11.2} {:>6.1}%",
             t.name,
@@ -581,7 +696,6 @@ fn print_kernel_times(
         "",
         100.0 * (secs - in_kernels) / secs
     );
-    Ok(())
 }
 
 /// Tokens one run of `test` processes.
