@@ -88,12 +88,16 @@ mod tests {
         );
         // No GPU time: nothing to scale (a run waiting on its loads only).
         assert!(close(
-            project(50.0, (0.0, f64::INFINITY), 4275.0, 102.4).unwrap().tok_s,
+            project(50.0, (0.0, f64::INFINITY), 4275.0, 102.4)
+                .unwrap()
+                .tok_s,
             50.0
         ));
         // All GPU time: the plain ratio.
         assert!(close(
-            project(500.0, (0.002, f64::INFINITY), 4000.0, 1000.0).unwrap().tok_s,
+            project(500.0, (0.002, f64::INFINITY), 4000.0, 1000.0)
+                .unwrap()
+                .tok_s,
             125.0
         ));
     }
@@ -118,7 +122,9 @@ mod tests {
         assert!(close(p.tok_s, 25.0), "{p:?}");
         // A negative sum (never expected) counts as none.
         assert_eq!(
-            project(100.0, (-1.0, f64::INFINITY), 4000.0, 1000.0).unwrap().gpu_busy_s,
+            project(100.0, (-1.0, f64::INFINITY), 4000.0, 1000.0)
+                .unwrap()
+                .gpu_busy_s,
             0.0
         );
     }
@@ -137,7 +143,11 @@ mod tests {
             (100.0, 0.005, 0.0, 288.0),
             (100.0, 0.005, 4275.0, 0.0),
         ] {
-            assert_eq!(project(t, (b, f64::INFINITY), d, p), None, "{t} {b} {d} {p}");
+            assert_eq!(
+                project(t, (b, f64::INFINITY), d, p),
+                None,
+                "{t} {b} {d} {p}"
+            );
         }
     }
 }
