@@ -15,7 +15,12 @@
 #                                        the offloaded rows with every layer's routing replayed from the
 #                                        trained router's trace (hob's cache sees learned routing; llama.cpp's
 #                                        --n-cpu-moe split does not depend on it), the Orin NX row
-#                                        -> $OUT/qwen3-replay.md
+#                                        -> $OUT/qwen3.md
+#   TRACE=.. T1=.. T2=.. bash tools/families_gpu.sh hobbit
+#                                        the trained router's model: fidelity of the fitted thresholds (KL and
+#                                        perplexity against all-high), `hob sim` on its trace, and HOBBIT's
+#                                        ablation rows (a)-(e) on the synthetic shape under rtx4060ti-16g (int8
+#                                        high, int4 low) with its routing replayed -> $OUT/hobbit-qwen3.md
 # LAYERS (default 8). Memory is scaled as tools/hobbit_gpu.sh scales it: a card's budget less the
 # full model's non-expert weights (hob: f16; llama.cpp: its quantization's) and ~1 GB of KV cache and
 # buffers, as a share of the full model's experts, times this file's experts (hob's --expert-cache;
@@ -109,7 +114,9 @@ trace)
   "$hob" convert --from "$w" --experts f16,int8,int4,int2 -o /tmp/q3r.hob --no-progress >> "$t" 2>&1 || exit 1
   "$hob" calibrate -m /tmp/q3r.hob -f .gpu/hamlet-60k.txt --split 67/30/3 >> "$t" 2>&1 || exit 1
   t1=$(grep "^fitted" "$t" | sed 's/.*T1 = \([0-9.]*\),.*/\1/'); t2=$(grep "^fitted" "$t" | sed 's/.*T2 = \([0-9.]*\) .*/\1/')
-  "$hob" perplexity -m /tmp/q3r.hob -f .gpu/hamlet-60k.txt -c 512 --record-trace /tmp/q3r-trace.jsonl >> "$t" 2>&1 || exit 1
+  # With the stacked gates on (--prefetch 3): the trace records their predictions, --stats their accuracy.
+  "$hob" perplexity -m /tmp/q3r.hob -f .gpu/hamlet-60k.txt -c 512 --prefetch 3 --stats \
+    --record-trace /tmp/q3r-trace.jsonl >> "$t" 2>&1 || exit 1
   printf 'TRACE=/tmp/q3r-trace.jsonl\nT1=%s\nT2=%s\n' "$t1" "$t2" | tee "$out/trace.env"
   grep -E "best|^fitted|scored|Final|perplexity" "$t" | tail -8 ;;
 replay)
@@ -144,5 +151,26 @@ replay)
   hobrow "jetson-orin-nx-16g int4+int2 T1 $T1 T2 $T2" --platform jetson-orin-nx-16g "${rt[@]}" -r 2 -p 0 -n 32 --no-ssd \
     --expert-variant int4 --low int2 --t1 "$T1" --t2 "$T2" --expert-cache "$(cache "$f4" $E_INT4)"
   cat "$out/qwen3.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|trace|replay"; exit 2 ;;
+hobbit)
+  h="$out/hobbit-qwen3.md"
+  { echo "## Fidelity of T1 $T1 / T2 $T2 on the trained model (Hamlet, 20 chunks of 512)"; echo '```'; } > "$h"
+  for pair in int8:int4 f16:int4 int4:int2; do
+    "$hob" perplexity -m /tmp/q3r.hob -f .gpu/hamlet-60k.txt -c 512 --chunks 20 --expert-variant "${pair%%:*}" \
+      --low "${pair##*:}" --t1 "$T1" --t2 "$T2" --kl-baseline 2>&1 | grep -iE "kl|perplexity|agree|split|Final" >> "$h"
+  done
+  { echo '```'; echo "## hob sim on its trace"; } >> "$h"
+  "$hob" sim --trace "$TRACE" --cache-frac 0.1,0.25,0.5 >> "$h" 2>&1
+  [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers "$LAYERS" --experts int8,int4 -o "$model" --no-progress > /dev/null
+  f8=$(frac 16 $E_INT8 $D_F16); c8=$(cache "$f8" $E_INT8)
+  { echo "## Ablation under rtx4060ti-16g, int8 high + int4 low, expert cache $c8 GiB, routing replayed"; echo; } >> "$h"
+  echo "| row | model | size | params | backend | ... | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit | projected t/s |" > "$out/qwen3.md"
+  p=(--platform rtx4060ti-16g --replay-trace "$TRACE" --expert-variant int8 --expert-cache "$c8" -r 2 -p 0 -n 32)
+  cal=(--low int4 --t1 "$T1" --t2 "$T2")
+  hobrow "(a) high only, LRU" "${p[@]}" --low none --cache-policy lru --prefetch 0
+  hobrow "(b) + dynamic precision" "${p[@]}" "${cal[@]}" --cache-policy lru --prefetch 0
+  hobrow "(c) + stacked-gate prefetch 3" "${p[@]}" "${cal[@]}" --cache-policy lru --prefetch 3
+  hobrow "(d) + HOBBIT cache policy" "${p[@]}" "${cal[@]}" --cache-policy hobbit --prefetch 3
+  hobrow "(e) + cooperative CPU experts" "${p[@]}" "${cal[@]}" --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)"
+  cat "$out/qwen3.md" >> "$h"; cat "$h" ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|trace|replay|hobbit"; exit 2 ;;
 esac

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """A GGUF with random weights in a real MoE's shapes, for llama.cpp speed runs beside `hob convert --synthetic`.
 
-    python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b]
+    python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b|phi-3.5-moe]
 
-Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors), so
+Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors, phimoe
+with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out), so
 both programs run the same shapes and the same attention.
 
 Needs numpy and llama.cpp's gguf-py (PYTHONPATH=<llama.cpp>/gguf-py). Streams tensor by tensor (memory stays
@@ -23,7 +24,10 @@ MODELS = {
     "mixtral-8x7b": ("llama", 4096, 14336, 32, 8, 128, 32000, 8, 2, 32, 1e6, 1e-5, 32768, None),
     "qwen3-30b-a3b": ("qwen3moe", 2048, 768, 32, 4, 128, 151936, 128, 8, 48, 1e6, 1e-6, 40960, "head"),
     "olmoe-1b-7b": ("olmoe", 2048, 1024, 16, 16, 128, 50304, 64, 8, 16, 1e4, 1e-5, 4096, "whole"),
+    "phi-3.5-moe": ("phimoe", 4096, 6400, 32, 8, 128, 32064, 16, 2, 32, 1e4, 1e-5, 131072, None),
 }
+# Architectures with LayerNorm biases and attention, output-head biases.
+BIASES = {"phimoe"}
 
 
 def main():
@@ -64,6 +68,7 @@ def main():
     w.add_eos_token_id(2)
 
     # (name, numpy shape, dtype)
+    bias = arch in BIASES
     specs = [("token_embd.weight", (VOCAB, HIDDEN), np.float16)]
     for l in range(a.layers):
         b = f"blk.{l}."
@@ -74,6 +79,10 @@ def main():
             (b + "attn_v.weight", (kv_dim, HIDDEN), np.float16),
             (b + "attn_output.weight", (HIDDEN, q_dim), np.float16),
         ]
+        if bias:
+            specs += [(b + n + ".bias", (d,), np.float32) for n, d in
+                      [("attn_norm", HIDDEN), ("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim),
+                       ("attn_output", HIDDEN), ("ffn_norm", HIDDEN)]]
         if qk is not None:
             qn, kn = (HEAD_DIM, HEAD_DIM) if qk == "head" else (q_dim, kv_dim)
             specs += [(b + "attn_q_norm.weight", (qn,), np.float32), (b + "attn_k_norm.weight", (kn,), np.float32)]
@@ -85,6 +94,8 @@ def main():
             (b + "ffn_up_exps.weight", (EXPERTS, FFN, HIDDEN), np.float16),
         ]
     specs += [("output_norm.weight", (HIDDEN,), np.float32), ("output.weight", (VOCAB, HIDDEN), np.float16)]
+    if bias:
+        specs += [("output_norm.bias", (HIDDEN,), np.float32), ("output.bias", (VOCAB,), np.float32)]
     for name, shape, dt in specs:
         w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
     w.write_header_to_file()
@@ -97,6 +108,8 @@ def main():
         w.write_padding(fout, fout.tell())
         if name.endswith("norm.weight"):
             np.ones(n, dtype=np.float32).tofile(fout)
+        elif name.endswith(".bias"):
+            np.zeros(n, dtype=np.float32).tofile(fout)
         elif dt == np.float32:
             rng.standard_normal(n, dtype=np.float32).tofile(fout)
         else:

@@ -643,9 +643,28 @@ mod tests {
             (2048, 768, 48, 32, 4, 128)
         );
         assert_eq!((q.vocab, q.n_experts, q.n_experts_used), (151936, 128, 8));
+        let q15 = SyntheticModel::preset("qwen1.5-moe-a2.7b").unwrap();
+        assert_eq!(
+            (
+                q15.spec.hidden,
+                q15.spec.ffn,
+                q15.spec.n_experts,
+                q15.spec.n_experts_used
+            ),
+            (2048, 1408, 60, 4)
+        );
+        // Each in its own architecture, with its family's tensors.
+        let names = |m: &SyntheticModel| -> Vec<String> {
+            m.dense_tensors().into_iter().map(|t| t.hob_name).collect()
+        };
+        assert_eq!(q15.arch_name(), "qwen2moe");
+        assert!(names(&q15).iter().any(|n| n.contains("shexp")));
+        let phi = SyntheticModel::preset("phi-3.5-moe").unwrap();
+        assert_eq!(phi.arch_name(), "phimoe");
+        assert!(names(&phi).iter().any(|n| n == keys::OUTPUT_BIAS));
         let e = SyntheticModel::preset("llama").unwrap_err();
         assert!(
-            e.contains("mixtral-8x7b, phi-3.5-moe, qwen3-30b-a3b, olmoe-1b-7b"),
+            e.contains("mixtral-8x7b, phi-3.5-moe, qwen3-30b-a3b, qwen1.5-moe-a2.7b, olmoe-1b-7b"),
             "{e}"
         );
     }
