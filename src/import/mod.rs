@@ -4,6 +4,7 @@
 //! - `safetensors`: the tensor index over mmapped shards; nothing is loaded until asked.
 //! - `tokenizer`: tokenizer.json, tokenizer_config.json, chat_template.jinja.
 //! - `dtype`: f32/f16/bf16 decoding and encoding.
+//! - `ggml`: llama.cpp's GGML tensor types (GGUF codes, block sizes) and their dequantization.
 //! - `synthetic`: random weights in a real model's shapes (`convert --synthetic`), no checkpoint.
 
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use crate::format::{keys, DType, DenseSpec, ExpertShape, MetaValue, Metadata};
 pub mod arch;
 pub mod dtype;
 mod fields;
+pub mod ggml;
 mod phimoe;
 pub mod safetensors;
 pub mod synthetic;
