@@ -154,30 +154,51 @@ impl Metadata {
     pub fn decode(bytes: &[u8]) -> Result<Metadata, FormatError> {
         let mut c = Cursor::new(bytes, "metadata section");
         let count = c.u64(|| "entry count".to_string())?;
-        // Smallest entry: empty key (8) + type (4) + a one-byte value.
-        let count = c.check_count("entry count", count, 13)?;
-        let mut entries = Vec::with_capacity(count);
-        let mut seen = HashSet::with_capacity(count);
-        for i in 0..count {
-            let key = c.string(&|| format!("key of entry #{i}"))?;
-            let ty = c.u32(|| format!("value type of key '{key}'"))?;
-            let value = read_value(&mut c, &key, ty, 0)?;
-            if !seen.insert(key.clone()) {
-                return Err(FormatError::Metadata {
-                    key,
-                    detail: "duplicate key".to_string(),
-                });
-            }
-            entries.push((key, value));
-        }
+        let metadata = read_entries(&mut c, count)?;
         if c.remaining() != 0 {
             return Err(FormatError::Invalid {
                 what: "metadata section".to_string(),
                 detail: format!("{} bytes left after the last entry", c.remaining()),
             });
         }
-        Ok(Metadata { entries })
+        Ok(metadata)
     }
+
+    /// Decode `count` entries starting at byte `start` of `bytes`, as a GGUF file stores them
+    /// (the count is in the file header, and the tensor infos follow the last entry). Returns the
+    /// metadata and the offset just past the last entry. Bounded and validated as `decode`;
+    /// offsets in errors are from the start of `bytes`.
+    pub fn decode_entries(
+        bytes: &[u8],
+        start: usize,
+        count: u64,
+    ) -> Result<(Metadata, usize), FormatError> {
+        let mut c = Cursor::new(bytes, "GGUF key/values");
+        c.take(start as u64, || "file header".to_string())?;
+        let metadata = read_entries(&mut c, count)?;
+        Ok((metadata, bytes.len() - c.remaining()))
+    }
+}
+
+/// `count` entries (key, u32 type, value) from `c`; no duplicate keys.
+fn read_entries(c: &mut Cursor<'_>, count: u64) -> Result<Metadata, FormatError> {
+    // Smallest entry: empty key (8) + type (4) + a one-byte value.
+    let count = c.check_count("entry count", count, 13)?;
+    let mut entries = Vec::with_capacity(count);
+    let mut seen = HashSet::with_capacity(count);
+    for i in 0..count {
+        let key = c.string(&|| format!("key of entry #{i}"))?;
+        let ty = c.u32(|| format!("value type of key '{key}'"))?;
+        let value = read_value(c, &key, ty, 0)?;
+        if !seen.insert(key.clone()) {
+            return Err(FormatError::Metadata {
+                key,
+                detail: "duplicate key".to_string(),
+            });
+        }
+        entries.push((key, value));
+    }
+    Ok(Metadata { entries })
 }
 
 /// Arrays nested deeper than this are refused: a hostile file could otherwise nest enough

@@ -5,6 +5,7 @@
 //! - `tokenizer`: tokenizer.json, tokenizer_config.json, chat_template.jinja.
 //! - `dtype`: f32/f16/bf16 decoding and encoding.
 //! - `ggml`: llama.cpp's GGML tensor types (GGUF codes, block sizes) and their dequantization.
+//! - `gguf`: GGUF files (one or a split set) read and validated: metadata, tensor table, bytes.
 //! - `synthetic`: random weights in a real model's shapes (`convert --synthetic`), no checkpoint.
 
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ pub mod arch;
 pub mod dtype;
 mod fields;
 pub mod ggml;
+pub mod gguf;
 mod phimoe;
 pub mod safetensors;
 pub mod synthetic;
