@@ -34,7 +34,7 @@ args_of() {
     e) echo "--platform rtx4090-24g --expert-variant f16 --expert-cache $cache --low int4 --cache-policy hobbit --prefetch 3 --cpu-experts -t $(nproc) -p 512 -n 32 -r 3" ;;
   esac
 }
-echo "| build | round | row | model | size | params | backend | threads (builds after 2026-12-01) | profile | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit |" > "$table"
+echo "| build | round | row | model | size | params | backend | threads (builds after 2026-12-01) | profile | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit | projected t/s |" > "$table"
 echo "|---|---:|---|---|---:|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|" >> "$table"
 for r in $(seq 1 "$rounds"); do
   # A B in odd rounds, B A in even ones.

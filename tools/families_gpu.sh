@@ -164,6 +164,7 @@ hobbit)
   f8=$(frac 16 $E_INT8 $D_F16); c8=$(cache "$f8" $E_INT8)
   { echo "## Ablation under rtx4060ti-16g, int8 high + int4 low, expert cache $c8 GiB, routing replayed"; echo; } >> "$h"
   echo "| row | model | size | params | backend | ... | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit | projected t/s |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
   p=(--platform rtx4060ti-16g --replay-trace "$TRACE" --expert-variant int8 --expert-cache "$c8" -r 2 -p 0 -n 32)
   cal=(--low int4 --t1 "$T1" --t2 "$T2")
   hobrow "(a) high only, LRU" "${p[@]}" --low none --cache-policy lru --prefetch 0

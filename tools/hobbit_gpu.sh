@@ -54,8 +54,8 @@ row() { # label, profile, args...
   "$hob" bench -m "$model" --stats "$@" 2>>"$log" | grep -v '^| ---\|^| model' | sed "s#^|#| $label |#" >> "$out/$table"
 }
 header() {
-  echo "| row | model | size | params | backend | profile | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit |" > "$out/$table"
-  echo "|---|---|---:|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|" >> "$out/$table"
+  echo "| row | model | size | params | backend | threads | profile | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit | projected t/s (the profile's memory) |" > "$out/$table"
+  echo "|---|---|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|" >> "$out/$table"
 }
 case "${1:-}" in
 prepare)
