@@ -35,7 +35,7 @@ args_of() {
   esac
 }
 echo "| build | round | row | model | size | params | backend | threads (builds after 2026-12-01) | profile | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit | projected t/s |" > "$table"
-echo "|---|---:|---|---|---:|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|" >> "$table"
+echo "|---|---:|---|---|---:|---:|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|" >> "$table"
 for r in $(seq 1 "$rounds"); do
   # A B in odd rounds, B A in even ones.
   if [ $((r % 2)) = 1 ]; then order="A B"; else order="B A"; fi
