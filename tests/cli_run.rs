@@ -514,8 +514,8 @@ fn gguf_as_model_says_how_to_convert() {
     let (code, stderr) = exit_and_stderr(&["run", "-m", gguf.to_str().unwrap(), "-p", "hi"]);
     assert_eq!(code, Some(1), "{stderr}");
     let expected = format!(
-        "error: {} is a GGUF file; hob reads .hob files: convert a Hugging Face directory with \
-         `hob convert --from DIR -o model.hob` (GGUF input is planned)",
+        "error: {} is a GGUF file; hob reads .hob files: convert it first with \
+         `hob convert --from FILE.gguf -o model.hob`",
         gguf.display()
     );
     assert!(stderr.contains(&expected), "{stderr}");

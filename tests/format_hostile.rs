@@ -722,8 +722,7 @@ fn gguf_empty_and_foreign_files_say_what_they_are() {
         msg.starts_with(&format!(
             "{} is a GGUF file; hob reads .hob files",
             path.display()
-        )) && msg.contains("hob convert --from DIR -o model.hob")
-            && msg.contains("GGUF input is planned"),
+        )) && msg.contains("hob convert --from FILE.gguf -o model.hob"),
         "{msg}"
     );
     let (_d2, path) = write_temp(&[], "empty.hob");

@@ -1,4 +1,4 @@
-//! `hob convert`: Hugging Face checkpoint -> .hob, streamed one tensor or one expert at a time
+//! `hob convert`: Hugging Face checkpoint (or GGUF file) -> .hob, streamed one tensor or one expert at a time
 //! so peak memory stays near one expert (all its variants) plus the largest dense tensor.
 
 use super::out::outln;
@@ -15,7 +15,7 @@ use super::ConvertArgs;
 use crate::error::Error;
 use crate::format::{writer, DType, ExpertLayout, HobWriter, Variant};
 use crate::import::synthetic::{self, SyntheticModel};
-use crate::import::{dtype, Checkpoint, ExpertWeights};
+use crate::import::{dtype, Checkpoint, ConvertSource, ExpertWeights, GgufCheckpoint};
 use crate::quant::{self, ErrorStats};
 
 /// Parse `--experts`: comma-separated variant names, no duplicates.
@@ -188,14 +188,14 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
     let variants = parse_variants(&args.experts, args.group_size)?;
     let dense_dtype = args.dense.as_deref().map(parse_dense).transpose()?;
     prepare_output(&args.output)?;
-    let ckpt = Checkpoint::open(from)?;
+    let ckpt = open_source(from)?;
     let shape = ckpt.expert_shape();
     let layouts = variants
         .iter()
         .map(|v| v.expert_layout(shape.hidden, shape.ffn))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Error::Invalid(format!("--experts: {e}")))?;
-    let dense = ckpt.dense_specs(dense_dtype.unwrap_or(ckpt.source_dtype));
+    let dense = ckpt.dense_specs(dense_dtype.unwrap_or(ckpt.source_dtype()));
     let dense_bytes: u64 = dense
         .iter()
         .map(|d| (d.shape.iter().product::<usize>() * d.dtype.size()) as u64)
@@ -260,7 +260,23 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
         dense_bytes,
         &summaries,
     );
+    if !ckpt.has_tokenizer() {
+        outln!("no tokenizer (not read from GGUF yet): the file runs on token ids, as synthetic files do");
+    }
     Ok(())
+}
+
+/// `--from`: a file whose name ends in `.gguf` is read as GGUF (the first file of a split set
+/// finds the others); anything else as a Hugging Face checkpoint directory.
+fn open_source(from: &Path) -> crate::Result<Box<dyn ConvertSource>> {
+    let is_gguf = from
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if is_gguf && !from.is_dir() {
+        Ok(Box::new(GgufCheckpoint::open(from)?))
+    } else {
+        Ok(Box::new(Checkpoint::open(from)?))
+    }
 }
 
 fn print_summary(

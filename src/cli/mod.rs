@@ -50,8 +50,9 @@ pub enum Command {
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["from", "synthetic"])))]
 pub struct ConvertArgs {
-    /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json).
-    #[arg(long, value_name = "DIR")]
+    /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), or a
+    /// llama.cpp GGUF file (NAME.gguf, or the first file of a split set; no tokenizer read yet).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub from: Option<PathBuf>,
     /// Instead of --from: random weights in this model's exact shapes, for speed benchmarks only
     /// (the output is noise). Each in its own architecture (routing, norms, biases, shared

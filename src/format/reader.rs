@@ -568,8 +568,8 @@ impl HobFile {
         if map.starts_with(GGUF_MAGIC) {
             return Err(FormatError::NotHob {
                 path: path.to_path_buf(),
-                what: "a GGUF file; hob reads .hob files: convert a Hugging Face directory with \
-                       `hob convert --from DIR -o model.hob` (GGUF input is planned)"
+                what: "a GGUF file; hob reads .hob files: convert it first with \
+                       `hob convert --from FILE.gguf -o model.hob`"
                     .into(),
             });
         }

@@ -6,6 +6,8 @@
 //! - `dtype`: f32/f16/bf16 decoding and encoding.
 //! - `ggml`: llama.cpp's GGML tensor types (GGUF codes, block sizes) and their dequantization.
 //! - `gguf`: GGUF files (one or a split set) read and validated: metadata, tensor table, bytes.
+//! - `gguf_checkpoint`: a GGUF file as a convert source (`convert --from model.gguf`), beside
+//!   `Checkpoint`; both serve convert through `ConvertSource`.
 //! - `synthetic`: random weights in a real model's shapes (`convert --synthetic`), no checkpoint.
 
 use std::path::{Path, PathBuf};
@@ -17,12 +19,14 @@ pub mod dtype;
 mod fields;
 pub mod ggml;
 pub mod gguf;
+pub mod gguf_checkpoint;
 mod phimoe;
 pub mod safetensors;
 pub mod synthetic;
 pub mod tokenizer;
 
 pub use arch::{Architecture, DenseTensor, ExpertSource, MixtralSpec, TensorRole};
+pub use gguf_checkpoint::GgufCheckpoint;
 pub use safetensors::TensorIndex;
 pub use tokenizer::TokenizerFiles;
 
@@ -92,6 +96,8 @@ pub enum ImportError {
     },
     #[error("{}: {detail}", path.display())]
     Tokenizer { path: PathBuf, detail: String },
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
 }
 
 impl ImportError {
@@ -123,6 +129,67 @@ pub struct ExpertWeights {
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
     pub down: Vec<f32>,
+}
+
+/// What `hob convert` reads weights from: a Hugging Face directory (`Checkpoint`) or a GGUF
+/// file (`GgufCheckpoint`).
+pub trait ConvertSource {
+    /// Dense tensors in the order convert writes them.
+    fn dense_tensors(&self) -> &[DenseTensor];
+    fn expert_shape(&self) -> ExpertShape;
+    /// The dtype dense matrices are written in unless `--dense` says otherwise.
+    fn source_dtype(&self) -> DType;
+    /// Whether the file written carries a tokenizer (else `hob run` needs token ids).
+    fn has_tokenizer(&self) -> bool;
+    /// One dense tensor as f32 (checked finite), in Hugging Face's layout.
+    fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError>;
+    /// The gate, up and down matrices of one expert as f32 (checked finite).
+    fn load_expert(&self, layer: usize, expert: usize) -> Result<ExpertWeights, ImportError>;
+    /// The .hob metadata.
+    fn metadata(&self) -> Metadata;
+
+    /// The .hob dense table: matrices in `matrix_dtype`, norms and routers in f32.
+    fn dense_specs(&self, matrix_dtype: DType) -> Vec<DenseSpec> {
+        specs(self.dense_tensors(), matrix_dtype)
+    }
+}
+
+fn specs(dense: &[DenseTensor], matrix_dtype: DType) -> Vec<DenseSpec> {
+    dense
+        .iter()
+        .map(|t| DenseSpec {
+            name: t.hob_name.clone(),
+            dtype: match t.role {
+                TensorRole::Matrix => matrix_dtype,
+                TensorRole::Norm | TensorRole::Router => DType::F32,
+            },
+            shape: t.shape.clone(),
+        })
+        .collect()
+}
+
+impl ConvertSource for Checkpoint {
+    fn dense_tensors(&self) -> &[DenseTensor] {
+        Checkpoint::dense_tensors(self)
+    }
+    fn expert_shape(&self) -> ExpertShape {
+        Checkpoint::expert_shape(self)
+    }
+    fn source_dtype(&self) -> DType {
+        self.source_dtype
+    }
+    fn has_tokenizer(&self) -> bool {
+        true
+    }
+    fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
+        Checkpoint::load_dense(self, t)
+    }
+    fn load_expert(&self, layer: usize, expert: usize) -> Result<ExpertWeights, ImportError> {
+        Checkpoint::load_expert(self, layer, expert)
+    }
+    fn metadata(&self) -> Metadata {
+        Checkpoint::metadata(self)
+    }
 }
 
 /// A checkpoint directory, opened (config parsed, safetensors headers indexed, nothing loaded).
@@ -177,17 +244,7 @@ impl Checkpoint {
 
     /// The .hob dense table: matrices in `matrix_dtype`, norms and routers in f32.
     pub fn dense_specs(&self, matrix_dtype: DType) -> Vec<DenseSpec> {
-        self.dense
-            .iter()
-            .map(|t| DenseSpec {
-                name: t.hob_name.clone(),
-                dtype: match t.role {
-                    TensorRole::Matrix => matrix_dtype,
-                    TensorRole::Norm | TensorRole::Router => DType::F32,
-                },
-                shape: t.shape.clone(),
-            })
-            .collect()
+        specs(&self.dense, matrix_dtype)
     }
 
     pub fn expert_shape(&self) -> ExpertShape {

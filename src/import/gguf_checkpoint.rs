@@ -1,0 +1,649 @@
+//! A GGUF file (llama.cpp's format; one file or a split set) as a convert source:
+//! `hob convert --from model.gguf`.
+//!
+//! `general.architecture` picks the family: `qwen3moe`, `qwen2moe`, `olmoe`, and `llama` with
+//! experts (llama.cpp writes Mixtral as `llama`). The hyper-parameters come from the `{arch}.*`
+//! keys, the vocabulary size from `token_embd.weight`, tied embeddings from the absence of
+//! `output.weight`. Dense tensors are found by their GGUF names, which are hob's names; experts
+//! in the merged `blk.N.ffn_{gate,up,down}_exps.weight` (one expert's rows sliced out and
+//! dequantized alone) or in older Mixtral files' `blk.N.ffn_{gate,up,down}.E.weight`. Every
+//! tensor is checked at open (present, its dims, a type hob dequantizes), and a tensor hob would
+//! not use is refused rather than dropped.
+//!
+//! llama.cpp's converter permutes the rows of Q and K of `llama` models (its RoPE rotates
+//! adjacent pairs, Hugging Face's rotate-half pairs i and i + head_dim / 2); they are put back
+//! in Hugging Face's order here. The NEOX-RoPE families are stored unpermuted.
+//!
+//! No tokenizer is read yet: the file written has none, so `hob run` needs token ids.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use super::arch::ExpertNames;
+use super::ggml::{self, GgmlType};
+use super::gguf::{GgufError, GgufFile, GgufTensor};
+use super::{
+    Architecture, ConvertSource, DenseTensor, ExpertSource, ExpertWeights, ImportError, MixtralSpec,
+};
+use crate::format::{keys, DType, ExpertShape, MetaValue, Metadata};
+
+/// The `general.architecture` values hob converts.
+pub const SUPPORTED: &str =
+    "qwen3moe, qwen2moe, olmoe, llama (with llama.expert_count > 0: Mixtral)";
+
+/// llama.cpp's default when `{arch}.rope.freq_base` is absent.
+const DEFAULT_ROPE_FREQ_BASE: f32 = 10_000.0;
+
+/// How the file stores the experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgufExperts {
+    /// `blk.N.ffn_{gate,up,down}_exps.weight`, all experts of a layer in one tensor.
+    Merged,
+    /// `blk.N.ffn_{gate,up,down}.E.weight` (older Mixtral files).
+    PerExpert,
+}
+
+/// A GGUF file opened and checked; nothing is dequantized until asked.
+pub struct GgufCheckpoint {
+    pub path: PathBuf,
+    pub arch: Architecture,
+    /// The dense dtype convert defaults to: the token embedding's type where it is F32 or BF16,
+    /// else F16.
+    pub source_dtype: DType,
+    pub experts: GgufExperts,
+    file: GgufFile,
+    dense: Vec<DenseTensor>,
+    /// Undo llama.cpp's Q/K row permutation (`llama` only).
+    unpermute_qk: bool,
+}
+
+/// Typed reads of the file's metadata; errors name the file and the key.
+struct Keys<'a> {
+    path: &'a Path,
+    meta: &'a Metadata,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn full(&self, key: &str) -> String {
+        keys::arch_key(self.arch, key)
+    }
+
+    fn err(&self, key: &str, expected: &str) -> ImportError {
+        ImportError::Field {
+            path: self.path.to_path_buf(),
+            field: key.to_string(),
+            expected: expected.to_string(),
+            found: match self.meta.get(key) {
+                Some(v) => format!("{v:?}"),
+                None => "nothing (the key is missing)".into(),
+            },
+        }
+    }
+
+    /// An optional unsigned integer at the full key `key`.
+    fn opt_usize_at(&self, key: &str) -> Result<Option<usize>, ImportError> {
+        if self.meta.get(key).is_none() {
+            return Ok(None);
+        }
+        let v = self
+            .meta
+            .get_u32(key)
+            .map_err(|_| self.err(key, "an unsigned integer below 2^32"))?;
+        Ok(Some(v as usize))
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>, ImportError> {
+        self.opt_usize_at(&self.full(key))
+    }
+
+    /// A required positive integer `{arch}.key`.
+    fn usize(&self, key: &str) -> Result<usize, ImportError> {
+        let full = self.full(key);
+        match self.opt_usize_at(&full)? {
+            Some(v) if v > 0 => Ok(v),
+            _ => Err(self.err(&full, "a positive integer")),
+        }
+    }
+
+    fn opt_f32(&self, key: &str) -> Result<Option<f32>, ImportError> {
+        let full = self.full(key);
+        if self.meta.get(&full).is_none() {
+            return Ok(None);
+        }
+        match self.meta.get_f32(&full) {
+            Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
+            _ => Err(self.err(&full, "a positive float")),
+        }
+    }
+
+    fn f32(&self, key: &str) -> Result<f32, ImportError> {
+        self.opt_f32(key)?
+            .ok_or_else(|| self.err(&self.full(key), "a positive float"))
+    }
+
+    /// Refuse the model unless the optional bool `{arch}.key` is absent or `want`.
+    fn require_bool(&self, key: &str, want: bool, detail: &str) -> Result<(), ImportError> {
+        let full = self.full(key);
+        match self.meta.get(&full) {
+            None => Ok(()),
+            Some(MetaValue::Bool(b)) if *b == want => Ok(()),
+            Some(MetaValue::Bool(_)) => Err(unsupported(self.path, &full, detail)),
+            Some(_) => Err(self.err(&full, "a bool")),
+        }
+    }
+}
+
+fn unsupported(path: &Path, what: &str, detail: &str) -> ImportError {
+    ImportError::Unsupported {
+        path: path.to_path_buf(),
+        what: format!("'{what}'"),
+        detail: detail.to_string(),
+    }
+}
+
+fn missing(path: &Path, name: &str) -> ImportError {
+    ImportError::MissingTensor {
+        name: name.to_string(),
+        searched: path.display().to_string(),
+    }
+}
+
+impl GgufCheckpoint {
+    pub fn open(path: &Path) -> Result<GgufCheckpoint, ImportError> {
+        let file = GgufFile::open(path)?;
+        let meta = file.metadata();
+        let arch_name = meta.get_str(keys::ARCHITECTURE).map_err(|_| {
+            Keys {
+                path,
+                meta,
+                arch: "",
+            }
+            .err(keys::ARCHITECTURE, "a string")
+        })?;
+        let k = Keys {
+            path,
+            meta,
+            arch: arch_name,
+        };
+        let arch = match arch_name {
+            "qwen3moe" => {
+                let renorm = "hob renormalizes Qwen3-MoE's top-k weights";
+                k.require_bool("expert_weights_norm", true, renorm)?;
+                Architecture::Qwen3Moe(parse_spec(&k, &file)?)
+            }
+            "qwen2moe" => {
+                let kept = "hob runs Qwen2-MoE's top-k weights as they are";
+                k.require_bool("expert_weights_norm", false, kept)?;
+                let spec = parse_spec(&k, &file)?;
+                Architecture::Qwen2Moe(spec, k.usize(keys::EXPERT_SHARED_FEED_FORWARD_LENGTH)?)
+            }
+            "olmoe" => {
+                let kept = "hob runs OLMoE's top-k weights as they are";
+                k.require_bool("expert_weights_norm", false, kept)?;
+                if meta.get(&k.full("attention.clamp_kqv")).is_some() {
+                    let detail = "hob does not clip q, k and v";
+                    return Err(unsupported(path, &k.full("attention.clamp_kqv"), detail));
+                }
+                Architecture::Olmoe(parse_spec(&k, &file)?)
+            }
+            "llama" if k.opt_usize(keys::EXPERT_COUNT)?.unwrap_or(0) > 0 => {
+                let spec = parse_spec(&k, &file)?;
+                if spec.head_dim % 2 != 0 {
+                    return Err(k.err(&k.full(keys::KEY_LENGTH), "an even head size"));
+                }
+                Architecture::Mixtral(spec)
+            }
+            "phimoe" => {
+                return Err(ImportError::Unsupported {
+                    path: path.to_path_buf(),
+                    what: "architecture 'phimoe'".into(),
+                    detail: "not yet from GGUF (its LongRoPE factors are tensors there); \
+                             convert the Hugging Face checkpoint instead"
+                        .into(),
+                })
+            }
+            other => {
+                let found = match other {
+                    "llama" => "llama without experts (llama.expert_count absent or 0)",
+                    o => o,
+                };
+                return Err(ImportError::UnsupportedArchitecture {
+                    path: path.to_path_buf(),
+                    found: found.to_string(),
+                    supported: SUPPORTED.to_string(),
+                });
+            }
+        };
+        let unpermute_qk = matches!(arch, Architecture::Mixtral(_));
+        Self::checked(path, file, arch, unpermute_qk)
+    }
+
+    /// Find the experts' layout and check every tensor: the ones `arch` needs are present with
+    /// the right dims and a type hob dequantizes, and there are no others.
+    fn checked(
+        path: &Path,
+        file: GgufFile,
+        arch: Architecture,
+        unpermute_qk: bool,
+    ) -> Result<GgufCheckpoint, ImportError> {
+        let s = arch.expert_shape();
+        let dense = arch.dense_tensors(&ExpertSource::PerExpert {
+            hidden: s.hidden,
+            ffn: s.ffn,
+            names: ExpertNames::Mixtral,
+        });
+        let experts = if file.tensor(&merged_name(0, "gate")).is_some() {
+            GgufExperts::Merged
+        } else if file.tensor(&per_expert_name(0, "gate", 0)).is_some() {
+            GgufExperts::PerExpert
+        } else {
+            return Err(missing(path, &merged_name(0, "gate")));
+        };
+        let mut expected: Vec<(String, Vec<usize>)> = dense
+            .iter()
+            .map(|t| (t.hob_name.clone(), t.shape.clone()))
+            .collect();
+        for l in 0..s.n_layers {
+            for (which, rows, cols) in [
+                ("gate", s.ffn, s.hidden),
+                ("up", s.ffn, s.hidden),
+                ("down", s.hidden, s.ffn),
+            ] {
+                match experts {
+                    GgufExperts::Merged => {
+                        expected.push((merged_name(l, which), vec![s.n_experts, rows, cols]))
+                    }
+                    GgufExperts::PerExpert => expected.extend(
+                        (0..s.n_experts).map(|e| (per_expert_name(l, which, e), vec![rows, cols])),
+                    ),
+                }
+            }
+        }
+        for (name, shape) in &expected {
+            let t = file.tensor(name).ok_or_else(|| missing(path, name))?;
+            check_tensor(&t, shape)?;
+        }
+        let known: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        if let Some(extra) = file
+            .tensors()
+            .iter()
+            .find(|t| !known.contains(t.name.as_str()))
+        {
+            let detail = format!(
+                "hob's {} does not use it (and would not drop a tensor silently)",
+                arch.hob_name()
+            );
+            return Err(unsupported(
+                path,
+                &format!("tensor {}", extra.name),
+                &detail,
+            ));
+        }
+        let source_dtype = match file.tensor(keys::TOKEN_EMBD).map(|t| t.ggml_type()) {
+            Some(GgmlType::F32) => DType::F32,
+            Some(GgmlType::BF16) => DType::Bf16,
+            _ => DType::F16,
+        };
+        Ok(GgufCheckpoint {
+            path: path.to_path_buf(),
+            arch,
+            source_dtype,
+            experts,
+            file,
+            dense,
+            unpermute_qk,
+        })
+    }
+
+    /// One tensor by name, dequantized (checked finite).
+    fn load(&self, name: &str) -> Result<Vec<f32>, ImportError> {
+        let t = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| missing(&self.path, name))?;
+        let values = t.dequantize_f32()?;
+        check_finite(&t, &values)?;
+        Ok(values)
+    }
+
+    /// One expert's [rows, cols] matrix out of a merged [n_expert, rows, cols] tensor: only its
+    /// rows are dequantized.
+    fn load_merged(
+        &self,
+        name: &str,
+        expert: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<f32>, ImportError> {
+        let t = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| missing(&self.path, name))?;
+        let ty = t.ggml_type();
+        let fail = |source| {
+            ImportError::from(GgufError::Dequantize {
+                path: t.path().to_path_buf(),
+                name: name.to_string(),
+                source,
+            })
+        };
+        let row_bytes = ty.row_bytes(cols).map_err(fail)?;
+        let size = rows * row_bytes;
+        let bytes = t
+            .bytes()
+            .get(expert * size..(expert + 1) * size)
+            .ok_or_else(|| {
+                ImportError::from(GgufError::Tensor {
+                    path: t.path().to_path_buf(),
+                    name: name.to_string(),
+                    detail: format!("expert {expert}'s rows run past the tensor's data"),
+                })
+            })?;
+        let mut out = vec![0f32; rows * cols];
+        for (src, dst) in bytes
+            .chunks_exact(row_bytes)
+            .zip(out.chunks_exact_mut(cols))
+        {
+            ggml::dequantize_row(ty, src, dst).map_err(fail)?;
+        }
+        check_finite(&t, &out)?;
+        Ok(out)
+    }
+
+    fn spec(&self) -> &MixtralSpec {
+        match &self.arch {
+            Architecture::Mixtral(s)
+            | Architecture::Qwen3Moe(s)
+            | Architecture::Olmoe(s)
+            | Architecture::Qwen2Moe(s, _)
+            | Architecture::Phimoe(s, _) => s,
+        }
+    }
+
+    /// `general.name` of the file, else its name without `.gguf`.
+    pub fn name(&self) -> String {
+        match self.file.metadata().get(keys::NAME) {
+            Some(MetaValue::String(s)) if !s.is_empty() => s.clone(),
+            _ => self
+                .path
+                .file_stem()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".to_string()),
+        }
+    }
+}
+
+impl ConvertSource for GgufCheckpoint {
+    fn dense_tensors(&self) -> &[DenseTensor] {
+        &self.dense
+    }
+
+    fn expert_shape(&self) -> ExpertShape {
+        self.arch.expert_shape()
+    }
+
+    fn source_dtype(&self) -> DType {
+        self.source_dtype
+    }
+
+    fn has_tokenizer(&self) -> bool {
+        false
+    }
+
+    fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
+        let values = self.load(&t.hob_name)?;
+        let s = self.spec();
+        let heads = if !self.unpermute_qk {
+            None
+        } else if t.hob_name.ends_with(keys::ATTN_Q) {
+            Some(s.n_heads)
+        } else if t.hob_name.ends_with(keys::ATTN_K) {
+            Some(s.n_kv_heads)
+        } else {
+            None
+        };
+        Ok(match heads {
+            Some(n) => unpermute_rows(&values, n, s.hidden),
+            None => values,
+        })
+    }
+
+    fn load_expert(&self, layer: usize, expert: usize) -> Result<ExpertWeights, ImportError> {
+        let (h, f) = (self.spec().hidden, self.spec().ffn);
+        match self.experts {
+            GgufExperts::Merged => Ok(ExpertWeights {
+                gate: self.load_merged(&merged_name(layer, "gate"), expert, f, h)?,
+                up: self.load_merged(&merged_name(layer, "up"), expert, f, h)?,
+                down: self.load_merged(&merged_name(layer, "down"), expert, h, f)?,
+            }),
+            GgufExperts::PerExpert => Ok(ExpertWeights {
+                gate: self.load(&per_expert_name(layer, "gate", expert))?,
+                up: self.load(&per_expert_name(layer, "up", expert))?,
+                down: self.load(&per_expert_name(layer, "down", expert))?,
+            }),
+        }
+    }
+
+    /// The architecture's keys, the name, BOS/EOS ids where the file has them, the tied flag and
+    /// the source dtype; no tokenizer.
+    fn metadata(&self) -> Metadata {
+        let mut m = Metadata::new();
+        m.set(
+            keys::ARCHITECTURE,
+            MetaValue::String(self.arch.hob_name().to_string()),
+        );
+        m.set(keys::NAME, MetaValue::String(self.name()));
+        self.arch.write_metadata(&mut m);
+        let (bos, eos) = self.arch.special_token_ids();
+        for (key, id) in [(keys::BOS_TOKEN_ID, bos), (keys::EOS_TOKEN_ID, eos)] {
+            if let Some(id) = id {
+                m.set(key, MetaValue::U32(id));
+            }
+        }
+        m.set(
+            keys::TIE_WORD_EMBEDDINGS,
+            MetaValue::Bool(self.arch.tie_word_embeddings()),
+        );
+        m.set(
+            keys::SOURCE_DTYPE,
+            MetaValue::String(self.source_dtype.name().to_string()),
+        );
+        m
+    }
+}
+
+/// The hyper-parameters from the `{arch}.*` keys and the tensors' dims.
+fn parse_spec(k: &Keys, file: &GgufFile) -> Result<MixtralSpec, ImportError> {
+    if let Some(v) = file.metadata().get(&k.full("rope.scaling.type")) {
+        if !matches!(v, MetaValue::String(s) if s == "none") {
+            let detail = format!("found {v:?}; hob implements plain RoPE only");
+            return Err(unsupported(k.path, &k.full("rope.scaling.type"), &detail));
+        }
+    }
+    let hidden = k.usize(keys::EMBEDDING_LENGTH)?;
+    let n_heads = k.usize(keys::HEAD_COUNT)?;
+    let n_kv_heads = k.opt_usize(keys::HEAD_COUNT_KV)?.unwrap_or(n_heads);
+    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        let expected = format!("a divisor of the head count ({n_heads})");
+        return Err(k.err(&k.full(keys::HEAD_COUNT_KV), &expected));
+    }
+    let head_dim = match k.opt_usize(keys::KEY_LENGTH)? {
+        Some(d) if d > 0 => d,
+        None if hidden % n_heads == 0 => hidden / n_heads,
+        _ => {
+            let expected = format!("a head size (the width {hidden} is not {n_heads} heads)");
+            return Err(k.err(&k.full(keys::KEY_LENGTH), &expected));
+        }
+    };
+    if let Some(d) = k.opt_usize("rope.dimension_count")? {
+        if d != head_dim {
+            let detail = format!("{d} of {head_dim}: hob rotates whole heads");
+            return Err(unsupported(
+                k.path,
+                &k.full("rope.dimension_count"),
+                &detail,
+            ));
+        }
+    }
+    let ffn = match k.opt_usize("expert_feed_forward_length")? {
+        Some(f) => f,
+        None => k.usize(keys::FEED_FORWARD_LENGTH)?,
+    };
+    let n_experts = k.usize(keys::EXPERT_COUNT)?;
+    let n_experts_used = k.usize(keys::EXPERT_USED_COUNT)?;
+    if n_experts_used > n_experts {
+        let expected = format!("at most the expert count ({n_experts})");
+        return Err(k.err(&k.full(keys::EXPERT_USED_COUNT), &expected));
+    }
+    let embd = file
+        .tensor(keys::TOKEN_EMBD)
+        .ok_or_else(|| missing(k.path, keys::TOKEN_EMBD))?;
+    let vocab = match embd.dims() {
+        [_, v] => usize::try_from(*v).unwrap_or(usize::MAX),
+        dims => {
+            return Err(ImportError::ShapeMismatch {
+                name: keys::TOKEN_EMBD.into(),
+                file: embd.path().display().to_string(),
+                expected: vec![hidden, 0],
+                found: dims.iter().map(|&d| d as usize).collect(),
+            })
+        }
+    };
+    let token_id = |key: &str| -> Result<Option<u32>, ImportError> {
+        Ok(k.opt_usize_at(key)?.map(|v| v as u32))
+    };
+    Ok(MixtralSpec {
+        hidden,
+        ffn,
+        n_layers: k.usize(keys::BLOCK_COUNT)?,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        rope_theta: k
+            .opt_f32(keys::ROPE_FREQ_BASE)?
+            .unwrap_or(DEFAULT_ROPE_FREQ_BASE),
+        rms_eps: k.f32(keys::RMS_EPS)?,
+        vocab,
+        context_length: k.usize(keys::CONTEXT_LENGTH)?,
+        n_experts,
+        n_experts_used,
+        tie_word_embeddings: file.tensor(keys::OUTPUT).is_none(),
+        sliding_window: None,
+        bos_token_id: token_id(keys::BOS_TOKEN_ID)?,
+        eos_token_id: token_id(keys::EOS_TOKEN_ID)?,
+    })
+}
+
+fn merged_name(layer: usize, which: &str) -> String {
+    format!("blk.{layer}.ffn_{which}_exps.weight")
+}
+
+fn per_expert_name(layer: usize, which: &str, expert: usize) -> String {
+    format!("blk.{layer}.ffn_{which}.{expert}.weight")
+}
+
+/// `t`'s dims against the row-major `shape` (GGUF lists them reversed; trailing 1s, which
+/// llama.cpp ignores, are ignored), and its type one hob dequantizes.
+fn check_tensor(t: &GgufTensor, shape: &[usize]) -> Result<(), ImportError> {
+    let trim = |d: &mut Vec<usize>| {
+        while d.len() > 1 && d.last() == Some(&1) {
+            d.pop();
+        }
+    };
+    let mut want: Vec<usize> = shape.iter().rev().copied().collect();
+    let mut found: Vec<usize> = t.dims().iter().map(|&d| d as usize).collect();
+    trim(&mut want);
+    trim(&mut found);
+    if want != found {
+        return Err(ImportError::ShapeMismatch {
+            name: t.name().to_string(),
+            file: t.path().display().to_string(),
+            expected: shape.to_vec(),
+            found: t.dims().iter().rev().map(|&d| d as usize).collect(),
+        });
+    }
+    if !t.ggml_type().is_supported() {
+        return Err(ImportError::from(GgufError::Dequantize {
+            path: t.path().to_path_buf(),
+            name: t.name().to_string(),
+            source: ggml::GgmlError::Unsupported { ty: t.ggml_type() },
+        }));
+    }
+    Ok(())
+}
+
+fn check_finite(t: &GgufTensor, values: &[f32]) -> Result<(), ImportError> {
+    let bad = values.iter().filter(|v| !v.is_finite()).count();
+    match values.iter().position(|v| !v.is_finite()) {
+        Some(first) => Err(ImportError::NonFinite {
+            name: t.name().to_string(),
+            file: t.path().display().to_string(),
+            count: bad,
+            first,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Undo llama.cpp's `LlamaModel.permute` on the rows of a [n_head * head_dim, cols] matrix:
+/// row `2 j + t` of a head goes back to row `t * head_dim / 2 + j`.
+fn unpermute_rows(w: &[f32], n_head: usize, cols: usize) -> Vec<f32> {
+    let rows = w.len() / cols.max(1);
+    let head_dim = rows / n_head.max(1);
+    let half = head_dim / 2;
+    let mut out = w.to_vec();
+    for h in 0..n_head {
+        for j in 0..half {
+            for t in 0..2 {
+                let (src, dst) = (h * head_dim + 2 * j + t, h * head_dim + t * half + j);
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// llama.cpp's permute: reshape(n_head, 2, head_dim / 2, cols).swapaxes(1, 2).
+    fn permute(w: &[f32], n_head: usize, cols: usize) -> Vec<f32> {
+        let head_dim = w.len() / cols / n_head;
+        let half = head_dim / 2;
+        let mut out = vec![0.0; w.len()];
+        for h in 0..n_head {
+            for t in 0..2 {
+                for j in 0..half {
+                    // Source index (h, t, j) lands at (h, j, t).
+                    let src = h * head_dim + t * half + j;
+                    let dst = h * head_dim + j * 2 + t;
+                    out[dst * cols..(dst + 1) * cols]
+                        .copy_from_slice(&w[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn unpermute_undoes_llama_cpp_permute() {
+        let (n_head, head_dim, cols) = (3, 8, 5);
+        let w: Vec<f32> = (0..n_head * head_dim * cols).map(|i| i as f32).collect();
+        let p = permute(&w, n_head, cols);
+        assert_ne!(p, w);
+        // Row 1 of head 0 in llama.cpp's order is HF's row head_dim / 2 (its rotation partner).
+        assert_eq!(p[cols], w[(head_dim / 2) * cols]);
+        assert_eq!(unpermute_rows(&p, n_head, cols), w);
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let e = GgufCheckpoint::open(Path::new("/nonexistent/x.gguf"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("/nonexistent/x.gguf"), "{e}");
+    }
+}

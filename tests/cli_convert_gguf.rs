@@ -1,0 +1,267 @@
+//! `hob convert --from x.gguf` (issue 51, item 1) against `hob convert --from <fixture dir>`: the
+//! same logits for the same token ids on the CPU, and errors that name the file and the key or
+//! tensor.
+//!
+//! The GGUFs in tests/fixtures/gguf-convert are written by gguf-py's GGUFWriter from
+//! tools/make_gguf_from_fixture.py (llama.cpp's names, merged or per-expert experts, F32 norms
+//! and routers, F16 or Q8_0 matrices, Mixtral as `llama` with Q/K permuted as llama.cpp's
+//! converter does), not by llama.cpp's convert_hf_to_gguf.py itself: that golden test needs
+//! torch, on the device, later.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{convert_dir, family_dir, hob, nmse, reference_in};
+use hob::backend::cpu::CpuBackend;
+use hob::experts::DirectExperts;
+use hob::format::{keys, HobFile, MetaValue};
+use hob::model::{Logits, Model};
+
+fn gguf(name: &str) -> PathBuf {
+    common::paths::repo_root()
+        .join("tests/fixtures/gguf-convert")
+        .join(format!("{name}.gguf"))
+}
+
+/// Prefill logits at every position, f16 experts.
+fn logits(path: &Path, ids: &[u32]) -> Vec<f32> {
+    let file = HobFile::open(path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let backend = CpuBackend::new(2).unwrap();
+    let mut experts = DirectExperts::new(&file, 0).unwrap();
+    let mut st = model.new_state(&backend, 128).unwrap();
+    model
+        .forward(&mut st, ids, &backend, &mut experts, Logits::All)
+        .unwrap()
+        .to_vec()
+}
+
+/// Convert the fixture `family` from its directory and from `gguf_name`; the NMSE between the
+/// two files' logits, and the GGUF-converted file.
+fn compare(family: &str, gguf_name: &str) -> (f64, tempfile::TempDir, PathBuf) {
+    let dir = family_dir(family);
+    let ids = reference_in(&dir).input_ids;
+    let (_hf_tmp, hf) = convert_dir(&dir, "f16", &[]);
+    let (tmp, from_gguf) = convert_dir(&gguf(gguf_name), "f16", &[]);
+    let (a, b) = (logits(&from_gguf, &ids), logits(&hf, &ids));
+    let e = nmse(&a, &b);
+    println!("{gguf_name}: NMSE {e:.3e} against the Hugging Face directory");
+    (e, tmp, from_gguf)
+}
+
+fn meta_str(file: &HobFile, key: &str) -> Option<String> {
+    match file.metadata().get(key) {
+        Some(MetaValue::String(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+#[test]
+fn qwen3_moe_gguf_matches_the_directory() {
+    let (e, _tmp, path) = compare("qwen3-moe", "tiny-qwen3-moe");
+    assert!(e <= 1e-10, "NMSE {e}");
+    let file = HobFile::open(&path).unwrap();
+    assert_eq!(
+        meta_str(&file, keys::ARCHITECTURE).as_deref(),
+        Some("qwen3moe")
+    );
+    assert_eq!(
+        meta_str(&file, keys::NAME).as_deref(),
+        Some("tiny-qwen3-moe")
+    );
+    assert_eq!(meta_str(&file, keys::SOURCE_DTYPE).as_deref(), Some("f16"));
+    assert!(file.metadata().get(keys::TOKENIZER_HF_JSON).is_none());
+    assert_eq!(
+        file.metadata().get(keys::EOS_TOKEN_ID),
+        Some(&MetaValue::U32(2))
+    );
+}
+
+#[test]
+fn qwen2_moe_gguf_with_biases_and_shared_expert_matches() {
+    let (e, _tmp, path) = compare("qwen2-moe", "tiny-qwen2-moe");
+    assert!(e <= 1e-10, "NMSE {e}");
+    let file = HobFile::open(&path).unwrap();
+    let key = keys::arch_key("qwen2moe", keys::EXPERT_SHARED_FEED_FORWARD_LENGTH);
+    assert_eq!(file.metadata().get(&key), Some(&MetaValue::U32(48)));
+}
+
+#[test]
+fn olmoe_gguf_matches_the_directory() {
+    let (e, _tmp, _path) = compare("olmoe", "tiny-olmoe");
+    assert!(e <= 1e-10, "NMSE {e}");
+}
+
+#[test]
+fn mixtral_gguf_as_llama_is_unpermuted_and_matches() {
+    let (e, _tmp, path) = compare("mixtral", "tiny-mixtral");
+    assert!(e <= 1e-10, "NMSE {e}");
+    let file = HobFile::open(&path).unwrap();
+    assert_eq!(
+        meta_str(&file, keys::ARCHITECTURE).as_deref(),
+        Some("mixtral")
+    );
+}
+
+#[test]
+fn mixtral_gguf_with_per_expert_tensors_matches() {
+    let (e, _tmp, _path) = compare("mixtral", "tiny-mixtral-per-expert");
+    assert!(e <= 1e-10, "NMSE {e}");
+}
+
+#[test]
+fn mixtral_gguf_in_q8_0_is_close() {
+    let (e, _tmp, _path) = compare("mixtral", "tiny-mixtral-q8_0");
+    // Every matrix (embedding and output too) in Q8_0, on a tiny random model: 6.9e-4 seen.
+    assert!(e <= 2e-3, "NMSE {e}");
+    assert!(e > 0.0, "Q8_0 should not be exact");
+}
+
+#[test]
+fn convert_says_there_is_no_tokenizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x.hob");
+    let src = gguf("tiny-qwen3-moe");
+    let (ok, stdout, stderr) = hob(&[
+        "convert",
+        "--from",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--experts",
+        "f16",
+        "--no-progress",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("no tokenizer"), "{stdout}");
+}
+
+/// `src` with the unique byte string `from` replaced by `to` (the same length), written to a
+/// temporary file; convert it and return stderr (asserting failure) and the file's path.
+fn convert_patched(src: &str, from: &[u8], to: &[u8]) -> (String, String) {
+    assert_eq!(from.len(), to.len());
+    let mut bytes = std::fs::read(gguf(src)).unwrap();
+    let at: Vec<usize> = bytes
+        .windows(from.len())
+        .enumerate()
+        .filter(|(_, w)| *w == from)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(at.len(), 1, "{}", String::from_utf8_lossy(from));
+    bytes[at[0]..at[0] + to.len()].copy_from_slice(to);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(format!("{src}-patched.gguf"));
+    std::fs::write(&path, &bytes).unwrap();
+    let out = tmp.path().join("x.hob");
+    let (ok, _, stderr) = hob(&[
+        "convert",
+        "--from",
+        path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--experts",
+        "f16",
+        "--no-progress",
+    ]);
+    assert!(!ok, "converted a damaged file");
+    assert!(!out.exists());
+    (stderr, path.display().to_string())
+}
+
+/// A string metadata value as GGUF stores it: key, type 8, length, bytes.
+fn string_kv(key: &str, value: &str) -> Vec<u8> {
+    let mut v = key.as_bytes().to_vec();
+    v.extend(8u32.to_le_bytes());
+    v.extend((value.len() as u64).to_le_bytes());
+    v.extend(value.as_bytes());
+    v
+}
+
+#[test]
+fn an_unsupported_architecture_is_named_with_the_supported_ones() {
+    let from = string_kv(keys::ARCHITECTURE, "qwen3moe");
+    let to = string_kv(keys::ARCHITECTURE, "qwen3xyz");
+    let (e, path) = convert_patched("tiny-qwen3-moe", &from, &to);
+    assert!(e.contains(&path), "{e}");
+    assert!(e.contains("'qwen3xyz' is not supported"), "{e}");
+    assert!(e.contains("qwen3moe, qwen2moe, olmoe, llama"), "{e}");
+}
+
+#[test]
+fn llama_without_experts_is_refused() {
+    let (e, path) = convert_patched("tiny-mixtral", b"llama.expert_count", b"llama.expert_coun_");
+    assert!(e.contains(&path), "{e}");
+    assert!(e.contains("llama without experts"), "{e}");
+}
+
+#[test]
+fn a_missing_key_is_named() {
+    // The `llama` file read as `olmoe`: none of its keys are there.
+    let from = string_kv(keys::ARCHITECTURE, "llama");
+    let to = string_kv(keys::ARCHITECTURE, "olmoe");
+    let (e, path) = convert_patched("tiny-mixtral", &from, &to);
+    assert!(e.contains(&path), "{e}");
+    assert!(e.contains("olmoe.embedding_length"), "{e}");
+    assert!(e.contains("missing"), "{e}");
+}
+
+#[test]
+fn an_ill_typed_key_is_named() {
+    // llama.expert_used_count: u32 (type 4) -> f32 (type 6), the same four bytes.
+    let key = b"llama.expert_used_count";
+    let (from, to) = (
+        [key.as_slice(), &4u32.to_le_bytes()].concat(),
+        [key.as_slice(), &6u32.to_le_bytes()].concat(),
+    );
+    let (e, path) = convert_patched("tiny-mixtral", &from, &to);
+    assert!(e.contains(&path), "{e}");
+    assert!(
+        e.contains("field 'llama.expert_used_count': expected an unsigned integer"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_tensor_is_named() {
+    let (e, path) = convert_patched(
+        "tiny-qwen3-moe",
+        b"blk.1.attn_k_norm.weight",
+        b"blk.1.attn_k_nor_.weight",
+    );
+    assert!(e.contains(&path), "{e}");
+    assert!(
+        e.contains("tensor 'blk.1.attn_k_norm.weight' not found"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_wrong_dim_is_named() {
+    // output_norm.weight: name, n_dims 1, ne[0] 64 -> 32.
+    let name = b"output_norm.weight";
+    let info = |d: u64| [name.as_slice(), &1u32.to_le_bytes(), &d.to_le_bytes()].concat();
+    let (e, path) = convert_patched("tiny-mixtral", &info(64), &info(32));
+    assert!(e.contains(&path), "{e}");
+    assert!(
+        e.contains("tensor 'output_norm.weight'") && e.contains("expected shape [64], found [32]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_wrong_expert_dim_is_named() {
+    // blk.0.ffn_down_exps.weight: ne [128, 64, 4] -> [128, 64, 2] (the expert count).
+    let name = b"blk.0.ffn_down_exps.weight";
+    let info = |n: u64| {
+        let dims = [128u64, 64, n].map(u64::to_le_bytes).concat();
+        [name.as_slice(), &3u32.to_le_bytes(), &dims].concat()
+    };
+    let (e, path) = convert_patched("tiny-mixtral", &info(4), &info(2));
+    assert!(e.contains(&path), "{e}");
+    assert!(
+        e.contains("tensor 'blk.0.ffn_down_exps.weight'")
+            && e.contains("expected shape [4, 64, 128], found [2, 64, 128]"),
+        "{e}"
+    );
+}

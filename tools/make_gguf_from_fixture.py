@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""GGUF copies of the tiny Hugging Face fixtures, for tests/cli_convert_gguf.rs (`hob convert --from x.gguf`).
+
+    PYTHONPATH=<llama.cpp>/gguf-py python3 tools/make_gguf_from_fixture.py tests/fixtures/gguf-convert
+
+Written by gguf-py's GGUFWriter from this script, in the layout llama.cpp's convert_hf_to_gguf.py gives these
+families (tensor names, merged `ffn_{gate,up,down}_exps` experts, norms and routers in F32, the `{arch}.*` keys,
+and, for Mixtral, which llama.cpp writes as architecture `llama`, the rows of Q and K permuted as its
+LlamaModel.permute does). Not llama.cpp's converter itself: that needs torch (a golden test for later).
+Reads the fixtures' safetensors by hand (no torch, no safetensors package); needs numpy.
+
+Writes:
+- tiny-qwen3-moe.gguf, tiny-qwen2-moe.gguf, tiny-olmoe.gguf: tests/fixtures/tiny-FAMILY as `qwen3moe`, `qwen2moe`,
+  `olmoe`: F16 matrices (the fixtures' own numbers), merged experts.
+- tiny-mixtral.gguf: tests/fixtures/tiny-mixtral as `llama`, F16, merged experts, Q/K permuted.
+- tiny-mixtral-per-expert.gguf: the same in older Mixtral GGUFs' layout, `blk.N.ffn_gate.E.weight` per expert.
+- tiny-mixtral-q8_0.gguf: the same as tiny-mixtral.gguf with every matrix Q8_0 (gguf-py's quants.quantize).
+Deterministic: the same gguf-py gives the same files.
+"""
+import json
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as T, GGUFWriter, quants
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def read_safetensors(directory: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint in `directory` (one file or an index of shards)."""
+    index = directory / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [
+        "model.safetensors"]
+    dtypes = {"F16": np.float16, "F32": np.float32}
+    out = {}
+    for name in files:
+        data = (directory / name).read_bytes()
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        body = data[8 + n:]
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            out[key] = np.frombuffer(body[start:end], dtype=dtypes[info["dtype"]]).reshape(info["shape"])
+    return out
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute: HF's rotate-half rows -> llama.cpp's adjacent pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class Out:
+    """A GGUFWriter with llama.cpp's type rules: 1-D tensors and routers F32, matrices F16 or Q8_0."""
+
+    def __init__(self, path: Path, arch: str, quant: T):
+        self.w = GGUFWriter(path, arch)
+        self.quant = quant
+
+    def tensor(self, name: str, value: np.ndarray, force_f32: bool = False) -> None:
+        v = value.astype(np.float32)
+        if v.ndim == 1 or force_f32:
+            self.w.add_tensor(name, v)
+        elif self.quant == T.Q8_0:
+            self.w.add_tensor(name, quants.quantize(v, T.Q8_0), raw_dtype=T.Q8_0)
+        else:
+            self.w.add_tensor(name, v.astype(np.float16))
+
+    def close(self) -> None:
+        self.w.write_header_to_file()
+        self.w.write_kv_data_to_file()
+        self.w.write_tensors_to_file()
+        self.w.close()
+
+
+def common_keys(w: GGUFWriter, cfg: dict, name: str, ffn_key: int) -> None:
+    w.add_name(name)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(ffn_key)
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_vocab_size(cfg["vocab_size"])
+    for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id)):
+        if cfg.get(key) is not None:
+            add(cfg[key])
+
+
+def layer_dense(o: Out, t: dict, l: int, q: np.ndarray, k: np.ndarray) -> None:
+    p = f"model.layers.{l}."
+    o.tensor(f"blk.{l}.attn_norm.weight", t[p + "input_layernorm.weight"])
+    o.tensor(f"blk.{l}.attn_q.weight", q)
+    o.tensor(f"blk.{l}.attn_k.weight", k)
+    o.tensor(f"blk.{l}.attn_v.weight", t[p + "self_attn.v_proj.weight"])
+    o.tensor(f"blk.{l}.attn_output.weight", t[p + "self_attn.o_proj.weight"])
+    o.tensor(f"blk.{l}.ffn_norm.weight", t[p + "post_attention_layernorm.weight"])
+
+
+def experts(o: Out, l: int, n: int, names, merged: bool) -> None:
+    """names(e) -> (gate, up, down) arrays of expert e."""
+    ws = [names(e) for e in range(n)]
+    for i, which in enumerate(("gate", "up", "down")):
+        if merged:
+            o.tensor(f"blk.{l}.ffn_{which}_exps.weight", np.stack([w[i] for w in ws]))
+        else:
+            for e, w in enumerate(ws):
+                o.tensor(f"blk.{l}.ffn_{which}.{e}.weight", w[i])
+
+
+def mixtral(out: Path, quant: T, merged: bool) -> None:
+    src = FIXTURES / "tiny-mixtral"
+    cfg = json.loads((src / "config.json").read_text())
+    t = read_safetensors(src)
+    o = Out(out, "llama", quant)
+    common_keys(o.w, cfg, "tiny-mixtral", cfg["intermediate_size"])
+    o.w.add_expert_count(cfg["num_local_experts"])
+    o.w.add_rope_dimension_count(cfg["hidden_size"] // cfg["num_attention_heads"])
+    o.w.add_file_type(1 if quant == T.F16 else 7)
+    o.tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        q = permute(t[p + "self_attn.q_proj.weight"], cfg["num_attention_heads"])
+        k = permute(t[p + "self_attn.k_proj.weight"], cfg["num_key_value_heads"])
+        layer_dense(o, t, l, q, k)
+        o.tensor(f"blk.{l}.ffn_gate_inp.weight", t[p + "block_sparse_moe.gate.weight"], force_f32=True)
+        e = p + "block_sparse_moe.experts.{}.{}.weight"
+        experts(o, l, cfg["num_local_experts"],
+                lambda x: tuple(t[e.format(x, w)] for w in ("w1", "w3", "w2")), merged)
+    o.tensor("output_norm.weight", t["model.norm.weight"])
+    o.tensor("output.weight", t["lm_head.weight"])
+    o.close()
+
+
+def qwen_like(family: str, arch: str, out: Path) -> None:
+    """qwen3moe (QK-norm per head), qwen2moe (q/k/v biases, a shared expert), olmoe (QK-norm over the projections)."""
+    src = FIXTURES / f"tiny-{family}"
+    cfg = json.loads((src / "config.json").read_text())
+    t = read_safetensors(src)
+    o = Out(out, arch, T.F16)
+    n_experts = cfg.get("num_experts") or cfg["num_local_experts"]
+    common_keys(o.w, cfg, f"tiny-{family}", cfg["intermediate_size"])
+    o.w.add_expert_count(n_experts)
+    if arch != "olmoe":
+        o.w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if arch == "qwen2moe":
+        o.w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if cfg.get("head_dim"):
+        o.w.add_key_length(cfg["head_dim"])
+        o.w.add_value_length(cfg["head_dim"])
+    o.w.add_file_type(1)
+    o.tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        layer_dense(o, t, l, t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"])
+        if arch == "qwen2moe":
+            for x in "qkv":
+                o.tensor(f"blk.{l}.attn_{x}.bias", t[p + f"self_attn.{x}_proj.bias"])
+            for x in ("gate", "up", "down"):
+                o.tensor(f"blk.{l}.ffn_{x}_shexp.weight", t[p + f"mlp.shared_expert.{x}_proj.weight"])
+            o.tensor(f"blk.{l}.ffn_gate_inp_shexp.weight", t[p + "mlp.shared_expert_gate.weight"], force_f32=True)
+        else:
+            o.tensor(f"blk.{l}.attn_q_norm.weight", t[p + "self_attn.q_norm.weight"])
+            o.tensor(f"blk.{l}.attn_k_norm.weight", t[p + "self_attn.k_norm.weight"])
+        o.tensor(f"blk.{l}.ffn_gate_inp.weight", t[p + "mlp.gate.weight"], force_f32=True)
+        e = p + "mlp.experts.{}.{}_proj.weight"
+        experts(o, l, n_experts, lambda x: tuple(t[e.format(x, w)] for w in ("gate", "up", "down")), True)
+    o.tensor("output_norm.weight", t["model.norm.weight"])
+    o.tensor("output.weight", t["lm_head.weight"])
+    o.close()
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else FIXTURES / "gguf-convert"
+    out.mkdir(parents=True, exist_ok=True)
+    qwen_like("qwen3-moe", "qwen3moe", out / "tiny-qwen3-moe.gguf")
+    qwen_like("qwen2-moe", "qwen2moe", out / "tiny-qwen2-moe.gguf")
+    qwen_like("olmoe", "olmoe", out / "tiny-olmoe.gguf")
+    mixtral(out / "tiny-mixtral.gguf", T.F16, merged=True)
+    mixtral(out / "tiny-mixtral-per-expert.gguf", T.F16, merged=False)
+    mixtral(out / "tiny-mixtral-q8_0.gguf", T.Q8_0, merged=True)
+
+
+if __name__ == "__main__":
+    main()
