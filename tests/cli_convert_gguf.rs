@@ -71,7 +71,8 @@ fn qwen3_moe_gguf_matches_the_directory() {
         Some("tiny-qwen3-moe")
     );
     assert_eq!(meta_str(&file, keys::SOURCE_DTYPE).as_deref(), Some("f16"));
-    assert!(file.metadata().get(keys::TOKENIZER_HF_JSON).is_none());
+    // The tokenizer itself: tests/gguf_tokenizer.rs.
+    assert!(file.metadata().get(keys::TOKENIZER_HF_JSON).is_some());
     assert_eq!(
         file.metadata().get(keys::EOS_TOKEN_ID),
         Some(&MetaValue::U32(2))
@@ -120,9 +121,15 @@ fn mixtral_gguf_in_q8_0_is_close() {
 
 #[test]
 fn convert_says_there_is_no_tokenizer() {
+    // The file with its `tokenizer.ggml.model` key renamed: a GGUF without a tokenizer.
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("x.hob");
-    let src = gguf("tiny-qwen3-moe");
+    let mut bytes = std::fs::read(gguf("tiny-qwen3-moe")).unwrap();
+    let (from, to) = (b"tokenizer.ggml.model", b"tokenizer.ggml.mode_");
+    let at = bytes.windows(from.len()).position(|w| w == from).unwrap();
+    bytes[at..at + to.len()].copy_from_slice(to);
+    let src = tmp.path().join("no-tokenizer.gguf");
+    std::fs::write(&src, &bytes).unwrap();
     let (ok, stdout, stderr) = hob(&[
         "convert",
         "--from",

@@ -15,7 +15,22 @@ Writes:
 - tiny-mixtral.gguf: tests/fixtures/tiny-mixtral as `llama`, F16, merged experts, Q/K permuted.
 - tiny-mixtral-per-expert.gguf: the same in older Mixtral GGUFs' layout, `blk.N.ffn_gate.E.weight` per expert.
 - tiny-mixtral-q8_0.gguf: the same as tiny-mixtral.gguf with every matrix Q8_0 (gguf-py's quants.quantize).
+- mistral-tokenizer.gguf: no tensors, only the `tokenizer.ggml.*` keys of tests/fixtures/mistral (SentencePiece).
 Deterministic: the same gguf-py gives the same files.
+
+Tokenizers (`tokenizer.ggml.*`, `tokenizer.chat_template`), as convert_hf_to_gguf.py writes them:
+- The tiny fixtures' byte-level BPE tokenizer.json, as its _set_vocab_gpt2 / get_vocab_base do: model `gpt2`,
+  tokens in id order ([PADn] unused up to config.json's vocab_size), added tokens CONTROL where special or looking
+  special (<|...|>) else USER_DEFINED, merges and BOS/EOS/add_bos/chat template by gguf-py's SpecialVocab.
+  `tokenizer.ggml.pre`: get_vocab_base_pre names a pre-tokenizer by hashing a real tokenizer's output, which these
+  tiny vocabularies have no entry for; their pre-tokenizer is ByteLevel with GPT-2's regex, which llama.cpp calls
+  `gpt-2` (and `olmo`, used for the OLMoE fixture).
+- tests/fixtures/mistral, as _set_vocab_sentencepiece does from tokenizer.model (model `llama`, pre `default`,
+  pieces, scores, types NORMAL/UNKNOWN/CONTROL/BYTE, then tokenizer_config's special tokens CONTROL with score
+  -1000). The fixture has no tokenizer.model, so the pieces' scores are reconstructed: 0 for <unk>/<s>/</s> and byte
+  pieces, -1e9 for the whitespace-run pieces (▁▁, ▁▁▁▁, ...), -id for the others. With those scores transformers'
+  SentencePieceExtractor yields exactly the fixture's 58,980 merges in order. BOS/EOS/UNK ids, add_bos and the chat
+  template are Mistral's tokenizer_config.json values (<s> 1, </s> 2, <unk> 0, add_bos true) and chat_template.jinja.
 """
 import json
 import struct
@@ -23,7 +38,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType as T, GGUFWriter, quants
+from gguf import GGMLQuantizationType as T, GGUFWriter, SpecialVocab, TokenType, quants
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -89,9 +104,77 @@ def common_keys(w: GGUFWriter, cfg: dict, name: str, ffn_key: int) -> None:
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_vocab_size(cfg["vocab_size"])
-    for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id)):
-        if cfg.get(key) is not None:
-            add(cfg[key])
+
+
+def looks_special(token: str) -> bool:
+    """convert_hf_to_gguf.py's does_token_look_special, the forms these vocabularies could have."""
+    return token in ("<pad>", "<mask>") or (token.startswith("<|") and token.endswith("|>"))
+
+
+def vocab_gpt2(w: GGUFWriter, src: Path, cfg: dict, pre: str) -> None:
+    """A byte-level BPE tokenizer.json as _set_vocab_gpt2 writes it."""
+    tj = json.loads((src / "tokenizer.json").read_text())
+    added = {t["id"]: t for t in tj["added_tokens"]}
+    reverse = {i: t for t, i in tj["model"]["vocab"].items()}
+    reverse.update({i: t["content"] for i, t in added.items()})
+    tokens, types = [], []
+    for i in range(cfg["vocab_size"]):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(TokenType.UNUSED)
+        elif i in added:
+            tokens.append(reverse[i])
+            special = added[i]["special"] or looks_special(reverse[i])
+            types.append(TokenType.CONTROL if special else TokenType.USER_DEFINED)
+        else:
+            tokens.append(reverse[i])
+            types.append(TokenType.NORMAL)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    SpecialVocab(src, load_merges=True).add_to_gguf(w)
+
+
+def mistral_tokenizer(out: Path) -> None:
+    """tests/fixtures/mistral as _set_vocab_sentencepiece would write it (scores reconstructed: see the header)."""
+    src = FIXTURES / "mistral"
+    tj = json.loads((src / "tokenizer.json").read_text())
+    reverse = {i: t for t, i in tj["model"]["vocab"].items()}
+    tokens, scores, types = [], [], []
+    for i in range(len(reverse)):
+        t = reverse[i]
+        tokens.append(t)
+        if t == tj["model"]["unk_token"]:
+            scores.append(0.0), types.append(TokenType.UNKNOWN)
+        elif t in ("<s>", "</s>"):
+            scores.append(0.0), types.append(TokenType.CONTROL)
+        elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            scores.append(0.0), types.append(TokenType.BYTE)
+        elif len(t) >= 2 and set(t) == {"\u2581"}:
+            scores.append(-1e9), types.append(TokenType.NORMAL)
+        else:
+            scores.append(-float(i)), types.append(TokenType.NORMAL)
+    for t in tj["added_tokens"]:  # tokenizer_config.json's added_tokens_decoder: all special
+        scores[t["id"]] = -1000.0
+        types[t["id"]] = TokenType.CONTROL
+    w = GGUFWriter(out, "llama")
+    w.add_name("mistral-tokenizer")
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_chat_template((src / "chat_template.jinja").read_text())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def layer_dense(o: Out, t: dict, l: int, q: np.ndarray, k: np.ndarray) -> None:
@@ -121,6 +204,7 @@ def mixtral(out: Path, quant: T, merged: bool) -> None:
     t = read_safetensors(src)
     o = Out(out, "llama", quant)
     common_keys(o.w, cfg, "tiny-mixtral", cfg["intermediate_size"])
+    vocab_gpt2(o.w, src, cfg, "gpt-2")
     o.w.add_expert_count(cfg["num_local_experts"])
     o.w.add_rope_dimension_count(cfg["hidden_size"] // cfg["num_attention_heads"])
     o.w.add_file_type(1 if quant == T.F16 else 7)
@@ -147,6 +231,7 @@ def qwen_like(family: str, arch: str, out: Path) -> None:
     o = Out(out, arch, T.F16)
     n_experts = cfg.get("num_experts") or cfg["num_local_experts"]
     common_keys(o.w, cfg, f"tiny-{family}", cfg["intermediate_size"])
+    vocab_gpt2(o.w, src, cfg, "olmo" if arch == "olmoe" else "gpt-2")
     o.w.add_expert_count(n_experts)
     if arch != "olmoe":
         o.w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
@@ -186,6 +271,7 @@ def main() -> None:
     mixtral(out / "tiny-mixtral.gguf", T.F16, merged=True)
     mixtral(out / "tiny-mixtral-per-expert.gguf", T.F16, merged=False)
     mixtral(out / "tiny-mixtral-q8_0.gguf", T.Q8_0, merged=True)
+    mistral_tokenizer(out / "mistral-tokenizer.gguf")
 
 
 if __name__ == "__main__":

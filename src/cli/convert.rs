@@ -261,7 +261,7 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
         &summaries,
     );
     if !ckpt.has_tokenizer() {
-        outln!("no tokenizer (not read from GGUF yet): the file runs on token ids, as synthetic files do");
+        outln!("no tokenizer in the source: the file runs on token ids, as synthetic files do");
     }
     Ok(())
 }

@@ -51,7 +51,7 @@ pub enum Command {
 #[command(group(clap::ArgGroup::new("source").required(true).args(["from", "synthetic"])))]
 pub struct ConvertArgs {
     /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), or a
-    /// llama.cpp GGUF file (NAME.gguf, or the first file of a split set; no tokenizer read yet).
+    /// llama.cpp GGUF file (NAME.gguf, or the first file of a split set; its tokenizer too).
     #[arg(long, value_name = "DIR|FILE.gguf")]
     pub from: Option<PathBuf>,
     /// Instead of --from: random weights in this model's exact shapes, for speed benchmarks only

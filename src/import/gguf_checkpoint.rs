@@ -14,7 +14,9 @@
 //! adjacent pairs, Hugging Face's rotate-half pairs i and i + head_dim / 2); they are put back
 //! in Hugging Face's order here. The NEOX-RoPE families are stored unpermuted.
 //!
-//! No tokenizer is read yet: the file written has none, so `hob run` needs token ids.
+//! The tokenizer (`tokenizer.ggml.*`, `tokenizer.chat_template`) is rebuilt as a Hugging Face
+//! tokenizer.json by [`super::gguf_tokenizer`]; a file without one converts to a .hob without
+//! one, whose `hob run` then needs token ids.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -22,8 +24,10 @@ use std::path::{Path, PathBuf};
 use super::arch::ExpertNames;
 use super::ggml::{self, GgmlType};
 use super::gguf::{GgufError, GgufFile, GgufTensor};
+use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{
-    Architecture, ConvertSource, DenseTensor, ExpertSource, ExpertWeights, ImportError, MixtralSpec,
+    Architecture, ConvertSource, DenseTensor, ExpertSource, ExpertWeights, ImportError,
+    MixtralSpec, TokenizerFiles,
 };
 use crate::format::{keys, DType, ExpertShape, MetaValue, Metadata};
 
@@ -55,6 +59,8 @@ pub struct GgufCheckpoint {
     dense: Vec<DenseTensor>,
     /// Undo llama.cpp's Q/K row permutation (`llama` only).
     unpermute_qk: bool,
+    /// The file's tokenizer, where it has one.
+    pub tokenizer: Option<TokenizerFiles>,
 }
 
 /// Typed reads of the file's metadata; errors name the file and the key.
@@ -285,6 +291,11 @@ impl GgufCheckpoint {
             Some(GgmlType::BF16) => DType::Bf16,
             _ => DType::F16,
         };
+        let n_rows = dense
+            .iter()
+            .find(|t| t.hob_name == keys::TOKEN_EMBD)
+            .and_then(|t| t.shape.first().copied());
+        let tokenizer = tokenizer_from_gguf(path, file.metadata(), n_rows)?;
         Ok(GgufCheckpoint {
             path: path.to_path_buf(),
             arch,
@@ -293,6 +304,7 @@ impl GgufCheckpoint {
             file,
             dense,
             unpermute_qk,
+            tokenizer,
         })
     }
 
@@ -388,7 +400,7 @@ impl ConvertSource for GgufCheckpoint {
     }
 
     fn has_tokenizer(&self) -> bool {
-        false
+        self.tokenizer.is_some()
     }
 
     fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
@@ -426,7 +438,7 @@ impl ConvertSource for GgufCheckpoint {
     }
 
     /// The architecture's keys, the name, BOS/EOS ids where the file has them, the tied flag and
-    /// the source dtype; no tokenizer.
+    /// the source dtype; the tokenizer keys where the file has a tokenizer.
     fn metadata(&self) -> Metadata {
         let mut m = Metadata::new();
         m.set(
@@ -449,6 +461,9 @@ impl ConvertSource for GgufCheckpoint {
             keys::SOURCE_DTYPE,
             MetaValue::String(self.source_dtype.name().to_string()),
         );
+        if let Some(t) = &self.tokenizer {
+            t.write_metadata(&mut m);
+        }
         m
     }
 }

@@ -20,6 +20,7 @@ mod fields;
 pub mod ggml;
 pub mod gguf;
 pub mod gguf_checkpoint;
+pub mod gguf_tokenizer;
 mod phimoe;
 pub mod safetensors;
 pub mod synthetic;
