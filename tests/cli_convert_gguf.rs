@@ -12,7 +12,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{convert_dir, family_dir, hob, nmse, reference_in};
+use common::{convert_dir, family_dir, hob, nmse, reference_ids, reference_in};
 use hob::backend::cpu::CpuBackend;
 use hob::experts::DirectExperts;
 use hob::format::{keys, HobFile, MetaValue};
@@ -26,11 +26,16 @@ fn gguf(name: &str) -> PathBuf {
 
 /// Prefill logits at every position, f16 experts.
 fn logits(path: &Path, ids: &[u32]) -> Vec<f32> {
+    logits_ctx(path, ids, 128)
+}
+
+/// Prefill logits at every position in a context of `ctx` tokens, f16 experts.
+fn logits_ctx(path: &Path, ids: &[u32], ctx: usize) -> Vec<f32> {
     let file = HobFile::open(path).unwrap();
     let model = Model::load(&file).unwrap();
     let backend = CpuBackend::new(2).unwrap();
     let mut experts = DirectExperts::new(&file, 0).unwrap();
-    let mut st = model.new_state(&backend, 128).unwrap();
+    let mut st = model.new_state(&backend, ctx).unwrap();
     model
         .forward(&mut st, ids, &backend, &mut experts, Logits::All)
         .unwrap()
@@ -119,6 +124,80 @@ fn mixtral_gguf_in_q8_0_is_close() {
     assert!(e > 0.0, "Q8_0 should not be exact");
 }
 
+/// Phi-3.5-MoE as `phimoe`: LongRoPE's factors come from llama.cpp's `rope_factors_*` tensors,
+/// the original context from its key; the mscale is llama.cpp's `attn_factor` (its converter's
+/// sqrt(1 + ln(256 / 128) / ln(128)) for this fixture, not config.json's short/long_mscale), so
+/// the reference is the directory with config.json's mscales set to it. Within the original
+/// context and past it (160 tokens in a context of 256: the long factors).
+#[test]
+fn phimoe_gguf_matches_the_directory_with_llama_cpp_attn_factor() {
+    let dir = family_dir("phimoe");
+    let (_gguf_tmp, from_gguf) = convert_dir(&gguf("tiny-phimoe"), "f16", &[]);
+    let (_hf_tmp, hf_orig) = convert_dir(&dir, "f16", &[]);
+    let (g, h) = (
+        HobFile::open(&from_gguf).unwrap(),
+        HobFile::open(&hf_orig).unwrap(),
+    );
+    let k = |key: &str| keys::arch_key("phimoe", key);
+    assert_eq!(meta_str(&g, keys::ARCHITECTURE).as_deref(), Some("phimoe"));
+    for key in [
+        keys::ROPE_SCALING_ORIG_CTX,
+        keys::ROPE_SHORT_FACTOR,
+        keys::ROPE_LONG_FACTOR,
+        keys::EXPERT_ROUTER_JITTER,
+        keys::CONTEXT_LENGTH,
+    ] {
+        let key = k(key);
+        assert!(g.metadata().get(&key).is_some(), "{key}");
+        assert_eq!(g.metadata().get(&key), h.metadata().get(&key), "{key}");
+    }
+    let attn_factor = (1.0 + 2f64.ln() / 128f64.ln()).sqrt() as f32;
+    for key in [keys::ROPE_SHORT_MSCALE, keys::ROPE_LONG_MSCALE] {
+        assert_eq!(
+            g.metadata().get(&k(key)),
+            Some(&MetaValue::F32(attn_factor)),
+            "{key}"
+        );
+    }
+    // The directory with config.json's mscales replaced by llama.cpp's attn_factor.
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = tmp.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    for key in ["short_mscale", "long_mscale"] {
+        cfg["rope_parameters"][key] = serde_json::json!(attn_factor as f64);
+    }
+    std::fs::write(&cfg_path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    let (_hf_tmp2, hf) = convert_dir(tmp.path(), "f16", &[]);
+    let short_ids = reference_in(&dir).input_ids;
+    let long_ids = reference_ids(&dir, "long_ids").unwrap();
+    assert!(long_ids.len() > 128);
+    for (ids, ctx) in [(&short_ids, 128), (&long_ids, 256)] {
+        let e = nmse(
+            &logits_ctx(&from_gguf, ids, ctx),
+            &logits_ctx(&hf, ids, ctx),
+        );
+        println!(
+            "tiny-phimoe: {} tokens, ctx {ctx}: NMSE {e:.3e} against the directory",
+            ids.len()
+        );
+        assert!(e <= 1e-10, "NMSE {e} at ctx {ctx}");
+    }
+    // And the mscale matters: against the unmodified directory, the logits differ.
+    let e = nmse(
+        &logits_ctx(&from_gguf, &short_ids, 128),
+        &logits_ctx(&hf_orig, &short_ids, 128),
+    );
+    assert!(
+        e > 1e-8,
+        "config.json's mscale and attn_factor gave the same logits: {e}"
+    );
+}
+
 #[test]
 fn convert_says_there_is_no_tokenizer() {
     // The file with its `tokenizer.ggml.model` key renamed: a GGUF without a tokenizer.
@@ -193,6 +272,7 @@ fn an_unsupported_architecture_is_named_with_the_supported_ones() {
     assert!(e.contains(&path), "{e}");
     assert!(e.contains("'qwen3xyz' is not supported"), "{e}");
     assert!(e.contains("qwen3moe, qwen2moe, olmoe, llama"), "{e}");
+    assert!(e.contains("phimoe"), "{e}");
 }
 
 #[test]

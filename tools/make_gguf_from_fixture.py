@@ -15,6 +15,11 @@ Writes:
 - tiny-mixtral.gguf: tests/fixtures/tiny-mixtral as `llama`, F16, merged experts, Q/K permuted.
 - tiny-mixtral-per-expert.gguf: the same in older Mixtral GGUFs' layout, `blk.N.ffn_gate.E.weight` per expert.
 - tiny-mixtral-q8_0.gguf: the same as tiny-mixtral.gguf with every matrix Q8_0 (gguf-py's quants.quantize).
+- tiny-phimoe.gguf: tests/fixtures/tiny-phimoe as `phimoe`, F16, merged experts, as PhiMoeModel / Phi3MiniModel
+  write it: LayerNorm, q/k/v/o and output biases (F32), no Q/K permutation (NEOX RoPE), `phimoe.attention.sliding_window`
+  0 for the config's null, LongRoPE as `phimoe.rope.scaling.original_context_length`, `phimoe.rope.scaling.attn_factor`
+  (sqrt(1 + ln(max_pos / original) / ln(original)), not the config's short/long_mscale) and the F32 tensors
+  `rope_factors_long.weight` / `rope_factors_short.weight`. Written after the others, which stay byte-identical.
 - mistral-tokenizer.gguf: no tensors, only the `tokenizer.ggml.*` keys of tests/fixtures/mistral (SentencePiece).
 Deterministic: the same gguf-py gives the same files.
 
@@ -33,6 +38,7 @@ Tokenizers (`tokenizer.ggml.*`, `tokenizer.chat_template`), as convert_hf_to_ggu
   template are Mistral's tokenizer_config.json values (<s> 1, </s> 2, <unk> 0, add_bos true) and chat_template.jinja.
 """
 import json
+import math
 import struct
 import sys
 from pathlib import Path
@@ -262,6 +268,56 @@ def qwen_like(family: str, arch: str, out: Path) -> None:
     o.close()
 
 
+def phimoe(out: Path) -> None:
+    src = FIXTURES / "tiny-phimoe"
+    cfg = json.loads((src / "config.json").read_text())
+    rope = cfg["rope_parameters"]
+    t = read_safetensors(src)
+    o = Out(out, "phimoe", T.F16)
+    n_embd, n_head = cfg["hidden_size"], cfg["num_attention_heads"]
+    max_pos, orig = cfg["max_position_embeddings"], rope["original_max_position_embeddings"]
+    # Phi3MiniModel.set_gguf_parameters, then PhiMoeModel's expert counts.
+    o.w.add_name("tiny-phimoe")
+    o.w.add_context_length(max_pos)
+    o.w.add_rope_scaling_orig_ctx_len(orig)
+    o.w.add_embedding_length(n_embd)
+    o.w.add_feed_forward_length(cfg["intermediate_size"])
+    o.w.add_block_count(cfg["num_hidden_layers"])
+    o.w.add_head_count(n_head)
+    o.w.add_head_count_kv(cfg["num_key_value_heads"])
+    o.w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    o.w.add_rope_dimension_count(n_embd // n_head)
+    o.w.add_rope_freq_base(rope["rope_theta"])
+    o.w.add_file_type(1)
+    o.w.add_sliding_window(cfg.get("sliding_window") or 0)
+    o.w.add_expert_used_count(cfg["num_experts_per_tok"])
+    o.w.add_expert_count(cfg["num_local_experts"])
+    vocab_gpt2(o.w, src, cfg, "gpt-2")
+    # generate_extra_tensors: the attention factor as a key, the factors as tensors.
+    scale = max_pos / orig
+    o.w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+    o.tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    o.tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    o.tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        layer_dense(o, t, l, t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"])
+        o.tensor(f"blk.{l}.attn_norm.bias", t[p + "input_layernorm.bias"])
+        for x in "qkv":
+            o.tensor(f"blk.{l}.attn_{x}.bias", t[p + f"self_attn.{x}_proj.bias"])
+        o.tensor(f"blk.{l}.attn_output.bias", t[p + "self_attn.o_proj.bias"])
+        o.tensor(f"blk.{l}.ffn_norm.bias", t[p + "post_attention_layernorm.bias"])
+        o.tensor(f"blk.{l}.ffn_gate_inp.weight", t[p + "block_sparse_moe.gate.weight"], force_f32=True)
+        e = p + "block_sparse_moe.experts.{}.{}.weight"
+        experts(o, l, cfg["num_local_experts"],
+                lambda x: tuple(t[e.format(x, w)] for w in ("w1", "w3", "w2")), True)
+    o.tensor("output_norm.weight", t["model.norm.weight"])
+    o.tensor("output_norm.bias", t["model.norm.bias"])
+    o.tensor("output.weight", t["lm_head.weight"])
+    o.tensor("output.bias", t["lm_head.bias"])
+    o.close()
+
+
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else FIXTURES / "gguf-convert"
     out.mkdir(parents=True, exist_ok=True)
@@ -272,6 +328,7 @@ def main() -> None:
     mixtral(out / "tiny-mixtral-per-expert.gguf", T.F16, merged=False)
     mixtral(out / "tiny-mixtral-q8_0.gguf", T.Q8_0, merged=True)
     mistral_tokenizer(out / "mistral-tokenizer.gguf")
+    phimoe(out / "tiny-phimoe.gguf")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 //! A GGUF file (llama.cpp's format; one file or a split set) as a convert source:
 //! `hob convert --from model.gguf`.
 //!
-//! `general.architecture` picks the family: `qwen3moe`, `qwen2moe`, `olmoe`, and `llama` with
-//! experts (llama.cpp writes Mixtral as `llama`). The hyper-parameters come from the `{arch}.*`
-//! keys, the vocabulary size from `token_embd.weight`, tied embeddings from the absence of
-//! `output.weight`. Dense tensors are found by their GGUF names, which are hob's names; experts
-//! in the merged `blk.N.ffn_{gate,up,down}_exps.weight` (one expert's rows sliced out and
-//! dequantized alone) or in older Mixtral files' `blk.N.ffn_{gate,up,down}.E.weight`. Every
+//! `general.architecture` picks the family: `qwen3moe`, `qwen2moe`, `olmoe`, `llama` with
+//! experts (llama.cpp writes Mixtral as `llama`), and `phimoe` (Phi-3.5-MoE; its LongRoPE
+//! factors are tensors there, see `phimoe_from_gguf`). The hyper-parameters come from the
+//! `{arch}.*` keys, the vocabulary size from `token_embd.weight`, tied embeddings from the
+//! absence of `output.weight`. Dense tensors are found by their GGUF names, which are hob's
+//! names; experts in the merged `blk.N.ffn_{gate,up,down}_exps.weight` (one expert's rows sliced
+//! out and dequantized alone) or in older Mixtral files' `blk.N.ffn_{gate,up,down}.E.weight`. Every
 //! tensor is checked at open (present, its dims, a type hob dequantizes), and a tensor hob would
 //! not use is refused rather than dropped.
 //!
@@ -33,7 +34,11 @@ use crate::format::{keys, DType, ExpertShape, MetaValue, Metadata};
 
 /// The `general.architecture` values hob converts.
 pub const SUPPORTED: &str =
-    "qwen3moe, qwen2moe, olmoe, llama (with llama.expert_count > 0: Mixtral)";
+    "qwen3moe, qwen2moe, olmoe, llama (with llama.expert_count > 0: Mixtral), phimoe";
+
+/// llama.cpp's LongRoPE factors (Phi-3 and Phi-3.5-MoE), [head_dim / 2] F32 tensors.
+const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
 
 /// llama.cpp's default when `{arch}.rope.freq_base` is absent.
 const DEFAULT_ROPE_FREQ_BASE: f32 = 10_000.0;
@@ -201,13 +206,17 @@ impl GgufCheckpoint {
                 Architecture::Mixtral(spec)
             }
             "phimoe" => {
-                return Err(ImportError::Unsupported {
-                    path: path.to_path_buf(),
-                    what: "architecture 'phimoe'".into(),
-                    detail: "not yet from GGUF (its LongRoPE factors are tensors there); \
-                             convert the Hugging Face checkpoint instead"
-                        .into(),
-                })
+                let (spec, extras) = phimoe_from_gguf(&k, &file)?;
+                eprintln!(
+                    "{}: phimoe: sparsemixer's jitter eps is not in GGUF files (llama.cpp routes \
+                     Phi-3.5-MoE by softmax top-2); using Phi-3.5-MoE's router_jitter_noise {}; \
+                     LongRoPE's short and long mscale are {}.rope.scaling.attn_factor ({})",
+                    path.display(),
+                    extras.jitter_eps,
+                    arch_name,
+                    extras.short_mscale
+                );
+                Architecture::Phimoe(spec, extras)
             }
             other => {
                 let found = match other {
@@ -222,7 +231,12 @@ impl GgufCheckpoint {
             }
         };
         let unpermute_qk = matches!(arch, Architecture::Mixtral(_));
-        Self::checked(path, file, arch, unpermute_qk)
+        // Tensors read here into the metadata (Phi's LongRoPE factors), not converted.
+        let read_here: &[&str] = match arch {
+            Architecture::Phimoe(..) => &[ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT],
+            _ => &[],
+        };
+        Self::checked(path, file, arch, unpermute_qk, read_here)
     }
 
     /// Find the experts' layout and check every tensor: the ones `arch` needs are present with
@@ -232,6 +246,7 @@ impl GgufCheckpoint {
         file: GgufFile,
         arch: Architecture,
         unpermute_qk: bool,
+        read_here: &[&str],
     ) -> Result<GgufCheckpoint, ImportError> {
         let s = arch.expert_shape();
         let dense = arch.dense_tensors(&ExpertSource::PerExpert {
@@ -270,7 +285,8 @@ impl GgufCheckpoint {
             let t = file.tensor(name).ok_or_else(|| missing(path, name))?;
             check_tensor(&t, shape)?;
         }
-        let known: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        let mut known: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        known.extend(read_here);
         if let Some(extra) = file
             .tensors()
             .iter()
@@ -549,6 +565,70 @@ fn parse_spec(k: &Keys, file: &GgufFile) -> Result<MixtralSpec, ImportError> {
         eos_token_id: token_id(keys::EOS_TOKEN_ID)?,
     })
 }
+
+/// Phi-3.5-MoE (`phimoe`) as llama.cpp's converter (Phi3MiniModel / PhiMoeModel) writes it:
+/// LayerNorm with biases (`blk.N.attn_norm.bias`, ...; the dense tensors'
+/// names are hob's), q/k/v/o and output biases, NEOX RoPE (no Q/K permutation), and LongRoPE as
+/// `{arch}.rope.scaling.original_context_length`, `{arch}.rope.scaling.attn_factor` and the
+/// tensors `rope_factors_long.weight` / `rope_factors_short.weight`.
+///
+/// What maps to [`PhiExtras`]:
+/// - The factors and the original context: as they are.
+/// - short and long mscale: llama.cpp has one `attn_factor`, which its converter computes as
+///   `sqrt(1 + ln(max_pos / original) / ln(original))` (1 when the ratio is <= 1; llama.cpp's
+///   default 1 when the key is absent) and applies at every context, ignoring the config's
+///   `short_mscale` / `long_mscale`. Both are set to it, so the .hob runs as llama.cpp runs the
+///   file; it differs from the Hugging Face conversion where the config's values differ.
+/// - The jitter eps: not in the file. llama.cpp routes `phimoe` by plain softmax top-2 with
+///   the two weights renormalized (build_moe_ffn with LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX),
+///   not by sparsemixer; hob keeps sparsemixer with Phi-3.5-MoE's `router_jitter_noise` 0.01
+///   (the value transformers uses at inference), and `open` says so on stderr.
+fn phimoe_from_gguf(
+    k: &Keys,
+    file: &GgufFile,
+) -> Result<(MixtralSpec, super::phimoe::PhiExtras), ImportError> {
+    let mut spec = parse_spec(k, file)?;
+    if spec.n_experts_used != 2 {
+        let detail = format!("found {}; sparsemixer picks 2", spec.n_experts_used);
+        return Err(unsupported(
+            k.path,
+            &k.full(keys::EXPERT_USED_COUNT),
+            &detail,
+        ));
+    }
+    if spec.head_dim % 2 != 0 {
+        return Err(k.err(&k.full(keys::KEY_LENGTH), "an even head size"));
+    }
+    // The converter writes 0 for the config's `sliding_window: null`.
+    spec.sliding_window = k.opt_usize(keys::SLIDING_WINDOW)?.filter(|&w| w > 0);
+    let factors = |name: &str| -> Result<Vec<f32>, ImportError> {
+        let t = file.tensor(name).ok_or_else(|| missing(k.path, name))?;
+        check_tensor(&t, &[spec.head_dim / 2])?;
+        let values = t.dequantize_f32()?;
+        check_finite(&t, &values)?;
+        if let Some(bad) = values.iter().find(|&&x| x <= 0.0) {
+            return Err(ImportError::Unsupported {
+                path: k.path.to_path_buf(),
+                what: format!("tensor {name}"),
+                detail: format!("a LongRoPE factor of {bad}; they are positive"),
+            });
+        }
+        Ok(values)
+    };
+    let mscale = k.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
+    let extras = super::phimoe::PhiExtras {
+        jitter_eps: PHI_JITTER_EPS,
+        original_context: k.usize(keys::ROPE_SCALING_ORIG_CTX)?,
+        short_factor: factors(ROPE_FACTORS_SHORT)?,
+        long_factor: factors(ROPE_FACTORS_LONG)?,
+        short_mscale: mscale,
+        long_mscale: mscale,
+    };
+    Ok((spec, extras))
+}
+
+/// Phi-3.5-MoE's `router_jitter_noise` (its config.json's), which GGUF files do not carry.
+const PHI_JITTER_EPS: f32 = 0.01;
 
 fn merged_name(layer: usize, which: &str) -> String {
     format!("blk.{layer}.ffn_{which}_exps.weight")
