@@ -7,22 +7,12 @@ mod common;
 
 use std::path::Path;
 
-use common::{convert_dir, family_dir, hob, nmse, reference_ids, reference_in};
+use common::{argmax, convert_dir, family_dir, hob, nmse, reference_ids, reference_in};
 use hob::backend::cpu::CpuBackend;
 use hob::experts::DirectExperts;
 use hob::format::{keys, HobFile};
 use hob::generate::{ChatTemplate, Message};
 use hob::model::{Logits, Model};
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 /// Prefill logits at every position with expert variant `variant`, then `n` greedy steps:
 /// (prefill logits, greedy ids, the greedy steps' logits).

@@ -8,7 +8,7 @@
 mod common;
 
 use common::gpu::{cpu_session, engine_session, gpu, gpu_session};
-use common::{convert_fixture, nmse, reference};
+use common::{argmax, convert_fixture, nmse, reference};
 use hob::backend::cpu::CpuBackend;
 use hob::experts::cache::Policy;
 use hob::experts::engine::{EngineConfig, Tier};
@@ -16,10 +16,6 @@ use hob::experts::{DirectExperts, PrecisionPlan, Thresholds};
 use hob::format::HobFile;
 use hob::generate::{Bound, Session};
 use hob::model::{Logits, Model};
-
-fn argmax(v: &[f32]) -> u32 {
-    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32
-}
 
 /// Prefill logits at every position, then `n` greedy steps: (prefill logits, ids, step logits).
 fn greedy(s: &mut dyn Session, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>, Vec<f32>) {

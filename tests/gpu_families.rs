@@ -7,16 +7,12 @@
 mod common;
 
 use common::gpu::{cpu_session, engine_session, gpu, gpu_session};
-use common::{convert_dir, family_dir, nmse, reference_in};
+use common::{argmax, convert_dir, family_dir, nmse, reference_in};
 use hob::experts::engine::EngineConfig;
 use hob::experts::{PrecisionPlan, Thresholds};
 use hob::format::HobFile;
 use hob::generate::Session;
 use hob::model::{Logits, Model};
-
-fn argmax(v: &[f32]) -> u32 {
-    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32
-}
 
 /// Prefill logits at every position, then `n` greedy steps: (prefill logits, ids, the logits
 /// each greedy token was chosen from: transformers' greedy_logits).

@@ -3,21 +3,11 @@
 
 mod common;
 
-use common::{convert_fixture, nmse, reference};
+use common::{argmax, convert_fixture, nmse, reference};
 use hob::backend::cpu::CpuBackend;
 use hob::experts::DirectExperts;
 use hob::format::HobFile;
 use hob::model::{Logits, Model};
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 /// Logits at every prompt position (one batched prefill).
 fn prefill_all(file: &HobFile, variant: usize, threads: usize, ids: &[u32]) -> Vec<f32> {

@@ -20,6 +20,7 @@ pub mod writer;
 
 pub use checked::{crc32c_pieces, crc_parallel, BlobChecks};
 pub use gguf::{MetaValue, Metadata};
+pub(crate) use open::open_regular_with;
 pub use reader::{ExpertRecord, ExpertView, Header, HobFile, MatrixView, TensorInfo, TensorView};
 pub use variant::{align_up, DType, ExpertLayout, MatrixLayout, Variant, VariantKind, BLOB_ALIGN};
 pub use writer::{DenseSpec, ExpertShape, HobWriter};

@@ -40,10 +40,23 @@ fn file_kind(meta: &std::fs::Metadata) -> Option<&'static str> {
 /// Open `path` for reading when it is a regular file. A FIFO is opened without blocking (so
 /// that a FIFO is refused, not waited on), and the type is checked on the open file.
 pub(crate) fn open_regular(path: &Path) -> Result<File, FormatError> {
-    let refuse = |kind: &str| FormatError::NotHob {
-        path: path.to_path_buf(),
-        what: format!("{kind}: expected a .hob file"),
-    };
+    open_regular_with(
+        path,
+        |kind| FormatError::NotHob {
+            path: path.to_path_buf(),
+            what: format!("{kind}: expected a .hob file"),
+        },
+        |op, e| FormatError::io(path, op, e),
+    )
+}
+
+/// `open_regular` for any reader's errors: `refuse` names what `path` is instead ("a
+/// directory", "a FIFO", ...), `io` wraps a failed open or stat (the operation and the error).
+pub(crate) fn open_regular_with<E>(
+    path: &Path,
+    refuse: impl Fn(&'static str) -> E,
+    io: impl Fn(&'static str, std::io::Error) -> E,
+) -> Result<File, E> {
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
@@ -58,14 +71,12 @@ pub(crate) fn open_regular(path: &Path) -> Result<File, FormatError> {
             return Err(
                 match std::fs::metadata(path).ok().as_ref().and_then(file_kind) {
                     Some(kind) => refuse(kind),
-                    None => FormatError::io(path, "open", e),
+                    None => io("open", e),
                 },
             )
         }
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| FormatError::io(path, "stat", e))?;
+    let meta = file.metadata().map_err(|e| io("stat", e))?;
     match file_kind(&meta) {
         Some(kind) => Err(refuse(kind)),
         None => Ok(file),

@@ -456,27 +456,14 @@ impl ConvertSource for GgufCheckpoint {
     /// The architecture's keys, the name, BOS/EOS ids where the file has them, the tied flag and
     /// the source dtype; the tokenizer keys where the file has a tokenizer.
     fn metadata(&self) -> Metadata {
-        let mut m = Metadata::new();
-        m.set(
-            keys::ARCHITECTURE,
-            MetaValue::String(self.arch.hob_name().to_string()),
-        );
-        m.set(keys::NAME, MetaValue::String(self.name()));
-        self.arch.write_metadata(&mut m);
+        let mut m = super::model_metadata(&self.arch, self.name());
         let (bos, eos) = self.arch.special_token_ids();
         for (key, id) in [(keys::BOS_TOKEN_ID, bos), (keys::EOS_TOKEN_ID, eos)] {
             if let Some(id) = id {
                 m.set(key, MetaValue::U32(id));
             }
         }
-        m.set(
-            keys::TIE_WORD_EMBEDDINGS,
-            MetaValue::Bool(self.arch.tie_word_embeddings()),
-        );
-        m.set(
-            keys::SOURCE_DTYPE,
-            MetaValue::String(self.source_dtype.name().to_string()),
-        );
+        super::set_tie_and_source(&mut m, &self.arch, self.source_dtype);
         if let Some(t) = &self.tokenizer {
             t.write_metadata(&mut m);
         }

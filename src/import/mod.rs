@@ -124,6 +124,31 @@ pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, ImportError> {
     })
 }
 
+/// The keys a converted file starts with: the architecture, the model's name and its
+/// hyper-parameters (`{arch}.*`).
+pub(crate) fn model_metadata(arch: &Architecture, name: String) -> Metadata {
+    let mut m = Metadata::new();
+    m.set(
+        keys::ARCHITECTURE,
+        MetaValue::String(arch.hob_name().to_string()),
+    );
+    m.set(keys::NAME, MetaValue::String(name));
+    arch.write_metadata(&mut m);
+    m
+}
+
+/// The tied-embeddings flag and the source's storage dtype.
+pub(crate) fn set_tie_and_source(m: &mut Metadata, arch: &Architecture, dtype: DType) {
+    m.set(
+        keys::TIE_WORD_EMBEDDINGS,
+        MetaValue::Bool(arch.tie_word_embeddings()),
+    );
+    m.set(
+        keys::SOURCE_DTYPE,
+        MetaValue::String(dtype.name().to_string()),
+    );
+}
+
 /// The three matrices of one expert as f32, row-major: gate (w1) and up (w3) [ffn, hidden],
 /// down (w2) [hidden, ffn].
 pub struct ExpertWeights {
@@ -264,22 +289,9 @@ impl Checkpoint {
 
     /// The .hob metadata: architecture, hyper-parameters, tokenizer and hob's own keys.
     pub fn metadata(&self) -> Metadata {
-        let mut m = Metadata::new();
-        m.set(
-            keys::ARCHITECTURE,
-            MetaValue::String(self.arch.hob_name().to_string()),
-        );
-        m.set(keys::NAME, MetaValue::String(self.name()));
-        self.arch.write_metadata(&mut m);
+        let mut m = model_metadata(&self.arch, self.name());
         self.tokenizer.write_metadata(&mut m);
-        m.set(
-            keys::TIE_WORD_EMBEDDINGS,
-            MetaValue::Bool(self.arch.tie_word_embeddings()),
-        );
-        m.set(
-            keys::SOURCE_DTYPE,
-            MetaValue::String(self.source_dtype.name().to_string()),
-        );
+        set_tie_and_source(&mut m, &self.arch, self.source_dtype);
         m
     }
 

@@ -234,13 +234,7 @@ impl SyntheticModel {
 
     /// The architecture, the hyper-parameters, and `hob.synthetic_*`; no tokenizer.
     pub fn metadata(&self, seed: u64) -> Metadata {
-        let mut m = Metadata::new();
-        m.set(
-            keys::ARCHITECTURE,
-            MetaValue::String(self.arch().hob_name().into()),
-        );
-        m.set(keys::NAME, MetaValue::String(self.display_name()));
-        self.arch().write_metadata(&mut m);
+        let mut m = super::model_metadata(&self.arch(), self.display_name());
         m.set(keys::TIE_WORD_EMBEDDINGS, MetaValue::Bool(false));
         m.set(keys::SYNTHETIC_MODEL, MetaValue::String(self.name.clone()));
         m.set(keys::SYNTHETIC_SEED, MetaValue::U64(seed));

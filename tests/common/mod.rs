@@ -9,6 +9,11 @@ pub mod random;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The index of the largest value (the first of equal ones), as a token id: greedy decoding.
+pub fn argmax(v: &[f32]) -> u32 {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32
+}
+
 pub fn fixture_dir() -> PathBuf {
     family_dir("mixtral")
 }

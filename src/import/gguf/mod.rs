@@ -483,45 +483,16 @@ fn shard_from(
 }
 
 /// Open `path` for reading when it is a regular file: a directory, a FIFO (whose open would
-/// wait for a writer) or a device is refused by name.
+/// wait for a writer) or a device is refused by name (format::open's rule).
 fn open_regular(path: &Path) -> Result<File, GgufError> {
-    let kind = |meta: &std::fs::Metadata| -> Option<&'static str> {
-        let t = meta.file_type();
-        if t.is_file() {
-            None
-        } else if t.is_dir() {
-            Some("a directory")
-        } else {
-            Some("not a regular file (a FIFO, a device or a socket)")
-        }
-    };
-    let refuse = |kind| GgufError::NotAFile {
-        path: path.to_path_buf(),
-        kind,
-    };
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NONBLOCK);
-    }
-    let file = match options.open(path) {
-        Ok(f) => f,
-        Err(e) => {
-            return Err(match std::fs::metadata(path).ok().as_ref().and_then(kind) {
-                Some(k) => refuse(k),
-                None => GgufError::io(path, "open", e),
-            })
-        }
-    };
-    let meta = file
-        .metadata()
-        .map_err(|e| GgufError::io(path, "stat", e))?;
-    match kind(&meta) {
-        Some(k) => Err(refuse(k)),
-        None => Ok(file),
-    }
+    crate::format::open_regular_with(
+        path,
+        |kind| GgufError::NotAFile {
+            path: path.to_path_buf(),
+            kind,
+        },
+        |op, e| GgufError::io(path, op, e),
+    )
 }
 
 /// `(no, count)` when the file name is `PREFIX-NNNNN-of-MMMMM.gguf` (five digits each, as
