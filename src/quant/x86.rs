@@ -345,30 +345,45 @@ unsafe fn scales_f32(src: *const u16, n: usize, dst: &mut [f32; 16]) {
     }
 }
 
-/// f16 rows four at a time on AVX-512: each 32 columns of x are loaded once for the four rows
-/// (the one-row kernel loads 8 bytes of x per 2 bytes of weights, through L1 or, for a 14336-wide
-/// x, from L2), and each row's 64-byte line is prefetched PREFETCH_AHEAD bytes on. Rows past the
-/// last multiple of four take the same loop one at a time: a row's sum (two 16-lane accumulators,
-/// columns 32 j .. 32 j + 15 and the 16 after, added lane by lane and reduced, then the tail
-/// columns in order) has the same bits whichever block it falls in, so splitting the rows between
-/// threads changes nothing.
+/// f16 rows on AVX-512. Rows of a narrow x (at most `NARROW_X` columns, which stay in L1) go one
+/// at a time, each line prefetched `STREAM_AHEAD` bytes on: one sequential stream per thread,
+/// which a 2-core Zen 5 reads ~1.5x faster than four interleaved row streams
+/// (benches/results/2026-12-01-cpu-issue56-cpu-path.md). A wide x goes four rows at a time, so
+/// each 32 columns of x are loaded once for the four (the one-row kernel loads 8 bytes of x per
+/// 2 bytes of weights, from L2 for a 14336-wide x). A row's sum (two 16-lane accumulators, columns
+/// 32 j .. 32 j + 15 and the 16 after, added lane by lane and reduced, then the tail columns in
+/// order) has the same bits in either form, so splitting rows between threads changes nothing.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn f16_rows_512(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) {
     let mut r = rows.start;
-    while r + 4 <= rows.end {
-        f16_block_512::<4>(m, x, r, &mut out[r - rows.start..]);
-        r += 4;
+    if x.len() > NARROW_X {
+        while r + 4 <= rows.end {
+            f16_block_512::<4>(m, x, r, PREFETCH_AHEAD, &mut out[r - rows.start..]);
+            r += 4;
+        }
     }
     while r < rows.end {
-        f16_block_512::<1>(m, x, r, &mut out[r - rows.start..]);
+        f16_block_512::<1>(m, x, r, STREAM_AHEAD, &mut out[r - rows.start..]);
         r += 1;
     }
 }
 
+/// Columns of an x that the f16 kernel streams one row at a time (16 KB of f32).
+const NARROW_X: usize = 4096;
+
+/// How far ahead the one-row f16 kernel prefetches its stream, bytes.
+const STREAM_AHEAD: usize = 8192;
+
 /// Rows r .. r + R of an f16 matrix into out[..R] (`f16_rows_512`).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
-unsafe fn f16_block_512<const R: usize>(m: &Matrix, x: &[f32], r: usize, out: &mut [f32]) {
+unsafe fn f16_block_512<const R: usize>(
+    m: &Matrix,
+    x: &[f32],
+    r: usize,
+    ahead: usize,
+    out: &mut [f32],
+) {
     let rb = m.row_bytes();
     let full = x.len() / 32 * 32;
     let xp = x.as_ptr();
@@ -377,7 +392,7 @@ unsafe fn f16_block_512<const R: usize>(m: &Matrix, x: &[f32], r: usize, out: &m
     let mut i = 0;
     while i < full {
         for p in &wp {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2 * i + PREFETCH_AHEAD) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2 * i + ahead) as *const i8);
         }
         let x0 = _mm512_loadu_ps(xp.add(i));
         let x1 = _mm512_loadu_ps(xp.add(i + 16));

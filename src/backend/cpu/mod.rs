@@ -1,50 +1,65 @@
-//! The CPU backend: a persistent thread pool (rayon, built once) running quant's row kernels.
-//! Every output element is computed by one thread in a fixed order, so results do not depend on
-//! the thread count (`-t 1` and `-t N` give identical logits).
+//! The CPU backend: a team of threads (the caller and helpers, built once) running quant's row
+//! kernels. Every output element is computed by one thread in a fixed order, so results do not
+//! depend on the thread count (`-t 1` and `-t N` give identical logits).
 
-use rayon::prelude::*;
+mod team;
 
+use std::cell::RefCell;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use crate::model::forward;
 use crate::model::ops::{AttentionShape, Backend, Telemetry};
 use crate::quant::Matrix;
 
+pub use team::Team;
+
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
+    team: Team,
 }
 
-/// Rows handed to one task: enough work to amortize scheduling, small enough to balance.
+/// Rows handed to one item: enough work to amortize claiming it, small enough to balance.
 const MIN_ROWS_PER_TASK: usize = 16;
 
+thread_local! {
+    /// Per-thread scratch: dequantized rows of a batched product, or attention scores.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
 impl CpuBackend {
-    /// A pool of `threads` workers (0: one per available core).
+    /// A team of `threads` (0: one per available core), the calling thread included.
     pub fn new(threads: usize) -> crate::Result<CpuBackend> {
+        let threads = if threads == 0 {
+            crate::platform::cores()
+        } else {
+            threads
+        };
         Ok(CpuBackend {
-            pool: crate::platform::thread_pool(threads, "hob-cpu")?,
+            team: Team::new(threads, "hob-cpu")?,
         })
     }
 
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.team.threads()
     }
 
-    /// Host memory read bandwidth with this pool's threads, GB/s: the best of three parallel
-    /// passes summing a `bytes`-sized buffer (what CPU experts can stream at most; the physical
-    /// limit of cooperative decoding uses it).
+    /// Host memory read bandwidth with this team, GB/s: the best of three parallel passes
+    /// summing a `bytes`-sized buffer (what CPU experts can stream at most; the physical limit
+    /// of cooperative decoding uses it).
     pub fn read_bandwidth_gbs(&self, bytes: usize) -> f64 {
         let words = vec![1u64; bytes / 8];
+        let pieces: Vec<&[u64]> = words.chunks(1 << 16).collect();
         let mut best = 0.0f64;
         for _ in 0..3 {
             let started = std::time::Instant::now();
-            let sum: u64 = self.pool.install(|| {
-                words
-                    .par_chunks(1 << 16)
-                    .map(|c| c.iter().fold(0u64, |a, &w| a.wrapping_add(w)))
-                    .reduce(|| 0, u64::wrapping_add)
+            let sum = AtomicU64::new(0);
+            self.team.for_each(pieces.len(), |i| {
+                let s = pieces[i].iter().fold(0u64, |a, &w| a.wrapping_add(w));
+                sum.fetch_add(s, Ordering::Relaxed);
             });
             let secs = started.elapsed().as_secs_f64();
-            std::hint::black_box(sum);
+            std::hint::black_box(sum.load(Ordering::Relaxed));
             best = best.max(words.len() as f64 * 8.0 / secs / 1e9);
         }
         best
@@ -52,6 +67,15 @@ impl CpuBackend {
 
     fn rows_per_task(&self, rows: usize) -> usize {
         rows.div_ceil(self.threads() * 4).max(MIN_ROWS_PER_TASK)
+    }
+
+    /// `f(i, chunk i)` for the `chunk`-long pieces of `out`, spread over the team.
+    fn for_each_chunk(&self, out: &mut [f32], chunk: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+        let parts: Vec<Mutex<&mut [f32]>> = out.chunks_mut(chunk.max(1)).map(Mutex::new).collect();
+        self.team.for_each(parts.len(), |i| {
+            let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+            f(i, &mut part)
+        });
     }
 }
 
@@ -63,24 +87,19 @@ impl CpuBackend {
         assert_eq!(out.len(), t * rows, "matmul output length");
         let chunk = self.rows_per_task(rows);
         if t == 1 {
-            self.pool.install(|| {
-                out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| {
-                    let r0 = i * chunk;
-                    w.matvec_rows(x, r0..r0 + o.len(), o);
-                })
+            self.for_each_chunk(out, chunk, |i, o| {
+                let r0 = i * chunk;
+                w.matvec_rows(x, r0..r0 + o.len(), o);
             });
             return;
         }
-        // Batched: each task dequantizes its block of rows once and multiplies it with every
+        // Batched: each item dequantizes its block of rows once and multiplies it with every
         // token's input; outt is (rows, t), transposed into out afterwards.
         let mut outt = vec![0.0f32; rows * t];
-        self.pool.install(|| {
-            outt.par_chunks_mut(chunk * t)
-                .enumerate()
-                .for_each_init(Vec::new, |scratch, (i, o)| {
-                    let r0 = i * chunk;
-                    w.matmul_rows(x, t, r0..r0 + o.len() / t, o, scratch);
-                })
+        self.for_each_chunk(&mut outt, chunk * t, |i, o| {
+            let r0 = i * chunk;
+            SCRATCH
+                .with_borrow_mut(|scratch| w.matmul_rows(x, t, r0..r0 + o.len() / t, o, scratch));
         });
         for (r, col) in outt.chunks_exact(t).enumerate() {
             for (ti, &v) in col.iter().enumerate() {
@@ -128,20 +147,17 @@ impl CpuBackend {
                 }
             }
         };
-        self.pool.install(|| {
-            if s.t == 1 {
-                out.par_chunks_mut(hd)
-                    .enumerate()
-                    .for_each_init(Vec::new, |scores, (h, o)| head(0, h, o, scores));
-            } else {
-                out.par_chunks_mut(qd)
-                    .enumerate()
-                    .for_each_init(Vec::new, |scores, (i, o)| {
-                        for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
-                            head(i, h, oh, scores);
-                        }
-                    });
-            }
+        let per = if s.t == 1 { hd } else { qd };
+        self.for_each_chunk(out, per, |i, o| {
+            SCRATCH.with_borrow_mut(|scores| {
+                if s.t == 1 {
+                    head(0, i, o, scores);
+                } else {
+                    for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
+                        head(i, h, oh, scores);
+                    }
+                }
+            })
         });
     }
 }
