@@ -209,7 +209,9 @@ class HobFile:
         for i in range(count):
             name = c.string(f"name of tensor #{i}")
             code = c.unpack("<I", "dtype")
-            if code not in DTYPES:
+            kind, group = code >> 16, code & 0xFFFF
+            packed = code not in DTYPES and kind in VARIANT_KINDS and not VARIANT_KINDS[kind][2]
+            if code not in DTYPES and not (packed and group and group % 16 == 0 and group <= 4096):
                 raise HobError(f"tensor '{name}': unknown dtype code {code}")
             ndim = c.unpack("<I", "ndim")
             if ndim not in (1, 2):
@@ -219,11 +221,18 @@ class HobFile:
             n = 1
             for x in shape:
                 n *= x
-            if n * DTYPES[code][1] != size:
+            if packed:
+                if ndim != 2:
+                    raise HobError(f"tensor '{name}': a packed dtype needs a matrix")
+                want = matrix_layout(kind, group, shape[0], shape[1])["size"]
+                dtype = f"{VARIANT_KINDS[kind][0]}/g{group}"
+            else:
+                want, dtype = n * DTYPES[code][1], DTYPES[code][0]
+            if want != size:
                 raise HobError(f"tensor '{name}': size {size} does not match its shape")
             if offset % BLOB_ALIGN or offset + size > len(self.data):
                 raise HobError(f"tensor '{name}': offset {offset} misaligned or out of the file")
-            out.append({"name": name, "dtype": DTYPES[code][0], "shape": shape, "offset": offset, "size": size,
+            out.append({"name": name, "dtype": dtype, "shape": shape, "offset": offset, "size": size,
                         "crc32c": crc})
         return out
 

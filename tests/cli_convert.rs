@@ -105,12 +105,15 @@ fn check_dense(hob_path: &Path, src: &BTreeMap<String, fx::Tensor>, expect_dtype
             "{}",
             t.hob_name
         );
+        let hob::format::TensorType::Float(dt) = view.info.dtype else {
+            panic!("{}: packed", t.hob_name)
+        };
         let want: Vec<f32> = src[&t.hf_name]
             .values
             .iter()
-            .map(|&v| decode(view.info.dtype, &dtype::encode(view.info.dtype, &[v]))[0])
+            .map(|&v| decode(dt, &dtype::encode(dt, &[v]))[0])
             .collect();
-        assert_eq!(decode(view.info.dtype, view.data), want, "{}", t.hob_name);
+        assert_eq!(decode(dt, view.data), want, "{}", t.hob_name);
     }
 }
 

@@ -53,6 +53,7 @@ fn variants(list: &str) -> Vec<Variant> {
 
 fn write(model: &SyntheticModel, list: &str, dense: DType, seed: u64, out: &Path) {
     let mut written = 0u64;
+    let dense = &hob::import::DensePlan::uniform(dense.into());
     synthetic::write(model, &variants(list), dense, seed, out, &mut |_, n| {
         written += n
     })
@@ -68,13 +69,9 @@ fn matrix_f32(view: MatrixView<'_>) -> Vec<f32> {
 }
 
 fn dense_f32(file: &HobFile, name: &str) -> Vec<f32> {
-    let t = file.tensor(name).unwrap();
-    let (rows, cols) = match t.info.shape[..] {
-        [n] => (1, n),
-        [r, c] => (r, c),
-        _ => unreachable!(),
-    };
-    Matrix::dense(t.info.dtype, rows, cols, t.data).to_f32()
+    Matrix::from_tensor(file.tensor(name).unwrap())
+        .unwrap()
+        .to_f32()
 }
 
 /// (sd around zero, largest magnitude); asserts every value is finite.
@@ -264,6 +261,6 @@ fn command_line_errors() {
     );
     fails(
         &["--synthetic", "phi-3.5-moe", "--dense", "f8"],
-        &["f8", "f16, bf16, f32"],
+        &["f8", "f32, f16, bf16, int8, int4"],
     );
 }

@@ -125,7 +125,7 @@ fn contract_violations_are_refused() {
     let int4 = Variant::parse("int4", None).unwrap();
     let dense = |name: &str, shape: Vec<usize>| DenseSpec {
         name: name.into(),
-        dtype: DType::F16,
+        dtype: DType::F16.into(),
         shape,
     };
     let cases: Vec<(Vec<DenseSpec>, ExpertShape, Vec<Variant>, &str)> = vec![
@@ -229,7 +229,7 @@ fn a_model_without_experts_is_valid() {
     };
     let d = DenseSpec {
         name: "w".into(),
-        dtype: DType::F32,
+        dtype: DType::F32.into(),
         shape: vec![3],
     };
     let mut w = HobWriter::create(&out, &Metadata::new(), &[d], shape, &[]).unwrap();

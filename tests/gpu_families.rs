@@ -139,3 +139,45 @@ fn olmoe_on_the_gpu_matches_the_cpu_and_transformers() {
 fn phimoe_on_the_gpu_matches_the_cpu_and_transformers() {
     family_on_the_gpu("phimoe");
 }
+
+/// Packed dense matrices (`--dense int8`, issue 56) on the GPU: resident and under the engine's
+/// quarter cache, logits as the CPU's on the same file.
+fn packed_dense_on_the_gpu(family: &str, dense: &str) {
+    let g = gpu();
+    let dir = family_dir(family);
+    let r = reference_in(&dir);
+    let (_tmp, path) = convert_dir(&dir, "f16,int4", &["--group-size", "16", "--dense", dense]);
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let n = 8;
+    let (c_all, c_ids, c_steps) = greedy(&mut *cpu_session(&file, &model), &r.input_ids, n);
+    let (g_all, g_ids, g_steps) =
+        greedy(&mut *gpu_session(&g, &file, &model, None), &r.input_ids, n);
+    let slot = file.expert_layout(0).padded_size;
+    let total = file.n_layers() * file.n_experts();
+    let cfg = EngineConfig::simple(0, Some(total / 4 * slot));
+    let (e_all, e_ids, e_steps) = greedy(&mut *engine_session(&g, &model, cfg), &r.input_ids, n);
+    let (p, d) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
+    let (ep, ed) = (nmse(&e_all, &c_all), nmse(&e_steps, &c_steps));
+    println!(
+        "{family} --dense {dense}: GPU vs CPU prefill NMSE {p:.2e}, decode {d:.2e}; engine \
+         {ep:.2e}, {ed:.2e}"
+    );
+    assert!(
+        p <= 1e-5 && d <= 1e-5 && ep <= 1e-5 && ed <= 1e-5,
+        "{family} --dense {dense}"
+    );
+    assert_eq!(g_ids, c_ids, "{family} --dense {dense}: GPU greedy tokens");
+    assert_eq!(
+        e_ids, c_ids,
+        "{family} --dense {dense}: engine greedy tokens"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn packed_dense_matrices_on_the_gpu_match_the_cpu() {
+    packed_dense_on_the_gpu("qwen3-moe", "int8");
+    packed_dense_on_the_gpu("qwen2-moe", "int4");
+    packed_dense_on_the_gpu("mixtral", "int8");
+}

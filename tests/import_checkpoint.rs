@@ -102,14 +102,17 @@ fn synthetic_checkpoint_opens_with_metadata_and_tensor_plan() {
         .unwrap();
     assert_eq!(o.hf_name, "model.layers.0.self_attn.o_proj.weight");
     assert_eq!(dense.last().unwrap().hob_name, "output.weight");
-    let specs = ck.dense_specs(DType::Bf16);
+    let specs = ck.dense_specs(&hob::import::DensePlan::uniform(DType::Bf16.into()));
     for (t, s) in dense.iter().zip(&specs) {
         let want = if t.role == TensorRole::Matrix {
             DType::Bf16
         } else {
             DType::F32
         };
-        assert_eq!((s.dtype, &s.shape, &s.name), (want, &t.shape, &t.hob_name));
+        assert_eq!(
+            (s.dtype, &s.shape, &s.name),
+            (want.into(), &t.shape, &t.hob_name)
+        );
     }
 
     // Loaded values equal the source exactly (f16 widens exactly to f32).

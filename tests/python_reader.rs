@@ -152,12 +152,12 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
     let dense = vec![
         DenseSpec {
             name: "token_embd.weight".into(),
-            dtype: DType::Bf16,
+            dtype: DType::Bf16.into(),
             shape: vec![16, 64],
         },
         DenseSpec {
             name: "output_norm.weight".into(),
-            dtype: DType::F32,
+            dtype: DType::F32.into(),
             shape: vec![64],
         },
     ];
@@ -173,11 +173,8 @@ fn python_reader_lists_and_dequantizes_what_rust_wrote() {
         .collect();
     let mut w = HobWriter::create(&path, &metadata, &dense, shape, &variants).unwrap();
     for (i, d) in dense.iter().enumerate() {
-        w.write_dense(
-            i,
-            &rng.bytes(d.shape.iter().product::<usize>() * d.dtype.size()),
-        )
-        .unwrap();
+        w.write_dense(i, &rng.bytes(d.dtype.size(&d.shape).unwrap()))
+            .unwrap();
     }
     // expected[(layer, expert, v)] = [gate, up, down] values
     let mut expected = std::collections::HashMap::new();

@@ -16,6 +16,9 @@
 #                                        trained router's trace (hob's cache sees learned routing; llama.cpp's
 #                                        --n-cpu-moe split does not depend on it), the Orin NX row
 #                                        -> $OUT/qwen3.md
+#   bash tools/families_gpu.sh dense     issue 56: the 16 GB and 12 GB int8+int4 rows with f16 dense weights and with
+#                                        --dense int8 (the expert cache gets the memory freed), uniform routing
+#                                        -> $OUT/dense.md
 #   TRACE=.. T1=.. T2=.. bash tools/families_gpu.sh hobbit
 #                                        the trained router's model: fidelity of the fitted thresholds (KL and
 #                                        perplexity against all-high), `hob sim` on its trace, and HOBBIT's
@@ -42,7 +45,7 @@ ncpu() { # share -> llama.cpp layers whose experts stay on the CPU
 # Bytes per expert: hob int8 g64 / int4 g64 (f16 scales, int4 also f16 mins); llama.cpp Q8_0, Q4_K_M
 # (Q4_K/Q6_K mix, ~4.9 bits).
 E_INT8=4866048; E_INT4=2654208; E_Q8=5013504; E_Q4KM=2890000
-D_F16=2.46e9; D_Q8=1.31e9; D_Q4KM=0.75e9
+D_F16=2.46e9; D_Q8=1.31e9; D_Q4KM=0.75e9; D_INT8=1.27e9
 hobrow() { # label, args...
   local label="$1"; shift
   echo "== hob $label: $*" >> "$log"
@@ -103,6 +106,22 @@ qwen3)
     done
   done
   cat "$out/qwen3.md" ;;
+dense)
+  for d in f16 int8; do
+    [ -f "/tmp/q3-dense-$d.hob" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers "$LAYERS" --experts int8,int4 \
+      --dense "$d" -o "/tmp/q3-dense-$d.hob" --no-progress | tail -2
+  done
+  for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
+    name=${prof%%:*}; gib=${prof##*:}
+    for d in f16 int8; do
+      dd=$([ "$d" = f16 ] && echo $D_F16 || echo $D_INT8)
+      f=$(frac "$gib" $E_INT8 "$dd")
+      echo "$name, dense $d: int8 share $f ($(cache "$f" $E_INT8) GiB)" >> "$out/dense.md"
+      model="/tmp/q3-dense-$d.hob" hobrow "$name dense $d int8+int4" --platform "$name" --cache-policy hobbit \
+        --prefetch 3 -r 3 -p 0 -n 64 --expert-variant int8 --low int4 --expert-cache "$(cache "$f" $E_INT8)"
+    done
+  done
+  cat "$out/qwen3.md" "$out/dense.md" ;;
 trace)
   [ -f .gpu/shakes/train.bin ] && [ -f .gpu/hamlet-60k.txt ] \
     || { echo "trace: stage .gpu/shakes and .gpu/hamlet-60k.txt first (tools/stage_gpu.sh)"; exit 2; }

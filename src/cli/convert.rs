@@ -13,9 +13,9 @@ use rayon::prelude::*;
 
 use super::ConvertArgs;
 use crate::error::Error;
-use crate::format::{writer, DType, ExpertLayout, HobWriter, Variant};
+use crate::format::{writer, DenseSpec, ExpertLayout, HobWriter, TensorType, Variant};
 use crate::import::synthetic::{self, SyntheticModel};
-use crate::import::{dtype, Checkpoint, ConvertSource, ExpertWeights, GgufCheckpoint};
+use crate::import::{dtype, Checkpoint, ConvertSource, DensePlan, ExpertWeights, GgufCheckpoint};
 use crate::quant::{self, ErrorStats};
 
 /// Parse `--experts`: comma-separated variant names, no duplicates.
@@ -34,13 +34,27 @@ pub fn parse_variants(list: &str, group_size: Option<u32>) -> crate::Result<Vec<
     Ok(out)
 }
 
-/// Parse `--dense`.
-pub fn parse_dense(s: &str) -> crate::Result<DType> {
-    DType::parse(s).ok_or_else(|| {
-        Error::Invalid(format!(
-            "--dense: unknown dtype '{s}' (known: f16, bf16, f32)"
-        ))
+/// Parse `--dense` (absent: every matrix in the source's dtype).
+pub fn parse_dense(s: Option<&str>, group: Option<u32>) -> crate::Result<DensePlan> {
+    s.map_or(Ok(DensePlan::default()), |s| {
+        DensePlan::parse(s, group).map_err(Error::Invalid)
     })
+}
+
+/// One dense tensor's bytes as `spec` stores it (packed matrices quantized).
+fn encode_dense(spec: &DenseSpec, values: &[f32]) -> crate::Result<Vec<u8>> {
+    match spec.dtype {
+        TensorType::Float(d) => Ok(dtype::encode(d, values)),
+        TensorType::Packed(v) => {
+            let [rows, cols] = spec.shape[..] else {
+                return Err(Error::Invalid(format!("{}: {v} needs a matrix", spec.name)));
+            };
+            let layout = v
+                .matrix_layout(rows, cols)
+                .map_err(|e| Error::Invalid(format!("--dense: {}: {e}", spec.name)))?;
+            Ok(quant::quantize_matrix(v, &layout, values))
+        }
+    }
 }
 
 /// Quantize one expert into `variant`'s blob (`layout.size` bytes) and measure its error.
@@ -186,7 +200,7 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
     };
     let start = Instant::now();
     let variants = parse_variants(&args.experts, args.group_size)?;
-    let dense_dtype = args.dense.as_deref().map(parse_dense).transpose()?;
+    let plan = parse_dense(args.dense.as_deref(), args.group_size)?;
     prepare_output(&args.output)?;
     let ckpt = open_source(from)?;
     let shape = ckpt.expert_shape();
@@ -195,11 +209,12 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
         .map(|v| v.expert_layout(shape.hidden, shape.ffn))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Error::Invalid(format!("--experts: {e}")))?;
-    let dense = ckpt.dense_specs(dense_dtype.unwrap_or(ckpt.source_dtype()));
+    let dense = ckpt.dense_specs(&plan);
     let dense_bytes: u64 = dense
         .iter()
-        .map(|d| (d.shape.iter().product::<usize>() * d.dtype.size()) as u64)
-        .sum();
+        .map(|d| d.dtype.size(&d.shape).map(|n| n as u64).map_err(|e| (d, e)))
+        .sum::<Result<u64, _>>()
+        .map_err(|(d, e)| Error::Invalid(format!("--dense: {} {:?}: {e}", d.name, d.shape)))?;
     let n_experts = shape.n_layers * shape.n_experts;
     let expert_bytes: u64 = layouts.iter().map(|l| (l.size * n_experts) as u64).sum();
 
@@ -211,7 +226,7 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
 
     for (i, (t, spec)) in ckpt.dense_tensors().iter().zip(&dense).enumerate() {
         bar.set_message(t.hob_name.clone());
-        let bytes = dtype::encode(spec.dtype, &ckpt.load_dense(t)?);
+        let bytes = encode_dense(spec, &ckpt.load_dense(t)?)?;
         writer.write_dense(i, &bytes)?;
         bar.inc(bytes.len() as u64);
     }
@@ -326,18 +341,17 @@ fn run_synthetic(args: &ConvertArgs, name: &str) -> crate::Result<()> {
         model = model.with_layers(n).map_err(Error::Invalid)?;
     }
     let variants = parse_variants(&args.experts, args.group_size)?;
-    let dense = args.dense.as_deref().map(parse_dense).transpose()?;
-    let dense = dense.unwrap_or(DType::F16);
+    let dense = parse_dense(args.dense.as_deref(), args.group_size)?;
     let seed = args.seed.unwrap_or(0);
     prepare_output(&args.output)?;
     let bar = progress_bar(
-        synthetic::payload_bytes(&model, &variants, dense),
+        synthetic::payload_bytes(&model, &variants, &dense),
         !args.no_progress && std::io::stderr().is_terminal(),
     );
     let summary = synthetic::write(
         &model,
         &variants,
-        dense,
+        &dense,
         seed,
         &args.output,
         &mut |what, n| {
@@ -406,11 +420,15 @@ mod tests {
             .to_string();
         assert!(e.contains("listed twice"), "{e}");
         assert!(parse_variants("int4,int4/g32", None).is_ok());
-        assert!(parse_dense("f8")
+        assert!(parse_dense(Some("f8"), None)
             .unwrap_err()
             .to_string()
-            .contains("f16, bf16, f32"));
-        assert_eq!(parse_dense("bf16").unwrap(), DType::Bf16);
+            .contains("f32, f16, bf16, int8, int4"));
+        let plan = parse_dense(Some("bf16"), None).unwrap();
+        assert_eq!(
+            plan.matrix_type("output.weight", crate::format::DType::F16),
+            crate::format::DType::Bf16
+        );
     }
 
     #[test]

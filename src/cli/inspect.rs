@@ -135,9 +135,17 @@ fn print_text(r: &Value) {
     }
     if let Some(ts) = r["tensors"].as_array() {
         outln!("dense tensors ({}):", ts.len());
+        // The type column as wide as its longest entry ("f16", "int8/g64").
+        let w = ts
+            .iter()
+            .filter_map(|t| t["dtype"].as_str())
+            .map(str::len)
+            .max()
+            .unwrap_or(5)
+            .max(5);
         for t in ts {
             outln!(
-                "  {:<28} {:<5} {:<14} {:>12} bytes",
+                "  {:<28} {:<w$} {:<14} {:>12} bytes",
                 t["name"].as_str().unwrap_or(""),
                 t["dtype"].as_str().unwrap_or(""),
                 t["shape"].to_string(),

@@ -73,8 +73,10 @@ pub struct ConvertArgs {
     /// with a group size, e.g. int4/g32).
     #[arg(long, default_value = "f16,int4")]
     pub experts: String,
-    /// Storage of dense matrices (embedding, attention, output): f16, bf16 or f32. Default: the
-    /// source dtype (f16 with --synthetic). Norms and routers are always f32.
+    /// Storage of dense matrices: f32, f16, bf16, int8 or int4 (a group size may follow:
+    /// int4/g32), for all, per class (embed, attn, output, shared: `attn=int8,output=int4`) or
+    /// both (`f16,output=int8`). Default: the source dtype (f16 with --synthetic). Norms, biases
+    /// and routers are always f32.
     #[arg(long)]
     pub dense: Option<String>,
     /// Group size of the quantized variants that do not name one.

@@ -15,6 +15,7 @@ mod header;
 pub mod keys;
 mod open;
 pub mod reader;
+mod tensor_type;
 pub mod variant;
 pub mod writer;
 
@@ -22,6 +23,7 @@ pub use checked::{crc32c_pieces, crc_parallel, BlobChecks};
 pub use gguf::{MetaValue, Metadata};
 pub(crate) use open::open_regular_with;
 pub use reader::{ExpertRecord, ExpertView, Header, HobFile, MatrixView, TensorInfo, TensorView};
+pub use tensor_type::TensorType;
 pub use variant::{align_up, DType, ExpertLayout, MatrixLayout, Variant, VariantKind, BLOB_ALIGN};
 pub use writer::{DenseSpec, ExpertShape, HobWriter};
 

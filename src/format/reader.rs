@@ -13,7 +13,7 @@ use super::cursor::Cursor;
 use super::header::{self, HEADER_SIZE};
 use super::open::{open_regular, GGUF_MAGIC};
 use super::{
-    align_up, DType, ExpertLayout, FormatError, MatrixLayout, Metadata, Variant, VariantKind,
+    align_up, ExpertLayout, FormatError, MatrixLayout, Metadata, TensorType, Variant, VariantKind,
     BLOB_ALIGN,
 };
 
@@ -52,7 +52,7 @@ pub struct Header {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
     pub name: String,
-    pub dtype: DType,
+    pub dtype: TensorType,
     /// [n] or [rows, cols].
     pub shape: Vec<usize>,
     /// Absolute file offset.
@@ -316,12 +316,7 @@ fn parse_tensor_table(bytes: &[u8], count: u64) -> Result<Vec<TensorInfo>, Forma
             return Err(invalid(what, "duplicate name"));
         }
         let code = c.u32(|| format!("{what} dtype"))?;
-        let dtype = DType::from_code(code).ok_or_else(|| {
-            invalid(
-                format!("{what} dtype"),
-                format!("unknown dtype code {code} (known: 0 f32, 1 f16, 30 bf16)"),
-            )
-        })?;
+        let dtype = TensorType::from_code(code).map_err(|e| invalid(format!("{what} dtype"), e))?;
         let ndim = c.u32(|| format!("{what} ndim"))?;
         if !(1..=2).contains(&ndim) {
             return Err(invalid(
@@ -344,14 +339,13 @@ fn parse_tensor_table(bytes: &[u8], count: u64) -> Result<Vec<TensorInfo>, Forma
         let offset = c.u64(|| format!("{what} offset"))?;
         let size = c.u64(|| format!("{what} size"))?;
         let crc32c = c.u32(|| format!("{what} crc32c"))?;
-        let expected = elems.checked_mul(dtype.size() as u64);
-        if expected != Some(size) {
+        let expected = dtype
+            .size(&shape)
+            .map_err(|e| invalid(format!("{what} shape"), e))?;
+        if expected as u64 != size {
             return Err(invalid(
                 format!("{what} size"),
-                format!(
-                    "shape {shape:?} of {dtype} needs {} bytes, the table says {size}",
-                    elems as u128 * dtype.size() as u128
-                ),
+                format!("shape {shape:?} of {dtype} needs {expected} bytes, the table says {size}"),
             ));
         }
         tensors.push(TensorInfo {

@@ -20,12 +20,12 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::header::{self, HEADER_SIZE, VERSION};
 use super::reader::{expert_name, Header, EXPERT_RECORD, EXPERT_TABLE_HEADER, VARIANT_DESCRIPTOR};
-use super::{align_up, DType, ExpertLayout, FormatError, Metadata, Variant, BLOB_ALIGN};
+use super::{align_up, ExpertLayout, FormatError, Metadata, TensorType, Variant, BLOB_ALIGN};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DenseSpec {
     pub name: String,
-    pub dtype: DType,
+    pub dtype: TensorType,
     /// [n] or [rows, cols].
     pub shape: Vec<usize>,
 }
@@ -83,10 +83,10 @@ fn dense_size(d: &DenseSpec) -> Result<u64, FormatError> {
             d.shape
         )));
     }
-    d.shape
-        .iter()
-        .try_fold(d.dtype.size() as u64, |acc, &n| acc.checked_mul(n as u64))
-        .ok_or_else(|| too_large(&what))
+    d.dtype
+        .size(&d.shape)
+        .map(|n| n as u64)
+        .map_err(|e| invalid(format!("{what}: {e}")))
 }
 
 impl HobWriter {

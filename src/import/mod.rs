@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::format::{keys, DType, DenseSpec, ExpertShape, MetaValue, Metadata};
 
 pub mod arch;
+pub mod dense_plan;
 pub mod dtype;
 mod fields;
 pub mod ggml;
@@ -27,6 +28,7 @@ pub mod synthetic;
 pub mod tokenizer;
 
 pub use arch::{Architecture, DenseTensor, ExpertSource, MixtralSpec, TensorRole};
+pub use dense_plan::{DenseClass, DensePlan};
 pub use gguf_checkpoint::GgufCheckpoint;
 pub use safetensors::TensorIndex;
 pub use tokenizer::TokenizerFiles;
@@ -174,24 +176,11 @@ pub trait ConvertSource {
     /// The .hob metadata.
     fn metadata(&self) -> Metadata;
 
-    /// The .hob dense table: matrices in `matrix_dtype`, norms and routers in f32.
-    fn dense_specs(&self, matrix_dtype: DType) -> Vec<DenseSpec> {
-        specs(self.dense_tensors(), matrix_dtype)
+    /// The .hob dense table: matrices as `plan` says (else in the source dtype), norms and
+    /// routers in f32.
+    fn dense_specs(&self, plan: &DensePlan) -> Vec<DenseSpec> {
+        plan.specs(self.dense_tensors(), self.source_dtype())
     }
-}
-
-fn specs(dense: &[DenseTensor], matrix_dtype: DType) -> Vec<DenseSpec> {
-    dense
-        .iter()
-        .map(|t| DenseSpec {
-            name: t.hob_name.clone(),
-            dtype: match t.role {
-                TensorRole::Matrix => matrix_dtype,
-                TensorRole::Norm | TensorRole::Router => DType::F32,
-            },
-            shape: t.shape.clone(),
-        })
-        .collect()
 }
 
 impl ConvertSource for Checkpoint {
@@ -268,9 +257,10 @@ impl Checkpoint {
         &self.dense
     }
 
-    /// The .hob dense table: matrices in `matrix_dtype`, norms and routers in f32.
-    pub fn dense_specs(&self, matrix_dtype: DType) -> Vec<DenseSpec> {
-        specs(&self.dense, matrix_dtype)
+    /// The .hob dense table: matrices as `plan` says (else in the source dtype), norms and
+    /// routers in f32.
+    pub fn dense_specs(&self, plan: &DensePlan) -> Vec<DenseSpec> {
+        plan.specs(&self.dense, self.source_dtype)
     }
 
     pub fn expert_shape(&self) -> ExpertShape {

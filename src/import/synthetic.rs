@@ -30,11 +30,11 @@ use rayon::prelude::*;
 
 use super::arch::{Architecture, ExpertSource, MixtralSpec, TensorRole};
 use super::phimoe::PhiExtras;
-use super::DenseTensor;
+use super::{DensePlan, DenseTensor};
 use crate::error::Error;
 use crate::format::{
     keys, DType, DenseSpec, ExpertLayout, ExpertShape, HobWriter, MatrixLayout, MetaValue,
-    Metadata, Variant, VariantKind,
+    Metadata, TensorType, Variant, VariantKind,
 };
 
 /// The models `--synthetic` knows, by the name it takes.
@@ -213,19 +213,9 @@ impl SyntheticModel {
         })
     }
 
-    /// The dense table: matrices in `matrix_dtype`, norms and routers in f32.
-    pub fn dense_specs(&self, matrix_dtype: DType) -> Vec<DenseSpec> {
-        self.dense_tensors()
-            .into_iter()
-            .map(|t| DenseSpec {
-                dtype: match t.role {
-                    TensorRole::Matrix => matrix_dtype,
-                    TensorRole::Norm | TensorRole::Router => DType::F32,
-                },
-                name: t.hob_name,
-                shape: t.shape,
-            })
-            .collect()
+    /// The dense table: matrices as `plan` says (else f16), norms and routers in f32.
+    pub fn dense_specs(&self, plan: &DensePlan) -> Vec<DenseSpec> {
+        plan.specs(&self.dense_tensors(), DType::F16)
     }
 
     pub fn expert_shape(&self) -> ExpertShape {
@@ -253,11 +243,12 @@ pub struct SyntheticSummary {
 }
 
 /// Total payload bytes (`dense_bytes` plus every blob), the progress bar's length.
-pub fn payload_bytes(model: &SyntheticModel, variants: &[Variant], dense: DType) -> u64 {
+pub fn payload_bytes(model: &SyntheticModel, variants: &[Variant], dense: &DensePlan) -> u64 {
     let dense_bytes: u64 = model
         .dense_specs(dense)
         .iter()
-        .map(|d| (d.shape.iter().product::<usize>() * d.dtype.size()) as u64)
+        .filter_map(|d| d.dtype.size(&d.shape).ok())
+        .map(|n| n as u64)
         .sum();
     let s = model.expert_shape();
     let cells = (s.n_layers * s.n_experts) as u64;
@@ -280,7 +271,7 @@ enum Item {
 pub fn write(
     model: &SyntheticModel,
     variants: &[Variant],
-    dense_dtype: DType,
+    dense: &DensePlan,
     seed: u64,
     out: &Path,
     progress: &mut dyn FnMut(&str, u64),
@@ -292,7 +283,7 @@ pub fn write(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Error::Invalid(format!("--experts: {e}")))?;
     let tensors = model.dense_tensors();
-    let specs = model.dense_specs(dense_dtype);
+    let specs = model.dense_specs(dense);
     let mut writer = HobWriter::create(out, &model.metadata(seed), &specs, shape, variants)?;
 
     let (tx, rx) = crossbeam_channel::bounded::<Item>(1);
@@ -357,12 +348,16 @@ pub fn write(
 
 /// The bytes of one dense tensor.
 pub fn dense_tensor(role: TensorRole, d: &DenseSpec, seed: u64) -> Vec<u8> {
+    let dtype = match d.dtype {
+        TensorType::Float(dtype) => dtype,
+        TensorType::Packed(v) => return packed_tensor(role, d, v, seed),
+    };
     let n: usize = d.shape.iter().product();
-    let mut bytes = vec![0u8; n * d.dtype.size()];
+    let mut bytes = vec![0u8; n * dtype.size()];
     let key = stream(seed, &[TAG_DENSE, fnv1a(d.name.as_bytes())]);
-    match (role, d.dtype) {
+    match (role, dtype) {
         (TensorRole::Norm, _) => {
-            let one = match d.dtype {
+            let one = match dtype {
                 DType::F32 => 1.0f32.to_bits().to_le_bytes().to_vec(),
                 DType::F16 => half::f16::ONE.to_le_bytes().to_vec(),
                 DType::Bf16 => half::bf16::ONE.to_le_bytes().to_vec(),
@@ -376,6 +371,21 @@ pub fn dense_tensor(role: TensorRole, d: &DenseSpec, seed: u64) -> Vec<u8> {
         (_, DType::Bf16) => fill_par(&mut bytes, key, |r, c| fill_u16(r, c, &tables().bf16)),
     }
     bytes
+}
+
+/// A packed matrix: its f16 values as `dense_tensor` makes them, quantized.
+fn packed_tensor(role: TensorRole, d: &DenseSpec, v: Variant, seed: u64) -> Vec<u8> {
+    let f16 = DenseSpec {
+        dtype: TensorType::Float(DType::F16),
+        ..d.clone()
+    };
+    let mut values = Vec::new();
+    super::dtype::decode_into(DType::F16, &dense_tensor(role, &f16, seed), &mut values);
+    match v.matrix_layout(d.shape[0], d.shape[d.shape.len() - 1]) {
+        Ok(layout) => crate::quant::quantize_matrix(v, &layout, &values),
+        // The writer checked every packed shape when it planned the file.
+        Err(_) => Vec::new(),
+    }
 }
 
 /// The blob of one expert in `variant` (`layout.size` bytes; padding between sub-arrays zero).

@@ -47,6 +47,12 @@ pub enum ModelError {
         expected: Vec<usize>,
         found: Vec<usize>,
     },
+    #[error("tensor '{name}': stored as {found}: {problem}")]
+    TensorType {
+        name: String,
+        found: String,
+        problem: String,
+    },
     #[error("expert table: {0}")]
     Experts(String),
     #[error("token id {token} is outside the vocabulary (size {vocab})")]

@@ -3,7 +3,7 @@
 use super::config::QkNorm;
 use super::{ModelConfig, ModelError};
 use crate::format::keys::{self, blk};
-use crate::format::HobFile;
+use crate::format::{HobFile, TensorType};
 use crate::quant::Matrix;
 
 pub struct LayerWeights<'f> {
@@ -180,7 +180,12 @@ fn matrix<'f>(
             found: t.info.shape.clone(),
         });
     }
-    Ok(Matrix::dense(t.info.dtype, rows, cols, t.data))
+    let found = t.info.dtype.name();
+    Matrix::from_tensor(t).map_err(|problem| ModelError::TensorType {
+        name: name.into(),
+        found,
+        problem,
+    })
 }
 
 fn vector(file: &HobFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
@@ -194,7 +199,14 @@ fn vector(file: &HobFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> 
             found: t.info.shape.clone(),
         });
     }
+    let TensorType::Float(d) = t.info.dtype else {
+        return Err(ModelError::TensorType {
+            name: name.into(),
+            found: t.info.dtype.name(),
+            problem: "a vector must be float".into(),
+        });
+    };
     let mut out = vec![0.0; n];
-    Matrix::dense(t.info.dtype, 1, n, t.data).row_to_f32(0, &mut out);
+    Matrix::dense(d, 1, n, t.data).row_to_f32(0, &mut out);
     Ok(out)
 }

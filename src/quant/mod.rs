@@ -22,7 +22,7 @@ mod x86;
 #[cfg(test)]
 mod tests;
 
-use crate::format::{DType, MatrixView, VariantKind};
+use crate::format::{DType, MatrixView, TensorType, TensorView, VariantKind};
 
 pub use quantize::{measure_error, quantize_matrix};
 
@@ -106,6 +106,24 @@ impl<'a> Matrix<'a> {
         };
         m.check();
         m
+    }
+
+    /// A dense tensor of the file as a [rows, cols] matrix ([1, n] for a vector): float values,
+    /// or a packed matrix in its variant's layout. Errors name what does not fit.
+    pub fn from_tensor(t: TensorView<'a>) -> Result<Matrix<'a>, String> {
+        let (rows, cols) = match t.info.shape[..] {
+            [n] => (1, n),
+            [r, c] => (r, c),
+            _ => return Err(format!("shape {:?} is not a matrix", t.info.shape)),
+        };
+        match t.info.dtype {
+            TensorType::Float(d) => Ok(Matrix::dense(d, rows, cols, t.data)),
+            TensorType::Packed(v) if t.info.shape.len() == 2 => {
+                let layout = v.matrix_layout(rows, cols)?;
+                Ok(Matrix::from_view(layout.view(v, t.data)))
+            }
+            TensorType::Packed(v) => Err(format!("{v} stores matrices only")),
+        }
     }
 
     pub fn from_view(view: MatrixView<'a>) -> Matrix<'a> {

@@ -101,23 +101,23 @@ pub fn sample(seed: u64) -> Sample {
     let dense = vec![
         DenseSpec {
             name: "token_embd.weight".into(),
-            dtype: DType::F32,
+            dtype: DType::F32.into(),
             shape: vec![33, 40],
         },
         DenseSpec {
             name: "blk.0.attn_q.weight".into(),
-            dtype: DType::F16,
+            dtype: DType::F16.into(),
             shape: vec![8, 8],
         },
         DenseSpec {
             name: "output_norm.weight".into(),
-            dtype: DType::Bf16,
+            dtype: DType::Bf16.into(),
             shape: vec![8],
         },
     ];
     let dense_bytes = dense
         .iter()
-        .map(|d| rng.bytes(d.shape.iter().product::<usize>() * d.dtype.size()))
+        .map(|d| rng.bytes(d.dtype.size(&d.shape).unwrap()))
         .collect();
     let shape = ExpertShape {
         n_layers: 2,

@@ -342,7 +342,7 @@ mod tests {
         let variants = [Variant::parse("f16", None).unwrap()];
         let dense = [DenseSpec {
             name: "output_norm.weight".into(),
-            dtype: DType::F32,
+            dtype: DType::F32.into(),
             shape: vec![64],
         }];
         let mut w = HobWriter::create(&path, &Metadata::new(), &dense, shape, &variants).unwrap();
