@@ -348,7 +348,7 @@ unsafe fn scales_f32(src: *const u16, n: usize, dst: &mut [f32; 16]) {
 /// f16 rows on AVX-512. Rows of a narrow x (at most `NARROW_X` columns, which stay in L1) go one
 /// at a time, each line prefetched `STREAM_AHEAD` bytes on: one sequential stream per thread,
 /// which a 2-core Zen 5 reads ~1.5x faster than four interleaved row streams
-/// (benches/results/2026-12-01-cpu-issue56-cpu-path.md). A wide x goes four rows at a time, so
+/// (benches/results/2026-12-02-cpu-issue56-cpu-path.md). A wide x goes four rows at a time, so
 /// each 32 columns of x are loaded once for the four (the one-row kernel loads 8 bytes of x per
 /// 2 bytes of weights, from L2 for a 14336-wide x). A row's sum (two 16-lane accumulators, columns
 /// 32 j .. 32 j + 15 and the 16 after, added lane by lane and reduced, then the tail columns in

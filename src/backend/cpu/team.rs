@@ -3,7 +3,7 @@
 //!
 //! Why not rayon: a decode step is ~400 small ops back to back, and `install` from outside a
 //! rayon pool puts the caller to sleep on a latch and wakes it per op; that hand-off took ~30% of
-//! a 2-core decode (benches/results/2026-12-01-cpu-issue56-cpu-path.md). Here the caller works
+//! a 2-core decode (benches/results/2026-12-02-cpu-issue56-cpu-path.md). Here the caller works
 //! too, and idle helpers spin briefly, then yield, then park, so back-to-back ops cost a few
 //! atomics. (fork_union does the same but builds C++ and wants `&mut` for every call.)
 
