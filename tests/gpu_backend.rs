@@ -6,7 +6,7 @@
 //! NMSE bounds, per op (documented in cuda/README.md):
 //! - matmul, decode (matvec), every kind: 1e-10 (the same dequantized values; only the summation
 //!   order differs), 1e-8 for the integer kinds' dp4a kernels (x rounded to 16 bits per chunk:
-//!   Gpu::matvec_nmse_bound) and for int4 and int2 where the CPU's kernel rounds x so (AVX-512
+//!   Gpu::matvec_nmse_bound) and for every integer kind where the CPU's kernel rounds x so (AVX-512
 //!   VNNI: hob::quant::packed_rounds_x); prefill (t > 1) of f32 weights (SGEMM): 1e-10; prefill
 //!   of the other kinds (tokens and weights in f16, tensor-core GEMM with f32 accumulation): 1e-5;
 //! - RMSNorm, RoPE, add: 1e-10; attention over the f16 KV cache: 1e-6 (K and V are rounded to f16);
@@ -138,9 +138,9 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
             let e = nmse(&got, &want);
             println!("matmul {kind:>9} [{rows:>4}, {cols:>5}] t={t}: NMSE {e:.2e}");
             let bound = if t == 1 {
-                // The CPU's int4 and int2 kernels may round x to 16 bits per group too (AVX-512
-                // VNNI): then the GPU's exact kernels meet the bound of its 16-bit x.
-                let packed = kind.starts_with("int4") || kind.starts_with("int2");
+                // The CPU's integer kernels may round x to 16 bits per group too (AVX-512 VNNI):
+                // then the GPU's exact kernels meet the bound of its 16-bit x.
+                let packed = kind.starts_with("int");
                 let cpu = if packed && hob::quant::packed_rounds_x() {
                     1e-8
                 } else {

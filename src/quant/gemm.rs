@@ -1,6 +1,7 @@
 //! Batched products for prefill: dequantize a block of weight rows to f32 once, then one f32
-//! GEMM (the `matrixmultiply` crate's cache-blocked kernels) against every token's input.
-//! Decode (one token) uses the fused `matvec_rows` kernels instead.
+//! product against every token's input: register tiles on AVX-512 (x86/tile.rs), elsewhere the
+//! `matrixmultiply` crate's cache-blocked GEMM. Decode (one token) uses the fused `matvec_rows`
+//! kernels instead.
 
 use std::ops::Range;
 
@@ -27,10 +28,28 @@ impl Matrix<'_> {
             self.rows
         );
         assert_eq!(out.len(), n * t, "matmul_rows: output length");
-        scratch.resize(n * k, 0.0);
-        for (r, w) in rows.clone().zip(scratch.chunks_exact_mut(k)) {
-            self.row_to_f32(r, w);
+        #[cfg(target_arch = "x86_64")]
+        if super::x86::Level::detected().is_some_and(|l| l >= super::x86::Level::Avx512) {
+            use super::x86::TileRows;
+            let w = if self.kind == super::WeightKind::F16 && k.is_multiple_of(16) {
+                let rb = self.row_bytes();
+                TileRows::F16(&self.codes[rows.start * rb..rows.end * rb])
+            } else if matches!(self.kind, super::WeightKind::Int8 | super::WeightKind::Int4) {
+                scratch.resize(n * k, 0.0);
+                // SAFETY: AVX-512F and VL (detected); an int8 or int4 matrix whose rows in
+                // `rows` lie in its slices (asserted above), scratch n * k.
+                unsafe { super::x86::dequant_rows_512(self, rows.clone(), scratch) };
+                TileRows::F32(scratch)
+            } else {
+                self.rows_to_f32(rows.clone(), scratch);
+                TileRows::F32(scratch)
+            };
+            // SAFETY: the CPU has AVX-512F and VL (detected); w is n rows of k values (f16 only
+            // where k is a multiple of 16), x is t * k and out is n * t (asserted above).
+            unsafe { super::x86::matmul_f32_512(w, x, (n, k, t), out) };
+            return;
         }
+        self.rows_to_f32(rows, scratch);
         // C (n, t) = A (n, k) x B (k, t), with B = xᵀ read in place (x is (t, k) row-major).
         // SAFETY: every pointer covers exactly the extent described by its dimensions and
         // strides: A is scratch (n * k, row stride k), B is x (t * k, element (kk, i) at
@@ -53,6 +72,15 @@ impl Matrix<'_> {
                 t as isize,
                 1,
             );
+        }
+    }
+
+    /// The rows in `rows`, dequantized to f32 into `scratch` (resized to hold them).
+    fn rows_to_f32(&self, rows: Range<usize>, scratch: &mut Vec<f32>) {
+        let k = self.cols;
+        scratch.resize(rows.len() * k, 0.0);
+        for (r, w) in rows.zip(scratch.chunks_exact_mut(k)) {
+            self.row_to_f32(r, w);
         }
     }
 }

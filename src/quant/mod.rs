@@ -301,7 +301,7 @@ impl<'a> Matrix<'a> {
     }
 }
 
-/// Whether the fast int4 and int2 kernels round x (per group, to 16-bit integers: the integer
+/// Whether the fast int8, int4 and int2 kernels round x (per group, to 16-bit integers: the integer
 /// dot-product kernel, AVX-512 VNNI) rather than multiplying in f32.
 pub fn packed_rounds_x() -> bool {
     #[cfg(target_arch = "x86_64")]

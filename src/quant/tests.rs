@@ -3,6 +3,7 @@ use half::f16;
 use super::*;
 use crate::format::{MatrixLayout, Variant, VariantKind};
 
+mod batched;
 mod quantizers;
 
 /// splitmix64: a tiny deterministic generator, enough for test data.
@@ -147,7 +148,7 @@ impl Fast {
         }
     }
 
-    /// Whether int4 and int2 round x on this path (the integer dot-product kernel).
+    /// Whether int8, int4 and int2 round x on this path (the integer dot-product kernel).
     fn rounds_x(self) -> bool {
         match self {
             Fast::Dispatched => crate::quant::packed_rounds_x(),
@@ -158,11 +159,11 @@ impl Fast {
 }
 
 /// How far the fast kernels may stray from the scalar ones, relative to sum |w x|: f32 roundings,
-/// or (int4 and int2 on the integer dot-product kernel) x rounded to a power-of-two grid of 15-16
+/// or (int8, int4 and int2 on the integer dot-product kernel) x rounded to a power-of-two grid of 15-16
 /// significant bits of its group's largest |x| (at most 2.8e-5 seen over these tests, on a
 /// 16-column row; 1.2e-5 on 64 columns).
 fn fast_bound(fast: Fast, m: &Matrix) -> f64 {
-    if m.kind.has_mins() && fast.rounds_x() {
+    if m.kind.is_quantized() && fast.rounds_x() {
         1e-4
     } else {
         2e-6
@@ -477,14 +478,14 @@ fn splitting_rows_gives_bitwise_identical_results() {
     }
 }
 
-/// The fast int4 and int2 kernels keep x in a per-thread form between calls (rounded, reordered):
+/// The fast integer kernels keep x in a per-thread form between calls (rounded, reordered):
 /// a change of x in place must reach the next call, and a NaN or an infinity in x must make the
 /// rows that meet it NaN, as the scalar kernel's are.
 #[test]
 fn the_packed_kernels_follow_x_and_propagate_nan() {
     let mut rng = Rng(31);
     let (rows, cols) = (7, 4096);
-    for kind in [WeightKind::Int4, WeightKind::Int2] {
+    for kind in [WeightKind::Int8, WeightKind::Int4, WeightKind::Int2] {
         let src = rng.normals(rows * cols);
         let (bytes, vl) = stored(kind, 64, rows, cols, &src);
         let m = as_matrix(&bytes, &vl, rows, cols);
@@ -534,7 +535,7 @@ fn the_packed_kernels_follow_x_and_propagate_nan() {
 
 /// On x86 the dispatch must take the CPU's highest kernel level (so that `Fast::all`'s last path
 /// is the one in use): `matvec_rows` is bit-identical to that level's kernels, for every kind. And
-/// each level's own kernels (f16 on AVX-512, int4 and int2 on both) differ from the level below's
+/// each level's own kernels (f16 on AVX-512, int4 and int2 on both, int8 on VNNI) differ from the level below's
 /// in the last bits, so the comparisons above test different kernels.
 #[cfg(target_arch = "x86_64")]
 #[test]
@@ -574,6 +575,7 @@ fn x86_dispatch_takes_the_detected_level() {
             let ((below, a), (level, b)) = (&pair[0], &pair[1]);
             let own = match level {
                 super::x86::Level::Avx512 => kind == WeightKind::F16 || kind.has_mins(),
+                super::x86::Level::Avx512Vnni => kind.is_quantized(),
                 _ => kind.has_mins(),
             };
             if own {

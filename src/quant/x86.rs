@@ -9,7 +9,7 @@
 //! Scales are converted 16 groups at a time, and codes are prefetched ahead of the products
 //! (benches/results/2026-11-23-h100-cpu-int-kernels.md, 2026-11-23-h100-coop-waits.md).
 //!
-//! int4 and int2 on AVX-512 VNNI (`packed_vnni_rows`) round x to 16-bit integers per group and
+//! int8, int4 and int2 on AVX-512 VNNI (`packed_vnni_rows`) round x to 16-bit integers per group and
 //! multiply codes and x bytes in `vpdpbusd`: fewer instructions per byte of codes than the f32
 //! table kernel (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
 //!
@@ -27,8 +27,10 @@ use std::sync::OnceLock;
 
 use super::{scalar, Matrix, WeightKind};
 
+mod tile;
 mod vnni;
 
+pub(super) use tile::{dequant_rows_512, matmul_f32_512, TileRows};
 use vnni::packed_vnni_rows;
 
 pub(super) fn available() -> bool {
@@ -44,10 +46,10 @@ pub(super) fn available() -> bool {
 pub(super) enum Level {
     /// AVX2, FMA and F16C.
     Avx2,
-    /// Adds AVX-512F: int4 and int2 through a 16-entry table (`packed_rows_512`), f16 four rows
+    /// Adds AVX-512F and VL: int4 and int2 through a 16-entry table (`packed_rows_512`), f16 four rows
     /// at a time (`f16_rows_512`).
     Avx512,
-    /// Adds AVX-512BW and VNNI: int4 and int2 through the integer dot product (`packed_vnni_rows`).
+    /// Adds AVX-512BW and VNNI: int8, int4 and int2 through the integer dot product (`packed_vnni_rows`).
     Avx512Vnni,
 }
 
@@ -62,7 +64,9 @@ impl Level {
             if !available() {
                 return None;
             }
-            let f = is_x86_feature_detected!("avx512f");
+            // (VL: every AVX-512 CPU but Xeon Phi; it lets 256- and 128-bit operations reach
+            // registers 16-31, which the prefill tiles' accumulators need.)
+            let f = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl");
             Some(
                 if f && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni")
@@ -466,7 +470,7 @@ unsafe fn packed_rows_512(
 /// Whether `packed_vnni_rows` computes `m` at `level` (which then needs no group sums of x from
 /// the caller).
 pub(super) fn packed_vnni_takes(level: Level, m: &Matrix) -> bool {
-    level == Level::Avx512Vnni && m.kind.has_mins() && m.group_size <= 512
+    level == Level::Avx512Vnni && m.kind.is_quantized() && m.group_size <= 512
 }
 
 /// Sum of x over each group of `gs` (a multiple of 16) columns, one slot of `out` per group.

@@ -1,5 +1,5 @@
-//! int4 and int2 on AVX-512 VNNI: x rounded to 16-bit integers per group, codes and x's bytes
-//! multiplied in `vpdpbusd` (benches/results/2026-11-28-h100-cpu-int4-vnni.md). The same contract
+//! int8, int4 and int2 on AVX-512 VNNI: x rounded to 16-bit integers per group, codes and x's
+//! bytes multiplied in `vpdpbusd` (benches/results/2026-11-28-h100-cpu-int4-vnni.md). The same contract
 //! as the other kernels of x86.rs (the caller checks the CPU's features and the slices' lengths).
 
 use super::*;
@@ -24,7 +24,7 @@ fn pow2_at_least(t: f32) -> f32 {
     f32::from_bits((e + u32::from(mant != 0)) << 23)
 }
 
-/// x of one packed product as `packed_vnni_rows` takes it, for codes of `bits` (4 or 2: F = 8 /
+/// x of one packed product as `packed_vnni_rows` takes it, for codes of `bits` (8, 4 or 2: F = 8 /
 /// bits fields a byte, field j of byte p holding column F p + j of a block). Per group g, x is
 /// about f[g] times an integer q of at most QX_MAX in magnitude, f[g] the least power of two at
 /// least the group's largest |x| / QX_MAX (15 to 16 significant bits of that |x|), or NaN where
@@ -77,10 +77,10 @@ impl QuantX {
         // narrowed to bytes, and each byte sent to its field's plane by one shuffle (the 16
         // columns start a multiple of 16 into their block, so each field's share lands in
         // 16 / F consecutive bytes of its plane).
-        let split = if fields == 2 {
-            _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)
-        } else {
-            _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
+        let split = match fields {
+            1 => _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            2 => _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15),
+            _ => _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
         };
         let (qmax, qmin) = (
             _mm512_set1_epi32(QX_MAX as i32),
@@ -146,11 +146,12 @@ impl QuantX {
     }
 }
 
-/// int4 and int2 by integer dot products (AVX-512 VNNI), for matrices `packed_vnni_takes`. x is
+/// int8, int4 and int2 by integer dot products (AVX-512 VNNI), for matrices `packed_vnni_takes`. x is
 /// rounded to 16-bit integers per group (`QuantX`: at most 2^-15 of the group's largest |x| off,
 /// as the GPU's dp4a kernels round it to their grid; the min term takes the rounded x's sums,
 /// so a row's error is its dequantized weights times x's rounding). A 64-byte load of codes is
-/// masked into its fields (int4: low and high nibbles; int2: four 2-bit fields), and each meets
+/// masked into its fields (int4: low and high nibbles; int2: four 2-bit fields; int8: the signed
+/// byte plus 128, the unsigned operand, whose excess 128 times x's sums is taken off), and each meets
 /// x's hi and lo planes in `vpdpbusd` (64 products of an unsigned and a signed byte summed into
 /// sixteen 32-bit lanes, exact): 4 of them for 128 int4 weights, where the f32 kernel takes 8
 /// table lookups and 8 FMAs. Each lane's integer sum (4 F columns of one group) becomes one f32
@@ -165,7 +166,7 @@ pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>,
         q.make(x, gs, bits);
         // Each lane's group, per load of a 16-group window (16 gs columns: whole loads, as gs is
         // a multiple of 16 and a block 128 or 256 columns).
-        let mut idx = [_mm512_setzero_si512(); 64];
+        let mut idx = [_mm512_setzero_si512(); 128];
         for (j, v) in idx.iter_mut().enumerate().take((16 * gs).div_ceil(block)) {
             let mut l = [0i32; 16];
             for (lane, g) in l.iter_mut().enumerate() {
@@ -176,8 +177,18 @@ pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>,
         let (rb, gpr) = (m.row_bytes(), m.groups_per_row());
         let codes = |r: usize| m.codes[r * rb..(r + 1) * rb].as_ptr();
         let scales = |r: usize| m.scales[r * gpr * 2..(r + 1) * gpr * 2].as_ptr() as *const u16;
-        let mins = |r: usize, v: f32| v + dot_f16(&m.mins[r * gpr * 2..(r + 1) * gpr * 2], &q.sums);
+        let side = |r: usize| r * gpr * 2..(r + 1) * gpr * 2;
+        let mins = |r: usize, v: f32| match bits {
+            8 => v - 128.0 * dot_f16(&m.scales[side(r)], &q.sums),
+            _ => v + dot_f16(&m.mins[side(r)], &q.sums),
+        };
         let dot2 = |r: usize| match bits {
+            8 => dot_packed_vnni::<2, 1>(
+                [codes(r), codes(r + 1)],
+                [scales(r), scales(r + 1)],
+                &q,
+                &idx,
+            ),
             4 => dot_packed_vnni::<2, 2>(
                 [codes(r), codes(r + 1)],
                 [scales(r), scales(r + 1)],
@@ -192,6 +203,7 @@ pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>,
             ),
         };
         let dot1 = |r: usize| match bits {
+            8 => dot_packed_vnni::<1, 1>([codes(r)], [scales(r)], &q, &idx),
             4 => dot_packed_vnni::<1, 2>([codes(r)], [scales(r)], &q, &idx),
             _ => dot_packed_vnni::<1, 4>([codes(r)], [scales(r)], &q, &idx),
         };
@@ -217,9 +229,13 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
     codes: [*const u8; R],
     scales: [*const u16; R],
     q: &QuantX,
-    idx: &[__m512i; 64],
+    idx: &[__m512i; 128],
 ) -> [f32; R] {
-    let mask = _mm512_set1_epi8(if F == 2 { 0x0f } else { 0x03 });
+    let mask = _mm512_set1_epi8(match F {
+        1 => 0x80u8 as i8,
+        2 => 0x0f,
+        _ => 0x03,
+    });
     let zero = _mm512_setzero_si512();
     let (gs, groups) = (q.gs, q.f.len());
     let (cols, block) = (groups * gs, 64 * F);
@@ -265,6 +281,8 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
                     // Field k of every byte (shifting 16-bit lanes brings in the next byte's
                     // bits above the field, which the mask removes).
                     let c = match (k, F) {
+                        // int8: the signed byte w as the unsigned w + 128.
+                        (0, 1) => _mm512_xor_si512(v, mask),
                         (0, _) => _mm512_and_si512(v, mask),
                         (1, 2) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
                         (1, _) => _mm512_and_si512(_mm512_srli_epi16::<2>(v), mask),
