@@ -22,11 +22,12 @@ llama_bin="${LLAMA_DIR:-/work/llama}/build/bin"
 [ -f "$hf/config.json" ] || { echo "bench_cpu: $hf has no config.json (run tools/demo.sh)" >&2; exit 1; }
 mkdir -p "$work"
 
-# name | hob experts | hob --dense | llama.cpp type
+# name | hob experts | hob --dense | llama.cpp type. The 4-bit pair is the one that matches Q4_K_M's perplexity at
+# no more bytes (int4/g32 experts, int8 dense: benches/results/2026-12-02-cpu-issue56-cpu-path.md).
 pairs=(
     "f16|f16|f16|f16"
     "int8|int8|int8|q8_0"
-    "int4|int4|int4|q4_k_m"
+    "int4g32-d8|int4/g32|int8|q4_k_m"
 )
 for p in "${pairs[@]}"; do
     IFS='|' read -r name experts dense qtype <<<"$p"
@@ -64,6 +65,7 @@ for round in $(seq "$rounds"); do
 done
 
 out="$root/benches/results/$(date +%F)-cpu-$(hostname -s)-vs-llamacpp.md"
+[ -e "$out" ] && out="${out%.md}-$(date +%H%M).md"
 python3 - "$rows" "$work" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" >"$out" <<'EOF'
 import collections, os, platform, subprocess, sys
 rows, work, before, after = sys.argv[1:5]
@@ -78,7 +80,7 @@ print(f"{cpu}, {os.cpu_count()} cores; load average {before} before, {after} aft
       "each cell lists every round's mean (tokens/s).\n")
 print("| weights (hob / llama.cpp) | file bytes (hob / gguf) | threads | test | hob | llama.cpp | hob / llama.cpp |")
 print("|---|---|---:|---|---|---|---:|")
-names = {"f16": "f16", "int8": "q8_0", "int4": "q4_k_m"}
+names = {"f16": "f16", "int8": "q8_0", "int4g32-d8": "q4_k_m"}
 for (pair, t, test) in sorted({k[:3] for k in runs}, key=lambda k: (k[1], list(names).index(k[0]), k[2])):
     h, l = runs[(pair, t, test, "hob")], runs[(pair, t, test, "llama.cpp")]
     sizes = f"{os.path.getsize(f'{work}/{pair}.hob') / 1e6:.0f} MB / {os.path.getsize(f'{work}/{names[pair]}.gguf') / 1e6:.0f} MB"

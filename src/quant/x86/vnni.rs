@@ -8,6 +8,9 @@ use super::*;
 /// the f32 kernels, as it takes a byte of codes in a fraction of their instructions
 /// (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
 const VNNI_AHEAD: usize = 3072;
+/// The same for int8, which takes a byte of codes in fewer instructions still (1536 x 576 rows on
+/// one Zen 5 core from memory: 17 GB/s at 3072 bytes ahead, 24 at 8192).
+const VNNI_AHEAD_INT8: usize = 8192;
 
 /// The largest |q| of a group's rounded x: 256 * 127 + 127, so that both bytes of every value are
 /// signed bytes (`QuantX`).
@@ -157,7 +160,7 @@ impl QuantX {
 /// table lookups and 8 FMAs. Each lane's integer sum (4 F columns of one group) becomes one f32
 /// times the group's scale times f[g], summed per lane over the row and across the lanes at its
 /// end. Two rows at a time, each row's arithmetic the same as alone.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) {
     let (gs, bits) = (m.group_size, m.kind.bits());
     let block = 512 / bits;
@@ -176,58 +179,52 @@ pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>,
         }
         let (rb, gpr) = (m.row_bytes(), m.groups_per_row());
         let codes = |r: usize| m.codes[r * rb..(r + 1) * rb].as_ptr();
-        let scales = |r: usize| m.scales[r * gpr * 2..(r + 1) * gpr * 2].as_ptr() as *const u16;
-        let side = |r: usize| r * gpr * 2..(r + 1) * gpr * 2;
-        let mins = |r: usize, v: f32| match bits {
-            8 => v - 128.0 * dot_f16(&m.scales[side(r)], &q.sums),
-            _ => v + dot_f16(&m.mins[side(r)], &q.sums),
+        let side = |v: &[u8], r: usize| v[r * gpr * 2..(r + 1) * gpr * 2].as_ptr() as *const u16;
+        let scales = |r: usize| side(m.scales, r);
+        // int8 has no mins: its offset term takes the scales (`dot_packed_vnni`).
+        let mins = |r: usize| match bits {
+            8 => scales(r),
+            _ => side(m.mins, r),
         };
-        let dot2 = |r: usize| match bits {
-            8 => dot_packed_vnni::<2, 1>(
+        let dot2 = |r: usize| {
+            let rows = (
                 [codes(r), codes(r + 1)],
                 [scales(r), scales(r + 1)],
-                &q,
-                &idx,
-            ),
-            4 => dot_packed_vnni::<2, 2>(
-                [codes(r), codes(r + 1)],
-                [scales(r), scales(r + 1)],
-                &q,
-                &idx,
-            ),
-            _ => dot_packed_vnni::<2, 4>(
-                [codes(r), codes(r + 1)],
-                [scales(r), scales(r + 1)],
-                &q,
-                &idx,
-            ),
+                [mins(r), mins(r + 1)],
+            );
+            match bits {
+                8 => dot_packed_vnni::<2, 1>(rows, &q, &idx),
+                4 => dot_packed_vnni::<2, 2>(rows, &q, &idx),
+                _ => dot_packed_vnni::<2, 4>(rows, &q, &idx),
+            }
         };
-        let dot1 = |r: usize| match bits {
-            8 => dot_packed_vnni::<1, 1>([codes(r)], [scales(r)], &q, &idx),
-            4 => dot_packed_vnni::<1, 2>([codes(r)], [scales(r)], &q, &idx),
-            _ => dot_packed_vnni::<1, 4>([codes(r)], [scales(r)], &q, &idx),
+        let dot1 = |r: usize| {
+            let rows = ([codes(r)], [scales(r)], [mins(r)]);
+            match bits {
+                8 => dot_packed_vnni::<1, 1>(rows, &q, &idx),
+                4 => dot_packed_vnni::<1, 2>(rows, &q, &idx),
+                _ => dot_packed_vnni::<1, 4>(rows, &q, &idx),
+            }
         };
         let start = rows.start;
         let mut pairs = out.chunks_exact_mut(2);
         for (p, o) in pairs.by_ref().enumerate() {
-            let r = start + 2 * p;
-            let v = dot2(r);
-            o[0] = mins(r, v[0]);
-            o[1] = mins(r + 1, v[1]);
+            o.copy_from_slice(&dot2(start + 2 * p));
         }
         if let [o] = pairs.into_remainder() {
-            let r = rows.end - 1;
-            *o = mins(r, dot1(r)[0]);
+            *o = dot1(rows.end - 1)[0];
         }
     });
 }
 
-/// R rows' sums of scale * codes * x for codes of F fields a byte (`packed_vnni_rows`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+/// R rows' sums of scale * codes * x for codes of F fields a byte (`packed_vnni_rows`), plus the
+/// rows' other term per group g with x's rounded sums: int4 and int2, min_g * sums_g; int8 (F = 1,
+/// `mins` its scales), -128 * scale_g * sums_g, the excess of its codes taken as w + 128. Both
+/// vectorized per window of 16 groups, into the same accumulator.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
-    codes: [*const u8; R],
-    scales: [*const u16; R],
+    (codes, scales, mins): ([*const u8; R], [*const u16; R], [*const u16; R]),
     q: &QuantX,
     idx: &[__m512i; 128],
 ) -> [f32; R] {
@@ -240,20 +237,33 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
     let (gs, groups) = (q.gs, q.f.len());
     let (cols, block) = (groups * gs, 64 * F);
     let planes = q.planes.as_ptr();
-    let ahead = VNNI_AHEAD;
+    let ahead = if F == 1 { VNNI_AHEAD_INT8 } else { VNNI_AHEAD };
     let mut acc = [_mm512_setzero_ps(); R];
     let (mut g0, mut b0) = (0, 0);
     while g0 < groups {
         let n = (groups - g0).min(16);
         // The window's scales times x's factors, one lane a group.
-        let mut fx = [0.0f32; 16];
-        fx[..n].copy_from_slice(&q.f[g0..g0 + n]);
-        let fx = _mm512_loadu_ps(fx.as_ptr());
+        // Masked loads straight into registers (an array written lane by lane and read back
+        // whole stalled on store forwarding, once per window: rows of 576 columns are 9 loads).
+        let lanes: u16 = if n == 16 { !0 } else { (1 << n) - 1 };
+        let fx = _mm512_maskz_loadu_ps(lanes, q.f.as_ptr().add(g0));
         let mut sfx = [_mm512_setzero_ps(); R];
+        let sums = _mm512_maskz_loadu_ps(lanes, q.sums.as_ptr().add(g0));
         for r in 0..R {
-            let mut sf = [0.0f32; 16];
-            scales_f32(scales[r].add(g0), n, &mut sf);
-            sfx[r] = _mm512_mul_ps(_mm512_loadu_ps(sf.as_ptr()), fx);
+            let sf = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                lanes,
+                scales[r].add(g0) as *const i16,
+            ));
+            sfx[r] = _mm512_mul_ps(sf, fx);
+            acc[r] = if F == 1 {
+                _mm512_fnmadd_ps(_mm512_mul_ps(sf, _mm512_set1_ps(128.0)), sums, acc[r])
+            } else {
+                let mf = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                    lanes,
+                    mins[r].add(g0) as *const i16,
+                ));
+                _mm512_fmadd_ps(mf, sums, acc[r])
+            };
         }
         let loads = (n * gs).div_ceil(block);
         for (j, lanes) in idx.iter().enumerate().take(loads) {
