@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 /// A published job: called once per thread with its index, each call claiming items.
 type Job = dyn Fn() + Sync;
 
+/// `Shared::inside`'s flag: the job takes no more helpers.
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
 /// How long an idle helper spins (then yields) before it parks: longer than the gaps between a
 /// decode step's ops, shorter than a user's pause.
 const SPIN: Duration = Duration::from_micros(50);
@@ -25,16 +28,20 @@ thread_local! {
     /// Set while this thread runs a team's job: a nested `run` works alone instead of waiting
     /// for helpers that are busy with the outer job.
     static IN_JOB: Cell<bool> = const { Cell::new(false) };
+    /// This thread's place in its team: i for helper i, 0 for any other thread (a caller).
+    static INDEX: Cell<usize> = const { Cell::new(0) };
 }
 
 struct Shared {
     /// Bumped by the caller once per job, after `job` is written.
     epoch: AtomicUsize,
-    /// Written by the caller only while no helper runs a job (`pending` is 0); read by a helper
-    /// after it saw the epoch that published it.
+    /// Written by the caller only while the job is closed with no helper in it (`inside` is
+    /// CLOSED); read by a helper only after it entered (`inside` counted it, not closed).
     job: UnsafeCell<Option<*const Job>>,
-    /// Helpers that have not finished the current job.
-    pending: AtomicUsize,
+    /// Helpers running the current job, plus CLOSED once the caller has claimed every item: a
+    /// helper that arrives later stays out, so the caller never waits for a helper that the OS
+    /// has not scheduled yet (on a busy host that took milliseconds), only for those at work.
+    inside: AtomicUsize,
     /// A helper's job panicked; the caller re-raises it.
     panicked: AtomicBool,
     stop: AtomicBool,
@@ -62,7 +69,7 @@ impl Team {
         let shared = Arc::new(Shared {
             epoch: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
-            pending: AtomicUsize::new(0),
+            inside: AtomicUsize::new(CLOSED),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             parked: Mutex::new(0),
@@ -77,7 +84,10 @@ impl Team {
             let s = Arc::clone(&team.shared);
             let h = std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
-                .spawn(move || helper(&s))
+                .spawn(move || {
+                    INDEX.set(i);
+                    helper(&s)
+                })
                 .map_err(|e| {
                     crate::Error::Invalid(format!(
                         "cannot start {threads} CPU threads ({name}): {e}"
@@ -91,6 +101,12 @@ impl Team {
     /// Threads that take part in a job, the caller included.
     pub fn threads(&self) -> usize {
         self.helpers.len() + 1
+    }
+
+    /// The calling thread's index in 0..threads() while it runs a job's items: helper i is i, the
+    /// caller 0 (for per-thread statistics).
+    pub fn thread_index() -> usize {
+        INDEX.get()
     }
 
     /// Calls `f(i)` for every i in 0..items, spread over the team; returns when all are done.
@@ -114,16 +130,17 @@ impl Team {
     fn run<'a>(&self, job: &'a (dyn Fn() + Sync + 'a)) {
         let _one = lock(&self.caller);
         let s = &*self.shared;
-        // SAFETY: the pointer's lifetime is erased while it is published; `Finish` below waits
-        // (also when `job` panics on this thread) until every helper is done with it, before this
-        // borrow ends. No helper runs a job now: the previous `run` waited for all of them.
+        // SAFETY: the pointer's lifetime is erased while it is published; `Finish` below closes
+        // the job and waits (also when `job` panics on this thread) until no helper is inside it,
+        // before this borrow ends. No helper is inside now: the previous `run` waited for that,
+        // and the job stays closed until the store below.
         unsafe {
             let erased: *const Job =
                 std::mem::transmute::<&'a (dyn Fn() + Sync + 'a), &'static Job>(job);
             *s.job.get() = Some(erased);
         }
         s.panicked.store(false, Ordering::Relaxed);
-        s.pending.store(self.helpers.len(), Ordering::Relaxed);
+        s.inside.store(0, Ordering::Release);
         s.epoch.fetch_add(1, Ordering::SeqCst);
         if *lock(&s.parked) > 0 {
             s.wake.notify_all();
@@ -139,14 +156,15 @@ impl Team {
     }
 }
 
-/// Waits for every helper to finish the current job when dropped.
+/// Closes the current job and waits for the helpers inside it when dropped.
 struct Finish<'a>(&'a Shared);
 
 impl Drop for Finish<'_> {
     fn drop(&mut self) {
         IN_JOB.set(false);
+        self.0.inside.fetch_or(CLOSED, Ordering::AcqRel);
         let started = Instant::now();
-        while self.0.pending.load(Ordering::Acquire) != 0 {
+        while self.0.inside.load(Ordering::Acquire) != CLOSED {
             if started.elapsed() < SPIN {
                 std::hint::spin_loop();
             } else {
@@ -205,8 +223,24 @@ fn helper(s: &Shared) {
                 *parked -= 1;
             }
         }
-        // SAFETY: the epoch just seen was published after `job` was written, and the caller
-        // keeps the job alive until `pending` reaches 0, which this helper has not signalled yet.
+        // Enter unless the job is already closed (its caller claimed every item).
+        let mut n = s.inside.load(Ordering::Acquire);
+        while n & CLOSED == 0 {
+            match s
+                .inside
+                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => n = now,
+            }
+        }
+        if n & CLOSED != 0 {
+            continue;
+        }
+        // SAFETY: this helper is counted in `inside` of a job that was open: the caller wrote the
+        // job before opening it and keeps it alive until `inside` drops back to CLOSED, which
+        // this helper has not signalled yet. (If the epoch moved on meanwhile, the job is the
+        // newer one: items are claimed from its own counter, so taking part is harmless.)
         let job = unsafe { *s.job.get() };
         if let Some(job) = job {
             // SAFETY: as above.
@@ -215,7 +249,7 @@ fn helper(s: &Shared) {
                 s.panicked.store(true, Ordering::Release);
             }
         }
-        s.pending.fetch_sub(1, Ordering::AcqRel);
+        s.inside.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

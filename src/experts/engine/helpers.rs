@@ -2,13 +2,19 @@
 //! `--cpu-experts`): a persistent pool, and one layer's experts as two parallel passes (the gate
 //! and up rows of every expert, then the down rows of every expert). Every output element is
 //! one row's dot product in a fixed order, so results do not depend on the thread count.
+//!
+//! The passes run on a fork-join team (the CPU backend's), whose idle threads spin, then yield,
+//! then park: a Qwen3-sized expert is ~10 us of work per thread, which rayon's wake-ups per pass
+//! dwarfed. The rayon pool stays for tasks that run beside the caller (`in_place_scope`) and for
+//! the loader's checksums.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use rayon::prelude::*;
+use std::sync::Mutex;
 
+use crate::backend::cpu::Team;
 use crate::quant::Matrix;
 
 /// One expert for one decode token: `weight * down · swiglu(gate · x, up · x)`.
@@ -61,6 +67,7 @@ const MIN_ROWS_PER_TASK: usize = 16;
 #[derive(Clone)]
 pub struct HelperPool {
     pool: Arc<rayon::ThreadPool>,
+    team: Arc<Team>,
     passes: Arc<PassCounters>,
 }
 
@@ -68,8 +75,10 @@ impl HelperPool {
     /// A pool of `threads` workers (0: one per available core).
     pub fn new(threads: usize) -> crate::Result<HelperPool> {
         let pool = crate::platform::thread_pool(threads, "hob-helper")?;
+        let team = Team::new(pool.current_num_threads(), "hob-expert")?;
         Ok(HelperPool {
             pool: Arc::new(pool),
+            team: Arc::new(team),
             passes: Arc::default(),
         })
     }
@@ -104,7 +113,7 @@ impl HelperPool {
     }
 
     /// Several matrix-vector products in one parallel pass (one fork-join for all, their row
-    /// blocks interleaved on the pool).
+    /// blocks interleaved on the team).
     pub fn matvec_many(&self, tasks: Vec<MatVec<'_, '_, '_>>) {
         for task in &tasks {
             assert_eq!(task.x.len(), task.w.cols, "matvec input length");
@@ -115,21 +124,21 @@ impl HelperPool {
         for (t, task) in tasks.into_iter().enumerate() {
             let chunk = self.rows_per_task(task.w.rows);
             for (i, o) in task.out.chunks_mut(chunk).enumerate() {
-                blocks.push((t, i * chunk, o));
+                blocks.push(Mutex::new((t, i * chunk, o)));
             }
         }
-        // Per worker: when it finished its last block, ns after the pass started (0: none).
+        // Per thread: when it finished its last block, ns after the pass started (0: none).
         let finished: Vec<AtomicU64> = (0..self.threads()).map(|_| AtomicU64::new(0)).collect();
         let started = Instant::now();
-        self.pool.install(|| {
-            blocks.into_par_iter().for_each(|(t, r0, o)| {
-                let (w, x) = &ws[t];
-                w.matvec_rows(x, r0..r0 + o.len(), o);
-                if let Some(f) = rayon::current_thread_index().and_then(|i| finished.get(i)) {
-                    let ns = started.elapsed().as_nanos().max(1) as u64;
-                    f.fetch_max(ns, Ordering::Relaxed);
-                }
-            })
+        self.team.for_each(blocks.len(), |b| {
+            let mut block = blocks[b].lock().unwrap_or_else(|e| e.into_inner());
+            let (t, r0, ref mut o) = *block;
+            let (w, x) = &ws[t];
+            w.matvec_rows(x, r0..r0 + o.len(), o);
+            if let Some(f) = finished.get(Team::thread_index()) {
+                let ns = started.elapsed().as_nanos().max(1) as u64;
+                f.fetch_max(ns, Ordering::Relaxed);
+            }
         });
         let ends: Vec<u64> = finished
             .iter()
