@@ -2,11 +2,11 @@
 //! same logits for the same token ids on the CPU, and errors that name the file and the key or
 //! tensor.
 //!
-//! The GGUFs in tests/fixtures/gguf-convert are written by gguf-py's GGUFWriter from
-//! tools/make_gguf_from_fixture.py (llama.cpp's names, merged or per-expert experts, F32 norms
-//! and routers, F16 or Q8_0 matrices, Mixtral as `llama` with Q/K permuted as llama.cpp's
-//! converter does), not by llama.cpp's convert_hf_to_gguf.py itself: that golden test needs
-//! torch, on the device, later.
+//! The Qwen3-MoE, Qwen2-MoE, OLMoE and Mixtral GGUFs in tests/fixtures/gguf-convert are written
+//! by llama.cpp's own convert_hf_to_gguf.py (llama-cpp-python 0.3.36's tree, F16; through
+//! tools/llamacpp_convert_fixture.py, which only names the fixtures' GPT-2-style pre-tokenizer)
+//! and tiny-mixtral-q8_0.gguf by its llama-quantize; the per-expert Mixtral layout and Phi-3.5-MoE,
+//! which that converter does not write, by tools/make_gguf_from_fixture.py.
 
 mod common;
 
@@ -73,7 +73,7 @@ fn qwen3_moe_gguf_matches_the_directory() {
     );
     assert_eq!(
         meta_str(&file, keys::NAME).as_deref(),
-        Some("tiny-qwen3-moe")
+        Some("Tiny Qwen3 Moe")
     );
     assert_eq!(meta_str(&file, keys::SOURCE_DTYPE).as_deref(), Some("f16"));
     // The tokenizer itself: tests/gguf_tokenizer.rs.
@@ -119,7 +119,8 @@ fn mixtral_gguf_with_per_expert_tensors_matches() {
 #[test]
 fn mixtral_gguf_in_q8_0_is_close() {
     let (e, _tmp, _path) = compare("mixtral", "tiny-mixtral-q8_0");
-    // Every matrix (embedding and output too) in Q8_0, on a tiny random model: 6.9e-4 seen.
+    // llama-quantize's Q8_0 (every matrix, embedding and output too) on a tiny random model:
+    // 6.9e-4 seen.
     assert!(e <= 2e-3, "NMSE {e}");
     assert!(e > 0.0, "Q8_0 should not be exact");
 }

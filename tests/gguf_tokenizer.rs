@@ -10,8 +10,11 @@
 //! convert_hf_to_gguf.py writes these vocabularies (`gpt2` for the tiny byte-level fixtures,
 //! `llama` for tests/fixtures/mistral, whose piece scores are reconstructed: see the script).
 //!
-//! Still to do, on a machine with llama.cpp built: the same corpus through `llama-tokenize` on
-//! these GGUFs (and on real ones: Qwen3-MoE, OLMoE, Mixtral) must give the same ids.
+//! And the same corpus gives llama.cpp's own ids: `llama-tokenize` (llama-cpp-python 0.3.36's
+//! tree) on these GGUFs, recorded in tests/fixtures/gguf-convert/llama-tokenize-ids.json by
+//! tools/llamacpp_tokenize_ids.py. The byte-level GGUFs there are written by llama.cpp's
+//! convert_hf_to_gguf.py itself (tools/llamacpp_convert_fixture.py). Still to do: real GGUFs
+//! (Qwen3-MoE, OLMoE, Mixtral) through the same comparison.
 
 mod common;
 
@@ -60,18 +63,74 @@ fn load(json: &str) -> tokenizers::Tokenizer {
     json.parse().unwrap()
 }
 
+/// The corpus and the special tokens of `specials` written into text.
+fn texts(specials: &[&str]) -> Vec<String> {
+    let with_specials = specials
+        .iter()
+        .map(|s| format!("{s}user\nHi there{s} {s}\n\t{s}x"));
+    CORPUS
+        .iter()
+        .map(|t| t.to_string())
+        .chain(with_specials)
+        .collect()
+}
+
+/// The GGUFs compared with llama-tokenize, and their special tokens.
+const LLAMA_CPP: [(&str, &[&str]); 5] = [
+    ("tiny-qwen3-moe", &["<|im_start|>", "<|im_end|>", "<think>"]),
+    ("tiny-qwen2-moe", &["<|im_start|>", "<|endoftext|>"]),
+    ("tiny-olmoe", &["<|im_start|>", "<|im_end|>"]),
+    ("tiny-mixtral", &["<s>", "</s>"]),
+    ("mistral-tokenizer", &["<s>", "</s>"]),
+];
+
+/// Writes target/tokenizer-corpus.json, the input of tools/llamacpp_tokenize_ids.py.
+#[test]
+#[ignore]
+fn write_tokenizer_corpus() {
+    let corpus: serde_json::Map<String, serde_json::Value> = LLAMA_CPP
+        .iter()
+        .map(|(name, specials)| (format!("{name}.gguf"), serde_json::json!(texts(specials))))
+        .collect();
+    let path = root().join("target/tokenizer-corpus.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&corpus).unwrap()).unwrap();
+    eprintln!("wrote {}", path.display());
+}
+
+/// The tokenizer rebuilt from each GGUF gives llama.cpp's ids for every text, special tokens
+/// parsed, no BOS.
+#[test]
+fn gguf_tokenizers_give_llama_cpps_ids() {
+    let path = root().join("tests/fixtures/gguf-convert/llama-tokenize-ids.json");
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for (name, specials) in LLAMA_CPP {
+        let rows = recorded[format!("{name}.gguf")].as_array().unwrap();
+        let want_texts = texts(specials);
+        let got_texts: Vec<&str> = rows.iter().map(|r| r["text"].as_str().unwrap()).collect();
+        assert_eq!(
+            got_texts, want_texts,
+            "{name}: the recorded corpus is this test's"
+        );
+        let tok = load(&rebuilt(name, &metadata(name)).json);
+        for row in rows {
+            let text = row["text"].as_str().unwrap();
+            let want: Vec<u32> = row["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let got = tok.encode(text, false).unwrap();
+            assert_eq!(got.get_ids(), want.as_slice(), "{name}: {text:?}");
+        }
+    }
+}
+
 /// Every corpus text (and the special tokens of `specials` written into text) encodes to the
 /// reference's ids, and both decode those ids to the same text.
 fn same_ids(ours: &tokenizers::Tokenizer, reference: &tokenizers::Tokenizer, specials: &[&str]) {
-    let with_specials: Vec<String> = specials
-        .iter()
-        .map(|s| format!("{s}user\nHi there{s} {s}\n\t{s}x"))
-        .collect();
-    let texts = CORPUS
-        .iter()
-        .copied()
-        .chain(with_specials.iter().map(String::as_str));
-    for text in texts {
+    for text in texts(specials).iter().map(String::as_str) {
         let want = reference.encode(text, false).unwrap();
         let got = ours.encode(text, false).unwrap();
         assert_eq!(got.get_ids(), want.get_ids(), "{text:?}");

@@ -1,20 +1,18 @@
 #!/usr/bin/env python3
-"""GGUF copies of the tiny Hugging Face fixtures, for tests/cli_convert_gguf.rs (`hob convert --from x.gguf`).
+"""The GGUF fixtures llama.cpp's own converter cannot write, for tests/cli_convert_gguf.rs and gguf_tokenizer.rs.
 
     PYTHONPATH=<llama.cpp>/gguf-py python3 tools/make_gguf_from_fixture.py tests/fixtures/gguf-convert
 
-Written by gguf-py's GGUFWriter from this script, in the layout llama.cpp's convert_hf_to_gguf.py gives these
-families (tensor names, merged `ffn_{gate,up,down}_exps` experts, norms and routers in F32, the `{arch}.*` keys,
-and, for Mixtral, which llama.cpp writes as architecture `llama`, the rows of Q and K permuted as its
-LlamaModel.permute does). Not llama.cpp's converter itself: that needs torch (a golden test for later).
-Reads the fixtures' safetensors by hand (no torch, no safetensors package); needs numpy.
+tiny-qwen3-moe, tiny-qwen2-moe, tiny-olmoe and tiny-mixtral.gguf come from convert_hf_to_gguf.py itself
+(tools/llamacpp_convert_fixture.py; tiny-mixtral-q8_0.gguf from llama-quantize). Its converter writes merged
+experts only and has no PhimoeForCausalLM, so these three are written by gguf-py's GGUFWriter from this script, in
+the layout llama.cpp gives these families (tensor names, norms and routers in F32, the `{arch}.*` keys, and, for
+Mixtral, which llama.cpp writes as architecture `llama`, the rows of Q and K permuted as its LlamaModel.permute
+does). Reads the fixtures' safetensors by hand (no torch, no safetensors package); needs numpy.
 
 Writes:
-- tiny-qwen3-moe.gguf, tiny-qwen2-moe.gguf, tiny-olmoe.gguf: tests/fixtures/tiny-FAMILY as `qwen3moe`, `qwen2moe`,
-  `olmoe`: F16 matrices (the fixtures' own numbers), merged experts.
-- tiny-mixtral.gguf: tests/fixtures/tiny-mixtral as `llama`, F16, merged experts, Q/K permuted.
-- tiny-mixtral-per-expert.gguf: the same in older Mixtral GGUFs' layout, `blk.N.ffn_gate.E.weight` per expert.
-- tiny-mixtral-q8_0.gguf: the same as tiny-mixtral.gguf with every matrix Q8_0 (gguf-py's quants.quantize).
+- tiny-mixtral-per-expert.gguf: tests/fixtures/tiny-mixtral as `llama` in older Mixtral GGUFs' layout,
+  `blk.N.ffn_gate.E.weight` per expert, F16, Q/K permuted.
 - tiny-phimoe.gguf: tests/fixtures/tiny-phimoe as `phimoe`, F16, merged experts, as PhiMoeModel / Phi3MiniModel
   write it: LayerNorm, q/k/v/o and output biases (F32), no Q/K permutation (NEOX RoPE), `phimoe.attention.sliding_window`
   0 for the config's null, LongRoPE as `phimoe.rope.scaling.original_context_length`, `phimoe.rope.scaling.attn_factor`
@@ -229,45 +227,6 @@ def mixtral(out: Path, quant: T, merged: bool) -> None:
     o.close()
 
 
-def qwen_like(family: str, arch: str, out: Path) -> None:
-    """qwen3moe (QK-norm per head), qwen2moe (q/k/v biases, a shared expert), olmoe (QK-norm over the projections)."""
-    src = FIXTURES / f"tiny-{family}"
-    cfg = json.loads((src / "config.json").read_text())
-    t = read_safetensors(src)
-    o = Out(out, arch, T.F16)
-    n_experts = cfg.get("num_experts") or cfg["num_local_experts"]
-    common_keys(o.w, cfg, f"tiny-{family}", cfg["intermediate_size"])
-    vocab_gpt2(o.w, src, cfg, "olmo" if arch == "olmoe" else "gpt-2")
-    o.w.add_expert_count(n_experts)
-    if arch != "olmoe":
-        o.w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    if arch == "qwen2moe":
-        o.w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-    if cfg.get("head_dim"):
-        o.w.add_key_length(cfg["head_dim"])
-        o.w.add_value_length(cfg["head_dim"])
-    o.w.add_file_type(1)
-    o.tensor("token_embd.weight", t["model.embed_tokens.weight"])
-    for l in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{l}."
-        layer_dense(o, t, l, t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"])
-        if arch == "qwen2moe":
-            for x in "qkv":
-                o.tensor(f"blk.{l}.attn_{x}.bias", t[p + f"self_attn.{x}_proj.bias"])
-            for x in ("gate", "up", "down"):
-                o.tensor(f"blk.{l}.ffn_{x}_shexp.weight", t[p + f"mlp.shared_expert.{x}_proj.weight"])
-            o.tensor(f"blk.{l}.ffn_gate_inp_shexp.weight", t[p + "mlp.shared_expert_gate.weight"], force_f32=True)
-        else:
-            o.tensor(f"blk.{l}.attn_q_norm.weight", t[p + "self_attn.q_norm.weight"])
-            o.tensor(f"blk.{l}.attn_k_norm.weight", t[p + "self_attn.k_norm.weight"])
-        o.tensor(f"blk.{l}.ffn_gate_inp.weight", t[p + "mlp.gate.weight"], force_f32=True)
-        e = p + "mlp.experts.{}.{}_proj.weight"
-        experts(o, l, n_experts, lambda x: tuple(t[e.format(x, w)] for w in ("gate", "up", "down")), True)
-    o.tensor("output_norm.weight", t["model.norm.weight"])
-    o.tensor("output.weight", t["lm_head.weight"])
-    o.close()
-
-
 def phimoe(out: Path) -> None:
     src = FIXTURES / "tiny-phimoe"
     cfg = json.loads((src / "config.json").read_text())
@@ -321,12 +280,7 @@ def phimoe(out: Path) -> None:
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else FIXTURES / "gguf-convert"
     out.mkdir(parents=True, exist_ok=True)
-    qwen_like("qwen3-moe", "qwen3moe", out / "tiny-qwen3-moe.gguf")
-    qwen_like("qwen2-moe", "qwen2moe", out / "tiny-qwen2-moe.gguf")
-    qwen_like("olmoe", "olmoe", out / "tiny-olmoe.gguf")
-    mixtral(out / "tiny-mixtral.gguf", T.F16, merged=True)
     mixtral(out / "tiny-mixtral-per-expert.gguf", T.F16, merged=False)
-    mixtral(out / "tiny-mixtral-q8_0.gguf", T.Q8_0, merged=True)
     mistral_tokenizer(out / "mistral-tokenizer.gguf")
     phimoe(out / "tiny-phimoe.gguf")
 
