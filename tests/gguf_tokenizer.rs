@@ -76,12 +76,15 @@ fn texts(specials: &[&str]) -> Vec<String> {
 }
 
 /// The GGUFs compared with llama-tokenize, and their special tokens.
-const LLAMA_CPP: [(&str, &[&str]); 5] = [
+const LLAMA_CPP: [(&str, &[&str]); 6] = [
     ("tiny-qwen3-moe", &["<|im_start|>", "<|im_end|>", "<think>"]),
     ("tiny-qwen2-moe", &["<|im_start|>", "<|endoftext|>"]),
     ("tiny-olmoe", &["<|im_start|>", "<|im_end|>"]),
     ("tiny-mixtral", &["<s>", "</s>"]),
     ("mistral-tokenizer", &["<s>", "</s>"]),
+    // SmolLM2's real tokenizer (the demo model's), `smollm` pre-tokenizer: convert_hf_to_gguf.py
+    // --vocab-only on it, unchanged.
+    ("smollm2-tokenizer", &["<|im_start|>", "<|im_end|>"]),
 ];
 
 /// Writes target/tokenizer-corpus.json, the input of tools/llamacpp_tokenize_ids.py.

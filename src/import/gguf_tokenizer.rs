@@ -6,8 +6,8 @@
 //! - `gpt2`: byte-level BPE. `tokenizer.ggml.tokens` (byte-level strings, ids in order) and
 //!   `tokenizer.ggml.merges` ("left right") are the model; `tokenizer.ggml.pre` names the
 //!   pre-tokenizer's regex, rebuilt as the model's tokenizer.json has it: `gpt-2` and `olmo`
-//!   (GPT-2's regex: the ByteLevel pre-tokenizer with its own regex) and `qwen2` (Qwen2's Split
-//!   regex, ByteLevel without regex, NFC). Any other name is refused by name, an absent one too
+//!   (GPT-2's regex: the ByteLevel pre-tokenizer with its own regex), `smollm` (single digits,
+//!   then GPT-2's) and `qwen2` (Qwen2's Split regex, ByteLevel without regex, NFC). Any other name is refused by name, an absent one too
 //!   (llama.cpp falls back to its `default` regex, which is no Hugging Face tokenizer's).
 //! - `llama`: SentencePiece BPE (Llama, Mistral, Mixtral). Tokens, `tokenizer.ggml.scores` and
 //!   token types (byte tokens `<0xXX>`) become what Hugging Face's Llama conversion makes of the
@@ -45,7 +45,7 @@ const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 /// The `tokenizer.ggml.model` values read.
 pub const SUPPORTED_MODELS: &str = "gpt2 (byte-level BPE), llama (SentencePiece BPE)";
 /// The `tokenizer.ggml.pre` values read for `gpt2`.
-pub const SUPPORTED_PRE: &str = "gpt-2, olmo, qwen2";
+pub const SUPPORTED_PRE: &str = "gpt-2, olmo, qwen2, smollm";
 
 /// llama.cpp's token types (`llama_token_type`).
 const UNKNOWN: i64 = 2;
@@ -68,6 +68,15 @@ const EOG_TEXTS: &[&str] = &[
 /// GPT-2's ByteLevel pre-tokenizer with its regex (`gpt-2`, `olmo`).
 fn gpt2_pre() -> Value {
     json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
+}
+
+/// SmolLM's pre-tokenizer (`smollm`): single digits split off, then GPT-2's, as SmolLM2's
+/// tokenizer.json has it.
+fn smollm_pre() -> Value {
+    json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": true},
+        gpt2_pre()
+    ]})
 }
 
 /// Qwen2's pre-tokenizer, as Qwen2/Qwen3's tokenizer.json has it.
@@ -334,6 +343,7 @@ fn gpt2_parts(r: &Reader, tokens: &[&str], types: &[i64]) -> Result<Parts, Impor
     let (normalizer, pre) = match r.opt_str(PRE)? {
         Some("gpt-2" | "olmo") => (Value::Null, gpt2_pre()),
         Some("qwen2") => (json!({"type": "NFC"}), qwen2_pre()),
+        Some("smollm") => (Value::Null, smollm_pre()),
         found => {
             let detail = match found {
                 Some(name) => format!("pre-tokenizer '{name}' (hob reads {SUPPORTED_PRE})"),
