@@ -118,11 +118,23 @@ fn mixtral_gguf_with_per_expert_tensors_matches() {
 
 #[test]
 fn mixtral_gguf_in_q8_0_is_close() {
-    let (e, _tmp, _path) = compare("mixtral", "tiny-mixtral-q8_0");
+    let (e, _tmp, path) = compare("mixtral", "tiny-mixtral-q8_0");
     // llama-quantize's Q8_0 (every matrix, embedding and output too) on a tiny random model:
     // 6.9e-4 seen.
     assert!(e <= 2e-3, "NMSE {e}");
     assert!(e > 0.0, "Q8_0 should not be exact");
+    // Provenance for `hob inspect`: the file and its tensor types, experts and dense apart.
+    let file = HobFile::open(&path).unwrap();
+    let source = meta_str(&file, keys::SOURCE).unwrap();
+    assert!(
+        source.starts_with("GGUF tiny-mixtral-q8_0.gguf: experts Q8_0 x6; dense "),
+        "{source}"
+    );
+    let (ok, stdout, _) = hob(&["inspect", path.to_str().unwrap()]);
+    assert!(
+        ok && stdout.contains(&format!("made from {source}")),
+        "{stdout}"
+    );
 }
 
 /// Phi-3.5-MoE as `phimoe`: LongRoPE's factors come from llama.cpp's `rope_factors_*` tensors,

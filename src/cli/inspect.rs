@@ -5,7 +5,7 @@ use super::out::outln;
 use serde_json::{json, Value};
 
 use super::InspectArgs;
-use crate::format::{HobFile, MetaValue};
+use crate::format::{keys, HobFile, MetaValue};
 
 /// Strings longer than this (the tokenizer JSON, the chat template) are shown abbreviated.
 const MAX_SHOWN_CHARS: usize = 60;
@@ -106,6 +106,10 @@ pub fn report(file: &HobFile) -> Value {
             "hidden": hidden,
             "ffn": ffn,
             "variants": variants,
+            "source": match file.metadata().get(keys::SOURCE) {
+                Some(MetaValue::String(s)) => json!(s),
+                _ => Value::Null,
+            },
         },
     })
 }
@@ -171,6 +175,9 @@ fn print_text(r: &Value) {
                 v["bits_per_weight"].as_f64().unwrap_or(0.0)
             );
         }
+    }
+    if let Some(src) = e["source"].as_str() {
+        outln!("  made from {src} (float variants converted, integer ones quantized by hob)");
     }
 }
 

@@ -49,6 +49,9 @@ pub const ADD_BOS_TOKEN: &str = "tokenizer.ggml.add_bos_token";
 pub const TIE_WORD_EMBEDDINGS: &str = "hob.tie_word_embeddings";
 /// Source checkpoint dtype ("f32", "f16", "bf16").
 pub const SOURCE_DTYPE: &str = "hob.source_dtype";
+/// Where the weights came from, for `hob inspect`: the source's kind and name, and for a GGUF its
+/// tensor types (experts and dense apart).
+pub const SOURCE: &str = "hob.source";
 /// Set by `hob convert --synthetic`: the model whose shapes the random weights take
 /// ("mixtral-8x7b", ...), and the seed they came from.
 pub const SYNTHETIC_MODEL: &str = "hob.synthetic_model";

@@ -464,10 +464,53 @@ impl ConvertSource for GgufCheckpoint {
             }
         }
         super::set_tie_and_source(&mut m, &self.arch, self.source_dtype);
+        m.set(keys::SOURCE, MetaValue::String(self.provenance()));
         if let Some(t) = &self.tokenizer {
             t.write_metadata(&mut m);
         }
         m
+    }
+}
+
+impl GgufCheckpoint {
+    /// "GGUF NAME: experts Q4_K x60, Q6_K x30; dense F32 x121, ...": the file and how many of its
+    /// expert and dense tensors are of each type (each is dequantized, then stored as asked).
+    fn provenance(&self) -> String {
+        let mut experts: Vec<(&str, usize)> = Vec::new();
+        let mut dense: Vec<(&str, usize)> = Vec::new();
+        for t in self.file.tensors() {
+            let n = t.name.as_str();
+            let per_expert = ["ffn_gate.", "ffn_up.", "ffn_down."].iter().any(|p| {
+                n.split_once(p)
+                    .is_some_and(|(_, rest)| rest.starts_with(|c: char| c.is_ascii_digit()))
+            });
+            let side = if n.contains("_exps.") || per_expert {
+                &mut experts
+            } else {
+                &mut dense
+            };
+            let name = t.ggml_type.name();
+            match side.iter_mut().find(|(k, _)| *k == name) {
+                Some((_, c)) => *c += 1,
+                None => side.push((name, 1)),
+            }
+        }
+        let list = |v: &[(&str, usize)]| {
+            v.iter()
+                .map(|(k, c)| format!("{k} x{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let file = self
+            .path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        format!(
+            "GGUF {file}: experts {}; dense {}",
+            list(&experts),
+            list(&dense)
+        )
     }
 }
 

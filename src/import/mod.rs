@@ -282,6 +282,12 @@ impl Checkpoint {
         let mut m = model_metadata(&self.arch, self.name());
         self.tokenizer.write_metadata(&mut m);
         set_tie_and_source(&mut m, &self.arch, self.source_dtype);
+        let source = format!(
+            "Hugging Face directory {}, safetensors in {}",
+            self.name(),
+            self.source_dtype.name()
+        );
+        m.set(keys::SOURCE, MetaValue::String(source));
         m
     }
 
