@@ -4,6 +4,7 @@
 //! to f16 before codes and errors are computed, so the error measured is the one a reader sees.
 
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 use super::scalar::dequant;
 use super::{ErrorStats, Matrix, WeightKind};
@@ -45,6 +46,10 @@ fn to_f16(v: f32) -> f16 {
     f16::from_f32(v.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()))
 }
 
+/// Groups quantized per parallel task: each group depends on its own values only, so the result
+/// does not depend on the split (a dense embedding is ~10^6 groups; an expert matrix ~10^4).
+const BLOCK_GROUPS: usize = 1024;
+
 /// Quantize (or convert) a row-major f32 [rows, cols] matrix into `variant`'s stored bytes,
 /// laid out as `layout` says (length `layout.size`, padding zeroed). Deterministic.
 ///
@@ -76,15 +81,21 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
         }
         VariantKind::Int8 => {
             let g = variant.group_size as usize;
-            let mut sc = Scratch::new(g);
-            for ((w, c), s) in src
-                .chunks_exact(g)
-                .zip(codes.chunks_exact_mut(g))
-                .zip(scales.chunks_exact_mut(2))
-            {
-                let scale = quantize_group_int8(w, &mut sc, c);
-                s.copy_from_slice(&scale.to_le_bytes());
-            }
+            let n = BLOCK_GROUPS;
+            src.par_chunks(g * n)
+                .zip(codes.par_chunks_mut(g * n))
+                .zip(scales.par_chunks_mut(2 * n))
+                .for_each(|((src, codes), scales)| {
+                    let mut sc = Scratch::new(g);
+                    for ((w, c), s) in src
+                        .chunks_exact(g)
+                        .zip(codes.chunks_exact_mut(g))
+                        .zip(scales.chunks_exact_mut(2))
+                    {
+                        let scale = quantize_group_int8(w, &mut sc, c);
+                        s.copy_from_slice(&scale.to_le_bytes());
+                    }
+                });
         }
         VariantKind::Int4 | VariantKind::Int2 => {
             let g = variant.group_size as usize;
@@ -94,17 +105,23 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
             } else {
                 (INT2_STEPS, INT2_STEP)
             };
-            let mut sc = Scratch::new(g);
-            let groups = src
-                .chunks_exact(g)
-                .zip(codes.chunks_exact_mut(g * bits / 8))
-                .zip(scales.chunks_exact_mut(2).zip(mins.chunks_exact_mut(2)));
-            for ((w, c), (s, m)) in groups {
-                let p = search_asym(w, ((1 << bits) - 1) as f32, steps, step, &mut sc);
-                s.copy_from_slice(&p.scale.to_le_bytes());
-                m.copy_from_slice(&p.min.to_le_bytes());
-                pack(&sc.q, bits, c);
-            }
+            let (n, gb) = (BLOCK_GROUPS, g * bits / 8);
+            src.par_chunks(g * n)
+                .zip(codes.par_chunks_mut(gb * n))
+                .zip(scales.par_chunks_mut(2 * n).zip(mins.par_chunks_mut(2 * n)))
+                .for_each(|((src, codes), (scales, mins))| {
+                    let mut sc = Scratch::new(g);
+                    let groups = src
+                        .chunks_exact(g)
+                        .zip(codes.chunks_exact_mut(gb))
+                        .zip(scales.chunks_exact_mut(2).zip(mins.chunks_exact_mut(2)));
+                    for ((w, c), (s, m)) in groups {
+                        let p = search_asym(w, ((1 << bits) - 1) as f32, steps, step, &mut sc);
+                        s.copy_from_slice(&p.scale.to_le_bytes());
+                        m.copy_from_slice(&p.min.to_le_bytes());
+                        pack(&sc.q, bits, c);
+                    }
+                });
         }
     }
     out
