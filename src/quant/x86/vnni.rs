@@ -48,6 +48,10 @@ struct QuantX {
     /// Per group, the sum of the rounded x (f[g] * sum q): the min term's sums, so that a row's
     /// error is its dequantized weights times x's rounding.
     sums: Vec<f32>,
+    /// Per load of a 16-group window, each lane's group in the window (`make_lanes`), and the
+    /// (gs, bits) they are for: built once, not per call (a call is a block of rows).
+    lanes: Vec<[i32; 16]>,
+    lanes_for: (usize, usize),
 }
 
 thread_local! {
@@ -55,6 +59,24 @@ thread_local! {
 }
 
 impl QuantX {
+    /// Each lane's group, per load of a 16-group window (16 gs columns: whole loads, as gs is a
+    /// multiple of 16 and a block of 64 F columns divides 16 gs).
+    fn make_lanes(&mut self, gs: usize, bits: usize, block: usize) {
+        if self.lanes_for == (gs, bits) {
+            return;
+        }
+        self.lanes = (0..(16 * gs).div_ceil(block))
+            .map(|j| {
+                let mut l = [0i32; 16];
+                for (lane, g) in l.iter_mut().enumerate() {
+                    *g = ((j * block + lane * block / 16) / gs).min(15) as i32;
+                }
+                l
+            })
+            .collect();
+        self.lanes_for = (gs, bits);
+    }
+
     /// # Safety
     /// The CPU has AVX-512F and BW (`Level::Avx512Vnni`).
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
@@ -167,16 +189,9 @@ pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>,
     QUANT_X.with(|cell| {
         let mut q = cell.borrow_mut();
         q.make(x, gs, bits);
-        // Each lane's group, per load of a 16-group window (16 gs columns: whole loads, as gs is
-        // a multiple of 16 and a block 128 or 256 columns).
-        let mut idx = [_mm512_setzero_si512(); 128];
-        for (j, v) in idx.iter_mut().enumerate().take((16 * gs).div_ceil(block)) {
-            let mut l = [0i32; 16];
-            for (lane, g) in l.iter_mut().enumerate() {
-                *g = ((j * block + lane * block / 16) / gs).min(15) as i32;
-            }
-            *v = _mm512_loadu_si512(l.as_ptr() as *const _);
-        }
+        q.make_lanes(gs, bits, block);
+        let q = &*q;
+        let idx = q.lanes.as_slice();
         let (rb, gpr) = (m.row_bytes(), m.groups_per_row());
         let codes = |r: usize| m.codes[r * rb..(r + 1) * rb].as_ptr();
         let side = |v: &[u8], r: usize| v[r * gpr * 2..(r + 1) * gpr * 2].as_ptr() as *const u16;
@@ -193,17 +208,17 @@ pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>,
                 [mins(r), mins(r + 1)],
             );
             match bits {
-                8 => dot_packed_vnni::<2, 1>(rows, &q, &idx),
-                4 => dot_packed_vnni::<2, 2>(rows, &q, &idx),
-                _ => dot_packed_vnni::<2, 4>(rows, &q, &idx),
+                8 => dot_packed_vnni::<2, 1>(rows, q, idx),
+                4 => dot_packed_vnni::<2, 2>(rows, q, idx),
+                _ => dot_packed_vnni::<2, 4>(rows, q, idx),
             }
         };
         let dot1 = |r: usize| {
             let rows = ([codes(r)], [scales(r)], [mins(r)]);
             match bits {
-                8 => dot_packed_vnni::<1, 1>(rows, &q, &idx),
-                4 => dot_packed_vnni::<1, 2>(rows, &q, &idx),
-                _ => dot_packed_vnni::<1, 4>(rows, &q, &idx),
+                8 => dot_packed_vnni::<1, 1>(rows, q, idx),
+                4 => dot_packed_vnni::<1, 2>(rows, q, idx),
+                _ => dot_packed_vnni::<1, 4>(rows, q, idx),
             }
         };
         let start = rows.start;
@@ -226,7 +241,7 @@ pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>,
 unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
     (codes, scales, mins): ([*const u8; R], [*const u16; R], [*const u16; R]),
     q: &QuantX,
-    idx: &[__m512i; 128],
+    idx: &[[i32; 16]],
 ) -> [f32; R] {
     let mask = _mm512_set1_epi8(match F {
         1 => 0x80u8 as i8,
@@ -267,6 +282,7 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
         }
         let loads = (n * gs).div_ceil(block);
         for (j, lanes) in idx.iter().enumerate().take(loads) {
+            let lanes = _mm512_loadu_si512(lanes.as_ptr() as *const _);
             let b = b0 + j;
             let xp = planes.add(b * 128 * F);
             let mut hi = [zero; F];
@@ -303,7 +319,7 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
                     al = _mm512_dpbusd_epi32(al, c, lo[k]);
                 }
                 let t = _mm512_add_epi32(_mm512_slli_epi32::<8>(ah), al);
-                let f = _mm512_permutexvar_ps(*lanes, sfx[r]);
+                let f = _mm512_permutexvar_ps(lanes, sfx[r]);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), f, acc[r]);
             }
         }
