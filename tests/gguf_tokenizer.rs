@@ -87,23 +87,19 @@ const LLAMA_CPP: [(&str, &[&str]); 6] = [
     ("smollm2-tokenizer", &["<|im_start|>", "<|im_end|>"]),
 ];
 
-/// Writes target/tokenizer-corpus.json, the input of tools/llamacpp_tokenize_ids.py.
+/// The tokenizer rebuilt from each GGUF gives llama.cpp's ids for every text, special tokens
+/// parsed, no BOS. The corpus goes to target/tokenizer-corpus.json first: the input of
+/// tools/llamacpp_tokenize_ids.py when the corpus or the list changes and the ids are recorded
+/// again.
 #[test]
-#[ignore]
-fn write_tokenizer_corpus() {
+fn gguf_tokenizers_give_llama_cpps_ids() {
     let corpus: serde_json::Map<String, serde_json::Value> = LLAMA_CPP
         .iter()
         .map(|(name, specials)| (format!("{name}.gguf"), serde_json::json!(texts(specials))))
         .collect();
-    let path = root().join("target/tokenizer-corpus.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&corpus).unwrap()).unwrap();
-    eprintln!("wrote {}", path.display());
-}
-
-/// The tokenizer rebuilt from each GGUF gives llama.cpp's ids for every text, special tokens
-/// parsed, no BOS.
-#[test]
-fn gguf_tokenizers_give_llama_cpps_ids() {
+    std::fs::create_dir_all(root().join("target")).unwrap();
+    let written = root().join("target/tokenizer-corpus.json");
+    std::fs::write(&written, serde_json::to_string_pretty(&corpus).unwrap()).unwrap();
     let path = root().join("tests/fixtures/gguf-convert/llama-tokenize-ids.json");
     let recorded: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();

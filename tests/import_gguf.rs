@@ -2,7 +2,9 @@
 //! made by tools/make_gguf_fixture.py): metadata, tensor table, bytes, dequantized values (bit for
 //! bit against gguf-py's `quants.dequantize`), the split pair opened as one; then hostile variants
 //! of the good bytes, each an error naming the file and the key or tensor, and a random-damage
-//! loop that must never panic (cases: PROPTEST_CASES, default 2,000).
+//! loop that must never panic (cases: PROPTEST_CASES, default 2,000), on this file and on one
+//! written by llama.cpp's own converter (tests/fixtures/gguf-convert/tiny-qwen3-moe.gguf), whose
+//! tokenizer keys and checkpoint (what `hob convert --from` opens) go through it too.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -10,6 +12,9 @@ use std::sync::OnceLock;
 use hob::format::MetaValue;
 use hob::import::ggml::GgmlType;
 use hob::import::gguf::{GgufError, GgufFile};
+use hob::import::gguf_checkpoint::GgufCheckpoint;
+use hob::import::gguf_tokenizer::tokenizer_from_gguf;
+use hob::import::ConvertSource;
 use proptest::prelude::*;
 
 fn dir() -> PathBuf {
@@ -616,9 +621,9 @@ enum Mutation {
     },
 }
 
-fn mutation() -> impl Strategy<Value = Mutation> {
-    let len = small_bytes().len();
-    let tables = SMALL_DATA_START as usize;
+/// Damage to `bytes`, whose header and tables end at `tables`.
+fn mutation(bytes: &'static [u8], tables: usize) -> impl Strategy<Value = Mutation> {
+    let len = bytes.len();
     prop_oneof![
         (0..len, 1..=255u8).prop_map(|(at, mask)| Mutation::Flip { at, mask }),
         (0..tables, 1..=255u8).prop_map(|(at, mask)| Mutation::Flip { at, mask }),
@@ -631,6 +636,30 @@ fn mutation() -> impl Strategy<Value = Mutation> {
             .prop_map(|(at, delta)| Mutation::Nudge { at, delta }),
         (0..len).prop_map(|len| Mutation::Truncate { len }),
     ]
+}
+
+fn llama_cpp_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf-convert/tiny-qwen3-moe.gguf")
+}
+
+fn llama_cpp_bytes() -> &'static [u8] {
+    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
+    BYTES.get_or_init(|| std::fs::read(llama_cpp_path()).unwrap())
+}
+
+fn llama_cpp_tables() -> usize {
+    GgufFile::from_bytes("x.gguf", llama_cpp_bytes().to_vec())
+        .unwrap()
+        .data_start() as usize
+}
+
+fn mutated(bytes: &[u8], muts: &[Mutation]) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    for m in muts {
+        apply(&mut b, m);
+    }
+    b
 }
 
 fn apply(b: &mut Vec<u8>, m: &Mutation) {
@@ -677,16 +706,49 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
-    fn damaged_files_never_panic(muts in prop::collection::vec(mutation(), 1..4)) {
-        let mut b = small_bytes().to_vec();
-        for m in &muts {
-            apply(&mut b, m);
+    fn damaged_files_never_panic(
+        muts in prop::collection::vec(mutation(small_bytes(), SMALL_DATA_START as usize), 1..4)
+    ) {
+        walk(mutated(small_bytes(), &muts));
+    }
+
+    /// The llama.cpp file: reader and dequantization, then the tokenizer rebuilt from its keys.
+    #[test]
+    fn damaged_llama_cpp_files_never_panic(
+        muts in prop::collection::vec(mutation(llama_cpp_bytes(), llama_cpp_tables()), 1..4)
+    ) {
+        let b = mutated(llama_cpp_bytes(), &muts);
+        if let Ok(g) = GgufFile::from_bytes("fuzz.gguf", b.clone()) {
+            let path = Path::new("fuzz.gguf");
+            if let Ok(Some(tok)) = tokenizer_from_gguf(path, g.metadata(), None) {
+                let _ = std::hint::black_box(tok.json.parse::<tokenizers::Tokenizer>());
+            }
         }
         walk(b);
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases().div_ceil(8), ..ProptestConfig::default() })]
+
+    /// The checkpoint `hob convert --from` opens (architecture keys, shapes, the tensor set) and
+    /// the metadata it writes, from a damaged llama.cpp file on disk.
+    #[test]
+    fn damaged_llama_cpp_checkpoints_never_panic(
+        muts in prop::collection::vec(mutation(llama_cpp_bytes(), llama_cpp_tables()), 1..4)
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("damaged.gguf");
+        std::fs::write(&path, mutated(llama_cpp_bytes(), &muts)).unwrap();
+        if let Ok(c) = GgufCheckpoint::open(&path) {
+            let _ = std::hint::black_box(c.metadata());
+        }
+    }
+}
+
 #[test]
-fn the_undamaged_file_walks() {
+fn the_undamaged_files_walk() {
     walk(small_bytes().to_vec());
+    walk(llama_cpp_bytes().to_vec());
+    assert!(GgufCheckpoint::open(&llama_cpp_path()).is_ok());
 }

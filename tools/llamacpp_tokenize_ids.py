@@ -3,8 +3,8 @@
 
     python3 tools/llamacpp_tokenize_ids.py LLAMA_TOKENIZE CORPUS.json OUT.json GGUF_DIR
 
-CORPUS.json: {"GGUF file name": [texts], ...}, as `cargo test --test gguf_tokenizer -- --ignored
-write_tokenizer_corpus` writes it (target/tokenizer-corpus.json). Each text goes through
+CORPUS.json: {"GGUF file name": [texts], ...}, as `cargo test --test gguf_tokenizer` writes it on every run
+(target/tokenizer-corpus.json). Each text goes through
 `llama-tokenize -m GGUF_DIR/NAME --stdin --ids --no-bos --no-escape` (special tokens parsed, as Hugging Face's encode
 does); OUT.json holds {"NAME": [{"text": ..., "ids": [...]}, ...], ...}.
 """
