@@ -12,6 +12,8 @@ fn plain(seed: u64) -> SamplerConfig {
         min_p: 0.0,
         repeat_penalty: 1.0,
         repeat_last_n: 64,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
         seed,
     }
 }
@@ -265,4 +267,40 @@ fn bad_parameters_are_refused_with_their_name() {
     })
     .is_err());
     assert!(Sampler::new(SamplerConfig::default()).is_ok());
+}
+
+/// OpenAI's presence and frequency penalties as llama.cpp applies them: logit - count * frequency
+/// - presence for each token in the window, after the repeat penalty, counted once per token.
+#[test]
+fn presence_and_frequency_penalties_follow_llama_cpp() {
+    // Token 0 leads by 1.0; it occurred twice in the window, token 1 never.
+    let logits = [3.0f32, 2.0, 0.5];
+    let history = [0u32, 0, 2];
+    let greedy_with = |presence, frequency| {
+        let mut s = Sampler::new(SamplerConfig {
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            ..greedy()
+        })
+        .unwrap();
+        s.sample(&logits, &history)
+    };
+    assert_eq!(greedy_with(0.0, 0.0), 0);
+    // 3.0 - 0.9 = 2.1 > 2.0: token 0 stays; 3.0 - 1.1 = 1.9 < 2.0: token 1 wins.
+    assert_eq!(greedy_with(0.9, 0.0), 0);
+    assert_eq!(greedy_with(1.1, 0.0), 1);
+    // Frequency counts both occurrences: 3.0 - 2 * 0.45 = 2.1, 3.0 - 2 * 0.55 = 1.9.
+    assert_eq!(greedy_with(0.0, 0.45), 0);
+    assert_eq!(greedy_with(0.0, 0.55), 1);
+    let bad = SamplerConfig {
+        presence_penalty: f32::NAN,
+        ..greedy()
+    };
+    assert!(matches!(
+        Sampler::new(bad),
+        Err(GenerateError::InvalidSampler {
+            field: "presence_penalty",
+            ..
+        })
+    ));
 }

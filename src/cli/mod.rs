@@ -15,6 +15,7 @@ pub mod kl_file;
 mod out;
 pub mod perplexity;
 pub mod run;
+pub mod serve;
 pub mod sim;
 
 #[derive(Parser, Debug)]
@@ -38,6 +39,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Perplexity of a text file, llama.cpp's method.
     Perplexity(perplexity::PerplexityArgs),
+    /// An OpenAI-compatible HTTP server (chat and text completions, streaming) with a chat page.
+    Serve(serve::ServeArgs),
     /// Tokens per second, llama-bench style, with the MoE columns and the physical limit.
     Bench(bench::BenchArgs),
     /// Replay a routing trace through the expert cache policies (miss penalty per cache size).
@@ -115,6 +118,7 @@ pub fn main_with(cli: Cli) -> crate::Result<()> {
         Command::Convert(a) => convert::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Run(a) => run::run(&a),
+        Command::Serve(a) => serve::run(&a),
         Command::Perplexity(a) => perplexity::run(&a),
         Command::Bench(a) => bench::run(&a),
         Command::Sim(a) => sim::run(&a),

@@ -17,6 +17,62 @@ use crate::generate::{
 use crate::model::Model;
 use crate::Error;
 
+/// Sampling flags, llama.cpp's names and defaults (`hob run`, and `hob serve`'s defaults for
+/// what a request leaves out).
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 or less means greedy.
+    #[arg(
+        long = "temp",
+        default_value_t = 0.8,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
+    pub temp: f32,
+    /// Keep the K most likely tokens (0 or -1: off).
+    #[arg(long = "top-k", default_value_t = 40, value_parser = top_k, help_heading = "Sampling")]
+    pub top_k: usize,
+    /// Nucleus sampling threshold (1.0: off).
+    #[arg(long = "top-p", default_value_t = 0.95, help_heading = "Sampling")]
+    pub top_p: f32,
+    /// Drop tokens below this fraction of the top token's probability (0.0: off).
+    #[arg(long = "min-p", default_value_t = 0.05, help_heading = "Sampling")]
+    pub min_p: f32,
+    /// Penalize repeats of the last --repeat-last-n tokens (1.0: off).
+    #[arg(
+        long = "repeat-penalty",
+        default_value_t = 1.0,
+        help_heading = "Sampling"
+    )]
+    pub repeat_penalty: f32,
+    /// Subtract this from a token's logit once it is among the last --repeat-last-n tokens
+    /// (OpenAI's presence_penalty; 0.0: off).
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
+    pub presence_penalty: f32,
+    /// Subtract this times its count among the last --repeat-last-n tokens from a token's logit
+    /// (OpenAI's frequency_penalty; 0.0: off).
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at (0: off, -1: the whole context).
+    #[arg(long = "repeat-last-n", default_value_t = 64, value_parser = repeat_last_n,
+          help_heading = "Sampling")]
+    pub repeat_last_n: i64,
+    /// Random seed (-1: from the clock; printed on stderr).
+    #[arg(short = 's', long = "seed", default_value_t = -1, value_parser = seed,
+          help_heading = "Sampling")]
+    pub seed: i64,
+}
+
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// The prompt (the first user message in chat mode); "-" reads it from stdin.
@@ -69,38 +125,8 @@ pub struct RunArgs {
     /// Keep generating past the end-of-sequence token (for benchmarks).
     #[arg(long = "ignore-eos", help_heading = "Prompt")]
     pub ignore_eos: bool,
-    /// Temperature; 0 or less means greedy.
-    #[arg(
-        long = "temp",
-        default_value_t = 0.8,
-        allow_negative_numbers = true,
-        help_heading = "Sampling"
-    )]
-    pub temp: f32,
-    /// Keep the K most likely tokens (0 or -1: off).
-    #[arg(long = "top-k", default_value_t = 40, value_parser = top_k, help_heading = "Sampling")]
-    pub top_k: usize,
-    /// Nucleus sampling threshold (1.0: off).
-    #[arg(long = "top-p", default_value_t = 0.95, help_heading = "Sampling")]
-    pub top_p: f32,
-    /// Drop tokens below this fraction of the top token's probability (0.0: off).
-    #[arg(long = "min-p", default_value_t = 0.05, help_heading = "Sampling")]
-    pub min_p: f32,
-    /// Penalize repeats of the last --repeat-last-n tokens (1.0: off).
-    #[arg(
-        long = "repeat-penalty",
-        default_value_t = 1.0,
-        help_heading = "Sampling"
-    )]
-    pub repeat_penalty: f32,
-    /// How many recent tokens the repeat penalty looks at (0: off, -1: the whole context).
-    #[arg(long = "repeat-last-n", default_value_t = 64, value_parser = repeat_last_n,
-          help_heading = "Sampling")]
-    pub repeat_last_n: i64,
-    /// Random seed (-1: from the clock; printed on stderr).
-    #[arg(short = 's', long = "seed", default_value_t = -1, value_parser = seed,
-          help_heading = "Sampling")]
-    pub seed: i64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -112,30 +138,30 @@ fn int(s: &str) -> Result<i64, String> {
 
 /// llama.cpp's -n: -1 until the end of the answer, -2 until the context is full (hob never
 /// shifts the context, so both stop at a full context).
-fn n_predict(s: &str) -> Result<i64, String> {
+pub(crate) fn n_predict(s: &str) -> Result<i64, String> {
     match int(s)? {
         n if n >= -2 => Ok(n),
         _ => Err("a number of tokens, or -1 (no limit)".into()),
     }
 }
 
-fn ctx_size(s: &str) -> Result<usize, String> {
+pub(crate) fn ctx_size(s: &str) -> Result<usize, String> {
     usize::try_from(int(s)?).map_err(|_| "a number of tokens (0: the model's)".into())
 }
 
 /// llama.cpp's --top-k: 0 or less turns it off.
-fn top_k(s: &str) -> Result<usize, String> {
+pub(crate) fn top_k(s: &str) -> Result<usize, String> {
     Ok(usize::try_from(int(s)?).unwrap_or(0))
 }
 
-fn repeat_last_n(s: &str) -> Result<i64, String> {
+pub(crate) fn repeat_last_n(s: &str) -> Result<i64, String> {
     match int(s)? {
         n if n >= -1 => Ok(n),
         _ => Err("0 or more tokens, or -1 (the whole context)".into()),
     }
 }
 
-fn seed(s: &str) -> Result<i64, String> {
+pub(crate) fn seed(s: &str) -> Result<i64, String> {
     match int(s)? {
         n if n >= -1 => Ok(n),
         _ => Err("0 or more, or -1 (from the clock)".into()),
@@ -230,7 +256,7 @@ impl Chat<'_> {
 }
 
 /// A chat template's error, named by the file and key it came from.
-fn template_error(path: &std::path::Path, e: crate::generate::GenerateError) -> Error {
+pub(crate) fn template_error(path: &std::path::Path, e: crate::generate::GenerateError) -> Error {
     Error::Invalid(format!(
         "{}: metadata key '{}': {e}",
         path.display(),
@@ -238,24 +264,29 @@ fn template_error(path: &std::path::Path, e: crate::generate::GenerateError) -> 
     ))
 }
 
-fn sampler(args: &RunArgs, ctx: usize) -> crate::Result<(Sampler, u64)> {
-    let seed = if args.seed < 0 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-    } else {
-        args.seed as u64
-    };
-    let sampler = Sampler::new(SamplerConfig {
-        temperature: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: usize::try_from(args.repeat_last_n).unwrap_or(ctx),
-        seed,
-    })?;
-    Ok((sampler, seed))
+impl SamplingArgs {
+    /// The sampler's settings for a context of `ctx` tokens; a seed of -1 is drawn from the
+    /// clock.
+    pub fn config(&self, ctx: usize) -> SamplerConfig {
+        let seed = if self.seed < 0 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        } else {
+            self.seed as u64
+        };
+        SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: usize::try_from(self.repeat_last_n).unwrap_or(ctx),
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed,
+        }
+    }
 }
 
 pub fn run(args: &RunArgs) -> crate::Result<()> {
@@ -279,24 +310,16 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
             model.cfg.context_length
         )));
     }
-    let (sampler, seed) = sampler(args, ctx)?;
-    let template = match (args.no_chat, file.metadata().get_str(keys::CHAT_TEMPLATE)) {
-        (false, Ok(src)) => {
-            let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
-            let mut t = ChatTemplate::new(src, &name(model.cfg.bos), &name(model.cfg.eos))
-                .map_err(|e| template_error(file.path(), e))?;
-            for (k, v) in args.chat_template_kwargs.iter().flatten() {
-                t.set_var(k, v)
-                    .map_err(|e| Error::Invalid(format!("--chat-template-kwargs: {e}")))?;
-            }
-            Some(t)
-        }
-        (false, Err(_)) => {
-            eprintln!("note: the file has no chat template: plain completion");
-            None
-        }
-        (true, _) => None,
+    let config = args.sampling.config(ctx);
+    let seed = config.seed;
+    let sampler = Sampler::new(config)?;
+    let template = match args.no_chat {
+        false => chat_template(&file, &model, &tok, args.chat_template_kwargs.as_ref())?,
+        true => None,
     };
+    if template.is_none() && !args.no_chat {
+        eprintln!("note: the file has no chat template: plain completion");
+    }
     let stop = Arc::new(AtomicBool::new(false));
     if args.interactive {
         // Ctrl-C stops an answer; SIGTERM and SIGHUP keep their default: they end hob.
@@ -340,8 +363,29 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     Ok(())
 }
 
+/// The file's chat template with `kwargs` (--chat-template-kwargs) set, or None when it has
+/// none.
+pub fn chat_template(
+    file: &crate::format::HobFile,
+    model: &Model<'_>,
+    tok: &Tokenizer,
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> crate::Result<Option<ChatTemplate>> {
+    let Ok(src) = file.metadata().get_str(keys::CHAT_TEMPLATE) else {
+        return Ok(None);
+    };
+    let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
+    let mut t = ChatTemplate::new(src, &name(model.cfg.bos), &name(model.cfg.eos))
+        .map_err(|e| template_error(file.path(), e))?;
+    for (k, v) in kwargs.into_iter().flatten() {
+        t.set_var(k, v)
+            .map_err(|e| Error::Invalid(format!("--chat-template-kwargs: {e}")))?;
+    }
+    Ok(Some(t))
+}
+
 /// A JSON object (--chat-template-kwargs).
-fn json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+pub(crate) fn json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
     match serde_json::from_str::<serde_json::Value>(s) {
         Ok(serde_json::Value::Object(m)) => Ok(m),
         Ok(other) => Err(format!(

@@ -110,18 +110,7 @@ impl ChatTemplate {
     /// Set template variable `name` (e.g. `enable_thinking` to false); the names the renderer
     /// sets itself (messages, add_generation_prompt, bos_token, eos_token) cannot be replaced.
     pub fn set_var(&mut self, name: &str, value: &serde_json::Value) -> Result<(), GenerateError> {
-        if [
-            "messages",
-            "add_generation_prompt",
-            "bos_token",
-            "eos_token",
-        ]
-        .contains(&name)
-        {
-            return Err(GenerateError::TemplateRender {
-                reason: format!("'{name}' is set by hob, not by a template variable"),
-            });
-        }
+        check_var(name)?;
         self.vars
             .insert(name.to_owned(), Value::from(minijinja::value::Serde(value)));
         Ok(())
@@ -134,6 +123,22 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, GenerateError> {
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// `render` with `extra` variables for this render only, over those of `set_var` (a
+    /// request's `chat_template_kwargs`).
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, GenerateError> {
+        let mut vars = self.vars.clone();
+        for (name, value) in extra {
+            check_var(name)?;
+            vars.insert(name.clone(), Value::from(minijinja::value::Serde(value)));
+        }
         let template =
             self.env
                 .get_template(TEMPLATE_NAME)
@@ -150,7 +155,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
-                ..Value::from(self.vars.clone())
+                ..Value::from(vars)
             },
             &mut out,
         );
@@ -173,6 +178,23 @@ impl ChatTemplate {
             }),
         }
     }
+}
+
+/// A variable name a caller may set: not one the renderer sets itself.
+fn check_var(name: &str) -> Result<(), GenerateError> {
+    if [
+        "messages",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+    ]
+    .contains(&name)
+    {
+        return Err(GenerateError::TemplateRender {
+            reason: format!("'{name}' is set by hob, not by a template variable"),
+        });
+    }
+    Ok(())
 }
 
 /// The render's output, refused beyond [`TEMPLATE_MAX_OUTPUT`] bytes.

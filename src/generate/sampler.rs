@@ -19,8 +19,12 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// llama.cpp's repeat penalty over the last `repeat_last_n` tokens; 1.0 = off.
     pub repeat_penalty: f32,
-    /// How many recent tokens the repeat penalty looks at; 0 = off.
+    /// How many recent tokens the penalties look at; 0 = off.
     pub repeat_last_n: usize,
+    /// OpenAI's penalties, as llama.cpp applies them over the same window: a token's logit
+    /// less `presence_penalty` once it is there and `frequency_penalty` per occurrence; 0 = off.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
     pub seed: u64,
 }
 
@@ -34,6 +38,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -62,6 +68,14 @@ impl SamplerConfig {
                 self.repeat_penalty,
             ));
         }
+        for (field, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !v.is_finite() {
+                return Err(invalid(field, "a finite number", v));
+            }
+        }
         Ok(())
     }
 }
@@ -82,10 +96,9 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     /// (vocab) candidates of the current step, reused so that a step allocates nothing.
     candidates: Vec<Candidate>,
-    /// (vocab) step number at which each id was last penalized: a token repeated in the window
-    /// is penalized once, as in llama.cpp, without clearing a set every step.
-    penalized_at: Vec<u64>,
-    step: u64,
+    /// (vocab) occurrences of each id in the penalty window, zero again once it is penalized:
+    /// a token repeated in the window is penalized once, as in llama.cpp.
+    counts: Vec<u32>,
 }
 
 impl Sampler {
@@ -95,8 +108,7 @@ impl Sampler {
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             cfg,
             candidates: Vec::new(),
-            penalized_at: Vec::new(),
-            step: 0,
+            counts: Vec::new(),
         })
     }
 
@@ -108,14 +120,13 @@ impl Sampler {
     /// (prompt and generated) for the repeat penalty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         assert!(!logits.is_empty(), "sampler: empty logits");
-        self.step += 1;
         self.candidates.clear();
         self.candidates
             .extend(logits.iter().enumerate().map(|(id, &logit)| Candidate {
                 id: id as u32,
                 logit,
             }));
-        self.apply_repeat_penalty(history);
+        self.apply_penalties(history);
 
         if self.cfg.temperature <= 0.0 {
             return self.argmax();
@@ -171,32 +182,42 @@ impl Sampler {
         candidates[candidates.len() - 1].id
     }
 
-    /// llama.cpp's penalty: a logit that would favour the token is divided by the penalty, one
-    /// that already disfavours it is multiplied, so the token always gets less likely.
-    fn apply_repeat_penalty(&mut self, history: &[u32]) {
-        let penalty = self.cfg.repeat_penalty;
-        if penalty == 1.0 || self.cfg.repeat_last_n == 0 {
+    /// llama.cpp's penalties: a logit that would favour the token is divided by the repeat
+    /// penalty, one that already disfavours it is multiplied, so the token always gets less
+    /// likely; then the count-based presence and frequency terms come off.
+    fn apply_penalties(&mut self, history: &[u32]) {
+        let cfg = &self.cfg;
+        let none = cfg.repeat_penalty == 1.0
+            && cfg.presence_penalty == 0.0
+            && cfg.frequency_penalty == 0.0;
+        if none || cfg.repeat_last_n == 0 {
             return;
         }
-        if self.penalized_at.len() != self.candidates.len() {
-            self.penalized_at.clear();
-            self.penalized_at.resize(self.candidates.len(), 0);
+        if self.counts.len() != self.candidates.len() {
+            self.counts.clear();
+            self.counts.resize(self.candidates.len(), 0);
         }
-        let window = &history[history.len().saturating_sub(self.cfg.repeat_last_n)..];
+        let window = &history[history.len().saturating_sub(cfg.repeat_last_n)..];
         for &id in window {
-            let Some(stamp) = self.penalized_at.get_mut(id as usize) else {
+            if let Some(c) = self.counts.get_mut(id as usize) {
+                *c += 1;
+            }
+        }
+        for &id in window {
+            let Some(c) = self.counts.get_mut(id as usize) else {
                 continue;
             };
-            if *stamp == self.step {
+            if *c == 0 {
                 continue;
             }
-            *stamp = self.step;
+            let n = std::mem::take(c) as f32;
             let logit = &mut self.candidates[id as usize].logit;
             if *logit <= 0.0 {
-                *logit *= penalty;
+                *logit *= cfg.repeat_penalty;
             } else {
-                *logit /= penalty;
+                *logit /= cfg.repeat_penalty;
             }
+            *logit -= n * cfg.frequency_penalty + cfg.presence_penalty;
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub mod damage;
 pub mod gpu;
+pub mod http;
 pub mod paths;
 pub mod random;
 

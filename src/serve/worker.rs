@@ -1,0 +1,351 @@
+//! The generation thread: one model, one request at a time, in arrival order. A job's events
+//! (its prompt's size, text as it is generated, the end) go back to the HTTP side over a channel;
+//! a job whose client went away stops within a token.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::api::{ApiError, Prompt, Request};
+use super::metrics::Metrics;
+use crate::generate::{
+    ChatTemplate, Generator, Limits, Sampler, SamplerConfig, Stop, StreamDecoder, Tokenizer,
+};
+
+/// What the generation thread needs, built on it (the model borrows its file there).
+pub struct Loaded<'a> {
+    pub gen: Generator<'a>,
+    pub tok: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// The server's sampling settings for what a request leaves out.
+    pub defaults: SamplerConfig,
+    /// The answer's length when a request gives none (None: until the end or a full context).
+    pub n_predict: Option<usize>,
+}
+
+/// A request in the queue.
+pub struct Job {
+    pub request: Request,
+    pub events: UnboundedSender<Event>,
+    /// Raised when the client goes away (or the server stops): generation ends within a token.
+    pub cancel: Arc<AtomicBool>,
+    pub queued: Instant,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The end of the answer or a stop sequence.
+    Stop,
+    /// max_tokens, or the context is full.
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// Token counts and times of one request.
+#[derive(Clone, Debug, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV cache the previous request left (not prefilled again).
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub prompt_time: Duration,
+    pub gen_time: Duration,
+}
+
+pub enum Event {
+    /// The prompt was accepted and is being prefilled.
+    Started,
+    /// Generated text (never splits a character; held back while it may begin a stop sequence).
+    Text(String),
+    Done(Finish, Usage),
+    Failed(ApiError),
+}
+
+/// Jobs until the channel closes (the server stops).
+pub fn serve_jobs(
+    mut loaded: Loaded<'_>,
+    jobs: crossbeam_channel::Receiver<Job>,
+    metrics: &Metrics,
+) {
+    for job in jobs {
+        metrics.dequeued(job.queued.elapsed());
+        if job.cancel.load(Ordering::SeqCst) {
+            continue;
+        }
+        metrics.busy(true);
+        let result = run_job(&mut loaded, &job, metrics);
+        metrics.busy(false);
+        match result {
+            Ok(Some((finish, usage))) => {
+                metrics.finished(&usage);
+                job.events.send(Event::Done(finish, usage)).ok();
+            }
+            Ok(None) => metrics.cancelled(),
+            Err(e) => {
+                job.events.send(Event::Failed(e)).ok();
+            }
+        }
+    }
+}
+
+/// The prompt's ids, or a 400 naming what is wrong with it.
+fn prompt_ids(l: &Loaded<'_>, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    let encode = |text: &str, special: bool| {
+        l.tok
+            .encode(text, special)
+            .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+    };
+    match prompt {
+        Prompt::Chat { messages, vars } => {
+            let Some(t) = &l.template else {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "this model has no chat template: use /v1/completions",
+                ));
+            };
+            let text = t
+                .render_with(messages, true, vars)
+                .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+            encode(&text, false)
+        }
+        Prompt::Text(text) => encode(text, true),
+        Prompt::Ids(ids) => {
+            let vocab = l.tok.vocab_size();
+            match ids.iter().find(|&&id| id as usize >= vocab) {
+                Some(id) => Err(ApiError::invalid(
+                    "prompt",
+                    format!("prompt: token id {id} is outside the vocabulary ({vocab} tokens)"),
+                )),
+                None => Ok(ids.clone()),
+            }
+        }
+    }
+}
+
+/// The sampler for a request: its fields over the server's defaults.
+fn sampler(l: &Loaded<'_>, r: &Request) -> Result<Sampler, ApiError> {
+    let s = &r.sampling;
+    let d = &l.defaults;
+    let cfg = SamplerConfig {
+        temperature: s.temperature.unwrap_or(d.temperature),
+        top_p: s.top_p.unwrap_or(d.top_p),
+        top_k: s.top_k.map_or(d.top_k, |k| usize::try_from(k).unwrap_or(0)),
+        min_p: s.min_p.unwrap_or(d.min_p),
+        repeat_penalty: s.repeat_penalty.unwrap_or(d.repeat_penalty),
+        presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
+        repeat_last_n: d.repeat_last_n,
+        seed: s.seed.map_or_else(fresh_seed, |v| v as u64),
+    };
+    Sampler::new(cfg).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))
+}
+
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// One request; None when its client went away.
+fn run_job(
+    l: &mut Loaded<'_>,
+    job: &Job,
+    metrics: &Metrics,
+) -> Result<Option<(Finish, Usage)>, ApiError> {
+    let r = &job.request;
+    let ids = prompt_ids(l, &r.prompt)?;
+    let ctx = l.gen.session().ctx();
+    if ids.len() >= ctx {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "the prompt is {} tokens and the context holds {ctx}: shorten it (the server's -c sets the context)",
+                ids.len()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    l.gen
+        .check_fits(ids.len())
+        .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+    let mut sampler = sampler(l, r)?;
+    if job.events.send(Event::Started).is_err() {
+        return Ok(None);
+    }
+    let mut stream = StreamDecoder::new(&l.tok, true);
+    let mut stops = StopMatcher::new(&r.stop);
+    let stopped = AtomicBool::new(false);
+    let limits = Limits {
+        n_predict: r.max_tokens.or(l.n_predict),
+        ignore_eos: false,
+        stop: Some(&job.cancel),
+    };
+    let send = |text: String| {
+        if !text.is_empty() && job.events.send(Event::Text(text)).is_err() {
+            job.cancel.store(true, Ordering::SeqCst);
+        }
+    };
+    let result = l.gen.generate(&ids, (&mut sampler, &l.tok), limits, |id| {
+        let piece = stream.push(id)?;
+        let (ready, hit) = stops.push(&piece);
+        send(ready);
+        if hit {
+            stopped.store(true, Ordering::SeqCst);
+            job.cancel.store(true, Ordering::SeqCst);
+        }
+        metrics.token();
+        Ok(())
+    });
+    let (stop, timing) = result.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("generation failed: {e}"),
+        )
+    })?;
+    let hit = stopped.load(Ordering::SeqCst);
+    if stop == Stop::Interrupted && !hit {
+        return Ok(None);
+    }
+    if !hit {
+        let tail = stream.flush().unwrap_or_default();
+        let (ready, hit_late) = stops.push(&tail);
+        send(ready);
+        if !hit_late {
+            send(stops.finish());
+        }
+    }
+    let finish = match stop {
+        Stop::Eos | Stop::Interrupted => Finish::Stop,
+        Stop::Length | Stop::ContextFull => Finish::Length,
+    };
+    let finish = if hit { Finish::Stop } else { finish };
+    let usage = Usage {
+        prompt_tokens: ids.len(),
+        cached_tokens: ids.len() - timing.prompt_tokens,
+        completion_tokens: timing.gen_tokens,
+        prompt_time: timing.prompt_time,
+        gen_time: timing.gen_time,
+    };
+    metrics.experts(&timing.experts);
+    Ok(Some((finish, usage)))
+}
+
+/// Stop sequences over streamed text: text is released once it cannot be the start of a stop
+/// sequence; at a match, the text before it is released and the rest dropped.
+pub struct StopMatcher<'s> {
+    stops: &'s [String],
+    held: String,
+}
+
+impl<'s> StopMatcher<'s> {
+    pub fn new(stops: &'s [String]) -> Self {
+        StopMatcher {
+            stops,
+            held: String::new(),
+        }
+    }
+
+    /// Take `piece`; returns the text now safe to send and whether a stop sequence matched.
+    pub fn push(&mut self, piece: &str) -> (String, bool) {
+        self.held.push_str(piece);
+        if self.stops.is_empty() {
+            return (std::mem::take(&mut self.held), false);
+        }
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
+        if let Some(at) = first {
+            let out = self.held[..at].to_owned();
+            self.held.clear();
+            return (out, true);
+        }
+        // Hold back the longest tail that is a prefix of some stop sequence.
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| longest_suffix_prefix(&self.held, s))
+            .max()
+            .unwrap_or(0);
+        let cut = self.held.len() - keep;
+        let out = self.held[..cut].to_owned();
+        self.held.drain(..cut);
+        (out, false)
+    }
+
+    /// The end of the answer: what was held back.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// Length in bytes of the longest suffix of `text` (on a character boundary) that is a proper
+/// prefix of `stop`.
+fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
+    let max = text.len().min(stop.len().saturating_sub(1));
+    (1..=max)
+        .rev()
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (Vec<String>, bool, String) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut m = StopMatcher::new(&stops);
+        let mut out = vec![];
+        for p in pieces {
+            let (text, hit) = m.push(p);
+            out.push(text);
+            if hit {
+                return (out, true, String::new());
+            }
+        }
+        (out, false, m.finish())
+    }
+
+    #[test]
+    fn stop_sequences_split_over_pieces() {
+        assert_eq!(
+            run(&["END"], &["ab", "cE", "N", "Dxy"]),
+            (
+                vec!["ab".into(), "c".into(), "".into(), "".into()],
+                true,
+                "".into()
+            )
+        );
+        // A false start is released when it stops matching.
+        assert_eq!(
+            run(&["END"], &["aE", "Nx", "y"]),
+            (vec!["a".into(), "ENx".into(), "y".into()], false, "".into())
+        );
+        // Held text comes out at the end.
+        assert_eq!(
+            run(&["END"], &["aEN"]),
+            (vec!["a".into()], false, "EN".into())
+        );
+        // The earliest of several matches wins; multi-byte text is never split.
+        assert_eq!(
+            run(&["é!", "b"], &["aé", "!b"]),
+            (vec!["a".into(), "".into()], true, "".into())
+        );
+        assert_eq!(run(&[], &["x", "y"]).0, vec!["x".to_string(), "y".into()]);
+    }
+}

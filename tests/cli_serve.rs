@@ -1,0 +1,397 @@
+//! `hob serve` on the tiny Qwen3-MoE fixture (ChatML template): answers equal `hob run`'s,
+//! streaming equals the whole answer, the KV cache is reused across turns, stop sequences, and
+//! bad requests get OpenAI's error shape with the right status and field.
+
+mod common;
+
+use common::http::{self, Served};
+use serde_json::{json, Value};
+
+fn fixture() -> (tempfile::TempDir, std::path::PathBuf) {
+    common::convert_dir(&common::family_dir("qwen3-moe"), "f16", &[])
+}
+
+fn content(v: &Value) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no content in {v}"))
+        .to_string()
+}
+
+/// `hob run --temp 0` of one user message (chat mode), its stdout without the final newline.
+fn hob_run(model: &std::path::Path, args: &[&str]) -> String {
+    let mut all = vec![
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "--temp",
+        "0",
+        "-t",
+        "1",
+    ];
+    all.extend_from_slice(args);
+    let (ok, stdout, stderr) = common::hob(&all);
+    assert!(ok, "{stderr}");
+    stdout.strip_suffix('\n').unwrap_or(&stdout).to_string()
+}
+
+#[test]
+fn greedy_answers_equal_hob_run_streamed_or_not() {
+    let (_dir, model) = fixture();
+    let s = Served::start(&model, &[]);
+    let run_text = hob_run(&model, &["-p", "Hello there", "-n", "20"]);
+    let body = json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "temperature": 0,
+        "max_tokens": 20,
+    });
+    let (status, v) = s.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(content(&v), run_text, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    let usage = &v["usage"];
+    let completion = usage["completion_tokens"].as_u64().unwrap();
+    assert!((1..=20).contains(&completion), "{v}");
+    let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
+    assert_eq!(finish, if completion == 20 { "length" } else { "stop" });
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + completion
+    );
+
+    // The same request streamed: a role chunk, content deltas, the finish, usage, [DONE].
+    let mut body = body;
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let events: Vec<String> = http::stream(&s.url("/v1/chat/completions"), &body).collect();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, run_text);
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(
+        last["usage"]["completion_tokens"].as_u64(),
+        Some(completion)
+    );
+    let ends: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0)?.get("finish_reason"))
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(ends, [&json!(finish)]);
+    // The second, identical request found its whole prompt in the KV cache but the last token.
+    let prompt = usage["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(
+        last["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(prompt - 1)
+    );
+}
+
+#[test]
+fn text_completions_equal_hob_run_without_the_template() {
+    let (_dir, model) = fixture();
+    let s = Served::start(&model, &[]);
+    let run_text = hob_run(&model, &["--no-chat", "-p", "Once upon a time", "-n", "12"]);
+    let (status, v) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "temperature": 0, "max_tokens": 12}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(run_text.as_str()));
+    let streamed: String = http::stream(
+        &s.url("/v1/completions"),
+        &json!({"prompt": ["Once upon a time"], "temperature": 0, "max_tokens": 12, "stream": true}),
+    )
+    .filter(|e| e != "[DONE]")
+    .map(|e| {
+        let v: Value = serde_json::from_str(&e).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    })
+    .collect();
+    assert_eq!(streamed, run_text);
+}
+
+#[test]
+fn a_second_turn_prefills_only_what_is_new() {
+    let (_dir, model) = fixture();
+    let s = Served::start(&model, &[]);
+    let mut messages = vec![json!({"role": "user", "content": "What is the capital of France?"})];
+    let ask = |messages: &Vec<Value>| {
+        let (status, v) = s.post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "temperature": 0, "max_tokens": 8}),
+        );
+        assert_eq!(status, 200, "{v}");
+        v
+    };
+    let first = ask(&messages);
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // (The tiny model's own answer is often not valid UTF-8, which no tokenizer gives back.)
+    messages.push(json!({"role": "assistant", "content": "Paris."}));
+    messages.push(json!({"role": "user", "content": "And of Italy?"}));
+    let second = ask(&messages);
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached >= first_prompt,
+        "the history was prefilled again: {second}"
+    );
+}
+
+#[test]
+fn a_stop_sequence_ends_the_answer_before_it() {
+    let (_dir, model) = fixture();
+    let s = Served::start(&model, &[]);
+    let body =
+        |stop: Value| json!({"prompt": "The", "temperature": 0, "max_tokens": 24, "stop": stop});
+    let (_, v) = s.post("/v1/completions", &body(Value::Null));
+    let whole = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = whole.chars().collect();
+    assert!(chars.len() >= 8, "too short to cut: {whole:?}");
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
+    let before = &whole[..whole.find(&stop).unwrap()];
+    let (status, v) = s.post("/v1/completions", &body(json!(["never in it", stop])));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["text"].as_str(),
+        Some(before),
+        "stop {stop:?}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let streamed: String = http::stream(
+        &s.url("/v1/completions"),
+        &json!({"prompt": "The", "temperature": 0, "max_tokens": 24, "stop": stop, "stream": true}),
+    )
+    .filter(|e| e != "[DONE]")
+    .map(|e| {
+        let v: Value = serde_json::from_str(&e).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    })
+    .collect();
+    assert_eq!(streamed, before);
+}
+
+/// (status, error.param, error.code, a word of error.message) of each bad request.
+#[test]
+fn bad_requests_get_openai_errors_naming_the_field() {
+    let (_dir, model) = fixture();
+    let s = Served::start(&model, &["--max-body", "1", "-c", "64"]);
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let cases: Vec<(Value, u16, Value, Value, &str)> = vec![
+        (
+            json!({"messages": user, "temperature": "hot"}),
+            400,
+            json!("temperature"),
+            json!(null),
+            "invalid type",
+        ),
+        (
+            json!({"messages": user, "temperature": 3}),
+            400,
+            json!("temperature"),
+            json!(null),
+            "[0, 2]",
+        ),
+        (
+            json!({"messages": user, "top_p": 0}),
+            400,
+            json!("top_p"),
+            json!(null),
+            "(0, 1]",
+        ),
+        (
+            json!({"messages": user, "max_tokens": 0}),
+            400,
+            json!("max_tokens"),
+            json!(null),
+            "at least 1",
+        ),
+        (
+            json!({"messages": user, "n": 2}),
+            400,
+            json!("n"),
+            json!(null),
+            "one choice",
+        ),
+        (
+            json!({"messages": []}),
+            400,
+            json!("messages"),
+            json!(null),
+            "at least one",
+        ),
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            400,
+            json!("messages[0].role"),
+            json!(null),
+            "wizard",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            400,
+            json!("messages[0].content"),
+            json!(null),
+            "content parts",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            400,
+            json!("messages[0].content[0]"),
+            json!(null),
+            "text parts",
+        ),
+        (
+            json!({"messages": user, "stop": 7}),
+            400,
+            json!("stop"),
+            json!(null),
+            "list of strings",
+        ),
+        (
+            json!({"prompt": "x"}),
+            400,
+            json!("messages"),
+            json!(null),
+            "missing field",
+        ),
+        (
+            json!({"messages": user, "model": "gpt-4"}),
+            404,
+            json!("model"),
+            json!("model_not_found"),
+            "gpt-4",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "word ".repeat(80)}]}),
+            400,
+            json!("messages"),
+            json!("context_length_exceeded"),
+            "context holds 64",
+        ),
+    ];
+    for (body, status, param, code, needle) in cases {
+        let (got, v) = s.post("/v1/chat/completions", &body);
+        let e = &v["error"];
+        assert_eq!(got, status, "{body} -> {v}");
+        assert_eq!(e["param"], param, "{body} -> {v}");
+        assert_eq!(e["code"], code, "{body} -> {v}");
+        let message = e["message"].as_str().unwrap();
+        assert!(
+            message.contains(needle),
+            "{body} -> {message:?} lacks {needle:?}"
+        );
+        assert!(e["type"].is_string(), "{v}");
+    }
+    // Not JSON, not an object, too large, a token id outside the vocabulary, no such route.
+    let url = s.url("/v1/chat/completions");
+    let (status, _, v) = http::post_raw(&url, b"{\"messages\": [", &[]);
+    assert_eq!(
+        (
+            status,
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not valid JSON")
+        ),
+        (400, true),
+        "{v}"
+    );
+    let (status, _, v) = http::post_raw(&url, b"[1, 2]", &[]);
+    assert_eq!(status, 400, "{v}");
+    let big = vec![b' '; 2 << 20];
+    let (status, _, v) = http::post_raw(&url, &big, &[]);
+    assert_eq!(status, 413, "{v}");
+    assert!(v["error"].is_object(), "{v}");
+    let (status, v) = s.post("/v1/completions", &json!({"prompt": [1, 2, 100000]}));
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("prompt")),
+        "{v}"
+    );
+    let (status, v) = http::get(&s.url("/v1/nothing"), &[]);
+    assert_eq!(status, 404, "{v}");
+    assert!(v["error"]["message"].is_string(), "{v}");
+    // The server is still answering after all that.
+    let (status, v) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user, "max_tokens": 2}),
+    );
+    assert_eq!(status, 200, "{v}");
+}
+
+#[test]
+fn an_api_key_guards_everything_but_health_and_the_page() {
+    let (_dir, model) = fixture();
+    let s = Served::start(&model, &["--api-key", "sesame", "--alias", "tiny-qwen"]);
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let url = s.url("/v1/chat/completions");
+    let (status, v) = http::post_json(&url, &body, &[]);
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (401, Some("invalid_api_key")),
+        "{v}"
+    );
+    let (status, v) = http::post_json(&url, &body, &[("Authorization", "Bearer nope")]);
+    assert_eq!(status, 401, "{v}");
+    let key = [("Authorization", "Bearer sesame")];
+    let (status, v) = http::post_json(&url, &body, &key);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["model"], "tiny-qwen");
+    let (status, v) = http::get(&s.url("/v1/models"), &[]);
+    assert_eq!(status, 401, "{v}");
+    let (status, v) = http::get(&s.url("/v1/models"), &key);
+    assert_eq!(
+        (status, v["data"][0]["id"].as_str()),
+        (200, Some("tiny-qwen")),
+        "{v}"
+    );
+    let (status, v) = http::get(&s.url("/health"), &[]);
+    assert_eq!((status, v["status"].as_str()), (200, Some("ok")), "{v}");
+    let (status, page) = http::get(&s.url("/"), &[]);
+    assert_eq!(status, 200);
+    assert!(page.as_str().unwrap().contains("/v1/chat/completions"));
+    let (status, text) = http::get(&s.url("/metrics"), &key);
+    assert_eq!(status, 200);
+    let text = text.as_str().unwrap();
+    // chat and models with the key, health, the page.
+    assert_eq!(
+        http::metric(text, "hob_requests_total{status=\"200\"}"),
+        4.0,
+        "{text}"
+    );
+    assert_eq!(
+        http::metric(text, "hob_requests_total{status=\"401\"}"),
+        3.0,
+        "{text}"
+    );
+    assert!(
+        http::metric(text, "hob_completion_tokens_total") >= 1.0,
+        "{text}"
+    );
+    assert_eq!(http::metric(text, "hob_queue_length"), 0.0, "{text}");
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let (_dir, model) = fixture();
+    let mut s = Served::start(&model, &[]);
+    let pid = s.child.id() as libc::pid_t;
+    // SAFETY: kill(2) on the child's pid, which this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status:?}\n{}", s.log());
+    assert!(s.log().contains("stopping"), "{}", s.log());
+}

@@ -1,0 +1,135 @@
+"""`hob serve` through the real `openai` Python client (tests/openai/run.sh makes its venv).
+
+The server runs the tiny Qwen3-MoE fixture converted to .hob; greedy answers must equal
+`hob run --temp 0` for the same conversation, and the client's own error classes must come out of
+hob's error responses.
+
+    python test_openai.py HOB_BINARY MODEL.hob
+"""
+
+import re
+import subprocess
+import sys
+import threading
+import unittest
+
+import openai
+
+HOB, MODEL = sys.argv[1], sys.argv[2]
+KEY = "sesame"
+
+
+class Server:
+    """`hob serve` on a free port, with an API key."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [HOB, "serve", "-m", MODEL, "--port", "0", "-t", "1", "--api-key", KEY, "--alias", "tiny"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.log = []
+        ready = threading.Event()
+
+        def read():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                m = re.search(r"ready on (http://\S+)", line)
+                if m:
+                    self.base = m.group(1)
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(120):
+            self.proc.kill()
+            raise RuntimeError("hob serve did not get ready:\n" + "".join(self.log))
+
+    def stop(self):
+        self.proc.terminate()
+        return self.proc.wait(30)
+
+
+def hob_run(prompt, n, chat=True):
+    args = [HOB, "run", "-m", MODEL, "--temp", "0", "-t", "1", "-p", prompt, "-n", str(n)]
+    if not chat:
+        args.append("--no-chat")
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return out[:-1] if out.endswith("\n") else out
+
+
+class OpenAIClient(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server()
+        cls.client = openai.OpenAI(base_url=cls.server.base + "/v1", api_key=KEY, max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.server.stop() == 0, "".join(cls.server.log)
+
+    def test_models(self):
+        ids = [m.id for m in self.client.models.list()]
+        self.assertEqual(ids, ["tiny"])
+
+    def test_chat_equals_hob_run(self):
+        want = hob_run("Hello there", 16)
+        r = self.client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hello there"}], temperature=0, max_tokens=16
+        )
+        self.assertEqual(r.choices[0].message.content, want)
+        self.assertEqual(r.choices[0].message.role, "assistant")
+        self.assertIn(r.choices[0].finish_reason, ("stop", "length"))
+        self.assertEqual(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens)
+        self.assertLessEqual(r.usage.completion_tokens, 16)
+
+    def test_chat_stream_equals_hob_run(self):
+        want = hob_run("Hello there", 16)
+        stream = self.client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Hello there"}],
+            temperature=0,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, finish, usage = "", None, None
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                finish = c.finish_reason or finish
+        self.assertEqual(text, want)
+        self.assertIn(finish, ("stop", "length"))
+        self.assertIsNotNone(usage)
+        self.assertLessEqual(usage.completion_tokens, 16)
+
+    def test_completions_and_stop(self):
+        want = hob_run("Once upon a time", 12, chat=False)
+        r = self.client.completions.create(model="tiny", prompt="Once upon a time", temperature=0, max_tokens=12)
+        self.assertEqual(r.choices[0].text, want)
+        if len(want) >= 6:
+            stop = want[3:6]
+            r = self.client.completions.create(
+                model="tiny", prompt="Once upon a time", temperature=0, max_tokens=12, stop=[stop]
+            )
+            self.assertEqual(r.choices[0].text, want[: want.index(stop)])
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_errors_are_the_clients_own_classes(self):
+        msgs = [{"role": "user", "content": "hi"}]
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.chat.completions.create(model="tiny", messages=msgs, temperature=5)
+        self.assertEqual(e.exception.body["param"], "temperature")
+        with self.assertRaises(openai.NotFoundError):
+            self.client.chat.completions.create(model="gpt-4", messages=msgs)
+        bad = openai.OpenAI(base_url=self.server.base + "/v1", api_key="wrong", max_retries=0)
+        with self.assertRaises(openai.AuthenticationError):
+            bad.chat.completions.create(model="tiny", messages=msgs)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 400}])
+        self.assertEqual(e.exception.code, "context_length_exceeded")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
