@@ -108,6 +108,13 @@ fn text_completions_equal_hob_run_without_the_template() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["choices"][0]["text"].as_str(), Some(run_text.as_str()));
+    // llama.cpp server's ignore_eos: exactly max_tokens, whatever the model samples.
+    let (_, v) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Once", "max_tokens": 40, "ignore_eos": true, "seed": 3}),
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     let streamed: String = http::stream(
         &s.url("/v1/completions"),
         &json!({"prompt": ["Once upon a time"], "temperature": 0, "max_tokens": 12, "stream": true}),

@@ -42,6 +42,7 @@ fn small() -> SyntheticModel {
             bos_token_id: None,
             eos_token_id: None,
         },
+        tokenizer: None,
     }
 }
 
@@ -162,6 +163,36 @@ fn generated_file_runs_with_head_dim_apart_from_hidden() {
             .unwrap();
         assert!(next.iter().all(|x| x.is_finite()));
     }
+}
+
+/// With a real tokenizer embedded the synthetic file runs on text, chat template included; a
+/// tokenizer larger than the model's vocabulary is refused.
+#[test]
+fn a_synthetic_file_with_a_tokenizer_runs_on_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("small.hob");
+    let tokenizer = common::family_dir("qwen3-moe");
+    let too_small = small().with_tokenizer(&tokenizer).unwrap_err().to_string();
+    assert!(too_small.contains("512 tokens, more than"), "{too_small}");
+    let mut model = small();
+    model.spec.vocab = 512;
+    let model = model.with_tokenizer(&tokenizer).unwrap();
+    write(&model, "f16", DType::F16, 1, &path);
+    let out = hob(&[
+        "run",
+        "-m",
+        path.to_str().unwrap(),
+        "-p",
+        "Hello",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("no chat template"), "{stderr}");
+    assert!(stderr.contains("generation: "), "{stderr}");
 }
 
 #[test]

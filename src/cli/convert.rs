@@ -340,6 +340,9 @@ fn run_synthetic(args: &ConvertArgs, name: &str) -> crate::Result<()> {
     if let Some(n) = args.layers {
         model = model.with_layers(n).map_err(Error::Invalid)?;
     }
+    if let Some(dir) = &args.tokenizer {
+        model = model.with_tokenizer(dir)?;
+    }
     let variants = parse_variants(&args.experts, args.group_size)?;
     let dense = parse_dense(args.dense.as_deref(), args.group_size)?;
     let seed = args.seed.unwrap_or(0);
@@ -377,11 +380,15 @@ fn run_synthetic(args: &ConvertArgs, name: &str) -> crate::Result<()> {
         })
         .collect();
     outln!(
-        "synthetic {}: {} of {} layers, seed {seed}; architecture {}, no tokenizer",
+        "synthetic {}: {} of {} layers, seed {seed}; architecture {}, {}",
         model.name,
         model.spec.n_layers,
         model.total_layers,
-        model.arch_name()
+        model.arch_name(),
+        match &args.tokenizer {
+            Some(dir) => format!("tokenizer from {}", dir.display()),
+            None => "no tokenizer".into(),
+        }
     );
     print_summary(
         &args.output,

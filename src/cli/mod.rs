@@ -69,6 +69,11 @@ pub struct ConvertArgs {
     /// With --synthetic: random seed (default 0); the same command gives the same bytes.
     #[arg(long, requires = "synthetic")]
     pub seed: Option<u64>,
+    /// With --synthetic: embed a real tokenizer (a folder with tokenizer.json and, for its chat
+    /// template, tokenizer_config.json), so the file runs on text (`hob run`, `hob serve`); its
+    /// vocabulary must fit the model's.
+    #[arg(long, value_name = "DIR", requires = "synthetic")]
+    pub tokenizer: Option<PathBuf>,
     /// Output .hob file.
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,

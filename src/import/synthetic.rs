@@ -64,6 +64,9 @@ pub struct SyntheticModel {
     pub total_layers: usize,
     /// The shapes, written as a Mixtral.
     pub spec: MixtralSpec,
+    /// A real tokenizer (and chat template) to embed, so the file runs on text: for serving
+    /// and end-to-end benchmarks of a model's shape.
+    pub tokenizer: Option<super::tokenizer::TokenizerFiles>,
 }
 
 fn spec(
@@ -148,6 +151,7 @@ impl SyntheticModel {
             name: name.to_string(),
             total_layers: spec.n_layers,
             spec,
+            tokenizer: None,
         })
     }
 
@@ -222,13 +226,33 @@ impl SyntheticModel {
         self.arch().expert_shape()
     }
 
-    /// The architecture, the hyper-parameters, and `hob.synthetic_*`; no tokenizer.
+    /// The architecture, the hyper-parameters, `hob.synthetic_*` and the tokenizer if given.
     pub fn metadata(&self, seed: u64) -> Metadata {
         let mut m = super::model_metadata(&self.arch(), self.display_name());
         m.set(keys::TIE_WORD_EMBEDDINGS, MetaValue::Bool(false));
         m.set(keys::SYNTHETIC_MODEL, MetaValue::String(self.name.clone()));
         m.set(keys::SYNTHETIC_SEED, MetaValue::U64(seed));
+        if let Some(t) = &self.tokenizer {
+            t.write_metadata(&mut m);
+        }
         m
+    }
+
+    /// Embed the tokenizer in `dir` (tokenizer.json, optionally tokenizer_config.json and
+    /// generation_config.json); its vocabulary must fit the model's.
+    pub fn with_tokenizer(mut self, dir: &std::path::Path) -> crate::Result<SyntheticModel> {
+        let files = super::tokenizer::TokenizerFiles::open(dir, (None, None))?;
+        let n = crate::generate::parse_hf_json(&files.json)?.get_vocab_size(true);
+        if n > self.spec.vocab {
+            return Err(crate::Error::Invalid(format!(
+                "--tokenizer {}: {n} tokens, more than {}'s vocabulary of {}",
+                dir.display(),
+                self.name,
+                self.spec.vocab
+            )));
+        }
+        self.tokenizer = Some(files);
+        Ok(self)
     }
 }
 

@@ -103,6 +103,8 @@ pub struct Request {
     pub stream: bool,
     pub include_usage: bool,
     pub model: Option<String>,
+    /// llama.cpp server's extension: generate past the end of the answer (benchmarks).
+    pub ignore_eos: bool,
 }
 
 /// The sampling fields of a request, OpenAI's and llama.cpp server's extensions.
@@ -187,6 +189,8 @@ struct Common {
     frequency_penalty: Option<f32>,
     #[serde(default)]
     seed: Option<i64>,
+    #[serde(default)]
+    ignore_eos: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -302,6 +306,7 @@ fn common(body: &Value) -> Result<Request, ApiError> {
         stream: c.stream.unwrap_or(false),
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
         model: c.model,
+        ignore_eos: c.ignore_eos.unwrap_or(false),
     };
     Ok(req)
 }

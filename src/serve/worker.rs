@@ -188,7 +188,7 @@ fn run_job(
     let stopped = AtomicBool::new(false);
     let limits = Limits {
         n_predict: r.max_tokens.or(l.n_predict),
-        ignore_eos: false,
+        ignore_eos: r.ignore_eos,
         stop: Some(&job.cancel),
     };
     let send = |text: String| {
