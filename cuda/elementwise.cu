@@ -140,6 +140,57 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k,
     }
 }
 
+// Per-head QK-norm, RoPE and the stored keys and values in one launch (Qwen3-MoE's attention
+// inputs): each head row of q ([t, qw]) and k ([t, kvw]), heads of 2 * half values, by one warp:
+// RMSNorm by qn / kn (w * (x * inv), as rms_norm_row; the sum of squares in warp order), then
+// rope_pair's rotation into qo / ko, the rotated k also as f16 at kc; the threads after the rows'
+// warps store v as f16 at vc. posp as rope_kv (one token: the position from the device).
+extern "C" __global__ void qk_norm_rope_kv(const float* __restrict__ q, const float* __restrict__ k,
+                                           const float* __restrict__ v, float* __restrict__ qo,
+                                           float* __restrict__ ko, const float* __restrict__ qn,
+                                           const float* __restrict__ kn, float eps,
+                                           const float* __restrict__ inv_freq, int t, int qw,
+                                           int kvw, int half, int start_pos,
+                                           half_bits* __restrict__ kc, half_bits* __restrict__ vc,
+                                           const int* __restrict__ posp) {
+    PDL_ENTRY();
+    if (posp) {
+        start_pos = *posp;
+        kc += (size_t)start_pos * kvw;
+        vc += (size_t)start_pos * kvw;
+    }
+    const int hd = 2 * half, qh = qw / hd, kh = kvw / hd, rows = t * (qh + kh);
+    const int gid = blockIdx.x * blockDim.x + threadIdx.x, row = gid >> 5, lane = threadIdx.x & 31;
+    if (row >= rows) {
+        const int idx = gid - rows * 32;
+        if (idx < t * kvw) vc[idx] = f2h(v[idx]);
+        return;
+    }
+    const int tok = row / (qh + kh), r = row - tok * (qh + kh);
+    const bool isq = r < qh;
+    const int width = isq ? qw : kvw;
+    const size_t at = (size_t)tok * width + (size_t)(isq ? r : r - qh) * hd;
+    const float* src = (isq ? q : k) + at;
+    float* dst = (isq ? qo : ko) + at;
+    const float* w = isq ? qn : kn;
+    float ss = 0.f;
+    for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
+    const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)hd + eps);
+    const float pos = (float)(start_pos + tok);
+    for (int i = lane; i < half; i += 32) {
+        const float a = w[i] * (src[i] * inv), b = w[i + half] * (src[i + half] * inv);
+        float sn, cs;
+        sincosf(pos * inv_freq[i], &sn, &cs);
+        const float ra = a * cs - b * sn, rb = b * cs + a * sn;
+        dst[i] = ra;
+        dst[i + half] = rb;
+        if (!isq) {
+            kc[at + i] = f2h(ra);
+            kc[at + i + half] = f2h(rb);
+        }
+    }
+}
+
 // A sum over the block, every thread getting it (warps, then their sums, in a fixed order).
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float part[32];

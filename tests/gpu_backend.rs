@@ -263,6 +263,54 @@ fn norm_rope_add_and_attention_match_the_cpu() {
     println!("shared_gate NMSE {e:.2e}");
     assert!(e <= 1e-10);
 
+    // Per-head QK-norm, RoPE and the KV store in one launch against the separate launches
+    // (Qwen3-MoE's attention inputs): a prefill of 5 rows, then one token (position from the
+    // device), 4 q heads and 2 kv heads of 32.
+    let (hd, qw, kvw) = (32usize, 128usize, 64usize);
+    let (qn, kn) = (random(hd, 6), random(hd, 7));
+    let freq: Vec<f32> = (0..hd / 2)
+        .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / hd as f32))
+        .collect();
+    for v in [&qn, &kn, &freq] {
+        b.make_resident_vector(v).unwrap();
+    }
+    for (tt, start) in [(5usize, 0usize), (1, 5)] {
+        let (q, k, v) = (
+            random(tt * qw, 8),
+            random(tt * kvw, 9),
+            random(tt * kvw, 10),
+        );
+        let step = hob::model::ops::QkvStep {
+            t: tt,
+            q_width: qw,
+            kv_width: kvw,
+            start,
+            layer: 0,
+            inv_freq: &freq,
+        };
+        let mut got = Vec::new();
+        for fused in [true, false] {
+            let mut kvc = b.alloc_kv(1, 8, kvw).unwrap();
+            let (qd, kd, mut vd) = (to_gpu(&b, &q), to_gpu(&b, &k), to_gpu(&b, &v));
+            let (mut qo, mut ko) = (b.alloc(tt * qw).unwrap(), b.alloc(tt * kvw).unwrap());
+            let out = [&mut qo, &mut ko, &mut vd];
+            let norms = (&qn[..], &kn[..], 1e-6);
+            if fused {
+                b.qk_norm_rope_kv((&qd, &kd), out, norms, &step, &mut kvc)
+                    .unwrap();
+            } else {
+                hob::model::ops::qk_norm_then_rope_kv(&b, (&qd, &kd), out, norms, &step, &mut kvc)
+                    .unwrap();
+            }
+            let mut o = from_gpu(&b, &qo, tt * qw);
+            o.extend(from_gpu(&b, &ko, tt * kvw));
+            got.push(o);
+        }
+        let e = nmse(&got[0], &got[1]);
+        println!("qk_norm_rope_kv t={tt}: fused vs separate NMSE {e:.2e}");
+        assert!(e <= 1e-10);
+    }
+
     // GQA attention over a cache filled in two writes (prefills), with and without a sliding
     // window, then one decode step: 8 heads over 2 KV heads of 32; Mixtral's heads (32 over 8 of
     // 128) with prefills of 70 and 45 (the prefill kernel's tiles of 8 queries and chunks of 32

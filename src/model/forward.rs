@@ -399,11 +399,9 @@ impl<'f> Model<'f> {
             backend.rope_kv_write([&mut b.q, &mut b.k, &mut b.v], step, kv)?;
             return Ok(false);
         };
-        // Rows of the norm's width: a head each (per-head norm) or a token each (whole).
-        let (q_rows, k_rows) = (t * cfg.q_dim() / qn.len(), t * cfg.kv_dim() / kn.len());
-        backend.rms_norm(&b.q, 0..q_rows, qn, cfg.rms_eps, &mut b.att)?;
-        backend.rms_norm(&b.k, 0..k_rows, kn, cfg.rms_eps, &mut b.kn)?;
-        backend.rope_kv_write([&mut b.att, &mut b.kn, &mut b.v], step, kv)?;
+        let out = [&mut b.att, &mut b.kn, &mut b.v];
+        let norms = (&qn[..], &kn[..], cfg.rms_eps);
+        backend.qk_norm_rope_kv((&b.q, &b.k), out, norms, step, kv)?;
         Ok(true)
     }
 

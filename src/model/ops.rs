@@ -305,6 +305,20 @@ pub trait Backend {
         self.kv_write(kv, (step.layer, start), t, k, v)
     }
 
+    /// QK-norm then RoPE and the cache: RMSNorm of q and k (`qk`) by `norms` (weights of q's
+    /// and k's norm, each a head or a whole row wide, and eps) into qo and ko, then
+    /// `rope_kv_write` of qo, ko and v (a backend may fuse them: `qk_norm_then_rope_kv`).
+    fn qk_norm_rope_kv(
+        &self,
+        qk: (&Self::Buf, &Self::Buf),
+        out: [&mut Self::Buf; 3],
+        norms: (&[f32], &[f32], f32),
+        step: &QkvStep<'_>,
+        kv: &mut Self::Kv,
+    ) -> crate::Result<()> {
+        qk_norm_then_rope_kv(self, qk, out, norms, step, kv)
+    }
+
     /// The attention block's inputs: `matmul_qkv` into q, k and v, then `rope_kv_write` (a
     /// backend may fuse them).
     fn qkv_rope_kv(
@@ -385,6 +399,26 @@ pub trait Backend {
     fn record_end(&self, _key: u64, _recorded: crate::Result<()>) -> crate::Result<bool> {
         Ok(false)
     }
+}
+
+/// `Backend::qk_norm_rope_kv` as separate ops: `rms_norm` of q and k (rows of the norm's width:
+/// a head each, or a token each), then `rope_kv_write`.
+pub fn qk_norm_then_rope_kv<B: Backend + ?Sized>(
+    b: &B,
+    (q, k): (&B::Buf, &B::Buf),
+    [qo, ko, v]: [&mut B::Buf; 3],
+    (qn, kn, eps): (&[f32], &[f32], f32),
+    step: &QkvStep<'_>,
+    kv: &mut B::Kv,
+) -> crate::Result<()> {
+    let t = step.t;
+    let (q_rows, k_rows) = (
+        t * step.q_width / qn.len().max(1),
+        t * step.kv_width / kn.len().max(1),
+    );
+    b.rms_norm(q, 0..q_rows, qn, eps, qo)?;
+    b.rms_norm(k, 0..k_rows, kn, eps, ko)?;
+    b.rope_kv_write([qo, ko, v], step, kv)
 }
 
 /// GPU time of one kernel over the launches recorded (`hob bench --kernel-times`).

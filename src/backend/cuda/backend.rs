@@ -499,6 +499,59 @@ impl Backend for CudaBackend {
         launch!(self.gpu, self.gpu.kernels.rope_kv, c; qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd, posp)
     }
 
+    /// Per-head QK-norm (norms of 2 * half values), RoPE and the KV store in one launch
+    /// (qk_norm_rope_kv); a whole-row norm as separate launches.
+    fn qk_norm_rope_kv(
+        &self,
+        (q, k): (&CudaSlice<f32>, &CudaSlice<f32>),
+        [qo, ko, v]: [&mut CudaSlice<f32>; 3],
+        (qn, kn, eps): (&[f32], &[f32], f32),
+        step: &QkvStep<'_>,
+        kv: &mut CudaKv,
+    ) -> crate::Result<()> {
+        let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
+        let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
+        let hd = 2 * inv_freq.len();
+        let per_head = hd > 0
+            && qn.len() == hd
+            && kn.len() == hd
+            && q_width % hd == 0
+            && kv_width % hd == 0
+            && kv_width == kv.kv_dim;
+        if !per_head {
+            return qk_norm_then_rope_kv(self, (q, k), [qo, ko, v], (qn, kn, eps), step, kv);
+        }
+        check_len("qk_norm input", q.len().min(qo.len()), t * q_width)?;
+        check_len(
+            "qk_norm input",
+            [k.len(), ko.len(), v.len()].into_iter().min().unwrap_or(0),
+            t * kv_width,
+        )?;
+        let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
+        let (kd, vd, posp) = if t == 1 {
+            let (k0, v0) = kv.rows(layer, 0, 1, &self.gpu.stream)?;
+            (k0, v0, self.pos_ptr(start)?)
+        } else {
+            // The position is an argument here: a recorded decode step cannot replay this.
+            self.baked.store(true, Ordering::Relaxed);
+            (kd, vd, 0u64)
+        };
+        let (qp, kp, vp, qop, kop) = (self.p(q), self.p(k), self.p(v), self.p(qo), self.p(ko));
+        let (qnp, knp, fp) = (self.vector(qn)?, self.vector(kn)?, self.vector(inv_freq)?);
+        let rows = t * (q_width + kv_width) / hd;
+        let n = rows * 32 + t * kv_width;
+        let (ti, qw, kw, hi, si) = (
+            t as i32,
+            q_width as i32,
+            kv_width as i32,
+            inv_freq.len() as i32,
+            start as i32,
+        );
+        let c = cfg(blocks(n, 256), 256);
+        let f = &self.gpu.kernels.qk_norm_rope_kv;
+        launch!(self.gpu, f, c; qp, kp, vp, qop, kop, qnp, knp, eps, fp, ti, qw, kw, hi, si, kd, vd, posp)
+    }
+
     /// One token with float weights: the residual add inside the product (matvec_add_*).
     fn matmul_add(
         &self,

@@ -22,6 +22,8 @@ pub struct Kernels {
     pub add_rows: CudaFunction,
     pub scale: CudaFunction,
     pub shared_gate: CudaFunction,
+    /// Per-head QK-norm, RoPE and the KV store in one launch (Qwen3-MoE).
+    pub qk_norm_rope_kv: CudaFunction,
     pub rope: CudaFunction,
     pub add_assign: CudaFunction,
     pub swiglu: CudaFunction,
@@ -269,6 +271,7 @@ impl Kernels {
             add_rows: f("add_rows")?,
             scale: f("scale")?,
             shared_gate: f("shared_gate")?,
+            qk_norm_rope_kv: f("qk_norm_rope_kv")?,
             rope: f("rope")?,
             add_assign: f("add_assign")?,
             swiglu: f("swiglu")?,

@@ -66,8 +66,8 @@ use cudarc::driver::{
 };
 
 use crate::model::ops::{
-    embed_rows, embed_via_host, AttentionShape, Backend, DecodeStep, KernelTime, QkvStep, Route,
-    RouteOut, Telemetry,
+    embed_rows, embed_via_host, qk_norm_then_rope_kv, AttentionShape, Backend, DecodeStep,
+    KernelTime, QkvStep, Route, RouteOut, Telemetry,
 };
 use crate::model::Model;
 use crate::model::MoeBlock;
