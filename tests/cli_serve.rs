@@ -402,3 +402,31 @@ fn sigterm_stops_the_server_cleanly() {
     assert!(status.success(), "{status:?}\n{}", s.log());
     assert!(s.log().contains("stopping"), "{}", s.log());
 }
+
+/// A tool conversation (tools, an assistant's calls, their results) renders through Qwen3's real
+/// template as transformers renders it (tools/make_tool_chat_fixture.py), from the JSON an OpenAI
+/// client sends.
+#[test]
+fn tool_conversations_render_as_transformers_renders_them() {
+    use hob::generate::{ChatTemplate, Message};
+    let path = common::paths::repo_root().join("tests/fixtures/serve/qwen3-tools.json");
+    let f: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let t = ChatTemplate::new(f["template"].as_str().unwrap(), "", "<|im_end|>").unwrap();
+    let messages: Vec<Message> = f["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| Message {
+            role: m["role"].as_str().unwrap().into(),
+            content: m["content"].as_str().unwrap_or("").into(),
+            extra: ["tool_calls", "tool_call_id"]
+                .iter()
+                .filter_map(|k| Some((k.to_string(), m.get(*k)?.clone())))
+                .collect(),
+        })
+        .collect();
+    let mut vars = serde_json::Map::new();
+    vars.insert("tools".into(), f["tools"].clone());
+    let text = t.render_with(&messages, true, &vars).unwrap();
+    assert_eq!(text, f["text"].as_str().unwrap());
+}

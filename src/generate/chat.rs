@@ -26,6 +26,9 @@ pub const TEMPLATE_MAX_OUTPUT: usize = 64 << 20;
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// Further fields the template may read after role and content, in order: an assistant's
+    /// `tool_calls`, a tool result's `tool_call_id` and `name`.
+    pub extra: Vec<(String, serde_json::Value)>,
 }
 
 impl Message {
@@ -33,6 +36,7 @@ impl Message {
         Message {
             role: role.to_owned(),
             content: content.to_owned(),
+            extra: Vec::new(),
         }
     }
     pub fn system(content: &str) -> Self {
@@ -46,8 +50,8 @@ impl Message {
     }
 }
 
-/// A message as the template sees it: a map with "role" then "content", in that order as in the
-/// Python dicts transformers passes (it shows in `tojson` and `.items()`).
+/// A message as the template sees it: a map with "role", "content", then the extra fields, in
+/// that order as in the Python dicts transformers passes (it shows in `tojson` and `.items()`).
 #[derive(Debug)]
 struct MessageObject(Message);
 
@@ -56,17 +60,28 @@ impl Object for MessageObject {
         match key.as_str()? {
             "role" => Some(Value::from(self.0.role.as_str())),
             "content" => Some(Value::from(self.0.content.as_str())),
-            _ => None,
+            k => self
+                .0
+                .extra
+                .iter()
+                .find(|(name, _)| name == k)
+                .map(|(_, v)| Value::from(minijinja::value::Serde(v))),
         }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
+        if self.0.extra.is_empty() {
+            return Enumerator::Str(&["role", "content"]);
+        }
+        let keys = ["role", "content"].into_iter().map(Value::from);
+        let extra = self.0.extra.iter().map(|(k, _)| Value::from(k.as_str()));
+        Enumerator::Values(keys.chain(extra).collect())
     }
 }
 
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
     /// Extra variables the template reads (Qwen3's `enable_thinking`): llama.cpp's
@@ -101,10 +116,16 @@ impl ChatTemplate {
             })?;
         Ok(ChatTemplate {
             env,
+            source: source.to_owned(),
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
             vars: Default::default(),
         })
+    }
+
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Set template variable `name` (e.g. `enable_thinking` to false); the names the renderer

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::tools::ToolChoice;
 use crate::generate::Message;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -105,6 +106,8 @@ pub struct Request {
     pub model: Option<String>,
     /// llama.cpp server's extension: generate past the end of the answer (benchmarks).
     pub ignore_eos: bool,
+    /// The functions the model may call (OpenAI's `tools`, given to the template) and how.
+    pub tools: Option<(Vec<Value>, ToolChoice)>,
 }
 
 /// The sampling fields of a request, OpenAI's and llama.cpp server's extensions.
@@ -154,6 +157,12 @@ struct ChatMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    #[serde(default)]
+    tool_calls: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
 }
 
 /// The fields both endpoints share.
@@ -200,6 +209,10 @@ struct ChatBody {
     max_completion_tokens: Option<i64>,
     #[serde(default)]
     chat_template_kwargs: Option<Map<String, Value>>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -307,6 +320,7 @@ fn common(body: &Value) -> Result<Request, ApiError> {
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
         model: c.model,
         ignore_eos: c.ignore_eos.unwrap_or(false),
+        tools: None,
     };
     Ok(req)
 }
@@ -394,13 +408,82 @@ pub fn chat_request(body: &Value) -> Result<Request, ApiError> {
                 text
             }
         };
-        messages.push(Message { role, content });
+        let mut extra = Vec::new();
+        if let Some(calls) = m.tool_calls {
+            extra.push(("tool_calls".to_owned(), Value::Array(calls)));
+        }
+        if let Some(id) = m.tool_call_id {
+            extra.push(("tool_call_id".to_owned(), Value::String(id)));
+        }
+        if let Some(name) = m.name {
+            extra.push(("name".to_owned(), Value::String(name)));
+        }
+        messages.push(Message {
+            role,
+            content,
+            extra,
+        });
     }
     req.prompt = Prompt::Chat {
         messages,
         vars: b.chat_template_kwargs.unwrap_or_default(),
     };
+    req.tools = tools(b.tools, b.tool_choice)?;
     Ok(req)
+}
+
+/// `tools` and `tool_choice`: None when there are no tools or the choice is "none".
+fn tools(
+    tools: Option<Vec<Value>>,
+    choice: Option<Value>,
+) -> Result<Option<(Vec<Value>, ToolChoice)>, ApiError> {
+    let tools = tools.unwrap_or_default();
+    let mut names = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        let name = t
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str);
+        match (t.get("type").and_then(Value::as_str), name) {
+            (Some("function"), Some(n)) => names.push(n.to_owned()),
+            _ => {
+                return Err(ApiError::invalid(
+                    &format!("tools[{i}]"),
+                    format!("tools[{i}]: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+                ))
+            }
+        }
+    }
+    let bad = |why: &str| ApiError::invalid("tool_choice", format!("tool_choice: {why}"));
+    let choice = match &choice {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => return Ok(None),
+            "required" => ToolChoice::Required,
+            other => return Err(bad(&format!("{other:?} is not auto, none or required"))),
+        },
+        Some(v) => match v
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+        {
+            Some(n) if names.iter().any(|m| m == n) => ToolChoice::Named(n.to_owned()),
+            Some(n) => return Err(bad(&format!("{n:?} is not one of the tools"))),
+            None => {
+                return Err(bad(
+                    "expected {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ))
+            }
+        },
+    };
+    if tools.is_empty() {
+        return match choice {
+            ToolChoice::Auto => Ok(None),
+            _ => Err(bad("there are no tools to call")),
+        };
+    }
+    Ok(Some((tools, choice)))
 }
 
 /// `POST /v1/completions`.

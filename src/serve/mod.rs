@@ -8,6 +8,7 @@
 pub mod api;
 mod metrics;
 mod routes;
+pub mod tools;
 pub mod worker;
 
 use std::net::SocketAddr;

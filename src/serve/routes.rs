@@ -21,6 +21,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::api::{self, ApiError, Request};
 use super::metrics::Metrics;
+use super::tools::ToolCall;
 use super::worker::{Event, Finish, Job, Usage};
 use super::ServerConfig;
 
@@ -266,12 +267,15 @@ async fn start(
         return Ok(sse(rx, guard, meta));
     }
     let mut text = String::new();
+    let mut calls = Vec::new();
     loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::ToolCalls(c)) => calls = c,
             Some(Event::Done(finish, usage)) => {
                 drop(guard);
-                return Ok(Json(answer(&meta, &text, finish, &usage)).into_response());
+                let whole = answer(&meta, (&text, &calls), finish, &usage);
+                return Ok(Json(whole).into_response());
             }
             Some(Event::Failed(e)) => return Err(e),
             Some(Event::Started) => {}
@@ -381,15 +385,44 @@ fn timings_json(u: &Usage) -> Value {
     })
 }
 
-/// The whole answer (stream: false).
-fn answer(m: &Meta, text: &str, finish: Finish, u: &Usage) -> Value {
+/// OpenAI's `tool_calls` entries; `index` for a streamed delta.
+fn tool_calls_json(m: &Meta, calls: &[ToolCall], streamed: bool) -> Value {
+    let id = m.id.rsplit('-').next().unwrap_or("0");
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({
+                "id": format!("call_{id}_{i}"),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            });
+            if streamed {
+                v["index"] = json!(i);
+            }
+            v
+        })
+        .collect()
+}
+
+/// The whole answer (stream: false): its text and tool calls.
+fn answer(m: &Meta, (text, calls): (&str, &[ToolCall]), finish: Finish, u: &Usage) -> Value {
     let choice = match m.ep {
-        Endpoint::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": null,
-            "finish_reason": finish.as_str(),
-        }),
+        Endpoint::Chat => {
+            let mut message = json!({"role": "assistant", "content": text});
+            if !calls.is_empty() {
+                if text.trim().is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = tool_calls_json(m, calls, false);
+            }
+            json!({
+                "index": 0,
+                "message": message,
+                "logprobs": null,
+                "finish_reason": finish.as_str(),
+            })
+        }
         Endpoint::Text => json!({
             "index": 0,
             "text": text,
@@ -477,6 +510,22 @@ fn sse(rx: UnboundedReceiver<Event>, guard: CancelOnDrop, meta: Meta) -> Respons
 async fn next_events(s: &mut StreamState) {
     match s.rx.recv().await {
         Some(Event::Text(t)) => s.out.push_back(chunk(&s.meta, Some(&t), None)),
+        Some(Event::ToolCalls(calls)) => {
+            // A delta per call, each whole (clients join a call's deltas by index).
+            for call in tool_calls_json(&s.meta, &calls, true)
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                s.out.push_back(data(&json!({
+                    "id": s.meta.id,
+                    "object": "chat.completion.chunk",
+                    "created": s.meta.created,
+                    "model": s.meta.model,
+                    "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": null, "finish_reason": null}],
+                })));
+            }
+        }
         Some(Event::Started) => {}
         Some(Event::Done(finish, usage)) => {
             s.out.push_back(chunk(&s.meta, None, Some(finish)));

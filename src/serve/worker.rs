@@ -11,6 +11,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::{ApiError, Prompt, Request};
 use super::metrics::Metrics;
+use super::tools::{ToolCall, ToolFormat, ToolSplitter};
 use crate::generate::{
     ChatTemplate, Generator, Limits, Sampler, SamplerConfig, Stop, StreamDecoder, Tokenizer,
 };
@@ -41,6 +42,8 @@ pub enum Finish {
     Stop,
     /// max_tokens, or the context is full.
     Length,
+    /// The answer is tool calls.
+    ToolCalls,
 }
 
 impl Finish {
@@ -48,6 +51,7 @@ impl Finish {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
         }
     }
 }
@@ -68,6 +72,8 @@ pub enum Event {
     Started,
     /// Generated text (never splits a character; held back while it may begin a stop sequence).
     Text(String),
+    /// The answer's tool calls, parsed at its end.
+    ToolCalls(Vec<ToolCall>),
     Done(Finish, Usage),
     Failed(ApiError),
 }
@@ -99,14 +105,18 @@ pub fn serve_jobs(
     }
 }
 
-/// The prompt's ids, or a 400 naming what is wrong with it.
-fn prompt_ids(l: &Loaded<'_>, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+/// A chat's tool-call format and the text its answer was forced to start with.
+type ToolPlan = Option<(ToolFormat, String)>;
+
+/// The prompt's ids (and, for a chat with tools, how its answer carries calls), or a 400 naming
+/// what is wrong with it.
+fn prompt_ids(l: &Loaded<'_>, r: &Request) -> Result<(Vec<u32>, ToolPlan), ApiError> {
     let encode = |text: &str, special: bool| {
         l.tok
             .encode(text, special)
             .map_err(|e| ApiError::invalid("prompt", e.to_string()))
     };
-    match prompt {
+    match &r.prompt {
         Prompt::Chat { messages, vars } => {
             let Some(t) = &l.template else {
                 return Err(ApiError::invalid(
@@ -114,12 +124,27 @@ fn prompt_ids(l: &Loaded<'_>, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
                     "this model has no chat template: use /v1/completions",
                 ));
             };
-            let text = t
-                .render_with(messages, true, vars)
+            let mut vars = vars.clone();
+            let mut plan = None;
+            if let Some((tools, choice)) = &r.tools {
+                let Some(format) = ToolFormat::detect(t.source()) else {
+                    return Err(ApiError::invalid(
+                        "tools",
+                        "this model's chat template teaches no tool-call format hob reads (Hermes <tool_call>, Mistral [TOOL_CALLS])",
+                    ));
+                };
+                vars.insert("tools".into(), serde_json::Value::Array(tools.clone()));
+                plan = Some((format, format.forced_prefix(choice)));
+            }
+            let mut text = t
+                .render_with(messages, true, &vars)
                 .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-            encode(&text, false)
+            if let Some((_, prefix)) = &plan {
+                text.push_str(prefix);
+            }
+            Ok((encode(&text, false)?, plan))
         }
-        Prompt::Text(text) => encode(text, true),
+        Prompt::Text(text) => Ok((encode(text, true)?, None)),
         Prompt::Ids(ids) => {
             let vocab = l.tok.vocab_size();
             match ids.iter().find(|&&id| id as usize >= vocab) {
@@ -127,7 +152,7 @@ fn prompt_ids(l: &Loaded<'_>, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
                     "prompt",
                     format!("prompt: token id {id} is outside the vocabulary ({vocab} tokens)"),
                 )),
-                None => Ok(ids.clone()),
+                None => Ok((ids.clone(), None)),
             }
         }
     }
@@ -164,7 +189,7 @@ fn run_job(
     metrics: &Metrics,
 ) -> Result<Option<(Finish, Usage)>, ApiError> {
     let r = &job.request;
-    let ids = prompt_ids(l, &r.prompt)?;
+    let (ids, plan) = prompt_ids(l, r)?;
     let ctx = l.gen.session().ctx();
     if ids.len() >= ctx {
         return Err(ApiError::invalid(
@@ -184,24 +209,19 @@ fn run_job(
         return Ok(None);
     }
     let mut stream = StreamDecoder::new(&l.tok, true);
-    let mut stops = StopMatcher::new(&r.stop);
-    let stopped = AtomicBool::new(false);
+    let mut out = Outgoing {
+        job,
+        stops: StopMatcher::new(&r.stop),
+        tools: plan.map(|(f, prefix)| (f, ToolSplitter::new(f, prefix))),
+        stopped: false,
+    };
     let limits = Limits {
         n_predict: r.max_tokens.or(l.n_predict),
         ignore_eos: r.ignore_eos,
         stop: Some(&job.cancel),
     };
-    let send = |text: String| {
-        if !text.is_empty() && job.events.send(Event::Text(text)).is_err() {
-            job.cancel.store(true, Ordering::SeqCst);
-        }
-    };
     let result = l.gen.generate(&ids, (&mut sampler, &l.tok), limits, |id| {
-        let piece = stream.push(id)?;
-        let (ready, hit) = stops.push(&piece);
-        send(ready);
-        if hit {
-            stopped.store(true, Ordering::SeqCst);
+        if out.push(&stream.push(id)?) {
             job.cancel.store(true, Ordering::SeqCst);
         }
         metrics.token();
@@ -213,23 +233,19 @@ fn run_job(
             format!("generation failed: {e}"),
         )
     })?;
-    let hit = stopped.load(Ordering::SeqCst);
-    if stop == Stop::Interrupted && !hit {
+    if stop == Stop::Interrupted && !out.stopped {
         return Ok(None);
     }
-    if !hit {
-        let tail = stream.flush().unwrap_or_default();
-        let (ready, hit_late) = stops.push(&tail);
-        send(ready);
-        if !hit_late {
-            send(stops.finish());
-        }
+    if !out.stopped {
+        out.push(&stream.flush().unwrap_or_default());
     }
-    let finish = match stop {
-        Stop::Eos | Stop::Interrupted => Finish::Stop,
-        Stop::Length | Stop::ContextFull => Finish::Length,
+    let stopped = out.stopped;
+    let finish = match (out.finish(), stop) {
+        (true, _) => Finish::ToolCalls,
+        _ if stopped => Finish::Stop,
+        (_, Stop::Eos | Stop::Interrupted) => Finish::Stop,
+        (_, Stop::Length | Stop::ContextFull) => Finish::Length,
     };
-    let finish = if hit { Finish::Stop } else { finish };
     let usage = Usage {
         prompt_tokens: ids.len(),
         cached_tokens: ids.len() - timing.prompt_tokens,
@@ -239,6 +255,61 @@ fn run_job(
     };
     metrics.experts(&timing.experts);
     Ok(Some((finish, usage)))
+}
+
+/// The answer's text on its way out: stop sequences first, then the split at a tool call.
+struct Outgoing<'j> {
+    job: &'j Job,
+    stops: StopMatcher<'j>,
+    tools: Option<(ToolFormat, ToolSplitter)>,
+    /// A stop sequence matched: the rest of the answer is dropped.
+    stopped: bool,
+}
+
+impl Outgoing<'_> {
+    /// Take the next piece of text; true when a stop sequence matched.
+    fn push(&mut self, piece: &str) -> bool {
+        if self.stopped {
+            return true;
+        }
+        let (ready, hit) = self.stops.push(piece);
+        self.send(ready);
+        self.stopped = hit;
+        hit
+    }
+
+    fn send(&mut self, text: String) {
+        let text = match &mut self.tools {
+            Some((_, split)) => split.push(&text),
+            None => text,
+        };
+        if !text.is_empty() && self.job.events.send(Event::Text(text)).is_err() {
+            self.job.cancel.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The end of the answer: what was held back goes out, as tool calls when it parses as
+    /// such (returns true), else as text.
+    fn finish(mut self) -> bool {
+        if !self.stopped {
+            let rest = self.stops.finish();
+            self.send(rest);
+        }
+        let Some((format, split)) = self.tools.take() else {
+            return false;
+        };
+        let (held, capturing) = split.finish();
+        if capturing {
+            if let Some(calls) = format.parse(&held) {
+                self.job.events.send(Event::ToolCalls(calls)).ok();
+                return true;
+            }
+        }
+        if !held.is_empty() {
+            self.job.events.send(Event::Text(held)).ok();
+        }
+        false
+    }
 }
 
 /// Stop sequences over streamed text: text is released once it cannot be the start of a stop
@@ -293,7 +364,7 @@ impl<'s> StopMatcher<'s> {
 
 /// Length in bytes of the longest suffix of `text` (on a character boundary) that is a proper
 /// prefix of `stop`.
-fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
+pub(super) fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
     let max = text.len().min(stop.len().saturating_sub(1));
     (1..=max)
         .rev()

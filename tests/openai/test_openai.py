@@ -4,9 +4,13 @@ The server runs the tiny Qwen3-MoE fixture converted to .hob; greedy answers mus
 `hob run --temp 0` for the same conversation, and the client's own error classes must come out of
 hob's error responses.
 
-    python test_openai.py HOB_BINARY MODEL.hob
+    python test_openai.py HOB_BINARY MODEL.hob TOOLS_MODEL.hob TOOLS_FIXTURE.json
+
+TOOLS_MODEL is the same tiny model with Qwen3's real chat template (tools); TOOLS_FIXTURE the
+conversation of tools/make_tool_chat_fixture.py (tools, an assistant's calls and their results).
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -15,16 +19,17 @@ import unittest
 
 import openai
 
-HOB, MODEL = sys.argv[1], sys.argv[2]
+HOB, MODEL, TOOLS_MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
+FIXTURE = json.load(open(sys.argv[4]))
 KEY = "sesame"
 
 
 class Server:
     """`hob serve` on a free port, with an API key."""
 
-    def __init__(self):
+    def __init__(self, model=MODEL, *extra):
         self.proc = subprocess.Popen(
-            [HOB, "serve", "-m", MODEL, "--port", "0", "-t", "1", "--api-key", KEY, "--alias", "tiny"],
+            [HOB, "serve", "-m", model, "--port", "0", "-t", "1", "--api-key", KEY, "--alias", "tiny", *extra],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -129,6 +134,56 @@ class OpenAIClient(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 400}])
         self.assertEqual(e.exception.code, "context_length_exceeded")
+
+
+class ToolRoundTrip(unittest.TestCase):
+    """The OpenAI client's own tool objects go in (an assistant's tool_calls, tool results) and
+    what comes back parses into its types: tool_calls when the tiny model's forced call is valid
+    JSON, else text (a random model's arguments rarely are; tests/serve_inprocess.rs scripts a
+    valid answer)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(TOOLS_MODEL, "-c", "2048")
+        cls.client = openai.OpenAI(base_url=cls.server.base + "/v1", api_key=KEY, max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.server.stop() == 0, "".join(cls.server.log)
+
+    def test_round_trip(self):
+        first = self.client.chat.completions.create(
+            model="tiny", messages=FIXTURE["messages"][:2], tools=FIXTURE["tools"], max_tokens=24, temperature=0,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        )
+        msg = first.choices[0].message
+        if first.choices[0].finish_reason == "tool_calls":
+            self.assertEqual(msg.tool_calls[0].function.name, "get_weather")
+            json.loads(msg.tool_calls[0].function.arguments)
+        else:
+            self.assertTrue(msg.content.startswith("<tool_call>"), msg.content)
+        # The fixture's calls and results back in, as the client's typed objects.
+        calls = [openai.types.chat.ChatCompletionMessageFunctionToolCall(**c)
+                 for c in FIXTURE["messages"][2]["tool_calls"]]
+        history = FIXTURE["messages"][:2] + [
+            {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]}
+        ] + FIXTURE["messages"][3:]
+        second = self.client.chat.completions.create(
+            model="tiny", messages=history, tools=FIXTURE["tools"], max_tokens=8, temperature=0
+        )
+        self.assertIn(second.choices[0].finish_reason, ("stop", "length", "tool_calls"))
+        self.assertGreater(second.usage.prompt_tokens, first.usage.prompt_tokens)
+        # Streamed, the same answer in the client's typed chunks.
+        text, finish = "", None
+        for chunk in self.client.chat.completions.create(
+            model="tiny", messages=history, tools=FIXTURE["tools"], max_tokens=8, temperature=0, stream=True
+        ):
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                finish = c.finish_reason or finish
+        self.assertEqual(finish, second.choices[0].finish_reason)
+        if finish != "tool_calls":
+            self.assertEqual(text, second.choices[0].message.content)
 
 
 if __name__ == "__main__":
