@@ -318,8 +318,7 @@ fn bad_requests_get_openai_errors_naming_the_field() {
     );
     let (status, _, v) = http::post_raw(&url, b"[1, 2]", &[]);
     assert_eq!(status, 400, "{v}");
-    let big = vec![b' '; 2 << 20];
-    let (status, _, v) = http::post_raw(&url, &big, &[]);
+    let (status, v) = http::announce_large_body(&s.base, "/v1/chat/completions", 2 << 20);
     assert_eq!(status, 413, "{v}");
     assert!(v["error"].is_object(), "{v}");
     let (status, v) = s.post("/v1/completions", &json!({"prompt": [1, 2, 100000]}));

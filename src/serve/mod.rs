@@ -41,7 +41,11 @@ pub type LoadFn<'l> = dyn FnOnce(&mut dyn FnMut(Loaded<'_>)) -> crate::Result<()
 /// Listen on the configured address, load the model (requests get 503 until it is ready) and
 /// serve until SIGINT or SIGTERM; in-flight requests end within a token.
 pub fn run(cfg: ServerConfig, load: Box<LoadFn<'_>>) -> crate::Result<()> {
-    Server::bind(cfg)?.serve(load, stop_signal())
+    let server = Server::bind(cfg)?;
+    // Handlers in place before anything is served: a signal during the load stops the server
+    // instead of killing it.
+    let stop = server.rt.block_on(async { stop_signal() })?;
+    server.serve(load, stop)
 }
 
 /// A bound server, before it serves.
@@ -137,18 +141,18 @@ impl Server {
     }
 }
 
-/// SIGINT or SIGTERM.
-async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+/// A future that completes at SIGINT or SIGTERM; the handlers are installed when this returns.
+fn stop_signal() -> crate::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let handler = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|e| Error::Invalid(format!("cannot install the {name} handler: {e}")))
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
+    let mut int = handler(SignalKind::interrupt(), "SIGINT")?;
+    let mut term = handler(SignalKind::terminate(), "SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }

@@ -97,9 +97,24 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Every response counted by status.
+/// Every response counted by status; a body announced larger than the limit refused before it
+/// is read.
 async fn count(State(st): State<Arc<AppState>>, req: HttpRequest, next: Next) -> Response {
-    let r = next.run(req).await;
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let r = match announced {
+        Some(n) if n > st.cfg.max_body as u64 => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the body is {n} bytes, more than this server takes ({} bytes: --max-body)",
+                st.cfg.max_body
+            ),
+        )
+        .into_response(),
+        _ => next.run(req).await,
+    };
     st.metrics.responded(r.status().as_u16());
     r
 }

@@ -166,3 +166,28 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
 }
+
+/// A POST announcing a body of `len` bytes, of which only the first is sent: a server that
+/// refuses the size answers before reading it (sending it all could meet a closed connection).
+pub fn announce_large_body(base: &str, path: &str, len: usize) -> (u16, Value) {
+    use std::io::Write;
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{{"
+    );
+    s.write_all(head.as_bytes()).expect("writes");
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(Value::String(text.clone())),
+    )
+}
