@@ -429,3 +429,80 @@ fn tool_conversations_render_as_transformers_renders_them() {
     let text = t.render_with(&messages, true, &vars).unwrap();
     assert_eq!(text, f["text"].as_str().unwrap());
 }
+
+/// response_format: whatever the (random) model samples, the answer is JSON that the schema
+/// accepts; json_object gives an object; a schema that does not compile is a 400.
+#[test]
+fn structured_output_follows_the_schema() {
+    let (_dir, model) = fixture();
+    let s = Served::start(&model, &[]);
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": false,
+    });
+    let format =
+        json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema}});
+    for seed in 0..4 {
+        let body = json!({
+            "messages": [{"role": "user", "content": "A person, please."}],
+            "max_tokens": 200, "temperature": 1.0, "seed": seed, "response_format": format,
+        });
+        let (status, v) = s.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let text = content(&v);
+        let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        let o = answer.as_object().unwrap();
+        assert!(
+            o.keys()
+                .all(|k| ["name", "age", "tags"].contains(&k.as_str())),
+            "{text}"
+        );
+        assert!(o["name"].as_str().unwrap().chars().count() <= 8, "{text}");
+        assert!((0..=120).contains(&o["age"].as_i64().unwrap()), "{text}");
+        if let Some(tags) = o.get("tags") {
+            let tags = tags.as_array().unwrap();
+            assert!(
+                tags.len() <= 3 && tags.iter().all(|t| t == "a" || t == "b"),
+                "{text}"
+            );
+        }
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    }
+    let body = json!({
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 100, "seed": 1,
+        "response_format": {"type": "json_object"}, "stream": true,
+    });
+    let streamed: String = http::stream(&s.url("/v1/chat/completions"), &body)
+        .filter(|e| e != "[DONE]")
+        .filter_map(|e| {
+            let v: Value = serde_json::from_str(&e).unwrap();
+            Some(
+                v["choices"].get(0)?["delta"]["content"]
+                    .as_str()?
+                    .to_string(),
+            )
+        })
+        .collect();
+    let answer: Value =
+        serde_json::from_str(&streamed).unwrap_or_else(|e| panic!("{e}: {streamed:?}"));
+    assert!(answer.is_object(), "{streamed}");
+    for bad in [
+        json!({"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}),
+        json!({"type": "json_schema"}),
+        json!({"type": "yaml"}),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": "x"}], "response_format": bad});
+        let (status, v) = s.post("/v1/chat/completions", &body);
+        assert_eq!(
+            (status, v["error"]["param"].as_str()),
+            (400, Some("response_format")),
+            "{v}"
+        );
+    }
+}

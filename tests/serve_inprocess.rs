@@ -15,7 +15,7 @@ use common::http;
 use hob::cli::engine::{tokenizer, ModelArgs};
 use hob::cli::run::chat_template;
 use hob::experts::ExpertStats;
-use hob::generate::{open_session, Generator, SamplerConfig, Session};
+use hob::generate::{open_session, Generator, Grammars, SamplerConfig, Session};
 use hob::model::{Logits, Model, ModelConfig};
 use hob::serve::{Loaded, Server, ServerConfig};
 use serde_json::json;
@@ -147,6 +147,10 @@ impl InProcess {
                 let model = Model::load(&file)?;
                 let tok = tokenizer(&file, &model.cfg)?;
                 let template = chat_template(&file, &model, &tok, None)?;
+                let json = file
+                    .metadata()
+                    .get_str(hob::format::keys::TOKENIZER_HF_JSON)?;
+                let grammars = Grammars::new(json, model.cfg.vocab, model.cfg.eos.unwrap())?;
                 let cfg = args.m.session_config(&file, &model)?;
                 let inner = open_session(&model, model.cfg.context_length.min(2048), cfg)?;
                 let slow = Slow {
@@ -167,6 +171,7 @@ impl InProcess {
                         ..SamplerConfig::default()
                     },
                     n_predict: None,
+                    grammars: Some(grammars),
                 });
                 Ok(())
             });
@@ -431,4 +436,47 @@ fn a_named_tool_choice_forces_that_call() {
         (400, Some("tools")),
         "{v}"
     );
+}
+
+/// A forced call is constrained to the function's parameters schema: even the random model's
+/// answer parses as a call whose arguments the schema accepts (strings bounded here: a random
+/// model never ends one by itself).
+#[test]
+fn forced_tool_calls_parse_even_from_a_random_model() {
+    let f = tool_fixture();
+    let s = InProcess::start_with(4, Duration::ZERO, f["template"].as_str(), "");
+    let city = json!({"type": "string", "maxLength": 6});
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": city, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "local_time", "parameters": {"type": "object",
+            "properties": {"city": city}, "required": ["city"], "additionalProperties": false}}},
+    ]);
+    for (seed, choice) in [
+        (
+            1,
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+        ),
+        (2, json!("required")),
+        (3, json!("required")),
+    ] {
+        let body = json!({
+            "messages": [{"role": "user", "content": "Weather in Rome?"}],
+            "tools": tools, "tool_choice": choice,
+            "temperature": 1.0, "seed": seed, "max_tokens": 400,
+        });
+        let (status, v) = http::post_json(&s.url("/v1/chat/completions"), &body, &[]);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+        let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+        let name = call["name"].as_str().unwrap();
+        assert!(["get_weather", "local_time"].contains(&name), "{v}");
+        let args: serde_json::Value =
+            serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert!(args["city"].is_string(), "{v}");
+        if let Some(unit) = args.get("unit") {
+            assert!(unit == "celsius" || unit == "fahrenheit", "{v}");
+        }
+    }
 }

@@ -108,6 +108,7 @@ fn load(args: &ServeArgs, serve: &mut dyn FnMut(Loaded<'_>)) -> crate::Result<()
     }
     let defaults = args.sampling.config(ctx);
     crate::generate::Sampler::new(defaults.clone())?;
+    let grammars = structured_output(&file, &model);
     let gen = args.model.generator(&file, &model, ctx)?;
     eprintln!(
         "hob: {} ({} layers, {} experts, top-{}), ctx {ctx}; {}",
@@ -123,6 +124,24 @@ fn load(args: &ServeArgs, serve: &mut dyn FnMut(Loaded<'_>)) -> crate::Result<()
         template,
         defaults,
         n_predict: usize::try_from(args.n_predict).ok(),
+        grammars,
     });
     Ok(())
+}
+
+/// The vocabulary compiled for response_format, or None (with a note) when it cannot be.
+fn structured_output(
+    file: &crate::format::HobFile,
+    model: &Model<'_>,
+) -> Option<crate::generate::Grammars> {
+    use crate::format::keys;
+    let json = file.metadata().get_str(keys::TOKENIZER_HF_JSON).ok()?;
+    let eos = model.cfg.eos?;
+    match crate::generate::Grammars::new(json, model.cfg.vocab, eos) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("note: no structured output (response_format) for this model: {e}");
+            None
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! sampled ids are printed through [`StreamDecoder`].
 
 mod chat;
+mod constraint;
 mod driver;
 mod sampler;
 mod session;
@@ -15,6 +16,7 @@ mod tokenizer;
 pub use chat::{
     ChatTemplate, Conversation, Message, RenderDelta, TEMPLATE_FUEL, TEMPLATE_MAX_OUTPUT,
 };
+pub use constraint::{bound_whitespace, Constraint, Grammars};
 pub use driver::{Generator, Limits, Stop, Timing, PREFILL_BATCH};
 pub use sampler::{Sampler, SamplerConfig};
 pub use session::{open_session, Bound, Device, Session, SessionConfig};
@@ -55,6 +57,9 @@ pub enum GenerateError {
     /// The chat template's output ran past the longest prompt allowed.
     #[error("chat template: the prompt would be longer than {limit} bytes")]
     TemplateTooLong { limit: usize },
+    /// A structured-output grammar (a JSON schema) did not compile, or failed mid-answer.
+    #[error("structured output: {reason}")]
+    Grammar { reason: String },
     /// A sampling parameter is out of its range.
     #[error("sampler: {field} must be {expected}, found {found}")]
     InvalidSampler {

@@ -5,7 +5,7 @@
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::GenerateError;
+use super::{Constraint, GenerateError};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
@@ -99,6 +99,11 @@ pub struct Sampler {
     /// (vocab) occurrences of each id in the penalty window, zero again once it is penalized:
     /// a token repeated in the window is penalized once, as in llama.cpp.
     counts: Vec<u32>,
+    /// A grammar the answer must follow (structured output), and its scratch logits.
+    constraint: Option<Constraint>,
+    masked: Vec<f32>,
+    /// Why the grammar was dropped mid-answer, if it was.
+    constraint_error: Option<String>,
 }
 
 impl Sampler {
@@ -109,6 +114,9 @@ impl Sampler {
             cfg,
             candidates: Vec::new(),
             counts: Vec::new(),
+            constraint: None,
+            masked: Vec::new(),
+            constraint_error: None,
         })
     }
 
@@ -116,16 +124,52 @@ impl Sampler {
         &self.cfg
     }
 
+    /// From now on, only tokens that `c` allows (the end of sequence once it is complete).
+    pub fn constrain(&mut self, c: Constraint) {
+        self.constraint = Some(c);
+        self.constraint_error = None;
+    }
+
+    /// Why the constraint stopped applying (a grammar error mid-answer), if it did.
+    pub fn constraint_error(&self) -> Option<&str> {
+        self.constraint_error.as_deref()
+    }
+
     /// Pick the next token from `logits` (vocab, non-empty); `history` holds the tokens so far
     /// (prompt and generated) for the repeat penalty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         assert!(!logits.is_empty(), "sampler: empty logits");
+        let mut logits = logits;
+        if let Some(c) = &mut self.constraint {
+            self.masked.clear();
+            self.masked.extend_from_slice(logits);
+            match c.mask(&mut self.masked) {
+                Ok(()) => logits = &self.masked,
+                Err(e) => {
+                    log::warn!("structured output dropped: {e}");
+                    self.constraint_error = Some(e.to_string());
+                    self.constraint = None;
+                }
+            }
+        }
         self.candidates.clear();
         self.candidates
             .extend(logits.iter().enumerate().map(|(id, &logit)| Candidate {
                 id: id as u32,
                 logit,
             }));
+        let id = self.pick(history);
+        if let Some(c) = &mut self.constraint {
+            if let Err(e) = c.accept(id) {
+                self.constraint_error = Some(e.to_string());
+                self.constraint = None;
+            }
+        }
+        id
+    }
+
+    /// The draw itself, over `candidates`.
+    fn pick(&mut self, history: &[u32]) -> u32 {
         self.apply_penalties(history);
 
         if self.cfg.temperature <= 0.0 {

@@ -108,6 +108,8 @@ pub struct Request {
     pub ignore_eos: bool,
     /// The functions the model may call (OpenAI's `tools`, given to the template) and how.
     pub tools: Option<(Vec<Value>, ToolChoice)>,
+    /// `response_format`: the JSON schema the answer must follow.
+    pub format: Option<Value>,
 }
 
 /// The sampling fields of a request, OpenAI's and llama.cpp server's extensions.
@@ -200,6 +202,8 @@ struct Common {
     seed: Option<i64>,
     #[serde(default)]
     ignore_eos: Option<bool>,
+    #[serde(default)]
+    response_format: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -321,8 +325,26 @@ fn common(body: &Value) -> Result<Request, ApiError> {
         model: c.model,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         tools: None,
+        format: response_format(c.response_format)?,
     };
     Ok(req)
+}
+
+/// OpenAI's `response_format`: text, `json_object` (any object) or `json_schema` (its schema).
+fn response_format(v: Option<Value>) -> Result<Option<Value>, ApiError> {
+    let bad = |why: &str| ApiError::invalid("response_format", format!("response_format: {why}"));
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "object"}))),
+        Some("json_schema") => match v.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(s @ (Value::Object(_) | Value::Bool(_))) => Ok(Some(s.clone())),
+            _ => Err(bad("json_schema.schema: expected a JSON schema object")),
+        },
+        _ => Err(bad("type must be text, json_object or json_schema")),
+    }
 }
 
 fn max_tokens(field: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {

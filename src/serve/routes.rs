@@ -86,6 +86,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.cfg.max_body;
     Router::new()
         .route("/", get(page))
+        .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))

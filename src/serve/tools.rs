@@ -66,6 +66,49 @@ impl ToolFormat {
         }
     }
 
+    /// For a forced choice, a Lark grammar of the answer after `forced_prefix`: the named
+    /// function's arguments (its parameters schema), or any one tool's whole call, then the
+    /// call's end, so that a forced call always parses.
+    pub fn forced_grammar(self, choice: &ToolChoice, tools: &[Value]) -> Option<String> {
+        let q = |s: &str| Value::String(s.to_owned()).to_string();
+        let name_of = |t: &Value| t.get("function")?.get("name")?.as_str().map(str::to_owned);
+        let params = |t: &Value| {
+            let p = t.get("function").and_then(|f| f.get("parameters"));
+            let mut p = p
+                .filter(|p| p.is_object())
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+            crate::generate::bound_whitespace(&mut p);
+            p
+        };
+        let end = q(match self {
+            ToolFormat::Hermes => "}\n</tool_call>",
+            ToolFormat::Mistral => "}]",
+        });
+        match choice {
+            ToolChoice::Auto => None,
+            ToolChoice::Named(n) => {
+                let t = tools.iter().find(|t| name_of(t).as_deref() == Some(n))?;
+                Some(format!("start: args {end}\nargs: %json {}\n", params(t)))
+            }
+            ToolChoice::Required => {
+                let mut g = String::from("start: ");
+                let mut rules = String::new();
+                for (i, t) in tools.iter().enumerate() {
+                    let name = name_of(t)?;
+                    let head = q(&format!("{{\"name\": {}, \"arguments\": ", q(&name)));
+                    g.push_str(if i == 0 { "" } else { " | " });
+                    g.push_str(&format!("c{i}"));
+                    rules.push_str(&format!(
+                        "c{i}: {head} a{i} {end}\na{i}: %json {}\n",
+                        params(t)
+                    ));
+                }
+                Some(format!("{g}\n{rules}"))
+            }
+        }
+    }
+
     /// The calls in `text`, which starts at the marker; None when it is not well-formed calls.
     pub fn parse(self, text: &str) -> Option<Vec<ToolCall>> {
         match self {

@@ -13,7 +13,8 @@ use super::api::{ApiError, Prompt, Request};
 use super::metrics::Metrics;
 use super::tools::{ToolCall, ToolFormat, ToolSplitter};
 use crate::generate::{
-    ChatTemplate, Generator, Limits, Sampler, SamplerConfig, Stop, StreamDecoder, Tokenizer,
+    ChatTemplate, Generator, Grammars, Limits, Sampler, SamplerConfig, Stop, StreamDecoder,
+    Tokenizer,
 };
 
 /// What the generation thread needs, built on it (the model borrows its file there).
@@ -25,6 +26,8 @@ pub struct Loaded<'a> {
     pub defaults: SamplerConfig,
     /// The answer's length when a request gives none (None: until the end or a full context).
     pub n_predict: Option<usize>,
+    /// The vocabulary compiled for structured output (None: response_format is refused).
+    pub grammars: Option<Grammars>,
 }
 
 /// A request in the queue.
@@ -105,8 +108,9 @@ pub fn serve_jobs(
     }
 }
 
-/// A chat's tool-call format and the text its answer was forced to start with.
-type ToolPlan = Option<(ToolFormat, String)>;
+/// A chat's tool-call format, the text its answer was forced to start with, and the grammar
+/// of the rest of a forced call.
+type ToolPlan = Option<(ToolFormat, String, Option<String>)>;
 
 /// The prompt's ids (and, for a chat with tools, how its answer carries calls), or a 400 naming
 /// what is wrong with it.
@@ -134,12 +138,13 @@ fn prompt_ids(l: &Loaded<'_>, r: &Request) -> Result<(Vec<u32>, ToolPlan), ApiEr
                     ));
                 };
                 vars.insert("tools".into(), serde_json::Value::Array(tools.clone()));
-                plan = Some((format, format.forced_prefix(choice)));
+                let grammar = format.forced_grammar(choice, tools);
+                plan = Some((format, format.forced_prefix(choice), grammar));
             }
             let mut text = t
                 .render_with(messages, true, &vars)
                 .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-            if let Some((_, prefix)) = &plan {
+            if let Some((_, prefix, _)) = &plan {
                 text.push_str(prefix);
             }
             Ok((encode(&text, false)?, plan))
@@ -173,7 +178,21 @@ fn sampler(l: &Loaded<'_>, r: &Request) -> Result<Sampler, ApiError> {
         repeat_last_n: d.repeat_last_n,
         seed: s.seed.map_or_else(fresh_seed, |v| v as u64),
     };
-    Sampler::new(cfg).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))
+    let mut sampler =
+        Sampler::new(cfg).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+    if let Some(schema) = &r.format {
+        let Some(g) = &l.grammars else {
+            return Err(ApiError::invalid(
+                "response_format",
+                "response_format: structured output is not available for this model's tokenizer",
+            ));
+        };
+        let c = g
+            .json_schema(schema.clone())
+            .map_err(|e| ApiError::invalid("response_format", format!("response_format: {e}")))?;
+        sampler.constrain(c);
+    }
+    Ok(sampler)
 }
 
 fn fresh_seed() -> u64 {
@@ -205,6 +224,15 @@ fn run_job(
         .check_fits(ids.len())
         .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
     let mut sampler = sampler(l, r)?;
+    if let (Some((_, _, Some(grammar))), Some(g), None) = (&plan, &l.grammars, &r.format) {
+        let c = g.lark(grammar).map_err(|e| {
+            ApiError::invalid(
+                "tools",
+                format!("tools: a parameters schema does not compile: {e}"),
+            )
+        })?;
+        sampler.constrain(c);
+    }
     if job.events.send(Event::Started).is_err() {
         return Ok(None);
     }
@@ -212,7 +240,7 @@ fn run_job(
     let mut out = Outgoing {
         job,
         stops: StopMatcher::new(&r.stop),
-        tools: plan.map(|(f, prefix)| (f, ToolSplitter::new(f, prefix))),
+        tools: plan.map(|(f, prefix, _)| (f, ToolSplitter::new(f, prefix))),
         stopped: false,
     };
     let limits = Limits {

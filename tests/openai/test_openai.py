@@ -17,6 +17,7 @@ import sys
 import threading
 import unittest
 
+import jsonschema
 import openai
 
 HOB, MODEL, TOOLS_MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -120,6 +121,25 @@ class OpenAIClient(unittest.TestCase):
             )
             self.assertEqual(r.choices[0].text, want[: want.index(stop)])
             self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_structured_output_validates(self):
+        schema = {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "population": {"type": "integer", "minimum": 0},
+                "capital": {"type": "boolean"},
+            },
+            "required": ["city", "population", "capital"],
+            "additionalProperties": False,
+        }
+        for seed in range(3):
+            r = self.client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "A city as JSON."}], max_tokens=200,
+                temperature=1.0, seed=seed,
+                response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}},
+            )
+            jsonschema.validate(json.loads(r.choices[0].message.content), schema)
 
     def test_errors_are_the_clients_own_classes(self):
         msgs = [{"role": "user", "content": "hi"}]
