@@ -59,6 +59,10 @@ fn greedy_answers_equal_hob_run_streamed_or_not() {
         usage["total_tokens"].as_u64().unwrap(),
         usage["prompt_tokens"].as_u64().unwrap() + completion
     );
+    // The engine over the answer (the chat page's panel): every routed expert of every decoded
+    // token (2 layers, top-4) served in f16.
+    let f16 = &v["timings"]["experts"]["by_precision"]["f16"];
+    assert_eq!(f16["hits"].as_u64(), Some(completion * 2 * 4), "{v}");
 
     // The same request streamed: a role chunk, content deltas, the finish, usage, [DONE].
     let mut body = body;

@@ -391,6 +391,12 @@ fn timings_json(u: &Usage) -> Value {
         }
     };
     let prefilled = u.prompt_tokens - u.cached_tokens;
+    let e = &u.experts;
+    let per: serde_json::Map<String, Value> = e
+        .per_variant
+        .iter()
+        .map(|v| (v.name.clone(), json!({"hits": v.hits, "misses": v.misses})))
+        .collect();
     json!({
         "prompt_n": prefilled,
         "prompt_ms": ms(u.prompt_time),
@@ -398,6 +404,12 @@ fn timings_json(u: &Usage) -> Value {
         "predicted_n": u.completion_tokens,
         "predicted_ms": ms(u.gen_time),
         "predicted_per_second": rate(u.completion_tokens, u.gen_time),
+        "experts": {
+            "by_precision": per,
+            "skipped": e.skipped,
+            "cpu_computed": e.cpu_computed,
+            "bytes_loaded": e.bytes_loaded,
+        },
     })
 }
 

@@ -68,6 +68,9 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub prompt_time: Duration,
     pub gen_time: Duration,
+    /// The expert engine over the answer: uses served and loaded per precision, skips, CPU
+    /// computes, bytes loaded.
+    pub experts: crate::experts::ExpertStats,
 }
 
 pub enum Event {
@@ -77,7 +80,7 @@ pub enum Event {
     Text(String),
     /// The answer's tool calls, parsed at its end.
     ToolCalls(Vec<ToolCall>),
-    Done(Finish, Usage),
+    Done(Finish, Box<Usage>),
     Failed(ApiError),
 }
 
@@ -98,7 +101,7 @@ pub fn serve_jobs(
         match result {
             Ok(Some((finish, usage))) => {
                 metrics.finished(&usage);
-                job.events.send(Event::Done(finish, usage)).ok();
+                job.events.send(Event::Done(finish, Box::new(usage))).ok();
             }
             Ok(None) => metrics.cancelled(),
             Err(e) => {
@@ -280,8 +283,9 @@ fn run_job(
         completion_tokens: timing.gen_tokens,
         prompt_time: timing.prompt_time,
         gen_time: timing.gen_time,
+        experts: timing.experts,
     };
-    metrics.experts(&timing.experts);
+    metrics.experts(&usage.experts);
     Ok(Some((finish, usage)))
 }
 

@@ -122,6 +122,22 @@ class OpenAIClient(unittest.TestCase):
             self.assertEqual(r.choices[0].text, want[: want.index(stop)])
             self.assertEqual(r.choices[0].finish_reason, "stop")
 
+    def test_curl_streams_and_gets_errors(self):
+        url = self.server.base + "/v1/chat/completions"
+        body = json.dumps({"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 16,
+                           "temperature": 0, "stream": True})
+        out = subprocess.run(["curl", "-sN", url, "-H", f"Authorization: Bearer {KEY}",
+                              "-H", "Content-Type: application/json", "-d", body],
+                             capture_output=True, text=True, check=True).stdout
+        events = [line[6:] for line in out.splitlines() if line.startswith("data: ")]
+        self.assertEqual(events[-1], "[DONE]")
+        text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1])
+        self.assertEqual(text, hob_run("Hello there", 16))
+        out = subprocess.run(["curl", "-s", "-w", "%{http_code}", url, "-d", body],
+                             capture_output=True, text=True, check=True).stdout
+        self.assertTrue(out.endswith("401"), out)
+        self.assertEqual(json.loads(out[:-3])["error"]["code"], "invalid_api_key")
+
     def test_structured_output_validates(self):
         schema = {
             "type": "object",
