@@ -188,22 +188,26 @@ class ToolRoundTrip(unittest.TestCase):
         assert cls.server.stop() == 0, "".join(cls.server.log)
 
     def test_round_trip(self):
+        # A forced call follows the function's parameters schema (bounded here: a random model
+        # never ends a string by itself), so the client gets a real tool call to answer.
+        tools = json.loads(json.dumps(FIXTURE["tools"]))
+        tools[0]["function"]["parameters"]["properties"]["city"]["maxLength"] = 6
         first = self.client.chat.completions.create(
-            model="tiny", messages=FIXTURE["messages"][:2], tools=FIXTURE["tools"], max_tokens=24, temperature=0,
+            model="tiny", messages=FIXTURE["messages"][:2], tools=tools, max_tokens=300, temperature=1.0, seed=1,
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
         )
         msg = first.choices[0].message
-        if first.choices[0].finish_reason == "tool_calls":
-            self.assertEqual(msg.tool_calls[0].function.name, "get_weather")
-            json.loads(msg.tool_calls[0].function.arguments)
-        else:
-            self.assertTrue(msg.content.startswith("<tool_call>"), msg.content)
-        # The fixture's calls and results back in, as the client's typed objects.
-        calls = [openai.types.chat.ChatCompletionMessageFunctionToolCall(**c)
-                 for c in FIXTURE["messages"][2]["tool_calls"]]
+        self.assertEqual(first.choices[0].finish_reason, "tool_calls", msg)
+        self.assertEqual(msg.tool_calls[0].function.name, "get_weather")
+        args = json.loads(msg.tool_calls[0].function.arguments)
+        self.assertIsInstance(args["city"], str)
+        # The model's call and the fixture's, with results, back in as the client's typed objects.
+        calls = msg.tool_calls + [openai.types.chat.ChatCompletionMessageFunctionToolCall(**c)
+                                  for c in FIXTURE["messages"][2]["tool_calls"][1:]]
         history = FIXTURE["messages"][:2] + [
-            {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]}
-        ] + FIXTURE["messages"][3:]
+            {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
+            {"role": "tool", "tool_call_id": calls[0].id, "content": "{\"temperature\": 14}"},
+        ] + FIXTURE["messages"][4:]
         second = self.client.chat.completions.create(
             model="tiny", messages=history, tools=FIXTURE["tools"], max_tokens=8, temperature=0
         )
