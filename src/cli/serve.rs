@@ -106,6 +106,14 @@ fn load(args: &ServeArgs, serve: &mut dyn FnMut(Loaded<'_>)) -> crate::Result<()
     if template.is_none() {
         eprintln!("note: the file has no chat template: /v1/chat/completions is refused, /v1/completions works");
     }
+    // The tokenizer and the template initialize lazily: pay that here, not in the first request.
+    tok.encode("warm up", false)?;
+    if let Some(t) = &template {
+        t.render(&[crate::generate::Message::user("warm up")], true)
+            .map_err(|e| {
+                Error::Invalid(format!("the chat template cannot render a message: {e}"))
+            })?;
+    }
     let defaults = args.sampling.config(ctx);
     crate::generate::Sampler::new(defaults.clone())?;
     let grammars = structured_output(&file, &model);
