@@ -510,3 +510,34 @@ fn structured_output_follows_the_schema() {
         );
     }
 }
+
+/// Start-up failures are errors that say what and where, and the process exits.
+#[test]
+fn start_up_errors_name_the_cause() {
+    let (_dir, model) = fixture();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let m = model.to_str().unwrap();
+    let missing = model.with_file_name("missing.hob");
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (
+            vec!["serve", "-m", m, "--port", &port],
+            format!("cannot listen on 127.0.0.1:{port}"),
+        ),
+        (
+            vec!["serve", "-m", missing.to_str().unwrap(), "--port", "0"],
+            "missing.hob".into(),
+        ),
+        (vec!["serve", "-m", m, "--queue", "0"], "--queue".into()),
+        (
+            vec!["serve", "-m", m, "--host", "not a host", "--port", "0"],
+            "cannot listen on not a host".into(),
+        ),
+    ];
+    for (args, needle) in cases {
+        let (ok, _, stderr) = common::hob(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(stderr.contains(&needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
