@@ -6,6 +6,8 @@ hob's error responses.
 
     python test_openai.py HOB_BINARY MODEL.hob TOOLS_MODEL.hob TOOLS_FIXTURE.json
 
+MODEL is any model with a chat template (CI: the tiny fixture; by hand also models/smollm2-moe.hob).
+
 TOOLS_MODEL is the same tiny model with Qwen3's real chat template (tools); TOOLS_FIXTURE the
 conversation of tools/make_tool_chat_fixture.py (tools, an assistant's calls and their results).
 """
@@ -66,7 +68,7 @@ def hob_run(prompt, n, chat=True):
 class OpenAIClient(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = Server()
+        cls.server = Server(MODEL, "-c", "256")
         cls.client = openai.OpenAI(base_url=cls.server.base + "/v1", api_key=KEY, max_retries=0)
 
     @classmethod
