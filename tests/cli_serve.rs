@@ -541,3 +541,21 @@ fn start_up_errors_name_the_cause() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+/// llama-server's habits: -np and -cb are ignored with a note, --embedding is refused by name.
+#[test]
+fn llama_server_flags_are_ignored_or_refused_by_name() {
+    let (_dir, model) = fixture();
+    let m = model.to_str().unwrap();
+    let s = Served::start(&model, &["-np", "4", "-cb"]);
+    let log = s.log();
+    assert!(
+        log.contains("-np") && log.contains("one request at a time"),
+        "{log}"
+    );
+    let (ok, _, stderr) = common::hob(&["serve", "-m", m, "--embedding"]);
+    assert!(
+        !ok && stderr.contains("--embedding") && stderr.contains("no embeddings"),
+        "{stderr}"
+    );
+}

@@ -99,6 +99,25 @@ const HABITS: &[(&[&str], Habit)] = &[
         Habit::Refused(PLACEMENT),
     ),
     (
+        &["-np", "--parallel"],
+        Habit::Ignored {
+            why:
+                "hob serve answers one request at a time (batch 1); --queue sets how many may wait",
+            takes_value: Value::One,
+        },
+    ),
+    (
+        &["-cb", "--cont-batching", "--metrics"],
+        Habit::Ignored {
+            why: "hob serve has no batching to turn on, and /metrics is always served",
+            takes_value: Value::None,
+        },
+    ),
+    (
+        &["--embedding", "--embeddings", "--reranking"],
+        Habit::Refused("hob serve generates text: it serves no embeddings or reranking"),
+    ),
+    (
         &["-hf", "--hf-repo", "-mu", "--model-url"],
         Habit::Refused(
             "hob downloads nothing: convert a local Hugging Face directory with \
