@@ -299,17 +299,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     let file = args.model.open()?;
     let model = Model::load(&file)?;
     let tok = tokenizer(&file, &model.cfg)?;
-    let ctx = match args.ctx {
-        0 => model.cfg.context_length.min(4096),
-        c => c,
-    };
-    if ctx > model.cfg.context_length {
-        return Err(Error::Invalid(format!(
-            "-c {ctx}: the context length of {} is {}",
-            file.path().display(),
-            model.cfg.context_length
-        )));
-    }
+    let ctx = context_size(&file, &model, args.ctx)?;
     let config = args.sampling.config(ctx);
     let seed = config.seed;
     let sampler = Sampler::new(config)?;
@@ -328,12 +318,8 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
     }
     let gen = args.model.generator(&file, &model, ctx)?;
     eprintln!(
-        "hob: {} ({} layers, {} experts, top-{}), ctx {ctx}, seed {seed}; {}",
-        file.path().display(),
-        model.cfg.n_layers,
-        model.cfg.n_experts,
-        model.cfg.top_k,
-        gen.describe()
+        "{}",
+        started(&file, &model, &format!("ctx {ctx}, seed {seed}"), &gen)
     );
     let mut chat = Chat {
         path: file.path(),
@@ -361,6 +347,44 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         .map_err(|e| Error::Invalid(format!("{}: {e}", file.path().display())))?;
     chat.answer(&ids)?;
     Ok(())
+}
+
+/// `-c`: the context in tokens (0: the model's, at most 4096), at most the model's.
+pub(crate) fn context_size(
+    file: &crate::format::HobFile,
+    model: &Model<'_>,
+    requested: usize,
+) -> crate::Result<usize> {
+    let max = model.cfg.context_length;
+    let ctx = if requested == 0 {
+        max.min(4096)
+    } else {
+        requested
+    };
+    if ctx > max {
+        return Err(Error::Invalid(format!(
+            "-c {ctx}: the context length of {} is {max}",
+            file.path().display()
+        )));
+    }
+    Ok(ctx)
+}
+
+/// The line a generating command prints once the model is ready: file, shape, `what`, engine.
+pub(crate) fn started(
+    file: &crate::format::HobFile,
+    model: &Model<'_>,
+    what: &str,
+    gen: &Generator<'_>,
+) -> String {
+    format!(
+        "hob: {} ({} layers, {} experts, top-{}), {what}; {}",
+        file.path().display(),
+        model.cfg.n_layers,
+        model.cfg.n_experts,
+        model.cfg.top_k,
+        gen.describe()
+    )
 }
 
 /// The file's chat template with `kwargs` (--chat-template-kwargs) set, or None when it has

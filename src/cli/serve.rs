@@ -3,7 +3,9 @@
 use clap::Args;
 
 use super::engine::{tokenizer, ModelArgs};
-use super::run::{chat_template, ctx_size, json_object, n_predict, SamplingArgs};
+use super::run::{
+    chat_template, context_size, ctx_size, json_object, n_predict, started, SamplingArgs,
+};
 use crate::model::Model;
 use crate::serve::{Loaded, ServerConfig};
 use crate::Error;
@@ -91,17 +93,7 @@ fn load(args: &ServeArgs, serve: &mut dyn FnMut(Loaded<'_>)) -> crate::Result<()
     let file = args.model.open()?;
     let model = Model::load(&file)?;
     let tok = tokenizer(&file, &model.cfg)?;
-    let ctx = match args.ctx {
-        0 => model.cfg.context_length.min(4096),
-        c => c,
-    };
-    if ctx > model.cfg.context_length {
-        return Err(Error::Invalid(format!(
-            "-c {ctx}: the context length of {} is {}",
-            file.path().display(),
-            model.cfg.context_length
-        )));
-    }
+    let ctx = context_size(&file, &model, args.ctx)?;
     let template = chat_template(&file, &model, &tok, args.chat_template_kwargs.as_ref())?;
     if template.is_none() {
         eprintln!("note: the file has no chat template: /v1/chat/completions is refused, /v1/completions works");
@@ -118,14 +110,7 @@ fn load(args: &ServeArgs, serve: &mut dyn FnMut(Loaded<'_>)) -> crate::Result<()
     crate::generate::Sampler::new(defaults.clone())?;
     let grammars = structured_output(&file, &model);
     let gen = args.model.generator(&file, &model, ctx)?;
-    eprintln!(
-        "hob: {} ({} layers, {} experts, top-{}), ctx {ctx}; {}",
-        file.path().display(),
-        model.cfg.n_layers,
-        model.cfg.n_experts,
-        model.cfg.top_k,
-        gen.describe()
-    );
+    eprintln!("{}", started(&file, &model, &format!("ctx {ctx}"), &gen));
     serve(Loaded {
         gen,
         tok,

@@ -477,15 +477,7 @@ impl Backend for CudaBackend {
                 kv.kv_dim
             )));
         }
-        let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
-        let (kd, vd, posp) = if t == 1 {
-            let (k0, v0) = kv.rows(layer, 0, 1, &self.gpu.stream)?;
-            (k0, v0, self.pos_ptr(start)?)
-        } else {
-            // The position is an argument here: a recorded decode step cannot replay this.
-            self.baked.store(true, Ordering::Relaxed);
-            (kd, vd, 0u64)
-        };
+        let (kd, vd, posp) = self.kv_target(kv, layer, start, t)?;
         let (qp, kp, vp, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
         let n = t * (q_width / 2 + kv_width / 2 + kv_width);
         let (ti, qw, kw, hi, si) = (
@@ -527,15 +519,7 @@ impl Backend for CudaBackend {
             [k.len(), ko.len(), v.len()].into_iter().min().unwrap_or(0),
             t * kv_width,
         )?;
-        let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
-        let (kd, vd, posp) = if t == 1 {
-            let (k0, v0) = kv.rows(layer, 0, 1, &self.gpu.stream)?;
-            (k0, v0, self.pos_ptr(start)?)
-        } else {
-            // The position is an argument here: a recorded decode step cannot replay this.
-            self.baked.store(true, Ordering::Relaxed);
-            (kd, vd, 0u64)
-        };
+        let (kd, vd, posp) = self.kv_target(kv, layer, start, t)?;
         let (qp, kp, vp, qop, kop) = (self.p(q), self.p(k), self.p(v), self.p(qo), self.p(ko));
         let (qnp, knp, fp) = (self.vector(qn)?, self.vector(kn)?, self.vector(inv_freq)?);
         let rows = t * (q_width + kv_width) / hd;

@@ -61,6 +61,26 @@ impl CudaBackend {
         })
     }
 
+    /// Where a write of t rows at `start` goes: (key rows, value rows, position pointer). One
+    /// token: the layer's rows from position 0 and the position read from the device, so a
+    /// recorded decode step replays at each token's own position; several: their rows and the
+    /// position as an argument (a recorded step cannot replay that: marked baked).
+    pub(super) fn kv_target(
+        &self,
+        kv: &CudaKv,
+        layer: usize,
+        start: usize,
+        t: usize,
+    ) -> crate::Result<(u64, u64, u64)> {
+        let (kd, vd) = kv.rows(layer, start, t, &self.gpu.stream)?;
+        if t == 1 {
+            let (k0, v0) = kv.rows(layer, 0, 1, &self.gpu.stream)?;
+            return Ok((k0, v0, self.pos_ptr(start)?));
+        }
+        self.baked.store(true, Ordering::Relaxed);
+        Ok((kd, vd, 0))
+    }
+
     /// The device address holding decode position `pos`, written there first if it holds
     /// another (never while a step is recorded: decode_step writes it before).
     pub(super) fn pos_ptr(&self, pos: usize) -> crate::Result<u64> {
