@@ -66,11 +66,27 @@ __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __res
 #pragma unroll
         for (int d = 0; d < DEPTH; d++) acc += chunk_dot<KIND>(v[d], x, c + 32 * d, w, r);
     }
+    // The tail (fewer than DEPTH chunks a lane) loads TAIL at a time too: a short row (a small
+    // expert's 768 columns) is all tail, and chunk by chunk it cost a round trip each.
+    constexpr int TAIL = DEPTH < 4 ? DEPTH : 4;
+    for (; c < n; c += 32 * TAIL) {
+        uint4 v[TAIL];
+#pragma unroll
+        for (int d = 0; d < TAIL; d++)
+            if (c + 32 * d < n) v[d] = __ldg(row + c + 32 * d);
+        if (!waited) {
+            pdl_wait();
+            if (TRIG) pdl_trigger();
+            waited = true;
+        }
+#pragma unroll
+        for (int d = 0; d < TAIL; d++)
+            if (c + 32 * d < n) acc += chunk_dot<KIND>(v[d], x, c + 32 * d, w, r);
+    }
     if (!waited) {
         pdl_wait();
         if (TRIG) pdl_trigger();
     }
-    for (; c < n; c += 32) acc += chunk_dot<KIND>(__ldg(row + c), x, c, w, r);
     return warp_sum(acc);
 }
 

@@ -104,6 +104,30 @@ __device__ __noinline__ void route_sparsemixer(const float* l, int ne, float eps
     }
 }
 
+// The softmax's denominator in the one order every routing form adds it in (the weights' bits
+// depend on it): lane l of a warp adds terms l, l + 32, ... in turn, then the lanes' sums meet in a
+// butterfly (xor 16, 8, 4, 2, 1; a + b = b + a, so every lane ends with the same bits). One lane
+// adding all ne in turn took ~2 us for 128 experts.
+__device__ __forceinline__ float route_sum_warp(float part) {
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+    return part;
+}
+
+// route_sum_warp's sum by one thread, of the terms term(e), e < ne.
+template <typename T>
+__device__ __forceinline__ float route_sum_one(T term, int ne) {
+    float v[32];
+    for (int l = 0; l < 32; l++) {
+        v[l] = 0.f;
+        for (int e = l; e < ne; e += 32) v[l] += term(e);
+    }
+    for (int o = 16; o >= 1; o >>= 1)
+        for (int l = 0; l < 32; l++)
+            if ((l & o) == 0) v[l] = v[l | o] = v[l] + v[l | o];
+    return v[0];
+}
+
 // One thread: the rule's routes of l[:ne] (softmax, then route_top_k; or sparsemixer).
 __device__ void route_one(const float* l, int ne, int k, int rule, float reps, int* re, float* rw) {
     if (rule == RULE_SPARSEMIXER) {
@@ -112,15 +136,60 @@ __device__ void route_one(const float* l, int ne, int k, int rule, float reps, i
     }
     float mx = NEG_INF;
     for (int e = 0; e < ne; e++) mx = fmaxf(mx, l[e]);
-    float sum = 0.f;
-    for (int e = 0; e < ne; e++) sum += expf(l[e] - mx);
+    const float sum = route_sum_one([&](int e) { return expf(l[e] - mx); }, ne);
     route_top_k([&](int e) { return expf(l[e] - mx) / sum; }, ne, k, rule == RULE_SOFTMAX_RENORM,
                 re, rw);
 }
 
+// route_top's results for k > 2 by a warp: k rounds of an arg-max across the lanes (the larger
+// probability, on a tie the lower index: route_top's order), each lane holding the probabilities
+// p[e] / sum of its experts (e = lane + 32 i, ne <= 256). One thread's insertion into k slots took
+// ~7 us for Qwen3-MoE's 128 experts and top 8. Probabilities are all NaN or none is (a NaN logit
+// makes the sum NaN): then, as route_top, expert j in slot j with weight -inf.
+__device__ __noinline__ void route_top_warp(const float* p, float sum, int ne, int k,
+                                               bool renorm, int* re, float* rw, int lane) {
+    float q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int e = lane + 32 * i;
+        q[i] = e < ne ? p[e] / sum : NEG_INF;
+    }
+    float total = 0.f;
+    for (int j = 0; j < k; j++) {
+        float bv = NEG_INF;
+        int bi = 1 << 30;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (q[i] > bv) {
+                bv = q[i];
+                bi = lane + 32 * i;
+            }
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (!(bv > NEG_INF)) bi = j;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (bv > NEG_INF && bi == lane + 32 * i) q[i] = NEG_INF;
+        total += bv;
+        if (lane == 0) {
+            re[j] = bi;
+            rw[j] = bv;
+        }
+    }
+    if (lane == 0 && renorm)
+        for (int j = 0; j < k; j++) rw[j] = rw[j] / total;
+}
+
 // route_one by one warp, the same results: the maximum and the exponentials across the lanes
 // (fmaxf's maximum does not depend on the order; each exponential is the same expf), their sum
-// in expert order and the top k by lane 0. l and p: shared memory of ne floats (p may be l).
+// (route_sum_warp) and the top k by lane 0 (k <= 2) or the warp (route_top_warp). l and p: shared memory of ne floats (p may be l).
 __device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne, int k, int rule,
                                                float reps, int* re, float* rw, int lane) {
     if (rule == RULE_SPARSEMIXER) {
@@ -131,13 +200,20 @@ __device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne,
     for (int e = lane; e < ne; e += 32) mx = fmaxf(mx, l[e]);
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    for (int e = lane; e < ne; e += 32) p[e] = expf(l[e] - mx);
-    __syncwarp();
-    if (lane == 0) {
-        float sum = 0.f;
-        for (int e = 0; e < ne; e++) sum += p[e];
-        route_top_k([&](int e) { return p[e] / sum; }, ne, k, rule == RULE_SOFTMAX_RENORM, re, rw);
+    float part = 0.f;
+    for (int e = lane; e < ne; e += 32) {
+        p[e] = expf(l[e] - mx);
+        part += p[e];
     }
+    __syncwarp();
+    const float sum = route_sum_warp(part);
+    if (k <= 2) {
+        if (lane == 0)
+            route_top_k([&](int e) { return p[e] / sum; }, ne, k, rule == RULE_SOFTMAX_RENORM, re,
+                        rw);
+        return;
+    }
+    route_top_warp(p, sum, ne, k, rule == RULE_SOFTMAX_RENORM, re, rw, lane);
 }
 
 // Routes of t tokens: routes[i * k + j] = expert (int bits) and routes[t * k + i * k + j] =
@@ -162,6 +238,18 @@ __device__ __forceinline__ int next_route_up(const int* re, int k, int prev) {
     return jb;
 }
 
+// ord[m] = the route of the m-th lowest expert of the k (next_route_up's walk, the order the
+// weighted sums take), by threads 0..k-1 at once (one thread walking took ~1 us at k = 8); the
+// experts are distinct. The caller syncs before reading ord.
+__device__ __forceinline__ void route_order(const int* re, int k, int* ord) {
+    const int t = threadIdx.x;
+    if (t < k) {
+        int rank = 0;
+        for (int i = 0; i < k; i++) rank += re[i] < re[t];
+        ord[rank] = t;
+    }
+}
+
 // x[:n] += sum_j w_j * d[j, :n] over the k routed experts of one token (routes as route_topk
 // writes them, t = 1), the experts taken in ascending index order and summed as a zeroed buffer
 // and axpy then add_assign would: the same roundings as the engine's per-expert path.
@@ -180,51 +268,55 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 }
 
 // moe_combine, then the next RMSNorm of the new x (xn = RMSNorm(x) * g, as rms_norm_row's float4
-// path computes it) in one launch: one block of rms_block(n) threads, n % 4 == 0, x, d, g and xn
-// 16-byte aligned (Gpu::moe_combine checks). Each thread computes its float4s of the new x from
-// the old x (no thread reads what another wrote): its first one once, kept in registers from the
-// sum of squares to the stores, the rest (rows over 4 * 1024) again for the stores.
+// path computes it) in one launch: one block of rms_block(n) threads, n % 4 == 0, k <= 16, x, d, g
+// and xn 16-byte aligned (Gpu::moe_combine checks). Each thread computes its float4s of the new x
+// from the old x (no thread reads what another wrote): its first one once, kept in registers from
+// the sum of squares to the stores, the rest (rows over 4 * 1024) again for the stores.
 // It follows a routed down launch (Gpu::routed_ffn), so the routes and x are complete before it
-// starts (sel_mat, "Ordering"): it copies the routes (k <= 16) into shared memory and reads its
-// first float4 of x and of g before it waits; only the experts' outputs d are read after
-// (benches/results/2026-11-24-h100-early-down.md).
-extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* __restrict__ d,
-                                            const float* __restrict__ routes, int k, int n,
-                                            const float* __restrict__ g, float eps,
-                                            float* __restrict__ xn) {
+// starts (sel_mat, "Ordering"): it copies the routes into shared memory and reads its first float4
+// of x and of g before it waits; only the experts' outputs d are read after
+// (benches/results/2026-11-24-h100-early-down.md), the k experts' at once (one after another, they
+// were k round trips).
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_combine_norm(float* __restrict__ x, const float* __restrict__ d,
+                     const float* __restrict__ routes, int k, int n, const float* __restrict__ g,
+                     float eps, float* __restrict__ xn) {
     __shared__ float rs[32];
+    __shared__ int ord[16];
     pdl_trigger();
     l2_prefetch_block(g, (size_t)n * 4);
     float4* x4 = reinterpret_cast<float4*>(x);
     const int i0 = threadIdx.x;
-    const bool early = k <= 16;
     const float4* g4 = reinterpret_cast<const float4*>(g);
     float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), g0 = x0;
-    if (early) {
-        if (threadIdx.x < 2 * k) rs[threadIdx.x] = __ldcg(routes + threadIdx.x);
-        if (i0 < n / 4) {
-            x0 = __ldcg(x4 + i0);
-            g0 = g4[i0];
-        }
+    if (threadIdx.x < 2 * k) rs[threadIdx.x] = __ldcg(routes + threadIdx.x);
+    if (i0 < n / 4) {
+        x0 = __ldcg(x4 + i0);
+        g0 = g4[i0];
     }
     pdl_wait();
-    if (early) {
-        __syncthreads();
-        routes = rs;
-    }
-    const int* re = reinterpret_cast<const int*>(routes);
+    __syncthreads();
+    route_order(reinterpret_cast<int*>(rs), k, ord);
+    __syncthreads();
     auto val = [&](int i) {
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int m = 0, jb = -1; m < k; m++) {
-            jb = next_route_up(re, k, jb);
-            const float wj = routes[k + jb];
-            const float4 dv = __ldcg(reinterpret_cast<const float4*>(d + (size_t)jb * n) + i);
-            o.x = __fmaf_rn(wj, dv.x, o.x);
-            o.y = __fmaf_rn(wj, dv.y, o.y);
-            o.z = __fmaf_rn(wj, dv.z, o.z);
-            o.w = __fmaf_rn(wj, dv.w, o.w);
+        for (int m0 = 0; m0 < k; m0 += 8) {
+            float4 dv[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (m0 + q < k)
+                    dv[q] = __ldcg(reinterpret_cast<const float4*>(d + (size_t)ord[m0 + q] * n) + i);
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (m0 + q < k) {
+                    const float wj = rs[k + ord[m0 + q]];
+                    o.x = __fmaf_rn(wj, dv[q].x, o.x);
+                    o.y = __fmaf_rn(wj, dv[q].y, o.y);
+                    o.z = __fmaf_rn(wj, dv[q].z, o.z);
+                    o.w = __fmaf_rn(wj, dv[q].w, o.w);
+                }
         }
-        const float4 v = early && i == i0 ? x0 : x4[i];
+        const float4 v = i == i0 ? x0 : x4[i];
         return make_float4(v.x + o.x, v.y + o.y, v.z + o.z, v.w + o.w);
     };
     // The thread's first float4 of the new x, kept from the sum of squares to the stores: a second
@@ -238,7 +330,7 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
     }
     const float inv = rms_inv(ss, n, eps);
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-        const float4 v = i == i0 ? v0 : val(i), w = early && i == i0 ? g0 : g4[i];
+        const float4 v = i == i0 ? v0 : val(i), w = i == i0 ? g0 : g4[i];
         x4[i] = v;
         reinterpret_cast<float4*>(xn)[i] =
             make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
@@ -251,7 +343,7 @@ extern "C" __global__ void moe_combine_norm(float* __restrict__ x, const float* 
 // Decode MoE from such a table, float kinds, one token routed to k experts (routes: k expert
 // indices, then k weights):
 // - moe_route_*: the router's logits (one block, a warp per row, ne <= 256) and route_one;
-// - moe_gate_up_*: h[j, r] = silu(gate_j[r] x) * (up_j[r] x), grid (ceil(ffn / 8), k);
+// - moe_gate_up_*: h[j, r] = silu(gate_j[r] x) * (up_j[r] x), grid (ceil(ffn / 4), k);
 // - moe_down_*: x[r] += sum_j w_j (down_j[r] h_j), experts in ascending index order.
 // Each row's sum is row_dot's, and SwiGLU and the weighted sum round as swiglu, axpy and
 // add_assign do: the same results as the per-expert path, bit for bit.
@@ -325,36 +417,56 @@ __device__ __forceinline__ void sel_entry(int which0) {
     }
 }
 
+// A warp a row of gate or of up (warp pairs: row blockIdx.x * 4 + warp / 2), so that a warp
+// waits for one row's loads, not two in turn; 256 threads.
 template <int KIND>
 __device__ __forceinline__ void moe_gate_up_body(const MatEntry* __restrict__ tab,
                                                  const float* __restrict__ routes, int k,
                                                  const float* __restrict__ x,
                                                  float* __restrict__ h) {
+    __shared__ float gu[8];
     const int j = blockIdx.y, e = reinterpret_cast<const int*>(routes)[j];
-    const Mat g = tab[e * 3].m, u = tab[e * 3 + 1].m;
-    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (r >= g.rows) return;
-    const float gv = row_dot<KIND>(g, r, x, lane);
-    const float uv = row_dot<KIND>(u, r, x, lane);
-    if (lane == 0) h[(size_t)j * g.rows + r] = silu_mul(gv, uv);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const Mat m = tab[e * 3 + (warp & 1)].m;
+    const int r = blockIdx.x * 4 + (warp >> 1);
+    if (r < m.rows) {
+        const float v = row_dot<KIND>(m, r, x, lane);
+        if (lane == 0) gu[warp] = v;
+    }
+    __syncthreads();
+    const int rt = blockIdx.x * 4 + threadIdx.x;
+    if (threadIdx.x < 4 && rt < m.rows)
+        h[(size_t)j * m.rows + rt] = silu_mul(gu[2 * threadIdx.x], gu[2 * threadIdx.x + 1]);
 }
 
+// A warp a (row, expert) pair: rpb = max(1, 8 / k) rows a block of 256 threads, the warps taking
+// the block's rpb * k pairs in turn, so that the k experts' rows load at once; then one thread a
+// row adds them in ascending expert order (the same roundings as before).
 template <int KIND>
 __device__ __forceinline__ void moe_down_body(const MatEntry* __restrict__ tab,
                                               const float* __restrict__ routes, int k,
                                               const float* __restrict__ h,
                                               float* __restrict__ x) {
+    __shared__ float dv[16];
+    __shared__ int ord[16];
     const int* re = reinterpret_cast<const int*>(routes);
-    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (r >= tab[re[0] * 3 + 2].m.rows) return;
-    float o = 0.f;
-    for (int m = 0, jb = -1; m < k; m++) {
-        jb = next_route_up(re, k, jb);
+    route_order(re, k, ord);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int rpb = k >= 8 ? 1 : 8 / k, rows = tab[re[0] * 3 + 2].m.rows;
+    const int r0 = blockIdx.x * rpb;
+    for (int t = warp; t < rpb * k; t += warps) {
+        const int i = t / k, jb = t - i * k;
+        if (r0 + i >= rows) continue;
         const Mat d = tab[re[jb] * 3 + 2].m;
-        const float v = row_dot<KIND>(d, r, h + (size_t)jb * d.cols, lane);
-        o = __fmaf_rn(routes[k + jb], v, o);
+        const float v = row_dot<KIND>(d, r0 + i, h + (size_t)jb * d.cols, lane);
+        if (lane == 0) dv[t] = v;
     }
-    if (lane == 0) x[r] = x[r] + o;
+    __syncthreads();
+    const int i = threadIdx.x, r = r0 + i;
+    if (i >= rpb || r >= rows) return;
+    float o = 0.f;
+    for (int m = 0; m < k; m++) o = __fmaf_rn(routes[k + ord[m]], dv[i * k + ord[m]], o);
+    x[r] = x[r] + o;
 }
 
 // moe_route_norm_body for a router of f32 rows with one 16-byte chunk of each row a thread
@@ -476,6 +588,70 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
                        lane);
 }
 
+// moe_route_norm for routers of many rows (Qwen3-MoE's 128 x 2048 f32: 1 MB), over many blocks:
+// one block reading them all took ~45 us a layer (benches/results/2026-12-02-h200-issue50-routed-grid.md).
+// Each block of rms_block(w.cols) threads normalizes x itself (the same bits; block 0 stores xn),
+// its first rpb warps take a row each (row_dot's order, the row held in registers from before the
+// wait where it fits) into lgs; the last block to finish (a fence, then a count the last block
+// puts back to 0) routes lgs with route_one_warp: the same routes as the one-block forms.
+#define ROUTE_WIDE_HELD 8
+template <int KIND>
+__device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const float* __restrict__ x,
+                                                         const float* __restrict__ g, float eps,
+                                                         float* __restrict__ xn, int k, int rule,
+                                                         float reps, float* __restrict__ routes,
+                                                         int rpb, float* __restrict__ lgs,
+                                                         unsigned* __restrict__ count) {
+    extern __shared__ float4 xs4[];
+    float* xs = reinterpret_cast<float*>(xs4);
+    __shared__ float lg[256];
+    __shared__ unsigned ticket;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r0 = blockIdx.x * rpb, r = r0 + warp, nc = w.row_bytes / 16;
+    const bool mine = warp < rpb && r < w.rows;
+    const uint4* row = reinterpret_cast<const uint4*>(w.codes + (size_t)(mine ? r : 0) * w.row_bytes);
+    // The router is a weight: each lane's first ROUTE_WIDE_HELD chunks into registers and the
+    // block's rows into L2 before the wait.
+    uint4 v[ROUTE_WIDE_HELD];
+#pragma unroll
+    for (int i = 0; i < ROUTE_WIDE_HELD; i++) {
+        const int c = lane + 32 * i;
+        v[i] = mine && c < nc ? __ldg(row + c) : make_uint4(0, 0, 0, 0);
+    }
+    const int nr = min(rpb, w.rows - r0);
+    if (nc > 32 * ROUTE_WIDE_HELD)
+        l2_prefetch_block(w.codes + (size_t)r0 * w.row_bytes, (size_t)nr * w.row_bytes);
+    l2_prefetch_block(g, (size_t)w.cols * 4);
+    pdl_wait();
+    const bool first = blockIdx.x == 0;
+    rms_norm_row(x, g, first ? xn : xs, first ? xs : nullptr, w.cols, eps);
+    __syncthreads();
+    if (mine) {
+        // row_dot's order: lane l adds chunks l, l + 32, ... in turn, then warp_sum.
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < ROUTE_WIDE_HELD; i++) {
+            const int c = lane + 32 * i;
+            if (c < nc) acc += chunk_dot<KIND>(v[i], xs, c, w, r);
+        }
+        for (int c = lane + 32 * ROUTE_WIDE_HELD; c < nc; c += 32)
+            acc += chunk_dot<KIND>(__ldg(row + c), xs, c, w, r);
+        acc = warp_sum(acc);
+        if (lane == 0) lgs[r] = acc;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(count, 1u);
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    if (threadIdx.x == 0) *count = 0u;
+    for (int i = threadIdx.x; i < w.rows; i += blockDim.x) lg[i] = __ldcg(lgs + i);
+    __syncthreads();
+    if (warp == 0)
+        route_one_warp(lg, lg, w.rows, k, rule, reps, reinterpret_cast<int*>(routes), routes + k,
+                       lane);
+}
+
 #define MOE_KERNELS(SUFFIX, KIND)                                                              \
     extern "C" __global__ void __launch_bounds__(1024)                                         \
         moe_route_##SUFFIX(const Mat w, const float* x, int k, int rule, float reps,          \
@@ -489,6 +665,13 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
                                 int pre) {                                                     \
         pdl_trigger();                                                                         \
         moe_route_norm_body<KIND>(w, x, g, eps, xn, k, rule, reps, routes, pre);               \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(1024) moe_route_norm_wide_##SUFFIX(           \
+        const Mat w, const float* x, const float* g, float eps, float* xn, int k, int rule,    \
+        float reps, float* routes, int rpb, float* lgs, unsigned* count) {                     \
+        pdl_trigger();                                                                         \
+        moe_route_norm_wide_body<KIND>(w, x, g, eps, xn, k, rule, reps, routes, rpb, lgs,      \
+                                       count);                                                 \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \
                                                     int k, const float* x, float* h) {         \

@@ -365,14 +365,22 @@ fn norm_rope_add_and_attention_match_the_cpu() {
 /// (an f32 router of 8 rows over 4096, top 2): with the router copied in before the wait (each
 /// thread's chunk of every row in registers, products added in row_dot's order) and without (a
 /// warp a row through row_dot), the same normalized row as the RMSNorm launch, bit for bit, the
-/// same routes bit for bit, and the CPU's experts.
+/// same routes bit for bit, and the CPU's experts. Qwen3-MoE's (128 rows over 2048, top 8) and
+/// OLMoE's (64 over 2048) take the many-block form (moe_route_norm_wide), held to the same.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn norm_route_in_one_launch_matches_its_other_forms() {
+    for (n, ne, k) in [(4096, 8, 2), (2048, 128, 8), (2048, 64, 8), (3584, 64, 8)] {
+        for _ in 0..2 {
+            norm_route_forms(n, ne, k);
+        }
+    }
+}
+
+fn norm_route_forms(n: usize, ne: usize, k: usize) {
     let g = gpu();
     let cpu = CpuBackend::new(2).unwrap();
     let mut b = CudaBackend::empty(g.clone()).unwrap();
-    let (n, ne, k) = (4096usize, 8usize, 2usize);
     // Small router weights: logits of a few units, so the softmax weights are not saturated and
     // carry the logits' last bits.
     let bytes: Vec<u8> = random(ne * n, 7)

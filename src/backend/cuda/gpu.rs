@@ -49,7 +49,16 @@ pub struct Gpu {
     /// Whether routed_ffn takes gate, up and SwiGLU in one launch where it applies
     /// (cuda/matvec_q.cu matvec_qd_*_gu; benches compare both forms). Both give the same results.
     pub(super) routed_gu: AtomicBool,
+    /// moe_route_norm_wide's logits ([ROUTE_WIDE_MAX] f32) and its blocks' count (a u32 after
+    /// them, zero between launches: the last block puts it back).
+    pub(super) route_wide: CudaSlice<u32>,
 }
+
+/// The most router rows moe_route_norm's kernels take (moe.cu: `lg[256]`).
+pub(super) const ROUTE_WIDE_MAX: usize = 256;
+/// Routers of more rows than this take moe_route_norm_wide (Qwen3-MoE's 128, OLMoE's 64,
+/// Qwen2-MoE's 60); Mixtral's 8 and Phi-3.5-MoE's 16 stay in one block with the rows preloaded.
+pub(super) const ROUTE_WIDE_MIN: usize = 32;
 
 /// The smallest read-back (in floats) that goes through Gpu's page-locked buffer.
 pub(super) const PINNED_READ_MIN: usize = 1024;
@@ -122,6 +131,9 @@ impl Gpu {
             )?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
+        let route_wide = stream
+            .alloc_zeros::<u32>(ROUTE_WIDE_MAX + 1)
+            .map_err(cuda_err)?;
         let pdl = compute_capability.0 >= 9;
         log::info!(
             "CUDA device {ordinal}: {name} (sm_{}{}), kernels from {}, dependent launches {}",
@@ -152,6 +164,7 @@ impl Gpu {
             stage: Mutex::new(None),
             router_preload: AtomicBool::new(true),
             routed_gu: AtomicBool::new(true),
+            route_wide,
         }))
     }
 

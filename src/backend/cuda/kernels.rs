@@ -70,6 +70,8 @@ pub struct Kernels {
     pub moe_route: [CudaFunction; 3],
     /// The MoE block's RMSNorm and moe_route in one launch.
     pub moe_route_norm: [CudaFunction; 3],
+    /// The same over many blocks, for routers of many rows (moe.cu moe_route_norm_wide_*).
+    pub moe_route_norm_wide: [CudaFunction; 3],
     /// The dynamic shared memory a moe_route_norm launch may take (opted in up to the device's
     /// limit less the kernels' static shared memory): room for the router's rows and the norm's
     /// weights beside x.
@@ -310,6 +312,7 @@ impl Kernels {
             rope_kv: f("rope_kv")?,
             moe_route: floats("moe_route")?,
             moe_route_norm: floats("moe_route_norm")?,
+            moe_route_norm_wide: floats("moe_route_norm_wide")?,
             route_norm_smem: 0,
             moe_gate_up: floats("moe_gate_up")?,
             moe_down: floats("moe_down")?,
@@ -493,6 +496,7 @@ mod tests {
         // Device functions that wait themselves (after their first weight loads).
         let waiting = [
             "moe_route_norm_body",
+            "moe_route_norm_wide_body",
             "matvec_body",
             "matvec3_rope_body",
             "matvec_q_body",

@@ -119,7 +119,11 @@ impl Gpu {
             Error::Invalid("CUDA: no integer matvec plan for a routed expert".into())
         })?;
         let c = LaunchConfig {
-            grid_dim: (p.grid.div_ceil(ny as u32).max(1), ny as u32, 1),
+            grid_dim: (
+                p.routed_grid(w.rows.max(0) as usize, q.shape.rows, ny),
+                ny as u32,
+                1,
+            ),
             block_dim: (p.block, 1, 1),
             shared_mem_bytes: p.smem,
         };
@@ -191,7 +195,11 @@ impl Gpu {
             return None;
         }
         let c = LaunchConfig {
-            grid_dim: (p.grid.div_ceil(k as u32).max(1), k as u32, 1),
+            grid_dim: (
+                p.routed_grid(gate.rows.max(0) as usize, q.shape.rows / 2, k),
+                k as u32,
+                1,
+            ),
             block_dim: (p.block, 1, 1),
             shared_mem_bytes: p.smem,
         };
@@ -241,8 +249,12 @@ impl Gpu {
         let n = w.cols as usize;
         let (rule, reps) = route_rule(routing, k, w.rows.max(0) as usize)?;
         // The row in shared memory within the 48 KB a launch gets without opting in.
-        if w.kind >= 3 || !w.vectorizable() || w.rows > 256 || n * 4 > 48 << 10 {
+        if w.kind >= 3 || !w.vectorizable() || w.rows as usize > ROUTE_WIDE_MAX || n * 4 > 48 << 10
+        {
             return Ok(false);
+        }
+        if w.rows as usize > ROUTE_WIDE_MIN {
+            return self.moe_route_norm_wide(w, (x, xn), (g, eps), (k, rule, reps), routes);
         }
         // The router's rows and the norm's weights loaded before the kernel waits (into shared
         // memory, or registers: moe.cu route_norm_regs), where they fit beside x.
@@ -262,6 +274,34 @@ impl Gpu {
         Ok(true)
     }
 
+    /// moe_route_norm over many blocks (moe.cu moe_route_norm_wide_*): a row a warp, as few rows
+    /// a block as fill the SMs.
+    fn moe_route_norm_wide(
+        &self,
+        w: &DevMat,
+        (x, xn): (u64, u64),
+        (g, eps): (u64, f32),
+        (k, rule, reps): (usize, i32, f32),
+        routes: u64,
+    ) -> crate::Result<bool> {
+        let (n, rows) = (w.cols as usize, w.rows as usize);
+        let block = rms_block(n);
+        let rpb = rows
+            .div_ceil(self.q_limits.sm_count.max(1))
+            .clamp(1, block as usize / 32);
+        let c = LaunchConfig {
+            grid_dim: (rows.div_ceil(rpb) as u32, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: (n * 4) as u32,
+        };
+        let lgs = ptr(&self.route_wide, &self.stream);
+        let count = lgs + (ROUTE_WIDE_MAX * 4) as u64;
+        let (wm, ki, rpbi) = (*w, k as i32, rpb as i32);
+        let f = &self.kernels.moe_route_norm_wide[w.kind as usize];
+        launch!(self, f, c; wm, x, g, eps, xn, ki, rule, reps, routes, rpbi, lgs, count)?;
+        Ok(true)
+    }
+
     /// Float-kind experts of one token from the table `tab`: h ([k, ffn]) = SwiGLU of the
     /// routed experts' gate and up rows (`gate` is one of those gate matrices: kind and shape).
     pub fn moe_gate_up(
@@ -272,7 +312,7 @@ impl Gpu {
         h: u64,
     ) -> crate::Result<()> {
         let c = LaunchConfig {
-            grid_dim: (blocks(gate.rows as usize, 8), k as u32, 1),
+            grid_dim: (blocks(gate.rows as usize, 4), k as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -290,7 +330,8 @@ impl Gpu {
         x: u64,
     ) -> crate::Result<()> {
         let ki = k as i32;
-        let c = cfg(blocks(down.rows as usize, 8), 256);
+        // moe.cu moe_down_body: max(1, 8 / k) rows a block.
+        let c = cfg(blocks(down.rows as usize, (8 / k.max(1)).max(1)), 256);
         launch!(self, self.kernels.moe_down[down.kind as usize], c; tab, routes, ki, h, x)
     }
 
@@ -363,7 +404,7 @@ impl Gpu {
     ) -> crate::Result<bool> {
         let (ki, ni) = (k as i32, n as i32);
         if let Some(((g, eps), xn)) = norm {
-            if n.is_multiple_of(4) && ((x | d | g | xn) & 15) == 0 {
+            if n.is_multiple_of(4) && ((x | d | g | xn) & 15) == 0 && k <= 16 {
                 launch!(self, self.kernels.moe_combine_norm, cfg(1, rms_block(n)); x, d, routes, ki, ni, g, eps, xn)?;
                 return Ok(true);
             }

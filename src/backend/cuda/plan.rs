@@ -141,6 +141,24 @@ pub struct QPlan {
     pub split: i32,
     /// 16-byte chunks per column tile (x is staged one tile at a time).
     pub tchunks: i32,
+    /// Blocks of this plan the GPU holds at once (the grid's cap).
+    pub cap: u32,
+}
+
+impl QPlan {
+    /// The grid's x for `ny` matrices of `rows` rows in one routed launch (blockIdx.y: the
+    /// matrix), `rm` rows a warp (R, or R / 2 for the gate-up form): every row tile of every
+    /// matrix its own block while they fit the GPU at once, else the cap shared out (a block
+    /// loops over its matrix's tiles, so any grid gives the same sums). Dividing the one-matrix
+    /// grid by ny left small experts' tiles queued behind a few blocks
+    /// (benches/results/2026-12-02-h200-issue50-routed-grid.md).
+    pub fn routed_grid(&self, rows: usize, rm: usize, ny: usize) -> u32 {
+        let warps = self.block as usize / 32;
+        let groups = (warps >> self.split.trailing_zeros()).max(1);
+        let tiles = rows.div_ceil(groups * rm.max(1)).max(1);
+        let share = (self.cap as usize).div_ceil(ny.max(1)).max(1);
+        tiles.min(share) as u32
+    }
 }
 
 /// Plan an integer matvec of `rows` rows of `row_bytes` bytes (a multiple of 16) for kernel `k`:
@@ -201,6 +219,7 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
         smem: smem as u32,
         split: split as i32,
         tchunks: tchunks as i32,
+        cap: cap as u32,
     })
 }
 
