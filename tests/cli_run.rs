@@ -51,6 +51,8 @@ fn greedy_run_prints_transformers_continuation() {
         stderr.contains(&format!("prompt: {} tokens", r.input_ids.len())),
         "{stderr}"
     );
+    // A first token waits for tokenizing too: reported beside the prompt's time.
+    assert!(stderr.contains("\ntokenize: "), "{stderr}");
 }
 
 #[test]

@@ -15,7 +15,7 @@ for round in $(seq 1 "$rounds"); do
   # hob run: the same prompt with a first line of the same shape as the client's.
   { printf 'Request run.\n'; cat "$prompt"; } > /tmp/serve-run-prompt.txt
   err=$("$hob" run -m "$model" --no-chat --ignore-eos --temp 0 -n "$n" -f /tmp/serve-run-prompt.txt "$@" 2>&1 >/dev/null)
-  echo "round $round, hob run: $(echo "$err" | grep -E '^(prompt|generation):' | tr '\n' ' ')" >> "$table"
+  echo "round $round, hob run: $(echo "$err" | grep -E '^(tokenize|prompt|generation):' | tr '\n' ' ')" >> "$table"
   "$hob" serve -m "$model" --port 0 "$@" 2> /tmp/serve.log &
   pid=$!
   base=""

@@ -207,12 +207,16 @@ pub(super) struct Chat<'a> {
     ignore_eos: bool,
     stats: bool,
     pub n_predict: Option<usize>,
+    /// How long the last `encode` took (reported beside the prompt's time: a first token waits
+    /// for both).
+    tokenized: std::time::Duration,
 }
 
 impl Chat<'_> {
     /// The prompt ids of `messages` (through the template), or of `raw` without one.
-    pub fn encode(&self, messages: &[Message], raw: &str) -> crate::Result<Vec<u32>> {
-        Ok(match self.template {
+    pub fn encode(&mut self, messages: &[Message], raw: &str) -> crate::Result<Vec<u32>> {
+        let started = std::time::Instant::now();
+        let ids = match self.template {
             Some(t) => {
                 let text = t
                     .render(messages, true)
@@ -220,7 +224,9 @@ impl Chat<'_> {
                 self.tok.encode(&text, false)?
             }
             None => self.tok.encode(raw, true)?,
-        })
+        };
+        self.tokenized = started.elapsed();
+        Ok(ids)
     }
 
     /// Prefill `ids` and generate up to `n_predict` tokens, streaming them to stdout; the timing
@@ -239,10 +245,11 @@ impl Chat<'_> {
             stop: Some(&self.stop),
         };
         let sampling = (&mut self.sampler, self.tok);
-        let (stop, timing) = self.gen.generate(ids, sampling, limits, |id| {
+        let (stop, mut timing) = self.gen.generate(ids, sampling, limits, |id| {
             emit(stream.push(id)?);
             Ok(())
         })?;
+        timing.tokenize_time = std::mem::take(&mut self.tokenized);
         emit(stream.flush()?);
         match stop {
             Stop::ContextFull => eprint!("\n[context full: {} tokens]", self.gen.session().ctx()),
@@ -331,6 +338,7 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         ignore_eos: args.ignore_eos,
         stats: args.model.stats,
         n_predict: usize::try_from(args.n_predict).ok(),
+        tokenized: std::time::Duration::ZERO,
     };
     let mut messages = Vec::new();
     if let Some(system) = &args.system {

@@ -40,6 +40,8 @@ pub struct Limits<'s> {
 /// Timing of one prompt and its answer, and the expert engine's counters over the answer.
 #[derive(Clone, Debug, Default)]
 pub struct Timing {
+    /// Turning the prompt into ids, where the caller timed it (zero: not reported).
+    pub tokenize_time: Duration,
     pub prompt_tokens: usize,
     pub prompt_time: Duration,
     pub gen_tokens: usize,
@@ -60,7 +62,11 @@ impl Timing {
                 0.0
             }
         };
-        let mut s = format!(
+        let mut s = String::new();
+        if !self.tokenize_time.is_zero() {
+            s += &format!("\ntokenize: {:.1} ms", ms(self.tokenize_time));
+        }
+        s += &format!(
             "\nprompt: {} tokens, {:.1} ms, {:.2} ms/token ({:.1} tokens/s)\ngeneration: {} tokens, {:.1} ms, {:.2} ms/token ({:.2} tokens/s)\n",
             self.prompt_tokens,
             ms(self.prompt_time),
@@ -227,6 +233,7 @@ impl<'a> Generator<'a> {
         Ok((
             stop,
             Timing {
+                tokenize_time: Duration::ZERO,
                 prompt_tokens: ids.len() - reused,
                 prompt_time,
                 gen_tokens,

@@ -15,6 +15,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
+
 pub use worker::Loaded;
 
 use crate::Error;
@@ -127,6 +129,12 @@ impl Server {
                 }
             };
             let served = rt.block_on(async {
+                // Each SSE chunk goes out when written, not held for the last one's ACK.
+                let listener = listener.tap_io(|tcp| {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        log::debug!("TCP_NODELAY on an accepted connection: {e}");
+                    }
+                });
                 axum::serve(listener, app)
                     .with_graceful_shutdown(shutdown)
                     .await
