@@ -271,6 +271,14 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
             min: to_f16(lo),
         },
     );
+    // A group already on a grid of at most nmax + 1 levels (a llama.cpp Q4_K sub-block read
+    // from a GGUF) keeps its grid: the shrink grid below would round its values a second time.
+    for p in grid_candidates(w, (lo, hi), nmax) {
+        let e = eval(p, sc);
+        if e < best.0 {
+            best = (e, p);
+        }
+    }
     for k in 0..steps {
         let width = (1.0 - k as f32 * step) * range;
         let p = AsymParams {
@@ -317,6 +325,63 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
     }
     eval(best.1, sc);
     best.1
+}
+
+/// Where the group's values sit on evenly spaced levels, at most nmax + 1 of them (nmax < 16):
+/// that step as the scale, with each placement of the lowest level among the codes as the min
+/// (the values are exact under any; f16 rounding of scale and min decides). Empty for values off
+/// any such grid (checked on five values first: sorting every group cost convert 35% more time).
+fn grid_candidates(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> Vec<AsymParams> {
+    let range = hi - lo;
+    if range.is_nan() || range <= 0.0 || nmax >= 16.0 {
+        return Vec::new();
+    }
+    // On such a grid, (x - lo) / range is k / L with L <= 15, so times lcm(1..=15) an integer:
+    // five values that are not almost surely reject continuous weights for a few multiplies.
+    let per = 360_360.0 / f64::from(range);
+    let off_grid = |x: f32| {
+        let f = f64::from(x - lo) * per;
+        (f - f.round_ties_even()).abs() > 0.1
+    };
+    if w.iter().take(5).any(|&x| off_grid(x)) {
+        return Vec::new();
+    }
+    // One level's values are the same bits (scale * q - min of one q).
+    let mut seen = [0f32; 17];
+    let mut n = 0;
+    for &x in w {
+        if seen[..n].iter().all(|&y| y.to_bits() != x.to_bits()) {
+            if n as f32 > nmax {
+                return Vec::new();
+            }
+            seen[n] = x;
+            n += 1;
+        }
+    }
+    let seen = &mut seen[..n];
+    seen.sort_unstable_by(f32::total_cmp);
+    let gap = seen
+        .windows(2)
+        .map(|p| p[1] - p[0])
+        .fold(f32::INFINITY, f32::min);
+    let levels = (range / gap).round();
+    if !gap.is_finite() || levels > nmax {
+        return Vec::new();
+    }
+    let step = range / levels;
+    let on_grid = seen.iter().all(|&x| {
+        let k = (x - lo) / step;
+        (k - k.round()).abs() <= 1e-3
+    });
+    if !on_grid {
+        return Vec::new();
+    }
+    (0..=(nmax - levels) as usize)
+        .map(|j| AsymParams {
+            scale: to_f16(step),
+            min: to_f16(lo - j as f32 * step),
+        })
+        .collect()
 }
 
 /// Measure the error of stored bytes against the f32 source.

@@ -261,3 +261,35 @@ fn degenerate_groups_quantize_to_finite_parameters() {
     view(v, &v.matrix_layout(1, 16).unwrap(), &bytes).row_to_f32(0, &mut row);
     assert_eq!(row, vec![3.25; 16]);
 }
+
+/// Values already on a 4-bit grid whose codes do not span it (a llama.cpp Q4_K sub-block as the
+/// GGUF reader dequantizes it: scale * q - min, q in 2..=13 here) keep that grid: the error is
+/// the f16 rounding of scale and min, not a second 4-bit rounding.
+#[test]
+fn values_on_a_four_bit_grid_keep_it() {
+    let mut rng = Rng(11);
+    let (rows, cols, g) = (16, 256, 32);
+    let mut src = Vec::with_capacity(rows * cols);
+    for group in 0..rows * cols / g {
+        let scale = 0.003 + 0.0007 * (group % 13) as f32;
+        let min = 0.02 + 0.001 * (group % 7) as f32;
+        for _ in 0..g {
+            let q = 2 + (rng.next_u64() % 12) as u32;
+            src.push(scale * q as f32 - min);
+        }
+    }
+    let v = variant(VariantKind::Int4, g as u32);
+    let l = v.matrix_layout(rows, cols).unwrap();
+    let bytes = quantize_matrix(v, &l, &src);
+    let e = measure_error(v, &l, &bytes, &src);
+    let plain: f64 = src
+        .chunks_exact(g)
+        .map(|w| plain_group_sse(VariantKind::Int4, w))
+        .sum();
+    eprintln!(
+        "on-grid int4/g32: rel RMS {:.2e}, plain min/max {:.2e}",
+        e.relative_rms(),
+        (plain / e.ss).sqrt()
+    );
+    assert!(e.relative_rms() < 2e-3, "rel RMS {}", e.relative_rms());
+}
