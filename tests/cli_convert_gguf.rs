@@ -137,6 +137,33 @@ fn mixtral_gguf_in_q8_0_is_close() {
     );
 }
 
+/// int8 from a Q8_0 GGUF takes the file's 32-value blocks as its groups (no --group-size): each
+/// block's scale and codes, stored exactly (convert's error column reads 0).
+#[test]
+fn q8_0_experts_become_int8_g32_exactly() {
+    let src = gguf("tiny-mixtral-q8_0");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("q8.hob");
+    let (ok, stdout, stderr) = hob(&[
+        "convert",
+        "--from",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--experts",
+        "int8",
+        "--dense",
+        "int8",
+        "--no-progress",
+    ]);
+    assert!(ok, "{stdout}\n{stderr}");
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("int8/g32"))
+        .unwrap_or_else(|| panic!("no int8/g32 row:\n{stdout}"));
+    assert_eq!(row.split_whitespace().last(), Some("0.000000"), "{row}");
+}
+
 /// Phi-3.5-MoE as `phimoe`: LongRoPE's factors come from llama.cpp's `rope_factors_*` tensors,
 /// the original context from its key; the mscale is llama.cpp's `attn_factor` (its converter's
 /// sqrt(1 + ln(256 / 128) / ln(128)) for this fixture, not config.json's short/long_mscale), so

@@ -199,8 +199,11 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
         }
     };
     let start = Instant::now();
-    let variants = parse_variants(&args.experts, args.group_size)?;
-    let plan = parse_dense(args.dense.as_deref(), args.group_size)?;
+    let group = args
+        .group_size
+        .or_else(|| is_gguf(from).then_some(GGUF_GROUP));
+    let variants = parse_variants(&args.experts, group)?;
+    let plan = parse_dense(args.dense.as_deref(), group)?;
     prepare_output(&args.output)?;
     let ckpt = open_source(from)?;
     let shape = ckpt.expert_shape();
@@ -283,11 +286,22 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
 
 /// `--from`: a file whose name ends in `.gguf` is read as GGUF (the first file of a split set
 /// finds the others); anything else as a Hugging Face checkpoint directory.
-fn open_source(from: &Path) -> crate::Result<Box<dyn ConvertSource>> {
-    let is_gguf = from
+/// Whether `--from` names a GGUF file (else a Hugging Face directory).
+fn is_gguf(from: &Path) -> bool {
+    let named = from
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    if is_gguf && !from.is_dir() {
+    named && !from.is_dir()
+}
+
+/// The group size of quantized variants from a GGUF that name none: its blocks (Q8_0, Q4_0,
+/// Q5_0) and K-quant sub-blocks are 32 values, so int8/g32 holds a Q8_0 block exactly (its
+/// scale and codes) and int4/g32 a Q4_K sub-block up to f16 rounding, in the file's bytes
+/// (benches/results/2026-12-02-cpu-issue51-gguf-quality.md).
+const GGUF_GROUP: u32 = 32;
+
+fn open_source(from: &Path) -> crate::Result<Box<dyn ConvertSource>> {
+    if is_gguf(from) {
         Ok(Box::new(GgufCheckpoint::open(from)?))
     } else {
         Ok(Box::new(Checkpoint::open(from)?))

@@ -87,7 +87,8 @@ pub struct ConvertArgs {
     /// and routers are always f32.
     #[arg(long)]
     pub dense: Option<String>,
-    /// Group size of the quantized variants that do not name one.
+    /// Group size of the quantized variants that do not name one (default 64; 32 from a GGUF,
+    /// whose blocks are 32 values).
     #[arg(long)]
     pub group_size: Option<u32>,
     /// Never draw a progress bar.
