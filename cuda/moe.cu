@@ -146,8 +146,8 @@ __device__ void route_one(const float* l, int ne, int k, int rule, float reps, i
 // p[e] / sum of its experts (e = lane + 32 i, ne <= 256). One thread's insertion into k slots took
 // ~7 us for Qwen3-MoE's 128 experts and top 8. Probabilities are all NaN or none is (a NaN logit
 // makes the sum NaN): then, as route_top, expert j in slot j with weight -inf.
-__device__ __noinline__ void route_top_warp(const float* p, float sum, int ne, int k,
-                                               bool renorm, int* re, float* rw, int lane) {
+__device__ __noinline__ void route_top_warp(const float* p, float sum, int ne, int k, bool renorm,
+                                            int* re, float* rw, int lane) {
     float q[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -189,7 +189,8 @@ __device__ __noinline__ void route_top_warp(const float* p, float sum, int ne, i
 
 // route_one by one warp, the same results: the maximum and the exponentials across the lanes
 // (fmaxf's maximum does not depend on the order; each exponential is the same expf), their sum
-// (route_sum_warp) and the top k by lane 0 (k <= 2) or the warp (route_top_warp). l and p: shared memory of ne floats (p may be l).
+// (route_sum_warp) and the top k by lane 0 (k <= 2) or the warp (route_top_warp). l and p: shared
+// memory of ne floats (p may be l).
 __device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne, int k, int rule,
                                                float reps, int* re, float* rw, int lane) {
     if (rule == RULE_SPARSEMIXER) {
@@ -609,7 +610,8 @@ __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const floa
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r0 = blockIdx.x * rpb, r = r0 + warp, nc = w.row_bytes / 16;
     const bool mine = warp < rpb && r < w.rows;
-    const uint4* row = reinterpret_cast<const uint4*>(w.codes + (size_t)(mine ? r : 0) * w.row_bytes);
+    const uint4* row =
+        reinterpret_cast<const uint4*>(w.codes + (size_t)(mine ? r : 0) * w.row_bytes);
     // The router is a weight: each lane's first ROUTE_WIDE_HELD chunks into registers and the
     // block's rows into L2 before the wait.
     uint4 v[ROUTE_WIDE_HELD];

@@ -142,21 +142,7 @@ fn mixtral_gguf_in_q8_0_is_close() {
 #[test]
 fn q8_0_experts_become_int8_g32_exactly() {
     let src = gguf("tiny-mixtral-q8_0");
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("q8.hob");
-    let (ok, stdout, stderr) = hob(&[
-        "convert",
-        "--from",
-        src.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--experts",
-        "int8",
-        "--dense",
-        "int8",
-        "--no-progress",
-    ]);
-    assert!(ok, "{stdout}\n{stderr}");
+    let (_tmp, _out, stdout) = common::convert_dir_stdout(&src, "int8", &["--dense", "int8"]);
     let row = stdout
         .lines()
         .find(|l| l.starts_with("int8/g32"))

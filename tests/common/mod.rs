@@ -117,6 +117,16 @@ pub fn convert_fixture(experts: &str) -> (tempfile::TempDir, PathBuf) {
 
 /// Convert the checkpoint in `src` with `--experts experts` and `extra` flags.
 pub fn convert_dir(src: &Path, experts: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let (dir, out, _) = convert_dir_stdout(src, experts, extra);
+    (dir, out)
+}
+
+/// `convert_dir`, with convert's stdout (its per-variant summary).
+pub fn convert_dir_stdout(
+    src: &Path,
+    experts: &str,
+    extra: &[&str],
+) -> (tempfile::TempDir, PathBuf, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("tiny.hob");
     let mut args = vec![
@@ -132,7 +142,7 @@ pub fn convert_dir(src: &Path, experts: &str, extra: &[&str]) -> (tempfile::Temp
     args.extend_from_slice(extra);
     let (ok, stdout, stderr) = hob(&args);
     assert!(ok, "convert failed:\n{stdout}\n{stderr}");
-    (dir, out)
+    (dir, out, stdout)
 }
 
 /// The transformers reference stored beside the fixture (tools/make_fixture.py).

@@ -269,6 +269,36 @@ mod tests {
     /// Every plan gives the kernel the shared memory its layout needs, column tiles of whole warps
     /// of chunks, a split that divides the block's warps and leaves no warp without chunks, and no
     /// block without a tile.
+    /// A routed launch of small experts (Qwen3-MoE's 768 x 2048) gives every row tile of every
+    /// matrix a block while the GPU holds them; of big ones (Mixtral's 14336 rows) it shares the
+    /// cap out, as many blocks in all as the GPU holds, never fewer than one a matrix.
+    #[test]
+    fn routed_grids_cover_small_experts_and_share_the_cap() {
+        let k = QShape {
+            kind: 4,
+            rows: 4,
+            regs: 96,
+            quads: 0,
+            dp_parts: 2,
+            ring: 0,
+        };
+        for (rows, cols, ny) in [
+            (768, 2048, 16),
+            (2048, 768, 8),
+            (14336, 4096, 4),
+            (5, 128, 8),
+        ] {
+            let p = q_plan(&k, rows, cols / 2, &H100).expect("a plan");
+            let g = p.routed_grid(rows, 4, ny) as usize;
+            let groups = p.block as usize / 32 / p.split as usize;
+            let tiles = rows.div_ceil(groups * 4);
+            let what = format!("[{rows}, {cols}] x {ny}: {p:?}, grid {g}, tiles {tiles}");
+            assert!(g >= 1 && g <= tiles, "{what}");
+            assert!(g * ny <= p.cap as usize + ny, "{what}");
+            assert!(g == tiles || g * ny >= p.cap as usize, "{what}");
+        }
+    }
+
     #[test]
     fn integer_matvec_plans_fit_the_kernel() {
         let limits = [
