@@ -7,7 +7,7 @@
 #                                        (llama-quantize); the .hob with f16, int8 and int4 experts
 #   bash tools/families_gpu.sh qwen3     the rows, hob and llama.cpp alternated row by row
 #                                        -> $OUT/qwen3.md (hob's and llama-bench's markdown rows)
-#   bash tools/families_gpu.sh trace     train tools/train_qwen3_router.py's model (128 experts, top-8; data
+#   bash tools/families_gpu.sh trace     train tools/train_router.py's model (128 experts, top-8; data
 #                                        staged in .gpu/shakes), convert it, fit T1/T2 to HOBBIT's 67/30/3
 #                                        split on Hamlet, record its Hamlet trace -> /tmp/q3r-trace.jsonl,
 #                                        $OUT/trace.env (TRACE, T1, T2) and its training log
@@ -19,6 +19,14 @@
 #   bash tools/families_gpu.sh dense     issue 56: the 16 GB and 12 GB int8+int4 rows with f16 dense weights and with
 #                                        --dense int8 (the expert cache gets the memory freed), uniform routing
 #                                        -> $OUT/dense.md
+#   bash tools/families_gpu.sh phi-trace train tools/train_router.py --layout phimoe (16 experts, top-2 by its
+#                                        sparsemixer), fit T1/T2 to 67/30/3, record its Hamlet trace
+#                                        -> /tmp/phir-trace.jsonl and $OUT/phi-trace.env (PTRACE, PT1, PT2)
+#   PTRACE=.. PT1=.. PT2=.. bash tools/families_gpu.sh phi
+#                                        Phi-3.5-MoE shape (PHI_LAYERS of 32, default 8) under rtx4090-24g:
+#                                        hob f16 high + int4 low with CPU experts, routing replayed, beside
+#                                        llama.cpp f16 at each --n-cpu-moe that fits and one more (pp512 and
+#                                        tg64), then ROUNDS alternated tg64 rounds at the best split -> $OUT/phi.md
 #   TRACE=.. T1=.. T2=.. bash tools/families_gpu.sh hobbit
 #                                        the trained router's model: fidelity of the fitted thresholds (KL and
 #                                        perplexity against all-high), `hob sim` on its trace, and HOBBIT's
@@ -127,7 +135,7 @@ trace)
     || { echo "trace: stage .gpu/shakes and .gpu/hamlet-60k.txt first (tools/stage_gpu.sh)"; exit 2; }
   t=/tmp/q3r.log; w=/tmp/q3r
   trap 'cat "$t" >> "$log"' EXIT
-  python3 tools/train_qwen3_router.py "$w" --data .gpu/shakes --budget "${BUDGET:-150}" > "$t" 2>&1 || { tail "$t"; exit 1; }
+  python3 tools/train_router.py "$w" --data .gpu/shakes --budget "${BUDGET:-150}" > "$t" 2>&1 || { tail "$t"; exit 1; }
   cp "$w/train_log.json" "$out/q3r-train-log.json"
   cp tests/fixtures/mistral/tokenizer.json "$w/"
   "$hob" convert --from "$w" --experts f16,int8,int4,int2 -o /tmp/q3r.hob --no-progress >> "$t" 2>&1 || exit 1
@@ -170,6 +178,58 @@ replay)
   hobrow "jetson-orin-nx-16g int4+int2 T1 $T1 T2 $T2" --platform jetson-orin-nx-16g "${rt[@]}" -r 2 -p 0 -n 32 --no-ssd \
     --expert-variant int4 --low int2 --t1 "$T1" --t2 "$T2" --expert-cache "$(cache "$f4" $E_INT4)"
   cat "$out/qwen3.md" ;;
+phi-trace)
+  [ -f .gpu/shakes/train.bin ] && [ -f .gpu/hamlet-60k.txt ] \
+    || { echo "phi-trace: stage .gpu/shakes and .gpu/hamlet-60k.txt first (tools/stage_gpu.sh)"; exit 2; }
+  t=/tmp/phir.log; w=/tmp/phir
+  trap 'cat "$t" >> "$log"' EXIT
+  python3 tools/train_router.py "$w" --layout phimoe --data .gpu/shakes --budget "${BUDGET:-150}" > "$t" 2>&1 \
+    || { tail "$t"; exit 1; }
+  cp tests/fixtures/mistral/tokenizer.json "$w/"
+  "$hob" convert --from "$w" --experts f16,int4 -o /tmp/phir.hob --no-progress >> "$t" 2>&1 || exit 1
+  "$hob" calibrate -m /tmp/phir.hob -f .gpu/hamlet-60k.txt --split 67/30/3 >> "$t" 2>&1 || exit 1
+  t1=$(grep "^fitted" "$t" | sed 's/.*T1 = \([0-9.]*\),.*/\1/'); t2=$(grep "^fitted" "$t" | sed 's/.*T2 = \([0-9.]*\) .*/\1/')
+  "$hob" perplexity -m /tmp/phir.hob -f .gpu/hamlet-60k.txt -c 512 --record-trace /tmp/phir-trace.jsonl >> "$t" 2>&1 || exit 1
+  printf 'PTRACE=/tmp/phir-trace.jsonl\nPT1=%s\nPT2=%s\n' "$t1" "$t2" | tee "$out/phi-trace.env"
+  grep -E "best|^fitted|scored|Final" "$t" | tail -6 ;;
+phi)
+  # Full Phi-3.5-MoE: 32 layers x 16 experts of 4096 x 6400 x 3 (157.3 MB in f16); non-expert weights
+  # 3.21e9 bytes in f16 (the same attention and vocabulary sizes as Mixtral's).
+  pl="${PHI_LAYERS:-8}"; pm=/tmp/phi-synthetic-${pl}l.hob; pg=/tmp/phi-synthetic-${pl}l-f16.gguf; E_PHI=157286400
+  [ -f "$pg" ] || PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$pg" --model phi-3.5-moe \
+    --layers "$pl" > /dev/null
+  [ -f "$pm" ] || "$hob" convert --synthetic phi-3.5-moe --layers "$pl" --experts f16,int4 -o "$pm" --no-progress | tail -2
+  f=$(python3 -c "print(max(0.0, min(1.0, (24*2**30 - 3.21e9 - 1e9) / (512*$E_PHI))))")
+  c=$(python3 -c "print(f'{$f*$pl*16*$E_PHI/2**30:.3f}')")
+  n=$(python3 -c "import math; print(min($pl, math.ceil($pl*(1-$f) - 1e-9)))")
+  echo "rtx4090-24g, $pl of 32 layers: expert share $f (hob --expert-cache $c GiB, f16 sizing; llama.cpp --n-cpu-moe $n fits)" > "$out/phi.md"
+  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |" >> "$out/phi.md"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/phi.md"
+  ph=(--platform rtx4090-24g --expert-variant f16 --low int4 --t1 "$PT1" --t2 "$PT2" --expert-cache "$c" \
+      --replay-trace "$PTRACE" --cache-policy hobbit --prefetch 0 --cpu-experts -t "$(nproc)")
+  echo "== hob phi: ${ph[*]}" >> "$log"
+  "$hob" bench -m "$pm" --stats "${ph[@]}" -r 3 -p 512 -n 64 2>>"$log" | grep -v '^| ---\|^| model' \
+    | sed "s#^|#| hob f16+int4 low, CPU experts |#" >> "$out/phi.md"
+  best=$n; bts=0
+  for k in $n $((n + 1)); do
+    [ "$k" -le "$pl" ] || continue
+    row=$(timeout 300 $L/build/bin/llama-bench -m "$pg" -ngl 99 --n-cpu-moe "$k" -t "$(nproc)" -r 3 -p 512 -n 64 -o md \
+      2>>"$log" | grep -v '^| ---\|^| model' | sed "s#^|#| llama.cpp f16 n-cpu-moe $k |#")
+    echo "$row" >> "$out/phi.md"
+    ts=$(echo "$row" | grep tg64 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+    python3 -c "import sys; sys.exit(0 if float('${ts:-0}') > float('$bts') else 1)" && { best=$k; bts=$ts; }
+  done
+  echo "" >> "$out/phi.md"; echo "| round | hob t/s | llama.cpp f16 --n-cpu-moe $best t/s | ratio |" >> "$out/phi.md"
+  echo "|---|---:|---:|---:|" >> "$out/phi.md"
+  tg='import json, sys; print(next(r["avg_ts"] for r in json.load(sys.stdin) if r["n_gen"] > 0 and r["n_prompt"] == 0))'
+  for i in $(seq 1 "${ROUNDS:-3}"); do
+    h=$(timeout 120 "$hob" bench -m "$pm" "${ph[@]}" -r 3 -p 0 -n 64 -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    l=$(timeout 120 $L/build/bin/llama-bench -m "$pg" -ngl 99 --n-cpu-moe "$best" -t "$(nproc)" -p 0 -n 64 -r 3 \
+      -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    r=$(awk -v h="${h:-0}" -v l="${l:-0}" 'BEGIN { if (h > 0 && l > 0) printf "%.2f", h / l; else print "-" }')
+    echo "| $i | ${h:-failed} | ${l:-failed} | $r |" >> "$out/phi.md"
+  done
+  cat "$out/phi.md" ;;
 hobbit)
   h="$out/hobbit-qwen3.md"
   { echo "## Fidelity of T1 $T1 / T2 $T2 on the trained model (Hamlet, 20 chunks of 512)"; echo '```'; } > "$h"
@@ -192,5 +252,5 @@ hobbit)
   hobrow "(d) + HOBBIT cache policy" "${p[@]}" "${cal[@]}" --cache-policy hobbit --prefetch 3
   hobrow "(e) + cooperative CPU experts" "${p[@]}" "${cal[@]}" --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)"
   cat "$out/qwen3.md" >> "$h"; cat "$h" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|trace|replay|hobbit"; exit 2 ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|dense|trace|replay|phi-trace|phi|hobbit"; exit 2 ;;
 esac

@@ -42,7 +42,8 @@ def main():
     pool = (rng.standard_normal(64 << 20, dtype=np.float32) * 0.02).astype(np.float16)
 
     w = gguf.GGUFWriter(a.out, arch)
-    w.add_name(f"synthetic {a.model} ({a.layers} of {total} layers)")
+    # Not "phi-3" in the name: llama.cpp then sets attributes on Phi-3's special tokens, which this vocabulary lacks.
+    w.add_name(f"synthetic {a.model.replace('-', ' ')} ({a.layers} of {total} layers)")
     w.add_block_count(a.layers)
     w.add_context_length(ctx)
     w.add_embedding_length(HIDDEN)
