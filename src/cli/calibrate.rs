@@ -2,10 +2,10 @@
 //!
 //! The model runs over a text in llama.cpp-perplexity-style chunks (every chunk starts with BOS),
 //! all experts in the high variant, and an expert-executor wrapper records the score of every
-//! route of every layer (HOBBIT Eq. 2: the sum of the gate weights ranked above it; the top-1
-//! route scores 0 and is always high). T1 and T2 are then the score quantiles that make the share
-//! of all selected routes (top-1 included) computed high / low / skipped match `--split`: T1
-//! gives the high share, T2 the high + low share.
+//! route of every layer (HOBBIT Eq. 2: the gate weights ranked above it as a share of the selected
+//! ones, src/experts/scorer.rs; the top-1 route scores 0 and is always high). T1 and T2 are then
+//! the score quantiles that make the share of all selected routes (top-1 included) computed
+//! high / low / skipped match `--split`: T1 gives the high share, T2 the high + low share.
 //!
 //! The shares are those of an all-high run; a dynamic run routes slightly differently downstream
 //! of low or skipped experts, so `hob perplexity` reports the split a dynamic run actually used.
@@ -477,7 +477,7 @@ fn print_histogram(sorted: &[f32]) {
     }
     let most = *bins.iter().max().unwrap_or(&1);
     outln!(
-        "scores of the non-top-1 routes (sum of the gate weights ranked above), {}:",
+        "scores of the non-top-1 routes (share of the gate weight ranked above), {}:",
         sorted.len()
     );
     let q = |p: f64| sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];

@@ -1,9 +1,12 @@
 //! Token-level dynamic precision (HOBBIT Eq. 2).
 //!
 //! The top-k experts a token selects are ranked by gate weight; an expert's score is the sum of
-//! the weights ranked above it (the top expert scores 0). Score <= T1: high precision;
-//! T1 < score <= T2: low precision; score > T2: skipped. The top-1 expert is always high.
-//! With T1 >= 1 every selected expert is high (nothing can score above 1): the exact mode.
+//! the weights ranked above it, as a share of the selected weights' sum (the top expert scores 0).
+//! HOBBIT's Mixtral weights sum to 1; the share makes the score mean the same where they do not
+//! (Qwen2-MoE and OLMoE keep softmax weights un-renormalized, Phi's sparsemixer gives each
+//! selected expert a weight near 1). Score <= T1: high precision; T1 < score <= T2: low
+//! precision; score > T2: skipped. The top-1 expert is always high. With T1 >= 1 every selected
+//! expert is high (nothing can score above 1): the exact mode.
 
 use crate::model::ops::Route;
 
@@ -69,12 +72,9 @@ impl Thresholds {
     /// the lower expert index first). The top-ranked expert is always high.
     pub fn decide(&self, routes: &[Route], out: &mut [Precision]) {
         debug_assert_eq!(routes.len(), out.len());
+        let total = selected_sum(routes);
         for (i, r) in routes.iter().enumerate() {
-            let above: f32 = routes
-                .iter()
-                .filter(|o| o.weight > r.weight || (o.weight == r.weight && o.expert < r.expert))
-                .map(|o| o.weight)
-                .sum();
+            let above = score(routes, r, total);
             let ranked_first = routes
                 .iter()
                 .all(|o| o.weight < r.weight || (o.weight == r.weight && o.expert >= r.expert));
@@ -86,21 +86,32 @@ impl Thresholds {
         }
     }
 
-    /// The score of each route of one token (sum of the weights ranked above it).
+    /// The score of each route of one token (the share of the weights ranked above it).
     pub fn scores(routes: &[Route], out: &mut Vec<f32>) {
         out.clear();
-        for r in routes {
-            out.push(
-                routes
-                    .iter()
-                    .filter(|o| {
-                        o.weight > r.weight || (o.weight == r.weight && o.expert < r.expert)
-                    })
-                    .map(|o| o.weight)
-                    .sum(),
-            );
-        }
+        let total = selected_sum(routes);
+        out.extend(routes.iter().map(|r| score(routes, r, total)));
     }
+}
+
+/// The sum of a token's selected weights, or 1 where it cannot divide (none, zero, not finite).
+fn selected_sum(routes: &[Route]) -> f32 {
+    let total: f32 = routes.iter().map(|r| r.weight).sum();
+    if total.is_finite() && total > 0.0 {
+        total
+    } else {
+        1.0
+    }
+}
+
+/// The weights ranked above `r` (ties: the lower expert index ranks first), as a share of `total`.
+fn score(routes: &[Route], r: &Route, total: f32) -> f32 {
+    let above: f32 = routes
+        .iter()
+        .filter(|o| o.weight > r.weight || (o.weight == r.weight && o.expert < r.expert))
+        .map(|o| o.weight)
+        .sum();
+    above / total
 }
 
 /// Which stored variants serve as high and low precision, and how to choose between them.
@@ -303,6 +314,27 @@ mod tests {
             decide(Thresholds::new(0.3, 0.5).unwrap(), &routes),
             [Skip, High, Low, Skip]
         );
+    }
+
+    #[test]
+    fn weights_that_do_not_sum_to_one_score_as_shares() {
+        // Phi's sparsemixer: each selected expert's weight near 1. The second scores 0.96 / 1.76
+        // of the token's weight (~0.545), not 0.96: high under HOBBIT's T1, not always low.
+        let mut s = Vec::new();
+        Thresholds::scores(&[r(3, 0.96), r(1, 0.8)], &mut s);
+        assert!((s[1] - 0.96 / 1.76).abs() < 1e-6, "{s:?}");
+        assert_eq!(
+            decide(Thresholds::HOBBIT_MIXTRAL, &[r(3, 0.96), r(1, 0.8)]),
+            [High, High]
+        );
+        // Softmax top-k kept as is (OLMoE, Qwen2-MoE): 0.3 + 0.1 = 0.4 selected, 0.75 above the second.
+        assert_eq!(
+            decide(Thresholds::HOBBIT_MIXTRAL, &[r(0, 0.3), r(1, 0.1)]),
+            [High, Low]
+        );
+        // Nothing to divide by: the plain sum.
+        Thresholds::scores(&[r(0, 0.0), r(1, 0.0)], &mut s);
+        assert_eq!(s, [0.0, 0.0]);
     }
 
     #[test]
