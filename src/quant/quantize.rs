@@ -209,6 +209,11 @@ fn quantize_group_int8(w: &[f32], sc: &mut Scratch, codes: &mut [u8]) -> f16 {
         }
     };
     let mut best = (f32::INFINITY, f16::ZERO);
+    // A group already on a symmetric grid (a GGUF's Q4_0 or Q5_0 block, w = d * (q - 8 or 16))
+    // keeps it: the shrink grid below would round its values a second time.
+    if let Some(s) = int8_grid_step(w) {
+        best = consider(best, to_f16(s), sc);
+    }
     for k in 0..INT8_STEPS {
         best = consider(
             best,
@@ -325,6 +330,27 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
     }
     eval(best.1, sc);
     best.1
+}
+
+/// The step of the symmetric grid the group's values sit on (every value k * step, |k| <= 127),
+/// tried at the smallest nonzero magnitude and its halves to quarters; None for values off such a
+/// grid (the first values reject continuous weights).
+fn int8_grid_step(w: &[f32]) -> Option<f32> {
+    let small = w
+        .iter()
+        .map(|v| v.abs())
+        .filter(|&a| a > 0.0)
+        .fold(f32::INFINITY, f32::min);
+    if !small.is_finite() {
+        return None;
+    }
+    (1..=4).map(|j| small / j as f32).find(|&step| {
+        let fits = |&v: &f32| {
+            let k = v / step;
+            k.abs() <= 127.0 && (k - k.round()).abs() <= 1e-3
+        };
+        w.iter().take(5).all(fits) && w.iter().all(fits)
+    })
 }
 
 /// Where the group's values sit on evenly spaced levels, at most nmax + 1 of them (nmax < 16):

@@ -266,6 +266,26 @@ fn degenerate_groups_quantize_to_finite_parameters() {
 /// GGUF reader dequantizes it: scale * q - min, q in 2..=13 here) keep that grid: the error is
 /// the f16 rounding of scale and min, not a second 4-bit rounding.
 #[test]
+fn values_on_a_five_bit_symmetric_grid_are_int8_exactly() {
+    // A GGUF's Q5_0 blocks read back: w = d * (q - 16), q in 0..32, d an f16 per 32 values.
+    let mut rng = Rng(12);
+    let (rows, cols, g) = (16, 256, 32);
+    let mut src = Vec::with_capacity(rows * cols);
+    for group in 0..rows * cols / g {
+        let d = f16::from_f32(0.0021 + 0.0003 * (group % 11) as f32).to_f32();
+        for _ in 0..g {
+            let q = (rng.next_u64() % 32) as i32 - 16;
+            src.push(d * q as f32);
+        }
+    }
+    let v = variant(VariantKind::Int8, g as u32);
+    let l = v.matrix_layout(rows, cols).unwrap();
+    let bytes = quantize_matrix(v, &l, &src);
+    let e = measure_error(v, &l, &bytes, &src);
+    assert_eq!(e.relative_rms(), 0.0, "int8/g32 on Q5_0 values");
+}
+
+#[test]
 fn values_on_a_four_bit_grid_keep_it() {
     let mut rng = Rng(11);
     let (rows, cols, g) = (16, 256, 32);
