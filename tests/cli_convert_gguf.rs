@@ -150,6 +150,41 @@ fn q8_0_experts_become_int8_g32_exactly() {
     assert_eq!(row.split_whitespace().last(), Some("0.000000"), "{row}");
 }
 
+/// Without --experts / --dense, a GGUF's own block types choose: Q8_0 experts as int8 (the high
+/// precision) with int4 below, its quantized dense matrices as int8; an F16 file as from a
+/// directory.
+#[test]
+fn a_gguf_picks_the_variants_that_hold_its_blocks() {
+    for (name, want) in [
+        ("tiny-mixtral-q8_0", "--experts int8,int4 --dense int8"),
+        ("tiny-mixtral", "--experts f16,int4 --dense f16"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("x.hob");
+        let src = gguf(name);
+        let args = [
+            "convert",
+            "--from",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        let (ok, stdout, stderr) = hob(&args);
+        assert!(ok, "{name}: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!("from the GGUF's block types: {want}")),
+            "{name}: {stdout}"
+        );
+        let file = HobFile::open(&out).unwrap();
+        let kinds: Vec<String> = file.variants().iter().map(|v| v.to_string()).collect();
+        let expected: Vec<&str> = want.split_whitespace().nth(1).unwrap().split(',').collect();
+        assert_eq!(kinds.len(), 2, "{name}: {kinds:?}");
+        for (k, e) in kinds.iter().zip(expected) {
+            assert!(k.starts_with(e), "{name}: {kinds:?}");
+        }
+    }
+}
+
 /// Phi-3.5-MoE as `phimoe`: LongRoPE's factors come from llama.cpp's `rope_factors_*` tensors,
 /// the original context from its key; the mscale is llama.cpp's `attn_factor` (its converter's
 /// sqrt(1 + ln(256 / 128) / ln(128)) for this fixture, not config.json's short/long_mscale), so

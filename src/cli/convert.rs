@@ -202,10 +202,37 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
     let group = args
         .group_size
         .or_else(|| is_gguf(from).then_some(GGUF_GROUP));
-    let variants = parse_variants(&args.experts, group)?;
-    let plan = parse_dense(args.dense.as_deref(), group)?;
+    // Flags are checked before the source is read; their defaults depend on the source.
+    let experts = args
+        .experts
+        .as_deref()
+        .map(|e| parse_variants(e, group))
+        .transpose()?;
+    let dense_plan = args
+        .dense
+        .as_deref()
+        .map(|d| parse_dense(Some(d), group))
+        .transpose()?;
     prepare_output(&args.output)?;
     let ckpt = open_source(from)?;
+    let variants = match experts {
+        Some(v) => v,
+        None => parse_variants(ckpt.default_experts(), group)?,
+    };
+    let plan = match dense_plan {
+        Some(p) => p,
+        None => parse_dense(ckpt.default_dense(), group)?,
+    };
+    if is_gguf(from) && (args.experts.is_none() || args.dense.is_none()) {
+        outln!(
+            "from the GGUF's block types: --experts {} --dense {}",
+            args.experts.as_deref().unwrap_or(ckpt.default_experts()),
+            args.dense
+                .as_deref()
+                .or(ckpt.default_dense())
+                .unwrap_or(ckpt.source_dtype().name())
+        );
+    }
     let shape = ckpt.expert_shape();
     let layouts = variants
         .iter()
@@ -357,7 +384,10 @@ fn run_synthetic(args: &ConvertArgs, name: &str) -> crate::Result<()> {
     if let Some(dir) = &args.tokenizer {
         model = model.with_tokenizer(dir)?;
     }
-    let variants = parse_variants(&args.experts, args.group_size)?;
+    let variants = parse_variants(
+        args.experts.as_deref().unwrap_or("f16,int4"),
+        args.group_size,
+    )?;
     let dense = parse_dense(args.dense.as_deref(), args.group_size)?;
     let seed = args.seed.unwrap_or(0);
     prepare_output(&args.output)?;

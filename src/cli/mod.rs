@@ -78,13 +78,15 @@ pub struct ConvertArgs {
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
     /// Expert variants to store, comma-separated: f16, bf16, int8, int4, int2 (optionally
-    /// with a group size, e.g. int4/g32).
-    #[arg(long, default_value = "f16,int4")]
-    pub experts: String,
+    /// with a group size, e.g. int4/g32). Default: f16,int4; from a GGUF, the width that holds
+    /// most of its expert blocks and one below (int4,int2 for Q4_K/Q4_0 and narrower,
+    /// int8,int4 for Q5-Q8, f16,int4 for float).
+    #[arg(long)]
+    pub experts: Option<String>,
     /// Storage of dense matrices: f32, f16, bf16, int8 or int4 (a group size may follow:
     /// int4/g32), for all, per class (embed, attn, output, shared: `attn=int8,output=int4`) or
-    /// both (`f16,output=int8`). Default: the source dtype (f16 with --synthetic). Norms, biases
-    /// and routers are always f32.
+    /// both (`f16,output=int8`). Default: the source dtype (f16 with --synthetic; int8 from a
+    /// GGUF whose matrices are quantized). Norms, biases and routers are always f32.
     #[arg(long)]
     pub dense: Option<String>,
     /// Group size of the quantized variants that do not name one (default 64; 32 from a GGUF,

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use super::arch::ExpertNames;
 use super::ggml::{self, GgmlType};
 use super::gguf::{GgufError, GgufFile, GgufTensor};
+use super::gguf_defaults;
 use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{
     Architecture, ConvertSource, DenseTensor, ExpertSource, ExpertWeights, ImportError,
@@ -419,6 +420,14 @@ impl ConvertSource for GgufCheckpoint {
         self.tokenizer.is_some()
     }
 
+    fn default_experts(&self) -> &'static str {
+        gguf_defaults::default_experts(self.file.tensors())
+    }
+
+    fn default_dense(&self) -> Option<&'static str> {
+        gguf_defaults::default_dense(self.file.tensors())
+    }
+
     fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
         let values = self.load(&t.hob_name)?;
         let s = self.spec();
@@ -479,12 +488,7 @@ impl GgufCheckpoint {
         let mut experts: Vec<(&str, usize)> = Vec::new();
         let mut dense: Vec<(&str, usize)> = Vec::new();
         for t in self.file.tensors() {
-            let n = t.name.as_str();
-            let per_expert = ["ffn_gate.", "ffn_up.", "ffn_down."].iter().any(|p| {
-                n.split_once(p)
-                    .is_some_and(|(_, rest)| rest.starts_with(|c: char| c.is_ascii_digit()))
-            });
-            let side = if n.contains("_exps.") || per_expert {
+            let side = if gguf_defaults::is_expert_tensor(&t.name) {
                 &mut experts
             } else {
                 &mut dense

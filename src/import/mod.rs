@@ -21,6 +21,7 @@ mod fields;
 pub mod ggml;
 pub mod gguf;
 pub mod gguf_checkpoint;
+mod gguf_defaults;
 pub mod gguf_tokenizer;
 mod phimoe;
 pub mod safetensors;
@@ -175,6 +176,14 @@ pub trait ConvertSource {
     fn load_expert(&self, layer: usize, expert: usize) -> Result<ExpertWeights, ImportError>;
     /// The .hob metadata.
     fn metadata(&self) -> Metadata;
+    /// The expert variants stored when `--experts` names none.
+    fn default_experts(&self) -> &'static str {
+        "f16,int4"
+    }
+    /// `--dense` when none is given (None: matrices in the source dtype).
+    fn default_dense(&self) -> Option<&'static str> {
+        None
+    }
 
     /// The .hob dense table: matrices as `plan` says (else in the source dtype), norms and
     /// routers in f32.

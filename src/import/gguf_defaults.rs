@@ -1,0 +1,61 @@
+//! What `hob convert --from x.gguf` stores when `--experts` / `--dense` name nothing: hob's
+//! narrowest widths that hold the file's own blocks on their grids (a Q4_K sub-block in int4/g32,
+//! a Q8_0 or Q5_0 block in int8/g32), so the .hob stays near the GGUF's size and its values
+//! (benches/results/2026-12-02-cpu-issue51-gguf-quality.md).
+
+use super::ggml::GgmlType;
+use super::gguf::GgufTensorInfo;
+
+/// Whether a GGUF tensor holds experts: merged (`blk.N.ffn_gate_exps.weight`) or llama's older
+/// per-expert form (`blk.N.ffn_gate.E.weight`).
+pub fn is_expert_tensor(name: &str) -> bool {
+    name.contains("_exps.")
+        || ["ffn_gate.", "ffn_up.", "ffn_down."].iter().any(|p| {
+            name.split_once(p)
+                .is_some_and(|(_, rest)| rest.starts_with(|c: char| c.is_ascii_digit()))
+        })
+}
+
+fn is_float(t: GgmlType) -> bool {
+    matches!(
+        t,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::F64
+    )
+}
+
+/// Codes of at most 4 bits (Q4_0, Q4_1, Q4_K and the 2-3-bit types: at most 5 bits a weight with
+/// their scales): int4 holds them; wider codes need int8.
+fn fits_int4(t: GgmlType) -> bool {
+    (t.type_size() * 8) as f64 / t.block_size() as f64 <= 5.0
+}
+
+/// The expert variants (high, then low) for the width that holds most of the file's expert
+/// values: f16 + int4 for float experts, int8 + int4 for 5-8-bit blocks, int4 + int2 for 4-bit
+/// and narrower ones (Q4_K_M: its Q4_K gate and up outweigh the Q6_K downs).
+pub fn default_experts(tensors: &[GgufTensorInfo]) -> &'static str {
+    let (mut float, mut narrow, mut wide) = (0u64, 0u64, 0u64);
+    for t in tensors.iter().filter(|t| is_expert_tensor(&t.name)) {
+        let n = t.n_elements();
+        match t.ggml_type {
+            ty if is_float(ty) => float += n,
+            ty if fits_int4(ty) => narrow += n,
+            _ => wide += n,
+        }
+    }
+    if float >= narrow.max(wide) {
+        "f16,int4"
+    } else if narrow >= wide {
+        "int4,int2"
+    } else {
+        "int8,int4"
+    }
+}
+
+/// `--dense` for a file whose dense matrices are quantized: int8 (holds Q8_0 and Q5_0 blocks
+/// exactly, the K-quants within 0.5% RMS); None (the source dtype) when they are floats.
+pub fn default_dense(tensors: &[GgufTensorInfo]) -> Option<&'static str> {
+    tensors
+        .iter()
+        .any(|t| !is_expert_tensor(&t.name) && t.dims.len() >= 2 && !is_float(t.ggml_type))
+        .then_some("int8")
+}
