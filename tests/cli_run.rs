@@ -522,3 +522,38 @@ fn gguf_as_model_says_how_to_convert() {
     );
     assert!(stderr.contains(&expected), "{stderr}");
 }
+
+/// A profile's high/low pair that the file does not store (f16 + int4 for rtx4090-24g) gives way
+/// to the file's own variants, with a note; a flag naming a missing variant is still an error.
+#[test]
+fn a_profile_pair_the_file_lacks_falls_back_to_its_variants() {
+    let (_dir, path) = convert_fixture("int8,int2");
+    let p = path.to_str().unwrap();
+    let args = [
+        "run",
+        "-m",
+        p,
+        "-p",
+        "Hello",
+        "-n",
+        "2",
+        "--platform",
+        "rtx4090-24g",
+        "--device",
+        "cpu",
+    ];
+    let (ok, _stdout, stderr) = hob(&args);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("does not store the rtx4090-24g profile's f16 + int4; using its int8/g64 high, int2/g64 low"),
+        "{stderr}"
+    );
+    let mut explicit = args.to_vec();
+    explicit.extend(["--expert-variant", "f16"]);
+    let (ok, _stdout, stderr) = hob(&explicit);
+    assert!(
+        !ok && stderr.contains("--expert-variant f16:")
+            && stderr.contains("stores only int8/g64, int2/g64"),
+        "{stderr}"
+    );
+}

@@ -276,7 +276,18 @@ impl ModelArgs {
             .expert_variant
             .clone()
             .or_else(|| platform.and_then(|p| p.high_variant.clone()));
+        // A profile's pair that the file does not store gives way to the file's own order (its
+        // first variant high, the next low): a .hob from a Q4_K_M GGUF holds int4 + int2, not
+        // the f16 + int4 a 24 GB profile names. A flag's choice must exist.
+        let profile_pair_missing = platform.is_some_and(|p| {
+            let stored = |n: &Option<String>| {
+                n.as_ref()
+                    .is_none_or(|n| n == "none" || self.find_variant(file, n, "").is_ok())
+            };
+            !stored(&p.high_variant) || !stored(&p.low_variant)
+        });
         let high = match &high_name {
+            Some(_) if self.expert_variant.is_none() && profile_pair_missing => 0,
             Some(n) => self.find_variant(file, n, "--expert-variant")?,
             None => 0,
         };
@@ -286,9 +297,25 @@ impl ModelArgs {
             .or_else(|| platform.and_then(|p| p.low_variant.clone()))
             .filter(|n| n != "none");
         let low = match &low_name {
+            Some(_) if self.low.is_none() && profile_pair_missing => {
+                (0..file.variants().len()).find(|&i| i != high)
+            }
             Some(n) => Some(self.find_variant(file, n, "--low")?),
             None => None,
         };
+        if let (true, Some(p)) = (profile_pair_missing, platform) {
+            let name = |i: Option<usize>| i.map_or("none".into(), |i| file.variants()[i].name());
+            eprintln!(
+                "hob: {} does not store the {} profile's {} + {}; using its {} high, {} low \
+                 (--expert-variant and --low choose)",
+                self.model.display(),
+                p.name,
+                p.high_variant.as_deref().unwrap_or("-"),
+                p.low_variant.as_deref().unwrap_or("none"),
+                name(Some(high)),
+                name(low)
+            );
+        }
         // A low variant equal to the high one is none, and the profile's (or HOBBIT's) thresholds
         // then do not apply: one variant computes every routed expert, unless --t1/--t2 ask
         // for skips.
