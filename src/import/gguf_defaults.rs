@@ -52,10 +52,15 @@ pub fn default_experts(tensors: &[GgufTensorInfo]) -> &'static str {
 }
 
 /// `--dense` for a file whose dense matrices are quantized: int8 (holds Q8_0 and Q5_0 blocks
-/// exactly, the K-quants within 0.5% RMS); None (the source dtype) when they are floats.
+/// exactly, the K-quants within 0.5% RMS); None (the source dtype) when they are floats, or when
+/// a float matrix beside them has rows that 32-value groups do not divide.
 pub fn default_dense(tensors: &[GgufTensorInfo]) -> Option<&'static str> {
-    tensors
-        .iter()
-        .any(|t| !is_expert_tensor(&t.name) && t.dims.len() >= 2 && !is_float(t.ggml_type))
-        .then_some("int8")
+    let matrices = || {
+        tensors
+            .iter()
+            .filter(|t| !is_expert_tensor(&t.name) && t.dims.len() >= 2)
+    };
+    let quantized = matrices().any(|t| !is_float(t.ggml_type));
+    let groups_fit = matrices().all(|t| t.dims[0] % 32 == 0);
+    (quantized && groups_fit).then_some("int8")
 }
