@@ -193,6 +193,15 @@ fn threshold_for_count(sorted: &[f32], want: usize) -> f32 {
     }
 }
 
+/// The most repeated score of `sorted` and its count, where one score holds a tenth or more.
+fn largest_tie(sorted: &[f32]) -> Option<(f32, usize)> {
+    sorted
+        .chunk_by(|a, b| a == b)
+        .map(|run| (run[0], run.len()))
+        .max_by_key(|&(_, n)| n)
+        .filter(|&(_, n)| n * 10 >= sorted.len())
+}
+
 /// T1 and T2 making the shares of all routes (the `top1` routes plus the `sorted` other scores)
 /// high / low / skipped as close to `split` as the scores allow.
 pub fn fit(sorted: &[f32], top1: u64, split: Split, top_k: usize) -> crate::Result<Thresholds> {
@@ -325,6 +334,15 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
         th.t2,
         got.show()
     );
+    if (got.high - split.high).abs() > 0.02 || (got.low - split.low).abs() > 0.02 {
+        if let Some((score, n)) = largest_tie(&all.scores) {
+            outln!(
+                "{:.1} % of the non-top-1 routes score exactly {score:.4} (their gate weights tie): \
+                 a threshold takes all of them or none, so the target split cannot be met",
+                100.0 * n as f64 / all.scores.len() as f64
+            );
+        }
+    }
     outln!(
         "HOBBIT's Mixtral defaults T1 = {}, T2 = {} -> {} on this text",
         Thresholds::HOBBIT_MIXTRAL.t1,
@@ -565,6 +583,18 @@ mod tests {
         // Want 2 of the 10 scores high: 0 (distance 2) beats 10 (distance 8).
         assert_eq!(th.t1, 0.0);
         assert_eq!(l.split(th).high, 0.5);
+    }
+
+    #[test]
+    fn a_tie_holding_a_tenth_of_the_scores_is_named() {
+        let mut v = vec![0.5f32; 9];
+        v.extend([0.6, 0.7, 0.7]);
+        assert_eq!(largest_tie(&v), Some((0.5, 9)));
+        assert_eq!(
+            largest_tie(&(0..20).map(|i| i as f32).collect::<Vec<_>>()),
+            None
+        );
+        assert_eq!(largest_tie(&[]), None);
     }
 
     #[test]
