@@ -97,10 +97,10 @@ extern "C" __global__ void dequant_words_h(const Mat w, int kind, half_bits* __r
 // xh[n, c] for n < t, r < w.rows, each weight dequantized in shared memory as dequant_word_h
 // computes it (f16 of s * q + min) and multiplied on the tensor cores (mma m16n8k16, f16 inputs, f32
 // accumulation), as cuBLAS does with the tile. A block: 128 rows x BN tokens, 64 columns a step
-// (one group of g64), the next step's codes and tokens loaded during the products; 8 warps of 32
-// rows x BN / 2 tokens. Block z of the grid's K parts takes steps [z ksteps, (z + 1) ksteps) and
+// (a thread's 32 codes in one group), the next step's codes and tokens loaded during the
+// products; 8 warps of 32 rows x BN / 2 tokens. Block z of the grid's K parts takes steps [z ksteps, (z + 1) ksteps) and
 // writes its partial sums at out + z t ld (sum_splits adds them in z order). Needs cols % 64 == 0,
-// group == 64, row_bytes % 16 == 0, 16-byte aligned codes and xh (Gpu::matmul checks). Grid
+// group % 32 == 0, row_bytes % 16 == 0, 16-byte aligned codes and xh (Gpu::matmul checks). Grid
 // (ceil(rows / 128), ceil(t / BN), parts): K in parts so that a matrix of few row blocks still
 // fills the SMs (benches/results/2026-11-24-h100-prefill.md).
 #define GQ_BM 128
@@ -134,7 +134,8 @@ __device__ __forceinline__ void gemm_q4h_body(const Mat& w, const half_bits* __r
     u32 smv;
     auto gload = [&](int k0) {
         cv = crow[k0 / 32 + lh];
-        const size_t g = (size_t)grow * gpr + k0 / w.group;
+        // A thread's 32 codes lie in one group (group % 32 == 0: g32 from Q4_K, hob's g64).
+        const size_t g = (size_t)grow * gpr + (k0 + lh * 32) / w.group;
         smv = (u32)w.scales[g] | ((u32)w.mins[g] << 16);
 #pragma unroll
         for (int v = 0; v < XV; v++) {

@@ -27,6 +27,9 @@
 #                                        hob f16 high + int4 low with CPU experts, routing replayed, beside
 #                                        llama.cpp f16 at each --n-cpu-moe that fits and one more (pp512 and
 #                                        tg64), then ROUNDS alternated tg64 rounds at the best split -> $OUT/phi.md
+#   bash tools/families_gpu.sh gguf      issue 51: the Q4_K_M GGUF of `prepare` through `hob convert --from` with
+#                                        the file's own defaults, then resident and the 16 GB and 12 GB profiles
+#                                        beside llama.cpp on that GGUF (best --n-cpu-moe of three) -> $OUT/gguf.md
 #   TRACE=.. T1=.. T2=.. bash tools/families_gpu.sh hobbit
 #                                        the trained router's model: fidelity of the fitted thresholds (KL and
 #                                        perplexity against all-high), `hob sim` on its trace, and HOBBIT's
@@ -230,6 +233,31 @@ phi)
     echo "| $i | ${h:-failed} | ${l:-failed} | $r |" >> "$out/phi.md"
   done
   cat "$out/phi.md" ;;
+gguf)
+  gm=/tmp/q3-gguf-${LAYERS}l.hob
+  if [ ! -f "$gm" ]; then
+    /usr/bin/time -v "$hob" convert --from "$g-Q4_K_M.gguf" -o "$gm" --no-progress > /tmp/gguf-convert.log 2>&1
+    grep -E "from the GGUF|wrote|Elapsed|Maximum resident" /tmp/gguf-convert.log > "$out/gguf-convert.txt"
+    "$hob" inspect -m "$gm" 2>&1 | head -40 >> "$out/gguf-convert.txt"
+  fi
+  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  r=(-r 3 -p 512 -n 64)
+  model="$gm" hobrow "resident int4, int8 dense (from the Q4_K_M GGUF)" --platform h200 --expert-variant int4 --low none "${r[@]}"
+  llrow "resident Q4_K_M" "$g-Q4_K_M.gguf" "${r[@]}"
+  for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
+    name=${prof%%:*}; gib=${prof##*:}
+    f4=$(frac "$gib" $E_INT4 $D_INT8); fq4=$(frac "$gib" $E_Q4KM $D_Q4KM); c4=$(cache "$f4" $E_INT4)
+    echo "$name: hob int4 share $f4 ($c4 GiB); llama.cpp Q4_K_M share $fq4" >> "$out/qwen3.md"
+    p=(--platform "$name" --cache-policy hobbit --prefetch 3 --expert-cache "$c4" "${r[@]}")
+    model="$gm" hobrow "$name int4+int2 (the file's pair)" "${p[@]}"
+    model="$gm" hobrow "$name int4, CPU experts" "${p[@]}" --expert-variant int4 --low none --cpu-experts -t "$(nproc)"
+    n4=$(ncpu "$fq4")
+    for n in $n4 $((n4 + 1)) $((n4 + 2)); do
+      [ "$n" -le "$LAYERS" ] && llrow "$name Q4_K_M n-cpu-moe $n" "$g-Q4_K_M.gguf" --n-cpu-moe "$n" "${r[@]}"
+    done
+  done
+  mv "$out/qwen3.md" "$out/gguf.md"; cat "$out/gguf.md" ;;
 hobbit)
   h="$out/hobbit-qwen3.md"
   { echo "## Fidelity of T1 $T1 / T2 $T2 on the trained model (Hamlet, 20 chunks of 512)"; echo '```'; } > "$h"
@@ -252,5 +280,5 @@ hobbit)
   hobrow "(d) + HOBBIT cache policy" "${p[@]}" "${cal[@]}" --cache-policy hobbit --prefetch 3
   hobrow "(e) + cooperative CPU experts" "${p[@]}" "${cal[@]}" --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)"
   cat "$out/qwen3.md" >> "$h"; cat "$h" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|dense|trace|replay|phi-trace|phi|hobbit"; exit 2 ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit"; exit 2 ;;
 esac

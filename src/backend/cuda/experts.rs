@@ -459,8 +459,8 @@ impl CudaBackend {
         }
     }
 
-    /// A prefill expert of int4 g64 through gemm_q4h: its `n` tokens (rows `idx` of `x`)
-    /// gathered as f16 once for gate and up, SwiGLU straight to f16 (down's input), down's parts
+    /// A prefill expert of int4 (groups of a multiple of 32) through gemm_q4h: its `n` tokens
+    /// (rows `idx` of `x`) gathered as f16 once for gate and up, SwiGLU straight to f16 (down's input), down's parts
     /// of K summed by the weighted scatter into `out`: the arithmetic of matmul's to_half,
     /// sum_splits, swiglu and scatter_axpy in four fewer launches. False (nothing launched)
     /// where gemm_q4h does not apply.

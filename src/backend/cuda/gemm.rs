@@ -143,19 +143,19 @@ impl Gpu {
         .map_err(cuda_err)
     }
 
-    /// True where gemm_q4h computes `w`'s products from f16 tokens at `xh` (int4 g64, 16-byte
-    /// aligned rows).
+    /// True where gemm_q4h computes `w`'s products from f16 tokens at `xh` (int4, groups of a
+    /// multiple of 32: hob's g64 and a GGUF's Q4_K g32; 16-byte aligned rows).
     pub fn gemm_q4h_applies(&self, w: &DevMat, xh: u64) -> bool {
         self.kernels.gemm_q4h.is_some()
             && w.kind == 4
-            && w.group == 64
+            && w.group % 32 == 0
             && (w.cols as usize).is_multiple_of(64)
             && w.row_bytes % 16 == 0
             && w.codes.is_multiple_of(16)
             && xh.is_multiple_of(16)
     }
 
-    /// int4 g64 `w` times the `tn` f16 tokens at `xh` through gemm_q4h, f32 [tn, rows] out: at
+    /// int4 `w` (groups of a multiple of 32) times the `tn` f16 tokens at `xh` through gemm_q4h, f32 [tn, rows] out: at
     /// `direct` in one launch over K, or as the partial sums of K's parts at `parts` + z·tn·rows
     /// (at most `max_parts` of them) where the grid is short of two waves. Returns the number
     /// of parts (1: the product is at `direct`), None where the kernel does not apply.
