@@ -114,7 +114,7 @@ __device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, cons
 }
 template <int BN>
 __device__ __forceinline__ void gemm_q4h_body(const Mat& w, const half_bits* __restrict__ xh, int t,
-                                              float* __restrict__ out, int ld, int ksteps) {
+                                              float* __restrict__ out, int ld, int ksteps, int kz) {
 #if __CUDA_ARCH__ >= 800
     constexpr int NT = BN / 16;  // n8 tiles a warp
     constexpr int XV = BN * GQ_BK / 8 / 256;  // 16-byte x loads a thread per step
@@ -124,9 +124,9 @@ __device__ __forceinline__ void gemm_q4h_body(const Mat& w, const half_bits* __r
     const int wm = warp & 3, wn = warp >> 2;
     const int m0 = blockIdx.x * GQ_BM, n0 = blockIdx.y * BN;
     const int gpr = w.cols / w.group;
-    // Split K: block z takes steps [z * ksteps, ...) and writes its own [t, ld] partial.
-    const int kb = blockIdx.z * ksteps * GQ_BK, ke = min(w.cols, kb + ksteps * GQ_BK);
-    out += (size_t)blockIdx.z * t * ld;
+    // Split K: part kz takes steps [kz * ksteps, ...) and writes its own [t, ld] partial.
+    const int kb = kz * ksteps * GQ_BK, ke = min(w.cols, kb + ksteps * GQ_BK);
+    out += (size_t)kz * t * ld;
     // This thread's loads: 32 codes (16 bytes) of row lr, half lh of the step; XV x chunks.
     const int lr = tid >> 1, lh = tid & 1, grow = min(m0 + lr, w.rows - 1);
     const uint4* crow = reinterpret_cast<const uint4*>(w.codes + (size_t)grow * w.row_bytes);
@@ -220,12 +220,75 @@ __device__ __forceinline__ void gemm_q4h_body(const Mat& w, const half_bits* __r
 extern "C" __global__ void __launch_bounds__(256) gemm_q4h_64(const Mat w, const half_bits* xh, int t,
                                                               float* out, int ld, int ksteps) {
     PDL_ENTRY();
-    gemm_q4h_body<64>(w, xh, t, out, ld, ksteps);
+    gemm_q4h_body<64>(w, xh, t, out, ld, ksteps, blockIdx.z);
 }
 extern "C" __global__ void __launch_bounds__(256) gemm_q4h_128(const Mat w, const half_bits* xh, int t,
                                                                float* out, int ld, int ksteps) {
     PDL_ENTRY();
-    gemm_q4h_body<128>(w, xh, t, out, ld, ksteps);
+    gemm_q4h_body<128>(w, xh, t, out, ld, ksteps, blockIdx.z);
+}
+
+// A layer's prefill experts, one launch a product (gemm_q4h_grp_*): group z's tokens are rows
+// [row0, row0 + n) of xh and of out, its matrix the entry's m[which]; blocks past a group's tokens
+// return. K is not split, so a call of one group computes what a call of many does, bit for bit
+// (Gpu::gemm_q4h_groups; the engine's grouped and per-expert prefill paths agree).
+struct QGroup {
+    MatEntry m[3];
+    int row0, n, pad0, pad1;
+};
+template <int BN>
+__device__ __forceinline__ void gemm_q4h_grp(const QGroup* __restrict__ groups, int which,
+                                             const half_bits* __restrict__ xh, float* __restrict__ out,
+                                             int ld) {
+    const QGroup& g = groups[blockIdx.z];
+    if ((int)blockIdx.y * BN >= g.n) return;
+    const Mat w = g.m[which].m;
+    gemm_q4h_body<BN>(w, xh + (size_t)g.row0 * w.cols, g.n, out + (size_t)g.row0 * ld, ld, w.cols / GQ_BK, 0);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_q4h_grp_64(const QGroup* groups, int which,
+                                                                  const half_bits* xh, float* out, int ld) {
+    PDL_ENTRY();
+    gemm_q4h_grp<64>(groups, which, xh, out, ld);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_q4h_grp_128(const QGroup* groups, int which,
+                                                                   const half_bits* xh, float* out, int ld) {
+    PDL_ENTRY();
+    gemm_q4h_grp<128>(groups, which, xh, out, ld);
+}
+
+// out[i, :] += w[r] y[r, :] for every row r of token i (idx[r] == i), r ascending: the sums of
+// one scatter_axpy a group, groups in ascending expert order, in one launch. A block a token, at
+// most 32 rows a token (the routes' k).
+extern "C" __global__ void __launch_bounds__(256) gather_axpy(float* __restrict__ out,
+                                                              const int* __restrict__ idx,
+                                                              const float* __restrict__ w,
+                                                              const float* __restrict__ y, int n, int m) {
+    PDL_ENTRY();
+    __shared__ int rows[32];
+    __shared__ int count;
+    const int i = blockIdx.x;
+    if (threadIdx.x < 32) {
+        int c = 0;
+        for (int r0 = 0; r0 < m; r0 += 32) {
+            const int r = r0 + threadIdx.x;
+            const bool hit = r < m && idx[r] == i;
+            const unsigned b = __ballot_sync(0xffffffffu, hit);
+            const int at = c + __popc(b & ((1u << threadIdx.x) - 1u));
+            if (hit && at < 32) rows[at] = r;
+            c += __popc(b);
+        }
+        if (threadIdx.x == 0) count = min(c, 32);
+    }
+    __syncthreads();
+    for (int col = threadIdx.x; col < n; col += blockDim.x) {
+        float* o = out + (size_t)i * n + col;
+        float acc = *o;
+        for (int j = 0; j < count; j++) {
+            const int r = rows[j];
+            acc = acc + w[r] * y[(size_t)r * n + col];
+        }
+        *o = acc;
+    }
 }
 
 // out[i] = sum over z < splits of part[z * n + i], in z order (gemm_q4h's split-K partials).

@@ -173,6 +173,22 @@ fn quantized_experts_on_the_gpu_match_the_cpu() {
                 nmse(&h_steps, &steps)
             );
         }
+        // Prefill experts grouped (int4: a gemm_q4h launch a product for all of a layer's) or
+        // one at a time: the same bits.
+        if name.to_string().starts_with("int4") {
+            assert!(gs.expert_stats().grouped_layers > 0, "{name}");
+        }
+        let mut c = EngineConfig::simple(v, None);
+        c.tuning.grouped_prefill = false;
+        let mut os = engine_session(&g, &model, c);
+        let (o_all, o_ids, o_steps) = greedy(&mut *os, &r.input_ids, 8);
+        assert_eq!(os.expert_stats().grouped_layers, 0, "{name}");
+        assert_eq!(o_ids, ids, "{name}");
+        assert!(
+            o_all == got && o_steps == steps,
+            "{name}: grouped prefill and one expert at a time differ: NMSE {:.2e}",
+            nmse(&o_all, &got)
+        );
     }
 }
 

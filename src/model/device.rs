@@ -141,6 +141,18 @@ pub trait ExpertDevice: Backend {
         rows: (usize, usize),
         out: &mut Self::Buf,
     ) -> crate::Result<()>;
+    /// `expert_rows` of every group of a prefill layer at once (`groups`: each expert with its
+    /// `n` rows from row `at` of `begin_layer`'s, the groups covering them in order, ascending
+    /// by expert; `t` tokens of at most `k` rows each), in a few launches where the device can:
+    /// the same sums, bit for bit. False (nothing done) where it cannot.
+    fn experts_grouped(
+        &self,
+        work: &mut Self::Work,
+        groups: &[(usize, usize, Self::Expert)],
+        x: &Self::Buf,
+        tokens: (usize, usize),
+        out: &mut Self::Buf,
+    ) -> crate::Result<bool>;
     /// Step `step` of one token's expert, its output kept in row `row` of the work: 0 the gate
     /// product, 1 the up product and SwiGLU, 2 the down product. Each step reads only its own
     /// matrix.

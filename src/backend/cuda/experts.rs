@@ -7,7 +7,9 @@
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 
 use super::copier::{register_file, CudaCopier, LinkClock};
-use super::{cuda_err, ptr, CudaBackend, DevMat, QueuedRead, Routed, SlotArgs, SLOTS_MAX_K};
+use super::{
+    cuda_err, ptr, CudaBackend, DevMat, QGroup, QueuedRead, Routed, SlotArgs, SLOTS_MAX_K,
+};
 use crate::format::{ExpertView, MatrixLayout};
 use crate::model::{
     ArenaBase, Backend, CopierSetup, DeviceEvent, ExpertDevice, MoeBlock, SlotExpert,
@@ -36,6 +38,8 @@ pub struct CudaWork {
     idx: CudaSlice<i32>,
     wts: CudaSlice<f32>,
     routed: Option<RoutedWork>,
+    /// A grouped prefill layer's buffers (`experts_grouped`), grown as needed.
+    grouped: Option<CudaSlice<f32>>,
 }
 
 /// What `put_slots` writes (a table of SLOTS_MAX_K experts and their routes) and the routed
@@ -209,6 +213,7 @@ impl ExpertDevice for CudaBackend {
             idx: g.alloc(1, "expert routes")?,
             wts: g.alloc(1, "expert routes")?,
             routed: None,
+            grouped: None,
         })
     }
 
@@ -266,6 +271,75 @@ impl ExpertDevice for CudaBackend {
         }
         self.gpu
             .scatter_axpy(op, (ia, wa), self.p(&w.down), h, n, 1)
+    }
+
+    fn experts_grouped(
+        &self,
+        w: &mut CudaWork,
+        groups: &[(usize, usize, [DevMat; 3])],
+        x: &CudaSlice<f32>,
+        (t, k): (usize, usize),
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<bool> {
+        let gpu = &self.gpu;
+        let m: usize = groups.iter().map(|g| g.1).sum();
+        let mut at = 0;
+        let contiguous = groups.iter().all(|&(a, n, _)| {
+            let ok = a == at && n > 0;
+            at += n;
+            ok
+        });
+        // gather_axpy takes at most 32 rows a token; 256-byte aligned buffers pass
+        // gemm_q4h_applies' alignment.
+        if groups.is_empty()
+            || !contiguous
+            || k > 32
+            || gpu.kernels.gemm_q4h_grp.is_none()
+            || !groups
+                .iter()
+                .all(|(_, _, e)| e.iter().all(|mat| gpu.gemm_q4h_applies(mat, 0)))
+        {
+            return Ok(false);
+        }
+        let (h, f) = (w.hidden, w.ffn);
+        // Bytes: the gathered tokens (f16), gate and up (f32), SwiGLU (f16), down (f32), table.
+        let sizes = [
+            m * h * 2,
+            m * f * 4,
+            m * f * 4,
+            m * f * 2,
+            m * h * 4,
+            groups.len() * 160,
+        ];
+        let mut offs = [0usize; 6];
+        let mut total = 0;
+        for (o, sz) in offs.iter_mut().zip(sizes) {
+            *o = total;
+            total += align256(sz);
+        }
+        if w.grouped.as_ref().is_none_or(|b| b.len() * 4 < total) {
+            w.grouped = Some(gpu.alloc(total.div_ceil(4), "grouped prefill experts")?);
+        }
+        let Some(buf) = w.grouped.as_ref() else {
+            return Ok(false);
+        };
+        let base = self.p(buf);
+        let [xh, gp, up, act, yp, tab] = offs.map(|o| base + o as u64);
+        let table: Vec<QGroup> = groups
+            .iter()
+            .map(|&(a, n, e)| QGroup::new(e, a, n))
+            .collect();
+        gpu.upload_queued(&table, tab)?;
+        let (ia, wa) = (ptr(&w.idx, &gpu.stream), self.p(&w.wts));
+        let max_n = groups.iter().map(|g| g.1).max().unwrap_or(0);
+        let gr = (tab, groups.len(), max_n);
+        gpu.gather_rows((self.p(x), ia), xh, h, m, true)?;
+        gpu.gemm_q4h_groups(gr, 0, (xh, gp), f)?;
+        gpu.gemm_q4h_groups(gr, 1, (xh, up), f)?;
+        gpu.swiglu_half(gp, up, act, m * f)?;
+        gpu.gemm_q4h_groups(gr, 2, (act, yp), h)?;
+        gpu.gather_axpy(self.p(out), (ia, wa), yp, (h, m, t))?;
+        Ok(true)
     }
 
     fn expert_step(
@@ -460,10 +534,9 @@ impl CudaBackend {
     }
 
     /// A prefill expert of int4 (groups of a multiple of 32) through gemm_q4h: its `n` tokens
-    /// (rows `idx` of `x`) gathered as f16 once for gate and up, SwiGLU straight to f16 (down's input), down's parts
-    /// of K summed by the weighted scatter into `out`: the arithmetic of matmul's to_half,
-    /// sum_splits, swiglu and scatter_axpy in four fewer launches. False (nothing launched)
-    /// where gemm_q4h does not apply.
+    /// (rows `idx` of `x`) gathered as f16 once for gate and up, SwiGLU straight to f16 (down's
+    /// input), down's output added by the weighted scatter into `out`. False (nothing
+    /// launched) where gemm_q4h does not apply.
     fn expert_q4h(
         &self,
         w: &CudaWork,
@@ -494,17 +567,14 @@ impl CudaBackend {
             gpu.gemm_q4h(m, xh, n, (direct, parts), max)?
                 .ok_or_else(|| Error::Invalid("gemm_q4h refused a checked matrix".into()))
         };
+        // K is not split: a grouped layer (experts_grouped) computes these sums, bit for bit.
         gpu.gather_rows((x, idx), xh, h, n, true)?;
         for (m, dst) in [(wg, gp), (wu, up)] {
-            let k = q4(m, xh, (dst, parts), room(parts) / (n * f * 4))?;
-            if k > 1 {
-                gpu.sum_splits(parts, dst, n * f, k)?;
-            }
+            q4(m, xh, (dst, parts), 1)?;
         }
         gpu.swiglu_half(gp, up, act, n * f)?;
-        let max = room(down_parts) / (n * h * 4);
-        let k = q4(wd, act, (down_parts, down_parts), max)?;
-        gpu.scatter_axpy(out, (idx, wts), down_parts, h, n, k)?;
+        q4(wd, act, (down_parts, down_parts), 1)?;
+        gpu.scatter_axpy(out, (idx, wts), down_parts, h, n, 1)?;
         Ok(true)
     }
 }

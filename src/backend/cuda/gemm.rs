@@ -208,6 +208,53 @@ impl Gpu {
         Ok(Some(splits))
     }
 
+    /// Product `which` (0 gate, 1 up, 2 down) of every expert in the device table `groups`
+    /// (`n_groups` QGroups, each gemm_q4h_applies to its matrices) on its rows of the f16 tokens
+    /// at `xh`, f32 rows of `rows` values out at `out`, K not split: group by group what
+    /// gemm_q4h computes with one part. `max_n`: the most rows of a group.
+    pub fn gemm_q4h_groups(
+        &self,
+        (groups, n_groups, max_n): (u64, usize, usize),
+        which: usize,
+        (xh, out): (u64, u64),
+        rows: usize,
+    ) -> crate::Result<()> {
+        let Some(fs) = self.kernels.gemm_q4h_grp.as_ref() else {
+            return Err(Error::Invalid(
+                "gemm_q4h_groups: needs sm_80 or later".into(),
+            ));
+        };
+        let (f, bn) = if max_n > 64 {
+            (&fs[1], 128)
+        } else {
+            (&fs[0], 64)
+        };
+        let c = LaunchConfig {
+            grid_dim: (
+                rows.div_ceil(128) as u32,
+                max_n.div_ceil(bn) as u32,
+                n_groups as u32,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (wi, ld) = (which as i32, rows as i32);
+        launch!(self, f, c; groups, wi, xh, out, ld)
+    }
+
+    /// out[idx[r], :] += w[r] · y[r, :] for the m rows r, each token's rows in ascending r (one
+    /// block a token, t tokens; at most 32 rows a token).
+    pub fn gather_axpy(
+        &self,
+        out: u64,
+        (idx, w): (u64, u64),
+        y: u64,
+        (n, m, t): (usize, usize, usize),
+    ) -> crate::Result<()> {
+        let (ni, mi) = (n as i32, m as i32);
+        launch!(self, self.kernels.gather_axpy, cfg(t as u32, 256); out, idx, w, y, ni, mi)
+    }
+
     /// out[..n] = the sum of the `splits` partials at parts, n apart, in order.
     pub fn sum_splits(&self, parts: u64, out: u64, n: usize, splits: usize) -> crate::Result<()> {
         let (ni, si) = (n as i32, splits as i32);

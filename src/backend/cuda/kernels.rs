@@ -47,9 +47,13 @@ pub struct Kernels {
     /// The integer kinds on the tensor cores (matvec_qm.cu matvec_qm_*, and matvec_qm_*_sel like
     /// matvec_q_*_sel): sm_80 and later, None before.
     pub matvec_qm: Option<[QKernel; 3]>,
-    /// Prefill products of int4 (g64) weights on the tensor cores without an f16 tile (dequant.cu
+    /// Prefill products of int4 weights (groups of a multiple of 32) on the tensor cores without an f16 tile (dequant.cu
     /// gemm_q4h_64, gemm_q4h_128: 64 or 128 tokens a block): sm_80 and later, None before.
     pub gemm_q4h: Option<[CudaFunction; 2]>,
+    /// The same over a layer's prefill experts in one launch (gemm_q4h_grp_64, _128).
+    pub gemm_q4h_grp: Option<[CudaFunction; 2]>,
+    /// The weighted sums of a layer's prefill expert rows into their tokens (gather_axpy).
+    pub gather_axpy: CudaFunction,
     pub sum_splits: CudaFunction,
     pub matvec_qm_sel: Option<[QKernel; 3]>,
     /// The integer kinds through dp4a on x staged as integers (matvec_q.cu matvec_qd_*, and
@@ -300,6 +304,10 @@ impl Kernels {
             gemm_q4h: mma
                 .then(|| Ok::<_, Error>([f("gemm_q4h_64")?, f("gemm_q4h_128")?]))
                 .transpose()?,
+            gemm_q4h_grp: mma
+                .then(|| Ok::<_, Error>([f("gemm_q4h_grp_64")?, f("gemm_q4h_grp_128")?]))
+                .transpose()?,
+            gather_axpy: f("gather_axpy")?,
             matvec_qm_sel: mma
                 .then(|| qkernels("matvec_qm", "_sel", QFamily::Mma))
                 .transpose()?,

@@ -146,6 +146,33 @@ pub struct DevMat {
 unsafe impl DeviceRepr for DevMat {}
 const _: () = assert!(std::mem::size_of::<DevMat>() == 48);
 
+/// dequant.cu `struct QGroup`: one expert of a layer's grouped prefill, its tokens rows
+/// [row0, row0 + n) of the gathered inputs and of the outputs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QGroup {
+    pub mats: [DevMat; 3],
+    pub row0: i32,
+    pub n: i32,
+    _pad: [i32; 2],
+}
+
+impl QGroup {
+    pub fn new(mats: [DevMat; 3], row0: usize, n: usize) -> QGroup {
+        QGroup {
+            mats,
+            row0: row0 as i32,
+            n: n as i32,
+            _pad: [0; 2],
+        }
+    }
+}
+
+// SAFETY: QGroup is #[repr(C)] of DevMats (moe.cu's MatEntry) and integers, laid out as
+// dequant.cu's `struct QGroup` (160 bytes, checked below).
+unsafe impl DeviceRepr for QGroup {}
+const _: () = assert!(std::mem::size_of::<QGroup>() == 160);
+
 /// (query, head) rows of one prefill attention block (attention.cu ATP_ROWS).
 const ATP_ROWS: usize = 32;
 

@@ -183,6 +183,16 @@ impl Gpu {
 
     /// Host-to-device copy of i32 values queued on the compute stream, without waiting (as
     /// upload_f32_queued: a pageable source is staged before the call returns).
+    /// Host-to-device copy of a table of `T` queued as upload_f32_queued's (dst 16-byte
+    /// aligned, room for src.len() values).
+    pub fn upload_queued<T: DeviceRepr>(&self, src: &[T], dst: u64) -> crate::Result<()> {
+        // SAFETY: as upload_f32_queued; T is a plain #[repr(C)] value (DeviceRepr).
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream())
+                .map_err(cuda_err)
+        }
+    }
+
     pub fn upload_i32_queued(&self, src: &[i32], dst: u64) -> crate::Result<()> {
         // SAFETY: as upload_f32_queued.
         unsafe {

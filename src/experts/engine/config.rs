@@ -37,6 +37,9 @@ pub struct Tuning {
     /// A host-routed decode layer whose experts all sit in slots of one pool runs them through
     /// the routed kernels (off: one expert at a time; the same sums).
     pub routed_slots: bool,
+    /// A prefill layer whose experts all sit in slots of one pool runs them grouped, a launch a
+    /// product (`ExpertDevice::experts_grouped`; off: one expert at a time; the same sums).
+    pub grouped_prefill: bool,
     /// Fill the pools in layer order before the first token (off: the cache starts empty).
     pub preload: bool,
     /// A low-precision route whose high copy is cached runs in high precision (low precision is
@@ -49,6 +52,7 @@ impl Default for Tuning {
         Tuning {
             device_routing: true,
             routed_slots: true,
+            grouped_prefill: true,
             preload: true,
             upgrade_low: true,
         }

@@ -169,6 +169,9 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         let mut at = 0usize;
         for i in 0..lp.groups.len() {
             self.place_ahead(dev, (layer, lp), run, i)?;
+            if i == 0 && !run.decode && self.grouped_layer(dev, (layer, lp), run, io)? {
+                break;
+            }
             if i == 0 && run.decode {
                 // Demand loads are queued; now prefetch behind them, and hand the CPU its
                 // experts while the loader and the device work.
@@ -359,6 +362,57 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         }
         self.slot_kinds[kind as usize] = Some(ok);
         ok.then_some(kind)
+    }
+
+    /// A prefill layer whose groups all sit in slots of one pool: every expert at once, a
+    /// launch a product (`ExpertDevice::experts_grouped`, the sums of run_slot group by group).
+    /// False (nothing computed) where that does not apply.
+    fn grouped_layer(
+        &mut self,
+        dev: &D,
+        (layer, lp): (usize, &LayerPlan),
+        run: &mut Run,
+        io: &mut Io<'_, D::Buf>,
+    ) -> crate::Result<bool> {
+        if !self.tuning.grouped_prefill || run.placed != lp.groups.len() {
+            return Ok(false);
+        }
+        let Some(Some(Place::Slot(kind, _))) = run.places.first().copied() else {
+            return Ok(false);
+        };
+        let (mut groups, mut at) = (Vec::with_capacity(lp.groups.len()), 0);
+        let t = run.n_out / self.file.expert_dims().0.max(1);
+        let mut per_token = vec![0usize; t];
+        for (g, p) in lp.groups.iter().zip(&run.places) {
+            let Some(Place::Slot(k, s)) = *p else {
+                return Ok(false);
+            };
+            if k != kind {
+                return Ok(false);
+            }
+            groups.push((at, g.rows.len(), self.slots.expert(dev, kind, s)));
+            at += g.rows.len();
+            for &(tok, _) in &g.rows {
+                if let Some(c) = per_token.get_mut(tok) {
+                    *c += 1;
+                }
+            }
+        }
+        // The device waits for each slot's load (if any) before the grouped launches.
+        for p in &run.places {
+            if let Some(Place::Slot(k, s)) = *p {
+                self.take_slot(dev, k, s)?;
+            }
+        }
+        let k = per_token.iter().copied().max().unwrap_or(0);
+        if !dev.experts_grouped(&mut self.work, &groups, io.xs, (t, k), io.out)? {
+            return Ok(false);
+        }
+        for g in &lp.groups {
+            self.slots.cache.unprotect(kind, (layer, g.expert));
+        }
+        self.count.grouped_layers += 1;
+        Ok(true)
     }
 
     /// Compute group `g` (its routes from row `at` of the layer's) with the expert in the

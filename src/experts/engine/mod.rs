@@ -60,6 +60,7 @@ struct Counters {
     loaded_behind: u64,
     behind_chances: u64,
     slot_layers: u64,
+    grouped_layers: u64,
     early_layers: u64,
     /// Loader counters (bytes, disk bytes, nanoseconds) at the last reset.
     base: (u64, u64, u64),

@@ -58,6 +58,8 @@ pub struct ExpertStats {
     pub device_account_seconds: f64,
     /// Host-routed decode layers whose experts ran through the routed kernels.
     pub slot_routed_layers: u64,
+    /// Prefill layers whose experts ran grouped (a launch a product for all of them).
+    pub grouped_layers: u64,
     /// Decode layers whose cached experts were computed while their other experts' loads landed.
     pub early_layers: u64,
     /// Host seconds submitting recorded decode steps (CUDA graph launches).
@@ -134,6 +136,7 @@ impl ExpertStats {
             (&mut self.cpu_bytes, s.cpu_bytes),
             (&mut self.device_routed, s.device_routed),
             (&mut self.slot_routed_layers, s.slot_routed_layers),
+            (&mut self.grouped_layers, s.grouped_layers),
             (&mut self.early_layers, s.early_layers),
         ];
         for (a, b) in counts {
@@ -405,6 +408,7 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
             device_routed: self.routing.tokens + held,
             device_account_seconds: secs(self.routing.account),
             slot_routed_layers: c.slot_layers,
+            grouped_layers: c.grouped_layers,
             early_layers: c.early_layers,
             // The session fills in the backend's host times.
             ..ExpertStats::default()
