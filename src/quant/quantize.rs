@@ -164,6 +164,8 @@ struct Scratch {
     q: Vec<f32>,
     a: Vec<f32>,
     b: Vec<f32>,
+    /// Each value's weight in the asymmetric search's error (all 1 for int8's).
+    wt: Vec<f32>,
 }
 
 impl Scratch {
@@ -172,6 +174,7 @@ impl Scratch {
             q: vec![0.0; g],
             a: vec![0.0; g],
             b: vec![0.0; g],
+            wt: vec![1.0; g],
         }
     }
 }
@@ -185,11 +188,12 @@ fn codes_into(w: &[f32], s: f32, m: f32, lo: f32, hi: f32, q: &mut [f32]) {
     }
 }
 
-/// Squared error of the codes in `sc.q` under (s, m), as a reader dequantizes them.
+/// Squared error of the codes in `sc.q` under (s, m), as a reader dequantizes them, each value's
+/// weighted by `sc.wt`.
 fn sse(w: &[f32], s: f32, m: f32, sc: &mut Scratch) -> f32 {
-    for ((e, &q), &v) in sc.a.iter_mut().zip(&sc.q).zip(w) {
+    for (((e, &q), &v), &k) in sc.a.iter_mut().zip(&sc.q).zip(w).zip(&sc.wt) {
         let d = dequant(s, q, m) - v;
-        *e = d * d;
+        *e = k * d * d;
     }
     let mut acc = Lanes::new();
     sc.a.chunks_exact(8).for_each(|c| acc.add(c));
@@ -255,15 +259,32 @@ struct AsymParams {
 /// least-squares refit; leaves the winner's codes in `sc.q`. The first candidate is plain
 /// [min, max]; ties keep the earlier one.
 fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) -> AsymParams {
-    let n = w.len() as f32;
     let (lo, hi) = w
         .iter()
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
             (a.min(v), b.max(v))
         });
-    let mut sw = Lanes::new();
-    w.chunks_exact(8).for_each(|c| sw.add(c));
-    let sw = sw.total();
+    // Each value's error weighs av + |w| (av the group's RMS; squared for int4): the larger
+    // weights matter more, as llama.cpp's k-quants weigh them without an importance matrix. The
+    // demo model's perplexity chose the forms (benches/results/2026-12-02-cpu-weighted-quant.md).
+    let squared = nmax >= 15.0;
+    let mut sq = Lanes::new();
+    for (a, &v) in sc.a.iter_mut().zip(w) {
+        *a = v * v;
+    }
+    sc.a.chunks_exact(8).for_each(|c| sq.add(c));
+    let av = (sq.total() / w.len() as f32).sqrt();
+    for (k, &v) in sc.wt.iter_mut().zip(w) {
+        let a = av + v.abs();
+        *k = if squared { a * a } else { a };
+    }
+    let (mut sk, mut skw) = (Lanes::new(), Lanes::new());
+    for (a, (&k, &v)) in sc.a.iter_mut().zip(sc.wt.iter().zip(w)) {
+        *a = k * v;
+    }
+    sc.wt.chunks_exact(8).for_each(|c| sk.add(c));
+    sc.a.chunks_exact(8).for_each(|c| skw.add(c));
+    let (sk, skw) = (sk.total(), skw.total());
     let range = hi - lo;
     let eval = |p: AsymParams, sc: &mut Scratch| {
         codes_into(w, p.scale.to_f32(), p.min.to_f32(), 0.0, nmax, &mut sc.q);
@@ -294,34 +315,12 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
         if e < best.0 {
             best = (e, p);
         }
-        // Least squares for (scale, min) on these codes: minimise sum (s q + m - w)^2.
-        for ((a, b), (&q, &v)) in sc.a.iter_mut().zip(sc.b.iter_mut()).zip(sc.q.iter().zip(w)) {
-            *a = q * q;
-            *b = q * v;
-        }
-        let (mut sq, mut sqq, mut sqw) = (Lanes::new(), Lanes::new(), Lanes::new());
-        for ((q, a), b) in
-            sc.q.chunks_exact(8)
-                .zip(sc.a.chunks_exact(8))
-                .zip(sc.b.chunks_exact(8))
-        {
-            sq.add(q);
-            sqq.add(a);
-            sqw.add(b);
-        }
-        let (sq, sqq, sqw) = (sq.total(), sqq.total(), sqw.total());
-        let det = n * sqq - sq * sq;
-        if det > 0.0 {
-            let s = (n * sqw - sq * sw) / det;
-            if s > 0.0 {
-                let r = AsymParams {
-                    scale: to_f16(s),
-                    min: to_f16((sw - s * sq) / n),
-                };
-                let e = eval(r, sc);
-                if e < best.0 {
-                    best = (e, r);
-                }
+        // Weighted least squares for (scale, min) on these codes: minimise
+        // sum wt (s q + m - w)^2.
+        if let Some(r) = refit(w, sk, skw, sc) {
+            let e = eval(r, sc);
+            if e < best.0 {
+                best = (e, r);
             }
         }
         if range == 0.0 {
@@ -330,6 +329,40 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
     }
     eval(best.1, sc);
     best.1
+}
+
+/// The (scale, min) minimising sum wt (s q + m - w)^2 for the codes in `sc.q` (sk: sum wt,
+/// skw: sum wt w); None where the codes do not determine a positive scale.
+fn refit(w: &[f32], sk: f32, skw: f32, sc: &mut Scratch) -> Option<AsymParams> {
+    for ((a, b), (&q, &k)) in
+        sc.a.iter_mut()
+            .zip(sc.b.iter_mut())
+            .zip(sc.q.iter().zip(&sc.wt))
+    {
+        *a = k * q;
+        *b = k * q * q;
+    }
+    let (mut skq, mut skqq, mut skqw) = (Lanes::new(), Lanes::new(), Lanes::new());
+    sc.a.chunks_exact(8)
+        .zip(sc.b.chunks_exact(8))
+        .for_each(|(a, b)| {
+            skq.add(a);
+            skqq.add(b);
+        });
+    for (a, &v) in sc.a.iter_mut().zip(w) {
+        *a *= v;
+    }
+    sc.a.chunks_exact(8).for_each(|c| skqw.add(c));
+    let (skq, skqq, skqw) = (skq.total(), skqq.total(), skqw.total());
+    let det = sk * skqq - skq * skq;
+    if det <= 0.0 {
+        return None;
+    }
+    let s = (sk * skqw - skq * skw) / det;
+    (s > 0.0).then(|| AsymParams {
+        scale: to_f16(s),
+        min: to_f16((skw - s * skq) / sk),
+    })
 }
 
 /// The step of the symmetric grid the group's values sit on (every value k * step, |k| <= 127),
