@@ -215,24 +215,7 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
         .transpose()?;
     prepare_output(&args.output)?;
     let ckpt = open_source(from)?;
-    let variants = match experts {
-        Some(v) => v,
-        None => parse_variants(ckpt.default_experts(), group)?,
-    };
-    let plan = match dense_plan {
-        Some(p) => p,
-        None => parse_dense(ckpt.default_dense(), group)?,
-    };
-    if is_gguf(from) && (args.experts.is_none() || args.dense.is_none()) {
-        outln!(
-            "from the GGUF's block types: --experts {} --dense {}",
-            args.experts.as_deref().unwrap_or(ckpt.default_experts()),
-            args.dense
-                .as_deref()
-                .or(ckpt.default_dense())
-                .unwrap_or(ckpt.source_dtype().name())
-        );
-    }
+    let (variants, plan) = with_defaults(args, &*ckpt, group, (experts, dense_plan))?;
     let shape = ckpt.expert_shape();
     let layouts = variants
         .iter()
@@ -309,6 +292,36 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
         outln!("no tokenizer in the source: the file runs on token ids, as synthetic files do");
     }
     Ok(())
+}
+
+/// The flags' variants and dense plan (parsed before the source was read), else the source's
+/// defaults; a GGUF's are printed (they follow its block types).
+fn with_defaults(
+    args: &ConvertArgs,
+    ckpt: &dyn ConvertSource,
+    group: Option<u32>,
+    (experts, dense): (Option<Vec<Variant>>, Option<DensePlan>),
+) -> crate::Result<(Vec<Variant>, DensePlan)> {
+    let variants = match experts {
+        Some(v) => v,
+        None => parse_variants(ckpt.default_experts(), group)?,
+    };
+    let plan = match dense {
+        Some(p) => p,
+        None => parse_dense(ckpt.default_dense(), group)?,
+    };
+    let from_gguf = args.from.as_deref().is_some_and(is_gguf);
+    if from_gguf && (args.experts.is_none() || args.dense.is_none()) {
+        outln!(
+            "from the GGUF's block types: --experts {} --dense {}",
+            args.experts.as_deref().unwrap_or(ckpt.default_experts()),
+            args.dense
+                .as_deref()
+                .or(ckpt.default_dense())
+                .unwrap_or(ckpt.source_dtype().name())
+        );
+    }
+    Ok((variants, plan))
 }
 
 /// `--from`: a file whose name ends in `.gguf` is read as GGUF (the first file of a split set
