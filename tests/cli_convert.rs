@@ -206,6 +206,20 @@ fn fixture_converts_reads_back_and_inspects() {
     assert_eq!(j["metadata"]["general.architecture"], "mixtral");
     assert_eq!(j["verify"]["checksums"], file.tensors().len() + 2 * 4 * 4);
 
+    // --entropy: each integer variant's code entropy, below its width.
+    let o = hob(&["inspect", "--json", "--entropy", out.to_str().unwrap()]);
+    assert_ok(&o);
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let rows = j["entropy"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for r in rows {
+        let (h, bits) = (
+            r["order0_bits"].as_f64().unwrap(),
+            r["bits"].as_f64().unwrap(),
+        );
+        assert!(h > 0.5 * bits && h <= bits, "{r}");
+    }
+
     let o = hob(&["inspect", "--verify", out.to_str().unwrap()]);
     assert_ok(&o);
     let n = file.tensors().len() + 2 * 4 * 4;

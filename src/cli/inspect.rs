@@ -192,6 +192,10 @@ pub fn run(args: &InspectArgs) -> crate::Result<()> {
     } else {
         None
     };
+    let entropy = args.entropy.then(|| super::entropy::report(&file));
+    if let Some(e) = &entropy {
+        r["entropy"] = json!(e);
+    }
     if args.json {
         outln!("{r}");
         if let Some(n) = verified {
@@ -199,6 +203,9 @@ pub fn run(args: &InspectArgs) -> crate::Result<()> {
         }
     } else {
         print_text(&r);
+        if let Some(e) = &entropy {
+            super::entropy::print(e);
+        }
         if let Some(n) = verified {
             outln!("verify: all {n} checksums OK");
         }

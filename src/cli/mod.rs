@@ -10,6 +10,7 @@ mod chat;
 pub mod compat;
 pub mod convert;
 pub mod engine;
+mod entropy;
 pub mod inspect;
 pub mod kl_file;
 mod out;
@@ -108,6 +109,9 @@ pub struct InspectArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also measure the entropy of each integer variant's codes (reads every expert).
+    #[arg(long)]
+    pub entropy: bool,
 }
 
 /// The command line as clap reads it after llama.cpp's habits are translated ([`compat`]); the

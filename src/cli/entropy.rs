@@ -1,0 +1,160 @@
+//! `hob inspect --entropy`: how far entropy coding could shrink each integer variant's codes, the
+//! question to answer before an entropy-coded tier (QMoE codes its ternary experts that way).
+
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+use super::out::outln;
+use crate::format::{HobFile, MatrixView};
+
+/// Code counts of one variant: each code alone, and each code after the one before it in the
+/// same matrix (the context an order-1 coder would use).
+struct Counts {
+    single: Vec<u64>,
+    pairs: Vec<u64>,
+}
+
+impl Counts {
+    fn new(levels: usize) -> Counts {
+        Counts {
+            single: vec![0; levels],
+            pairs: vec![0; levels * levels],
+        }
+    }
+
+    fn add(&mut self, m: &MatrixView<'_>, bits: usize) {
+        let levels = self.single.len();
+        let per = 8 / bits;
+        let mask = (levels - 1) as u8;
+        let mut prev: Option<usize> = None;
+        for &b in m.codes {
+            for j in 0..per {
+                let c = ((b >> (j * bits)) & mask) as usize;
+                self.single[c] += 1;
+                if let Some(p) = prev {
+                    self.pairs[p * levels + c] += 1;
+                }
+                prev = Some(c);
+            }
+        }
+    }
+
+    fn merge(mut self, o: Counts) -> Counts {
+        for (a, b) in self.single.iter_mut().zip(o.single) {
+            *a += b;
+        }
+        for (a, b) in self.pairs.iter_mut().zip(o.pairs) {
+            *a += b;
+        }
+        self
+    }
+
+    /// Bits per code: (order 0, order 1).
+    fn entropies(&self) -> (f64, f64) {
+        let h = |counts: &[u64]| {
+            let n: u64 = counts.iter().sum();
+            let n = n.max(1) as f64;
+            counts
+                .iter()
+                .filter(|&&c| c > 0)
+                .map(|&c| {
+                    let p = c as f64 / n;
+                    -p * p.log2()
+                })
+                .sum::<f64>()
+        };
+        let levels = self.single.len();
+        let total: u64 = self.pairs.iter().sum();
+        let h1 = self
+            .pairs
+            .chunks_exact(levels)
+            .map(|row| {
+                let n: u64 = row.iter().sum();
+                n as f64 / total.max(1) as f64 * h(row)
+            })
+            .sum();
+        (h(&self.single), h1)
+    }
+}
+
+/// Per integer variant: the order-0 and order-1 entropy of its codes and what a coder reaching
+/// them would save of the variant's bytes (scales and mins kept as they are).
+pub fn report(file: &HobFile) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (vi, v) in file.variants().iter().enumerate() {
+        let bits = v.kind.bits() as usize;
+        if v.kind.is_float() || !(bits == 2 || bits == 4 || bits == 8) {
+            continue;
+        }
+        let levels = 1usize << bits;
+        let keys: Vec<(usize, usize)> = (0..file.n_layers())
+            .flat_map(|l| (0..file.n_experts()).map(move |e| (l, e)))
+            .collect();
+        let (counts, code_bytes, other_bytes) = keys
+            .par_iter()
+            .map(|&(l, e)| {
+                let x = file.expert(l, e, vi);
+                let mut c = Counts::new(levels);
+                let (mut cb, mut ob) = (0u64, 0u64);
+                for m in [x.gate(), x.up(), x.down()] {
+                    c.add(&m, bits);
+                    cb += m.codes.len() as u64;
+                    ob += (m.scales.len() + m.mins.len()) as u64;
+                }
+                (c, cb, ob)
+            })
+            .reduce(
+                || (Counts::new(levels), 0, 0),
+                |a, b| (a.0.merge(b.0), a.1 + b.1, a.2 + b.2),
+            );
+        let (h0, h1) = counts.entropies();
+        let total = (code_bytes + other_bytes).max(1) as f64;
+        let saves = |h: f64| code_bytes as f64 * (1.0 - h / bits as f64) / total;
+        out.push(json!({
+            "variant": v.name(),
+            "bits": bits,
+            "order0_bits": h0,
+            "order1_bits": h1,
+            "saves_order0": saves(h0),
+            "saves_order1": saves(h1),
+        }));
+    }
+    out
+}
+
+/// The table `hob inspect --entropy` prints.
+pub fn print(rows: &[Value]) {
+    outln!(
+        "code entropy (bits a code; what a coder reaching it would save of the variant's bytes):"
+    );
+    for r in rows {
+        outln!(
+            "  {:<10} {} bits: order 0 {:.3} (saves {:.1}%), order 1 {:.3} (saves {:.1}%)",
+            r["variant"].as_str().unwrap_or(""),
+            r["bits"],
+            r["order0_bits"].as_f64().unwrap_or(0.0),
+            100.0 * r["saves_order0"].as_f64().unwrap_or(0.0),
+            r["order1_bits"].as_f64().unwrap_or(0.0),
+            100.0 * r["saves_order1"].as_f64().unwrap_or(0.0),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_codes_have_full_entropy_and_constant_codes_none() {
+        let mut c = Counts::new(4);
+        c.single = vec![10, 10, 10, 10];
+        c.pairs = vec![1; 16];
+        let (h0, h1) = c.entropies();
+        assert!((h0 - 2.0).abs() < 1e-12 && (h1 - 2.0).abs() < 1e-12);
+        let mut z = Counts::new(4);
+        z.single = vec![40, 0, 0, 0];
+        z.pairs = vec![0; 16];
+        z.pairs[0] = 39;
+        assert_eq!(z.entropies(), (0.0, 0.0));
+    }
+}
