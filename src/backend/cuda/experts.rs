@@ -547,34 +547,30 @@ impl CudaBackend {
     ) -> crate::Result<bool> {
         let (h, f) = (w.hidden, w.ffn);
         let (scratch, scratch_len) = self.scratch();
-        // Scratch: the gathered tokens (f16), then gate's and up's parts of K; then (once those
-        // are summed) the SwiGLU output (f16) and down's parts.
+        // Scratch: the gathered tokens (f16), the SwiGLU output (f16), then down's output.
         let xh = scratch;
-        let parts = scratch + align256(n * h * 2) as u64;
-        let act = parts;
-        let down_parts = act + align256(n * f * 2) as u64;
-        let room = |at: u64| (scratch_len * 4).saturating_sub((at - scratch) as usize);
+        let act = scratch + align256(n * h * 2) as u64;
+        let down = act + align256(n * f * 2) as u64;
         let gpu = &self.gpu;
-        if room(down_parts) < n * h * 4
-            || room(parts) < n * f * 4
+        if (scratch_len * 4).saturating_sub((down - scratch) as usize) < n * h * 4
             || !gpu.gemm_q4h_applies(wd, act)
             || ![wg, wu].iter().all(|m| gpu.gemm_q4h_applies(m, xh))
         {
             return Ok(false);
         }
         let (gp, up) = (self.p(&w.gate), self.p(&w.up));
-        let q4 = |m: &DevMat, xh: u64, (direct, parts): (u64, u64), max: usize| {
-            gpu.gemm_q4h(m, xh, n, (direct, parts), max)?
+        // K is not split (one part: no partial sums): a grouped layer (experts_grouped)
+        // computes these sums, bit for bit.
+        let q4 = |m: &DevMat, xh: u64, dst: u64| {
+            gpu.gemm_q4h(m, xh, n, (dst, dst), 1)?
                 .ok_or_else(|| Error::Invalid("gemm_q4h refused a checked matrix".into()))
         };
-        // K is not split: a grouped layer (experts_grouped) computes these sums, bit for bit.
         gpu.gather_rows((x, idx), xh, h, n, true)?;
-        for (m, dst) in [(wg, gp), (wu, up)] {
-            q4(m, xh, (dst, parts), 1)?;
-        }
+        q4(wg, xh, gp)?;
+        q4(wu, xh, up)?;
         gpu.swiglu_half(gp, up, act, n * f)?;
-        q4(wd, act, (down_parts, down_parts), 1)?;
-        gpu.scatter_axpy(out, (idx, wts), down_parts, h, n, 1)?;
+        q4(wd, act, down)?;
+        gpu.scatter_axpy(out, (idx, wts), down, h, n, 1)?;
         Ok(true)
     }
 }

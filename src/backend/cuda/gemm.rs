@@ -174,9 +174,7 @@ impl Gpu {
             return Ok(None);
         }
         let (rows, cols) = (w.rows as usize, w.cols as usize);
-        // 128 tokens a block above 64: 64 a block was slower at pp512
-        // (benches/results/2026-11-24-h100-prefill.md).
-        let (f, bn) = if tn > 64 { (&fs[1], 128) } else { (&fs[0], 64) };
+        let (f, bn) = q4h_kernel(fs, tn);
         // K in 4 parts where the grid is short of two waves (Mixtral's 14336-row gate and up:
         // 112 blocks, its 4096-row down: 32): the best of 1-8 parts and of parts sized to the
         // SM count (benches/results/2026-11-24-h100-prefill.md).
@@ -192,15 +190,7 @@ impl Gpu {
         }
         let ksteps = steps.div_ceil(splits);
         let splits = steps.div_ceil(ksteps);
-        let c = LaunchConfig {
-            grid_dim: (
-                rows.div_ceil(128) as u32,
-                tn.div_ceil(bn) as u32,
-                splits as u32,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let c = q4h_grid(rows, tn.div_ceil(bn), splits);
         let (ti, ld, ks) = (tn as i32, rows as i32, ksteps as i32);
         let out = if splits == 1 { direct } else { parts };
         let wm = *w;
@@ -224,20 +214,8 @@ impl Gpu {
                 "gemm_q4h_groups: needs sm_80 or later".into(),
             ));
         };
-        let (f, bn) = if max_n > 64 {
-            (&fs[1], 128)
-        } else {
-            (&fs[0], 64)
-        };
-        let c = LaunchConfig {
-            grid_dim: (
-                rows.div_ceil(128) as u32,
-                max_n.div_ceil(bn) as u32,
-                n_groups as u32,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let (f, bn) = q4h_kernel(fs, max_n);
+        let c = q4h_grid(rows, max_n.div_ceil(bn), n_groups);
         let (wi, ld) = (which as i32, rows as i32);
         launch!(self, f, c; groups, wi, xh, out, ld)
     }
@@ -314,5 +292,27 @@ impl Gpu {
         // SAFETY: callers pass a live device allocation of at least `bytes` bytes.
         unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
             .map_err(cuda_err)
+    }
+}
+
+/// gemm_q4h's form for `tn` tokens and its tokens a block: 128 a block above 64 (64 a block was
+/// slower at pp512: benches/results/2026-11-24-h100-prefill.md).
+fn q4h_kernel(
+    fs: &[cudarc::driver::CudaFunction; 2],
+    tn: usize,
+) -> (&cudarc::driver::CudaFunction, usize) {
+    if tn > 64 {
+        (&fs[1], 128)
+    } else {
+        (&fs[0], 64)
+    }
+}
+
+/// A gemm_q4h grid: 128 rows a block, `token_tiles` blocks of tokens, `z` K parts or groups.
+fn q4h_grid(rows: usize, token_tiles: usize, z: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(128) as u32, token_tiles as u32, z as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
     }
 }
