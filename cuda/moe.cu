@@ -9,6 +9,8 @@
 #define RULE_SOFTMAX_RENORM 0
 #define RULE_SOFTMAX 1
 #define RULE_SPARSEMIXER 2
+// gpt-oss: the top k logits, then the softmax over those k.
+#define RULE_TOPK_SOFTMAX 3
 #define ROUTE_MAX_K 16
 // The top K of the probabilities p(e) (e < ne), descending, weights renormalized (renorm) or
 // not, into re and rw (k <= K entries). A template on K: the insertion below unrolls over K slots, so the common
@@ -128,10 +130,26 @@ __device__ __forceinline__ float route_sum_one(T term, int ne) {
     return v[0];
 }
 
-// One thread: the rule's routes of l[:ne] (softmax, then route_top_k; or sparsemixer).
+// gpt-oss's routing (route_topk_softmax's arithmetic): the top k logits, then their softmax,
+// summed in slot order. Non-finite logits leave NaN weights (the host's refusal).
+__device__ __noinline__ void route_topk_softmax(const float* l, int ne, int k, int* re,
+                                                float* rw) {
+    route_top_k([&](int e) { return l[e]; }, ne, k, false, re, rw);
+    const float mx = rw[0];
+    float sum = 0.f;
+    for (int j = 0; j < k; j++) sum += expf(rw[j] - mx);
+    for (int j = 0; j < k; j++) rw[j] = expf(rw[j] - mx) / sum;
+}
+
+// One thread: the rule's routes of l[:ne] (softmax, then route_top_k; sparsemixer; or the top k
+// logits' softmax).
 __device__ void route_one(const float* l, int ne, int k, int rule, float reps, int* re, float* rw) {
     if (rule == RULE_SPARSEMIXER) {
         route_sparsemixer(l, ne, reps, re, rw);
+        return;
+    }
+    if (rule == RULE_TOPK_SOFTMAX) {
+        route_topk_softmax(l, ne, k, re, rw);
         return;
     }
     float mx = NEG_INF;
@@ -193,8 +211,8 @@ __device__ __noinline__ void route_top_warp(const float* p, float sum, int ne, i
 // memory of ne floats (p may be l).
 __device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne, int k, int rule,
                                                float reps, int* re, float* rw, int lane) {
-    if (rule == RULE_SPARSEMIXER) {
-        if (lane == 0) route_sparsemixer(l, ne, reps, re, rw);
+    if (rule == RULE_SPARSEMIXER || rule == RULE_TOPK_SOFTMAX) {
+        if (lane == 0) route_one(l, ne, k, rule, reps, re, rw);
         return;
     }
     float mx = NEG_INF;

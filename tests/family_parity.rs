@@ -172,6 +172,17 @@ fn phimoe_chat_ids_match_apply_chat_template() {
     chat_ids("phimoe", &path, &[], "chat_ids");
 }
 
+#[test]
+fn gpt_oss_matches_transformers() {
+    parity("gpt-oss");
+}
+
+#[test]
+fn gpt_oss_chat_ids_match_apply_chat_template() {
+    let (_tmp, path) = convert_dir(&family_dir("gpt-oss"), "f16", &[]);
+    chat_ids("gpt-oss", &path, &[], "chat_ids");
+}
+
 /// Past original_max_position_embeddings LongRoPE's long factors apply to the whole sequence
 /// when the context is longer than the original, as llama.cpp decides (n_ctx > n_ctx_orig).
 /// transformers 5.17's PhimoeForCausalLM keeps the short factors for this 160-token prefill

@@ -347,6 +347,7 @@ fn norm_rope_add_and_attention_match_the_cpu() {
                 start_pos: start,
                 t: tt,
                 window,
+                sinks: None,
             };
             let mut want = vec![0.0; tt * qd];
             cpu.attention(shape, &q, &ckv, 1, &mut want).unwrap();
@@ -401,6 +402,7 @@ fn norm_route_forms(n: usize, ne: usize, k: usize) {
         eps: 1e-5,
         routing: hob::model::routing::Routing::Softmax { renormalize: true },
         norm_bias: None,
+        router_bias: None,
     };
     let none = hob::model::ops::Route {
         expert: usize::MAX,

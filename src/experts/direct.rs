@@ -7,6 +7,7 @@ use super::predictor::Predictor;
 use super::trace::TraceWriter;
 use super::{LayerPlan, PrecisionPlan};
 use crate::format::HobFile;
+use crate::model::experts::ExpertFfn;
 use crate::model::{Backend, Batch, ExpertExecutor, Route};
 use crate::quant::Matrix;
 
@@ -98,7 +99,7 @@ impl<'a> DirectExperts<'a> {
         &mut self,
         b: &B,
         (layer, expert, variant): (usize, usize, usize),
-        rows: &[(usize, f32)],
+        (rows, ffn): (&[(usize, f32)], &ExpertFfn<'_>),
         xs: &[f32],
         out: &mut [f32],
     ) -> crate::Result<()> {
@@ -114,18 +115,21 @@ impl<'a> DirectExperts<'a> {
         for (j, &(i, _)) in rows.iter().enumerate() {
             self.xs[j * h..(j + 1) * h].copy_from_slice(&xs[i * h..(i + 1) * h]);
         }
-        // Mixtral's expert: w2(silu(w1(x)) * w3(x)).
+        // Mixtral's expert: w2(silu(w1(x)) * w3(x)); gpt-oss's with biases and its activation.
         b.matmul(&Matrix::from_view(view.gate()), &self.xs, n, &mut self.gate)?;
         b.matmul(&Matrix::from_view(view.up()), &self.xs, n, &mut self.up)?;
-        for (g, u) in self.gate.iter_mut().zip(&self.up) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
-        }
+        ffn.activate(&mut self.gate, &self.up, f, |_| expert);
         b.matmul(
             &Matrix::from_view(view.down()),
             &self.gate,
             n,
             &mut self.down,
         )?;
+        if let Some(bias) = ffn.down_bias(expert, h) {
+            for row in self.down.chunks_exact_mut(h) {
+                row.iter_mut().zip(bias).for_each(|(d, b)| *d += b);
+            }
+        }
         for (j, &(i, w)) in rows.iter().enumerate() {
             for (o, &d) in out[i * h..(i + 1) * h]
                 .iter_mut()
@@ -192,7 +196,8 @@ impl<B: Backend<Buf = Vec<f32>>> ExpertExecutor<B> for DirectExperts<'_> {
         for g in &lp.groups {
             let variant = self.plan.variant(g.precision).unwrap_or(self.plan.high);
             self.uses[variant] += g.rows.len() as u64;
-            self.compute(b, (layer, g.expert, variant), &g.rows, xs, out)?;
+            let ffn = (&g.rows[..], &batch.ffn);
+            self.compute(b, (layer, g.expert, variant), ffn, xs, out)?;
         }
         self.layer_plan = lp;
         Ok(())

@@ -382,6 +382,7 @@ mod tests {
                     t,
                     hidden: 2,
                     routes: &[],
+                    ffn: crate::model::experts::ExpertFfn::PLAIN,
                 };
                 ex.forward(&b, l, &batch, &mut out).unwrap();
             }
@@ -440,6 +441,7 @@ mod tests {
             t: 1,
             hidden: 4,
             routes: &[],
+            ffn: crate::model::experts::ExpertFfn::PLAIN,
         };
         ex.forward(&b, 0, &batch, &mut out).unwrap();
         let e = ex.forward(&b, 1, &batch, &mut out).unwrap_err();

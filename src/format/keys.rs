@@ -31,6 +31,21 @@ pub const ROPE_LONG_MSCALE: &str = "rope.scaling.long_mscale";
 pub const EXPERT_SHARED_FEED_FORWARD_LENGTH: &str = "expert_shared_feed_forward_length";
 /// Sliding attention window in tokens; absent when attention is global.
 pub const SLIDING_WINDOW: &str = "attention.sliding_window";
+/// Which layers the sliding window applies to (a u32 per layer, 1: sliding), where only some do
+/// (gpt-oss: sliding and full layers alternate); absent: every layer, when there is a window.
+pub const SLIDING_WINDOW_LAYERS: &str = "attention.sliding_window_layers";
+/// YaRN (gpt-oss): the scaling factor, the correction range's rotations (beta fast and slow),
+/// whether that range is truncated to whole dimensions, and the cos/sin scale (the attention
+/// factor); the original context is `ROPE_SCALING_ORIG_CTX`.
+pub const ROPE_SCALING_FACTOR: &str = "rope.scaling.factor";
+pub const ROPE_YARN_BETA_FAST: &str = "rope.scaling.yarn_beta_fast";
+pub const ROPE_YARN_BETA_SLOW: &str = "rope.scaling.yarn_beta_slow";
+pub const ROPE_YARN_TRUNCATE: &str = "rope.scaling.yarn_truncate";
+pub const ROPE_ATTN_FACTOR: &str = "rope.scaling.attn_factor";
+/// gpt-oss's expert activation: (up + 1) * g * sigmoid(alpha * g) with g clamped above at the
+/// limit and up to [-limit, limit].
+pub const EXPERT_SWIGLU_ALPHA: &str = "expert_swiglu_alpha";
+pub const EXPERT_SWIGLU_LIMIT: &str = "expert_swiglu_limit";
 
 pub fn arch_key(arch: &str, key: &str) -> String {
     format!("{arch}.{key}")
@@ -92,3 +107,10 @@ pub const FFN_DOWN_SHEXP: &str = "ffn_down_shexp.weight";
 pub const FFN_GATE_INP_SHEXP: &str = "ffn_gate_inp_shexp.weight";
 /// The router: [n_experts, hidden].
 pub const FFN_GATE_INP: &str = "ffn_gate_inp.weight";
+/// gpt-oss: the router's bias [n_experts], each attention head's sink logit [n_heads], and the
+/// routed experts' biases, [n_experts, ffn] for gate and up and [n_experts, hidden] for down.
+pub const FFN_GATE_INP_BIAS: &str = "ffn_gate_inp.bias";
+pub const ATTN_SINKS: &str = "attn_sinks.weight";
+pub const FFN_GATE_EXPS_BIAS: &str = "ffn_gate_exps.bias";
+pub const FFN_UP_EXPS_BIAS: &str = "ffn_up_exps.bias";
+pub const FFN_DOWN_EXPS_BIAS: &str = "ffn_down_exps.bias";

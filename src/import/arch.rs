@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::fields::Fields;
+use super::gptoss::GptOssExtras;
 use super::phimoe::PhiExtras;
 use super::{ExpertWeights, ImportError, TensorIndex};
 use crate::format::{keys, ExpertShape, MetaValue, Metadata};
@@ -22,6 +23,8 @@ pub enum Architecture {
     Qwen2Moe(MixtralSpec, usize),
     /// PhimoeForCausalLM: Mixtral's names, LayerNorm and biases, sparsemixer, LongRoPE.
     Phimoe(MixtralSpec, PhiExtras),
+    /// GptOssForCausalLM: biases, sinks, sliding layers, YaRN, its own experts' layout.
+    GptOss(MixtralSpec, GptOssExtras),
 }
 
 const SUPPORTED: &[&str] = &[
@@ -30,6 +33,7 @@ const SUPPORTED: &[&str] = &[
     "OlmoeForCausalLM",
     "Qwen2MoeForCausalLM",
     "PhimoeForCausalLM",
+    "GptOssForCausalLM",
 ];
 
 /// The hyper-parameters of a Mixtral-style MoE (MixtralForCausalLM, Qwen3MoeForCausalLM).
@@ -66,8 +70,51 @@ pub enum TensorRole {
 pub struct DenseTensor {
     pub hob_name: String,
     pub hf_name: String,
+    /// The shape written (the checkpoint's, but for `lanes`).
     pub shape: Vec<usize>,
     pub role: TensorRole,
+    pub lanes: Lanes,
+}
+
+/// Which values of the checkpoint tensor's last axis a dense tensor takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lanes {
+    All,
+    /// Every other value from 0 or from 1 (gpt-oss's interleaved gate/up biases): the
+    /// checkpoint's last axis is twice the shape's.
+    Even,
+    Odd,
+}
+
+impl DenseTensor {
+    pub fn new(hob_name: String, hf_name: String, shape: Vec<usize>, role: TensorRole) -> Self {
+        DenseTensor {
+            hob_name,
+            hf_name,
+            shape,
+            role,
+            lanes: Lanes::All,
+        }
+    }
+
+    /// The tensor's shape in the checkpoint.
+    pub fn source_shape(&self) -> Vec<usize> {
+        let mut s = self.shape.clone();
+        if let (Lanes::Even | Lanes::Odd, Some(last)) = (self.lanes, s.last_mut()) {
+            *last *= 2;
+        }
+        s
+    }
+
+    /// The values this tensor takes of the checkpoint's (`source_shape`, row-major).
+    pub fn take_lanes(&self, source: Vec<f32>) -> Vec<f32> {
+        let first = match self.lanes {
+            Lanes::All => return source,
+            Lanes::Even => 0,
+            Lanes::Odd => 1,
+        };
+        source.into_iter().skip(first).step_by(2).collect()
+    }
 }
 
 /// Where the experts' matrices are in the checkpoint.
@@ -83,6 +130,9 @@ pub enum ExpertSource {
     /// transformers 5's fused layout (`save_original_format=False`): `mlp.experts.gate_up_proj`
     /// [E, 2 * ffn, hidden] (gate rows first) and `mlp.experts.down_proj` [E, hidden, ffn].
     Fused { hidden: usize, ffn: usize },
+    /// gpt-oss's: `gate_up_proj` [E, hidden, 2 * ffn] (gate and up columns interleaved) and
+    /// `down_proj` [E, ffn, hidden].
+    GptOss { hidden: usize, ffn: usize },
 }
 
 /// How a checkpoint names one expert's matrices.
@@ -147,6 +197,10 @@ impl Architecture {
                 let (spec, extras) = super::phimoe::parse(&f)?;
                 Ok(Architecture::Phimoe(spec, extras))
             }
+            "GptOssForCausalLM" => {
+                let (spec, extras) = super::gptoss::parse(&f)?;
+                Ok(Architecture::GptOss(spec, extras))
+            }
             "Qwen2MoeForCausalLM" => {
                 let spec = MixtralSpec::from_qwen2(&f)?;
                 Ok(Architecture::Qwen2Moe(
@@ -170,6 +224,7 @@ impl Architecture {
             Architecture::Olmoe(_) => "olmoe",
             Architecture::Qwen2Moe(..) => "qwen2moe",
             Architecture::Phimoe(..) => "phimoe",
+            Architecture::GptOss(..) => "gpt-oss",
         }
     }
 
@@ -179,7 +234,8 @@ impl Architecture {
             | Architecture::Qwen3Moe(s)
             | Architecture::Olmoe(s)
             | Architecture::Qwen2Moe(s, _)
-            | Architecture::Phimoe(s, _) => s,
+            | Architecture::Phimoe(s, _)
+            | Architecture::GptOss(s, _) => s,
         }
     }
 
@@ -187,9 +243,10 @@ impl Architecture {
     fn expert_names(&self) -> ExpertNames {
         match self {
             Architecture::Mixtral(_) | Architecture::Phimoe(..) => ExpertNames::Mixtral,
-            Architecture::Qwen3Moe(_) | Architecture::Olmoe(_) | Architecture::Qwen2Moe(..) => {
-                ExpertNames::Qwen
-            }
+            Architecture::Qwen3Moe(_)
+            | Architecture::Olmoe(_)
+            | Architecture::Qwen2Moe(..)
+            | Architecture::GptOss(..) => ExpertNames::Qwen,
         }
     }
 
@@ -220,14 +277,16 @@ impl Architecture {
                 Architecture::Mixtral(_) | Architecture::Phimoe(..),
                 ExpertSource::PerExpert { .. },
             ) => "block_sparse_moe.gate.weight",
+            (Architecture::GptOss(..), _) => "mlp.router.weight",
             _ => "mlp.gate.weight",
         };
         let s = self.spec();
         let (q, kv) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
         let qk_norm = match self {
-            Architecture::Mixtral(_) | Architecture::Qwen2Moe(..) | Architecture::Phimoe(..) => {
-                None
-            }
+            Architecture::Mixtral(_)
+            | Architecture::Qwen2Moe(..)
+            | Architecture::Phimoe(..)
+            | Architecture::GptOss(..) => None,
             Architecture::Qwen3Moe(_) => Some([s.head_dim; 2]),
             Architecture::Olmoe(_) => Some([q, kv]),
         };
@@ -235,6 +294,7 @@ impl Architecture {
         match self {
             Architecture::Qwen2Moe(_, shared) => s.add_qwen2_tensors(*shared, &mut out),
             Architecture::Phimoe(..) => super::phimoe::add_tensors(s, &mut out),
+            Architecture::GptOss(..) => super::gptoss::add_tensors(s, &mut out),
             _ => {}
         }
         out
@@ -242,6 +302,13 @@ impl Architecture {
 
     /// Find the experts in the checkpoint (either layout) and check every tensor's shape.
     pub fn expert_source(&self, index: &TensorIndex) -> Result<ExpertSource, ImportError> {
+        if let Architecture::GptOss(s, _) = self {
+            super::gptoss::check_experts(s, index)?;
+            return Ok(ExpertSource::GptOss {
+                hidden: s.hidden,
+                ffn: s.ffn,
+            });
+        }
         self.spec().expert_source(index, self.expert_names())
     }
 
@@ -255,6 +322,9 @@ impl Architecture {
             }
             Architecture::Phimoe(_, extras) => {
                 super::phimoe::write_metadata(extras, self.hob_name(), m)
+            }
+            Architecture::GptOss(_, extras) => {
+                super::gptoss::write_metadata(extras, self.hob_name(), m)
             }
             _ => {}
         }
@@ -302,11 +372,8 @@ impl MixtralSpec {
         );
         for l in 0..self.n_layers {
             let hf = |s: &str| format!("model.layers.{l}.{s}");
-            let t = |hob: &str, hf: String, shape: Vec<usize>, role| DenseTensor {
-                hob_name: keys::blk(l, hob),
-                hf_name: hf,
-                shape,
-                role,
+            let t = |hob: &str, hf: String, shape: Vec<usize>, role| {
+                DenseTensor::new(keys::blk(l, hob), hf, shape, role)
             };
             out.extend([
                 t(
@@ -458,12 +525,7 @@ impl MixtralSpec {
             self.n_heads * self.head_dim,
             self.n_kv_heads * self.head_dim,
         );
-        let t = |hob: String, hf: String, shape: Vec<usize>, role| DenseTensor {
-            hob_name: hob,
-            hf_name: hf,
-            shape,
-            role,
-        };
+        let t = DenseTensor::new;
         let mut out = vec![t(
             keys::TOKEN_EMBD.into(),
             "model.embed_tokens.weight".into(),
@@ -683,6 +745,9 @@ impl ExpertSource {
                 up: index.load_f32(&names.name(layer, expert, Which::Up))?,
                 down: index.load_f32(&names.name(layer, expert, Which::Down))?,
             }),
+            ExpertSource::GptOss { hidden, ffn } => {
+                super::gptoss::load_expert(index, (hidden, ffn), layer, expert)
+            }
             ExpertSource::Fused { hidden, ffn } => {
                 let m = hidden * ffn;
                 let gate_up = fused_name(layer, "gate_up_proj");

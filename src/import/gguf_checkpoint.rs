@@ -386,7 +386,8 @@ impl GgufCheckpoint {
             | Architecture::Qwen3Moe(s)
             | Architecture::Olmoe(s)
             | Architecture::Qwen2Moe(s, _)
-            | Architecture::Phimoe(s, _) => s,
+            | Architecture::Phimoe(s, _)
+            | Architecture::GptOss(s, _) => s,
         }
     }
 

@@ -23,6 +23,7 @@ pub mod gguf;
 pub mod gguf_checkpoint;
 mod gguf_defaults;
 pub mod gguf_tokenizer;
+mod gptoss;
 mod phimoe;
 pub mod safetensors;
 pub mod synthetic;
@@ -247,7 +248,7 @@ impl Checkpoint {
         let experts = arch.expert_source(&tensors)?;
         let dense = arch.dense_tensors(&experts);
         for t in &dense {
-            tensors.check(&t.hf_name, &t.shape)?;
+            tensors.check(&t.hf_name, &t.source_shape())?;
         }
         let source_dtype = tensors.dtype(&dense[0].hf_name)?;
         Ok(Checkpoint {
@@ -278,7 +279,7 @@ impl Checkpoint {
 
     /// Load one dense tensor as f32 (checked finite).
     pub fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
-        self.tensors.load_f32(&t.hf_name)
+        Ok(t.take_lanes(self.tensors.load_f32(&t.hf_name)?))
     }
 
     /// Load the gate, up and down matrices of one expert as f32 (checked finite).

@@ -105,12 +105,8 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, PhiExtras), ImportError> {
 /// LayerNorm, attention and output-head biases, after the common tensors.
 pub fn add_tensors(s: &MixtralSpec, out: &mut Vec<DenseTensor>) {
     let (h, q, kv) = (s.hidden, s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
-    let t = |hob: String, hf: String, n: usize| DenseTensor {
-        hob_name: hob,
-        hf_name: hf,
-        shape: vec![n],
-        role: TensorRole::Norm,
-    };
+    let t =
+        |hob: String, hf: String, n: usize| DenseTensor::new(hob, hf, vec![n], TensorRole::Norm);
     for l in 0..s.n_layers {
         let hf = |name: &str| format!("model.layers.{l}.{name}");
         for (hob, name, n) in [

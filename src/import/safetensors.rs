@@ -153,6 +153,11 @@ impl TensorIndex {
         self.entries.contains_key(name)
     }
 
+    /// The files a lookup searches (for messages).
+    pub fn searched(&self) -> &str {
+        &self.searched
+    }
+
     fn get(&self, name: &str) -> Result<&Entry, ImportError> {
         self.entries
             .get(name)

@@ -1,6 +1,7 @@
 //! Hyper-parameters from the .hob metadata, for each supported architecture.
 
 use super::routing::Routing;
+pub use super::yarn::Yarn;
 use super::ModelError;
 use crate::format::keys::{self, arch_key};
 use crate::format::Metadata;
@@ -23,6 +24,34 @@ pub enum Architecture {
     /// Phi-3.5-MoE: LayerNorm (with biases), biases on q/k/v/o and the output head, sparsemixer
     /// routing, LongRoPE.
     Phimoe,
+    /// gpt-oss: biases on q/k/v/o, the router and the experts; attention sinks; sliding and
+    /// full layers; YaRN; top-k of the router logits, then their softmax; a clamped SwiGLU.
+    GptOss,
+}
+
+/// What a routed expert computes between its gate/up products and its down product.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertAct {
+    /// silu(gate) * up.
+    SiluGlu,
+    /// gpt-oss's: with g = min(gate, limit) and u = clamp(up, -limit, limit),
+    /// (u + 1) * g * sigmoid(alpha * g).
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl ExpertAct {
+    /// The activation of one gate/up pair, in f32 as transformers computes it.
+    pub fn apply(self, gate: f32, up: f32) -> f32 {
+        match self {
+            ExpertAct::SiluGlu => gate / (1.0 + (-gate).exp()) * up,
+            ExpertAct::ClampedSwiglu { alpha, limit } => {
+                let g = gate.min(limit);
+                let u = up.clamp(-limit, limit);
+                let glu = g * (1.0 / (1.0 + (-(g * alpha)).exp()));
+                (u + 1.0) * glu
+            }
+        }
+    }
 }
 
 /// LongRoPE (Phi-3.5-MoE): per-dimension divisors of RoPE's frequencies and a scale of cos and
@@ -47,12 +76,13 @@ pub enum QkNorm {
 }
 
 impl Architecture {
-    pub const SUPPORTED: [(&'static str, Architecture); 5] = [
+    pub const SUPPORTED: [(&'static str, Architecture); 6] = [
         ("mixtral", Architecture::Mixtral),
         ("qwen3moe", Architecture::Qwen3Moe),
         ("olmoe", Architecture::Olmoe),
         ("qwen2moe", Architecture::Qwen2Moe),
         ("phimoe", Architecture::Phimoe),
+        ("gpt-oss", Architecture::GptOss),
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +92,7 @@ impl Architecture {
             Architecture::Olmoe => "olmoe",
             Architecture::Qwen2Moe => "qwen2moe",
             Architecture::Phimoe => "phimoe",
+            Architecture::GptOss => "gpt-oss",
         }
     }
 
@@ -71,13 +102,27 @@ impl Architecture {
             Architecture::Mixtral => None,
             Architecture::Qwen3Moe => Some(QkNorm::PerHead),
             Architecture::Olmoe => Some(QkNorm::Whole),
-            Architecture::Qwen2Moe | Architecture::Phimoe => None,
+            Architecture::Qwen2Moe | Architecture::Phimoe | Architecture::GptOss => None,
         }
     }
 
     /// Whether q, k and v have biases.
     pub fn attention_bias(self) -> bool {
-        matches!(self, Architecture::Qwen2Moe | Architecture::Phimoe)
+        matches!(
+            self,
+            Architecture::Qwen2Moe | Architecture::Phimoe | Architecture::GptOss
+        )
+    }
+
+    /// Whether the attention output has a bias without the LayerNorms of Phi (gpt-oss).
+    pub fn output_proj_bias(self) -> bool {
+        matches!(self, Architecture::GptOss)
+    }
+
+    /// Whether each attention head has a learned sink logit in its softmax, the router a bias,
+    /// and the routed experts biases (gpt-oss).
+    pub fn sinks_and_expert_biases(self) -> bool {
+        matches!(self, Architecture::GptOss)
     }
 
     /// Whether the attention output and the output head have biases, and the norms are
@@ -140,13 +185,19 @@ pub struct ModelConfig {
     pub router_jitter: f32,
     /// LongRoPE's factors, where the architecture has them.
     pub long_rope: Option<LongRope>,
+    /// YaRN's parameters, where the architecture has them.
+    pub yarn: Option<Yarn>,
+    /// The routed experts' activation.
+    pub expert_act: ExpertAct,
     pub rms_eps: f32,
     pub rope_theta: f32,
     /// Training context length (the largest -c allowed).
     pub context_length: usize,
     pub tie_embeddings: bool,
-    /// Each query attends only to the last `w` positions (itself included), when set.
+    /// Each query attends only to the last `w` positions (itself included), when set: in every
+    /// layer, or in those `sliding_layers` marks.
     pub sliding_window: Option<usize>,
+    pub sliding_layers: Option<Vec<bool>>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
@@ -206,6 +257,17 @@ impl ModelConfig {
                 Architecture::Phimoe => Some(long_rope(md, a, head_dim)?),
                 _ => None,
             },
+            yarn: match arch {
+                Architecture::GptOss => Some(Yarn::from_metadata(md, a)?),
+                _ => None,
+            },
+            expert_act: match arch {
+                Architecture::GptOss => ExpertAct::ClampedSwiglu {
+                    alpha: md.get_f32(&arch_key(a, keys::EXPERT_SWIGLU_ALPHA))?,
+                    limit: md.get_f32(&arch_key(a, keys::EXPERT_SWIGLU_LIMIT))?,
+                },
+                _ => ExpertAct::SiluGlu,
+            },
             rms_eps: md.get_f32(&arch_key(a, keys::RMS_EPS))?,
             rope_theta: md.get_f32(&arch_key(a, keys::ROPE_FREQ_BASE))?,
             context_length: u(keys::CONTEXT_LENGTH)?,
@@ -214,6 +276,7 @@ impl ModelConfig {
                 None => false,
             },
             sliding_window: optional_u32(&arch_key(a, keys::SLIDING_WINDOW))?.map(|w| w as usize),
+            sliding_layers: sliding_layers(md, a)?,
             bos: optional_u32(keys::BOS_TOKEN_ID)?,
             eos: optional_u32(keys::EOS_TOKEN_ID)?,
             add_bos: match md.get(keys::ADD_BOS_TOKEN) {
@@ -280,6 +343,28 @@ impl ModelConfig {
                 return bad(key, &v, format!("out of range (accepted: {range})"));
             }
         }
+        if let Some(s) = self
+            .sliding_layers
+            .as_ref()
+            .filter(|s| s.len() != self.n_layers)
+        {
+            let problem = format!("must list each of the {} layers", self.n_layers);
+            let found = format!("{} values", s.len());
+            return bad(keys::SLIDING_WINDOW_LAYERS, &found, problem);
+        }
+        if let ExpertAct::ClampedSwiglu { alpha, limit } = self.expert_act {
+            for (key, v) in [
+                (keys::EXPERT_SWIGLU_ALPHA, alpha),
+                (keys::EXPERT_SWIGLU_LIMIT, limit),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    return bad(key, &show(v), "must be a positive number".into());
+                }
+            }
+        }
+        if let Some(y) = &self.yarn {
+            y.check(self.arch.name())?;
+        }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             let problem = format!("must divide the head count {}", self.n_heads);
             return bad(keys::HEAD_COUNT_KV, &self.n_kv_heads, problem);
@@ -335,6 +420,15 @@ impl ModelConfig {
             Architecture::Phimoe => Routing::SparseMixer {
                 jitter_eps: self.router_jitter,
             },
+            Architecture::GptOss => Routing::TopkSoftmax,
+        }
+    }
+
+    /// Layer `layer`'s attention window, if it has one.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        match &self.sliding_layers {
+            Some(s) if !s.get(layer).copied().unwrap_or(false) => None,
+            _ => self.sliding_window,
         }
     }
 
@@ -345,6 +439,33 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+}
+
+/// The layers the sliding window applies to (`SLIDING_WINDOW_LAYERS`), where the file lists them.
+fn sliding_layers(md: &Metadata, a: &str) -> Result<Option<Vec<bool>>, ModelError> {
+    let key = arch_key(a, keys::SLIDING_WINDOW_LAYERS);
+    let Some(v) = md.get(&key) else {
+        return Ok(None);
+    };
+    let crate::format::MetaValue::Array { items, .. } = v else {
+        return Err(ModelError::BadHyperParameter {
+            key,
+            value: "not a list".into(),
+            problem: "must be a list of 0 or 1 per layer".into(),
+        });
+    };
+    items
+        .iter()
+        .map(|v| match v {
+            crate::format::MetaValue::U32(x @ (0 | 1)) => Ok(*x == 1),
+            other => Err(ModelError::BadHyperParameter {
+                key: key.clone(),
+                value: format!("{other:?}"),
+                problem: "must be a list of 0 or 1 per layer".into(),
+            }),
+        })
+        .collect::<Result<Vec<bool>, _>>()
+        .map(Some)
 }
 
 /// LongRoPE's keys of architecture `a`: both factor lists hold head_dim / 2 positive values.

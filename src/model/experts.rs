@@ -2,17 +2,74 @@
 //! (experts::engine) and the experts computed straight from the mapped file (experts::direct)
 //! plug in.
 
+use super::config::ExpertAct;
 use super::ops::{Backend, Route};
 use super::routing::Routing;
+use super::weights::ExpertBiases;
 use crate::quant::Matrix;
 
 /// One MoE layer's batch: t tokens' normalized inputs ([t, hidden]) and routes ([t, top_k],
-/// token-major).
+/// token-major), and what its experts compute beyond their three products.
 pub struct Batch<'a, Buf> {
     pub xs: &'a Buf,
     pub t: usize,
     pub hidden: usize,
     pub routes: &'a [Route],
+    pub ffn: ExpertFfn<'a>,
+}
+
+/// A layer's routed experts beyond their gate, up and down products: the activation between
+/// them, and each expert's biases where the family has them (gpt-oss):
+/// down(act(gate x + bg, up x + bu)) + bd.
+#[derive(Clone, Copy)]
+pub struct ExpertFfn<'a> {
+    pub act: ExpertAct,
+    pub biases: Option<&'a ExpertBiases>,
+}
+
+impl ExpertFfn<'_> {
+    /// SwiGLU without biases (every family but gpt-oss).
+    pub const PLAIN: ExpertFfn<'static> = ExpertFfn {
+        act: ExpertAct::SiluGlu,
+        biases: None,
+    };
+
+    /// Whether this is `PLAIN`: the fused kernels that compute SwiGLU in place apply.
+    pub fn is_plain(&self) -> bool {
+        self.act == ExpertAct::SiluGlu && self.biases.is_none()
+    }
+
+    /// gate[i] = act(gate[i] + bg, up[i] + bu) over rows of `ffn` values, each row's biases
+    /// those of expert `expert_of(row)`.
+    pub fn activate(
+        &self,
+        gate: &mut [f32],
+        up: &[f32],
+        ffn: usize,
+        expert_of: impl Fn(usize) -> usize,
+    ) {
+        let rows = gate.chunks_exact_mut(ffn).zip(up.chunks_exact(ffn));
+        for (r, (g, u)) in rows.enumerate() {
+            match self.biases {
+                Some(b) => {
+                    let e = expert_of(r);
+                    let (bg, bu) = (&b.gate[e * ffn..][..ffn], &b.up[e * ffn..][..ffn]);
+                    for (((g, &u), &bg), &bu) in g.iter_mut().zip(u).zip(bg).zip(bu) {
+                        *g = self.act.apply(*g + bg, u + bu);
+                    }
+                }
+                None => g
+                    .iter_mut()
+                    .zip(u)
+                    .for_each(|(g, &u)| *g = self.act.apply(*g, u)),
+            }
+        }
+    }
+
+    /// Expert `expert`'s down bias ([hidden]), where it has one.
+    pub fn down_bias(&self, expert: usize, hidden: usize) -> Option<&[f32]> {
+        self.biases.map(|b| &b.down[expert * hidden..][..hidden])
+    }
 }
 
 /// A decode layer's MoE block as the device routes it: the RMSNorm before it, the router, and
@@ -27,6 +84,8 @@ pub struct MoeBlock<'a> {
     pub routing: Routing,
     /// The norm's bias where it is a LayerNorm (Phi-3.5-MoE), None for an RMSNorm.
     pub norm_bias: Option<&'a [f32]>,
+    /// The router's bias (gpt-oss), added to its logits.
+    pub router_bias: Option<&'a [f32]>,
 }
 
 /// What `ExpertExecutor::forward_on_device` did with a decode layer's MoE block.

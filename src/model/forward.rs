@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::experts::{Batch, ExpertExecutor, MoeBlock, OnDevice};
+use super::experts::{Batch, ExpertExecutor, ExpertFfn, MoeBlock, OnDevice};
 use super::ops::{AttentionShape, Backend, DecodeStep, QkvStep, Route, RouteOut};
 pub use super::routing::{route_softmax_top, route_softmax_topk};
 use super::weights::{LayerWeights, Weights};
@@ -168,7 +168,10 @@ impl<'f> Model<'f> {
                 })
                 .collect()
         };
-        let inv_freq = freqs(cfg.long_rope.as_ref().map(|r| &r.short_factor[..]));
+        let inv_freq = match &cfg.yarn {
+            Some(y) => y.inv_freq(cfg.rope_theta, d),
+            None => freqs(cfg.long_rope.as_ref().map(|r| &r.short_factor[..])),
+        };
         let long_inv_freq = cfg.long_rope.as_ref().map(|r| freqs(Some(&r.long_factor)));
         Ok(Model {
             cfg,
@@ -423,7 +426,7 @@ impl<'f> Model<'f> {
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention block.
             if !std::mem::take(&mut normed) {
-                let bias = lw.biases.as_ref().map(|[attn, _, _]| &attn[..]);
+                let bias = lw.norm_biases.as_ref().map(|[attn, _]| &attn[..]);
                 self.norm(backend, (&b.x, 0..t), (&lw.attn_norm, bias), &mut b.xn)?;
             }
             let (inv_freq, q_scale) = self.rope(pass.long_rope);
@@ -454,7 +457,8 @@ impl<'f> Model<'f> {
                     head_dim: cfg.head_dim,
                     start_pos: start,
                     t,
-                    window: cfg.sliding_window,
+                    window: cfg.window(l),
+                    sinks: lw.sinks.as_deref(),
                 },
                 q,
                 kv,
@@ -462,7 +466,7 @@ impl<'f> Model<'f> {
                 att,
             )?;
             backend.matmul_add(&lw.wo, att, t, &mut b.out, &mut b.x)?;
-            if let Some([_, _, o]) = &lw.biases {
+            if let Some(o) = &lw.o_bias {
                 backend.add_rows(&mut b.x, t, o)?;
             }
 
@@ -480,7 +484,8 @@ impl<'f> Model<'f> {
                 },
                 eps: cfg.rms_eps,
                 routing: cfg.routing(),
-                norm_bias: lw.biases.as_ref().map(|[_, ffn, _]| &ffn[..]),
+                norm_bias: lw.norm_biases.as_ref().map(|[_, ffn]| &ffn[..]),
+                router_bias: lw.router_bias.as_deref(),
             };
             if t == 1 && lw.shared.is_none() {
                 match experts.forward_on_device(backend, l, &block, &mut b.xn, &mut b.x)? {
@@ -506,6 +511,10 @@ impl<'f> Model<'f> {
                 t,
                 hidden: h,
                 routes: &routes[..t * k],
+                ffn: ExpertFfn {
+                    act: cfg.expert_act,
+                    biases: lw.expert_biases.as_ref(),
+                },
             };
             experts.forward_add(backend, l, &batch, &mut b.out, &mut b.x)?;
         }
@@ -539,12 +548,13 @@ impl<'f> Model<'f> {
         }
     }
 
-    /// RoPE's inverse frequencies and the factor q is scaled by (LongRoPE's cos/sin scale,
-    /// squared: it scales q and k alike), with LongRoPE's long factors or not.
+    /// RoPE's inverse frequencies and the factor q is scaled by (LongRoPE's or YaRN's cos/sin
+    /// scale, squared: it scales q and k alike), with LongRoPE's long factors or not.
     fn rope(&self, long: bool) -> (&[f32], f32) {
-        match (&self.cfg.long_rope, &self.long_inv_freq) {
-            (Some(r), Some(f)) if long => (f, r.long_mscale * r.long_mscale),
-            (Some(r), _) => (&self.inv_freq, r.short_mscale * r.short_mscale),
+        match (&self.cfg.long_rope, &self.long_inv_freq, &self.cfg.yarn) {
+            (Some(r), Some(f), _) if long => (f, r.long_mscale * r.long_mscale),
+            (Some(r), _, _) => (&self.inv_freq, r.short_mscale * r.short_mscale),
+            (None, _, Some(y)) => (&self.inv_freq, y.attention_factor * y.attention_factor),
             _ => (&self.inv_freq, 1.0),
         }
     }

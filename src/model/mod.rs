@@ -15,8 +15,9 @@ pub mod forward;
 pub mod ops;
 pub mod routing;
 pub mod weights;
+pub mod yarn;
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, ExpertAct, ModelConfig};
 pub use device::{ArenaBase, ChunkCopier, CopierSetup, DeviceEvent, ExpertDevice, SlotExpert};
 pub use experts::{Batch, ExpertExecutor, MoeBlock, OnDevice};
 pub use forward::{Logits, Model, RunState};

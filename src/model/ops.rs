@@ -59,7 +59,7 @@ const PAR_EMBED_ROWS: usize = 32;
 /// Shape of one attention call: `t` new tokens at positions `start_pos..start_pos + t`, attending
 /// causally to every cached position up to their own.
 #[derive(Clone, Copy, Debug)]
-pub struct AttentionShape {
+pub struct AttentionShape<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -67,6 +67,9 @@ pub struct AttentionShape {
     pub t: usize,
     /// Sliding-window attention: a query at position p sees positions p + 1 - w ..= p.
     pub window: Option<usize>,
+    /// Each head's sink logit ([n_heads], gpt-oss): a score beside the positions' in the softmax,
+    /// with no value.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// One attention block's q/k/v step: `t` tokens at positions start.., q rows of `q_width` and k/v
@@ -270,7 +273,7 @@ pub trait Backend {
     /// positions 0..start_pos + t (the new tokens already written); out: [t, n_heads * head_dim].
     fn attention(
         &self,
-        shape: AttentionShape,
+        shape: AttentionShape<'_>,
         q: &Self::Buf,
         kv: &Self::Kv,
         layer: usize,
@@ -381,6 +384,9 @@ pub trait Backend {
             None => self.rms_norm(x, 0..t, block.norm, block.eps, out.xn)?,
         }
         self.matmul(block.router, out.xn, t, out.logits)?;
+        if let Some(b) = block.router_bias {
+            self.add_rows(out.logits, t, b)?;
+        }
         let shape = (t, block.router.rows, block.routing);
         self.route(out.logits, shape, out.routes, out.host)
     }

@@ -13,6 +13,8 @@ pub enum Routing {
     /// Phi-3.5-MoE's sparsemixer at inference: two experts, each weighted by a softmax over the
     /// logits within a relative `jitter_eps` margin of the best remaining one.
     SparseMixer { jitter_eps: f32 },
+    /// gpt-oss: the top k logits, then a softmax over those k.
+    TopkSoftmax,
 }
 
 impl Routing {
@@ -21,6 +23,7 @@ impl Routing {
         match self {
             Routing::Softmax { renormalize } => route_softmax_top(logits, routes, renormalize),
             Routing::SparseMixer { jitter_eps } => route_sparsemixer(logits, routes, jitter_eps),
+            Routing::TopkSoftmax => route_topk_softmax(logits, routes),
         }
     }
 }
@@ -77,6 +80,34 @@ pub fn route_softmax_top(logits: &[f32], routes: &mut [Route], renormalize: bool
         for r in routes.iter_mut() {
             r.weight /= total;
         }
+    }
+}
+
+/// gpt-oss's routing: the k largest logits (ties: the lower index first), weighted by the
+/// softmax over those k alone; non-finite logits as in [`route_softmax_topk`].
+pub fn route_topk_softmax(logits: &[f32], routes: &mut [Route]) {
+    if !all_finite(logits) || routes.len() > logits.len() {
+        return refuse(logits, routes);
+    }
+    for r in routes.iter_mut() {
+        *r = Route {
+            expert: usize::MAX,
+            weight: f32::NEG_INFINITY,
+        };
+    }
+    for (e, &l) in logits.iter().enumerate() {
+        if let Some(slot) = routes.iter().position(|r| l > r.weight) {
+            routes[slot..].rotate_right(1);
+            routes[slot] = Route {
+                expert: e,
+                weight: l,
+            };
+        }
+    }
+    let max = routes.first().map_or(0.0, |r| r.weight);
+    let sum: f32 = routes.iter().map(|r| (r.weight - max).exp()).sum();
+    for r in routes.iter_mut() {
+        r.weight = (r.weight - max).exp() / sum;
     }
 }
 
@@ -181,6 +212,22 @@ mod tests {
         assert!(!all_finite(&v));
         v[999] = f32::NAN;
         assert!(!all_finite(&v[500..]));
+    }
+
+    #[test]
+    fn gpt_oss_routing_takes_the_top_logits_then_their_softmax() {
+        let r0 = Route {
+            expert: 0,
+            weight: 0.0,
+        };
+        let mut routes = [r0; 2];
+        route_topk_softmax(&[0.5, 3.0, -1.0, 2.0], &mut routes);
+        assert_eq!((routes[0].expert, routes[1].expert), (1, 3));
+        let p = 1.0 / (1.0 + (-1.0f32).exp());
+        assert!((routes[0].weight - p).abs() < 1e-6);
+        assert!((routes[0].weight + routes[1].weight - 1.0).abs() < 1e-6);
+        route_topk_softmax(&[0.5, f32::NAN, -1.0, 2.0], &mut routes);
+        assert!(routes[0].weight.is_nan());
     }
 
     #[test]

@@ -26,9 +26,24 @@ pub struct LayerWeights<'f> {
     pub qkv_bias: Option<[Vec<f32>; 3]>,
     /// The shared expert, where the architecture has one.
     pub shared: Option<SharedExpert<'f>>,
-    /// LayerNorm biases of attn_norm and ffn_norm, and the attention output's bias
-    /// (Phi-3.5-MoE).
-    pub biases: Option<[Vec<f32>; 3]>,
+    /// LayerNorm biases of attn_norm and ffn_norm (Phi-3.5-MoE).
+    pub norm_biases: Option<[Vec<f32>; 2]>,
+    /// The attention output's bias (Phi-3.5-MoE, gpt-oss).
+    pub o_bias: Option<Vec<f32>>,
+    /// Each head's attention sink logit ([n_heads], gpt-oss).
+    pub sinks: Option<Vec<f32>>,
+    /// The router's bias ([n_experts], gpt-oss).
+    pub router_bias: Option<Vec<f32>>,
+    /// The routed experts' biases (gpt-oss).
+    pub expert_biases: Option<ExpertBiases>,
+}
+
+/// Biases of every routed expert of a layer, kept with the dense weights (they are small):
+/// gate and up [n_experts, ffn], down [n_experts, hidden].
+pub struct ExpertBiases {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
 }
 
 /// An FFN every token runs beside its routed experts, scaled by sigmoid(gate · x).
@@ -59,6 +74,7 @@ impl<'f> Weights<'f> {
         let mat = |name: &str, rows: usize, cols: usize| matrix(file, name, rows, cols);
         let norm = |name: &str| vector(file, name, cfg.hidden);
         let (h, q, kv) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
+        let (gpt_oss, ne) = (cfg.arch.sinks_and_expert_biases(), cfg.n_experts);
         let layers = (0..cfg.n_layers)
             .map(|l| {
                 Ok(LayerWeights {
@@ -97,13 +113,32 @@ impl<'f> Weights<'f> {
                             gate_inp: mat(&blk(l, keys::FFN_GATE_INP_SHEXP), 1, h)?,
                         }),
                     },
-                    biases: match cfg.arch.layer_norm_and_output_biases() {
+                    norm_biases: match cfg.arch.layer_norm_and_output_biases() {
                         false => None,
                         true => Some([
                             norm(&blk(l, keys::ATTN_NORM_BIAS))?,
                             norm(&blk(l, keys::FFN_NORM_BIAS))?,
-                            norm(&blk(l, keys::ATTN_OUTPUT_BIAS))?,
                         ]),
+                    },
+                    o_bias: match cfg.arch.layer_norm_and_output_biases()
+                        || cfg.arch.output_proj_bias()
+                    {
+                        false => None,
+                        true => Some(norm(&blk(l, keys::ATTN_OUTPUT_BIAS))?),
+                    },
+                    sinks: gpt_oss
+                        .then(|| vector(file, &blk(l, keys::ATTN_SINKS), cfg.n_heads))
+                        .transpose()?,
+                    router_bias: gpt_oss
+                        .then(|| vector(file, &blk(l, keys::FFN_GATE_INP_BIAS), cfg.n_experts))
+                        .transpose()?,
+                    expert_biases: match gpt_oss {
+                        false => None,
+                        true => Some(ExpertBiases {
+                            gate: table(file, &blk(l, keys::FFN_GATE_EXPS_BIAS), ne, cfg.ffn)?,
+                            up: table(file, &blk(l, keys::FFN_UP_EXPS_BIAS), ne, cfg.ffn)?,
+                            down: table(file, &blk(l, keys::FFN_DOWN_EXPS_BIAS), ne, h)?,
+                        }),
                     },
                 })
             })
@@ -158,7 +193,16 @@ impl<'f> Weights<'f> {
                     .flatten()
                     .flat_map(|a| a.iter().map(|b| &b[..])),
             );
-            v.extend(l.biases.iter().flatten().map(|b| &b[..]));
+            v.extend(l.norm_biases.iter().flatten().map(|b| &b[..]));
+            v.extend(
+                [&l.o_bias, &l.sinks, &l.router_bias]
+                    .into_iter()
+                    .flatten()
+                    .map(|b| &b[..]),
+            );
+            if let Some(e) = &l.expert_biases {
+                v.extend([&e.gate[..], &e.up[..], &e.down[..]]);
+            }
         }
         v
     }
@@ -189,16 +233,26 @@ fn matrix<'f>(
 }
 
 fn vector(file: &HobFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    floats(file, name, &[n])
+}
+
+/// A [rows, cols] float tensor as f32, row-major (the experts' biases).
+fn table(file: &HobFile, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, ModelError> {
+    floats(file, name, &[rows, cols])
+}
+
+fn floats(file: &HobFile, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
     let t = file
         .tensor(name)
         .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
-    if t.info.shape != [n] {
+    if t.info.shape != shape {
         return Err(ModelError::TensorShape {
             name: name.into(),
-            expected: vec![n],
+            expected: shape.to_vec(),
             found: t.info.shape.clone(),
         });
     }
+    let n = shape.iter().product();
     let TensorType::Float(d) = t.info.dtype else {
         return Err(ModelError::TensorType {
             name: name.into(),

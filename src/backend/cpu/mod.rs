@@ -120,7 +120,7 @@ impl CpuBackend {
     /// Causal GQA attention over f32 caches [positions, kv_dim] (the new tokens written).
     pub fn attention_f32(
         &self,
-        s: AttentionShape,
+        s: AttentionShape<'_>,
         q: &[f32],
         k_cache: &[f32],
         v_cache: &[f32],
@@ -141,8 +141,12 @@ impl CpuBackend {
                 let k = &k_cache[p * kvd + kvh..p * kvd + kvh + hd];
                 dot(qh, k) * scale
             }));
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
+            let sink = s.sinks.map(|k| k[h]);
+            let max = scores
+                .iter()
+                .copied()
+                .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
+            let mut sum = sink.map_or(0.0, |k| (k - max).exp());
             for s in scores.iter_mut() {
                 *s = (*s - max).exp();
                 sum += *s;
@@ -310,7 +314,7 @@ impl Backend for CpuBackend {
 
     fn attention(
         &self,
-        shape: AttentionShape,
+        shape: AttentionShape<'_>,
         q: &Vec<f32>,
         kv: &CpuKv,
         layer: usize,
@@ -335,6 +339,10 @@ mod tests {
     use super::*;
 
     fn attend(window: Option<usize>) -> Vec<f32> {
+        attend_with(window, None)
+    }
+
+    fn attend_with(window: Option<usize>, sinks: Option<&[f32]>) -> Vec<f32> {
         let b = CpuBackend::new(2).unwrap();
         let shape = AttentionShape {
             n_heads: 2,
@@ -343,6 +351,7 @@ mod tests {
             start_pos: 2,
             t: 1,
             window,
+            sinks,
         };
         let q = [1.0, 0.0, 0.0, 1.0];
         let k = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
@@ -364,6 +373,18 @@ mod tests {
         // Head 1 uses the same KV head with scores (0, 1, 1) / sqrt(2).
         let expect1 = (e0 * 2.0 + e1 * 4.0 + e1 * 6.0) / z;
         assert!((out[3] - expect1).abs() < 1e-6, "{out:?}");
+    }
+
+    #[test]
+    fn a_sink_takes_its_share_of_the_softmax_and_adds_no_value() {
+        // A window of 1 leaves one position of score s: a sink logit k scales its value by
+        // e^s / (e^s + e^k).
+        let out = attend_with(Some(1), Some(&[0.5, -2.0]));
+        let s = [1.0f32 / 2.0f32.sqrt(), 1.0 / 2.0f32.sqrt()];
+        for (h, (k, v)) in [(0.5f32, 5.0f32), (-2.0, 6.0)].into_iter().enumerate() {
+            let p = s[h].exp() / (s[h].exp() + k.exp());
+            assert!((out[h * 2 + h] - p * v).abs() < 1e-6, "{out:?}");
+        }
     }
 
     #[test]

@@ -316,7 +316,7 @@ impl Backend for CudaBackend {
 
     fn attention(
         &self,
-        shape: AttentionShape,
+        shape: AttentionShape<'_>,
         q: &CudaSlice<f32>,
         kv: &CudaKv,
         layer: usize,
@@ -586,9 +586,15 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let (norm, eps, router) = (block.norm, block.eps, block.router);
         let (n, ne, k) = (router.cols, router.rows, out.routes.len());
-        if let Some(bias) = block.norm_bias {
-            self.layer_norm(x, 0..t, (norm, bias), eps, out.xn)?;
+        if block.norm_bias.is_some() || block.router_bias.is_some() {
+            match block.norm_bias {
+                Some(bias) => self.layer_norm(x, 0..t, (norm, bias), eps, out.xn)?,
+                None => self.rms_norm(x, 0..t, norm, eps, out.xn)?,
+            }
             self.matmul(router, out.xn, t, out.logits)?;
+            if let Some(b) = block.router_bias {
+                self.add_rows(out.logits, t, b)?;
+            }
             return self.route(out.logits, (t, ne, block.routing), out.routes, out.host);
         }
         if t == 1 && k <= self.scratch_len / 2 {

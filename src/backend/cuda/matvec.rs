@@ -21,6 +21,7 @@ fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)
                 "CUDA: sparsemixer routing picks 2 experts, not {k}"
             )))
         }
+        Routing::TopkSoftmax => (3, 0.0),
     })
 }
 
