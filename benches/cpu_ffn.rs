@@ -70,6 +70,8 @@ impl Store {
         FfnJob {
             mats: [self.matrix(e, 0), self.matrix(e, 1), self.matrix(e, 2)],
             weight: 0.5,
+            act: hob::model::ExpertAct::SiluGlu,
+            biases: None,
         }
     }
 }

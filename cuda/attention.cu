@@ -1,6 +1,7 @@
 // Attention over an f16 KV cache. Grid (n_heads, t); a block of up to ATT_MAX_WARPS warps. Each
 // warp walks a strided subset of the visible positions with an online softmax; the warps then
-// merge.
+// merge. `sinks` (gpt-oss; null elsewhere): each head's logit beside the positions' scores in the
+// softmax's denominator, with no value.
 
 #define ATT_MAX_WARPS 16
 #define ATT_MAX_J 8  // head_dim up to 256
@@ -9,7 +10,8 @@
 extern "C" __global__ void attention(const float* __restrict__ q, const half_bits* __restrict__ kc,
                                      const half_bits* __restrict__ vc, float* __restrict__ out,
                                      int n_heads, int n_kv_heads, int hd, int start_pos,
-                                     int window, const int* __restrict__ posp) {
+                                     int window, const int* __restrict__ posp,
+                                     const float* __restrict__ sinks) {
     pdl_trigger();
     int h = blockIdx.x, i = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -95,10 +97,10 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
 #pragma unroll
     for (int j = 0; j < ATT_MAX_J; j++) sm_acc[warp][lane + 32 * j] = acc[j];
     __syncthreads();
-    float mx = NEG_INF;
+    float mx = sinks ? sinks[h] : NEG_INF;
     for (int w = 0; w < warps; w++) mx = fmaxf(mx, sm_m[w]);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float num = 0.f, den = 0.f;
+        float num = 0.f, den = sinks ? expf(sinks[h] - mx) : 0.f;
         for (int w = 0; w < warps; w++) {
             if (sm_m[w] == NEG_INF) continue;
             float f = expf(sm_m[w] - mx);
@@ -123,7 +125,8 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
 template <int DPL>
 __device__ __forceinline__ void attention_prefill_body(
     const float* __restrict__ q, const half_bits* __restrict__ kc, const half_bits* __restrict__ vc,
-    float* __restrict__ out, int n_heads, int n_kv_heads, int t, int start_pos, int window) {
+    float* __restrict__ out, int n_heads, int n_kv_heads, int t, int start_pos, int window,
+    const float* __restrict__ sinks) {
     constexpr int HD = 32 * DPL, KW = HD / 2 + 1, RPW = ATP_ROWS / 8;  // key row: KW words
     __shared__ float qs[ATP_ROWS][HD];
     __shared__ u32 ks[ATP_CHUNK][KW];
@@ -226,8 +229,15 @@ __device__ __forceinline__ void attention_prefill_body(
         const int r = warp * RPW + i, qi = q0 + r / group;
         if (qi >= t) continue;
         float* o = out + (size_t)qi * q_dim + (kvh * group + r % group) * HD + lane * DPL;
+        float num = 1.f, den = l[i];
+        if (sinks) {
+            // The sink joins the denominator at the row's running maximum or above it.
+            const float sk = sinks[kvh * group + r % group], mf = fmaxf(m[i], sk);
+            num = expf(m[i] - mf);
+            den = l[i] * num + expf(sk - mf);
+        }
 #pragma unroll
-        for (int d = 0; d < DPL; d++) o[d] = acc[i][d] / l[i];
+        for (int d = 0; d < DPL; d++) o[d] = acc[i][d] * num / den;
     }
 }
 
@@ -235,9 +245,10 @@ __device__ __forceinline__ void attention_prefill_body(
     extern "C" __global__ void __launch_bounds__(256) attention_prefill_##DPL(                  \
         const float* __restrict__ q, const half_bits* __restrict__ kc,                          \
         const half_bits* __restrict__ vc, float* __restrict__ out, int n_heads, int n_kv_heads, \
-        int t, int start_pos, int window) {                                                     \
+        int t, int start_pos, int window, const float* __restrict__ sinks) {                   \
         PDL_ENTRY();                                                                            \
-        attention_prefill_body<DPL>(q, kc, vc, out, n_heads, n_kv_heads, t, start_pos, window); \
+        attention_prefill_body<DPL>(q, kc, vc, out, n_heads, n_kv_heads, t, start_pos, window,  \
+                                    sinks);                                                     \
     }
 ATTENTION_PREFILL(1)
 ATTENTION_PREFILL(2)

@@ -260,6 +260,21 @@ extern "C" __global__ void swiglu(float* __restrict__ g, const float* __restrict
     if (i < n) g[i] = silu_mul(g[i], u[i]);
 }
 
+// gpt-oss's expert activation with its biases (ExpertAct::apply's arithmetic): for i < n, rows of
+// width f, with g' = min(g[i] + bg[i % f], limit) and u' = clamp(u[i] + bu[i % f], -limit, limit),
+// g[i] = (u' + 1) * g' * sigmoid(alpha * g').
+extern "C" __global__ void expert_glu(float* __restrict__ g, const float* __restrict__ u,
+                                      const float* __restrict__ bg, const float* __restrict__ bu,
+                                      int f, int n, float alpha, float limit) {
+    PDL_ENTRY();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float gv = fminf(g[i] + bg[i % f], limit);
+    const float uv = fminf(fmaxf(u[i] + bu[i % f], -limit), limit);
+    const float glu = gv * (1.0f / (1.0f + expf(-(gv * alpha))));
+    g[i] = (uv + 1.0f) * glu;
+}
+
 // A shared expert's activations (Qwen2-MoE): g[i] = sigmoid(s[i / width]) * silu(g[i]) * u[i]
 // for i < t * width, s its gate's logit per row.
 extern "C" __global__ void shared_gate(float* __restrict__ g, const float* __restrict__ u,

@@ -131,9 +131,19 @@ __device__ __forceinline__ float route_sum_one(T term, int ne) {
 }
 
 // gpt-oss's routing (route_topk_softmax's arithmetic): the top k logits, then their softmax,
-// summed in slot order. Non-finite logits leave NaN weights (the host's refusal).
+// summed in slot order. A non-finite logit gives experts 0..k with NaN weights (the host's
+// refusal, which names the layer).
 __device__ __noinline__ void route_topk_softmax(const float* l, int ne, int k, int* re,
                                                 float* rw) {
+    bool finite = true;
+    for (int e = 0; e < ne; e++) finite &= isfinite(l[e]);
+    if (!finite) {
+        for (int j = 0; j < k; j++) {
+            re[j] = j;
+            rw[j] = __int_as_float(0x7fc00000);
+        }
+        return;
+    }
     route_top_k([&](int e) { return l[e]; }, ne, k, false, re, rw);
     const float mx = rw[0];
     float sum = 0.f;

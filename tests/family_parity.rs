@@ -177,6 +177,14 @@ fn gpt_oss_matches_transformers() {
     parity("gpt-oss");
 }
 
+/// A checkpoint stored as the hub stores gpt-oss: MXFP4 expert blocks and scales, against
+/// transformers' own dequantization of them (tools/make_family_fixture.py to_mxfp4; transformers
+/// loading the fixture with Mxfp4Config(dequantize=True) gives the same logits).
+#[test]
+fn gpt_oss_mxfp4_checkpoint_matches_transformers() {
+    parity("gpt-oss-mxfp4");
+}
+
 #[test]
 fn gpt_oss_chat_ids_match_apply_chat_template() {
     let (_tmp, path) = convert_dir(&family_dir("gpt-oss"), "f16", &[]);

@@ -327,6 +327,10 @@ fn norm_rope_add_and_attention_match_the_cpu() {
     {
         let layers = 2usize;
         let (qd, kvd) = (nh * hd, nkv * hd);
+        // The windowed runs also take gpt-oss's sinks: a logit per head in the denominator.
+        let sink_logits: Vec<f32> = random(nh, 77).iter().map(|v| 2.0 * v).collect();
+        b.make_resident_vector(&sink_logits).unwrap();
+        let sinks = window.map(|_| &sink_logits[..]);
         let mut ckv = cpu.alloc_kv(layers, ctx, kvd).unwrap();
         let mut gkv = b.alloc_kv(layers, ctx, kvd).unwrap();
         let mut start = 0;
@@ -347,7 +351,7 @@ fn norm_rope_add_and_attention_match_the_cpu() {
                 start_pos: start,
                 t: tt,
                 window,
-                sinks: None,
+                sinks,
             };
             let mut want = vec![0.0; tt * qd];
             cpu.attention(shape, &q, &ckv, 1, &mut want).unwrap();
@@ -355,7 +359,10 @@ fn norm_rope_add_and_attention_match_the_cpu() {
             b.attention(shape, &to_gpu(&b, &q), &gkv, 1, &mut od)
                 .unwrap();
             let e = nmse(&from_gpu(&b, &od, tt * qd), &want);
-            println!("attention {nh}/{nkv}x{hd} window {window:?} t={tt} at {start}: NMSE {e:.2e}");
+            println!(
+                "attention {nh}/{nkv}x{hd} window {window:?} sinks {} t={tt} at {start}: NMSE {e:.2e}",
+                sinks.is_some()
+            );
             assert!(e <= 1e-6, "attention NMSE {e:e}");
             start += tt;
         }
@@ -491,7 +498,7 @@ fn norm_route_forms(n: usize, ne: usize, k: usize) {
 /// one-thread form (route_one, as a prefill's route_topk runs it) on logits with ties,
 /// probabilities that underflow to zero and NaN: the same experts and weights, bit for bit, for 4
 /// to 32 experts and top 1 to 4, for each routing rule (renormalized softmax, the softmax's own
-/// weights, sparsemixer at k = 2); and, without NaN, the CPU's routing's experts and weights.
+/// weights, sparsemixer at k = 2, gpt-oss's top-k logits' softmax); and, without NaN, the CPU's routing's experts and weights.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn warp_routing_matches_one_thread_routing() {
@@ -512,6 +519,7 @@ fn warp_routing_matches_one_thread_routing() {
             Routing::Softmax { renormalize: true },
             Routing::Softmax { renormalize: false },
             Routing::SparseMixer { jitter_eps: 0.01 },
+            Routing::TopkSoftmax,
         ];
         for (k, routing) in [1usize, 2, 4]
             .into_iter()

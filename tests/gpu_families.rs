@@ -1,4 +1,4 @@
-//! The MoE families beside Mixtral on the CUDA backend and the HOBBIT engine (issue 50): each
+//! The MoE families beside Mixtral on the CUDA backend and the HOBBIT engine (issues 50, 53): each
 //! fixture against the CPU and transformers, and offloading that changes speed, never results
 //! (one precision, nothing skipped: a quarter cache with prefetches gives the all-resident logits
 //! bit for bit; cooperative CPU experts up to float rounding). Ignored without a GPU;
@@ -138,6 +138,12 @@ fn olmoe_on_the_gpu_matches_the_cpu_and_transformers() {
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn phimoe_on_the_gpu_matches_the_cpu_and_transformers() {
     family_on_the_gpu("phimoe");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn gpt_oss_on_the_gpu_matches_the_cpu_and_transformers() {
+    family_on_the_gpu("gpt-oss");
 }
 
 /// Packed dense matrices (`--dense int8`, issue 56) on the GPU: resident and under the engine's

@@ -173,7 +173,7 @@ def family_spec(family):
             "model_max_length": 256,
         }
         return cfg, transformers.PhimoeForCausalLM, PHI_SPECIALS, tok_cfg, ["<|end|>", "</s>"]
-    if family == "gpt_oss":
+    if family in ("gpt_oss", "gpt_oss_mxfp4"):
         # Real gpt-oss: head_dim 64 apart from hidden / heads, sliding and full layers alternating, YaRN.
         # The tiny one keeps each part visible: a window shorter than the prompt, YaRN's ramp inside the
         # head (original context 32), and a SwiGLU limit low enough that the clamps bite.
@@ -222,6 +222,60 @@ def qwen_tok(template):
         "chat_template": template,
         "model_max_length": 256,
     }
+
+
+FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4_quantize(w):
+    """OCP MXFP4 of w [..., rows, cols] (the checkpoint's [out, in] layout): per 32 values of a row a
+    power-of-two scale (u8, bias 127) and e2m1 codes, two a byte, low nibble first. Nearest code, ties to the
+    lower index: any quantizer makes a valid checkpoint; the reference is transformers' dequantization of it."""
+    *pre, rows, cols = w.shape
+    g = w.reshape(*pre, rows, cols // 32, 32).float()
+    amax = g.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    exp = torch.ceil(torch.log2(amax / 6.0))
+    q = g / torch.exp2(exp)
+    codes = (q.unsqueeze(-1) - FP4).abs().argmin(-1).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    scales = (exp.squeeze(-1) + 127).to(torch.uint8)
+    return blocks.contiguous(), scales.contiguous()
+
+
+def to_mxfp4(model):
+    """Replace every expert matrix by transformers' own dequantization of its MXFP4 form (the model the
+    reference logits come from); keep the blocks and scales for save_mxfp4."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model._mxfp4 = {}
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            ex = layer.mlp.experts
+            for name in ("gate_up_proj", "down_proj"):
+                p = getattr(ex, name)  # [E, in, out]
+                blocks, scales = mxfp4_quantize(p.data.transpose(1, 2))
+                deq = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+                assert deq.shape == p.shape, (deq.shape, p.shape)
+                p.copy_(deq)
+                model._mxfp4[f"model.layers.{i}.mlp.experts.{name}"] = (blocks, scales)
+
+
+def save_mxfp4(model, out):
+    """The checkpoint as the hub's gpt-oss is stored: experts as `*_blocks` / `*_scales` (u8), the rest
+    f16, and the quantization_config transformers reads."""
+    state = {k: v.half().contiguous() for k, v in model.state_dict().items()}
+    for name, (blocks, scales) in model._mxfp4.items():
+        del state[name]
+        state[name + "_blocks"] = blocks
+        state[name + "_scales"] = scales
+    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    model.config.architectures = [type(model).__name__]
+    model.config.quantization_config = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+    }
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
 
 
 def perturb_norms_and_biases(model):
@@ -285,6 +339,8 @@ def make(out, family):
     model = cls(cfg).eval()
     perturb_norms_and_biases(model)
     round_to_f16(model)
+    if family == "gpt_oss_mxfp4":
+        to_mxfp4(model)
     model.generation_config.eos_token_id = eos_ids
     model.generation_config.bos_token_id = bos_id
 
@@ -312,8 +368,11 @@ def make(out, family):
             tensors["long_logits"] = model(torch.tensor([long_ids])).logits[0].float().contiguous()
         tensors["long_ids"] = torch.tensor(long_ids, dtype=torch.int64)
 
-    model.half()
-    model.save_pretrained(out, max_shard_size="400KB")
+    if family == "gpt_oss_mxfp4":
+        save_mxfp4(model, out)
+    else:
+        model.half()
+        model.save_pretrained(out, max_shard_size="400KB")
     save_file(tensors, os.path.join(out, "reference.safetensors"))
     info.update(
         {

@@ -99,7 +99,7 @@ impl<'a> DirectExperts<'a> {
         &mut self,
         b: &B,
         (layer, expert, variant): (usize, usize, usize),
-        (rows, ffn): (&[(usize, f32)], &ExpertFfn<'_>),
+        (rows, ffn): (&[(usize, f32)], &ExpertFfn),
         xs: &[f32],
         out: &mut [f32],
     ) -> crate::Result<()> {

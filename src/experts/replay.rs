@@ -236,6 +236,7 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         self.predict(layer, t);
         let replayed = Batch {
             routes: &self.routes,
+            ffn: batch.ffn.clone(),
             ..*batch
         };
         self.inner.forward(backend, layer, &replayed, out)?;
@@ -256,6 +257,7 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         self.predict(layer, t);
         let replayed = Batch {
             routes: &self.routes,
+            ffn: batch.ffn.clone(),
             ..*batch
         };
         self.inner.forward_add(backend, layer, &replayed, out, x)?;

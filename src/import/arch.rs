@@ -131,8 +131,12 @@ pub enum ExpertSource {
     /// [E, 2 * ffn, hidden] (gate rows first) and `mlp.experts.down_proj` [E, hidden, ffn].
     Fused { hidden: usize, ffn: usize },
     /// gpt-oss's: `gate_up_proj` [E, hidden, 2 * ffn] (gate and up columns interleaved) and
-    /// `down_proj` [E, ffn, hidden].
-    GptOss { hidden: usize, ffn: usize },
+    /// `down_proj` [E, ffn, hidden]; or their MXFP4 blocks and scales (`mxfp4`).
+    GptOss {
+        hidden: usize,
+        ffn: usize,
+        mxfp4: bool,
+    },
 }
 
 /// How a checkpoint names one expert's matrices.
@@ -303,10 +307,11 @@ impl Architecture {
     /// Find the experts in the checkpoint (either layout) and check every tensor's shape.
     pub fn expert_source(&self, index: &TensorIndex) -> Result<ExpertSource, ImportError> {
         if let Architecture::GptOss(s, _) = self {
-            super::gptoss::check_experts(s, index)?;
+            let mxfp4 = super::gptoss::check_experts(s, index)?;
             return Ok(ExpertSource::GptOss {
                 hidden: s.hidden,
                 ffn: s.ffn,
+                mxfp4,
             });
         }
         self.spec().expert_source(index, self.expert_names())
@@ -745,9 +750,16 @@ impl ExpertSource {
                 up: index.load_f32(&names.name(layer, expert, Which::Up))?,
                 down: index.load_f32(&names.name(layer, expert, Which::Down))?,
             }),
-            ExpertSource::GptOss { hidden, ffn } => {
-                super::gptoss::load_expert(index, (hidden, ffn), layer, expert)
-            }
+            ExpertSource::GptOss {
+                hidden,
+                ffn,
+                mxfp4: false,
+            } => super::gptoss::load_expert(index, (hidden, ffn), layer, expert),
+            ExpertSource::GptOss {
+                hidden,
+                ffn,
+                mxfp4: true,
+            } => super::gptoss::load_mxfp4_expert(index, (hidden, ffn), layer, expert),
             ExpertSource::Fused { hidden, ffn } => {
                 let m = hidden * ffn;
                 let gate_up = fused_name(layer, "gate_up_proj");

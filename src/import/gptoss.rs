@@ -188,24 +188,102 @@ fn experts_name(layer: usize, w: &str) -> String {
     format!("model.layers.{layer}.mlp.experts.{w}")
 }
 
-/// Check the experts' tensors: `gate_up_proj` [E, hidden, 2 * ffn] (gate and up columns
-/// interleaved) and `down_proj` [E, ffn, hidden], both transposed from nn.Linear's layout.
-pub fn check_experts(s: &MixtralSpec, index: &TensorIndex) -> Result<(), ImportError> {
+/// Check the experts' tensors, and say whether they are MXFP4: either `gate_up_proj` [E, hidden,
+/// 2 * ffn] (gate and up columns interleaved) and `down_proj` [E, ffn, hidden], both transposed
+/// from nn.Linear's layout; or, as the hub stores gpt-oss, their MXFP4 form in nn.Linear's
+/// layout: `gate_up_proj_blocks` [E, 2 * ffn, hidden / 32, 16] and `_scales` [E, 2 * ffn,
+/// hidden / 32] (gate and up rows interleaved), `down_proj_blocks` [E, hidden, ffn / 32, 16].
+pub fn check_experts(s: &MixtralSpec, index: &TensorIndex) -> Result<bool, ImportError> {
     let (ne, h, f) = (s.n_experts, s.hidden, s.ffn);
+    let mxfp4 = index.contains(&experts_name(0, "gate_up_proj_blocks"));
     for l in 0..s.n_layers {
-        if index.contains(&experts_name(l, "gate_up_proj_blocks")) {
+        if !mxfp4 {
+            index.check(&experts_name(l, "gate_up_proj"), &[ne, h, 2 * f])?;
+            index.check(&experts_name(l, "down_proj"), &[ne, f, h])?;
+            continue;
+        }
+        if h % 32 != 0 || f % 32 != 0 {
             return Err(ImportError::Unsupported {
                 path: index.searched().into(),
-                what: "MXFP4 experts (gate_up_proj_blocks)".into(),
-                detail: "hob reads gpt-oss checkpoints with dequantized experts (bf16 or f16) \
-                         for now"
-                    .into(),
+                what: "MXFP4 experts".into(),
+                detail: format!("hidden {h} and ffn {f} must be multiples of 32"),
             });
         }
-        index.check(&experts_name(l, "gate_up_proj"), &[ne, h, 2 * f])?;
-        index.check(&experts_name(l, "down_proj"), &[ne, f, h])?;
+        for (w, rows, cols) in [("gate_up_proj", 2 * f, h), ("down_proj", h, f)] {
+            let name = experts_name(l, w);
+            index.check_u8(&format!("{name}_blocks"), &[ne, rows, cols / 32, 16])?;
+            index.check_u8(&format!("{name}_scales"), &[ne, rows, cols / 32])?;
+        }
     }
-    Ok(())
+    Ok(mxfp4)
+}
+
+/// OCP MXFP4's e2m1 values, by 4-bit code.
+const E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// Expert `expert`'s [rows, cols] matrix from MXFP4 tensor `name`: each 32 values of a row
+/// e2m1 codes (low nibble first) times 2^(scale - 127), as transformers dequantizes them.
+fn mxfp4_matrix(
+    index: &TensorIndex,
+    name: &str,
+    expert: usize,
+    (rows, cols): (usize, usize),
+) -> Result<Vec<f32>, ImportError> {
+    let (g, n) = (cols / 32, rows * cols);
+    let blocks = index.load_u8(
+        &format!("{name}_blocks"),
+        expert * n / 2..(expert + 1) * n / 2,
+    )?;
+    let scales = index.load_u8(
+        &format!("{name}_scales"),
+        expert * rows * g..(expert + 1) * rows * g,
+    )?;
+    let mut out = Vec::with_capacity(n);
+    for (block, &s) in blocks.chunks_exact(16).zip(&scales) {
+        let scale = (2.0f64).powi(i32::from(s) - 127) as f32;
+        for &b in block {
+            out.push(E2M1[usize::from(b & 15)] * scale);
+            out.push(E2M1[usize::from(b >> 4)] * scale);
+        }
+    }
+    if let Some(first) = out.iter().position(|v| !v.is_finite()) {
+        return Err(ImportError::NonFinite {
+            name: format!("{name}_scales"),
+            file: index.searched().into(),
+            count: out.iter().filter(|v| !v.is_finite()).count(),
+            first: expert * n + first,
+        });
+    }
+    Ok(out)
+}
+
+/// One MXFP4 expert in nn.Linear's layout: gate from the even rows of `gate_up_proj`, up from
+/// the odd ones, down as stored.
+pub fn load_mxfp4_expert(
+    index: &TensorIndex,
+    (hidden, ffn): (usize, usize),
+    layer: usize,
+    expert: usize,
+) -> Result<ExpertWeights, ImportError> {
+    let (h, f) = (hidden, ffn);
+    let gu = mxfp4_matrix(
+        index,
+        &experts_name(layer, "gate_up_proj"),
+        expert,
+        (2 * f, h),
+    )?;
+    let down = mxfp4_matrix(index, &experts_name(layer, "down_proj"), expert, (h, f))?;
+    let (mut gate, mut up) = (Vec::with_capacity(f * h), Vec::with_capacity(f * h));
+    for (r, row) in gu.chunks_exact(h).enumerate() {
+        if r % 2 == 0 {
+            gate.extend_from_slice(row);
+        } else {
+            up.extend_from_slice(row);
+        }
+    }
+    Ok(ExpertWeights { gate, up, down })
 }
 
 /// One expert's matrices in nn.Linear's layout: gate[i][j] = gate_up_proj[e][j][2i], up from

@@ -248,6 +248,42 @@ impl TensorIndex {
             unsafe { mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
     }
 
+    /// Check a tensor of bytes (U8: MXFP4 blocks and scales) exists with `shape`.
+    pub fn check_u8(&self, name: &str, shape: &[usize]) -> Result<(), ImportError> {
+        let e = self.get(name)?;
+        if e.dtype != Dtype::U8 {
+            return Err(ImportError::UnsupportedDtype {
+                name: name.to_string(),
+                file: self.file_of(e),
+                found: format!("{} (expected U8)", e.dtype),
+            });
+        }
+        if e.shape != shape {
+            return Err(ImportError::ShapeMismatch {
+                name: name.to_string(),
+                file: self.file_of(e),
+                expected: shape.to_vec(),
+                found: e.shape.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes `range` of a U8 tensor (checked by `check_u8`), copied out.
+    pub fn load_u8(&self, name: &str, range: Range<usize>) -> Result<Vec<u8>, ImportError> {
+        let e = self.get(name)?;
+        let bytes = &self.shards[e.shard].mmap[e.bytes.clone()];
+        let src = bytes
+            .get(range.clone())
+            .ok_or_else(|| ImportError::Safetensors {
+                path: PathBuf::from(self.file_of(e)),
+                detail: format!("tensor '{name}': bytes {range:?} out of range"),
+            })?
+            .to_vec();
+        self.release(e.shard, e.bytes.start + range.start, src.len());
+        Ok(src)
+    }
+
     /// Load a whole tensor as f32, checking it is finite.
     pub fn load_f32(&self, name: &str) -> Result<Vec<f32>, ImportError> {
         let n = self.shape(name)?.iter().product();

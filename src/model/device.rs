@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use memmap2::Mmap;
 
-use super::experts::MoeBlock;
+use super::experts::{ExpertFfn, MoeBlock};
 use super::ops::Backend;
 use crate::format::ExpertView;
 use crate::quant::Matrix;
@@ -122,21 +122,23 @@ pub trait ExpertDevice: Backend {
     /// out[..n] = 0.
     fn zero(&self, out: &mut Self::Buf, n: usize) -> crate::Result<()>;
     /// Before a layer's experts: room for `rows` expert outputs (decode: one per routed
-    /// expert; prefill: the batch), and for a prefill batch its routed rows grouped by expert
-    /// (token indices and gate weights) for `expert_rows`.
+    /// expert; prefill: the batch), for a prefill batch its routed rows grouped by expert
+    /// (token indices and gate weights) for `expert_rows`, and what the layer's experts compute
+    /// beyond their products (`ffn`: `expert_step` and `expert_rows` apply it; the other
+    /// products are only asked of a layer whose `ffn` is plain).
     fn begin_layer(
         &self,
         work: &mut Self::Work,
         rows: usize,
-        idx: &[i32],
-        wts: &[f32],
+        routed: (&[i32], &[f32]),
+        ffn: &ExpertFfn,
     ) -> crate::Result<()>;
     /// out[idx[i]] += wts[i] * expert(x[idx[i]]) for `rows` = (at, n): the n rows from row
-    /// `at` of `begin_layer`'s.
+    /// `at` of `begin_layer`'s; the expert is `e`, model expert `expert` (its biases).
     fn expert_rows(
         &self,
         work: &mut Self::Work,
-        e: &Self::Expert,
+        e: (&Self::Expert, usize),
         x: &Self::Buf,
         rows: (usize, usize),
         out: &mut Self::Buf,
@@ -153,13 +155,13 @@ pub trait ExpertDevice: Backend {
         tokens: (usize, usize),
         out: &mut Self::Buf,
     ) -> crate::Result<bool>;
-    /// Step `step` of one token's expert, its output kept in row `row` of the work: 0 the gate
-    /// product, 1 the up product and SwiGLU, 2 the down product. Each step reads only its own
-    /// matrix.
+    /// Step `step` of one token's expert (`e`, model expert `expert`), its output kept in row
+    /// `row` of the work: 0 the gate product, 1 the up product and the activation, 2 the down
+    /// product. Each step reads only its own matrix.
     fn expert_step(
         &self,
         work: &mut Self::Work,
-        e: &Self::Expert,
+        e: (&Self::Expert, usize),
         x: &Self::Buf,
         row: usize,
         step: usize,

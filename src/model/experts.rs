@@ -7,6 +7,7 @@ use super::ops::{Backend, Route};
 use super::routing::Routing;
 use super::weights::ExpertBiases;
 use crate::quant::Matrix;
+use std::sync::Arc;
 
 /// One MoE layer's batch: t tokens' normalized inputs ([t, hidden]) and routes ([t, top_k],
 /// token-major), and what its experts compute beyond their three products.
@@ -15,21 +16,21 @@ pub struct Batch<'a, Buf> {
     pub t: usize,
     pub hidden: usize,
     pub routes: &'a [Route],
-    pub ffn: ExpertFfn<'a>,
+    pub ffn: ExpertFfn,
 }
 
 /// A layer's routed experts beyond their gate, up and down products: the activation between
 /// them, and each expert's biases where the family has them (gpt-oss):
 /// down(act(gate x + bg, up x + bu)) + bd.
-#[derive(Clone, Copy)]
-pub struct ExpertFfn<'a> {
+#[derive(Clone)]
+pub struct ExpertFfn {
     pub act: ExpertAct,
-    pub biases: Option<&'a ExpertBiases>,
+    pub biases: Option<Arc<ExpertBiases>>,
 }
 
-impl ExpertFfn<'_> {
+impl ExpertFfn {
     /// SwiGLU without biases (every family but gpt-oss).
-    pub const PLAIN: ExpertFfn<'static> = ExpertFfn {
+    pub const PLAIN: ExpertFfn = ExpertFfn {
         act: ExpertAct::SiluGlu,
         biases: None,
     };
@@ -50,7 +51,7 @@ impl ExpertFfn<'_> {
     ) {
         let rows = gate.chunks_exact_mut(ffn).zip(up.chunks_exact(ffn));
         for (r, (g, u)) in rows.enumerate() {
-            match self.biases {
+            match &self.biases {
                 Some(b) => {
                     let e = expert_of(r);
                     let (bg, bu) = (&b.gate[e * ffn..][..ffn], &b.up[e * ffn..][..ffn]);
@@ -68,7 +69,20 @@ impl ExpertFfn<'_> {
 
     /// Expert `expert`'s down bias ([hidden]), where it has one.
     pub fn down_bias(&self, expert: usize, hidden: usize) -> Option<&[f32]> {
-        self.biases.map(|b| &b.down[expert * hidden..][..hidden])
+        self.biases
+            .as_ref()
+            .map(|b| &b.down[expert * hidden..][..hidden])
+    }
+
+    /// Expert `expert`'s gate, up and down biases, where it has them.
+    pub fn expert_biases(&self, expert: usize) -> Option<[&[f32]; 3]> {
+        let b = self.biases.as_ref()?;
+        let (f, h) = (b.gate.len() / b.n_experts, b.down.len() / b.n_experts);
+        Some([
+            &b.gate[expert * f..][..f],
+            &b.up[expert * f..][..f],
+            &b.down[expert * h..][..h],
+        ])
     }
 }
 

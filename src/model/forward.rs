@@ -513,7 +513,7 @@ impl<'f> Model<'f> {
                 routes: &routes[..t * k],
                 ffn: ExpertFfn {
                     act: cfg.expert_act,
-                    biases: lw.expert_biases.as_ref(),
+                    biases: lw.expert_biases.clone(),
                 },
             };
             experts.forward_add(backend, l, &batch, &mut b.out, &mut b.x)?;

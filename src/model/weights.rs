@@ -35,12 +35,13 @@ pub struct LayerWeights<'f> {
     /// The router's bias ([n_experts], gpt-oss).
     pub router_bias: Option<Vec<f32>>,
     /// The routed experts' biases (gpt-oss).
-    pub expert_biases: Option<ExpertBiases>,
+    pub expert_biases: Option<std::sync::Arc<ExpertBiases>>,
 }
 
 /// Biases of every routed expert of a layer, kept with the dense weights (they are small):
 /// gate and up [n_experts, ffn], down [n_experts, hidden].
 pub struct ExpertBiases {
+    pub n_experts: usize,
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
     pub down: Vec<f32>,
@@ -134,11 +135,12 @@ impl<'f> Weights<'f> {
                         .transpose()?,
                     expert_biases: match gpt_oss {
                         false => None,
-                        true => Some(ExpertBiases {
+                        true => Some(std::sync::Arc::new(ExpertBiases {
+                            n_experts: ne,
                             gate: table(file, &blk(l, keys::FFN_GATE_EXPS_BIAS), ne, cfg.ffn)?,
                             up: table(file, &blk(l, keys::FFN_UP_EXPS_BIAS), ne, cfg.ffn)?,
                             down: table(file, &blk(l, keys::FFN_DOWN_EXPS_BIAS), ne, h)?,
-                        }),
+                        })),
                     },
                 })
             })

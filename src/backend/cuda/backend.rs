@@ -342,6 +342,17 @@ impl Backend for CudaBackend {
             shape.start_pos as i32,
         );
         let window = shape.window.map_or(0, |w| w as i32);
+        let sinks = match shape.sinks {
+            Some(s) if s.len() == shape.n_heads => self.vector(s)?,
+            Some(s) => {
+                return Err(Error::Invalid(format!(
+                    "CUDA attention: {} sinks for {} heads",
+                    s.len(),
+                    shape.n_heads
+                )))
+            }
+            None => 0u64,
+        };
         // Prefill: a block per ATP_ROWS (query, head) rows of one KV head (cuda/attention.cu
         // attention_prefill_*), for head_dim 32, 64 or 128 and groups that divide ATP_ROWS.
         let group = shape.n_heads / shape.n_kv_heads.max(1);
@@ -364,7 +375,7 @@ impl Backend for CudaBackend {
                 shared_mem_bytes: 0,
             };
             let f = &self.gpu.kernels.attention_prefill[i];
-            return launch!(self.gpu, f, c; qp, kp, vp, op, nh, nkv, t, sp, window);
+            return launch!(self.gpu, f, c; qp, kp, vp, op, nh, nkv, t, sp, window, sinks);
         }
         // Decode: 16 warps share a head's positions (latency-bound); prefill: 4 per query.
         let c = LaunchConfig {
@@ -377,7 +388,7 @@ impl Backend for CudaBackend {
         } else {
             0u64
         };
-        launch!(self.gpu, self.gpu.kernels.attention, c; qp, kp, vp, op, nh, nkv, hd, sp, window, posp)
+        launch!(self.gpu, self.gpu.kernels.attention, c; qp, kp, vp, op, nh, nkv, hd, sp, window, posp, sinks)
     }
 
     /// One token: one launch for the three products when they are float kinds (matvec3_*).

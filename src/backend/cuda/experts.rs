@@ -11,8 +11,9 @@ use super::{
     cuda_err, ptr, CudaBackend, DevMat, QGroup, QueuedRead, Routed, SlotArgs, SLOTS_MAX_K,
 };
 use crate::format::{ExpertView, MatrixLayout};
+use crate::model::experts::ExpertFfn;
 use crate::model::{
-    ArenaBase, Backend, CopierSetup, DeviceEvent, ExpertDevice, MoeBlock, SlotExpert,
+    ArenaBase, Backend, CopierSetup, DeviceEvent, ExpertAct, ExpertDevice, MoeBlock, SlotExpert,
 };
 use crate::quant::Matrix;
 use crate::Error;
@@ -40,6 +41,16 @@ pub struct CudaWork {
     routed: Option<RoutedWork>,
     /// A grouped prefill layer's buffers (`experts_grouped`), grown as needed.
     grouped: Option<CudaSlice<f32>>,
+    /// The layer's expert activation and biases (`begin_layer`).
+    act: FfnDev,
+}
+
+/// What a layer's experts compute beyond their products, where the kernels read it: gpt-oss's
+/// activation (alpha, limit) and the layer's bias tables ([n_experts, ffn] for gate and up,
+/// [n_experts, hidden] for down); None: SwiGLU without biases.
+#[derive(Clone, Copy, Default)]
+struct FfnDev {
+    glu: Option<((f32, f32), [u64; 3])>,
 }
 
 /// What `put_slots` writes (a table of SLOTS_MAX_K experts and their routes) and the routed
@@ -214,6 +225,7 @@ impl ExpertDevice for CudaBackend {
             wts: g.alloc(1, "expert routes")?,
             routed: None,
             grouped: None,
+            act: FfnDev::default(),
         })
     }
 
@@ -225,9 +237,10 @@ impl ExpertDevice for CudaBackend {
         &self,
         w: &mut CudaWork,
         rows: usize,
-        idx: &[i32],
-        wts: &[f32],
+        (idx, wts): (&[i32], &[f32]),
+        ffn: &ExpertFfn,
     ) -> crate::Result<()> {
+        w.act = self.ffn_dev(ffn)?;
         let g = &self.gpu;
         if rows > w.cap {
             w.gate = g.alloc(rows * w.ffn, "expert activations")?;
@@ -250,7 +263,7 @@ impl ExpertDevice for CudaBackend {
     fn expert_rows(
         &self,
         w: &mut CudaWork,
-        e: &[DevMat; 3],
+        (e, expert): (&[DevMat; 3], usize),
         x: &CudaSlice<f32>,
         (at, n): (usize, usize),
         out: &mut CudaSlice<f32>,
@@ -261,13 +274,13 @@ impl ExpertDevice for CudaBackend {
             ptr(&w.idx, &self.gpu.stream) + 4 * at as u64,
             self.p(&w.wts) + 4 * at as u64,
         );
-        if self.expert_q4h(w, e, (xp, ia, wa), n, op)? {
+        if w.act.glu.is_none() && self.expert_q4h(w, e, (xp, ia, wa), n, op)? {
             return Ok(());
         }
         let xsp = self.p(&w.xs);
         self.gpu.gather_rows((xp, ia), xsp, h, n, false)?;
         for step in 0..3 {
-            self.ffn_step(w, e, xsp, (n, 0), step)?;
+            self.ffn_step(w, (e, expert), xsp, (n, 0), step)?;
         }
         self.gpu
             .scatter_axpy(op, (ia, wa), self.p(&w.down), h, n, 1)
@@ -345,7 +358,7 @@ impl ExpertDevice for CudaBackend {
     fn expert_step(
         &self,
         w: &mut CudaWork,
-        e: &[DevMat; 3],
+        e: (&[DevMat; 3], usize),
         x: &CudaSlice<f32>,
         row: usize,
         step: usize,
@@ -509,26 +522,63 @@ impl ExpertDevice for CudaBackend {
 }
 
 impl CudaBackend {
-    /// Step `step` of an expert on `n` tokens at `input`: 0 the gate product, 1 the up product
-    /// and SwiGLU, 2 the down product into rows `row`.. of the work's down outputs.
+    /// The device side of a layer's `ExpertFfn`: its bias tables among the resident vectors.
+    fn ffn_dev(&self, ffn: &ExpertFfn) -> crate::Result<FfnDev> {
+        let ExpertAct::ClampedSwiglu { alpha, limit } = ffn.act else {
+            if ffn.biases.is_some() {
+                return Err(Error::Invalid(
+                    "CUDA experts: biases without gpt-oss's activation".into(),
+                ));
+            }
+            return Ok(FfnDev::default());
+        };
+        let b = ffn.biases.as_ref().ok_or_else(|| {
+            Error::Invalid("CUDA experts: gpt-oss's activation without its biases".into())
+        })?;
+        let tables = [
+            self.vector(&b.gate)?,
+            self.vector(&b.up)?,
+            self.vector(&b.down)?,
+        ];
+        Ok(FfnDev {
+            glu: Some(((alpha, limit), tables)),
+        })
+    }
+
+    /// Step `step` of expert `expert` on `n` tokens at `input`: 0 the gate product, 1 the up
+    /// product and the activation, 2 the down product (and bias) into rows `row`.. of the
+    /// work's down outputs.
     fn ffn_step(
         &self,
         w: &CudaWork,
-        [wg, wu, wd]: &[DevMat; 3],
+        ([wg, wu, wd], expert): (&[DevMat; 3], usize),
         input: u64,
         (n, row): (usize, usize),
         step: usize,
     ) -> crate::Result<()> {
-        let (gp, up) = (self.p(&w.gate), self.p(&w.up));
-        match step {
-            0 => self.matmul_dev(wg, input, n, gp),
-            1 => {
+        let (gp, up, f, h) = (self.p(&w.gate), self.p(&w.up), w.ffn, w.hidden);
+        match (step, w.act.glu) {
+            (0, _) => self.matmul_dev(wg, input, n, gp),
+            (1, None) => {
                 self.matmul_dev(wu, input, n, up)?;
-                self.gpu.swiglu(gp, up, n * w.ffn)
+                self.gpu.swiglu(gp, up, n * f)
             }
-            _ => {
-                let dp = self.p(&w.down) + (row * w.hidden * 4) as u64;
-                self.matmul_dev(wd, gp, n, dp)
+            (1, Some((act, [bg, bu, _]))) => {
+                self.matmul_dev(wu, input, n, up)?;
+                let at = (expert * f * 4) as u64;
+                self.gpu
+                    .expert_glu((gp, up, n * f), (bg + at, bu + at, f), act)
+            }
+            (_, glu) => {
+                let dp = self.p(&w.down) + (row * h * 4) as u64;
+                self.matmul_dev(wd, gp, n, dp)?;
+                match glu {
+                    Some((_, [_, _, bd])) => {
+                        let bias = bd + (expert * h * 4) as u64;
+                        self.gpu.add_bias_rows(dp, bias, h, n * h)
+                    }
+                    None => Ok(()),
+                }
             }
         }
     }

@@ -250,6 +250,25 @@ impl Gpu {
         launch!(self, self.kernels.swiglu, cfg(blocks(n, 256), 256); g, u, ni)
     }
 
+    /// g = gpt-oss's activation of (g + bg, u + bu) over n values, rows of f (`act`: alpha and
+    /// limit; `b`: the gate and up biases of f values each).
+    pub fn expert_glu(
+        &self,
+        (g, u, n): (u64, u64, usize),
+        (bg, bu, f): (u64, u64, usize),
+        (alpha, limit): (f32, f32),
+    ) -> crate::Result<()> {
+        let (ni, fi) = (n as i32, f as i32);
+        let c = cfg(blocks(n, 256), 256);
+        launch!(self, self.kernels.expert_glu, c; g, u, bg, bu, fi, ni, alpha, limit)
+    }
+
+    /// x[i] += b[i % n] over rows of n, `total` values.
+    pub fn add_bias_rows(&self, x: u64, b: u64, n: usize, total: usize) -> crate::Result<()> {
+        let (ni, ti) = (n as i32, total as i32);
+        launch!(self, self.kernels.add_rows, cfg(blocks(total, 256), 256); x, b, ni, ti)
+    }
+
     /// dst[j, :] = src[idx[j], :] for j < m, rows of n, stored as f16 where `half` (else f32).
     pub fn gather_rows(
         &self,

@@ -27,6 +27,8 @@ pub struct Kernels {
     pub rope: CudaFunction,
     pub add_assign: CudaFunction,
     pub swiglu: CudaFunction,
+    /// gpt-oss's clamped SwiGLU with the expert's gate and up biases.
+    pub expert_glu: CudaFunction,
     pub to_half: CudaFunction,
     pub gather_rows: CudaFunction,
     pub scatter_axpy: CudaFunction,
@@ -281,6 +283,7 @@ impl Kernels {
             rope: f("rope")?,
             add_assign: f("add_assign")?,
             swiglu: f("swiglu")?,
+            expert_glu: f("expert_glu")?,
             to_half: f("to_half")?,
             gather_rows: f("gather_rows")?,
             scatter_axpy: f("scatter_axpy")?,

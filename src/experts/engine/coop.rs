@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::helpers::{FfnJob, HelperPool, PassStats};
 use crate::experts::behind::LoadBehind;
 use crate::format::HobFile;
+use crate::model::experts::ExpertFfn;
 use crate::quant::Matrix;
 
 /// A variant's misses sent to the link in a row before one goes to the CPU to re-measure it (a
@@ -117,7 +118,8 @@ impl Cooperative {
             let mut secs = 0.0;
             let est = self.estimates();
             for _ in 0..2 {
-                let (_, times) = compute(file, &self.pool, &job, (0, &x), &est);
+                let plain = &ExpertFfn::PLAIN;
+                let (_, times) = compute(file, &self.pool, (&job, plain), (0, &x), &est);
                 secs = times.first().map_or(0.0, |t| t.1);
             }
             self.cpu_s[v] = Some(secs);
@@ -130,11 +132,11 @@ impl Cooperative {
         }
     }
 
-    /// Compute `jobs` of `layer` now from `host_x`, adding into `acc`.
+    /// Compute `jobs` of `layer` (its experts' `ffn`) now from `host_x`, adding into `acc`.
     pub fn run(
         &mut self,
         file: &HobFile,
-        jobs: &[CpuJob],
+        jobs: (&[CpuJob], &ExpertFfn),
         layer: usize,
         acc: &mut Vec<f32>,
     ) -> crate::Result<()> {
@@ -214,7 +216,7 @@ impl Cooperative {
 pub fn compute(
     file: &HobFile,
     pool: &HelperPool,
-    jobs: &[CpuJob],
+    (jobs, ffn): (&[CpuJob], &ExpertFfn),
     (layer, x): (usize, &[f32]),
     est: &[Option<f64>],
 ) -> (Vec<f32>, CpuTimes) {
@@ -230,6 +232,8 @@ pub fn compute(
                     Matrix::from_view(v.down()),
                 ],
                 weight: j.weight,
+                act: ffn.act,
+                biases: ffn.expert_biases(j.expert),
             }
         })
         .collect();

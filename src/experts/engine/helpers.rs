@@ -15,6 +15,7 @@ use std::time::Instant;
 use std::sync::Mutex;
 
 use crate::backend::cpu::Team;
+use crate::model::ExpertAct;
 use crate::quant::Matrix;
 
 /// One expert for one decode token: `weight * down · swiglu(gate · x, up · x)`.
@@ -23,6 +24,9 @@ pub struct FfnJob<'m> {
     /// gate [ffn, hidden], up [ffn, hidden], down [hidden, ffn]
     pub mats: [Matrix<'m>; 3],
     pub weight: f32,
+    /// The activation, and the expert's gate, up and down biases where it has them.
+    pub act: ExpertAct,
+    pub biases: Option<[&'m [f32]; 3]>,
 }
 
 /// One product of [`HelperPool::matvec_many`]: out = w · x.
@@ -196,8 +200,16 @@ impl HelperPool {
         for (job, buf) in jobs.iter().zip(gu.chunks_mut(2 * width)) {
             let (g, u) = buf.split_at_mut(width);
             let n = job.mats[0].rows;
-            for (g, u) in g[..n].iter_mut().zip(&u[..n]) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
+            match job.biases {
+                Some([bg, bu, _]) => {
+                    for (((g, &u), &bg), &bu) in g[..n].iter_mut().zip(&u[..n]).zip(bg).zip(bu) {
+                        *g = job.act.apply(*g + bg, u + bu);
+                    }
+                }
+                None => g[..n]
+                    .iter_mut()
+                    .zip(&u[..n])
+                    .for_each(|(g, &u)| *g = job.act.apply(*g, u)),
             }
         }
         let mut down = vec![0.0f32; jobs.len() * h];
@@ -212,6 +224,11 @@ impl HelperPool {
             })
             .collect();
         self.matvec_many(tasks);
+        for (job, d) in jobs.iter().zip(down.chunks_mut(h)) {
+            if let Some([_, _, bd]) = job.biases {
+                d.iter_mut().zip(bd).for_each(|(d, b)| *d += b);
+            }
+        }
         down
     }
 }
@@ -283,6 +300,8 @@ mod tests {
                     Matrix::dense(DType::F32, h, f, bytemuck::cast_slice(&w[2])),
                 ],
                 weight: 0.5 + e as f32,
+                act: ExpertAct::SiluGlu,
+                biases: None,
             })
             .collect();
         {

@@ -9,6 +9,7 @@ use super::coop::{compute, CpuJob, CpuResult};
 use super::Engine;
 use crate::experts::cache::PoolKind;
 use crate::experts::{Group, LayerPlan, Precision};
+use crate::model::experts::ExpertFfn;
 use crate::model::{Batch, ExpertDevice, SlotExpert};
 use crate::Error;
 
@@ -56,6 +57,8 @@ pub(super) struct Io<'a, B> {
     pub xs: &'a B,
     pub out: &'a mut B,
     pub residual: Option<&'a mut B>,
+    /// What the layer's experts compute beyond their products (Batch::ffn).
+    pub ffn: ExpertFfn,
 }
 
 impl<'f, D: ExpertDevice> Engine<'f, D> {
@@ -103,7 +106,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         } else {
             grouped_rows(&lp)
         };
-        dev.begin_layer(&mut self.work, rows, &idx, &wts)?;
+        dev.begin_layer(&mut self.work, rows, (&idx, &wts), &io.ffn)?;
         match self.coop.as_ref().map(|c| c.pool.clone()) {
             Some(pool) => pool.in_place_scope(|scope| {
                 self.launch(dev, Some(scope), (layer, &lp), &mut run, &mut io)
@@ -176,7 +179,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
                 // Demand loads are queued; now prefetch behind them, and hand the CPU its
                 // experts while the loader and the device work.
                 self.prefetch_after(dev, layer, io.xs)?;
-                self.start_cpu(dev, scope, layer, run, io.xs)?;
+                self.start_cpu(dev, scope, layer, run, (io.xs, &io.ffn))?;
             }
             let early = i == 0 && self.early(run);
             if i == 0 && !early && run.decode && run.placed == lp.groups.len() {
@@ -286,7 +289,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         scope: Option<&rayon::Scope<'s>>,
         layer: usize,
         run: &mut Run,
-        xs: &D::Buf,
+        (xs, ffn): (&D::Buf, &ExpertFfn),
     ) -> crate::Result<()>
     where
         'f: 's,
@@ -306,11 +309,12 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         }
         run.cpu_handed += jobs.len();
         let (pool, est, x, file) = (c.pool.clone(), c.estimates(), c.host_x.clone(), self.file);
+        let ffn = ffn.clone();
         let (tx, done) = crossbeam_channel::bounded(1);
         run.spawned = Instant::now();
         scope.spawn(move |_| {
             let start = Instant::now();
-            let (res, times) = compute(file, &pool, &jobs, (layer, &x), &est);
+            let (res, times) = compute(file, &pool, (&jobs, &ffn), (layer, &x), &est);
             // The receiver waits for this unless the layer failed first.
             let _ = tx.send((res, times, start, Instant::now()));
         });
@@ -428,11 +432,12 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         let e = self.slots.expert(dev, kind, slot);
         if decode {
             for step in 0..3 {
-                dev.expert_step(&mut self.work, &e, io.xs, 0, step)?;
+                dev.expert_step(&mut self.work, (&e, g.expert), io.xs, 0, step)?;
             }
             dev.add_row(&self.work, 0, g.rows[0].1, io.out)?;
         } else {
-            dev.expert_rows(&mut self.work, &e, io.xs, (at, g.rows.len()), io.out)?;
+            let rows = (at, g.rows.len());
+            dev.expert_rows(&mut self.work, (&e, g.expert), io.xs, rows, io.out)?;
         }
         self.slots.cache.unprotect(kind, (layer, g.expert));
         Ok(())
@@ -473,7 +478,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
                 } else if in_parts {
                     self.take_slot(dev, kind, s)?;
                 }
-                dev.expert_step(&mut self.work, &e, io.xs, i, step)?;
+                dev.expert_step(&mut self.work, (&e, groups[i].expert), io.xs, i, step)?;
             }
             self.slots.cache.unprotect(kind, (layer, groups[i].expert));
         }
@@ -533,7 +538,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         if let (false, Some(c)) = (run.cpu_jobs.is_empty(), self.coop.as_mut()) {
             c.host_x.resize(self.file.expert_dims().0, 0.0);
             dev.download(io.xs, &mut c.host_x)?;
-            c.run(self.file, &run.cpu_jobs, layer, &mut run.cpu_out)?;
+            c.run(self.file, (&run.cpu_jobs, &io.ffn), layer, &mut run.cpu_out)?;
             run.cpu_handed += run.cpu_jobs.len();
         }
         // Every group placed on the CPU was computed there (else its output would be missing

@@ -42,7 +42,7 @@ use crate::experts::trace::TraceWriter;
 use crate::experts::{LayerPlan, PrecisionPlan};
 use crate::format::HobFile;
 use crate::model::{
-    Batch, CopierSetup, ExpertDevice, ExpertExecutor, Model, MoeBlock, OnDevice, Route,
+    Batch, CopierSetup, ExpertAct, ExpertDevice, ExpertExecutor, Model, MoeBlock, OnDevice, Route,
 };
 use crate::Error;
 
@@ -151,6 +151,13 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             None => None,
         };
         let (hidden, ffn) = file.expert_dims();
+        // The fused kernels (device routing, the routed slots, grouped prefill) compute SwiGLU
+        // without biases: other experts (gpt-oss's) run one at a time.
+        if model.cfg.expert_act != ExpertAct::SiluGlu || model.cfg.arch.sinks_and_expert_biases() {
+            cfg.tuning.device_routing = false;
+            cfg.tuning.routed_slots = false;
+            cfg.tuning.grouped_prefill = false;
+        }
         // (A trace that records the stacked gates' predictions needs each layer's gate input
         // on the host: such runs route on the host.)
         let device_routing = cfg.tuning.device_routing
@@ -360,6 +367,7 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
             xs: batch.xs,
             out,
             residual: None,
+            ffn: batch.ffn.clone(),
         };
         self.run_layer(dev, layer, batch, io).map(|_| ())
     }
@@ -376,6 +384,7 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
             xs: batch.xs,
             out: &mut *out,
             residual: Some(&mut *x),
+            ffn: batch.ffn.clone(),
         };
         if !self.run_layer(dev, layer, batch, io)? {
             dev.add_assign(x, out, batch.t * batch.hidden)?;
