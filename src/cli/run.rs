@@ -10,11 +10,12 @@ use std::sync::Arc;
 use super::engine::{tokenizer, ModelArgs};
 use super::out::{out, outln};
 use crate::format::keys;
+use crate::generate::harmony::{Channels, Part};
 use crate::generate::{
     ChatTemplate, Generator, Limits, Message, Sampler, SamplerConfig, Stop, StreamDecoder,
     Tokenizer,
 };
-use crate::model::Model;
+use crate::model::{Architecture, Model};
 use crate::Error;
 
 /// Sampling flags, llama.cpp's names and defaults (`hob run`, and `hob serve`'s defaults for
@@ -109,6 +110,10 @@ pub struct RunArgs {
     /// Plain completion of the prompt, without the chat template.
     #[arg(long = "no-chat", help_heading = "Prompt")]
     pub no_chat: bool,
+    /// Print gpt-oss's reasoning (its analysis channel) to stderr before each answer; without
+    /// it only the final channel is printed.
+    #[arg(long = "show-reasoning", help_heading = "Prompt")]
+    pub show_reasoning: bool,
     /// Variables for the chat template, a JSON object (as llama.cpp's), e.g.
     /// '{"enable_thinking": false}' for Qwen3's answers without a thinking block.
     #[arg(long = "chat-template-kwargs", value_name = "JSON", value_parser = json_object,
@@ -210,6 +215,8 @@ pub(super) struct Chat<'a> {
     /// How long the last `encode` took (reported beside the prompt's time: a first token waits
     /// for both).
     tokenized: std::time::Duration,
+    /// A harmony answer's channels (gpt-oss), and whether its reasoning is shown.
+    harmony: Option<(Channels, bool)>,
 }
 
 impl Chat<'_> {
@@ -232,12 +239,17 @@ impl Chat<'_> {
     /// Prefill `ids` and generate up to `n_predict` tokens, streaming them to stdout; the timing
     /// to stderr. Returns the answer's text and why it stopped.
     pub fn answer(&mut self, ids: &[u32]) -> crate::Result<(String, Stop)> {
-        let mut stream = StreamDecoder::new(self.tok, true);
+        let (tok, mut harmony) = (self.tok, self.harmony.take());
+        let (mut stream, mut reasoning) =
+            (StreamDecoder::new(tok, true), StreamDecoder::new(tok, true));
         let mut text = String::new();
         let mut emit = |piece: String| {
             out!("{piece}");
             text.push_str(&piece);
         };
+        if let Some((h, _)) = harmony.as_mut() {
+            h.begin();
+        }
         self.stop.store(false, Ordering::SeqCst);
         let limits = Limits {
             n_predict: self.n_predict,
@@ -245,11 +257,19 @@ impl Chat<'_> {
             stop: Some(&self.stop),
         };
         let sampling = (&mut self.sampler, self.tok);
-        let (stop, mut timing) = self.gen.generate(ids, sampling, limits, |id| {
-            emit(stream.push(id)?);
+        let generated = self.gen.generate(ids, sampling, limits, |id| {
+            match harmony.as_mut().map(|(h, show)| (h.push(tok, id), *show)) {
+                None | Some((Ok(Part::Final), _)) => emit(stream.push(id)?),
+                Some((Ok(Part::Analysis), true)) => eprint!("{}", reasoning.push(id)?),
+                Some((Ok(_), _)) => {}
+                Some((Err(e), _)) => return Err(e.into()),
+            }
             Ok(())
-        })?;
+        });
+        self.harmony = harmony;
+        let (stop, mut timing) = generated?;
         timing.tokenize_time = std::mem::take(&mut self.tokenized);
+        eprint!("{}", reasoning.flush()?);
         emit(stream.flush()?);
         match stop {
             Stop::ContextFull => eprint!("\n[context full: {} tokens]", self.gen.session().ctx()),
@@ -339,6 +359,10 @@ pub fn run(args: &RunArgs) -> crate::Result<()> {
         stats: args.model.stats,
         n_predict: usize::try_from(args.n_predict).ok(),
         tokenized: std::time::Duration::ZERO,
+        harmony: match (model.cfg.arch, template.is_some()) {
+            (Architecture::GptOss, true) => Channels::new(&tok).map(|c| (c, args.show_reasoning)),
+            _ => None,
+        },
     };
     let mut messages = Vec::new();
     if let Some(system) = &args.system {

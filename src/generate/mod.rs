@@ -13,6 +13,7 @@ mod session;
 mod stream;
 mod tokenizer;
 
+pub mod harmony;
 pub use chat::{
     ChatTemplate, Conversation, Message, RenderDelta, TEMPLATE_FUEL, TEMPLATE_MAX_OUTPUT,
 };

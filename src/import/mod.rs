@@ -291,6 +291,11 @@ impl Checkpoint {
     pub fn metadata(&self) -> Metadata {
         let mut m = model_metadata(&self.arch, self.name());
         self.tokenizer.write_metadata(&mut m);
+        if matches!(self.arch, Architecture::GptOss(..)) && m.get(keys::CHAT_TEMPLATE).is_none() {
+            // gpt-oss's tokenizer ships without a template: its format is harmony.
+            let t = crate::generate::harmony::HARMONY_TEMPLATE;
+            m.set(keys::CHAT_TEMPLATE, MetaValue::String(t.into()));
+        }
         set_tie_and_source(&mut m, &self.arch, self.source_dtype);
         let source = format!(
             "Hugging Face directory {}, safetensors in {}",
