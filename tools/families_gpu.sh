@@ -27,6 +27,8 @@
 #                                        hob f16 high + int4 low with CPU experts, routing replayed, beside
 #                                        llama.cpp f16 at each --n-cpu-moe that fits and one more (pp512 and
 #                                        tg64), then ROUNDS alternated tg64 rounds at the best split -> $OUT/phi.md
+#   bash tools/families_gpu.sh gptoss    issue 53: gpt-oss-20b's shape, hob int4 beside llama.cpp Q4_K_M, all on
+#                                        the GPU -> $OUT/gptoss.md
 #   bash tools/families_gpu.sh gguf      issue 51: the Q4_K_M GGUF of `prepare` through `hob convert --from` with
 #                                        the file's own defaults, then resident and the 16 GB and 12 GB profiles
 #                                        beside llama.cpp on that GGUF (best --n-cpu-moe of three) -> $OUT/gguf.md
@@ -280,5 +282,30 @@ hobbit)
   hobrow "(d) + HOBBIT cache policy" "${p[@]}" "${cal[@]}" --cache-policy hobbit --prefetch 3
   hobrow "(e) + cooperative CPU experts" "${p[@]}" "${cal[@]}" --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)"
   cat "$out/qwen3.md" >> "$h"; cat "$h" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit"; exit 2 ;;
+gptoss)
+  # Issue 53: gpt-oss-20b's shape ($LAYERS of its 24 layers), hob int4 experts + int8 dense beside llama.cpp's
+  # Q4_K_M of the same shapes (tools/make_synthetic_gguf.py --model gpt-oss-20b), both all on the GPU,
+  # alternated twice. The whole 24-layer model in int4 is 12.5 GB: it is resident on a 16 GB card too.
+  if [ ! -x $L/build/bin/llama-bench ]; then
+    if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
+    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
+  fi >> "$log" 2>&1
+  model=/tmp/gpt-oss-20b-${LAYERS}l.hob; gg=/tmp/gpt-oss-20b-${LAYERS}l
+  [ -f "$model" ] || "$hob" convert --synthetic gpt-oss-20b --layers "$LAYERS" --experts int4 --dense int8 \
+    -o "$model" --no-progress >> "$log" 2>&1
+  if [ ! -f "$gg-Q4_K_M.gguf" ]; then
+    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model gpt-oss-20b \
+      --layers "$LAYERS" 2>/dev/null >> "$log"
+    $L/build/bin/llama-quantize "$gg-f16.gguf" "$gg-Q4_K_M.gguf" Q4_K_M "$(nproc)" > /tmp/quantize-oss.log 2>&1 \
+      || tail -3 /tmp/quantize-oss.log; rm -f "$gg-f16.gguf"
+  fi
+  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit; llama.cpp: ngl) |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  for round in 1 2; do
+    hobrow "$round: int4 + int8 dense, on the GPU" -r 3 -p 512 -n 64
+    llrow "$round: Q4_K_M, on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
+  done
+  hobrow "kernel times" -r 1 -p 0 -n 32 --kernel-times
+  mv "$out/qwen3.md" "$out/gptoss.md"; cat "$out/gptoss.md" ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss"; exit 2 ;;
 esac

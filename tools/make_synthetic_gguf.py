@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """A GGUF with random weights in a real MoE's shapes, for llama.cpp speed runs beside `hob convert --synthetic`.
 
-    python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b|phi-3.5-moe]
+    python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b|phi-3.5-moe|
+                                                                gpt-oss-20b|gpt-oss-120b]
 
 Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors, phimoe
-with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out), so
-both programs run the same shapes and the same attention.
+with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out; gpt-oss
+with its attention biases and sinks, router and expert biases, post-attention norm and a 128-token window on every
+other layer), so both programs run the same shapes and the same attention.
 
 Needs numpy and llama.cpp's gguf-py (PYTHONPATH=<llama.cpp>/gguf-py). Streams tensor by tensor (memory stays
 near 1 GB). The weights are noise (speed only): f16 ~ N(0, 0.02) drawn from a 64M-value pool, routers f32 N(0, 1)
@@ -25,6 +27,8 @@ MODELS = {
     "qwen3-30b-a3b": ("qwen3moe", 2048, 768, 32, 4, 128, 151936, 128, 8, 48, 1e6, 1e-6, 40960, "head"),
     "olmoe-1b-7b": ("olmoe", 2048, 1024, 16, 16, 128, 50304, 64, 8, 16, 1e4, 1e-5, 4096, "whole"),
     "phi-3.5-moe": ("phimoe", 4096, 6400, 32, 8, 128, 32064, 16, 2, 32, 1e4, 1e-5, 131072, None),
+    "gpt-oss-20b": ("gpt-oss", 2880, 2880, 64, 8, 64, 201088, 32, 4, 24, 150000.0, 1e-5, 131072, None),
+    "gpt-oss-120b": ("gpt-oss", 2880, 2880, 64, 8, 64, 201088, 128, 4, 36, 150000.0, 1e-5, 131072, None),
 }
 # Architectures with LayerNorm biases and attention, output-head biases.
 BIASES = {"phimoe"}
@@ -48,6 +52,9 @@ def main():
     w.add_context_length(ctx)
     w.add_embedding_length(HIDDEN)
     w.add_feed_forward_length(FFN)
+    oss = arch == "gpt-oss"
+    if oss:
+        w.add_sliding_window(128)
     if arch != "llama":
         w.add_expert_feed_forward_length(FFN)
         w.add_key_length(HEAD_DIM)
@@ -84,11 +91,19 @@ def main():
             specs += [(b + n + ".bias", (d,), np.float32) for n, d in
                       [("attn_norm", HIDDEN), ("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim),
                        ("attn_output", HIDDEN), ("ffn_norm", HIDDEN)]]
+        if oss:
+            specs += [(b + n + ".bias", (d,), np.float32) for n, d in
+                      [("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim), ("attn_output", HIDDEN),
+                       ("ffn_gate_inp", EXPERTS)]]
+            specs += [(b + "attn_sinks.weight", (HEADS,), np.float32),
+                      (b + "ffn_gate_exps.bias", (EXPERTS, FFN), np.float32),
+                      (b + "ffn_up_exps.bias", (EXPERTS, FFN), np.float32),
+                      (b + "ffn_down_exps.bias", (EXPERTS, HIDDEN), np.float32)]
         if qk is not None:
             qn, kn = (HEAD_DIM, HEAD_DIM) if qk == "head" else (q_dim, kv_dim)
             specs += [(b + "attn_q_norm.weight", (qn,), np.float32), (b + "attn_k_norm.weight", (kn,), np.float32)]
         specs += [
-            (b + "ffn_norm.weight", (HIDDEN,), np.float32),
+            (b + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (HIDDEN,), np.float32),
             (b + "ffn_gate_inp.weight", (EXPERTS, HIDDEN), np.float32),
             (b + "ffn_gate_exps.weight", (EXPERTS, FFN, HIDDEN), np.float16),
             (b + "ffn_down_exps.weight", (EXPERTS, HIDDEN, FFN), np.float16),
@@ -107,7 +122,7 @@ def main():
         n = int(np.prod(shape))
         ti = w.tensors[0].pop(name)
         w.write_padding(fout, fout.tell())
-        if name.endswith("norm.weight"):
+        if name.endswith("norm.weight") or name.endswith("sinks.weight"):
             np.ones(n, dtype=np.float32).tofile(fout)
         elif name.endswith(".bias"):
             np.zeros(n, dtype=np.float32).tofile(fout)

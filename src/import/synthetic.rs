@@ -4,7 +4,8 @@
 //! Each preset is written as its own architecture, with its routing and norms: qwen3-30b-a3b as
 //! `qwen3moe` (QK-norm), qwen1.5-moe-a2.7b as `qwen2moe` (q/k/v biases, a shared expert),
 //! olmoe-1b-7b as `olmoe`, phi-3.5-moe as `phimoe` (LayerNorm, biases, sparsemixer; LongRoPE with
-//! factors of 1, which changes no shape or cost), mixtral-8x7b as `mixtral`.
+//! factors of 1, which changes no shape or cost), gpt-oss-20b and gpt-oss-120b as `gpt-oss`
+//! (biases and sinks of ones, YaRN, alternating sliding layers), mixtral-8x7b as `mixtral`.
 //!
 //! Nothing is quantized: each variant's bytes are generated directly, so a file of tens of GB
 //! takes as long as the disk needs to take it.
@@ -29,6 +30,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use super::arch::{Architecture, ExpertSource, MixtralSpec, TensorRole};
+use super::gptoss::GptOssExtras;
 use super::phimoe::PhiExtras;
 use super::{DensePlan, DenseTensor};
 use crate::error::Error;
@@ -36,14 +38,17 @@ use crate::format::{
     keys, DType, DenseSpec, ExpertLayout, ExpertShape, HobWriter, MatrixLayout, MetaValue,
     Metadata, TensorType, Variant, VariantKind,
 };
+use crate::model::yarn::Yarn;
 
 /// The models `--synthetic` knows, by the name it takes.
-pub const PRESETS: [&str; 5] = [
+pub const PRESETS: [&str; 7] = [
     "mixtral-8x7b",
     "phi-3.5-moe",
     "qwen3-30b-a3b",
     "qwen1.5-moe-a2.7b",
     "olmoe-1b-7b",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
 ];
 
 /// Qwen1.5-MoE-A2.7B's shared expert width (shared_expert_intermediate_size).
@@ -140,6 +145,22 @@ impl SyntheticModel {
                 (64, 8),
                 (1e4, 1e-5, 4096),
             ),
+            // openai/gpt-oss-20b and gpt-oss-120b: 64 heads of 64 (q_dim 4096 != hidden 2880).
+            "gpt-oss-20b" | "gpt-oss-120b" => {
+                let (layers, experts) = match name {
+                    "gpt-oss-20b" => (24, 32),
+                    _ => (36, 128),
+                };
+                let mut s = spec(
+                    (2880, 2880, layers),
+                    (64, 8, 64),
+                    201088,
+                    (experts, 4),
+                    (150000.0, 1e-5, 131072),
+                );
+                s.sliding_window = Some(128);
+                s
+            }
             _ => {
                 return Err(format!(
                     "unknown synthetic model '{name}' (known: {})",
@@ -200,6 +221,26 @@ impl SyntheticModel {
                         long_factor: vec![1.0; half],
                         short_mscale: 1.0,
                         long_mscale: 1.0,
+                    },
+                )
+            }
+            "gpt-oss-20b" | "gpt-oss-120b" => {
+                // Its YaRN, sliding and full layers alternating, its SwiGLU clamp.
+                let n = spec.n_layers;
+                Architecture::GptOss(
+                    spec,
+                    GptOssExtras {
+                        yarn: Yarn {
+                            factor: 32.0,
+                            original_context: 4096,
+                            beta_fast: 32.0,
+                            beta_slow: 1.0,
+                            truncate: false,
+                            attention_factor: Yarn::default_attention_factor(32.0),
+                        },
+                        sliding_layers: (0..n).map(|l| l % 2 == 0).collect(),
+                        swiglu_alpha: 1.702,
+                        swiglu_limit: 7.0,
                     },
                 )
             }
@@ -690,9 +731,16 @@ mod tests {
         let phi = SyntheticModel::preset("phi-3.5-moe").unwrap();
         assert_eq!(phi.arch_name(), "phimoe");
         assert!(names(&phi).iter().any(|n| n == keys::OUTPUT_BIAS));
+        let oss = SyntheticModel::preset("gpt-oss-120b").unwrap();
+        assert_eq!(oss.arch_name(), "gpt-oss");
+        assert_eq!((oss.spec.n_layers, oss.spec.n_experts), (36, 128));
+        assert!(names(&oss).iter().any(|n| n.ends_with(keys::ATTN_SINKS)));
         let e = SyntheticModel::preset("llama").unwrap_err();
         assert!(
-            e.contains("mixtral-8x7b, phi-3.5-moe, qwen3-30b-a3b, qwen1.5-moe-a2.7b, olmoe-1b-7b"),
+            e.contains(
+                "mixtral-8x7b, phi-3.5-moe, qwen3-30b-a3b, qwen1.5-moe-a2.7b, olmoe-1b-7b, \
+                 gpt-oss-20b, gpt-oss-120b"
+            ),
             "{e}"
         );
     }
