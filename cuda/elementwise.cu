@@ -275,6 +275,33 @@ extern "C" __global__ void expert_glu(float* __restrict__ g, const float* __rest
     g[i] = (uv + 1.0f) * glu;
 }
 
+// expert_glu for one decode token's k routed experts: g holds k gate rows, then k up rows, of f
+// values; row j's biases are those of expert routes[j] (int bits) in bg and bu ([n_experts, f]).
+extern "C" __global__ void expert_glu_routed(float* __restrict__ g, const float* __restrict__ routes,
+                                             const float* __restrict__ bg,
+                                             const float* __restrict__ bu, int f, int k,
+                                             float alpha, float limit) {
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= k * f) return;
+    const int c = i % f;
+    const size_t e = (size_t)__float_as_int(routes[i / f]) * f;
+    const float gv = fminf(g[i] + bg[e + c], limit);
+    const float uv = fminf(fmaxf(g[(size_t)k * f + i] + bu[e + c], -limit), limit);
+    const float glu = gv * (1.0f / (1.0f + expf(-(gv * alpha))));
+    g[i] = (uv + 1.0f) * glu;
+}
+
+// d[j * n + i] += b[routes[j] * n + i] for j < k, i < n: each routed expert's down bias (add_rows's
+// arithmetic).
+extern "C" __global__ void add_routed_rows(float* __restrict__ d, const float* __restrict__ routes,
+                                           const float* __restrict__ b, int n, int k) {
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= k * n) return;
+    d[i] += b[(size_t)__float_as_int(routes[i / n]) * n + i % n];
+}
+
 // A shared expert's activations (Qwen2-MoE): g[i] = sigmoid(s[i / width]) * silu(g[i]) * u[i]
 // for i < t * width, s its gate's logit per row.
 extern "C" __global__ void shared_gate(float* __restrict__ g, const float* __restrict__ u,

@@ -410,6 +410,7 @@ fn norm_route_forms(n: usize, ne: usize, k: usize) {
         routing: hob::model::routing::Routing::Softmax { renormalize: true },
         norm_bias: None,
         router_bias: None,
+        ffn: &hob::model::experts::ExpertFfn::PLAIN,
     };
     let none = hob::model::ops::Route {
         expert: usize::MAX,

@@ -146,6 +146,45 @@ fn gpt_oss_on_the_gpu_matches_the_cpu_and_transformers() {
     family_on_the_gpu("gpt-oss");
 }
 
+/// gpt-oss's int4 experts routed on the device (its activation and biases in the routed
+/// kernels, the decode step replayed from a CUDA graph) give the host-routed quarter cache's
+/// logits bit for bit, and the CPU's within the integer kernels' bound.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn gpt_oss_int4_routed_on_the_device_matches_the_host_route() {
+    let g = gpu();
+    let dir = family_dir("gpt-oss");
+    let r = reference_in(&dir);
+    let (_tmp, path) = convert_dir(&dir, "int4", &["--group-size", "32"]);
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let n = r.greedy_ids.len();
+    let (c_all, _, c_steps) = greedy(&mut *cpu_session(&file, &model), &r.input_ids, n);
+    let mut full = gpu_session(&g, &file, &model, None);
+    let (g_all, g_ids, g_steps) = greedy(&mut *full, &r.input_ids, n);
+    let routed = full.expert_stats().device_routed;
+    let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
+    println!(
+        "gpt-oss int4: device-routed tokens {routed}; GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}"
+    );
+    assert!(routed > 0, "decode did not route on the device");
+    assert!(e_pre <= 1e-4 && e_dec <= 1e-4);
+    let total = file.n_layers() * file.n_experts();
+    let mut c = EngineConfig::simple(0, Some(total / 4 * file.expert_layout(0).padded_size));
+    c.tuning.preload = false;
+    let mut quarter = engine_session(&g, &model, c);
+    let (all, ids, steps) = greedy(&mut *quarter, &r.input_ids, n);
+    let st = quarter.expert_stats();
+    println!(
+        "gpt-oss int4 quarter cache: {} misses, {} device-routed",
+        st.misses(),
+        st.device_routed
+    );
+    assert!(st.misses() > 0 && st.device_routed == 0);
+    assert_eq!(ids, g_ids);
+    assert!(all == g_all && steps == g_steps, "logits differ");
+}
+
 /// Packed dense matrices (`--dense int8`, issue 56) on the GPU: resident and under the engine's
 /// quarter cache, logits as the CPU's on the same file.
 fn packed_dense_on_the_gpu(family: &str, dense: &str) {

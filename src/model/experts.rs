@@ -100,6 +100,8 @@ pub struct MoeBlock<'a> {
     pub norm_bias: Option<&'a [f32]>,
     /// The router's bias (gpt-oss), added to its logits.
     pub router_bias: Option<&'a [f32]>,
+    /// What the routed experts compute beyond their products (Batch::ffn).
+    pub ffn: &'a ExpertFfn,
 }
 
 /// What `ExpertExecutor::forward_on_device` did with a decode layer's MoE block.

@@ -473,6 +473,10 @@ impl<'f> Model<'f> {
             // Mixture-of-experts block: a decode token whose experts are all resident may be
             // routed and computed without leaving the device; otherwise routing comes to the
             // host (the expert engine decides loads there).
+            let ffn = ExpertFfn {
+                act: cfg.expert_act,
+                biases: lw.expert_biases.clone(),
+            };
             let block = MoeBlock {
                 norm: &lw.ffn_norm,
                 router: &lw.router,
@@ -486,6 +490,7 @@ impl<'f> Model<'f> {
                 routing: cfg.routing(),
                 norm_bias: lw.norm_biases.as_ref().map(|[_, ffn]| &ffn[..]),
                 router_bias: lw.router_bias.as_deref(),
+                ffn: &ffn,
             };
             if t == 1 && lw.shared.is_none() {
                 match experts.forward_on_device(backend, l, &block, &mut b.xn, &mut b.x)? {
@@ -511,10 +516,7 @@ impl<'f> Model<'f> {
                 t,
                 hidden: h,
                 routes: &routes[..t * k],
-                ffn: ExpertFfn {
-                    act: cfg.expert_act,
-                    biases: lw.expert_biases.clone(),
-                },
+                ffn: ffn.clone(),
             };
             experts.forward_add(backend, l, &batch, &mut b.out, &mut b.x)?;
         }

@@ -467,6 +467,9 @@ impl ExpertDevice for CudaBackend {
         xs: &mut CudaSlice<f32>,
         x: &mut CudaSlice<f32>,
     ) -> crate::Result<bool> {
+        if !block.ffn.is_plain() {
+            return self.routed_layer_glu(r, layer, block, xs, x);
+        }
         let (ne, k) = (r.n_experts, r.top_k);
         let (f, h) = (r.gate.rows as usize, r.gate.cols as usize);
         let routes = self.p(&r.routes) + (layer * 2 * k * 4) as u64;
@@ -522,6 +525,54 @@ impl ExpertDevice for CudaBackend {
 }
 
 impl CudaBackend {
+    /// `routed_layer` for experts with gpt-oss's activation and biases (integer kinds): the
+    /// host-routed path's launches in routed form (the norm, the router and its bias, `route`;
+    /// the products as `matvec` sums them, expert_glu, the down bias), so that both give the
+    /// same bits; then the weighted sum as for every family.
+    fn routed_layer_glu(
+        &self,
+        r: &CudaResident,
+        layer: usize,
+        block: &MoeBlock<'_>,
+        xs: &mut CudaSlice<f32>,
+        x: &mut CudaSlice<f32>,
+    ) -> crate::Result<bool> {
+        let (ne, k) = (r.n_experts, r.top_k);
+        let (f, h) = (r.gate.rows as usize, r.gate.cols as usize);
+        let (Some((act, [bg, bu, bd])), true) = (self.ffn_dev(block.ffn)?.glu, r.gate.kind >= 3)
+        else {
+            return Err(Error::Invalid(
+                "CUDA: device routing takes biased experts in integer kinds only".into(),
+            ));
+        };
+        let routes = self.p(&r.routes) + (layer * 2 * k * 4) as u64;
+        let tab = ptr(&r.table, &self.gpu.stream)
+            + (layer * ne * 3 * std::mem::size_of::<DevMat>()) as u64;
+        let g = self.p(&r.work);
+        let dn = g + (2 * k * f * 4) as u64;
+        let (gpu, xsp, xp, eps) = (&self.gpu, self.p(xs), self.p(x), block.eps);
+        match block.norm_bias {
+            Some(b) => self.layer_norm(x, 0..1, (block.norm, b), eps, xs)?,
+            None => self.rms_norm(x, 0..1, block.norm, eps, xs)?,
+        }
+        // The router's logits in the down outputs' room (routed before those are written).
+        self.matmul_dev(self.mat(block.router)?, xsp, 1, dn)?;
+        if let Some(b) = block.router_bias {
+            gpu.add_bias_rows(dn, self.vector(b)?, ne, ne)?;
+        }
+        gpu.route(dn, 1, ne, (k, block.routing), routes)?;
+        let routed = Routed { tab, routes, k };
+        gpu.matvec_sel(&r.gate, routed, (0, 2 * k), (xsp, 0, false), (g, f))?;
+        gpu.expert_glu_routed((g, routes, k, f), (bg, bu), act)?;
+        gpu.matvec_sel(&r.down, routed, (2, k), (g, f, false), (dn, h))?;
+        gpu.add_routed_rows(dn, routes, bd, (k, h))?;
+        let norm = match (block.next, block.norm_bias) {
+            (Some(nw), None) => Some(((self.vector(nw)?, eps), xsp)),
+            _ => None,
+        };
+        gpu.moe_combine(xp, dn, routes, (k, h), norm)
+    }
+
     /// The device side of a layer's `ExpertFfn`: its bias tables among the resident vectors.
     fn ffn_dev(&self, ffn: &ExpertFfn) -> crate::Result<FfnDev> {
         let ExpertAct::ClampedSwiglu { alpha, limit } = ffn.act else {

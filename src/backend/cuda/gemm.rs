@@ -263,6 +263,31 @@ impl Gpu {
         launch!(self, self.kernels.expert_glu, c; g, u, bg, bu, fi, ni, alpha, limit)
     }
 
+    /// `expert_glu` of one token's k routed experts in g ([2k, f]: gate rows, then up rows),
+    /// each with the biases of its expert (`routes`: k indices as f32 bits) in the tables bg, bu.
+    pub fn expert_glu_routed(
+        &self,
+        (g, routes, k, f): (u64, u64, usize, usize),
+        (bg, bu): (u64, u64),
+        (alpha, limit): (f32, f32),
+    ) -> crate::Result<()> {
+        let (fi, ki) = (f as i32, k as i32);
+        let c = cfg(blocks(k * f, 256), 256);
+        launch!(self, self.kernels.expert_glu_routed, c; g, routes, bg, bu, fi, ki, alpha, limit)
+    }
+
+    /// d ([k, n]) += each routed expert's row of the bias table b.
+    pub fn add_routed_rows(
+        &self,
+        d: u64,
+        routes: u64,
+        b: u64,
+        (k, n): (usize, usize),
+    ) -> crate::Result<()> {
+        let (ni, ki) = (n as i32, k as i32);
+        launch!(self, self.kernels.add_routed_rows, cfg(blocks(k * n, 256), 256); d, routes, b, ni, ki)
+    }
+
     /// x[i] += b[i % n] over rows of n, `total` values.
     pub fn add_bias_rows(&self, x: u64, b: u64, n: usize, total: usize) -> crate::Result<()> {
         let (ni, ti) = (n as i32, total as i32);

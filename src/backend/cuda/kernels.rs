@@ -27,8 +27,11 @@ pub struct Kernels {
     pub rope: CudaFunction,
     pub add_assign: CudaFunction,
     pub swiglu: CudaFunction,
-    /// gpt-oss's clamped SwiGLU with the expert's gate and up biases.
+    /// gpt-oss's clamped SwiGLU with the expert's gate and up biases; the same for a token's
+    /// routed experts, and their down biases.
     pub expert_glu: CudaFunction,
+    pub expert_glu_routed: CudaFunction,
+    pub add_routed_rows: CudaFunction,
     pub to_half: CudaFunction,
     pub gather_rows: CudaFunction,
     pub scatter_axpy: CudaFunction,
@@ -284,6 +287,8 @@ impl Kernels {
             add_assign: f("add_assign")?,
             swiglu: f("swiglu")?,
             expert_glu: f("expert_glu")?,
+            expert_glu_routed: f("expert_glu_routed")?,
+            add_routed_rows: f("add_routed_rows")?,
             to_half: f("to_half")?,
             gather_rows: f("gather_rows")?,
             scatter_axpy: f("scatter_axpy")?,

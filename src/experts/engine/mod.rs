@@ -151,12 +151,15 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             None => None,
         };
         let (hidden, ffn) = file.expert_dims();
-        // The fused kernels (device routing, the routed slots, grouped prefill) compute SwiGLU
-        // without biases: other experts (gpt-oss's) run one at a time.
+        // The routed slots' and grouped prefill's kernels compute SwiGLU without biases: other
+        // experts (gpt-oss's) run one at a time there, and route on the device only in integer
+        // kinds (`ExpertDevice::routed_layer` takes their activation and biases).
         if model.cfg.expert_act != ExpertAct::SiluGlu || model.cfg.arch.sinks_and_expert_biases() {
-            cfg.tuning.device_routing = false;
             cfg.tuning.routed_slots = false;
             cfg.tuning.grouped_prefill = false;
+            if file.variants()[plan.high].kind.is_float() {
+                cfg.tuning.device_routing = false;
+            }
         }
         // (A trace that records the stacked gates' predictions needs each layer's gate input
         // on the host: such runs route on the host.)
