@@ -6,6 +6,14 @@ use serde_json::{Map, Value};
 
 use super::ImportError;
 
+/// A config's RoPE scaling (`Fields::rope_scaling`): the field it came from, its object, and
+/// the config without it (its `rope_theta` moved to the top level) for the common fields.
+pub(super) struct RopeScaling<'a> {
+    pub field: &'static str,
+    pub obj: &'a Map<String, Value>,
+    pub common: Map<String, Value>,
+}
+
 /// Typed access to config.json fields with errors that name the field.
 pub(super) struct Fields<'a> {
     pub path: &'a Path,
@@ -32,6 +40,49 @@ impl Fields<'_> {
             what: format!("'{field}'"),
             detail: format!("found {found}; {detail}"),
         }
+    }
+
+    /// The RoPE scaling of a family that needs one of `kind` ("longrope", "yarn"), from
+    /// transformers 5's `rope_parameters` or the hub's `rope_scaling`. `family` names the model
+    /// in the refusal of another kind.
+    pub(super) fn rope_scaling(
+        &self,
+        kind: &str,
+        family: &str,
+    ) -> Result<RopeScaling<'_>, ImportError> {
+        let (field, rope) = match (self.get("rope_parameters"), self.get("rope_scaling")) {
+            (Some(v), _) => ("rope_parameters", v),
+            (None, Some(v)) => ("rope_scaling", v),
+            (None, None) => {
+                let expected = format!("{kind} RoPE parameters");
+                return Err(self.err("rope_scaling", &expected, None));
+            }
+        };
+        let obj = rope
+            .as_object()
+            .ok_or_else(|| self.err(field, "an object", Some(rope)))?;
+        let found = obj
+            .get("rope_type")
+            .or(obj.get("type"))
+            .and_then(|v| v.as_str());
+        if found != Some(kind) {
+            return Err(ImportError::Unsupported {
+                path: self.path.to_path_buf(),
+                what: format!("'{field}'"),
+                detail: format!("found {rope}; hob runs {family} with rope_type \"{kind}\""),
+            });
+        }
+        let mut plain = self.obj.clone();
+        plain.remove("rope_scaling");
+        plain.remove("rope_parameters");
+        if let Some(theta) = obj.get("rope_theta") {
+            plain.insert("rope_theta".into(), theta.clone());
+        }
+        Ok(RopeScaling {
+            field,
+            obj,
+            common: plain,
+        })
     }
 
     /// The field, treating null as absent.

@@ -2,8 +2,6 @@
 //! (YaRN, which layers slide, the experts' clamped SwiGLU), its extra tensors (attention biases
 //! and sinks, the router's bias, the experts' biases) and its experts' layout.
 
-use serde_json::{Map, Value};
-
 use super::arch::{DenseTensor, Lanes, MixtralSpec, TensorRole};
 use super::fields::Fields;
 use super::{ExpertWeights, ImportError, TensorIndex};
@@ -27,24 +25,12 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, GptOssExtras), ImportError> {
         what: what.to_string(),
         detail,
     };
-    // transformers 5's `rope_parameters`, or the hub's `rope_scaling` beside `rope_theta`.
-    let (field, rope) = match (f.get("rope_parameters"), f.get("rope_scaling")) {
-        (Some(v), _) => ("rope_parameters", v),
-        (None, Some(v)) => ("rope_scaling", v),
-        (None, None) => return Err(f.err("rope_scaling", "YaRN's parameters", None)),
+    let scaling = f.rope_scaling("yarn", "gpt-oss")?;
+    let (field, plain) = (scaling.field, scaling.common);
+    let r = Fields {
+        path: f.path,
+        obj: scaling.obj,
     };
-    let obj = rope
-        .as_object()
-        .ok_or_else(|| f.err(field, "an object", Some(rope)))?;
-    let r = Fields { path: f.path, obj };
-    let kind = r
-        .get("rope_type")
-        .or(r.get("type"))
-        .and_then(|v| v.as_str());
-    if kind != Some("yarn") {
-        let detail = format!("found {rope}; hob runs gpt-oss with YaRN");
-        return Err(unsupported(&format!("'{field}'"), detail));
-    }
     for key in ["mscale", "mscale_all_dim", "partial_rotary_factor"] {
         if r.get(key).is_some_and(|v| !v.is_null()) {
             let detail = "hob's YaRN takes factor, beta_fast, beta_slow, truncate and \
@@ -52,12 +38,6 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, GptOssExtras), ImportError> {
             return Err(unsupported(&format!("'{field}.{key}'"), detail.into()));
         }
     }
-    let mut plain: Map<String, Value> = f.obj.clone();
-    plain.remove("rope_scaling");
-    if let Some(theta) = r.get("rope_theta") {
-        plain.insert("rope_theta".into(), theta.clone());
-    }
-    plain.remove("rope_parameters");
     let common = Fields {
         path: f.path,
         obj: &plain,

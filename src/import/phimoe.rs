@@ -1,8 +1,6 @@
 //! PhimoeForCausalLM (Phi-3.5-MoE): what its config adds to Mixtral's (sparsemixer's margin,
 //! LongRoPE), and its extra tensors (LayerNorm, attention and output-head biases).
 
-use serde_json::{Map, Value};
-
 use super::arch::{DenseTensor, MixtralSpec, TensorRole};
 use super::fields::Fields;
 use super::ImportError;
@@ -28,31 +26,12 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, PhiExtras), ImportError> {
         what: what.to_string(),
         detail,
     };
-    // The rope parameters: transformers 5's `rope_parameters` or the hub's `rope_scaling`.
-    let (field, rope) = match (f.get("rope_parameters"), f.get("rope_scaling")) {
-        (Some(v), _) => ("rope_parameters", v),
-        (None, Some(v)) => ("rope_scaling", v),
-        (None, None) => return Err(f.err("rope_scaling", "LongRoPE's parameters", None)),
+    let scaling = f.rope_scaling("longrope", "Phi-3.5-MoE")?;
+    let (field, plain) = (scaling.field, scaling.common);
+    let r = Fields {
+        path: f.path,
+        obj: scaling.obj,
     };
-    let obj = rope
-        .as_object()
-        .ok_or_else(|| f.err(field, "an object", Some(rope)))?;
-    let r = Fields { path: f.path, obj };
-    let kind = r
-        .get("rope_type")
-        .or(r.get("type"))
-        .and_then(|v| v.as_str());
-    if kind != Some("longrope") {
-        let detail = format!("found {rope}; hob runs Phi-3.5-MoE with LongRoPE");
-        return Err(unsupported(&format!("'{field}'"), detail));
-    }
-    // The common fields, read from a copy without the rope parameters hob reads here.
-    let mut plain: Map<String, Value> = f.obj.clone();
-    plain.remove("rope_scaling");
-    if let Some(theta) = r.get("rope_theta") {
-        plain.insert("rope_theta".into(), theta.clone());
-    }
-    plain.remove("rope_parameters");
     let spec = MixtralSpec::parse(
         &Fields {
             path: f.path,

@@ -193,6 +193,11 @@ impl TensorIndex {
 
     /// Check a tensor exists with `shape` and a supported dtype.
     pub fn check(&self, name: &str, shape: &[usize]) -> Result<DType, ImportError> {
+        self.check_shape(name, shape)?;
+        self.dtype(name)
+    }
+
+    fn check_shape(&self, name: &str, shape: &[usize]) -> Result<(), ImportError> {
         let e = self.get(name)?;
         if e.shape != shape {
             return Err(ImportError::ShapeMismatch {
@@ -202,7 +207,7 @@ impl TensorIndex {
                 found: e.shape.clone(),
             });
         }
-        self.dtype(name)
+        Ok(())
     }
 
     /// Decode elements `elems` of a tensor (row-major) into `out`, checking they are finite.
@@ -252,21 +257,15 @@ impl TensorIndex {
     pub fn check_u8(&self, name: &str, shape: &[usize]) -> Result<(), ImportError> {
         let e = self.get(name)?;
         if e.dtype != Dtype::U8 {
-            return Err(ImportError::UnsupportedDtype {
-                name: name.to_string(),
-                file: self.file_of(e),
-                found: format!("{} (expected U8)", e.dtype),
+            return Err(ImportError::Safetensors {
+                path: PathBuf::from(self.file_of(e)),
+                detail: format!(
+                    "tensor '{name}': dtype {}, expected U8 (packed bytes)",
+                    e.dtype
+                ),
             });
         }
-        if e.shape != shape {
-            return Err(ImportError::ShapeMismatch {
-                name: name.to_string(),
-                file: self.file_of(e),
-                expected: shape.to_vec(),
-                found: e.shape.clone(),
-            });
-        }
-        Ok(())
+        self.check_shape(name, shape)
     }
 
     /// Bytes `range` of a U8 tensor (checked by `check_u8`), copied out.

@@ -230,14 +230,7 @@ impl SyntheticModel {
                 Architecture::GptOss(
                     spec,
                     GptOssExtras {
-                        yarn: Yarn {
-                            factor: 32.0,
-                            original_context: 4096,
-                            beta_fast: 32.0,
-                            beta_slow: 1.0,
-                            truncate: false,
-                            attention_factor: Yarn::default_attention_factor(32.0),
-                        },
+                        yarn: Yarn::gpt_oss(),
                         sliding_layers: (0..n).map(|l| l % 2 == 0).collect(),
                         swiglu_alpha: 1.702,
                         swiglu_limit: 7.0,

@@ -50,6 +50,19 @@ impl Yarn {
         m.set(&k(keys::ROPE_ATTN_FACTOR), af);
     }
 
+    /// gpt-oss's (its config.json): a factor of 32 over 4096 positions, betas 32 and 1, the
+    /// range not truncated, the default attention factor.
+    pub fn gpt_oss() -> Yarn {
+        Yarn {
+            factor: 32.0,
+            original_context: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: false,
+            attention_factor: Yarn::default_attention_factor(32.0),
+        }
+    }
+
     /// transformers' default attention factor for `factor`: 0.1 ln(factor) + 1 above 1.
     pub fn default_attention_factor(factor: f32) -> f32 {
         if factor <= 1.0 {
@@ -127,14 +140,7 @@ mod tests {
 
     #[test]
     fn yarn_keeps_high_frequencies_and_divides_low_ones_by_the_factor() {
-        let y = Yarn {
-            factor: 32.0,
-            original_context: 4096,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            truncate: false,
-            attention_factor: Yarn::default_attention_factor(32.0),
-        };
+        let y = Yarn::gpt_oss();
         let (base, dim) = (150000.0f32, 64);
         let f = y.inv_freq(base, dim);
         let plain = |i: usize| 1.0 / base.powf((2 * i) as f32 / dim as f32);

@@ -79,6 +79,13 @@ pub struct CudaResident {
     read: QueuedRead,
 }
 
+impl CudaResident {
+    /// An expert's (ffn, hidden).
+    fn dims(&self) -> (usize, usize) {
+        (self.gate.rows as usize, self.gate.cols as usize)
+    }
+}
+
 impl DeviceEvent for CudaEvent {
     fn is_complete(&self) -> bool {
         CudaEvent::is_complete(self)
@@ -470,13 +477,8 @@ impl ExpertDevice for CudaBackend {
         if !block.ffn.is_plain() {
             return self.routed_layer_glu(r, layer, block, xs, x);
         }
-        let (ne, k) = (r.n_experts, r.top_k);
-        let (f, h) = (r.gate.rows as usize, r.gate.cols as usize);
-        let routes = self.p(&r.routes) + (layer * 2 * k * 4) as u64;
-        let tab = ptr(&r.table, &self.gpu.stream)
-            + (layer * ne * 3 * std::mem::size_of::<DevMat>()) as u64;
-        let g = self.p(&r.work);
-        let dn = g + (2 * k * f * 4) as u64;
+        let (k, (f, h)) = (r.top_k, r.dims());
+        let (routes, tab, g, dn) = self.routed_room(r, layer);
         let (gpu, xsp, xp) = (&self.gpu, self.p(xs), self.p(x));
         let rw = self.mat(block.router)?;
         let (eps, pick) = (block.eps, (k, block.routing));
@@ -537,19 +539,14 @@ impl CudaBackend {
         xs: &mut CudaSlice<f32>,
         x: &mut CudaSlice<f32>,
     ) -> crate::Result<bool> {
-        let (ne, k) = (r.n_experts, r.top_k);
-        let (f, h) = (r.gate.rows as usize, r.gate.cols as usize);
+        let (ne, k, (f, h)) = (r.n_experts, r.top_k, r.dims());
         let (Some((act, [bg, bu, bd])), true) = (self.ffn_dev(block.ffn)?.glu, r.gate.kind >= 3)
         else {
             return Err(Error::Invalid(
                 "CUDA: device routing takes biased experts in integer kinds only".into(),
             ));
         };
-        let routes = self.p(&r.routes) + (layer * 2 * k * 4) as u64;
-        let tab = ptr(&r.table, &self.gpu.stream)
-            + (layer * ne * 3 * std::mem::size_of::<DevMat>()) as u64;
-        let g = self.p(&r.work);
-        let dn = g + (2 * k * f * 4) as u64;
+        let (routes, tab, g, dn) = self.routed_room(r, layer);
         let (gpu, xsp, xp, eps) = (&self.gpu, self.p(xs), self.p(x), block.eps);
         match block.norm_bias {
             Some(b) => self.layer_norm(x, 0..1, (block.norm, b), eps, xs)?,
@@ -571,6 +568,17 @@ impl CudaBackend {
             _ => None,
         };
         gpu.moe_combine(xp, dn, routes, (k, h), norm)
+    }
+
+    /// Where layer `layer`'s device routing works: its routes, its slice of the expert table,
+    /// the gate/up products ([2k, ffn]) and the down outputs ([k, hidden]).
+    fn routed_room(&self, r: &CudaResident, layer: usize) -> (u64, u64, u64, u64) {
+        let (ne, k, (f, _)) = (r.n_experts, r.top_k, r.dims());
+        let routes = self.p(&r.routes) + (layer * 2 * k * 4) as u64;
+        let tab = ptr(&r.table, &self.gpu.stream)
+            + (layer * ne * 3 * std::mem::size_of::<DevMat>()) as u64;
+        let g = self.p(&r.work);
+        (routes, tab, g, g + (2 * k * f * 4) as u64)
     }
 
     /// The device side of a layer's `ExpertFfn`: its bias tables among the resident vectors.
