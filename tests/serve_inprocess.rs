@@ -88,9 +88,9 @@ struct InProcess {
     _dirs: Vec<tempfile::TempDir>,
 }
 
-/// The tiny Qwen3-MoE fixture converted, with `template` as its chat template if given.
-fn model(template: Option<&str>) -> (Vec<tempfile::TempDir>, std::path::PathBuf) {
-    let src = common::family_dir("qwen3-moe");
+/// A tiny fixture converted, with `template` as its chat template if given.
+fn model(family: &str, template: Option<&str>) -> (Vec<tempfile::TempDir>, std::path::PathBuf) {
+    let src = common::family_dir(family);
     let Some(template) = template else {
         let (dir, path) = common::convert_dir(&src, "f16", &[]);
         return (vec![dir], path);
@@ -125,7 +125,17 @@ impl InProcess {
         template: Option<&str>,
         script: &str,
     ) -> InProcess {
-        let (dir, path) = model(template);
+        InProcess::start_family("qwen3-moe", (queue, delay), template, script)
+    }
+
+    /// The tiny fixture of `family`, with a queue of `queue` and `delay` per forward pass.
+    fn start_family(
+        family: &str,
+        (queue, delay): (usize, Duration),
+        template: Option<&str>,
+        script: &str,
+    ) -> InProcess {
+        let (dir, path) = model(family, template);
         let script = script.to_owned();
         let server = Server::bind(ServerConfig {
             host: "127.0.0.1".into(),
@@ -146,6 +156,7 @@ impl InProcess {
                 let file = args.m.open()?;
                 let model = Model::load(&file)?;
                 let tok = tokenizer(&file, &model.cfg)?;
+                let harmony = hob::generate::harmony::Channels::new(&tok);
                 let template = chat_template(&file, &model, &tok, None)?;
                 let json = file
                     .metadata()
@@ -158,7 +169,9 @@ impl InProcess {
                     delay,
                     passes: counter,
                     script: tok.encode(&script, false)?,
-                    eos: tok.token_to_id("<|im_end|>")?,
+                    eos: tok
+                        .token_to_id("<|im_end|>")
+                        .or_else(|_| tok.token_to_id("<|return|>"))?,
                     at: 0,
                     logits: Vec::new(),
                 };
@@ -172,6 +185,7 @@ impl InProcess {
                     },
                     n_predict: None,
                     grammars: Some(grammars),
+                    harmony,
                 });
                 Ok(())
             });
@@ -479,4 +493,49 @@ fn forced_tool_calls_parse_even_from_a_random_model() {
             assert!(unit == "celsius" || unit == "fahrenheit", "{v}");
         }
     }
+}
+
+/// gpt-oss answers in harmony channels: the final channel is the message's content, the
+/// analysis channel its reasoning_content (as llama.cpp's server and vLLM send it), streamed
+/// or not; the channel headers are neither.
+#[test]
+fn a_harmony_answer_splits_into_content_and_reasoning() {
+    let answer = "<|channel|>analysis<|message|>They want a capital.<|end|><|start|>assistant\
+                  <|channel|>final<|message|>Rome.";
+    let s = InProcess::start_family("gpt-oss", (4, Duration::ZERO), None, answer);
+    let url = s.url("/v1/chat/completions");
+    let body = json!({"messages": [{"role": "user", "content": "Capital of Italy?"}]});
+    let (status, v) = http::post_json(&url, &body, &[]);
+    assert_eq!(status, 200, "{v}");
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["content"], "Rome.", "{v}");
+    assert_eq!(message["reasoning_content"], "They want a capital.", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+
+    let mut body = body;
+    body["stream"] = json!(true);
+    let chunks: Vec<serde_json::Value> = http::stream(&url, &body)
+        .filter(|e| e != "[DONE]")
+        .map(|e| serde_json::from_str(&e).unwrap())
+        .collect();
+    let joined = |field: &str| -> String {
+        chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"][field].as_str())
+            .collect()
+    };
+    assert_eq!(joined("content"), "Rome.");
+    assert_eq!(joined("reasoning_content"), "They want a capital.");
+
+    // A raw completion is not a chat turn: its text comes back whole.
+    let (status, v) = http::post_json(
+        &s.url("/v1/completions"),
+        &json!({"prompt": "<|start|>assistant", "max_tokens": 40}),
+        &[],
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["text"], "analysisThey want a capital.assistantfinalRome.",
+        "{v}"
+    );
 }

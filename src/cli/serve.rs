@@ -6,7 +6,8 @@ use super::engine::{tokenizer, ModelArgs};
 use super::run::{
     chat_template, context_size, ctx_size, json_object, n_predict, started, SamplingArgs,
 };
-use crate::model::Model;
+use crate::generate::harmony::Channels;
+use crate::model::{Architecture, Model};
 use crate::serve::{Loaded, ServerConfig};
 use crate::Error;
 
@@ -109,6 +110,10 @@ fn load(args: &ServeArgs, serve: &mut dyn FnMut(Loaded<'_>)) -> crate::Result<()
     let defaults = args.sampling.config(ctx);
     crate::generate::Sampler::new(defaults.clone())?;
     let grammars = structured_output(&file, &model);
+    let harmony = match (model.cfg.arch, &template) {
+        (Architecture::GptOss, Some(_)) => Channels::new(&tok),
+        _ => None,
+    };
     let gen = args.model.generator(&file, &model, ctx)?;
     eprintln!("{}", started(&file, &model, &format!("ctx {ctx}"), &gen));
     serve(Loaded {
@@ -118,6 +123,7 @@ fn load(args: &ServeArgs, serve: &mut dyn FnMut(Loaded<'_>)) -> crate::Result<()
         defaults,
         n_predict: usize::try_from(args.n_predict).ok(),
         grammars,
+        harmony,
     });
     Ok(())
 }

@@ -282,15 +282,16 @@ async fn start(
     if stream {
         return Ok(sse(rx, guard, meta));
     }
-    let mut text = String::new();
+    let (mut text, mut reasoning) = (String::new(), String::new());
     let mut calls = Vec::new();
     loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Reasoning(t)) => reasoning.push_str(&t),
             Some(Event::ToolCalls(c)) => calls = c,
             Some(Event::Done(finish, usage)) => {
                 drop(guard);
-                let whole = answer(&meta, (&text, &calls), finish, &usage);
+                let whole = answer(&meta, (&text, &reasoning, &calls), finish, &usage);
                 return Ok(Json(whole).into_response());
             }
             Some(Event::Failed(e)) => return Err(e),
@@ -434,10 +435,16 @@ fn tool_calls_json(m: &Meta, calls: &[ToolCall], streamed: bool) -> Value {
 }
 
 /// The whole answer (stream: false): its text and tool calls.
-fn answer(m: &Meta, (text, calls): (&str, &[ToolCall]), finish: Finish, u: &Usage) -> Value {
+/// An answer's text, reasoning and tool calls.
+type Answer<'a> = (&'a str, &'a str, &'a [ToolCall]);
+
+fn answer(m: &Meta, (text, reasoning, calls): Answer<'_>, finish: Finish, u: &Usage) -> Value {
     let choice = match m.ep {
         Endpoint::Chat => {
             let mut message = json!({"role": "assistant", "content": text});
+            if !reasoning.is_empty() {
+                message["reasoning_content"] = Value::from(reasoning);
+            }
             if !calls.is_empty() {
                 if text.trim().is_empty() {
                     message["content"] = Value::Null;
@@ -538,6 +545,13 @@ fn sse(rx: UnboundedReceiver<Event>, guard: CancelOnDrop, meta: Meta) -> Respons
 async fn next_events(s: &mut StreamState) {
     match s.rx.recv().await {
         Some(Event::Text(t)) => s.out.push_back(chunk(&s.meta, Some(&t), None)),
+        Some(Event::Reasoning(t)) => s.out.push_back(data(&json!({
+            "id": s.meta.id,
+            "object": "chat.completion.chunk",
+            "created": s.meta.created,
+            "model": s.meta.model,
+            "choices": [{"index": 0, "delta": {"reasoning_content": t}, "logprobs": null, "finish_reason": null}],
+        }))),
         Some(Event::ToolCalls(calls)) => {
             // A delta per call, each whole (clients join a call's deltas by index).
             for call in tool_calls_json(&s.meta, &calls, true)

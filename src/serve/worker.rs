@@ -12,6 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::api::{ApiError, Prompt, Request};
 use super::metrics::Metrics;
 use super::tools::{ToolCall, ToolFormat, ToolSplitter};
+use crate::generate::harmony::{Channels, Part};
 use crate::generate::{
     ChatTemplate, Generator, Grammars, Limits, Sampler, SamplerConfig, Stop, StreamDecoder,
     Tokenizer,
@@ -28,6 +29,9 @@ pub struct Loaded<'a> {
     pub n_predict: Option<usize>,
     /// The vocabulary compiled for structured output (None: response_format is refused).
     pub grammars: Option<Grammars>,
+    /// A harmony model's channels (gpt-oss): a chat's answer is its final channel, the analysis
+    /// channel goes out as `reasoning_content`.
+    pub harmony: Option<Channels>,
 }
 
 /// A request in the queue.
@@ -78,6 +82,8 @@ pub enum Event {
     Started,
     /// Generated text (never splits a character; held back while it may begin a stop sequence).
     Text(String),
+    /// Generated reasoning (a harmony model's analysis channel).
+    Reasoning(String),
     /// The answer's tool calls, parsed at its end.
     ToolCalls(Vec<ToolCall>),
     Done(Finish, Box<Usage>),
@@ -251,13 +257,32 @@ fn run_job(
         ignore_eos: r.ignore_eos,
         stop: Some(&job.cancel),
     };
-    let result = l.gen.generate(&ids, (&mut sampler, &l.tok), limits, |id| {
-        if out.push(&stream.push(id)?) {
-            job.cancel.store(true, Ordering::SeqCst);
+    let mut harmony = match r.prompt {
+        Prompt::Chat { .. } => l.harmony.take(),
+        Prompt::Text(_) | Prompt::Ids(_) => None,
+    };
+    if let Some(h) = harmony.as_mut() {
+        h.begin();
+    }
+    let mut reasoning = StreamDecoder::new(&l.tok, true);
+    let tok = &l.tok;
+    let result = l.gen.generate(&ids, (&mut sampler, tok), limits, |id| {
+        match harmony.as_mut().map(|h| h.push(tok, id)).transpose()? {
+            None | Some(Part::Final) => {
+                if out.push(&stream.push(id)?) {
+                    job.cancel.store(true, Ordering::SeqCst);
+                }
+            }
+            Some(Part::Analysis) => out.reason(reasoning.push(id)?),
+            Some(Part::Header | Part::Other) => {}
         }
         metrics.token();
         Ok(())
     });
+    if harmony.is_some() {
+        out.reason(reasoning.flush().unwrap_or_default());
+        l.harmony = harmony;
+    }
     let (stop, timing) = result.map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -308,6 +333,16 @@ impl Outgoing<'_> {
         self.send(ready);
         self.stopped = hit;
         hit
+    }
+
+    /// Reasoning text: sent as it comes (stop sequences and tool calls apply to the answer).
+    fn reason(&mut self, text: String) {
+        if !self.stopped
+            && !text.is_empty()
+            && self.job.events.send(Event::Reasoning(text)).is_err()
+        {
+            self.job.cancel.store(true, Ordering::SeqCst);
+        }
     }
 
     fn send(&mut self, text: String) {
