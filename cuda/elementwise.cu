@@ -302,14 +302,14 @@ extern "C" __global__ void add_routed_rows(float* __restrict__ d, const float* _
     d[i] += b[(size_t)__float_as_int(routes[i / n]) * n + i % n];
 }
 
-// A shared expert's activations (Qwen2-MoE): g[i] = sigmoid(s[i / width]) * silu(g[i]) * u[i]
-// for i < t * width, s its gate's logit per row.
+// An MLP's activations: g[i] = sigmoid(s[i / width]) * silu(g[i]) * u[i] for i < t * width, s a
+// shared expert's gate logit per row (Qwen2-MoE); with s null, silu(g[i]) * u[i] (GLM-4.5).
 extern "C" __global__ void shared_gate(float* __restrict__ g, const float* __restrict__ u,
                                        const float* __restrict__ s, int width, int total) {
     PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    const float sg = 1.0f / (1.0f + expf(-s[i / width]));
+    const float sg = s ? 1.0f / (1.0f + expf(-s[i / width])) : 1.0f;
     g[i] = sg * silu_mul(g[i], u[i]);
 }
 

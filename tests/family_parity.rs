@@ -177,6 +177,21 @@ fn gpt_oss_matches_transformers() {
     parity("gpt-oss");
 }
 
+/// GLM-4.5's parts: a dense first layer, partial rotary, QK-norm, q/k/v biases, a shared expert,
+/// grouped sigmoid routing with the score-correction bias, renormalized and scaled weights.
+#[test]
+fn glm4_moe_matches_transformers() {
+    parity("glm4-moe");
+}
+
+#[test]
+fn glm4_moe_chat_ids_match_apply_chat_template_with_and_without_thinking() {
+    let (_tmp, path) = convert_dir(&family_dir("glm4-moe"), "f16", &[]);
+    chat_ids("glm4-moe", &path, &[], "chat_ids");
+    let off = [("enable_thinking", serde_json::Value::Bool(false))];
+    chat_ids("glm4-moe", &path, &off, "chat_ids_no_think");
+}
+
 /// A checkpoint stored as the hub stores gpt-oss: MXFP4 expert blocks and scales, against
 /// transformers' own dequantization of them (tools/make_family_fixture.py to_mxfp4; transformers
 /// loading the fixture with Mxfp4Config(dequantize=True) gives the same logits).

@@ -254,14 +254,19 @@ fn norm_rope_add_and_attention_match_the_cpu() {
     b.add_rows(&mut xd, t, &bias).unwrap();
     b.scale(&mut xd, t * width, 0.75).unwrap();
     assert_eq!(from_gpu(&b, &xd, t * width), want);
+    // With a gate logit per row, and without (GLM-4.5's shared expert and dense MLP).
     let sl = random(t, 5);
-    let mut want = x.clone();
-    cpu.shared_gate(&mut want, &y, &sl, (t, width)).unwrap();
-    let (mut gd, ud, sd) = (to_gpu(&b, &x), to_gpu(&b, &y), to_gpu(&b, &sl));
-    b.shared_gate(&mut gd, &ud, &sd, (t, width)).unwrap();
-    let e = nmse(&from_gpu(&b, &gd, t * width), &want);
-    println!("shared_gate NMSE {e:.2e}");
-    assert!(e <= 1e-10);
+    for gated in [true, false] {
+        let mut want = x.clone();
+        cpu.shared_gate(&mut want, &y, gated.then_some(&sl), (t, width))
+            .unwrap();
+        let (mut gd, ud, sd) = (to_gpu(&b, &x), to_gpu(&b, &y), to_gpu(&b, &sl));
+        b.shared_gate(&mut gd, &ud, gated.then_some(&sd), (t, width))
+            .unwrap();
+        let e = nmse(&from_gpu(&b, &gd, t * width), &want);
+        println!("shared_gate (gated {gated}) NMSE {e:.2e}");
+        assert!(e <= 1e-10);
+    }
 
     // Per-head QK-norm, RoPE and the KV store in one launch against the separate launches
     // (Qwen3-MoE's attention inputs): a prefill of 5 rows, then one token (position from the

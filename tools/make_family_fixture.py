@@ -69,6 +69,19 @@ HARMONY_SPECIALS = (
     "<|constrain|>", "<|call|>",
 )
 
+# GLM-4.5's layout ([gMASK]<sop>, a role marker per turn, the thinking switch), written from its chat template's
+# output; its eos tokens are <|endoftext|>, <|user|> and <|observation|>.
+GLM_TEMPLATE = (
+    "[gMASK]<sop>"
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '\n<think></think>' }}{% endif %}{% endif %}"
+)
+GLM_SPECIALS = (
+    "<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>",
+    "</think>",
+)
+
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 PHI_SPECIALS = ("<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 
@@ -209,6 +222,40 @@ def family_spec(family):
             "model_max_length": 256,
         }
         return cfg, transformers.GptOssForCausalLM, HARMONY_SPECIALS, tok_cfg, ["<|return|>", "<|call|>"]
+    if family == "glm4_moe":
+        # GLM-4.5's parts, each visible: a leading dense layer, partial rotary (half of each head), q/k/v biases,
+        # QK-norm (GLM-4.5 has it, Air not), one shared expert, sigmoid routing with the score-correction bias
+        # in 2 groups of which 1 is kept, top-k renormalized and scaled.
+        cfg = transformers.Glm4MoeConfig(
+            **dict(COMMON, num_hidden_layers=3),
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_key_value_heads=2,
+            head_dim=32,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            attention_bias=True,
+            use_qk_norm=True,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+        )
+        tok_cfg = {
+            "bos_token": None,
+            "eos_token": "<|endoftext|>",
+            "pad_token": "<|endoftext|>",
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "chat_template": GLM_TEMPLATE,
+            "model_max_length": 256,
+        }
+        eos = ["<|endoftext|>", "<|user|>", "<|observation|>"]
+        return cfg, transformers.Glm4MoeForCausalLM, GLM_SPECIALS, tok_cfg, eos
     raise SystemExit(f"unknown family {family!r}")
 
 
@@ -280,9 +327,14 @@ def save_mxfp4(model, out):
 
 def perturb_norms_and_biases(model):
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if "inv_freq" in name:
+                continue
             if "norm" in name or name.endswith("bias") or "layernorm" in name:
                 p.add_(0.2 * torch.randn_like(p))
+            elif name.endswith("e_score_correction_bias"):
+                # GLM's selection bias: about the sigmoid scores' spread, so that it changes picks.
+                p.copy_(0.3 * torch.randn_like(p))
             elif name.endswith("sinks"):
                 # Attention sinks: logits beside the scores, about as large as theirs.
                 p.copy_(torch.randn_like(p))
@@ -290,8 +342,9 @@ def perturb_norms_and_biases(model):
 
 def round_to_f16(model):
     with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.half().float())
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if "inv_freq" not in name:
+                p.copy_(p.half().float())
 
 
 def greedy(model, ids):
@@ -358,7 +411,7 @@ def make(out, family):
     text, cids = chat_ids(tok, tok_cfg)
     tensors["chat_ids"] = torch.tensor(cids, dtype=torch.int64)
     info["chat_text"] = text
-    if family == "qwen3_moe":
+    if family in ("qwen3_moe", "glm4_moe"):
         text, cids = chat_ids(tok, tok_cfg, enable_thinking=False)
         tensors["chat_ids_no_think"] = torch.tensor(cids, dtype=torch.int64)
         info["chat_text_no_think"] = text

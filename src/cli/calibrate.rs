@@ -317,7 +317,7 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
         rec.chunks,
         rec.ctx,
         rec.seconds,
-        cfg.n_layers,
+        cfg.moe_layers(),
         cfg.top_k,
         cfg.n_experts,
         rec.high,

@@ -370,7 +370,7 @@ impl ModelArgs {
         let v = file.variants();
         let header = TraceHeader {
             model: file.path().display().to_string(),
-            layers: model.cfg.n_layers,
+            layers: model.cfg.moe_layers(),
             experts: model.cfg.n_experts,
             top_k: model.cfg.top_k,
             high: v[plan.high].to_string(),
@@ -385,12 +385,16 @@ impl ModelArgs {
         };
         // The stacked gates' predictions TRACE_PRED_DEPTH layers ahead go with the routes, so a
         // replay of this trace can prefetch as this model would.
-        let predictor = if model.cfg.n_layers > 1 {
-            let routers: Vec<Matrix<'_>> =
-                model.weights().layers.iter().map(|l| l.router).collect();
+        let predictor = if model.cfg.moe_layers() > 1 {
+            let routers: Vec<Matrix<'_>> = model
+                .weights()
+                .layers
+                .iter()
+                .filter_map(|l| l.router)
+                .collect();
             Some(Predictor::new(
                 &routers,
-                TRACE_PRED_DEPTH.min(model.cfg.n_layers - 1),
+                TRACE_PRED_DEPTH.min(model.cfg.moe_layers() - 1),
                 model.cfg.top_k,
             )?)
         } else {

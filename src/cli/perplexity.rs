@@ -327,8 +327,8 @@ pub fn run(args: &PerplexityArgs) -> crate::Result<()> {
     let secs = started.elapsed().as_secs_f64();
     eprintln!("perplexity: {} tokens scored in {secs:.1} s", nll.count);
     if args.model.stats {
-        let n =
-            (stats.uses() + stats.skipped) as usize / (model.cfg.n_layers * model.cfg.top_k).max(1);
+        let n = (stats.uses() + stats.skipped) as usize
+            / (model.cfg.moe_layers() * model.cfg.top_k).max(1);
         eprint!("{}", stats.report(n, secs));
     }
     Ok(())

@@ -79,9 +79,13 @@ impl<'a> DirectExperts<'a> {
         model: &crate::model::Model<'_>,
         depth: usize,
     ) -> crate::Result<Self> {
-        if depth > 0 && model.cfg.n_layers > 1 {
-            let routers: Vec<Matrix<'_>> =
-                model.weights().layers.iter().map(|l| l.router).collect();
+        if depth > 0 && model.cfg.moe_layers() > 1 {
+            let routers: Vec<Matrix<'_>> = model
+                .weights()
+                .layers
+                .iter()
+                .filter_map(|l| l.router)
+                .collect();
             self.predictor = Some(Predictor::new(&routers, depth, model.cfg.top_k)?);
         }
         Ok(self)

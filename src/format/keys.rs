@@ -114,3 +114,20 @@ pub const ATTN_SINKS: &str = "attn_sinks.weight";
 pub const FFN_GATE_EXPS_BIAS: &str = "ffn_gate_exps.bias";
 pub const FFN_UP_EXPS_BIAS: &str = "ffn_up_exps.bias";
 pub const FFN_DOWN_EXPS_BIAS: &str = "ffn_down_exps.bias";
+
+// GLM-4.5 (glm4moe) and DeepSeek-style MoEs, as llama.cpp names them: the leading dense layers
+// and their FFN width (the experts' stays `feed_forward_length` in a .hob), sigmoid routing in
+// groups with a selection bias, the renormalization and scale of the top-k weights, partial
+// rotary. `attention.qk_norm` is hob's: whether q and k have a per-head RMSNorm.
+pub const LEADING_DENSE_BLOCK_COUNT: &str = "leading_dense_block_count";
+pub const DENSE_FEED_FORWARD_LENGTH: &str = "dense_feed_forward_length";
+pub const EXPERT_GROUP_COUNT: &str = "expert_group_count";
+pub const EXPERT_GROUP_USED_COUNT: &str = "expert_group_used_count";
+pub const EXPERT_WEIGHTS_SCALE: &str = "expert_weights_scale";
+pub const EXPERT_WEIGHTS_NORM: &str = "expert_weights_norm";
+pub const ROPE_DIMENSION_COUNT: &str = "rope.dimension_count";
+pub const ATTENTION_QK_NORM: &str = "attention.qk_norm";
+pub const FFN_GATE: &str = "ffn_gate.weight";
+pub const FFN_UP: &str = "ffn_up.weight";
+pub const FFN_DOWN: &str = "ffn_down.weight";
+pub const FFN_EXP_PROBS_B: &str = "exp_probs_b.bias";

@@ -193,7 +193,7 @@ fn bind<'a, B: Backend + Telemetry + 'a>(
     label: String,
 ) -> crate::Result<Box<dyn Session + 'a>> {
     let experts: Box<dyn Experts<B> + 'a> = match replay {
-        Some(r) => Box::new(Replayed::new(experts, r, model.cfg.n_layers)),
+        Some(r) => Box::new(Replayed::new(experts, r, model.cfg.moe_layers())),
         None => experts,
     };
     Ok(Box::new(Bound::new(model, backend, experts, ctx, label)?))

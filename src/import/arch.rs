@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::fields::Fields;
+use super::glm4moe::GlmExtras;
 use super::gptoss::GptOssExtras;
 use super::phimoe::PhiExtras;
 use super::{ExpertWeights, ImportError, TensorIndex};
@@ -25,6 +26,9 @@ pub enum Architecture {
     Phimoe(MixtralSpec, PhiExtras),
     /// GptOssForCausalLM: biases, sinks, sliding layers, YaRN, its own experts' layout.
     GptOss(MixtralSpec, GptOssExtras),
+    /// Glm4MoeForCausalLM: dense leading layers, shared experts, grouped sigmoid routing,
+    /// partial rotary.
+    Glm4Moe(MixtralSpec, GlmExtras),
 }
 
 const SUPPORTED: &[&str] = &[
@@ -34,6 +38,7 @@ const SUPPORTED: &[&str] = &[
     "Qwen2MoeForCausalLM",
     "PhimoeForCausalLM",
     "GptOssForCausalLM",
+    "Glm4MoeForCausalLM",
 ];
 
 /// The hyper-parameters of a Mixtral-style MoE (MixtralForCausalLM, Qwen3MoeForCausalLM).
@@ -84,6 +89,12 @@ pub enum Lanes {
     /// checkpoint's last axis is twice the shape's.
     Even,
     Odd,
+    /// Each head's values (along the first axis) in hob's RoPE order for partial rotary
+    /// (src/import/glm4moe.rs).
+    RopeOrder {
+        head_dim: usize,
+        rope_dim: usize,
+    },
 }
 
 impl DenseTensor {
@@ -112,6 +123,18 @@ impl DenseTensor {
             Lanes::All => return source,
             Lanes::Even => 0,
             Lanes::Odd => 1,
+            Lanes::RopeOrder { head_dim, rope_dim } => {
+                // Rows of `row` values, head_dim rows a head.
+                let row = self.shape.iter().skip(1).product::<usize>().max(1);
+                let mut out = Vec::with_capacity(source.len());
+                for head in source.chunks_exact(head_dim * row) {
+                    for j in 0..head_dim {
+                        let i = super::glm4moe::rope_order_source(j, head_dim, rope_dim);
+                        out.extend_from_slice(&head[i * row..(i + 1) * row]);
+                    }
+                }
+                return out;
+            }
         };
         source.into_iter().skip(first).step_by(2).collect()
     }
@@ -205,6 +228,10 @@ impl Architecture {
                 let (spec, extras) = super::gptoss::parse(&f)?;
                 Ok(Architecture::GptOss(spec, extras))
             }
+            "Glm4MoeForCausalLM" => {
+                let (spec, extras) = super::glm4moe::parse(&f)?;
+                Ok(Architecture::Glm4Moe(spec, extras))
+            }
             "Qwen2MoeForCausalLM" => {
                 let spec = MixtralSpec::from_qwen2(&f)?;
                 Ok(Architecture::Qwen2Moe(
@@ -229,17 +256,19 @@ impl Architecture {
             Architecture::Qwen2Moe(..) => "qwen2moe",
             Architecture::Phimoe(..) => "phimoe",
             Architecture::GptOss(..) => "gpt-oss",
+            Architecture::Glm4Moe(..) => "glm4moe",
         }
     }
 
-    fn spec(&self) -> &MixtralSpec {
+    pub(crate) fn spec(&self) -> &MixtralSpec {
         match self {
             Architecture::Mixtral(s)
             | Architecture::Qwen3Moe(s)
             | Architecture::Olmoe(s)
             | Architecture::Qwen2Moe(s, _)
             | Architecture::Phimoe(s, _)
-            | Architecture::GptOss(s, _) => s,
+            | Architecture::GptOss(s, _)
+            | Architecture::Glm4Moe(s, _) => s,
         }
     }
 
@@ -250,7 +279,8 @@ impl Architecture {
             Architecture::Qwen3Moe(_)
             | Architecture::Olmoe(_)
             | Architecture::Qwen2Moe(..)
-            | Architecture::GptOss(..) => ExpertNames::Qwen,
+            | Architecture::GptOss(..)
+            | Architecture::Glm4Moe(..) => ExpertNames::Qwen,
         }
     }
 
@@ -264,10 +294,18 @@ impl Architecture {
         self.spec().tie_word_embeddings
     }
 
+    /// The first layer with routed experts (the expert table's layer 0).
+    pub fn first_moe_layer(&self) -> usize {
+        match self {
+            Architecture::Glm4Moe(_, e) => e.dense_layers,
+            _ => 0,
+        }
+    }
+
     pub fn expert_shape(&self) -> ExpertShape {
         let s = self.spec();
         ExpertShape {
-            n_layers: s.n_layers,
+            n_layers: s.n_layers - self.first_moe_layer(),
             n_experts: s.n_experts,
             hidden: s.hidden,
             ffn: s.ffn,
@@ -292,13 +330,15 @@ impl Architecture {
             | Architecture::Phimoe(..)
             | Architecture::GptOss(..) => None,
             Architecture::Qwen3Moe(_) => Some([s.head_dim; 2]),
+            Architecture::Glm4Moe(_, e) => e.qk_norm.then_some([s.head_dim; 2]),
             Architecture::Olmoe(_) => Some([q, kv]),
         };
         let mut out = s.dense_tensors(router, qk_norm);
         match self {
-            Architecture::Qwen2Moe(_, shared) => s.add_qwen2_tensors(*shared, &mut out),
+            Architecture::Qwen2Moe(_, shared) => super::qwen2moe::add_tensors(s, *shared, &mut out),
             Architecture::Phimoe(..) => super::phimoe::add_tensors(s, &mut out),
             Architecture::GptOss(..) => super::gptoss::add_tensors(s, &mut out),
+            Architecture::Glm4Moe(_, e) => super::glm4moe::adjust_tensors(s, e, &mut out),
             _ => {}
         }
         out
@@ -314,7 +354,9 @@ impl Architecture {
                 mxfp4,
             });
         }
-        self.spec().expert_source(index, self.expert_names())
+        let layers = self.first_moe_layer()..self.spec().n_layers;
+        self.spec()
+            .expert_source(index, self.expert_names(), layers)
     }
 
     /// The `{arch}.*` hyper-parameter keys.
@@ -330,6 +372,9 @@ impl Architecture {
             }
             Architecture::GptOss(_, extras) => {
                 super::gptoss::write_metadata(extras, self.hob_name(), m)
+            }
+            Architecture::Glm4Moe(_, extras) => {
+                super::glm4moe::write_metadata(extras, self.hob_name(), m)
             }
             _ => {}
         }
@@ -366,65 +411,6 @@ impl MixtralSpec {
         let bias = "hob runs Qwen2-MoE with q/k/v biases";
         require_bool(f, ("qkv_bias", true), true, bias)?;
         Self::parse(f, experts_field(f), "moe_intermediate_size")
-    }
-
-    /// Qwen2-MoE's q/k/v biases and shared expert (of width `shared`), after the common tensors.
-    fn add_qwen2_tensors(&self, shared: usize, out: &mut Vec<DenseTensor>) {
-        let (h, q, kv) = (
-            self.hidden,
-            self.n_heads * self.head_dim,
-            self.n_kv_heads * self.head_dim,
-        );
-        for l in 0..self.n_layers {
-            let hf = |s: &str| format!("model.layers.{l}.{s}");
-            let t = |hob: &str, hf: String, shape: Vec<usize>, role| {
-                DenseTensor::new(keys::blk(l, hob), hf, shape, role)
-            };
-            out.extend([
-                t(
-                    keys::ATTN_Q_BIAS,
-                    hf("self_attn.q_proj.bias"),
-                    vec![q],
-                    TensorRole::Norm,
-                ),
-                t(
-                    keys::ATTN_K_BIAS,
-                    hf("self_attn.k_proj.bias"),
-                    vec![kv],
-                    TensorRole::Norm,
-                ),
-                t(
-                    keys::ATTN_V_BIAS,
-                    hf("self_attn.v_proj.bias"),
-                    vec![kv],
-                    TensorRole::Norm,
-                ),
-                t(
-                    keys::FFN_GATE_SHEXP,
-                    hf("mlp.shared_expert.gate_proj.weight"),
-                    vec![shared, h],
-                    TensorRole::Matrix,
-                ),
-                t(
-                    keys::FFN_UP_SHEXP,
-                    hf("mlp.shared_expert.up_proj.weight"),
-                    vec![shared, h],
-                    TensorRole::Matrix,
-                ),
-                t(
-                    keys::FFN_DOWN_SHEXP,
-                    hf("mlp.shared_expert.down_proj.weight"),
-                    vec![h, shared],
-                    TensorRole::Matrix,
-                ),
-                t(
-                    keys::FFN_GATE_INP_SHEXP,
-                    hf("mlp.shared_expert_gate.weight"),
-                    vec![1, h],
-                    TensorRole::Router,
-                ),
-            ]);
-        }
     }
 
     /// OlmoeForCausalLM's config: `num_experts`, `intermediate_size` (the experts' width); the
@@ -619,22 +605,25 @@ impl MixtralSpec {
         out
     }
 
+    /// The experts of `layers` (the checkpoint's layer numbers) in either layout.
     fn expert_source(
         &self,
         index: &TensorIndex,
         names: ExpertNames,
+        layers: std::ops::Range<usize>,
     ) -> Result<ExpertSource, ImportError> {
         let (hidden, ffn, n) = (self.hidden, self.ffn, self.n_experts);
-        if !index.contains(&names.name(0, 0, Which::Gate))
-            && index.contains(&fused_name(0, "gate_up_proj"))
+        let first = layers.start;
+        if !index.contains(&names.name(first, 0, Which::Gate))
+            && index.contains(&fused_name(first, "gate_up_proj"))
         {
-            for l in 0..self.n_layers {
+            for l in layers {
                 index.check(&fused_name(l, "gate_up_proj"), &[n, 2 * ffn, hidden])?;
                 index.check(&fused_name(l, "down_proj"), &[n, hidden, ffn])?;
             }
             return Ok(ExpertSource::Fused { hidden, ffn });
         }
-        for l in 0..self.n_layers {
+        for l in layers {
             for e in 0..n {
                 index.check(&names.name(l, e, Which::Gate), &[ffn, hidden])?;
                 index.check(&names.name(l, e, Which::Up), &[ffn, hidden])?;

@@ -381,14 +381,7 @@ impl GgufCheckpoint {
     }
 
     fn spec(&self) -> &MixtralSpec {
-        match &self.arch {
-            Architecture::Mixtral(s)
-            | Architecture::Qwen3Moe(s)
-            | Architecture::Olmoe(s)
-            | Architecture::Qwen2Moe(s, _)
-            | Architecture::Phimoe(s, _)
-            | Architecture::GptOss(s, _) => s,
-        }
+        self.arch.spec()
     }
 
     /// `general.name` of the file, else its name without `.gguf`.

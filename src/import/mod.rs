@@ -23,8 +23,10 @@ pub mod gguf;
 pub mod gguf_checkpoint;
 mod gguf_defaults;
 pub mod gguf_tokenizer;
+mod glm4moe;
 mod gptoss;
 mod phimoe;
+mod qwen2moe;
 pub mod safetensors;
 pub mod synthetic;
 pub mod tokenizer;
@@ -283,7 +285,9 @@ impl Checkpoint {
     }
 
     /// Load the gate, up and down matrices of one expert as f32 (checked finite).
+    /// Expert `expert` of the expert table's layer `layer` (after any dense layers).
     pub fn load_expert(&self, layer: usize, expert: usize) -> Result<ExpertWeights, ImportError> {
+        let layer = layer + self.arch.first_moe_layer();
         self.experts.load(&self.tensors, layer, expert)
     }
 

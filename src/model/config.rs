@@ -1,6 +1,6 @@
 //! Hyper-parameters from the .hob metadata, for each supported architecture.
 
-use super::routing::Routing;
+use super::routing::{Grouped, Routing, MAX_GROUPS};
 pub use super::yarn::Yarn;
 use super::ModelError;
 use crate::format::keys::{self, arch_key};
@@ -27,6 +27,9 @@ pub enum Architecture {
     /// gpt-oss: biases on q/k/v/o, the router and the experts; attention sinks; sliding and
     /// full layers; YaRN; top-k of the router logits, then their softmax; a clamped SwiGLU.
     GptOss,
+    /// GLM-4.5 (Glm4MoeForCausalLM): leading dense-MLP layers, q/k/v biases, optional QK-norm,
+    /// partial rotary, an ungated shared expert, sigmoid routing in groups with a selection bias.
+    Glm4Moe,
 }
 
 /// What a routed expert computes between its gate/up products and its down product.
@@ -76,13 +79,14 @@ pub enum QkNorm {
 }
 
 impl Architecture {
-    pub const SUPPORTED: [(&'static str, Architecture); 6] = [
+    pub const SUPPORTED: [(&'static str, Architecture); 7] = [
         ("mixtral", Architecture::Mixtral),
         ("qwen3moe", Architecture::Qwen3Moe),
         ("olmoe", Architecture::Olmoe),
         ("qwen2moe", Architecture::Qwen2Moe),
         ("phimoe", Architecture::Phimoe),
         ("gpt-oss", Architecture::GptOss),
+        ("glm4moe", Architecture::Glm4Moe),
     ];
 
     pub fn name(self) -> &'static str {
@@ -93,16 +97,21 @@ impl Architecture {
             Architecture::Qwen2Moe => "qwen2moe",
             Architecture::Phimoe => "phimoe",
             Architecture::GptOss => "gpt-oss",
+            Architecture::Glm4Moe => "glm4moe",
         }
     }
 
-    /// The attention block's normalization of q and k, if any.
+    /// The attention block's normalization of q and k, if any (GLM-4.5's per head where its
+    /// metadata says so: `ModelConfig::qk_norm`).
     pub fn qk_norm(self) -> Option<QkNorm> {
         match self {
             Architecture::Mixtral => None,
             Architecture::Qwen3Moe => Some(QkNorm::PerHead),
             Architecture::Olmoe => Some(QkNorm::Whole),
-            Architecture::Qwen2Moe | Architecture::Phimoe | Architecture::GptOss => None,
+            Architecture::Qwen2Moe
+            | Architecture::Phimoe
+            | Architecture::GptOss
+            | Architecture::Glm4Moe => None,
         }
     }
 
@@ -110,7 +119,10 @@ impl Architecture {
     pub fn attention_bias(self) -> bool {
         matches!(
             self,
-            Architecture::Qwen2Moe | Architecture::Phimoe | Architecture::GptOss
+            Architecture::Qwen2Moe
+                | Architecture::Phimoe
+                | Architecture::GptOss
+                | Architecture::Glm4Moe
         )
     }
 
@@ -133,6 +145,11 @@ impl Architecture {
 
     /// Whether each MoE block has a shared expert (its width from the metadata).
     pub fn shared_expert(self) -> bool {
+        matches!(self, Architecture::Qwen2Moe | Architecture::Glm4Moe)
+    }
+
+    /// Whether the shared expert's output is scaled by a sigmoid gate (Qwen2-MoE's).
+    pub fn shared_expert_gate(self) -> bool {
         matches!(self, Architecture::Qwen2Moe)
     }
 }
@@ -198,6 +215,17 @@ pub struct ModelConfig {
     /// layer, or in those `sliding_layers` marks.
     pub sliding_window: Option<usize>,
     pub sliding_layers: Option<Vec<bool>>,
+    /// The dimensions of each head RoPE rotates (head_dim unless rotary is partial). A .hob
+    /// stores q and k with the rotated pairs at (i, i + head_dim / 2), i < rope_dim / 2: the
+    /// other dimensions turn by angle 0 (src/import/glm4moe.rs orders them at convert).
+    pub rope_dim: usize,
+    /// The leading layers whose FFN is a dense MLP (of width `dense_ffn`), not experts.
+    pub dense_layers: usize,
+    pub dense_ffn: usize,
+    /// Group-limited sigmoid routing (GLM-4.5), where the architecture routes so.
+    pub grouped: Option<Grouped>,
+    /// q's and k's normalization before RoPE, if any.
+    pub qk_norm: Option<QkNorm>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
@@ -232,6 +260,13 @@ impl ModelConfig {
             match md.get(k) {
                 Some(_) => Ok(Some(md.get_u32(k)?)),
                 None => Ok(None),
+            }
+        };
+        let glm = arch == Architecture::Glm4Moe;
+        let flag = |k: &str| -> Result<bool, ModelError> {
+            match md.get(&arch_key(a, k)) {
+                Some(_) => Ok(md.get_bool(&arch_key(a, k))?),
+                None => Ok(false),
             }
         };
         let cfg = ModelConfig {
@@ -277,6 +312,31 @@ impl ModelConfig {
             },
             sliding_window: optional_u32(&arch_key(a, keys::SLIDING_WINDOW))?.map(|w| w as usize),
             sliding_layers: sliding_layers(md, a)?,
+            rope_dim: match md.get(&arch_key(a, keys::ROPE_DIMENSION_COUNT)) {
+                Some(_) => u(keys::ROPE_DIMENSION_COUNT)?,
+                None => head_dim,
+            },
+            dense_layers: match glm {
+                true => u(keys::LEADING_DENSE_BLOCK_COUNT)?,
+                false => 0,
+            },
+            dense_ffn: match glm {
+                true => u(keys::DENSE_FEED_FORWARD_LENGTH)?,
+                false => 0,
+            },
+            grouped: match glm {
+                true => Some(Grouped {
+                    groups: u(keys::EXPERT_GROUP_COUNT)?,
+                    topk_groups: u(keys::EXPERT_GROUP_USED_COUNT)?,
+                    renormalize: flag(keys::EXPERT_WEIGHTS_NORM)?,
+                    scale: md.get_f32(&arch_key(a, keys::EXPERT_WEIGHTS_SCALE))?,
+                }),
+                false => None,
+            },
+            qk_norm: match glm {
+                true => flag(keys::ATTENTION_QK_NORM)?.then_some(QkNorm::PerHead),
+                false => arch.qk_norm(),
+            },
             bos: optional_u32(keys::BOS_TOKEN_ID)?,
             eos: optional_u32(keys::EOS_TOKEN_ID)?,
             add_bos: match md.get(keys::ADD_BOS_TOKEN) {
@@ -365,6 +425,7 @@ impl ModelConfig {
         if let Some(y) = &self.yarn {
             y.check(self.arch.name())?;
         }
+        self.check_glm()?;
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             let problem = format!("must divide the head count {}", self.n_heads);
             return bad(keys::HEAD_COUNT_KV, &self.n_kv_heads, problem);
@@ -410,8 +471,55 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// How the router's logits become routes.
-    pub fn routing(&self) -> Routing {
+    /// The dense layers, rotary and grouped routing in range (GLM-4.5's keys).
+    fn check_glm(&self) -> Result<(), ModelError> {
+        let bad = |key: &str, value: &dyn std::fmt::Display, problem: String| {
+            Err(ModelError::BadHyperParameter {
+                key: arch_key(self.arch.name(), key),
+                value: value.to_string(),
+                problem,
+            })
+        };
+        if self.rope_dim == 0 || self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
+            let problem = format!("must be even, from 2 to the head size {}", self.head_dim);
+            return bad(keys::ROPE_DIMENSION_COUNT, &self.rope_dim, problem);
+        }
+        if self.dense_layers >= self.n_layers {
+            let problem = format!("must leave an MoE layer of the {}", self.n_layers);
+            return bad(keys::LEADING_DENSE_BLOCK_COUNT, &self.dense_layers, problem);
+        }
+        if self.dense_layers > 0 && !(limits::WIDTH.0..=limits::WIDTH.1).contains(&self.dense_ffn) {
+            let problem = format!("out of range (accepted: 1 to {})", limits::WIDTH.1);
+            return bad(keys::DENSE_FEED_FORWARD_LENGTH, &self.dense_ffn, problem);
+        }
+        let Some(g) = self.grouped else {
+            return Ok(());
+        };
+        if !(1..=MAX_GROUPS).contains(&g.groups) || !self.n_experts.is_multiple_of(g.groups) {
+            let problem = format!(
+                "must divide the {} experts, at most {MAX_GROUPS}",
+                self.n_experts
+            );
+            return bad(keys::EXPERT_GROUP_COUNT, &g.groups, problem);
+        }
+        if !(1..=g.groups).contains(&g.topk_groups)
+            || g.topk_groups * (self.n_experts / g.groups) < self.top_k
+        {
+            let problem = format!(
+                "must be 1 to {} groups, holding at least the {} experts used",
+                g.groups, self.top_k
+            );
+            return bad(keys::EXPERT_GROUP_USED_COUNT, &g.topk_groups, problem);
+        }
+        if !(g.scale.is_finite() && g.scale > 0.0) {
+            let problem = "must be a positive number".to_string();
+            return bad(keys::EXPERT_WEIGHTS_SCALE, &show(g.scale), problem);
+        }
+        Ok(())
+    }
+
+    /// How the router's logits become routes (a layer's selection bias: `Routing::with_bias`).
+    pub fn routing(&self) -> Routing<'static> {
         match self.arch {
             Architecture::Mixtral | Architecture::Qwen3Moe => {
                 Routing::Softmax { renormalize: true }
@@ -421,7 +529,21 @@ impl ModelConfig {
                 jitter_eps: self.router_jitter,
             },
             Architecture::GptOss => Routing::TopkSoftmax,
+            Architecture::Glm4Moe => match self.grouped {
+                Some(rule) => Routing::Grouped { rule, bias: None },
+                None => Routing::Softmax { renormalize: true },
+            },
         }
+    }
+
+    /// The layers with routed experts (the expert table's layers): those after the dense ones.
+    pub fn moe_layers(&self) -> usize {
+        self.n_layers - self.dense_layers
+    }
+
+    /// Layer `layer`'s index in the expert table, or None for a dense layer.
+    pub fn moe_index(&self, layer: usize) -> Option<usize> {
+        layer.checked_sub(self.dense_layers)
     }
 
     /// Layer `layer`'s attention window, if it has one.

@@ -95,7 +95,7 @@ pub struct MoeBlock<'a> {
     pub next: Option<&'a [f32]>,
     pub eps: f32,
     /// How the router's logits become routes (`Architecture::routing`).
-    pub routing: Routing,
+    pub routing: Routing<'a>,
     /// The norm's bias where it is a LayerNorm (Phi-3.5-MoE), None for an RMSNorm.
     pub norm_bias: Option<&'a [f32]>,
     /// The router's bias (gpt-oss), added to its logits.

@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::experts::{Batch, ExpertExecutor, ExpertFfn, MoeBlock, OnDevice};
 use super::ops::{AttentionShape, Backend, DecodeStep, QkvStep, Route, RouteOut};
 pub use super::routing::{route_softmax_top, route_softmax_topk};
-use super::weights::{LayerWeights, Weights};
+use super::weights::{LayerWeights, Mlp, Weights};
 use super::{ModelConfig, ModelError};
 use crate::format::HobFile;
+use crate::quant::Matrix;
 
 /// Which logits a forward call returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,7 +135,7 @@ impl<'f> Model<'f> {
     fn load_checked(file: &'f HobFile) -> Result<Model<'f>, ModelError> {
         let cfg = ModelConfig::from_metadata(file.metadata())?;
         let (hidden, ffn) = file.expert_dims();
-        if file.n_layers() != cfg.n_layers
+        if file.n_layers() != cfg.moe_layers()
             || file.n_experts() != cfg.n_experts
             || hidden != cfg.hidden
             || ffn != cfg.ffn
@@ -143,7 +144,7 @@ impl<'f> Model<'f> {
                 "table holds {} layers x {} experts of [{hidden}, {ffn}], the metadata says {} x {} of [{}, {}]",
                 file.n_layers(),
                 file.n_experts(),
-                cfg.n_layers,
+                cfg.moe_layers(),
                 cfg.n_experts,
                 cfg.hidden,
                 cfg.ffn
@@ -157,14 +158,18 @@ impl<'f> Model<'f> {
         let w = Weights::load(file, &cfg)?;
         file.verify_dense_with(crate::format::crc_parallel)
             .map_err(ModelError::Data)?;
-        let d = cfg.head_dim;
+        let (d, rd) = (cfg.head_dim, cfg.rope_dim);
         // transformers: 1 / (factor * base ** (arange(0, d, 2).float() / d)), all in f32; the
-        // factors are LongRoPE's (short, and long in long_inv_freq) or 1.
+        // factors are LongRoPE's (short, and long in long_inv_freq) or 1. With partial rotary,
+        // d is the rotated part's and the other pairs turn by 0 (ModelConfig::rope_dim).
         let freqs = |factors: Option<&[f32]>| -> Vec<f32> {
             (0..d / 2)
-                .map(|i| {
-                    let f = factors.map_or(1.0, |f| f[i]);
-                    1.0 / (f * cfg.rope_theta.powf((2 * i) as f32 / d as f32))
+                .map(|i| match i < rd / 2 {
+                    true => {
+                        let f = factors.map_or(1.0, |f| f[i]);
+                        1.0 / (f * cfg.rope_theta.powf((2 * i) as f32 / rd as f32))
+                    }
+                    false => 0.0,
                 })
                 .collect()
         };
@@ -356,23 +361,27 @@ impl<'f> Model<'f> {
         Err(ModelError::non_finite(self.file.path(), Some(layer), what).into())
     }
 
-    /// The shared expert of a layer that has one: x += sigmoid(g · xn) * down(silu(gate · xn) *
-    /// (up · xn)), from the MoE block's normalized input b.xn.
-    fn shared_expert<B: Backend>(
+    /// x += an MLP of the normalized input b.xn: down(silu(gate · xn) * (up · xn)), scaled by
+    /// sigmoid(g · xn) where the MLP has a gate g (Qwen2-MoE's shared expert). A shared expert
+    /// beside the routed ones, or a dense layer's MLP.
+    fn mlp<B: Backend>(
         &self,
         b: &mut Buffers<B>,
-        lw: &LayerWeights<'_>,
+        (mlp, g): (&Mlp<'_>, Option<&Matrix<'_>>),
         t: usize,
         backend: &B,
     ) -> crate::Result<()> {
-        let Some(sh) = &lw.shared else {
-            return Ok(());
+        backend.matmul(&mlp.gate, &b.xn, t, &mut b.sh_gate)?;
+        backend.matmul(&mlp.up, &b.xn, t, &mut b.sh_up)?;
+        let gate = match g {
+            Some(g) => {
+                backend.matmul(g, &b.xn, t, &mut b.sh_logit)?;
+                Some(&b.sh_logit)
+            }
+            None => None,
         };
-        backend.matmul(&sh.gate, &b.xn, t, &mut b.sh_gate)?;
-        backend.matmul(&sh.up, &b.xn, t, &mut b.sh_up)?;
-        backend.matmul(&sh.gate_inp, &b.xn, t, &mut b.sh_logit)?;
-        backend.shared_gate(&mut b.sh_gate, &b.sh_up, &b.sh_logit, (t, sh.gate.rows))?;
-        backend.matmul_add(&sh.down, &b.sh_gate, t, &mut b.out, &mut b.x)
+        backend.shared_gate(&mut b.sh_gate, &b.sh_up, gate, (t, mlp.gate.rows))?;
+        backend.matmul_add(&mlp.down, &b.sh_gate, t, &mut b.out, &mut b.x)
     }
 
     /// The attention block's q, k and v from b.xn (biases added where the architecture has
@@ -469,6 +478,16 @@ impl<'f> Model<'f> {
             if let Some(o) = &lw.o_bias {
                 backend.add_rows(&mut b.x, t, o)?;
             }
+            // A dense layer: its MLP in place of the experts.
+            let (Some(router_w), Some(m)) = (&lw.router, cfg.moe_index(l)) else {
+                let Some(mlp) = &lw.mlp else {
+                    let name = crate::format::keys::blk(l, crate::format::keys::FFN_GATE);
+                    return Err(ModelError::MissingTensor { name }.into());
+                };
+                self.norm(backend, (&b.x, 0..t), (&lw.ffn_norm, None), &mut b.xn)?;
+                self.mlp(b, (mlp, None), t, backend)?;
+                continue;
+            };
 
             // Mixture-of-experts block: a decode token whose experts are all resident may be
             // routed and computed without leaving the device; otherwise routing comes to the
@@ -479,7 +498,7 @@ impl<'f> Model<'f> {
             };
             let block = MoeBlock {
                 norm: &lw.ffn_norm,
-                router: &lw.router,
+                router: router_w,
                 // The norm after this block: the next layer's, or the output head's for a
                 // head over the one token.
                 next: match self.w.layers.get(l + 1) {
@@ -487,13 +506,13 @@ impl<'f> Model<'f> {
                     None => (rows == Some(0..1)).then_some(&self.w.output_norm[..]),
                 },
                 eps: cfg.rms_eps,
-                routing: cfg.routing(),
+                routing: cfg.routing().with_bias(lw.score_bias.as_deref()),
                 norm_bias: lw.norm_biases.as_ref().map(|[_, ffn]| &ffn[..]),
                 router_bias: lw.router_bias.as_deref(),
                 ffn: &ffn,
             };
             if t == 1 && lw.shared.is_none() {
-                match experts.forward_on_device(backend, l, &block, &mut b.xn, &mut b.x)? {
+                match experts.forward_on_device(backend, m, &block, &mut b.xn, &mut b.x)? {
                     OnDevice::No => {}
                     OnDevice::Done => continue,
                     OnDevice::DoneNormed => {
@@ -510,7 +529,9 @@ impl<'f> Model<'f> {
             };
             backend.norm_route(&b.x, t, &block, out)?;
             self.check_routes(l, &routes[..t * k])?;
-            self.shared_expert(b, lw, t, backend)?;
+            if let Some(sh) = &lw.shared {
+                self.mlp(b, (&sh.mlp, sh.gate_inp.as_ref()), t, backend)?;
+            }
             let batch = Batch {
                 xs: &b.xn,
                 t,
@@ -518,7 +539,7 @@ impl<'f> Model<'f> {
                 routes: &routes[..t * k],
                 ffn: ffn.clone(),
             };
-            experts.forward_add(backend, l, &batch, &mut b.out, &mut b.x)?;
+            experts.forward_add(backend, m, &batch, &mut b.out, &mut b.x)?;
         }
         if let Some(rows) = rows {
             let n = rows.len();
@@ -565,6 +586,8 @@ impl<'f> Model<'f> {
 impl<B: Backend> Buffers<B> {
     fn new(backend: &B, cfg: &ModelConfig, t: usize) -> crate::Result<Buffers<B>> {
         let (h, qd, kvd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
+        // The shared expert's and the dense layers' MLPs share these.
+        let mlp_width = cfg.shared_ffn.unwrap_or(0).max(cfg.dense_ffn);
         Ok(Buffers {
             t,
             x: backend.alloc(t * h)?,
@@ -572,13 +595,9 @@ impl<B: Backend> Buffers<B> {
             q: backend.alloc(t * qd)?,
             k: backend.alloc(t * kvd)?,
             v: backend.alloc(t * kvd)?,
-            kn: backend.alloc(if cfg.arch.qk_norm().is_some() {
-                t * kvd
-            } else {
-                1
-            })?,
-            sh_gate: backend.alloc(t * cfg.shared_ffn.unwrap_or(0) + 1)?,
-            sh_up: backend.alloc(t * cfg.shared_ffn.unwrap_or(0) + 1)?,
+            kn: backend.alloc(if cfg.qk_norm.is_some() { t * kvd } else { 1 })?,
+            sh_gate: backend.alloc(t * mlp_width + 1)?,
+            sh_up: backend.alloc(t * mlp_width + 1)?,
             sh_logit: backend.alloc(t + 1)?,
             att: backend.alloc(t * qd)?,
             out: backend.alloc(t * h)?,

@@ -230,20 +230,24 @@ pub trait Backend {
         self.upload(&host, x)
     }
 
-    /// A shared expert's hidden activations of `t` rows of `width`: gate[r] = sigmoid(s[r]) *
-    /// silu(gate[r]) * up[r], where s ([t]) is its gate's logit (Qwen2-MoE). The default works
-    /// through host copies.
+    /// An MLP's hidden activations of `t` rows of `width`: gate[r] = sigmoid(s[r]) *
+    /// silu(gate[r]) * up[r], where s ([t]) is a shared expert's gate logit (Qwen2-MoE), or
+    /// silu(gate[r]) * up[r] without one. The default works through host copies.
     fn shared_gate(
         &self,
         gate: &mut Self::Buf,
         up: &Self::Buf,
-        s: &Self::Buf,
+        s: Option<&Self::Buf>,
         (t, width): (usize, usize),
     ) -> crate::Result<()> {
-        let (mut g, mut u, mut sh) = (vec![0.0; t * width], vec![0.0; t * width], vec![0.0; t]);
+        let (mut g, mut u) = (vec![0.0; t * width], vec![0.0; t * width]);
+        // Without a gate logit, sigmoid(inf) = 1 exactly.
+        let mut sh = vec![f32::INFINITY; t];
         self.download(gate, &mut g)?;
         self.download(up, &mut u)?;
-        self.download(s, &mut sh)?;
+        if let Some(s) = s {
+            self.download(s, &mut sh)?;
+        }
         let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
         for ((gr, ur), &sr) in g
             .chunks_exact_mut(width)

@@ -4,9 +4,9 @@
 use super::forward::all_finite;
 use super::ops::Route;
 
-/// How an architecture turns router logits into routes.
+/// How an architecture turns router logits into routes (`'a`: a layer's selection bias).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Routing {
+pub enum Routing<'a> {
     /// Softmax over all logits, the top k; their weights renormalized to sum to 1 (Mixtral,
     /// Qwen3-MoE) or used as they are (OLMoE, Qwen2-MoE).
     Softmax { renormalize: bool },
@@ -15,16 +15,127 @@ pub enum Routing {
     SparseMixer { jitter_eps: f32 },
     /// gpt-oss: the top k logits, then a softmax over those k.
     TopkSoftmax,
+    /// GLM-4.5 and DeepSeek-V3: sigmoid scores; experts picked by score + `bias` (the layer's
+    /// score-correction bias) within the best groups; weighted by their scores.
+    Grouped {
+        rule: Grouped,
+        bias: Option<&'a [f32]>,
+    },
 }
 
-impl Routing {
+/// Group-limited top-k over sigmoid scores (GLM-4.5, DeepSeek-V3): a group's score is the sum of
+/// its two best choice values; the experts of the best `topk_groups` of `groups` compete; the k
+/// picked are weighted by their sigmoid scores, renormalized to sum to 1 (or not), times `scale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Grouped {
+    pub groups: usize,
+    pub topk_groups: usize,
+    pub renormalize: bool,
+    pub scale: f32,
+}
+
+/// The most groups a grouped router may have (DeepSeek-V3 and GLM-4.5 use 8 or 1).
+pub const MAX_GROUPS: usize = 64;
+
+impl<'a> Routing<'a> {
     /// The routes ([k]) of one token's router `logits`.
     pub fn route(self, logits: &[f32], routes: &mut [Route]) {
         match self {
             Routing::Softmax { renormalize } => route_softmax_top(logits, routes, renormalize),
             Routing::SparseMixer { jitter_eps } => route_sparsemixer(logits, routes, jitter_eps),
             Routing::TopkSoftmax => route_topk_softmax(logits, routes),
+            Routing::Grouped { rule, bias } => route_grouped(logits, bias, rule, routes),
         }
+    }
+
+    /// This rule with a layer's selection bias (used by `Grouped`; the others ignore it).
+    pub fn with_bias(self, layer_bias: Option<&'a [f32]>) -> Routing<'a> {
+        match self {
+            Routing::Grouped { rule, .. } => Routing::Grouped {
+                rule,
+                bias: layer_bias,
+            },
+            other => other,
+        }
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Insert (e, v) into `routes` sorted by descending v, keeping its length; strict > keeps the
+/// lower index first on ties (as torch.topk).
+fn insert_top(routes: &mut [Route], e: usize, v: f32) {
+    if let Some(slot) = routes.iter().position(|r| v > r.weight) {
+        routes[slot..].rotate_right(1);
+        routes[slot] = Route {
+            expert: e,
+            weight: v,
+        };
+    }
+}
+
+/// GLM-4.5's and DeepSeek-V3's routing ([`Grouped`]) as transformers computes it, in f32;
+/// non-finite logits or a bias of the wrong length as in [`route_softmax_topk`].
+pub fn route_grouped(logits: &[f32], bias: Option<&[f32]>, g: Grouped, routes: &mut [Route]) {
+    let ne = logits.len();
+    let valid_groups = g.groups >= 1
+        && g.groups <= MAX_GROUPS
+        && ne.is_multiple_of(g.groups)
+        && (1..=g.groups).contains(&g.topk_groups);
+    if !all_finite(logits)
+        || routes.len() > ne
+        || !valid_groups
+        || bias.is_some_and(|b| b.len() != ne)
+    {
+        return refuse(logits, routes);
+    }
+    let choice = |e: usize| sigmoid(logits[e]) + bias.map_or(0.0, |b| b[e]);
+    // The kept groups, as a mask: with one group, all of them.
+    let size = ne / g.groups;
+    let mut kept = u64::MAX;
+    if g.topk_groups < g.groups {
+        let mut best = [Route {
+            expert: usize::MAX,
+            weight: f32::NEG_INFINITY,
+        }; MAX_GROUPS];
+        let best = &mut best[..g.topk_groups];
+        for group in 0..g.groups {
+            let mut two = [Route {
+                expert: usize::MAX,
+                weight: f32::NEG_INFINITY,
+            }; 2];
+            let two = &mut two[..size.min(2)];
+            for e in group * size..(group + 1) * size {
+                insert_top(two, e, choice(e));
+            }
+            insert_top(best, group, two.iter().map(|r| r.weight).sum());
+        }
+        kept = best.iter().fold(0, |m, r| m | 1u64 << r.expert);
+    }
+    for r in routes.iter_mut() {
+        *r = Route {
+            expert: usize::MAX,
+            weight: f32::NEG_INFINITY,
+        };
+    }
+    for e in (0..ne).filter(|e| kept >> (e / size) & 1 == 1) {
+        insert_top(routes, e, choice(e));
+    }
+    if routes.iter().any(|r| r.expert >= ne) {
+        // Fewer experts in the kept groups than k.
+        return refuse(logits, routes);
+    }
+    for r in routes.iter_mut() {
+        r.weight = sigmoid(logits[r.expert]);
+    }
+    let norm = match g.renormalize {
+        true => routes.iter().map(|r| r.weight).sum::<f32>() + 1e-20,
+        false => 1.0,
+    };
+    for r in routes.iter_mut() {
+        r.weight = r.weight / norm * g.scale;
     }
 }
 
@@ -227,6 +338,50 @@ mod tests {
         assert!((routes[0].weight - p).abs() < 1e-6);
         assert!((routes[0].weight + routes[1].weight - 1.0).abs() < 1e-6);
         route_topk_softmax(&[0.5, f32::NAN, -1.0, 2.0], &mut routes);
+        assert!(routes[0].weight.is_nan());
+    }
+
+    #[test]
+    fn grouped_routing_picks_within_the_best_groups_by_biased_scores() {
+        let r0 = Route {
+            expert: 0,
+            weight: 0.0,
+        };
+        let rule = Grouped {
+            groups: 2,
+            topk_groups: 1,
+            renormalize: true,
+            scale: 2.5,
+        };
+        // Group 0 = experts 0..4, group 1 = 4..8. By score alone expert 5 is best, but the bias
+        // lifts group 0's two best (0 and 2) above group 1's pair.
+        let logits = [1.0, -2.0, 0.5, -1.0, 3.0, 2.0, -3.0, -3.0];
+        let bias = [0.5, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let mut routes = [r0; 2];
+        route_grouped(&logits, Some(&bias), rule, &mut routes);
+        assert_eq!((routes[0].expert, routes[1].expert), (0, 2));
+        let (a, b) = (sigmoid(1.0), sigmoid(0.5));
+        assert!(
+            (routes[0].weight - 2.5 * a / (a + b)).abs() < 1e-6,
+            "{routes:?}"
+        );
+        // Without the bias, group 1 wins.
+        route_grouped(&logits, None, rule, &mut routes);
+        assert_eq!((routes[0].expert, routes[1].expert), (4, 5));
+        // Not renormalized: the scores themselves, scaled.
+        let plain = Grouped {
+            renormalize: false,
+            ..rule
+        };
+        route_grouped(&logits, None, plain, &mut routes);
+        assert!((routes[0].weight - 2.5 * sigmoid(3.0)).abs() < 1e-6);
+        // k larger than a kept group, a NaN logit, a bias of the wrong length: refused.
+        let mut five = [r0; 5];
+        route_grouped(&logits, None, rule, &mut five);
+        assert!(five[0].weight.is_nan());
+        route_grouped(&[f32::NAN; 8], None, rule, &mut routes);
+        assert!(routes[0].weight.is_nan());
+        route_grouped(&logits, Some(&bias[..3]), rule, &mut routes);
         assert!(routes[0].weight.is_nan());
     }
 

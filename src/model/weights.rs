@@ -17,8 +17,10 @@ pub struct LayerWeights<'f> {
     /// (hidden, n_heads * head_dim)
     pub wo: Matrix<'f>,
     pub ffn_norm: Vec<f32>,
-    /// (n_experts, hidden)
-    pub router: Matrix<'f>,
+    /// (n_experts, hidden); None in a dense layer.
+    pub router: Option<Matrix<'f>>,
+    /// A dense layer's MLP (GLM-4.5's leading layers), in place of the experts.
+    pub mlp: Option<Mlp<'f>>,
     /// QK-norm weights of q and k ([head_dim] each, or [q_dim] and [kv_dim]), where the
     /// architecture has them.
     pub qk_norm: Option<[Vec<f32>; 2]>,
@@ -36,6 +38,8 @@ pub struct LayerWeights<'f> {
     pub router_bias: Option<Vec<f32>>,
     /// The routed experts' biases (gpt-oss).
     pub expert_biases: Option<std::sync::Arc<ExpertBiases>>,
+    /// The score-correction bias the router picks experts by ([n_experts], GLM-4.5).
+    pub score_bias: Option<Vec<f32>>,
 }
 
 /// Biases of every routed expert of a layer, kept with the dense weights (they are small):
@@ -47,16 +51,22 @@ pub struct ExpertBiases {
     pub down: Vec<f32>,
 }
 
-/// An FFN every token runs beside its routed experts, scaled by sigmoid(gate · x).
-pub struct SharedExpert<'f> {
+/// A SwiGLU MLP: down(silu(gate · x) * (up · x)).
+pub struct Mlp<'f> {
     /// (ffn, hidden)
     pub gate: Matrix<'f>,
     /// (ffn, hidden)
     pub up: Matrix<'f>,
     /// (hidden, ffn)
     pub down: Matrix<'f>,
+}
+
+/// An MLP every token runs beside its routed experts, scaled by sigmoid(gate_inp · x) where it
+/// has that gate (Qwen2-MoE's; GLM-4.5's has none).
+pub struct SharedExpert<'f> {
+    pub mlp: Mlp<'f>,
     /// (1, hidden)
-    pub gate_inp: Matrix<'f>,
+    pub gate_inp: Option<Matrix<'f>>,
 }
 
 pub struct Weights<'f> {
@@ -74,76 +84,9 @@ impl<'f> Weights<'f> {
     pub fn load(file: &'f HobFile, cfg: &ModelConfig) -> Result<Weights<'f>, ModelError> {
         let mat = |name: &str, rows: usize, cols: usize| matrix(file, name, rows, cols);
         let norm = |name: &str| vector(file, name, cfg.hidden);
-        let (h, q, kv) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
-        let (gpt_oss, ne) = (cfg.arch.sinks_and_expert_biases(), cfg.n_experts);
+        let h = cfg.hidden;
         let layers = (0..cfg.n_layers)
-            .map(|l| {
-                Ok(LayerWeights {
-                    attn_norm: norm(&blk(l, keys::ATTN_NORM))?,
-                    wq: mat(&blk(l, keys::ATTN_Q), q, h)?,
-                    wk: mat(&blk(l, keys::ATTN_K), kv, h)?,
-                    wv: mat(&blk(l, keys::ATTN_V), kv, h)?,
-                    wo: mat(&blk(l, keys::ATTN_OUTPUT), h, q)?,
-                    ffn_norm: norm(&blk(l, keys::FFN_NORM))?,
-                    router: mat(&blk(l, keys::FFN_GATE_INP), cfg.n_experts, h)?,
-                    qk_norm: match cfg.arch.qk_norm() {
-                        None => None,
-                        Some(QkNorm::PerHead) => {
-                            let head = |name| vector(file, &blk(l, name), cfg.head_dim);
-                            Some([head(keys::ATTN_Q_NORM)?, head(keys::ATTN_K_NORM)?])
-                        }
-                        Some(QkNorm::Whole) => Some([
-                            vector(file, &blk(l, keys::ATTN_Q_NORM), q)?,
-                            vector(file, &blk(l, keys::ATTN_K_NORM), kv)?,
-                        ]),
-                    },
-                    qkv_bias: match cfg.arch.attention_bias() {
-                        false => None,
-                        true => Some([
-                            vector(file, &blk(l, keys::ATTN_Q_BIAS), q)?,
-                            vector(file, &blk(l, keys::ATTN_K_BIAS), kv)?,
-                            vector(file, &blk(l, keys::ATTN_V_BIAS), kv)?,
-                        ]),
-                    },
-                    shared: match cfg.shared_ffn {
-                        None => None,
-                        Some(f) => Some(SharedExpert {
-                            gate: mat(&blk(l, keys::FFN_GATE_SHEXP), f, h)?,
-                            up: mat(&blk(l, keys::FFN_UP_SHEXP), f, h)?,
-                            down: mat(&blk(l, keys::FFN_DOWN_SHEXP), h, f)?,
-                            gate_inp: mat(&blk(l, keys::FFN_GATE_INP_SHEXP), 1, h)?,
-                        }),
-                    },
-                    norm_biases: match cfg.arch.layer_norm_and_output_biases() {
-                        false => None,
-                        true => Some([
-                            norm(&blk(l, keys::ATTN_NORM_BIAS))?,
-                            norm(&blk(l, keys::FFN_NORM_BIAS))?,
-                        ]),
-                    },
-                    o_bias: match cfg.arch.layer_norm_and_output_biases()
-                        || cfg.arch.output_proj_bias()
-                    {
-                        false => None,
-                        true => Some(norm(&blk(l, keys::ATTN_OUTPUT_BIAS))?),
-                    },
-                    sinks: gpt_oss
-                        .then(|| vector(file, &blk(l, keys::ATTN_SINKS), cfg.n_heads))
-                        .transpose()?,
-                    router_bias: gpt_oss
-                        .then(|| vector(file, &blk(l, keys::FFN_GATE_INP_BIAS), cfg.n_experts))
-                        .transpose()?,
-                    expert_biases: match gpt_oss {
-                        false => None,
-                        true => Some(std::sync::Arc::new(ExpertBiases {
-                            n_experts: ne,
-                            gate: table(file, &blk(l, keys::FFN_GATE_EXPS_BIAS), ne, cfg.ffn)?,
-                            up: table(file, &blk(l, keys::FFN_UP_EXPS_BIAS), ne, cfg.ffn)?,
-                            down: table(file, &blk(l, keys::FFN_DOWN_EXPS_BIAS), ne, h)?,
-                        })),
-                    },
-                })
-            })
+            .map(|l| layer(file, cfg, l))
             .collect::<Result<Vec<_>, ModelError>>()?;
         let token_embd = mat(keys::TOKEN_EMBD, cfg.vocab, h)?;
         let output = if cfg.tie_embeddings {
@@ -171,10 +114,11 @@ impl<'f> Weights<'f> {
     pub fn matrices(&self) -> Vec<&Matrix<'f>> {
         let mut m = vec![&self.token_embd, &self.output];
         for l in &self.layers {
-            m.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.router]);
-            if let Some(sh) = &l.shared {
-                m.extend([&sh.gate, &sh.up, &sh.down, &sh.gate_inp]);
-            }
+            m.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            m.extend(&l.router);
+            let mlps = l.mlp.iter().chain(l.shared.iter().map(|sh| &sh.mlp));
+            m.extend(mlps.flat_map(|p| [&p.gate, &p.up, &p.down]));
+            m.extend(l.shared.iter().flat_map(|sh| &sh.gate_inp));
         }
         m
     }
@@ -197,7 +141,7 @@ impl<'f> Weights<'f> {
             );
             v.extend(l.norm_biases.iter().flatten().map(|b| &b[..]));
             v.extend(
-                [&l.o_bias, &l.sinks, &l.router_bias]
+                [&l.o_bias, &l.sinks, &l.router_bias, &l.score_bias]
                     .into_iter()
                     .flatten()
                     .map(|b| &b[..]),
@@ -208,6 +152,114 @@ impl<'f> Weights<'f> {
         }
         v
     }
+}
+
+/// Layer `l`'s weights: attention, then a dense MLP or the MoE block's router, shared expert
+/// and biases.
+fn layer<'f>(
+    file: &'f HobFile,
+    cfg: &ModelConfig,
+    l: usize,
+) -> Result<LayerWeights<'f>, ModelError> {
+    let mat = |name: &str, rows: usize, cols: usize| matrix(file, &blk(l, name), rows, cols);
+    let vec_of = |name: &str, n: usize| vector(file, &blk(l, name), n);
+    let (h, q, kv, ne) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.n_experts);
+    let mlp = |(g, u, d): (&str, &str, &str), f: usize| -> Result<Mlp<'f>, ModelError> {
+        Ok(Mlp {
+            gate: mat(g, f, h)?,
+            up: mat(u, f, h)?,
+            down: mat(d, h, f)?,
+        })
+    };
+    let moe = cfg.moe_index(l).is_some();
+    let gpt_oss = cfg.arch.sinks_and_expert_biases() && moe;
+    let per_moe = |name: &str, n: usize| moe.then(|| vec_of(name, n)).transpose();
+    Ok(LayerWeights {
+        attn_norm: vec_of(keys::ATTN_NORM, h)?,
+        wq: mat(keys::ATTN_Q, q, h)?,
+        wk: mat(keys::ATTN_K, kv, h)?,
+        wv: mat(keys::ATTN_V, kv, h)?,
+        wo: mat(keys::ATTN_OUTPUT, h, q)?,
+        ffn_norm: vec_of(keys::FFN_NORM, h)?,
+        router: moe.then(|| mat(keys::FFN_GATE_INP, ne, h)).transpose()?,
+        mlp: match moe {
+            true => None,
+            false => Some(mlp(
+                (keys::FFN_GATE, keys::FFN_UP, keys::FFN_DOWN),
+                cfg.dense_ffn,
+            )?),
+        },
+        qk_norm: match cfg.qk_norm {
+            None => None,
+            Some(QkNorm::PerHead) => Some([
+                vec_of(keys::ATTN_Q_NORM, cfg.head_dim)?,
+                vec_of(keys::ATTN_K_NORM, cfg.head_dim)?,
+            ]),
+            Some(QkNorm::Whole) => Some([
+                vec_of(keys::ATTN_Q_NORM, q)?,
+                vec_of(keys::ATTN_K_NORM, kv)?,
+            ]),
+        },
+        qkv_bias: match cfg.arch.attention_bias() {
+            false => None,
+            true => Some([
+                vec_of(keys::ATTN_Q_BIAS, q)?,
+                vec_of(keys::ATTN_K_BIAS, kv)?,
+                vec_of(keys::ATTN_V_BIAS, kv)?,
+            ]),
+        },
+        shared: match (cfg.shared_ffn, moe) {
+            (Some(f), true) => Some(SharedExpert {
+                mlp: mlp(
+                    (
+                        keys::FFN_GATE_SHEXP,
+                        keys::FFN_UP_SHEXP,
+                        keys::FFN_DOWN_SHEXP,
+                    ),
+                    f,
+                )?,
+                gate_inp: cfg
+                    .arch
+                    .shared_expert_gate()
+                    .then(|| mat(keys::FFN_GATE_INP_SHEXP, 1, h))
+                    .transpose()?,
+            }),
+            _ => None,
+        },
+        norm_biases: match cfg.arch.layer_norm_and_output_biases() {
+            false => None,
+            true => Some([
+                vec_of(keys::ATTN_NORM_BIAS, h)?,
+                vec_of(keys::FFN_NORM_BIAS, h)?,
+            ]),
+        },
+        o_bias: match cfg.arch.layer_norm_and_output_biases() || cfg.arch.output_proj_bias() {
+            false => None,
+            true => Some(vec_of(keys::ATTN_OUTPUT_BIAS, h)?),
+        },
+        sinks: cfg
+            .arch
+            .sinks_and_expert_biases()
+            .then(|| vec_of(keys::ATTN_SINKS, cfg.n_heads))
+            .transpose()?,
+        router_bias: match gpt_oss {
+            true => per_moe(keys::FFN_GATE_INP_BIAS, ne)?,
+            false => None,
+        },
+        expert_biases: match gpt_oss {
+            false => None,
+            true => Some(std::sync::Arc::new(ExpertBiases {
+                n_experts: ne,
+                gate: table(file, &blk(l, keys::FFN_GATE_EXPS_BIAS), ne, cfg.ffn)?,
+                up: table(file, &blk(l, keys::FFN_UP_EXPS_BIAS), ne, cfg.ffn)?,
+                down: table(file, &blk(l, keys::FFN_DOWN_EXPS_BIAS), ne, h)?,
+            })),
+        },
+        score_bias: match cfg.grouped {
+            Some(_) => per_moe(keys::FFN_EXP_PROBS_B, ne)?,
+            None => None,
+        },
+    })
 }
 
 fn matrix<'f>(

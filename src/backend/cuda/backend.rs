@@ -282,13 +282,16 @@ impl Backend for CudaBackend {
         &self,
         gate: &mut CudaSlice<f32>,
         up: &CudaSlice<f32>,
-        s: &CudaSlice<f32>,
+        s: Option<&CudaSlice<f32>>,
         (t, width): (usize, usize),
     ) -> crate::Result<()> {
         let n = t * width;
         check_len("shared_gate input", gate.len().min(up.len()), n)?;
-        check_len("shared_gate logits", s.len(), t)?;
-        let (gp, up, sp) = (self.p(gate), self.p(up), self.p(s));
+        if let Some(s) = s {
+            check_len("shared_gate logits", s.len(), t)?;
+        }
+        // A null s: no gate (cuda/elementwise.cu shared_gate).
+        let (gp, up, sp) = (self.p(gate), self.p(up), s.map_or(0, |s| self.p(s)));
         let (wi, ni) = (width as i32, n as i32);
         let c = cfg(blocks(n, 256), 256);
         launch!(self.gpu, self.gpu.kernels.shared_gate, c; gp, up, sp, wi, ni)
@@ -581,6 +584,15 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let k = routes.len() / t.max(1);
         check_len("route input", logits.len(), t * n_experts)?;
+        if let Routing::Grouped { .. } = routing {
+            // No kernel for it: the logits come to the host (few bytes beside the layer).
+            host.resize(t * n_experts, 0.0);
+            self.download(logits, host)?;
+            for (l, r) in host.chunks_exact(n_experts).zip(routes.chunks_exact_mut(k)) {
+                routing.route(l, r);
+            }
+            return Ok(());
+        }
         check_len("route scratch", self.scratch_len, 2 * t * k)?;
         let scratch = self.p(&self.scratch);
         self.gpu
@@ -597,7 +609,8 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let (norm, eps, router) = (block.norm, block.eps, block.router);
         let (n, ne, k) = (router.cols, router.rows, out.routes.len());
-        if block.norm_bias.is_some() || block.router_bias.is_some() {
+        let grouped = matches!(block.routing, Routing::Grouped { .. });
+        if block.norm_bias.is_some() || block.router_bias.is_some() || grouped {
             match block.norm_bias {
                 Some(bias) => self.layer_norm(x, 0..t, (norm, bias), eps, out.xn)?,
                 None => self.rms_norm(x, 0..t, norm, eps, out.xn)?,

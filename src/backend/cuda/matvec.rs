@@ -22,6 +22,11 @@ fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)
             )))
         }
         Routing::TopkSoftmax => (3, 0.0),
+        Routing::Grouped { .. } => {
+            return Err(Error::Invalid(
+                "CUDA: grouped routing has no kernel (it routes on the host)".into(),
+            ))
+        }
     })
 }
 

@@ -135,7 +135,12 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         )?;
         let prefetch = match cfg.prefetch {
             depth if depth > 0 && file.n_layers() > 1 => {
-                let routers: Vec<_> = model.weights().layers.iter().map(|l| l.router).collect();
+                let routers: Vec<_> = model
+                    .weights()
+                    .layers
+                    .iter()
+                    .filter_map(|l| l.router)
+                    .collect();
                 let shape = (depth, model.cfg.top_k);
                 let p = Prefetcher::new(dev, &routers, shape, cfg.prefetch_min_weight)?;
                 Some(p.upgrading_low(cfg.tuning.upgrade_low))
