@@ -165,6 +165,30 @@ fn generated_file_runs_with_head_dim_apart_from_hidden() {
     }
 }
 
+/// The glm-4.5-air preset's architecture at small shapes: a dense first layer (an MLP, no
+/// experts in the table), shared experts, grouped routing, partial rotary.
+#[test]
+fn a_glm_shaped_file_runs_with_its_dense_first_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("glm.hob");
+    let glm = SyntheticModel {
+        name: "glm-4.5-air".into(),
+        ..small()
+    };
+    write(&glm, "f16,int4", DType::F16, 1, &path);
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    assert_eq!((model.cfg.dense_layers, file.n_layers()), (1, 2));
+    assert_eq!(model.cfg.rope_dim, 24);
+    let backend = CpuBackend::new(2).unwrap();
+    let mut experts = DirectExperts::new(&file, 1).unwrap();
+    let mut st = model.new_state(&backend, 16).unwrap();
+    let logits = model
+        .forward(&mut st, &[1, 17, 299], &backend, &mut experts, Logits::All)
+        .unwrap();
+    assert!(logits.len() == 3 * 300 && logits.iter().all(|x| x.is_finite()));
+}
+
 /// With a real tokenizer embedded the synthetic file runs on text, chat template included; a
 /// tokenizer larger than the model's vocabulary is refused.
 #[test]

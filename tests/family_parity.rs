@@ -282,3 +282,40 @@ fn a_stop_token_outside_the_vocabulary_is_refused_by_file_and_field() {
     );
     assert!(!out.exists());
 }
+
+/// GLM-4.5 configs hob cannot run are refused at convert, by field, leaving no file.
+#[test]
+fn glm4_moe_configs_hob_cannot_run_are_refused_by_field() {
+    for (field, value, needle) in [
+        ("n_group", serde_json::json!(3), "n_group"),
+        ("first_k_dense_replace", serde_json::json!(3), "first_k_dense_replace"),
+        ("attention_bias", serde_json::json!(false), "attention_bias"),
+        ("partial_rotary_factor", serde_json::json!(0.3), "partial_rotary_factor"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        common::copy_checkpoint(&family_dir("glm4-moe"), &src);
+        let path = src.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        cfg[field] = value;
+        if field == "partial_rotary_factor" {
+            cfg["rope_parameters"]
+                .as_object_mut()
+                .unwrap()
+                .remove(field);
+        }
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        let out = tmp.path().join("m.hob");
+        let (ok, _, stderr) = hob(&[
+            "convert",
+            "--from",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--no-progress",
+        ]);
+        assert!(!ok && stderr.contains(needle), "{field}: {stderr}");
+        assert!(!out.exists());
+    }
+}

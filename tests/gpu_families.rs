@@ -146,6 +146,12 @@ fn gpt_oss_on_the_gpu_matches_the_cpu_and_transformers() {
     family_on_the_gpu("gpt-oss");
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn glm4_moe_on_the_gpu_matches_the_cpu_and_transformers() {
+    family_on_the_gpu("glm4-moe");
+}
+
 /// gpt-oss's int4 experts routed on the device (its activation and biases in the routed
 /// kernels, the decode step replayed from a CUDA graph) give the host-routed quarter cache's
 /// logits bit for bit, and the CPU's within the integer kernels' bound.

@@ -29,6 +29,10 @@
 #                                        tg64), then ROUNDS alternated tg64 rounds at the best split -> $OUT/phi.md
 #   bash tools/families_gpu.sh gptoss    issue 53: gpt-oss-20b's shape, hob int4 beside llama.cpp Q4_K_M, all on
 #                                        the GPU -> $OUT/gptoss.md
+#   bash tools/families_gpu.sh glm       issue 53: GLM-4.5-Air's shape (GLM_LAYERS of its 46, default 6: the dense
+#                                        first layer and 5 MoE layers) under the 16 GB profile: hob int4 (+ int2 low,
+#                                        cooperative CPU experts) with int8 dense beside llama.cpp Q4_K_M at the
+#                                        --n-cpu-moe splits that fit, then ROUNDS alternated tg64 rounds -> $OUT/glm.md
 #   bash tools/families_gpu.sh gguf      issue 51: the Q4_K_M GGUF of `prepare` through `hob convert --from` with
 #                                        the file's own defaults, then resident and the 16 GB and 12 GB profiles
 #                                        beside llama.cpp on that GGUF (best --n-cpu-moe of three) -> $OUT/gguf.md
@@ -307,5 +311,58 @@ gptoss)
   done
   hobrow "kernel times" -r 1 -p 0 -n 32 --kernel-times
   mv "$out/qwen3.md" "$out/gptoss.md"; cat "$out/gptoss.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss"; exit 2 ;;
+glm)
+  # Full GLM-4.5-Air: 45 MoE layers x 128 experts of 4096 x 1408 x 3 (17.3e6 values); non-expert weights 7.2e9
+  # values (96 heads of 128, the 10944-wide dense layer, shared experts, 151552-token embedding and head):
+  # hob int8 7.4e9 bytes, llama.cpp Q4_K_M ~4.4e9. Bytes per expert: hob int4 g64 9732096, Q4_K_M ~10.6e6.
+  gl="${GLM_LAYERS:-6}"; model=/tmp/glm-${gl}l.hob; gg=/tmp/glm-${gl}l; nm=$((gl - 1))
+  if [ ! -x $L/build/bin/llama-bench ]; then
+    if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
+    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
+  fi >> "$log" 2>&1
+  [ -f "$model" ] || "$hob" convert --synthetic glm-4.5-air --layers "$gl" --experts int4,int2 --dense int8 \
+    -o "$model" --no-progress >> "$log" 2>&1
+  if [ ! -f "$gg-Q4_K_M.gguf" ]; then
+    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model glm-4.5-air \
+      --layers "$gl" 2>/dev/null >> "$log"
+    $L/build/bin/llama-quantize "$gg-f16.gguf" "$gg-Q4_K_M.gguf" Q4_K_M "$(nproc)" > /tmp/quantize-glm.log 2>&1 \
+      || tail -3 /tmp/quantize-glm.log; rm -f "$gg-f16.gguf"
+  fi
+  [ "${PREPARE_ONLY:-0}" = 1 ] && { ls -l "$model" "$gg-Q4_K_M.gguf"; exit 0; }
+  share() { python3 -c "print(max(0.0, min(1.0, (16*2**30 - $2 - 1e9) / (5760*$1))))"; }
+  fh=$(share 9732096 7.4e9); fl=$(share 10.6e6 4.4e9)
+  c=$(python3 -c "print(f'{$fh*$nm*128*9732096/2**30:.3f}')")
+  # --n-cpu-moe counts layer 0 (no experts): the MoE layers whose experts do not fit, plus one.
+  n=$(python3 -c "import math; print(min($gl, 1 + math.ceil($nm*(1-$fl) - 1e-9)))")
+  {
+    echo "rtx4060ti-16g, $gl of 46 layers: hob int4 share $fh (--expert-cache $c GiB); llama.cpp Q4_K_M share $fl (--n-cpu-moe $n fits)"
+    echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+  } > "$out/qwen3.md"
+  r=(-r 3 -p 512 -n 64)
+  p=(--platform rtx4060ti-16g --cache-policy hobbit --prefetch 3 --expert-cache "$c" "${r[@]}")
+  hobrow "int4+int2, CPU experts" "${p[@]}" --expert-variant int4 --low int2 --cpu-experts -t "$(nproc)"
+  hobrow "int4, CPU experts" "${p[@]}" --expert-variant int4 --low none --cpu-experts -t "$(nproc)"
+  best=$n; bts=0
+  for k in $n $((n + 1)); do
+    [ "$k" -le "$gl" ] || continue
+    row=$(timeout 300 $L/build/bin/llama-bench -m "$gg-Q4_K_M.gguf" -ngl 99 --n-cpu-moe "$k" -t "$(nproc)" "${r[@]}" \
+      -o md 2>>"$log" | grep -v '^| ---\|^| model' | sed "s#^|#| llama.cpp Q4_K_M n-cpu-moe $k |#")
+    echo "$row" >> "$out/qwen3.md"
+    ts=$(echo "$row" | grep tg64 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+    python3 -c "import sys; sys.exit(0 if float('${ts:-0}') > float('$bts') else 1)" && { best=$k; bts=$ts; }
+  done
+  { echo ""; echo "| round | hob int4+int2 t/s | hob int4 t/s | llama.cpp Q4_K_M --n-cpu-moe $best t/s |"; echo "|---|---:|---:|---:|"; } >> "$out/qwen3.md"
+  tg='import json, sys; print(next(r["avg_ts"] for r in json.load(sys.stdin) if r["n_gen"] > 0 and r["n_prompt"] == 0))'
+  q=(--platform rtx4060ti-16g --cache-policy hobbit --prefetch 3 --expert-cache "$c" --expert-variant int4 --cpu-experts \
+     -t "$(nproc)" -r 3 -p 0 -n 64 -o json)
+  for i in $(seq 1 "${ROUNDS:-2}"); do
+    h2=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low int2 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    h4=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low none 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    l=$(timeout 120 $L/build/bin/llama-bench -m "$gg-Q4_K_M.gguf" -ngl 99 --n-cpu-moe "$best" -t "$(nproc)" -p 0 -n 64 \
+      -r 3 -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    echo "| $i | ${h2:-failed} | ${h4:-failed} | ${l:-failed} |" >> "$out/qwen3.md"
+  done
+  mv "$out/qwen3.md" "$out/glm.md"; cat "$out/glm.md" ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss|glm"; exit 2 ;;
 esac

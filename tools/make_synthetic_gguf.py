@@ -2,12 +2,13 @@
 """A GGUF with random weights in a real MoE's shapes, for llama.cpp speed runs beside `hob convert --synthetic`.
 
     python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b|phi-3.5-moe|
-                                                                gpt-oss-20b|gpt-oss-120b]
+                                                                gpt-oss-20b|gpt-oss-120b|glm-4.5-air]
 
 Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors, phimoe
 with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out; gpt-oss
 with its attention biases and sinks, router and expert biases, post-attention norm and a 128-token window on every
-other layer), so both programs run the same shapes and the same attention.
+other layer; glm4moe with q/k/v biases, partial rotary (64 of 128), a dense first layer of width 10944, a shared
+expert and sigmoid routing with its selection bias), so both programs run the same shapes and the same attention.
 
 Needs numpy and llama.cpp's gguf-py (PYTHONPATH=<llama.cpp>/gguf-py). Streams tensor by tensor (memory stays
 near 1 GB). The weights are noise (speed only): f16 ~ N(0, 0.02) drawn from a 64M-value pool, routers f32 N(0, 1)
@@ -29,7 +30,10 @@ MODELS = {
     "phi-3.5-moe": ("phimoe", 4096, 6400, 32, 8, 128, 32064, 16, 2, 32, 1e4, 1e-5, 131072, None),
     "gpt-oss-20b": ("gpt-oss", 2880, 2880, 64, 8, 64, 201088, 32, 4, 24, 150000.0, 1e-5, 131072, None),
     "gpt-oss-120b": ("gpt-oss", 2880, 2880, 64, 8, 64, 201088, 128, 4, 36, 150000.0, 1e-5, 131072, None),
+    "glm-4.5-air": ("glm4moe", 4096, 1408, 96, 8, 128, 151552, 128, 8, 46, 1e6, 1e-5, 131072, None),
 }
+# GLM-4.5-Air: the dense first layer's width, leading dense layers, shared experts, rotated dims per head.
+GLM_DENSE_FFN, GLM_DENSE_LAYERS, GLM_SHARED, GLM_ROPE_DIM = 10944, 1, 1, 64
 # Architectures with LayerNorm biases and attention, output-head biases.
 BIASES = {"phimoe"}
 
@@ -51,8 +55,14 @@ def main():
     w.add_block_count(a.layers)
     w.add_context_length(ctx)
     w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    oss = arch == "gpt-oss"
+    oss, glm = arch == "gpt-oss", arch == "glm4moe"
+    w.add_feed_forward_length(GLM_DENSE_FFN if glm else FFN)
+    if glm:
+        w.add_leading_dense_block_count(GLM_DENSE_LAYERS)
+        w.add_expert_shared_count(GLM_SHARED)
+        w.add_expert_weights_scale(1.0)
+        w.add_expert_weights_norm(True)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if oss:
         w.add_sliding_window(128)
     if arch != "llama":
@@ -65,7 +75,7 @@ def main():
     w.add_layer_norm_rms_eps(eps)
     w.add_expert_count(EXPERTS)
     w.add_expert_used_count(TOP_K)
-    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_dimension_count(GLM_ROPE_DIM if glm else HEAD_DIM)
     w.add_vocab_size(VOCAB)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
@@ -91,6 +101,20 @@ def main():
             specs += [(b + n + ".bias", (d,), np.float32) for n, d in
                       [("attn_norm", HIDDEN), ("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim),
                        ("attn_output", HIDDEN), ("ffn_norm", HIDDEN)]]
+        if glm:
+            specs += [(b + n + ".bias", (d,), np.float32) for n, d in
+                      [("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)]]
+            specs += [(b + "post_attention_norm.weight", (HIDDEN,), np.float32)]
+            if l < GLM_DENSE_LAYERS:
+                specs += [(b + "ffn_gate.weight", (GLM_DENSE_FFN, HIDDEN), np.float16),
+                          (b + "ffn_down.weight", (HIDDEN, GLM_DENSE_FFN), np.float16),
+                          (b + "ffn_up.weight", (GLM_DENSE_FFN, HIDDEN), np.float16)]
+                continue
+            sh = GLM_SHARED * FFN
+            specs += [(b + "exp_probs_b.bias", (EXPERTS,), np.float32),
+                      (b + "ffn_gate_shexp.weight", (sh, HIDDEN), np.float16),
+                      (b + "ffn_down_shexp.weight", (HIDDEN, sh), np.float16),
+                      (b + "ffn_up_shexp.weight", (sh, HIDDEN), np.float16)]
         if oss:
             specs += [(b + n + ".bias", (d,), np.float32) for n, d in
                       [("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim), ("attn_output", HIDDEN),
@@ -102,8 +126,8 @@ def main():
         if qk is not None:
             qn, kn = (HEAD_DIM, HEAD_DIM) if qk == "head" else (q_dim, kv_dim)
             specs += [(b + "attn_q_norm.weight", (qn,), np.float32), (b + "attn_k_norm.weight", (kn,), np.float32)]
+        specs += [] if glm else [(b + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (HIDDEN,), np.float32)]
         specs += [
-            (b + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (HIDDEN,), np.float32),
             (b + "ffn_gate_inp.weight", (EXPERTS, HIDDEN), np.float32),
             (b + "ffn_gate_exps.weight", (EXPERTS, FFN, HIDDEN), np.float16),
             (b + "ffn_down_exps.weight", (EXPERTS, HIDDEN, FFN), np.float16),

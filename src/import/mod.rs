@@ -26,6 +26,7 @@ pub mod gguf_tokenizer;
 mod glm4moe;
 mod gptoss;
 mod phimoe;
+mod presets;
 mod qwen2moe;
 pub mod safetensors;
 pub mod synthetic;

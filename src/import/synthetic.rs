@@ -5,7 +5,9 @@
 //! `qwen3moe` (QK-norm), qwen1.5-moe-a2.7b as `qwen2moe` (q/k/v biases, a shared expert),
 //! olmoe-1b-7b as `olmoe`, phi-3.5-moe as `phimoe` (LayerNorm, biases, sparsemixer; LongRoPE with
 //! factors of 1, which changes no shape or cost), gpt-oss-20b and gpt-oss-120b as `gpt-oss`
-//! (biases and sinks of ones, YaRN, alternating sliding layers), mixtral-8x7b as `mixtral`.
+//! (biases and sinks of ones, YaRN, alternating sliding layers), glm-4.5-air as `glm4moe` (a dense
+//! first layer, a shared expert, grouped sigmoid routing, partial rotary), mixtral-8x7b as
+//! `mixtral`.
 //!
 //! Nothing is quantized: each variant's bytes are generated directly, so a file of tens of GB
 //! takes as long as the disk needs to take it.
@@ -30,29 +32,14 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use super::arch::{Architecture, ExpertSource, MixtralSpec, TensorRole};
-use super::gptoss::GptOssExtras;
-use super::phimoe::PhiExtras;
 use super::{DensePlan, DenseTensor};
 use crate::error::Error;
 use crate::format::{
     keys, DType, DenseSpec, ExpertLayout, ExpertShape, HobWriter, MatrixLayout, MetaValue,
     Metadata, TensorType, Variant, VariantKind,
 };
-use crate::model::yarn::Yarn;
 
-/// The models `--synthetic` knows, by the name it takes.
-pub const PRESETS: [&str; 7] = [
-    "mixtral-8x7b",
-    "phi-3.5-moe",
-    "qwen3-30b-a3b",
-    "qwen1.5-moe-a2.7b",
-    "olmoe-1b-7b",
-    "gpt-oss-20b",
-    "gpt-oss-120b",
-];
-
-/// Qwen1.5-MoE-A2.7B's shared expert width (shared_expert_intermediate_size).
-const QWEN15_SHARED_FFN: usize = 5632;
+pub use super::presets::PRESETS;
 
 /// Standard deviation of the generated weights.
 pub const WEIGHT_SD: f32 = 0.02;
@@ -74,100 +61,10 @@ pub struct SyntheticModel {
     pub tokenizer: Option<super::tokenizer::TokenizerFiles>,
 }
 
-fn spec(
-    (hidden, ffn, n_layers): (usize, usize, usize),
-    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
-    vocab: usize,
-    (n_experts, n_experts_used): (usize, usize),
-    (rope_theta, rms_eps, context_length): (f32, f32, usize),
-) -> MixtralSpec {
-    MixtralSpec {
-        hidden,
-        ffn,
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        rope_theta,
-        rms_eps,
-        vocab,
-        context_length,
-        n_experts,
-        n_experts_used,
-        tie_word_embeddings: false,
-        sliding_window: None,
-        bos_token_id: None,
-        eos_token_id: None,
-    }
-}
-
 impl SyntheticModel {
     /// One of `PRESETS`, all layers. Shapes from the public config.json files.
     pub fn preset(name: &str) -> Result<SyntheticModel, String> {
-        let spec = match name {
-            // mistralai/Mixtral-8x7B-v0.1
-            "mixtral-8x7b" => spec(
-                (4096, 14336, 32),
-                (32, 8, 128),
-                32000,
-                (8, 2),
-                (1e6, 1e-5, 32768),
-            ),
-            // microsoft/Phi-3.5-MoE-instruct
-            "phi-3.5-moe" => spec(
-                (4096, 6400, 32),
-                (32, 8, 128),
-                32064,
-                (16, 2),
-                (1e4, 1e-5, 131072),
-            ),
-            // Qwen/Qwen3-30B-A3B: head_dim 128 with 32 heads, so q_dim 4096 != hidden 2048.
-            "qwen3-30b-a3b" => spec(
-                (2048, 768, 48),
-                (32, 4, 128),
-                151936,
-                (128, 8),
-                (1e6, 1e-6, 40960),
-            ),
-            // Qwen/Qwen1.5-MoE-A2.7B (and a shared expert of QWEN15_SHARED_FFN)
-            "qwen1.5-moe-a2.7b" => spec(
-                (2048, 1408, 24),
-                (16, 16, 128),
-                151936,
-                (60, 4),
-                (1e6, 1e-6, 8192),
-            ),
-            // allenai/OLMoE-1B-7B-0924
-            "olmoe-1b-7b" => spec(
-                (2048, 1024, 16),
-                (16, 16, 128),
-                50304,
-                (64, 8),
-                (1e4, 1e-5, 4096),
-            ),
-            // openai/gpt-oss-20b and gpt-oss-120b: 64 heads of 64 (q_dim 4096 != hidden 2880).
-            "gpt-oss-20b" | "gpt-oss-120b" => {
-                let (layers, experts) = match name {
-                    "gpt-oss-20b" => (24, 32),
-                    _ => (36, 128),
-                };
-                let mut s = spec(
-                    (2880, 2880, layers),
-                    (64, 8, 64),
-                    201088,
-                    (experts, 4),
-                    (150000.0, 1e-5, 131072),
-                );
-                s.sliding_window = Some(128);
-                s
-            }
-            _ => {
-                return Err(format!(
-                    "unknown synthetic model '{name}' (known: {})",
-                    PRESETS.join(", ")
-                ))
-            }
-        };
+        let spec = super::presets::spec_of(name)?;
         Ok(SyntheticModel {
             name: name.to_string(),
             total_layers: spec.n_layers,
@@ -204,41 +101,7 @@ impl SyntheticModel {
     }
 
     fn arch(&self) -> Architecture {
-        let spec = self.spec.clone();
-        match self.name.as_str() {
-            "qwen3-30b-a3b" => Architecture::Qwen3Moe(spec),
-            "qwen1.5-moe-a2.7b" => Architecture::Qwen2Moe(spec, QWEN15_SHARED_FFN),
-            "olmoe-1b-7b" => Architecture::Olmoe(spec),
-            "phi-3.5-moe" => {
-                // Phi-3.5-MoE's sparsemixer margin and LongRoPE context; factors of 1.
-                let half = spec.head_dim / 2;
-                Architecture::Phimoe(
-                    spec,
-                    PhiExtras {
-                        jitter_eps: 0.01,
-                        original_context: 4096,
-                        short_factor: vec![1.0; half],
-                        long_factor: vec![1.0; half],
-                        short_mscale: 1.0,
-                        long_mscale: 1.0,
-                    },
-                )
-            }
-            "gpt-oss-20b" | "gpt-oss-120b" => {
-                // Its YaRN, sliding and full layers alternating, its SwiGLU clamp.
-                let n = spec.n_layers;
-                Architecture::GptOss(
-                    spec,
-                    GptOssExtras {
-                        yarn: Yarn::gpt_oss(),
-                        sliding_layers: (0..n).map(|l| l % 2 == 0).collect(),
-                        swiglu_alpha: 1.702,
-                        swiglu_limit: 7.0,
-                    },
-                )
-            }
-            _ => Architecture::Mixtral(spec),
-        }
+        super::presets::arch_of(&self.name, self.spec.clone())
     }
 
     /// Dense tensors in the order they are written: the same names, shapes and roles as a
@@ -728,11 +591,18 @@ mod tests {
         assert_eq!(oss.arch_name(), "gpt-oss");
         assert_eq!((oss.spec.n_layers, oss.spec.n_experts), (36, 128));
         assert!(names(&oss).iter().any(|n| n.ends_with(keys::ATTN_SINKS)));
+        let glm = SyntheticModel::preset("glm-4.5-air").unwrap();
+        assert_eq!(glm.arch_name(), "glm4moe");
+        // The dense first layer has an MLP and no router; the expert table skips it.
+        assert!(names(&glm).iter().any(|n| n == "blk.0.ffn_gate.weight"));
+        assert!(!names(&glm).iter().any(|n| n == "blk.0.ffn_gate_inp.weight"));
+        assert!(names(&glm).iter().any(|n| n == "blk.1.exp_probs_b.bias"));
+        assert_eq!(glm.expert_shape().n_layers, 45);
         let e = SyntheticModel::preset("llama").unwrap_err();
         assert!(
             e.contains(
                 "mixtral-8x7b, phi-3.5-moe, qwen3-30b-a3b, qwen1.5-moe-a2.7b, olmoe-1b-7b, \
-                 gpt-oss-20b, gpt-oss-120b"
+                 gpt-oss-20b, gpt-oss-120b, glm-4.5-air"
             ),
             "{e}"
         );

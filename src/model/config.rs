@@ -425,7 +425,6 @@ impl ModelConfig {
         if let Some(y) = &self.yarn {
             y.check(self.arch.name())?;
         }
-        self.check_glm()?;
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             let problem = format!("must divide the head count {}", self.n_heads);
             return bad(keys::HEAD_COUNT_KV, &self.n_kv_heads, problem);
@@ -434,6 +433,7 @@ impl ModelConfig {
             let problem = "RoPE needs an even head size".to_string();
             return bad(keys::KEY_LENGTH, &self.head_dim, problem);
         }
+        self.check_glm()?;
         for (key, v, (lo, hi)) in [
             (keys::RMS_EPS, self.rms_eps, limits::RMS_EPS),
             (
