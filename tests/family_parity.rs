@@ -288,9 +288,17 @@ fn a_stop_token_outside_the_vocabulary_is_refused_by_file_and_field() {
 fn glm4_moe_configs_hob_cannot_run_are_refused_by_field() {
     for (field, value, needle) in [
         ("n_group", serde_json::json!(3), "n_group"),
-        ("first_k_dense_replace", serde_json::json!(3), "first_k_dense_replace"),
+        (
+            "first_k_dense_replace",
+            serde_json::json!(3),
+            "first_k_dense_replace",
+        ),
         ("attention_bias", serde_json::json!(false), "attention_bias"),
-        ("partial_rotary_factor", serde_json::json!(0.3), "partial_rotary_factor"),
+        (
+            "partial_rotary_factor",
+            serde_json::json!(0.3),
+            "partial_rotary_factor",
+        ),
     ] {
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");

@@ -5,7 +5,7 @@
 //! `qwen3moe` (QK-norm), qwen1.5-moe-a2.7b as `qwen2moe` (q/k/v biases, a shared expert),
 //! olmoe-1b-7b as `olmoe`, phi-3.5-moe as `phimoe` (LayerNorm, biases, sparsemixer; LongRoPE with
 //! factors of 1, which changes no shape or cost), gpt-oss-20b and gpt-oss-120b as `gpt-oss`
-//! (biases and sinks of ones, YaRN, alternating sliding layers), glm-4.5-air as `glm4moe` (a dense
+//! (sinks of ones, YaRN, alternating sliding layers), glm-4.5-air as `glm4moe` (a dense
 //! first layer, a shared expert, grouped sigmoid routing, partial rotary), mixtral-8x7b as
 //! `mixtral`.
 //!
@@ -16,7 +16,8 @@
 //! - int8/int4/int2: random codes (int8 never -128), per-group f16 scales jittered by +-25% around
 //!   a base chosen so the dequantized weights have a standard deviation near 0.02 (magnitudes
 //!   below 0.045), and (int4, int2) mins centering each group on zero;
-//! - norms are f32 ones, routers f32 N(0, 0.02), embedding and output both present (untied).
+//! - norms are f32 ones, biases zeros, routers f32 N(0, 0.02), embedding and output both
+//!   present (untied).
 //!
 //! Deterministic: every 1 MiB chunk of every tensor or matrix has its own random stream, keyed
 //! by the seed and what the chunk is (tensor name; layer, expert, variant, matrix; chunk index),
@@ -277,6 +278,9 @@ pub fn dense_tensor(role: TensorRole, d: &DenseSpec, seed: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; n * dtype.size()];
     let key = stream(seed, &[TAG_DENSE, fnv1a(d.name.as_bytes())]);
     match (role, dtype) {
+        // Biases are zeros, as in tools/make_synthetic_gguf.py: a bias of ones on v (or o) adds
+        // one vector to every token, which then routes alike and makes any cache look perfect.
+        (TensorRole::Norm, _) if d.name.ends_with(".bias") => {}
         (TensorRole::Norm, _) => {
             let one = match dtype {
                 DType::F32 => 1.0f32.to_bits().to_le_bytes().to_vec(),
