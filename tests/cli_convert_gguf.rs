@@ -2,11 +2,12 @@
 //! same logits for the same token ids on the CPU, and errors that name the file and the key or
 //! tensor.
 //!
-//! The Qwen3-MoE, Qwen2-MoE, OLMoE and Mixtral GGUFs in tests/fixtures/gguf-convert are written
-//! by llama.cpp's own convert_hf_to_gguf.py (llama-cpp-python 0.3.36's tree, F16; through
+//! The Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, GLM-4.5 and gpt-oss GGUFs in
+//! tests/fixtures/gguf-convert are written by llama.cpp's own convert_hf_to_gguf.py
+//! (llama-cpp-python 0.3.36's tree, F16, gpt-oss's MXFP4 experts kept as GGUF MXFP4; through
 //! tools/llamacpp_convert_fixture.py, which only names the fixtures' GPT-2-style pre-tokenizer)
-//! and tiny-mixtral-q8_0.gguf by its llama-quantize; the per-expert Mixtral layout and Phi-3.5-MoE,
-//! which that converter does not write, by tools/make_gguf_from_fixture.py.
+//! and tiny-mixtral-q8_0.gguf by its llama-quantize; the per-expert Mixtral layout and
+//! Phi-3.5-MoE, which that converter does not write, by tools/make_gguf_from_fixture.py.
 
 mod common;
 
@@ -158,6 +159,8 @@ fn a_gguf_picks_the_variants_that_hold_its_blocks() {
     for (name, want) in [
         ("tiny-mixtral-q8_0", "--experts int8,int4 --dense int8"),
         ("tiny-mixtral", "--experts f16,int4 --dense f16"),
+        // MXFP4 sits on int8/g32's grid exactly (int4's is uniform, e2m1's is not).
+        ("tiny-gpt-oss-mxfp4", "--experts int8,int4 --dense f16"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("x.hob");
@@ -333,7 +336,7 @@ fn an_unsupported_architecture_is_named_with_the_supported_ones() {
     assert!(e.contains(&path), "{e}");
     assert!(e.contains("'qwen3xyz' is not supported"), "{e}");
     assert!(e.contains("qwen3moe, qwen2moe, olmoe, llama"), "{e}");
-    assert!(e.contains("phimoe"), "{e}");
+    assert!(e.contains("phimoe, gpt-oss, glm4moe"), "{e}");
 }
 
 #[test]
@@ -412,4 +415,42 @@ fn a_wrong_expert_dim_is_named() {
             && e.contains("expected shape [4, 64, 128], found [2, 64, 128]"),
         "{e}"
     );
+}
+
+/// GLM-4.5 from llama.cpp's converter: the next-token-prediction layer counted in block_count,
+/// post_attention_norm, the dense first layer, shared experts, exp_probs_b, partial rotary in
+/// NEOX order (reordered here as from the directory), QK-norm found by its tensors.
+#[test]
+fn glm4_moe_gguf_matches_the_directory() {
+    let (e, _tmp, path) = compare("glm4-moe", "tiny-glm4-moe");
+    assert!(e <= 1e-10, "NMSE {e}");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    assert_eq!((model.cfg.n_layers, model.cfg.dense_layers), (3, 1));
+    assert_eq!((model.cfg.rope_dim, file.n_layers()), (16, 2));
+}
+
+/// gpt-oss with MXFP4 experts from llama.cpp's converter (which keeps the hub's blocks as GGUF
+/// MXFP4): against the MXFP4 directory with llama.cpp's SwiGLU limit (7, which the GGUF does
+/// not carry and llama.cpp hard-codes; the fixture's is 1.5).
+#[test]
+fn gpt_oss_mxfp4_gguf_matches_the_directory_with_llama_cpp_swiglu_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let dir = family_dir("gpt-oss-mxfp4");
+    common::copy_checkpoint(&dir, &src);
+    let cfg_path = src.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["swiglu_limit"] = serde_json::json!(7.0);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let ids = reference_in(&dir).input_ids;
+    let (_hf_tmp, hf) = convert_dir(&src, "f16", &[]);
+    let (_gguf_tmp, from_gguf) = convert_dir(&gguf("tiny-gpt-oss-mxfp4"), "f16", &[]);
+    let e = nmse(&logits(&from_gguf, &ids), &logits(&hf, &ids));
+    println!("tiny-gpt-oss-mxfp4: NMSE {e:.3e} against the directory");
+    assert!(e <= 1e-10, "NMSE {e}");
+    let file = HobFile::open(&from_gguf).unwrap();
+    let source = meta_str(&file, keys::SOURCE).unwrap();
+    assert!(source.contains("experts MXFP4 x6"), "{source}");
 }

@@ -155,6 +155,7 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::MXFP4,
 ];
 
 fn supported_names() -> String {
@@ -229,6 +230,7 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(),
         GgmlType::Q4_K => blocks(bytes, out, q4_k),
         GgmlType::Q5_K => blocks(bytes, out, q5_k),
         GgmlType::Q6_K => blocks(bytes, out, q6_k),
+        GgmlType::MXFP4 => blocks(bytes, out, mxfp4),
         _ => return Err(GgmlError::Unsupported { ty }),
     }
     Ok(())
@@ -308,6 +310,24 @@ fn q8_0(b: &[u8; Q8_0_BYTES], out: &mut [f32; QK]) {
     let d = f16_at(b, 0);
     for (x, &q) in out.iter_mut().zip(&b[2..]) {
         *x = d * f32::from(q as i8);
+    }
+}
+
+/// MXFP4 (OCP microscaling, gpt-oss's experts): an E8M0 exponent e, then 32 e2m1 codes two a
+/// byte, value j in byte j's low nibble and value j + 16 in its high one; each is
+/// e2m1(code) * 2^(e - 127), as ggml's `dequantize_row_mxfp4` (exactly: powers of two).
+fn mxfp4(b: &[u8; 17], out: &mut [f32; 32]) {
+    const E2M1: [f32; 16] = [
+        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    ];
+    // 2^(e - 127) for every e, denormals included (e = 0 is 2^-127).
+    let scale = f32::from_bits(match b[0] {
+        0 => 0x0040_0000,
+        e => u32::from(e) << 23,
+    });
+    for (j, &q) in b[1..].iter().enumerate() {
+        out[j] = E2M1[usize::from(q & 0x0F)] * scale;
+        out[j + 16] = E2M1[usize::from(q >> 4)] * scale;
     }
 }
 

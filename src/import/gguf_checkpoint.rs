@@ -2,9 +2,9 @@
 //! `hob convert --from model.gguf`.
 //!
 //! `general.architecture` picks the family: `qwen3moe`, `qwen2moe`, `olmoe`, `llama` with
-//! experts (llama.cpp writes Mixtral as `llama`), and `phimoe` (Phi-3.5-MoE; its LongRoPE
-//! factors are tensors there, see `phimoe_from_gguf`). The hyper-parameters come from the
-//! `{arch}.*` keys, the vocabulary size from `token_embd.weight`, tied embeddings from the
+//! experts (llama.cpp writes Mixtral as `llama`), `phimoe` (Phi-3.5-MoE; its LongRoPE
+//! factors are tensors there), `gpt-oss` and `glm4moe`. The hyper-parameters come from the
+//! `{arch}.*` keys (gpt-oss's and GLM-4.5's in [`super::gguf_families`]), the vocabulary size from `token_embd.weight`, tied embeddings from the
 //! absence of `output.weight`. Dense tensors are found by their GGUF names, which are hob's
 //! names; experts in the merged `blk.N.ffn_{gate,up,down}_exps.weight` (one expert's rows sliced
 //! out and dequantized alone) or in older Mixtral files' `blk.N.ffn_{gate,up,down}.E.weight`. Every
@@ -26,6 +26,7 @@ use super::arch::ExpertNames;
 use super::ggml::{self, GgmlType};
 use super::gguf::{GgufError, GgufFile, GgufTensor};
 use super::gguf_defaults;
+use super::gguf_families;
 use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{
     Architecture, ConvertSource, DenseTensor, ExpertSource, ExpertWeights, ImportError,
@@ -35,11 +36,7 @@ use crate::format::{keys, DType, ExpertShape, MetaValue, Metadata};
 
 /// The `general.architecture` values hob converts.
 pub const SUPPORTED: &str =
-    "qwen3moe, qwen2moe, olmoe, llama (with llama.expert_count > 0: Mixtral), phimoe";
-
-/// llama.cpp's LongRoPE factors (Phi-3 and Phi-3.5-MoE), [head_dim / 2] F32 tensors.
-const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
-const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
+    "qwen3moe, qwen2moe, olmoe, llama (with llama.expert_count > 0: Mixtral), phimoe, gpt-oss, glm4moe";
 
 /// llama.cpp's default when `{arch}.rope.freq_base` is absent.
 const DEFAULT_ROPE_FREQ_BASE: f32 = 10_000.0;
@@ -70,18 +67,18 @@ pub struct GgufCheckpoint {
 }
 
 /// Typed reads of the file's metadata; errors name the file and the key.
-struct Keys<'a> {
-    path: &'a Path,
-    meta: &'a Metadata,
-    arch: &'a str,
+pub(super) struct Keys<'a> {
+    pub(super) path: &'a Path,
+    pub(super) meta: &'a Metadata,
+    pub(super) arch: &'a str,
 }
 
 impl Keys<'_> {
-    fn full(&self, key: &str) -> String {
+    pub(super) fn full(&self, key: &str) -> String {
         keys::arch_key(self.arch, key)
     }
 
-    fn err(&self, key: &str, expected: &str) -> ImportError {
+    pub(super) fn err(&self, key: &str, expected: &str) -> ImportError {
         ImportError::Field {
             path: self.path.to_path_buf(),
             field: key.to_string(),
@@ -94,7 +91,7 @@ impl Keys<'_> {
     }
 
     /// An optional unsigned integer at the full key `key`.
-    fn opt_usize_at(&self, key: &str) -> Result<Option<usize>, ImportError> {
+    pub(super) fn opt_usize_at(&self, key: &str) -> Result<Option<usize>, ImportError> {
         if self.meta.get(key).is_none() {
             return Ok(None);
         }
@@ -105,12 +102,12 @@ impl Keys<'_> {
         Ok(Some(v as usize))
     }
 
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>, ImportError> {
+    pub(super) fn opt_usize(&self, key: &str) -> Result<Option<usize>, ImportError> {
         self.opt_usize_at(&self.full(key))
     }
 
     /// A required positive integer `{arch}.key`.
-    fn usize(&self, key: &str) -> Result<usize, ImportError> {
+    pub(super) fn usize(&self, key: &str) -> Result<usize, ImportError> {
         let full = self.full(key);
         match self.opt_usize_at(&full)? {
             Some(v) if v > 0 => Ok(v),
@@ -118,7 +115,7 @@ impl Keys<'_> {
         }
     }
 
-    fn opt_f32(&self, key: &str) -> Result<Option<f32>, ImportError> {
+    pub(super) fn opt_f32(&self, key: &str) -> Result<Option<f32>, ImportError> {
         let full = self.full(key);
         if self.meta.get(&full).is_none() {
             return Ok(None);
@@ -129,13 +126,18 @@ impl Keys<'_> {
         }
     }
 
-    fn f32(&self, key: &str) -> Result<f32, ImportError> {
+    pub(super) fn f32(&self, key: &str) -> Result<f32, ImportError> {
         self.opt_f32(key)?
             .ok_or_else(|| self.err(&self.full(key), "a positive float"))
     }
 
     /// Refuse the model unless the optional bool `{arch}.key` is absent or `want`.
-    fn require_bool(&self, key: &str, want: bool, detail: &str) -> Result<(), ImportError> {
+    pub(super) fn require_bool(
+        &self,
+        key: &str,
+        want: bool,
+        detail: &str,
+    ) -> Result<(), ImportError> {
         let full = self.full(key);
         match self.meta.get(&full) {
             None => Ok(()),
@@ -146,7 +148,7 @@ impl Keys<'_> {
     }
 }
 
-fn unsupported(path: &Path, what: &str, detail: &str) -> ImportError {
+pub(super) fn unsupported(path: &Path, what: &str, detail: &str) -> ImportError {
     ImportError::Unsupported {
         path: path.to_path_buf(),
         what: format!("'{what}'"),
@@ -154,7 +156,7 @@ fn unsupported(path: &Path, what: &str, detail: &str) -> ImportError {
     }
 }
 
-fn missing(path: &Path, name: &str) -> ImportError {
+pub(super) fn missing(path: &Path, name: &str) -> ImportError {
     ImportError::MissingTensor {
         name: name.to_string(),
         searched: path.display().to_string(),
@@ -182,12 +184,12 @@ impl GgufCheckpoint {
             "qwen3moe" => {
                 let renorm = "hob renormalizes Qwen3-MoE's top-k weights";
                 k.require_bool("expert_weights_norm", true, renorm)?;
-                Architecture::Qwen3Moe(parse_spec(&k, &file)?)
+                Architecture::Qwen3Moe(parse_spec(&k, &file, false)?)
             }
             "qwen2moe" => {
                 let kept = "hob runs Qwen2-MoE's top-k weights as they are";
                 k.require_bool("expert_weights_norm", false, kept)?;
-                let spec = parse_spec(&k, &file)?;
+                let spec = parse_spec(&k, &file, false)?;
                 Architecture::Qwen2Moe(spec, k.usize(keys::EXPERT_SHARED_FEED_FORWARD_LENGTH)?)
             }
             "olmoe" => {
@@ -197,17 +199,25 @@ impl GgufCheckpoint {
                     let detail = "hob does not clip q, k and v";
                     return Err(unsupported(path, &k.full("attention.clamp_kqv"), detail));
                 }
-                Architecture::Olmoe(parse_spec(&k, &file)?)
+                Architecture::Olmoe(parse_spec(&k, &file, false)?)
             }
             "llama" if k.opt_usize(keys::EXPERT_COUNT)?.unwrap_or(0) > 0 => {
-                let spec = parse_spec(&k, &file)?;
+                let spec = parse_spec(&k, &file, false)?;
                 if spec.head_dim % 2 != 0 {
                     return Err(k.err(&k.full(keys::KEY_LENGTH), "an even head size"));
                 }
                 Architecture::Mixtral(spec)
             }
+            "gpt-oss" => {
+                let (spec, extras) = gguf_families::gptoss(&k, &file)?;
+                Architecture::GptOss(spec, extras)
+            }
+            "glm4moe" => {
+                let (spec, extras) = gguf_families::glm4moe(&k, &file)?;
+                Architecture::Glm4Moe(spec, extras)
+            }
             "phimoe" => {
-                let (spec, extras) = phimoe_from_gguf(&k, &file)?;
+                let (spec, extras) = gguf_families::phimoe(&k, &file)?;
                 eprintln!(
                     "{}: phimoe: sparsemixer's jitter eps is not in GGUF files (llama.cpp routes \
                      Phi-3.5-MoE by softmax top-2); using Phi-3.5-MoE's router_jitter_noise {}; \
@@ -234,7 +244,10 @@ impl GgufCheckpoint {
         let unpermute_qk = matches!(arch, Architecture::Mixtral(_));
         // Tensors read here into the metadata (Phi's LongRoPE factors), not converted.
         let read_here: &[&str] = match arch {
-            Architecture::Phimoe(..) => &[ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT],
+            Architecture::Phimoe(..) => &[
+                gguf_families::ROPE_FACTORS_LONG,
+                gguf_families::ROPE_FACTORS_SHORT,
+            ],
             _ => &[],
         };
         Self::checked(path, file, arch, unpermute_qk, read_here)
@@ -255,18 +268,25 @@ impl GgufCheckpoint {
             ffn: s.ffn,
             names: ExpertNames::Mixtral,
         });
-        let experts = if file.tensor(&merged_name(0, "gate")).is_some() {
+        let first = arch.first_moe_layer();
+        let experts = if file.tensor(&merged_name(first, "gate")).is_some() {
             GgufExperts::Merged
-        } else if file.tensor(&per_expert_name(0, "gate", 0)).is_some() {
+        } else if file.tensor(&per_expert_name(first, "gate", 0)).is_some() {
             GgufExperts::PerExpert
         } else {
-            return Err(missing(path, &merged_name(0, "gate")));
+            return Err(missing(path, &merged_name(first, "gate")));
         };
         let mut expected: Vec<(String, Vec<usize>)> = dense
             .iter()
-            .map(|t| (t.hob_name.clone(), t.shape.clone()))
+            .map(|t| {
+                (
+                    gguf_families::gguf_name(&arch, &t.hob_name),
+                    t.shape.clone(),
+                )
+            })
             .collect();
-        for l in 0..s.n_layers {
+        let first = arch.first_moe_layer();
+        for l in first..first + s.n_layers {
             for (which, rows, cols) in [
                 ("gate", s.ffn, s.hidden),
                 ("up", s.ffn, s.hidden),
@@ -288,10 +308,11 @@ impl GgufCheckpoint {
         }
         let mut known: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
         known.extend(read_here);
+        let skipped = gguf_families::skipped_layers(&arch, &file);
         if let Some(extra) = file
             .tensors()
             .iter()
-            .find(|t| !known.contains(t.name.as_str()))
+            .find(|t| !known.contains(t.name.as_str()) && !skipped.contains(&t.name))
         {
             let detail = format!(
                 "hob's {} does not use it (and would not drop a tensor silently)",
@@ -423,7 +444,13 @@ impl ConvertSource for GgufCheckpoint {
     }
 
     fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
-        let values = self.load(&t.hob_name)?;
+        let values = self.load(&gguf_families::gguf_name(&self.arch, &t.hob_name))?;
+        // Partial rotary's q/k order is made here as from Hugging Face (the GGUF keeps its
+        // order); gpt-oss's gate/up biases are separate tensors here, not interleaved.
+        let values = match t.lanes {
+            super::arch::Lanes::RopeOrder { .. } => t.take_lanes(values),
+            _ => values,
+        };
         let s = self.spec();
         let heads = if !self.unpermute_qk {
             None
@@ -442,6 +469,7 @@ impl ConvertSource for GgufCheckpoint {
 
     fn load_expert(&self, layer: usize, expert: usize) -> Result<ExpertWeights, ImportError> {
         let (h, f) = (self.spec().hidden, self.spec().ffn);
+        let layer = layer + self.arch.first_moe_layer();
         match self.experts {
             GgufExperts::Merged => Ok(ExpertWeights {
                 gate: self.load_merged(&merged_name(layer, "gate"), expert, f, h)?,
@@ -513,8 +541,17 @@ impl GgufCheckpoint {
 }
 
 /// The hyper-parameters from the `{arch}.*` keys and the tensors' dims.
-fn parse_spec(k: &Keys, file: &GgufFile) -> Result<MixtralSpec, ImportError> {
-    if let Some(v) = file.metadata().get(&k.full("rope.scaling.type")) {
+/// With `own_rope`, the family reads its RoPE keys itself (scaling, rotated dimensions).
+pub(super) fn parse_spec(
+    k: &Keys,
+    file: &GgufFile,
+    own_rope: bool,
+) -> Result<MixtralSpec, ImportError> {
+    if let Some(v) = file
+        .metadata()
+        .get(&k.full("rope.scaling.type"))
+        .filter(|_| !own_rope)
+    {
         if !matches!(v, MetaValue::String(s) if s == "none") {
             let detail = format!("found {v:?}; hob implements plain RoPE only");
             return Err(unsupported(k.path, &k.full("rope.scaling.type"), &detail));
@@ -535,7 +572,7 @@ fn parse_spec(k: &Keys, file: &GgufFile) -> Result<MixtralSpec, ImportError> {
             return Err(k.err(&k.full(keys::KEY_LENGTH), &expected));
         }
     };
-    if let Some(d) = k.opt_usize("rope.dimension_count")? {
+    if let Some(d) = k.opt_usize("rope.dimension_count")?.filter(|_| !own_rope) {
         if d != head_dim {
             let detail = format!("{d} of {head_dim}: hob rotates whole heads");
             return Err(unsupported(
@@ -594,70 +631,6 @@ fn parse_spec(k: &Keys, file: &GgufFile) -> Result<MixtralSpec, ImportError> {
     })
 }
 
-/// Phi-3.5-MoE (`phimoe`) as llama.cpp's converter (Phi3MiniModel / PhiMoeModel) writes it:
-/// LayerNorm with biases (`blk.N.attn_norm.bias`, ...; the dense tensors'
-/// names are hob's), q/k/v/o and output biases, NEOX RoPE (no Q/K permutation), and LongRoPE as
-/// `{arch}.rope.scaling.original_context_length`, `{arch}.rope.scaling.attn_factor` and the
-/// tensors `rope_factors_long.weight` / `rope_factors_short.weight`.
-///
-/// What maps to [`PhiExtras`]:
-/// - The factors and the original context: as they are.
-/// - short and long mscale: llama.cpp has one `attn_factor`, which its converter computes as
-///   `sqrt(1 + ln(max_pos / original) / ln(original))` (1 when the ratio is <= 1; llama.cpp's
-///   default 1 when the key is absent) and applies at every context, ignoring the config's
-///   `short_mscale` / `long_mscale`. Both are set to it, so the .hob runs as llama.cpp runs the
-///   file; it differs from the Hugging Face conversion where the config's values differ.
-/// - The jitter eps: not in the file. llama.cpp routes `phimoe` by plain softmax top-2 with
-///   the two weights renormalized (build_moe_ffn with LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX),
-///   not by sparsemixer; hob keeps sparsemixer with Phi-3.5-MoE's `router_jitter_noise` 0.01
-///   (the value transformers uses at inference), and `open` says so on stderr.
-fn phimoe_from_gguf(
-    k: &Keys,
-    file: &GgufFile,
-) -> Result<(MixtralSpec, super::phimoe::PhiExtras), ImportError> {
-    let mut spec = parse_spec(k, file)?;
-    if spec.n_experts_used != 2 {
-        let detail = format!("found {}; sparsemixer picks 2", spec.n_experts_used);
-        return Err(unsupported(
-            k.path,
-            &k.full(keys::EXPERT_USED_COUNT),
-            &detail,
-        ));
-    }
-    if spec.head_dim % 2 != 0 {
-        return Err(k.err(&k.full(keys::KEY_LENGTH), "an even head size"));
-    }
-    // The converter writes 0 for the config's `sliding_window: null`.
-    spec.sliding_window = k.opt_usize(keys::SLIDING_WINDOW)?.filter(|&w| w > 0);
-    let factors = |name: &str| -> Result<Vec<f32>, ImportError> {
-        let t = file.tensor(name).ok_or_else(|| missing(k.path, name))?;
-        check_tensor(&t, &[spec.head_dim / 2])?;
-        let values = t.dequantize_f32()?;
-        check_finite(&t, &values)?;
-        if let Some(bad) = values.iter().find(|&&x| x <= 0.0) {
-            return Err(ImportError::Unsupported {
-                path: k.path.to_path_buf(),
-                what: format!("tensor {name}"),
-                detail: format!("a LongRoPE factor of {bad}; they are positive"),
-            });
-        }
-        Ok(values)
-    };
-    let mscale = k.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
-    let extras = super::phimoe::PhiExtras {
-        jitter_eps: PHI_JITTER_EPS,
-        original_context: k.usize(keys::ROPE_SCALING_ORIG_CTX)?,
-        short_factor: factors(ROPE_FACTORS_SHORT)?,
-        long_factor: factors(ROPE_FACTORS_LONG)?,
-        short_mscale: mscale,
-        long_mscale: mscale,
-    };
-    Ok((spec, extras))
-}
-
-/// Phi-3.5-MoE's `router_jitter_noise` (its config.json's), which GGUF files do not carry.
-const PHI_JITTER_EPS: f32 = 0.01;
-
 fn merged_name(layer: usize, which: &str) -> String {
     format!("blk.{layer}.ffn_{which}_exps.weight")
 }
@@ -668,7 +641,7 @@ fn per_expert_name(layer: usize, which: &str, expert: usize) -> String {
 
 /// `t`'s dims against the row-major `shape` (GGUF lists them reversed; trailing 1s, which
 /// llama.cpp ignores, are ignored), and its type one hob dequantizes.
-fn check_tensor(t: &GgufTensor, shape: &[usize]) -> Result<(), ImportError> {
+pub(super) fn check_tensor(t: &GgufTensor, shape: &[usize]) -> Result<(), ImportError> {
     let trim = |d: &mut Vec<usize>| {
         while d.len() > 1 && d.last() == Some(&1) {
             d.pop();
@@ -696,7 +669,7 @@ fn check_tensor(t: &GgufTensor, shape: &[usize]) -> Result<(), ImportError> {
     Ok(())
 }
 
-fn check_finite(t: &GgufTensor, values: &[f32]) -> Result<(), ImportError> {
+pub(super) fn check_finite(t: &GgufTensor, values: &[f32]) -> Result<(), ImportError> {
     let bad = values.iter().filter(|v| !v.is_finite()).count();
     match values.iter().position(|v| !v.is_finite()) {
         Some(first) => Err(ImportError::NonFinite {

@@ -30,14 +30,16 @@ fn fits_int4(t: GgmlType) -> bool {
 }
 
 /// The expert variants (high, then low) for the width that holds most of the file's expert
-/// values: f16 + int4 for float experts, int8 + int4 for 5-8-bit blocks, int4 + int2 for 4-bit
-/// and narrower ones (Q4_K_M: its Q4_K gate and up outweigh the Q6_K downs).
+/// values: f16 + int4 for float experts, int8 + int4 for 5-8-bit blocks and MXFP4, int4 + int2
+/// for 4-bit and narrower ones (Q4_K_M: its Q4_K gate and up outweigh the Q6_K downs).
 pub fn default_experts(tensors: &[GgufTensorInfo]) -> &'static str {
     let (mut float, mut narrow, mut wide) = (0u64, 0u64, 0u64);
     for t in tensors.iter().filter(|t| is_expert_tensor(&t.name)) {
         let n = t.n_elements();
         match t.ggml_type {
             ty if is_float(ty) => float += n,
+            // e2m1 codes times a power of two sit on int8/g32's grid, not on int4's.
+            GgmlType::MXFP4 => wide += n,
             ty if fits_int4(ty) => narrow += n,
             _ => wide += n,
         }

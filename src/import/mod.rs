@@ -22,6 +22,7 @@ pub mod ggml;
 pub mod gguf;
 pub mod gguf_checkpoint;
 mod gguf_defaults;
+mod gguf_families;
 pub mod gguf_tokenizer;
 mod glm4moe;
 mod gptoss;
