@@ -79,6 +79,7 @@ bit_equal_to_gguf_py! {
     q4_k_bit_equal_to_gguf_py: Q4_K,
     q5_k_bit_equal_to_gguf_py: Q5_K,
     q6_k_bit_equal_to_gguf_py: Q6_K,
+    mxfp4_bit_equal_to_gguf_py: MXFP4,
 }
 
 #[test]

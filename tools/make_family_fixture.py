@@ -82,6 +82,16 @@ GLM_SPECIALS = (
     "</think>",
 )
 
+# DeepSeek-V2-Chat's layout: BOS, "User: ... \n\nAssistant: ..." turns, each answer ended by EOS.
+DEEPSEEK_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\n\n' }}"
+    "{% elif message['role'] == 'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}"
+    "{% elif message['role'] == 'system' %}{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+DEEPSEEK_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
+
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 PHI_SPECIALS = ("<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 
@@ -256,6 +266,39 @@ def family_spec(family):
         }
         eos = ["<|endoftext|>", "<|user|>", "<|observation|>"]
         return cfg, transformers.Glm4MoeForCausalLM, GLM_SPECIALS, tok_cfg, eos
+    if family == "deepseek_v2":
+        # DeepSeek-V2-Lite's parts, small: multi-head latent attention (no q LoRA, as the Lite; a latent of 32, 16
+        # dims without and 8 with RoPE, values of 16), a dense first layer, two shared experts, softmax top-3 kept
+        # as they are and scaled by routed_scaling_factor.
+        cfg = transformers.DeepseekV2Config(
+            **dict(COMMON, num_hidden_layers=3),
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            topk_method="greedy",
+            routed_scaling_factor=1.5,
+            norm_topk_prob=False,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        )
+        tok_cfg = {
+            "bos_token": "<｜begin▁of▁sentence｜>",
+            "eos_token": "<｜end▁of▁sentence｜>",
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "chat_template": DEEPSEEK_TEMPLATE,
+            "model_max_length": 256,
+        }
+        return cfg, transformers.DeepseekV2ForCausalLM, DEEPSEEK_SPECIALS, tok_cfg, ["<｜end▁of▁sentence｜>"]
     raise SystemExit(f"unknown family {family!r}")
 
 

@@ -60,6 +60,14 @@ def bf16_row(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([np.array(special, dtype=np.uint16), values]).astype("<u2").view(np.uint8)
 
 
+def mxfp4_row(rng: np.random.Generator) -> np.ndarray:
+    """MXFP4: an E8M0 exponent byte and 16 bytes of e2m1 nibbles a block; exponents 0 and 1 (ggml's denormal
+    patterns), then ordinary ones around 2^0, each nibble as drawn."""
+    blocks = rng.integers(0, 256, size=(N_BLOCKS, 17), dtype=np.uint8)
+    blocks[:, 0] = [0, 1, 120, 131]
+    return blocks.reshape(-1)
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: make_ggml_fixture.py OUT_DIR")
@@ -69,6 +77,7 @@ def main() -> None:
     rows = {qtype: quantized_row(rng, qtype) for qtype in F16_FIELDS}
     rows[T.F16] = f16_row(rng)
     rows[T.BF16] = bf16_row(rng)
+    rows[T.MXFP4] = mxfp4_row(rng)
     total = 0
     for qtype, raw in rows.items():
         values = quants.dequantize(raw.reshape(1, -1), qtype).reshape(-1)

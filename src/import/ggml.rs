@@ -317,8 +317,9 @@ fn q8_0(b: &[u8; Q8_0_BYTES], out: &mut [f32; QK]) {
 /// byte, value j in byte j's low nibble and value j + 16 in its high one; each is
 /// e2m1(code) * 2^(e - 127), as ggml's `dequantize_row_mxfp4` (exactly: powers of two).
 fn mxfp4(b: &[u8; 17], out: &mut [f32; 32]) {
+    // Code 8 (e2m1's -0) is +0, as ggml's integer table has it.
     const E2M1: [f32; 16] = [
-        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
     ];
     // 2^(e - 127) for every e, denormals included (e = 0 is 2^-127).
     let scale = f32::from_bits(match b[0] {

@@ -326,6 +326,7 @@ impl ModelConfig {
             },
             grouped: match glm {
                 true => Some(Grouped {
+                    softmax: false,
                     groups: u(keys::EXPERT_GROUP_COUNT)?,
                     topk_groups: u(keys::EXPERT_GROUP_USED_COUNT)?,
                     renormalize: flag(keys::EXPERT_WEIGHTS_NORM)?,

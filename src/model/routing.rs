@@ -15,19 +15,22 @@ pub enum Routing<'a> {
     SparseMixer { jitter_eps: f32 },
     /// gpt-oss: the top k logits, then a softmax over those k.
     TopkSoftmax,
-    /// GLM-4.5 and DeepSeek-V3: sigmoid scores; experts picked by score + `bias` (the layer's
-    /// score-correction bias) within the best groups; weighted by their scores.
+    /// GLM-4.5 and DeepSeek-V3: sigmoid scores, experts picked by score + `bias` (the layer's
+    /// score-correction bias) within the best groups; DeepSeek-V2: softmax scores, in groups or
+    /// not. Weighted by their scores.
     Grouped {
         rule: Grouped,
         bias: Option<&'a [f32]>,
     },
 }
 
-/// Group-limited top-k over sigmoid scores (GLM-4.5, DeepSeek-V3): a group's score is the sum of
-/// its two best choice values; the experts of the best `topk_groups` of `groups` compete; the k
-/// picked are weighted by their sigmoid scores, renormalized to sum to 1 (or not), times `scale`.
+/// Group-limited top-k over scores: sigmoid (GLM-4.5, DeepSeek-V3: a group's score is the sum of
+/// its two best choice values) or softmax (DeepSeek-V2: a group's best); the experts of the best
+/// `topk_groups` of `groups` compete; the k picked are weighted by their scores, renormalized to
+/// sum to 1 (or not), times `scale`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Grouped {
+    pub softmax: bool,
     pub groups: usize,
     pub topk_groups: usize,
     pub renormalize: bool,
@@ -91,7 +94,17 @@ pub fn route_grouped(logits: &[f32], bias: Option<&[f32]>, g: Grouped, routes: &
     {
         return refuse(logits, routes);
     }
-    let choice = |e: usize| sigmoid(logits[e]) + bias.map_or(0.0, |b| b[e]);
+    // Softmax scores: exp(l - max) / sum, as route_softmax_top computes them.
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = match g.softmax {
+        true => logits.iter().map(|&l| (l - max).exp()).sum(),
+        false => 1.0,
+    };
+    let score = |e: usize| match g.softmax {
+        true => (logits[e] - max).exp() / sum,
+        false => sigmoid(logits[e]),
+    };
+    let choice = |e: usize| score(e) + bias.map_or(0.0, |b| b[e]);
     // The kept groups, as a mask: with one group, all of them.
     let size = ne / g.groups;
     let mut kept = u64::MAX;
@@ -106,7 +119,8 @@ pub fn route_grouped(logits: &[f32], bias: Option<&[f32]>, g: Grouped, routes: &
                 expert: usize::MAX,
                 weight: f32::NEG_INFINITY,
             }; 2];
-            let two = &mut two[..size.min(2)];
+            // The sum of the best two (sigmoid), or the best (softmax).
+            let two = &mut two[..size.min(if g.softmax { 1 } else { 2 })];
             for e in group * size..(group + 1) * size {
                 insert_top(two, e, choice(e));
             }
@@ -128,7 +142,7 @@ pub fn route_grouped(logits: &[f32], bias: Option<&[f32]>, g: Grouped, routes: &
         return refuse(logits, routes);
     }
     for r in routes.iter_mut() {
-        r.weight = sigmoid(logits[r.expert]);
+        r.weight = score(r.expert);
     }
     let norm = match g.renormalize {
         true => routes.iter().map(|r| r.weight).sum::<f32>() + 1e-20,
@@ -348,6 +362,7 @@ mod tests {
             weight: 0.0,
         };
         let rule = Grouped {
+            softmax: false,
             groups: 2,
             topk_groups: 1,
             renormalize: true,
@@ -383,6 +398,17 @@ mod tests {
         assert!(routes[0].weight.is_nan());
         route_grouped(&logits, Some(&bias[..3]), rule, &mut routes);
         assert!(routes[0].weight.is_nan());
+        // DeepSeek-V2: softmax scores kept as they are, scaled; a group's best decides.
+        let v2 = Grouped {
+            softmax: true,
+            renormalize: false,
+            scale: 1.5,
+            ..rule
+        };
+        route_grouped(&logits, None, v2, &mut routes);
+        let sum: f32 = logits.iter().map(|l| (l - 3.0).exp()).sum();
+        assert_eq!((routes[0].expert, routes[1].expert), (4, 5));
+        assert!((routes[0].weight - 1.5 / sum).abs() < 1e-6, "{routes:?}");
     }
 
     #[test]
