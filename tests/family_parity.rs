@@ -192,6 +192,19 @@ fn glm4_moe_chat_ids_match_apply_chat_template_with_and_without_thinking() {
     chat_ids("glm4-moe", &path, &off, "chat_ids_no_think");
 }
 
+/// DeepSeek-V2-Lite's parts: multi-head latent attention (the compressed cache, absorbed form),
+/// a dense first layer, two shared experts, softmax top-k kept and scaled.
+#[test]
+fn deepseek_v2_matches_transformers() {
+    parity("deepseek-v2");
+}
+
+#[test]
+fn deepseek_v2_chat_ids_match_apply_chat_template() {
+    let (_tmp, path) = convert_dir(&family_dir("deepseek-v2"), "f16", &[]);
+    chat_ids("deepseek-v2", &path, &[], "chat_ids");
+}
+
 /// A checkpoint stored as the hub stores gpt-oss: MXFP4 expert blocks and scales, against
 /// transformers' own dequantization of them (tools/make_family_fixture.py to_mxfp4; transformers
 /// loading the fixture with Mxfp4Config(dequantize=True) gives the same logits).

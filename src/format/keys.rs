@@ -131,3 +131,19 @@ pub const FFN_GATE: &str = "ffn_gate.weight";
 pub const FFN_UP: &str = "ffn_up.weight";
 pub const FFN_DOWN: &str = "ffn_down.weight";
 pub const FFN_EXP_PROBS_B: &str = "exp_probs_b.bias";
+
+// DeepSeek-V2's multi-head latent attention, as llama.cpp's deepseek2 writes it: the attention
+// runs over the latent (key_length = kv_lora_rank + the RoPE part, value_length =
+// kv_lora_rank, one KV head), the per-head projections in and out of it are *_mla.
+pub const KV_LORA_RANK: &str = "attention.kv_lora_rank";
+pub const Q_LORA_RANK: &str = "attention.q_lora_rank";
+pub const KEY_LENGTH_MLA: &str = "attention.key_length_mla";
+pub const VALUE_LENGTH_MLA: &str = "attention.value_length_mla";
+pub const EXPERT_GATING_FUNC: &str = "expert_gating_func";
+pub const ATTN_Q_A: &str = "attn_q_a.weight";
+pub const ATTN_Q_A_NORM: &str = "attn_q_a_norm.weight";
+pub const ATTN_Q_B: &str = "attn_q_b.weight";
+pub const ATTN_KV_A_MQA: &str = "attn_kv_a_mqa.weight";
+pub const ATTN_KV_A_NORM: &str = "attn_kv_a_norm.weight";
+pub const ATTN_K_B: &str = "attn_k_b.weight";
+pub const ATTN_V_B: &str = "attn_v_b.weight";

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::deepseek::DeepseekExtras;
 use super::fields::Fields;
 use super::glm4moe::GlmExtras;
 use super::gptoss::GptOssExtras;
@@ -29,6 +30,9 @@ pub enum Architecture {
     /// Glm4MoeForCausalLM: dense leading layers, shared experts, grouped sigmoid routing,
     /// partial rotary.
     Glm4Moe(MixtralSpec, GlmExtras),
+    /// DeepseekV2ForCausalLM: multi-head latent attention, GLM's dense layers and shared
+    /// experts, softmax routing.
+    DeepseekV2(MixtralSpec, DeepseekExtras),
 }
 
 const SUPPORTED: &[&str] = &[
@@ -39,6 +43,7 @@ const SUPPORTED: &[&str] = &[
     "PhimoeForCausalLM",
     "GptOssForCausalLM",
     "Glm4MoeForCausalLM",
+    "DeepseekV2ForCausalLM",
 ];
 
 /// The hyper-parameters of a Mixtral-style MoE (MixtralForCausalLM, Qwen3MoeForCausalLM).
@@ -63,82 +68,7 @@ pub struct MixtralSpec {
     pub eos_token_id: Option<u32>,
 }
 
-/// How a dense tensor is stored: matrices in the --dense dtype, the rest always f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TensorRole {
-    Matrix,
-    Norm,
-    Router,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DenseTensor {
-    pub hob_name: String,
-    pub hf_name: String,
-    /// The shape written (the checkpoint's, but for `lanes`).
-    pub shape: Vec<usize>,
-    pub role: TensorRole,
-    pub lanes: Lanes,
-}
-
-/// Which values of the checkpoint tensor's last axis a dense tensor takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lanes {
-    All,
-    /// Every other value from 0 or from 1 (gpt-oss's interleaved gate/up biases): the
-    /// checkpoint's last axis is twice the shape's.
-    Even,
-    Odd,
-    /// Each head's values (along the first axis) in hob's RoPE order for partial rotary
-    /// (src/import/glm4moe.rs).
-    RopeOrder {
-        head_dim: usize,
-        rope_dim: usize,
-    },
-}
-
-impl DenseTensor {
-    pub fn new(hob_name: String, hf_name: String, shape: Vec<usize>, role: TensorRole) -> Self {
-        DenseTensor {
-            hob_name,
-            hf_name,
-            shape,
-            role,
-            lanes: Lanes::All,
-        }
-    }
-
-    /// The tensor's shape in the checkpoint.
-    pub fn source_shape(&self) -> Vec<usize> {
-        let mut s = self.shape.clone();
-        if let (Lanes::Even | Lanes::Odd, Some(last)) = (self.lanes, s.last_mut()) {
-            *last *= 2;
-        }
-        s
-    }
-
-    /// The values this tensor takes of the checkpoint's (`source_shape`, row-major).
-    pub fn take_lanes(&self, source: Vec<f32>) -> Vec<f32> {
-        let first = match self.lanes {
-            Lanes::All => return source,
-            Lanes::Even => 0,
-            Lanes::Odd => 1,
-            Lanes::RopeOrder { head_dim, rope_dim } => {
-                // Rows of `row` values, head_dim rows a head.
-                let row = self.shape.iter().skip(1).product::<usize>().max(1);
-                let mut out = Vec::with_capacity(source.len());
-                for head in source.chunks_exact(head_dim * row) {
-                    for j in 0..head_dim {
-                        let i = super::glm4moe::rope_order_source(j, head_dim, rope_dim);
-                        out.extend_from_slice(&head[i * row..(i + 1) * row]);
-                    }
-                }
-                return out;
-            }
-        };
-        source.into_iter().skip(first).step_by(2).collect()
-    }
-}
+pub use super::dense_tensor::{DenseTensor, Lanes, TensorRole};
 
 /// Where the experts' matrices are in the checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -228,6 +158,10 @@ impl Architecture {
                 let (spec, extras) = super::gptoss::parse(&f)?;
                 Ok(Architecture::GptOss(spec, extras))
             }
+            "DeepseekV2ForCausalLM" => {
+                let (spec, extras) = super::deepseek::parse(&f)?;
+                Ok(Architecture::DeepseekV2(spec, extras))
+            }
             "Glm4MoeForCausalLM" => {
                 let (spec, extras) = super::glm4moe::parse(&f)?;
                 Ok(Architecture::Glm4Moe(spec, extras))
@@ -257,6 +191,7 @@ impl Architecture {
             Architecture::Phimoe(..) => "phimoe",
             Architecture::GptOss(..) => "gpt-oss",
             Architecture::Glm4Moe(..) => "glm4moe",
+            Architecture::DeepseekV2(..) => "deepseek2",
         }
     }
 
@@ -268,7 +203,8 @@ impl Architecture {
             | Architecture::Qwen2Moe(s, _)
             | Architecture::Phimoe(s, _)
             | Architecture::GptOss(s, _)
-            | Architecture::Glm4Moe(s, _) => s,
+            | Architecture::Glm4Moe(s, _)
+            | Architecture::DeepseekV2(s, _) => s,
         }
     }
 
@@ -280,7 +216,8 @@ impl Architecture {
             | Architecture::Olmoe(_)
             | Architecture::Qwen2Moe(..)
             | Architecture::GptOss(..)
-            | Architecture::Glm4Moe(..) => ExpertNames::Qwen,
+            | Architecture::Glm4Moe(..)
+            | Architecture::DeepseekV2(..) => ExpertNames::Qwen,
         }
     }
 
@@ -298,6 +235,7 @@ impl Architecture {
     pub fn first_moe_layer(&self) -> usize {
         match self {
             Architecture::Glm4Moe(_, e) => e.dense_layers,
+            Architecture::DeepseekV2(_, e) => e.moe.dense_layers,
             _ => 0,
         }
     }
@@ -314,6 +252,9 @@ impl Architecture {
 
     /// Dense tensors in the order convert writes them; router names follow the expert layout.
     pub fn dense_tensors(&self, experts: &ExpertSource) -> Vec<DenseTensor> {
+        if let Architecture::DeepseekV2(s, e) = self {
+            return super::deepseek::dense_tensors(s, e);
+        }
         let router = match (self, experts) {
             (
                 Architecture::Mixtral(_) | Architecture::Phimoe(..),
@@ -331,6 +272,7 @@ impl Architecture {
             | Architecture::GptOss(..) => None,
             Architecture::Qwen3Moe(_) => Some([s.head_dim; 2]),
             Architecture::Glm4Moe(_, e) => e.qk_norm.then_some([s.head_dim; 2]),
+            Architecture::DeepseekV2(..) => None,
             Architecture::Olmoe(_) => Some([q, kv]),
         };
         let mut out = s.dense_tensors(router, qk_norm);
@@ -375,6 +317,9 @@ impl Architecture {
             }
             Architecture::Glm4Moe(_, extras) => {
                 super::glm4moe::write_metadata(extras, self.hob_name(), m)
+            }
+            Architecture::DeepseekV2(_, extras) => {
+                super::deepseek::write_metadata(extras, self.hob_name(), m)
             }
             _ => {}
         }

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use crate::format::{keys, DType, DenseSpec, ExpertShape, MetaValue, Metadata};
 
 pub mod arch;
+mod deepseek;
 pub mod dense_plan;
+mod dense_tensor;
 pub mod dtype;
 mod fields;
 pub mod ggml;

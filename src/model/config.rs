@@ -1,5 +1,6 @@
 //! Hyper-parameters from the .hob metadata, for each supported architecture.
 
+use super::config_keys::{glm_parts, long_rope, mla, sliding_layers};
 use super::routing::{Grouped, Routing, MAX_GROUPS};
 pub use super::yarn::Yarn;
 use super::ModelError;
@@ -30,6 +31,24 @@ pub enum Architecture {
     /// GLM-4.5 (Glm4MoeForCausalLM): leading dense-MLP layers, q/k/v biases, optional QK-norm,
     /// partial rotary, an ungated shared expert, sigmoid routing in groups with a selection bias.
     Glm4Moe,
+    /// DeepSeek-V2 (DeepseekV2ForCausalLM): multi-head latent attention (`ModelConfig::mla`),
+    /// GLM-4.5's dense layers and ungated shared experts, softmax routing scaled.
+    DeepseekV2,
+}
+
+/// Multi-head latent attention's shapes (DeepSeek-V2): q ([heads, nope + rope], from the input
+/// or through a rank-`q_lora` bottleneck), the latent c ([kv_lora]) and one RoPE key ([rope])
+/// per token, cached; heads' values of `v`. hob runs the absorbed form: each head's q_nope
+/// maps into the latent (k_b), attention runs over the cached [c, k_rope] as one KV head of
+/// kv_lora + rope (`head_dim`), and each head's output maps out of it (v_b).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mla {
+    /// 0: q straight from the input.
+    pub q_lora: usize,
+    pub kv_lora: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
 }
 
 /// What a routed expert computes between its gate/up products and its down product.
@@ -79,7 +98,7 @@ pub enum QkNorm {
 }
 
 impl Architecture {
-    pub const SUPPORTED: [(&'static str, Architecture); 7] = [
+    pub const SUPPORTED: [(&'static str, Architecture); 8] = [
         ("mixtral", Architecture::Mixtral),
         ("qwen3moe", Architecture::Qwen3Moe),
         ("olmoe", Architecture::Olmoe),
@@ -87,6 +106,7 @@ impl Architecture {
         ("phimoe", Architecture::Phimoe),
         ("gpt-oss", Architecture::GptOss),
         ("glm4moe", Architecture::Glm4Moe),
+        ("deepseek2", Architecture::DeepseekV2),
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +118,7 @@ impl Architecture {
             Architecture::Phimoe => "phimoe",
             Architecture::GptOss => "gpt-oss",
             Architecture::Glm4Moe => "glm4moe",
+            Architecture::DeepseekV2 => "deepseek2",
         }
     }
 
@@ -111,7 +132,8 @@ impl Architecture {
             Architecture::Qwen2Moe
             | Architecture::Phimoe
             | Architecture::GptOss
-            | Architecture::Glm4Moe => None,
+            | Architecture::Glm4Moe
+            | Architecture::DeepseekV2 => None,
         }
     }
 
@@ -145,7 +167,10 @@ impl Architecture {
 
     /// Whether each MoE block has a shared expert (its width from the metadata).
     pub fn shared_expert(self) -> bool {
-        matches!(self, Architecture::Qwen2Moe | Architecture::Glm4Moe)
+        matches!(
+            self,
+            Architecture::Qwen2Moe | Architecture::Glm4Moe | Architecture::DeepseekV2
+        )
     }
 
     /// Whether the shared expert's output is scaled by a sigmoid gate (Qwen2-MoE's).
@@ -226,6 +251,9 @@ pub struct ModelConfig {
     pub grouped: Option<Grouped>,
     /// q's and k's normalization before RoPE, if any.
     pub qk_norm: Option<QkNorm>,
+    /// Multi-head latent attention (DeepSeek-V2): `head_dim` and `n_kv_heads` are then the
+    /// attention's over the latent (kv_lora + rope, one KV head).
+    pub mla: Option<Mla>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
@@ -262,12 +290,11 @@ impl ModelConfig {
                 None => Ok(None),
             }
         };
-        let glm = arch == Architecture::Glm4Moe;
-        let flag = |k: &str| -> Result<bool, ModelError> {
-            match md.get(&arch_key(a, k)) {
-                Some(_) => Ok(md.get_bool(&arch_key(a, k))?),
-                None => Ok(false),
-            }
+        // GLM-4.5's and DeepSeek-V2's keys: dense layers, grouped routing.
+        let glm = matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV2);
+        let (dense_layers, dense_ffn, grouped, glm_qk_norm) = match glm {
+            true => glm_parts(md, a)?,
+            false => (0, 0, None, false),
         };
         let cfg = ModelConfig {
             arch,
@@ -316,26 +343,15 @@ impl ModelConfig {
                 Some(_) => u(keys::ROPE_DIMENSION_COUNT)?,
                 None => head_dim,
             },
-            dense_layers: match glm {
-                true => u(keys::LEADING_DENSE_BLOCK_COUNT)?,
-                false => 0,
-            },
-            dense_ffn: match glm {
-                true => u(keys::DENSE_FEED_FORWARD_LENGTH)?,
-                false => 0,
-            },
-            grouped: match glm {
-                true => Some(Grouped {
-                    softmax: false,
-                    groups: u(keys::EXPERT_GROUP_COUNT)?,
-                    topk_groups: u(keys::EXPERT_GROUP_USED_COUNT)?,
-                    renormalize: flag(keys::EXPERT_WEIGHTS_NORM)?,
-                    scale: md.get_f32(&arch_key(a, keys::EXPERT_WEIGHTS_SCALE))?,
-                }),
-                false => None,
+            dense_layers,
+            dense_ffn,
+            grouped,
+            mla: match arch {
+                Architecture::DeepseekV2 => Some(mla(md, a, head_dim)?),
+                _ => None,
             },
             qk_norm: match glm {
-                true => flag(keys::ATTENTION_QK_NORM)?.then_some(QkNorm::PerHead),
+                true => glm_qk_norm.then_some(QkNorm::PerHead),
                 false => arch.qk_norm(),
             },
             bos: optional_u32(keys::BOS_TOKEN_ID)?,
@@ -346,8 +362,8 @@ impl ModelConfig {
             },
         };
         cfg.check()?;
-        // Values are as wide as keys in every architecture hob runs.
-        if md.get(&arch_key(a, keys::VALUE_LENGTH)).is_some() {
+        // Values are as wide as keys in every architecture hob runs (MLA's: its latent).
+        if md.get(&arch_key(a, keys::VALUE_LENGTH)).is_some() && cfg.mla.is_none() {
             let v = u(keys::VALUE_LENGTH)?;
             if v != head_dim {
                 return Err(ModelError::BadHyperParameter {
@@ -530,7 +546,7 @@ impl ModelConfig {
                 jitter_eps: self.router_jitter,
             },
             Architecture::GptOss => Routing::TopkSoftmax,
-            Architecture::Glm4Moe => match self.grouped {
+            Architecture::Glm4Moe | Architecture::DeepseekV2 => match self.grouped {
                 Some(rule) => Routing::Grouped { rule, bias: None },
                 None => Routing::Softmax { renormalize: true },
             },
@@ -562,66 +578,6 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
-}
-
-/// The layers the sliding window applies to (`SLIDING_WINDOW_LAYERS`), where the file lists them.
-fn sliding_layers(md: &Metadata, a: &str) -> Result<Option<Vec<bool>>, ModelError> {
-    let key = arch_key(a, keys::SLIDING_WINDOW_LAYERS);
-    let Some(v) = md.get(&key) else {
-        return Ok(None);
-    };
-    let crate::format::MetaValue::Array { items, .. } = v else {
-        return Err(ModelError::BadHyperParameter {
-            key,
-            value: "not a list".into(),
-            problem: "must be a list of 0 or 1 per layer".into(),
-        });
-    };
-    items
-        .iter()
-        .map(|v| match v {
-            crate::format::MetaValue::U32(x @ (0 | 1)) => Ok(*x == 1),
-            other => Err(ModelError::BadHyperParameter {
-                key: key.clone(),
-                value: format!("{other:?}"),
-                problem: "must be a list of 0 or 1 per layer".into(),
-            }),
-        })
-        .collect::<Result<Vec<bool>, _>>()
-        .map(Some)
-}
-
-/// LongRoPE's keys of architecture `a`: both factor lists hold head_dim / 2 positive values.
-fn long_rope(md: &Metadata, a: &str, head_dim: usize) -> Result<LongRope, ModelError> {
-    let factors = |k: &str| -> Result<Vec<f32>, ModelError> {
-        let key = arch_key(a, k);
-        let bad = |value: String| ModelError::BadHyperParameter {
-            key: key.clone(),
-            value,
-            problem: format!("must be a list of {} positive numbers", head_dim / 2),
-        };
-        let Some(crate::format::MetaValue::Array { items, .. }) = md.get(&key) else {
-            return Err(bad("not a list".into()));
-        };
-        let values: Vec<f32> = items
-            .iter()
-            .filter_map(|v| match v {
-                crate::format::MetaValue::F32(x) if x.is_finite() && *x > 0.0 => Some(*x),
-                _ => None,
-            })
-            .collect();
-        if values.len() != items.len() || values.len() != head_dim / 2 {
-            return Err(bad(format!("{} items", items.len())));
-        }
-        Ok(values)
-    };
-    Ok(LongRope {
-        original_context: md.get_u32(&arch_key(a, keys::ROPE_SCALING_ORIG_CTX))? as usize,
-        short_factor: factors(keys::ROPE_SHORT_FACTOR)?,
-        long_factor: factors(keys::ROPE_LONG_FACTOR)?,
-        short_mscale: md.get_f32(&arch_key(a, keys::ROPE_SHORT_MSCALE))?,
-        long_mscale: md.get_f32(&arch_key(a, keys::ROPE_LONG_MSCALE))?,
-    })
 }
 
 #[cfg(test)]

@@ -7,9 +7,10 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::experts::{Batch, ExpertExecutor, ExpertFfn, MoeBlock, OnDevice};
+use super::ops::MlaInputs;
 use super::ops::{AttentionShape, Backend, DecodeStep, QkvStep, Route, RouteOut};
 pub use super::routing::{route_softmax_top, route_softmax_topk};
-use super::weights::{LayerWeights, Mlp, Weights};
+use super::weights::{LayerWeights, MlaWeights, Mlp, Weights};
 use super::{ModelConfig, ModelError};
 use crate::format::HobFile;
 use crate::quant::Matrix;
@@ -99,6 +100,9 @@ struct Buffers<B: Backend> {
     router: B::Buf,
     /// (t, vocab)
     logits: B::Buf,
+    /// (t, q_lora): MLA's q bottleneck and its norm (one value each where there is none)
+    mla_q: B::Buf,
+    mla_qn: B::Buf,
 }
 
 impl<B: Backend> RunState<B> {
@@ -384,6 +388,41 @@ impl<'f> Model<'f> {
         backend.matmul_add(&mlp.down, &b.sh_gate, t, &mut b.out, &mut b.x)
     }
 
+    /// MLA's attention inputs (q ends in b.att: true): q straight from b.xn or through its
+    /// bottleneck, the latent and RoPE key (kv_a), then `Backend::mla_inputs`.
+    fn mla_inputs<B: Backend>(
+        &self,
+        b: &mut Buffers<B>,
+        lw: &LayerWeights<'_>,
+        m: &MlaWeights<'_>,
+        step: &QkvStep<'_>,
+        kv: &mut B::Kv,
+        backend: &B,
+    ) -> crate::Result<bool> {
+        let (t, cfg) = (step.t, &self.cfg);
+        let shape = cfg
+            .mla
+            .ok_or_else(|| crate::Error::Invalid("MLA weights without MLA shapes".into()))?;
+        backend.matmul(&lw.wk, &b.xn, t, &mut b.v)?;
+        match &m.q_a {
+            Some((q_a, norm)) => {
+                backend.matmul(q_a, &b.xn, t, &mut b.mla_q)?;
+                backend.rms_norm(&b.mla_q, 0..t, norm, cfg.rms_eps, &mut b.mla_qn)?;
+                backend.matmul(&lw.wq, &b.mla_qn, t, &mut b.q)?;
+            }
+            None => backend.matmul(&lw.wq, &b.xn, t, &mut b.q)?,
+        }
+        let w = MlaInputs {
+            shape,
+            heads: cfg.n_heads,
+            kv_norm: &m.kv_a_norm,
+            eps: cfg.rms_eps,
+            k_b: &m.k_b,
+        };
+        backend.mla_inputs((&b.q, &b.v), &w, step, (&mut b.k, &mut b.att), kv)?;
+        Ok(true)
+    }
+
     /// The attention block's q, k and v from b.xn (biases added where the architecture has
     /// them), RoPE applied and k, v in the cache. With QK-norm (an RMSNorm over q and k before
     /// RoPE) q ends in b.att: true.
@@ -395,6 +434,9 @@ impl<'f> Model<'f> {
         kv: &mut B::Kv,
         backend: &B,
     ) -> crate::Result<bool> {
+        if let Some(m) = &lw.mla {
+            return self.mla_inputs(b, lw, m, step, kv, backend);
+        }
         let w = [&lw.wq, &lw.wk, &lw.wv];
         if lw.qk_norm.is_none() && lw.qkv_bias.is_none() {
             backend.qkv_rope_kv(w, &b.xn, [&mut b.q, &mut b.k, &mut b.v], step, kv)?;
@@ -427,9 +469,9 @@ impl<'f> Model<'f> {
         pass: &Pass,
         (backend, experts): (&B, &mut dyn ExpertExecutor<B>),
     ) -> crate::Result<()> {
-        let (start, t, rows) = (pass.start, pass.t, pass.rows.clone());
+        let (t, rows) = (pass.t, pass.rows.clone());
         let cfg = &self.cfg;
-        let (h, qd, kvd, k) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.top_k);
+        let (h, k) = (cfg.hidden, cfg.top_k);
         // b.xn already holds the RMSNorm that comes next (folded into the last MoE step).
         let mut normed = false;
         for (l, lw) in self.w.layers.iter().enumerate() {
@@ -438,46 +480,7 @@ impl<'f> Model<'f> {
                 let bias = lw.norm_biases.as_ref().map(|[attn, _]| &attn[..]);
                 self.norm(backend, (&b.x, 0..t), (&lw.attn_norm, bias), &mut b.xn)?;
             }
-            let (inv_freq, q_scale) = self.rope(pass.long_rope);
-            let step = QkvStep {
-                t,
-                q_width: qd,
-                kv_width: kvd,
-                start,
-                layer: l,
-                inv_freq,
-            };
-            let q_in_att = self.attention_inputs(b, lw, &step, kv, backend)?;
-            if q_scale != 1.0 {
-                backend.scale(
-                    if q_in_att { &mut b.att } else { &mut b.q },
-                    t * qd,
-                    q_scale,
-                )?;
-            }
-            let (q, att) = match q_in_att {
-                true => (&b.att, &mut b.q),
-                false => (&b.q, &mut b.att),
-            };
-            backend.attention(
-                AttentionShape {
-                    n_heads: cfg.n_heads,
-                    n_kv_heads: cfg.n_kv_heads,
-                    head_dim: cfg.head_dim,
-                    start_pos: start,
-                    t,
-                    window: cfg.window(l),
-                    sinks: lw.sinks.as_deref(),
-                },
-                q,
-                kv,
-                l,
-                att,
-            )?;
-            backend.matmul_add(&lw.wo, att, t, &mut b.out, &mut b.x)?;
-            if let Some(o) = &lw.o_bias {
-                backend.add_rows(&mut b.x, t, o)?;
-            }
+            self.attention_block(b, (lw, l), kv, pass, backend)?;
             // A dense layer: its MLP in place of the experts.
             let (Some(router_w), Some(m)) = (&lw.router, cfg.moe_index(l)) else {
                 let Some(mlp) = &lw.mlp else {
@@ -556,6 +559,77 @@ impl<'f> Model<'f> {
         Ok(())
     }
 
+    /// The attention block of layer `l` over b.xn (normalized): q, k and v, RoPE and the cache,
+    /// attention, the output projection added to b.x.
+    fn attention_block<B: Backend>(
+        &self,
+        b: &mut Buffers<B>,
+        (lw, l): (&LayerWeights<'_>, usize),
+        kv: &mut B::Kv,
+        pass: &Pass,
+        backend: &B,
+    ) -> crate::Result<()> {
+        let (start, t, cfg) = (pass.start, pass.t, &self.cfg);
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+        let (inv_freq, q_scale) = self.rope(pass.long_rope);
+        // MLA attends over the latent (head_dim wide) with a head's q·k scale (nope + rope).
+        let q_scale = match cfg.mla {
+            Some(m) => q_scale * (cfg.head_dim as f32 / (m.nope + m.rope) as f32).sqrt(),
+            None => q_scale,
+        };
+        let step = QkvStep {
+            t,
+            q_width: qd,
+            kv_width: kvd,
+            start,
+            layer: l,
+            inv_freq,
+        };
+        let q_in_att = self.attention_inputs(b, lw, &step, kv, backend)?;
+        if q_scale != 1.0 {
+            backend.scale(
+                if q_in_att { &mut b.att } else { &mut b.q },
+                t * qd,
+                q_scale,
+            )?;
+        }
+        let (q, att) = match q_in_att {
+            true => (&b.att, &mut b.q),
+            false => (&b.q, &mut b.att),
+        };
+        backend.attention(
+            AttentionShape {
+                n_heads: cfg.n_heads,
+                n_kv_heads: cfg.n_kv_heads,
+                head_dim: cfg.head_dim,
+                start_pos: start,
+                t,
+                window: cfg.window(l),
+                sinks: lw.sinks.as_deref(),
+            },
+            q,
+            kv,
+            l,
+            att,
+        )?;
+        match &lw.mla {
+            // MLA: each head's value out of the latent (b.q held the attention), into b.att.
+            Some(m) => {
+                let shape = cfg.mla.ok_or_else(|| {
+                    crate::Error::Invalid("MLA weights without MLA shapes".into())
+                })?;
+                let heads = (t, cfg.n_heads);
+                backend.mla_values(&b.q, (&m.v_b, &shape), heads, &mut b.att)?;
+                backend.matmul_add(&lw.wo, &b.att, t, &mut b.out, &mut b.x)?;
+            }
+            None => backend.matmul_add(&lw.wo, att, t, &mut b.out, &mut b.x)?,
+        }
+        if let Some(o) = &lw.o_bias {
+            backend.add_rows(&mut b.x, t, o)?;
+        }
+        Ok(())
+    }
+
     /// The architecture's norm of x's `rows` into out: RMSNorm, or LayerNorm where it has a bias.
     fn norm<B: Backend>(
         &self,
@@ -600,6 +674,8 @@ impl<B: Backend> Buffers<B> {
             sh_up: backend.alloc(t * mlp_width + 1)?,
             sh_logit: backend.alloc(t + 1)?,
             att: backend.alloc(t * qd)?,
+            mla_q: backend.alloc(t * cfg.mla.map_or(0, |m| m.q_lora) + 1)?,
+            mla_qn: backend.alloc(t * cfg.mla.map_or(0, |m| m.q_lora) + 1)?,
             out: backend.alloc(t * h)?,
             router: backend.alloc(t * cfg.n_experts)?,
             logits: backend.alloc(t * cfg.vocab)?,

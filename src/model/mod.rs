@@ -9,6 +9,7 @@
 //! - `device`: what the offload engine asks of a device (`ExpertDevice`).
 
 pub mod config;
+mod config_keys;
 pub mod device;
 pub mod experts;
 pub mod forward;
@@ -17,7 +18,7 @@ pub mod routing;
 pub mod weights;
 pub mod yarn;
 
-pub use config::{Architecture, ExpertAct, ModelConfig};
+pub use config::{Architecture, ExpertAct, Mla, ModelConfig};
 pub use device::{ArenaBase, ChunkCopier, CopierSetup, DeviceEvent, ExpertDevice, SlotExpert};
 pub use experts::{Batch, ExpertExecutor, MoeBlock, OnDevice};
 pub use forward::{Logits, Model, RunState};

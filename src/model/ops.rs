@@ -93,6 +93,20 @@ pub struct RouteOut<'a, B: Backend + ?Sized> {
     pub host: &'a mut Vec<f32>,
 }
 
+/// MLA's shapes (`config::Mla`).
+pub type MlaShape = super::config::Mla;
+
+/// One layer's MLA weights for `Backend::mla_inputs`.
+pub struct MlaInputs<'a> {
+    pub shape: MlaShape,
+    pub heads: usize,
+    /// The latent's RMSNorm weight ([kv_lora]) and eps.
+    pub kv_norm: &'a [f32],
+    pub eps: f32,
+    /// Each head's q_nope -> latent map, [heads * kv_lora, nope].
+    pub k_b: &'a Matrix<'a>,
+}
+
 /// How a decode step's launches are made (`Backend::decode_step`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeStep {
@@ -260,6 +274,79 @@ pub trait Backend {
             }
         }
         self.upload(&g, gate)
+    }
+
+    /// Multi-head latent attention's inputs (DeepSeek-V2, absorbed form) for `step`'s t tokens:
+    /// from q ([t, heads * (nope + rope)]) and ckv ([t, kv_lora + rope]), the cache row
+    /// [RMSNorm(ckv latent) * norm, RoPE(ckv rope)] as key and value, into `row` (room for
+    /// [t, kv_lora + rope]) and the cache; q_out [t, heads * (kv_lora + rope)] each head's
+    /// [k_b_h · q_nope_h, RoPE(q_rope_h)], k_b [heads * kv_lora, nope]. The default works through
+    /// host copies.
+    fn mla_inputs(
+        &self,
+        (q, ckv): (&Self::Buf, &Self::Buf),
+        w: &MlaInputs<'_>,
+        step: &QkvStep<'_>,
+        (row, q_out): (&mut Self::Buf, &mut Self::Buf),
+        kv: &mut Self::Kv,
+    ) -> crate::Result<()> {
+        let m = w.shape;
+        let (t, heads) = (step.t, w.heads);
+        let (qw, lw) = (m.nope + m.rope, m.kv_lora + m.rope);
+        let (mut qh, mut ch) = (vec![0.0; t * heads * qw], vec![0.0; t * lw]);
+        self.download(q, &mut qh)?;
+        self.download(ckv, &mut ch)?;
+        let freqs = &step.inv_freq[..m.rope / 2];
+        let mut out = vec![0.0; t * heads * lw];
+        for (i, (c, o)) in ch
+            .chunks_exact_mut(lw)
+            .zip(out.chunks_exact_mut(heads * lw))
+            .enumerate()
+        {
+            let pos = step.start + i;
+            let latent = c[..m.kv_lora].to_vec();
+            crate::model::forward::rms_norm(&latent, w.kv_norm, w.eps, &mut c[..m.kv_lora]);
+            crate::model::forward::rope_row(&mut c[m.kv_lora..], pos, freqs);
+            let qt = &mut qh[i * heads * qw..(i + 1) * heads * qw];
+            for (h, (qh, oh)) in qt
+                .chunks_exact_mut(qw)
+                .zip(o.chunks_exact_mut(lw))
+                .enumerate()
+            {
+                let rows = h * m.kv_lora..(h + 1) * m.kv_lora;
+                w.k_b.matvec_rows(&qh[..m.nope], rows, &mut oh[..m.kv_lora]);
+                crate::model::forward::rope_row(&mut qh[m.nope..], pos, freqs);
+                oh[m.kv_lora..].copy_from_slice(&qh[m.nope..]);
+            }
+        }
+        self.upload(&ch, row)?;
+        self.upload(&out, q_out)?;
+        self.kv_write(kv, (step.layer, step.start), t, row, row)
+    }
+
+    /// MLA's values out of the latent: out[t, heads * v] = each head's v_b_h · att_h[..kv_lora],
+    /// att [t, heads * (kv_lora + rope)], v_b [heads * v, kv_lora]. The default works through
+    /// host copies.
+    fn mla_values(
+        &self,
+        att: &Self::Buf,
+        (v_b, shape): (&Matrix<'_>, &MlaShape),
+        (t, heads): (usize, usize),
+        out: &mut Self::Buf,
+    ) -> crate::Result<()> {
+        let lw = shape.kv_lora + shape.rope;
+        let mut a = vec![0.0; t * heads * lw];
+        self.download(att, &mut a)?;
+        let mut o = vec![0.0; t * heads * shape.v];
+        for (i, (a, o)) in a
+            .chunks_exact(lw)
+            .zip(o.chunks_exact_mut(shape.v))
+            .enumerate()
+        {
+            let h = i % heads;
+            v_b.matvec_rows(&a[..shape.kv_lora], h * shape.v..(h + 1) * shape.v, o);
+        }
+        self.upload(&o, out)
     }
 
     /// Write the new tokens' keys and values (`t` rows each) at positions start..start + t of

@@ -1,6 +1,6 @@
 //! Dense weights as views into the mmap of a .hob file. Norms are copied to f32 (they are tiny).
 
-use super::config::QkNorm;
+use super::config::{Architecture, QkNorm};
 use super::{ModelConfig, ModelError};
 use crate::format::keys::{self, blk};
 use crate::format::{HobFile, TensorType};
@@ -40,6 +40,21 @@ pub struct LayerWeights<'f> {
     pub expert_biases: Option<std::sync::Arc<ExpertBiases>>,
     /// The score-correction bias the router picks experts by ([n_experts], GLM-4.5).
     pub score_bias: Option<Vec<f32>>,
+    /// Multi-head latent attention's weights beyond wq (q, or q_b after `q_a`), wk = wv (the
+    /// latent and RoPE key, kv_a_mqa) and wo (DeepSeek-V2).
+    pub mla: Option<MlaWeights<'f>>,
+}
+
+/// MLA's per-layer weights besides wq, wk and wo (`config::Mla` has the shapes).
+pub struct MlaWeights<'f> {
+    /// q's bottleneck (q_lora, hidden) and its RMSNorm, where q has one.
+    pub q_a: Option<(Matrix<'f>, Vec<f32>)>,
+    /// The latent's RMSNorm ([kv_lora]).
+    pub kv_a_norm: Vec<f32>,
+    /// Each head's q_nope -> latent map: (heads * kv_lora, nope).
+    pub k_b: Matrix<'f>,
+    /// Each head's latent -> value map: (heads * v, kv_lora).
+    pub v_b: Matrix<'f>,
 }
 
 /// Biases of every routed expert of a layer, kept with the dense weights (they are small):
@@ -115,6 +130,10 @@ impl<'f> Weights<'f> {
         let mut m = vec![&self.token_embd, &self.output];
         for l in &self.layers {
             m.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            if let Some(a) = &l.mla {
+                m.extend(a.q_a.iter().map(|(q, _)| q));
+                m.extend([&a.k_b, &a.v_b]);
+            }
             m.extend(&l.router);
             let mlps = l.mlp.iter().chain(l.shared.iter().map(|sh| &sh.mlp));
             m.extend(mlps.flat_map(|p| [&p.gate, &p.up, &p.down]));
@@ -149,6 +168,10 @@ impl<'f> Weights<'f> {
             if let Some(e) = &l.expert_biases {
                 v.extend([&e.gate[..], &e.up[..], &e.down[..]]);
             }
+            if let Some(a) = &l.mla {
+                v.push(&a.kv_a_norm[..]);
+                v.extend(a.q_a.iter().map(|(_, n)| &n[..]));
+            }
         }
         v
     }
@@ -172,14 +195,15 @@ fn layer<'f>(
         })
     };
     let moe = cfg.moe_index(l).is_some();
+    let [(q_name, q_shape), (k_name, k_shape), (v_name, _), (_, o_shape)] = attention_matrices(cfg);
     let gpt_oss = cfg.arch.sinks_and_expert_biases() && moe;
     let per_moe = |name: &str, n: usize| moe.then(|| vec_of(name, n)).transpose();
     Ok(LayerWeights {
         attn_norm: vec_of(keys::ATTN_NORM, h)?,
-        wq: mat(keys::ATTN_Q, q, h)?,
-        wk: mat(keys::ATTN_K, kv, h)?,
-        wv: mat(keys::ATTN_V, kv, h)?,
-        wo: mat(keys::ATTN_OUTPUT, h, q)?,
+        wq: mat(q_name, q_shape.0, q_shape.1)?,
+        wk: mat(k_name, k_shape.0, k_shape.1)?,
+        wv: mat(v_name, k_shape.0, k_shape.1)?,
+        wo: mat(keys::ATTN_OUTPUT, o_shape.0, o_shape.1)?,
         ffn_norm: vec_of(keys::FFN_NORM, h)?,
         router: moe.then(|| mat(keys::FFN_GATE_INP, ne, h)).transpose()?,
         mlp: match moe {
@@ -255,10 +279,59 @@ fn layer<'f>(
                 down: table(file, &blk(l, keys::FFN_DOWN_EXPS_BIAS), ne, h)?,
             })),
         },
-        score_bias: match cfg.grouped {
-            Some(_) => per_moe(keys::FFN_EXP_PROBS_B, ne)?,
-            None => None,
+        score_bias: match (cfg.grouped, cfg.arch) {
+            (Some(_), Architecture::Glm4Moe) => per_moe(keys::FFN_EXP_PROBS_B, ne)?,
+            _ => None,
         },
+        mla: cfg.mla.map(|m| mla_weights(file, cfg, l, m)).transpose()?,
+    })
+}
+
+/// Names and shapes of wq, wk, wv and wo: plain GQA's, or MLA's q (or q_b), kv_a (as wk and
+/// wv) and output.
+fn attention_matrices(cfg: &ModelConfig) -> [(&'static str, (usize, usize)); 4] {
+    let (h, q, kv) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
+    let Some(m) = cfg.mla else {
+        return [
+            (keys::ATTN_Q, (q, h)),
+            (keys::ATTN_K, (kv, h)),
+            (keys::ATTN_V, (kv, h)),
+            (keys::ATTN_OUTPUT, (h, q)),
+        ];
+    };
+    let (q_name, q_in) = match m.q_lora {
+        0 => (keys::ATTN_Q, h),
+        r => (keys::ATTN_Q_B, r),
+    };
+    let latent = (keys::ATTN_KV_A_MQA, (m.kv_lora + m.rope, h));
+    [
+        (q_name, (cfg.n_heads * (m.nope + m.rope), q_in)),
+        latent,
+        latent,
+        (keys::ATTN_OUTPUT, (h, cfg.n_heads * m.v)),
+    ]
+}
+
+/// Layer `l`'s MLA weights beyond wq, wk, wv and wo.
+fn mla_weights<'f>(
+    file: &'f HobFile,
+    cfg: &ModelConfig,
+    l: usize,
+    m: super::config::Mla,
+) -> Result<MlaWeights<'f>, ModelError> {
+    let mat = |name: &str, rows: usize, cols: usize| matrix(file, &blk(l, name), rows, cols);
+    let vec_of = |name: &str, n: usize| vector(file, &blk(l, name), n);
+    Ok(MlaWeights {
+        q_a: match m.q_lora {
+            0 => None,
+            r => Some((
+                mat(keys::ATTN_Q_A, r, cfg.hidden)?,
+                vec_of(keys::ATTN_Q_A_NORM, r)?,
+            )),
+        },
+        kv_a_norm: vec_of(keys::ATTN_KV_A_NORM, m.kv_lora)?,
+        k_b: mat(keys::ATTN_K_B, cfg.n_heads * m.kv_lora, m.nope)?,
+        v_b: mat(keys::ATTN_V_B, cfg.n_heads * m.v, m.kv_lora)?,
     })
 }
 
