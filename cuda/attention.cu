@@ -5,13 +5,17 @@
 
 #define ATT_MAX_WARPS 16
 #define ATT_MAX_J 8  // head_dim up to 256
+#define ATT_WIDE_J 18  // attention_wide: head_dim up to 576 (DeepSeek's MLA latent, 512 + 64)
 #define ATT_PREFETCH 128  // positions whose keys and values a block prefetches into L2
 
-extern "C" __global__ void attention(const float* __restrict__ q, const half_bits* __restrict__ kc,
-                                     const half_bits* __restrict__ vc, float* __restrict__ out,
-                                     int n_heads, int n_kv_heads, int hd, int start_pos,
-                                     int window, const int* __restrict__ posp,
-                                     const float* __restrict__ sinks) {
+template <int MAXJ>
+__device__ __forceinline__ void attention_body(const float* __restrict__ q,
+                                               const half_bits* __restrict__ kc,
+                                               const half_bits* __restrict__ vc,
+                                               float* __restrict__ out, int n_heads,
+                                               int n_kv_heads, int hd, int start_pos, int window,
+                                               const int* __restrict__ posp,
+                                               const float* __restrict__ sinks) {
     pdl_trigger();
     int h = blockIdx.x, i = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -39,9 +43,9 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
     int first = window > 0 ? max(0, pos + 1 - window) : 0;
     float scale = 1.0f / sqrtf((float)hd);
 
-    float qv[ATT_MAX_J], acc[ATT_MAX_J];
+    float qv[MAXJ], acc[MAXJ];
 #pragma unroll
-    for (int j = 0; j < ATT_MAX_J; j++) {
+    for (int j = 0; j < MAXJ; j++) {
         int d = lane + 32 * j;
         qv[j] = d < hd ? q[(size_t)i * q_dim + h * hd + d] : 0.f;
         acc[j] = 0.f;
@@ -50,13 +54,13 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
     // The position's keys and values load together (one memory latency per position), and the
     // warp's next position loads while this one is computed
     // (benches/results/2026-11-25-h100-token-gap.md).
-    half_bits kr[ATT_MAX_J], vr[ATT_MAX_J], kn[ATT_MAX_J], vn[ATT_MAX_J];
-    auto kv_load = [&](int p, half_bits (&ko)[ATT_MAX_J], half_bits (&vo)[ATT_MAX_J]) {
+    half_bits kr[MAXJ], vr[MAXJ], kn[MAXJ], vn[MAXJ];
+    auto kv_load = [&](int p, half_bits (&ko)[MAXJ], half_bits (&vo)[MAXJ]) {
         const half_bits* k = kc + (size_t)p * kv_dim + kvh * hd;
         const half_bits* v = vc + (size_t)p * kv_dim + kvh * hd;
         const bool in = p <= pos;
 #pragma unroll
-        for (int j = 0; j < ATT_MAX_J; j++) {
+        for (int j = 0; j < MAXJ; j++) {
             int d = lane + 32 * j;
             ko[j] = in && d < hd ? k[d] : 0;
             vo[j] = in && d < hd ? v[d] : 0;
@@ -65,14 +69,14 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
     kv_load(first + warp, kn, vn);
     for (int p = first + warp; p <= pos; p += warps) {
 #pragma unroll
-        for (int j = 0; j < ATT_MAX_J; j++) {
+        for (int j = 0; j < MAXJ; j++) {
             kr[j] = kn[j];
             vr[j] = vn[j];
         }
         kv_load(p + warps, kn, vn);
         float dot = 0.f;
 #pragma unroll
-        for (int j = 0; j < ATT_MAX_J; j++) {
+        for (int j = 0; j < MAXJ; j++) {
             int d = lane + 32 * j;
             if (d < hd) dot += qv[j] * h2f(kr[j]);
         }
@@ -82,20 +86,20 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
         float e = expf(s - m_new);
         l = l * corr + e;
 #pragma unroll
-        for (int j = 0; j < ATT_MAX_J; j++) {
+        for (int j = 0; j < MAXJ; j++) {
             int d = lane + 32 * j;
             if (d < hd) acc[j] = acc[j] * corr + e * h2f(vr[j]);
         }
         m = m_new;
     }
     __shared__ float sm_m[ATT_MAX_WARPS], sm_l[ATT_MAX_WARPS];
-    __shared__ float sm_acc[ATT_MAX_WARPS][32 * ATT_MAX_J];
+    __shared__ float sm_acc[ATT_MAX_WARPS][32 * MAXJ];
     if (lane == 0) {
         sm_m[warp] = m;
         sm_l[warp] = l;
     }
 #pragma unroll
-    for (int j = 0; j < ATT_MAX_J; j++) sm_acc[warp][lane + 32 * j] = acc[j];
+    for (int j = 0; j < MAXJ; j++) sm_acc[warp][lane + 32 * j] = acc[j];
     __syncthreads();
     float mx = sinks ? sinks[h] : NEG_INF;
     for (int w = 0; w < warps; w++) mx = fmaxf(mx, sm_m[w]);
@@ -109,6 +113,22 @@ extern "C" __global__ void attention(const float* __restrict__ q, const half_bit
         }
         out[(size_t)i * q_dim + h * hd + d] = num / den;
     }
+}
+
+#define ATTENTION_ARGS                                                                           \
+    const float *__restrict__ q, const half_bits *__restrict__ kc,                              \
+        const half_bits *__restrict__ vc, float *__restrict__ out, int n_heads, int n_kv_heads, \
+        int hd, int start_pos, int window, const int *__restrict__ posp,                        \
+        const float *__restrict__ sinks
+extern "C" __global__ void attention(ATTENTION_ARGS) {
+    attention_body<ATT_MAX_J>(q, kc, vc, out, n_heads, n_kv_heads, hd, start_pos, window, posp,
+                              sinks);
+}
+// The same over heads up to 576 wide (more registers a thread; the CUDA backend picks it only
+// where head_dim is above 256).
+extern "C" __global__ void attention_wide(ATTENTION_ARGS) {
+    attention_body<ATT_WIDE_J>(q, kc, vc, out, n_heads, n_kv_heads, hd, start_pos, window, posp,
+                               sinks);
 }
 
 // Prefill attention (t > 1 tokens; `attention` serves decode): a block takes ATP_ROWS (query,

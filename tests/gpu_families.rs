@@ -152,6 +152,14 @@ fn glm4_moe_on_the_gpu_matches_the_cpu_and_transformers() {
     family_on_the_gpu("glm4-moe");
 }
 
+/// MLA on the device: the wide attention kernel over the latent cache (576 wide), the
+/// absorbed projections through the backend's default ops.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn deepseek_v2_on_the_gpu_matches_the_cpu_and_transformers() {
+    family_on_the_gpu("deepseek-v2");
+}
+
 /// gpt-oss's int4 experts routed on the device (its activation and biases in the routed
 /// kernels, the decode step replayed from a CUDA graph) give the host-routed quarter cache's
 /// logits bit for bit, and the CPU's within the integer kernels' bound.

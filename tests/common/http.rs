@@ -65,6 +65,15 @@ impl Served {
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// The log once it holds `needle` (its reader thread may lag the process; at most 10 s).
+    pub fn log_with(&self, needle: &str) -> String {
+        let started = std::time::Instant::now();
+        while !self.log().contains(needle) && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.log()
+    }
 }
 
 impl Drop for Served {

@@ -325,9 +325,9 @@ impl Backend for CudaBackend {
         layer: usize,
         out: &mut CudaSlice<f32>,
     ) -> crate::Result<()> {
-        if shape.head_dim > 256 {
+        if shape.head_dim > 576 {
             return Err(Error::Invalid(format!(
-                "CUDA backend: head_dim {} is above the attention kernel's 256",
+                "CUDA backend: head_dim {} is above the attention kernels' 576",
                 shape.head_dim
             )));
         }
@@ -391,7 +391,11 @@ impl Backend for CudaBackend {
         } else {
             0u64
         };
-        launch!(self.gpu, self.gpu.kernels.attention, c; qp, kp, vp, op, nh, nkv, hd, sp, window, posp, sinks)
+        let f = match shape.head_dim > 256 {
+            true => &self.gpu.kernels.attention_wide,
+            false => &self.gpu.kernels.attention,
+        };
+        launch!(self.gpu, f, c; qp, kp, vp, op, nh, nkv, hd, sp, window, posp, sinks)
     }
 
     /// One token: one launch for the three products when they are float kinds (matvec3_*).

@@ -39,6 +39,8 @@ pub struct Kernels {
     pub swiglu_half: CudaFunction,
     pub axpy: CudaFunction,
     pub attention: CudaFunction,
+    /// The same for heads 257 to 576 wide (attention.cu attention_wide: MLA's latent).
+    pub attention_wide: CudaFunction,
     /// Prefill attention (attention.cu attention_prefill_*) for head_dim 32, 64 and 128.
     pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
@@ -296,6 +298,7 @@ impl Kernels {
             swiglu_half: f("swiglu_half")?,
             axpy: f("axpy")?,
             attention: f("attention")?,
+            attention_wide: f("attention_wide")?,
             attention_prefill: [
                 f("attention_prefill_1")?,
                 f("attention_prefill_2")?,
