@@ -288,7 +288,17 @@ def family_spec(family):
             routed_scaling_factor=1.5,
             norm_topk_prob=False,
             rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+            # DeepSeek-V2-Lite's YaRN (mscale = mscale_all_dim), its ramp inside the 8 rotated dims.
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e4,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+            },
         )
         tok_cfg = {
             "bos_token": "<｜begin▁of▁sentence｜>",

@@ -147,3 +147,6 @@ pub const ATTN_KV_A_MQA: &str = "attn_kv_a_mqa.weight";
 pub const ATTN_KV_A_NORM: &str = "attn_kv_a_norm.weight";
 pub const ATTN_K_B: &str = "attn_k_b.weight";
 pub const ATTN_V_B: &str = "attn_v_b.weight";
+/// DeepSeek's YaRN softmax scale as llama.cpp stores it: 0.1 * mscale_all_dim, the scale being
+/// (1 + this * ln(factor))^2.
+pub const ROPE_YARN_LOG_MUL: &str = "rope.scaling.yarn_log_multiplier";

@@ -13,6 +13,7 @@ use super::fields::Fields;
 use super::glm4moe::GlmExtras;
 use super::ImportError;
 use crate::format::{keys, MetaValue, Metadata};
+use crate::model::yarn::Yarn;
 
 /// DeepSeek-V2's additions to the common hyper-parameters: GLM-4.5's dense layers, shared
 /// experts and grouped routing (softmax here), and MLA's shapes.
@@ -20,14 +21,12 @@ use crate::format::{keys, MetaValue, Metadata};
 pub struct DeepseekExtras {
     pub moe: GlmExtras,
     pub mla: crate::model::Mla,
+    /// YaRN and llama.cpp's log multiplier of its softmax scale, where the config has it.
+    pub yarn: Option<(Yarn, f32)>,
 }
 
 /// The spec and the extras from a DeepseekV2ForCausalLM config.json.
 pub fn parse(f: &Fields) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
-    if f.get("rope_scaling").is_some() || rope_type(f).is_some_and(|t| t != "default") {
-        let detail = "hob runs DeepSeek-V2 with plain RoPE; its YaRN is not implemented yet";
-        return Err(f.unsupported("rope_scaling", detail));
-    }
     for field in ["attention_bias", "mlp_bias"] {
         if f.bool_or(field, false)? {
             return Err(f.unsupported(field, "hob runs DeepSeek-V2 without biases"));
@@ -40,6 +39,7 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
         nope: f.usize("qk_nope_head_dim")?,
         rope: f.usize("qk_rope_head_dim")?,
         v: f.usize("v_head_dim")?,
+        softmax_scale: 1.0,
     };
     if !mla.rope.is_multiple_of(2) {
         return Err(f.err(
@@ -48,7 +48,12 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
             f.get("qk_rope_head_dim"),
         ));
     }
-    let mut spec = MixtralSpec::parse(f, "n_routed_experts", "moe_intermediate_size")?;
+    let (yarn, plain) = yarn(f)?;
+    let plain = Fields {
+        path: f.path,
+        obj: &plain,
+    };
+    let mut spec = MixtralSpec::parse(&plain, "n_routed_experts", "moe_intermediate_size")?;
     // The attention as hob runs it: heads of the latent and the RoPE key over one KV head.
     (spec.n_heads, spec.n_kv_heads, spec.head_dim) = (n_heads, 1, mla.kv_lora + mla.rope);
     let dense_layers = f.opt_usize("first_k_dense_replace")?.unwrap_or(0);
@@ -90,11 +95,60 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
         scale: f.opt_f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
         qk_norm: false,
     };
-    Ok((spec, DeepseekExtras { moe, mla }))
+    Ok((spec, DeepseekExtras { moe, mla, yarn }))
 }
 
-fn rope_type<'a>(f: &'a Fields) -> Option<&'a str> {
-    f.get("rope_parameters")?.get("rope_type")?.as_str()
+type JsonMap = serde_json::Map<String, serde_json::Value>;
+
+/// DeepSeek's YaRN where the config has it: the frequencies, and llama.cpp's log multiplier
+/// of the softmax scale (0.1 * mscale_all_dim); with the config's other fields (rope_theta
+/// hoisted) for the common parse. Its cos/sin scale (mscale over mscale_all_dim) must be 1:
+/// hob folds that scale into q, which MLA's latent part must not get.
+fn yarn(f: &Fields) -> Result<(Option<(Yarn, f32)>, JsonMap), ImportError> {
+    let kind = ["rope_parameters", "rope_scaling"].iter().find_map(|k| {
+        f.get(k)?
+            .get("rope_type")
+            .or(f.get(k)?.get("type"))?
+            .as_str()
+    });
+    if kind.is_none_or(|k| k == "default") {
+        let mut plain = f.obj.clone();
+        plain.remove("rope_scaling");
+        if let Some(theta) = f.get("rope_parameters").and_then(|p| p.get("rope_theta")) {
+            plain.insert("rope_theta".into(), theta.clone());
+        }
+        plain.remove("rope_parameters");
+        return Ok((None, plain));
+    }
+    let scaling = f.rope_scaling("yarn", "DeepSeek-V2")?;
+    let r = Fields {
+        path: f.path,
+        obj: scaling.obj,
+    };
+    let factor = r.f32("factor")?;
+    let mscale = |k: &str| -> Result<f32, ImportError> {
+        let m = r.opt_f64(k)?.unwrap_or(0.0) as f32;
+        Ok(if factor <= 1.0 || m == 0.0 {
+            1.0
+        } else {
+            0.1 * m * factor.ln() + 1.0
+        })
+    };
+    let (m, all) = (mscale("mscale")?, mscale("mscale_all_dim")?);
+    if (m / all - 1.0).abs() > 1e-6 || r.get("attention_factor").is_some() {
+        let detail = "hob runs DeepSeek's YaRN with mscale equal to mscale_all_dim";
+        return Err(f.unsupported(&format!("{}.mscale", scaling.field), detail));
+    }
+    let y = Yarn {
+        factor,
+        original_context: r.usize("original_max_position_embeddings")?,
+        beta_fast: r.opt_f64("beta_fast")?.unwrap_or(32.0) as f32,
+        beta_slow: r.opt_f64("beta_slow")?.unwrap_or(1.0) as f32,
+        truncate: r.bool_or("truncate", true)?,
+        attention_factor: 1.0,
+    };
+    let log_mul = 0.1 * r.opt_f64("mscale_all_dim")?.unwrap_or(0.0) as f32;
+    Ok((Some((y, log_mul)), scaling.common))
 }
 
 /// Every dense tensor, in the order convert writes them.
@@ -262,6 +316,10 @@ pub fn write_metadata(e: &DeepseekExtras, arch: &str, m: &mut Metadata) {
     m.set(&k(keys::KEY_LENGTH_MLA), u(x.nope + x.rope));
     m.set(&k(keys::VALUE_LENGTH_MLA), u(x.v));
     m.set(&k(keys::EXPERT_GATING_FUNC), u(1));
+    if let Some((y, log_mul)) = &e.yarn {
+        y.write_metadata(arch, m);
+        m.set(&k(keys::ROPE_YARN_LOG_MUL), MetaValue::F32(*log_mul));
+    }
 }
 
 /// Where row j of an interleaved RoPE part of `len` rows comes from: hob's halves (i, i +

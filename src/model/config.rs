@@ -41,7 +41,7 @@ pub enum Architecture {
 /// per token, cached; heads' values of `v`. hob runs the absorbed form: each head's q_nope
 /// maps into the latent (k_b), attention runs over the cached [c, k_rope] as one KV head of
 /// kv_lora + rope (`head_dim`), and each head's output maps out of it (v_b).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Mla {
     /// 0: q straight from the input.
     pub q_lora: usize,
@@ -49,6 +49,8 @@ pub struct Mla {
     pub nope: usize,
     pub rope: usize,
     pub v: usize,
+    /// YaRN's scale of the softmax (mscale(factor, mscale_all_dim)^2; 1 without YaRN).
+    pub softmax_scale: f32,
 }
 
 /// What a routed expert computes between its gate/up products and its down product.
@@ -321,6 +323,11 @@ impl ModelConfig {
             },
             yarn: match arch {
                 Architecture::GptOss => Some(Yarn::from_metadata(md, a)?),
+                Architecture::DeepseekV2
+                    if md.get(&arch_key(a, keys::ROPE_SCALING_FACTOR)).is_some() =>
+                {
+                    Some(Yarn::from_metadata(md, a)?)
+                }
                 _ => None,
             },
             expert_act: match arch {

@@ -44,6 +44,19 @@ pub(super) fn mla(md: &Metadata, a: &str, head_dim: usize) -> Result<Mla, ModelE
         nope: qk - rope,
         rope,
         v,
+        softmax_scale: match md.get(&arch_key(a, keys::ROPE_YARN_LOG_MUL)) {
+            Some(_) => {
+                let mul = md.get_f32(&arch_key(a, keys::ROPE_YARN_LOG_MUL))?;
+                let factor = md.get_f32(&arch_key(a, keys::ROPE_SCALING_FACTOR))?;
+                let m = if factor > 1.0 {
+                    1.0 + mul * factor.ln()
+                } else {
+                    1.0
+                };
+                m * m
+            }
+            None => 1.0,
+        },
     })
 }
 

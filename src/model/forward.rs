@@ -178,7 +178,12 @@ impl<'f> Model<'f> {
                 .collect()
         };
         let inv_freq = match &cfg.yarn {
-            Some(y) => y.inv_freq(cfg.rope_theta, d),
+            // Over the rotated part (MLA's RoPE key), turning the rest by 0.
+            Some(y) => {
+                let mut f = y.inv_freq(cfg.rope_theta, rd);
+                f.resize(d / 2, 0.0);
+                f
+            }
             None => freqs(cfg.long_rope.as_ref().map(|r| &r.short_factor[..])),
         };
         let long_inv_freq = cfg.long_rope.as_ref().map(|r| freqs(Some(&r.long_factor)));
@@ -574,7 +579,10 @@ impl<'f> Model<'f> {
         let (inv_freq, q_scale) = self.rope(pass.long_rope);
         // MLA attends over the latent (head_dim wide) with a head's q·k scale (nope + rope).
         let q_scale = match cfg.mla {
-            Some(m) => q_scale * (cfg.head_dim as f32 / (m.nope + m.rope) as f32).sqrt(),
+            Some(m) => {
+                let wide = (cfg.head_dim as f32 / (m.nope + m.rope) as f32).sqrt();
+                q_scale * wide * m.softmax_scale
+            }
             None => q_scale,
         };
         let step = QkvStep {

@@ -521,6 +521,7 @@ mod tests {
             "matvec_q_body",
             "matvec_qm_body",
             "gather_rows_body",
+            "attention_body",
         ];
         for f in waiting {
             let at = SOURCE
