@@ -319,11 +319,13 @@ fn norm_rope_add_and_attention_match_the_cpu() {
     // GQA attention over a cache filled in two writes (prefills), with and without a sliding
     // window, then one decode step: 8 heads over 2 KV heads of 32; Mixtral's heads (32 over 8 of
     // 128) with prefills of 70 and 45 (the prefill kernel's tiles of 8 queries and chunks of 32
-    // positions, partly filled); 8 heads of 64 over 1 KV head (a group of 8).
-    let cases: [(usize, usize, usize, usize, [usize; 3], usize); 3] = [
+    // positions, partly filled); 8 heads of 64 over 1 KV head (a group of 8); DeepSeek-V2's MLA
+    // (16 heads over one latent of 576: attention_wide).
+    let cases: [(usize, usize, usize, usize, [usize; 3], usize); 4] = [
         (8, 2, 32, 16, [9, 4, 1], 5),
         (32, 8, 128, 128, [70, 45, 1], 37),
         (8, 1, 64, 64, [33, 20, 1], 40),
+        (16, 1, 576, 64, [33, 20, 1], 40),
     ];
     for ((nh, nkv, hd, ctx, steps, _), window) in cases
         .into_iter()

@@ -152,8 +152,8 @@ fn glm4_moe_on_the_gpu_matches_the_cpu_and_transformers() {
     family_on_the_gpu("glm4-moe");
 }
 
-/// MLA on the device: the wide attention kernel over the latent cache (576 wide), the
-/// absorbed projections through the backend's default ops.
+/// MLA on the device: the cache rows and the absorbed per-head maps (cuda/mla.cu), the wide
+/// attention kernel over the latent cache (576 wide).
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn deepseek_v2_on_the_gpu_matches_the_cpu_and_transformers() {

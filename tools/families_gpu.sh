@@ -33,6 +33,8 @@
 #                                        first layer and 5 MoE layers) under the 16 GB profile: hob int4 (+ int2 low,
 #                                        cooperative CPU experts) with int8 dense beside llama.cpp Q4_K_M at the
 #                                        --n-cpu-moe splits that fit, then ROUNDS alternated tg64 rounds -> $OUT/glm.md
+#   bash tools/families_gpu.sh deepseek  issue 53: DeepSeek-V2-Lite's shape, all 27 layers: hob int4 + int8 dense beside
+#                                        llama.cpp Q4_K_M, both whole on the GPU under the 16 GB profile -> $OUT/deepseek.md
 #   bash tools/families_gpu.sh gguf      issue 51: the Q4_K_M GGUF of `prepare` through `hob convert --from` with
 #                                        the file's own defaults, then resident and the 16 GB and 12 GB profiles
 #                                        beside llama.cpp on that GGUF (best --n-cpu-moe of three) -> $OUT/gguf.md
@@ -364,5 +366,30 @@ glm)
     echo "| $i | ${h2:-failed} | ${h4:-failed} | ${l:-failed} |" >> "$out/qwen3.md"
   done
   mv "$out/qwen3.md" "$out/glm.md"; cat "$out/glm.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss|glm"; exit 2 ;;
+deepseek)
+  # DeepSeek-V2-Lite, all 27 layers (llama.cpp reads a 27-layer deepseek2 as the Lite shape, without q_lora):
+  # hob int4 experts (26 x 64 x 4866048 bytes, 8.1e9) + int8 dense (1.3e9) fits a 16 GB card whole, as does
+  # llama.cpp's Q4_K_M (~10.4e9): both all on the GPU under rtx4060ti-16g, alternated ROUNDS times.
+  if [ ! -x $L/build/bin/llama-bench ]; then
+    if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
+    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
+  fi >> "$log" 2>&1
+  model=/tmp/dsv2-lite.hob; gg=/tmp/dsv2-lite
+  [ -f "$model" ] || "$hob" convert --synthetic deepseek-v2-lite --experts int4 --dense int8 -o "$model" \
+    --no-progress >> "$log" 2>&1
+  if [ ! -f "$gg-Q4_K_M.gguf" ]; then
+    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model deepseek-v2-lite \
+      --layers 27 2>/dev/null >> "$log"
+    $L/build/bin/llama-quantize "$gg-f16.gguf" "$gg-Q4_K_M.gguf" Q4_K_M "$(nproc)" > /tmp/quantize-ds.log 2>&1 \
+      || tail -3 /tmp/quantize-ds.log; rm -f "$gg-f16.gguf"
+  fi
+  ls -l "$model" "$gg-Q4_K_M.gguf" >> "$log"
+  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit; llama.cpp: ngl) |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    hobrow "$round: int4 + int8 dense, rtx4060ti-16g" --platform rtx4060ti-16g -r 3 -p 512 -n 64
+    llrow "$round: Q4_K_M, all layers on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
+  done
+  mv "$out/qwen3.md" "$out/deepseek.md"; cat "$out/deepseek.md" ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss|glm|deepseek"; exit 2 ;;
 esac

@@ -2,13 +2,15 @@
 """A GGUF with random weights in a real MoE's shapes, for llama.cpp speed runs beside `hob convert --synthetic`.
 
     python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b|phi-3.5-moe|
-                                                                gpt-oss-20b|gpt-oss-120b|glm-4.5-air]
+                                                                gpt-oss-20b|gpt-oss-120b|glm-4.5-air|deepseek-v2-lite]
 
 Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors, phimoe
 with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out; gpt-oss
 with its attention biases and sinks, router and expert biases, post-attention norm and a 128-token window on every
 other layer; glm4moe with q/k/v biases, partial rotary (64 of 128), a dense first layer of width 10944, a shared
-expert and sigmoid routing with its selection bias), so both programs run the same shapes and the same attention.
+expert and sigmoid routing with its selection bias; deepseek2 with MLA as llama.cpp's converter writes it: the
+latent and RoPE key (attn_kv_a_mqa), k_b and v_b split per head, YaRN, a dense first layer and two shared experts),
+so both programs run the same shapes and the same attention.
 
 Needs numpy and llama.cpp's gguf-py (PYTHONPATH=<llama.cpp>/gguf-py). Streams tensor by tensor (memory stays
 near 1 GB). The weights are noise (speed only): f16 ~ N(0, 0.02) drawn from a 64M-value pool, routers f32 N(0, 1)
@@ -31,11 +33,40 @@ MODELS = {
     "gpt-oss-20b": ("gpt-oss", 2880, 2880, 64, 8, 64, 201088, 32, 4, 24, 150000.0, 1e-5, 131072, None),
     "gpt-oss-120b": ("gpt-oss", 2880, 2880, 64, 8, 64, 201088, 128, 4, 36, 150000.0, 1e-5, 131072, None),
     "glm-4.5-air": ("glm4moe", 4096, 1408, 96, 8, 128, 151552, 128, 8, 46, 1e6, 1e-5, 131072, None),
+    "deepseek-v2-lite": ("deepseek2", 2048, 1408, 16, 1, 576, 102400, 64, 6, 27, 1e4, 1e-6, 163840, None),
 }
+# DeepSeek-V2-Lite's MLA: kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; its dense first layer,
+# shared experts and YaRN (factor, original context, 0.1 * mscale_all_dim).
+DS_LORA, DS_NOPE, DS_ROPE, DS_V = 512, 128, 64, 128
+DS_DENSE_FFN, DS_SHARED, DS_YARN = 10944, 2, (40.0, 4096, 0.0707)
 # GLM-4.5-Air: the dense first layer's width, leading dense layers, shared experts, rotated dims per head.
 GLM_DENSE_FFN, GLM_DENSE_LAYERS, GLM_SHARED, GLM_ROPE_DIM = 10944, 1, 1, 64
 # Architectures with LayerNorm biases and attention, output-head biases.
 BIASES = {"phimoe"}
+
+
+def deepseek2_layer(b, l, hidden, heads, ffn, experts):
+    """One deepseek2 block's tensors, in llama.cpp's MLA layout (numpy shapes: ggml's reversed)."""
+    sh = DS_SHARED * ffn
+    t = [(b + "attn_norm.weight", (hidden,), np.float32),
+         (b + "attn_q.weight", (heads * (DS_NOPE + DS_ROPE), hidden), np.float16),
+         (b + "attn_kv_a_mqa.weight", (DS_LORA + DS_ROPE, hidden), np.float16),
+         (b + "attn_kv_a_norm.weight", (DS_LORA,), np.float32),
+         (b + "attn_k_b.weight", (heads, DS_LORA, DS_NOPE), np.float16),
+         (b + "attn_v_b.weight", (heads, DS_V, DS_LORA), np.float16),
+         (b + "attn_output.weight", (hidden, heads * DS_V), np.float16),
+         (b + "ffn_norm.weight", (hidden,), np.float32)]
+    if l == 0:
+        return t + [(b + "ffn_gate.weight", (DS_DENSE_FFN, hidden), np.float16),
+                    (b + "ffn_down.weight", (hidden, DS_DENSE_FFN), np.float16),
+                    (b + "ffn_up.weight", (DS_DENSE_FFN, hidden), np.float16)]
+    return t + [(b + "ffn_gate_inp.weight", (experts, hidden), np.float32),
+                (b + "ffn_gate_exps.weight", (experts, ffn, hidden), np.float16),
+                (b + "ffn_down_exps.weight", (experts, hidden, ffn), np.float16),
+                (b + "ffn_up_exps.weight", (experts, ffn, hidden), np.float16),
+                (b + "ffn_gate_shexp.weight", (sh, hidden), np.float16),
+                (b + "ffn_down_shexp.weight", (hidden, sh), np.float16),
+                (b + "ffn_up_shexp.weight", (sh, hidden), np.float16)]
 
 
 def main():
@@ -55,8 +86,19 @@ def main():
     w.add_block_count(a.layers)
     w.add_context_length(ctx)
     w.add_embedding_length(HIDDEN)
-    oss, glm = arch == "gpt-oss", arch == "glm4moe"
-    w.add_feed_forward_length(GLM_DENSE_FFN if glm else FFN)
+    oss, glm, ds = arch == "gpt-oss", arch == "glm4moe", arch == "deepseek2"
+    w.add_feed_forward_length(GLM_DENSE_FFN if glm else DS_DENSE_FFN if ds else FFN)
+    if ds:
+        w.add_leading_dense_block_count(1)
+        w.add_expert_shared_count(DS_SHARED)
+        w.add_expert_weights_scale(1.0)
+        w.add_kv_lora_rank(DS_LORA)
+        w.add_key_length_mla(DS_NOPE + DS_ROPE)
+        w.add_value_length_mla(DS_V)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(DS_YARN[0])
+        w.add_rope_scaling_orig_ctx_len(DS_YARN[1])
+        w.add_rope_scaling_yarn_log_mul(DS_YARN[2])
     if glm:
         w.add_leading_dense_block_count(GLM_DENSE_LAYERS)
         w.add_expert_shared_count(GLM_SHARED)
@@ -68,14 +110,14 @@ def main():
     if arch != "llama":
         w.add_expert_feed_forward_length(FFN)
         w.add_key_length(HEAD_DIM)
-        w.add_value_length(HEAD_DIM)
+        w.add_value_length(DS_LORA if ds else HEAD_DIM)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(base)
     w.add_layer_norm_rms_eps(eps)
     w.add_expert_count(EXPERTS)
     w.add_expert_used_count(TOP_K)
-    w.add_rope_dimension_count(GLM_ROPE_DIM if glm else HEAD_DIM)
+    w.add_rope_dimension_count(GLM_ROPE_DIM if glm else DS_ROPE if ds else HEAD_DIM)
     w.add_vocab_size(VOCAB)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
@@ -90,6 +132,9 @@ def main():
     specs = [("token_embd.weight", (VOCAB, HIDDEN), np.float16)]
     for l in range(a.layers):
         b = f"blk.{l}."
+        if ds:
+            specs += deepseek2_layer(b, l, HIDDEN, HEADS, FFN, EXPERTS)
+            continue
         specs += [
             (b + "attn_norm.weight", (HIDDEN,), np.float32),
             (b + "attn_q.weight", (q_dim, HIDDEN), np.float16),

@@ -2,13 +2,14 @@
 //! config.json, and the architecture (routing, norms, extras) it is written as.
 
 use super::arch::{Architecture, MixtralSpec};
+use super::deepseek::DeepseekExtras;
 use super::glm4moe::GlmExtras;
 use super::gptoss::GptOssExtras;
 use super::phimoe::PhiExtras;
 use crate::model::yarn::Yarn;
 
 /// The models `--synthetic` knows, by the name it takes.
-pub const PRESETS: [&str; 8] = [
+pub const PRESETS: [&str; 9] = [
     "mixtral-8x7b",
     "phi-3.5-moe",
     "qwen3-30b-a3b",
@@ -17,6 +18,7 @@ pub const PRESETS: [&str; 8] = [
     "gpt-oss-20b",
     "gpt-oss-120b",
     "glm-4.5-air",
+    "deepseek-v2-lite",
 ];
 
 /// Qwen1.5-MoE-A2.7B's shared expert width (shared_expert_intermediate_size).
@@ -116,6 +118,15 @@ pub fn spec_of(name: &str) -> Result<MixtralSpec, String> {
             (128, 8),
             (1e6, 1e-5, 131072),
         ),
+        // deepseek-ai/DeepSeek-V2-Lite as hob runs MLA: 16 heads over one latent "KV head" of
+        // 512 + 64 (kv_lora_rank + qk_rope_head_dim).
+        "deepseek-v2-lite" => spec(
+            (2048, 1408, 27),
+            (16, 1, 576),
+            102400,
+            (64, 6),
+            (10000.0, 1e-6, 163840),
+        ),
         _ => {
             return Err(format!(
                 "unknown synthetic model '{name}' (known: {})",
@@ -176,6 +187,42 @@ pub fn arch_of(name: &str, spec: MixtralSpec) -> Architecture {
             };
             Architecture::Glm4Moe(spec, extras)
         }
+        "deepseek-v2-lite" => Architecture::DeepseekV2(spec, deepseek_v2_lite()),
         _ => Architecture::Mixtral(spec),
+    }
+}
+
+/// DeepSeek-V2-Lite's extras: one dense layer of 10944, two shared experts, softmax routing
+/// unnormalized, MLA without a q bottleneck, YaRN (factor 40 over 4096, mscale 0.707).
+fn deepseek_v2_lite() -> DeepseekExtras {
+    let yarn = Yarn {
+        factor: 40.0,
+        original_context: 4096,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        truncate: true,
+        attention_factor: 1.0,
+    };
+    DeepseekExtras {
+        moe: GlmExtras {
+            dense_layers: 1,
+            dense_ffn: 10944,
+            shared_ffn: 2 * 1408,
+            rope_dim: 64,
+            groups: 1,
+            topk_groups: 1,
+            renormalize: false,
+            scale: 1.0,
+            qk_norm: false,
+        },
+        mla: crate::model::Mla {
+            q_lora: 0,
+            kv_lora: 512,
+            nope: 128,
+            rope: 64,
+            v: 128,
+            softmax_scale: 1.0,
+        },
+        yarn: Some((yarn, 0.1 * 0.707)),
     }
 }

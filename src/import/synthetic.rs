@@ -595,6 +595,10 @@ mod tests {
         assert_eq!(oss.arch_name(), "gpt-oss");
         assert_eq!((oss.spec.n_layers, oss.spec.n_experts), (36, 128));
         assert!(names(&oss).iter().any(|n| n.ends_with(keys::ATTN_SINKS)));
+        let ds = SyntheticModel::preset("deepseek-v2-lite").unwrap();
+        assert_eq!(ds.arch_name(), "deepseek2");
+        assert_eq!((ds.spec.n_experts, ds.spec.n_experts_used), (64, 6));
+        assert!(names(&ds).iter().any(|n| n.ends_with(keys::ATTN_K_B)));
         let glm = SyntheticModel::preset("glm-4.5-air").unwrap();
         assert_eq!(glm.arch_name(), "glm4moe");
         // The dense first layer has an MLP and no router; the expert table skips it.

@@ -142,6 +142,12 @@ impl<'f> Weights<'f> {
         m
     }
 
+    /// MLA's per-head maps (k_b, v_b of every layer), also in `matrices`.
+    pub fn mla_maps(&self) -> Vec<&Matrix<'f>> {
+        let maps = self.layers.iter().flat_map(|l| &l.mla);
+        maps.flat_map(|a| [&a.k_b, &a.v_b]).collect()
+    }
+
     /// Every f32 vector: norms, QK-norms and biases.
     pub fn vectors(&self) -> Vec<&[f32]> {
         let mut v = vec![&self.output_norm[..]];

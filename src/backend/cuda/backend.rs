@@ -38,6 +38,8 @@ pub struct CudaBackend {
     pub(super) gpu: Arc<Gpu>,
     pub(super) mats: HashMap<usize, (DevMat, CudaSlice<u8>)>,
     pub(super) vectors: HashMap<usize, CudaSlice<f32>>,
+    /// MLA's per-head maps as f32 (mla.rs), by the host address of their stored codes.
+    pub(super) mla: HashMap<usize, CudaSlice<f32>>,
     pub(super) scratch: CudaSlice<f32>,
     pub(super) scratch_len: usize,
     pub(super) resident_bytes: usize,
@@ -317,6 +319,27 @@ impl Backend for CudaBackend {
         launch!(self.gpu, self.gpu.kernels.to_half, c; vp, vd, ni)
     }
 
+    fn mla_inputs(
+        &self,
+        qc: (&CudaSlice<f32>, &CudaSlice<f32>),
+        w: &MlaInputs<'_>,
+        step: &QkvStep<'_>,
+        out: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        kv: &mut CudaKv,
+    ) -> crate::Result<()> {
+        self.mla_inputs_dev(qc, w, step, out, kv)
+    }
+
+    fn mla_values(
+        &self,
+        att: &CudaSlice<f32>,
+        v_b: (&Matrix<'_>, &MlaShape),
+        th: (usize, usize),
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        self.mla_values_dev(att, v_b, th, out)
+    }
+
     fn attention(
         &self,
         shape: AttentionShape<'_>,
@@ -380,10 +403,20 @@ impl Backend for CudaBackend {
             let f = &self.gpu.kernels.attention_prefill[i];
             return launch!(self.gpu, f, c; qp, kp, vp, op, nh, nkv, t, sp, window, sinks);
         }
-        // Decode: 16 warps share a head's positions (latency-bound); prefill: 4 per query.
+        // Decode: 16 warps share a head's positions (latency-bound; 8 for the wide heads, whose
+        // registers do not fit 16 warps a block); prefill: 4 per query.
+        let wide = shape.head_dim > 256;
         let c = LaunchConfig {
             grid_dim: (shape.n_heads as u32, shape.t as u32, 1),
-            block_dim: (if shape.t == 1 { 512 } else { 128 }, 1, 1),
+            block_dim: (
+                match (shape.t, wide) {
+                    (1, false) => 512,
+                    (1, true) => 256,
+                    _ => 128,
+                },
+                1,
+                1,
+            ),
             shared_mem_bytes: 0,
         };
         let posp = if shape.t == 1 {
@@ -391,7 +424,7 @@ impl Backend for CudaBackend {
         } else {
             0u64
         };
-        let f = match shape.head_dim > 256 {
+        let f = match wide {
             true => &self.gpu.kernels.attention_wide,
             false => &self.gpu.kernels.attention,
         };

@@ -41,6 +41,9 @@ pub struct Kernels {
     pub attention: CudaFunction,
     /// The same for heads 257 to 576 wide (attention.cu attention_wide: MLA's latent).
     pub attention_wide: CudaFunction,
+    /// MLA's cache rows and query RoPE parts, and each head's own product (mla.cu).
+    pub mla_rows: CudaFunction,
+    pub mla_matvec: CudaFunction,
     /// Prefill attention (attention.cu attention_prefill_*) for head_dim 32, 64 and 128.
     pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
@@ -215,6 +218,7 @@ impl Kernels {
         include_str!("../../../cuda/common.cu"),
         include_str!("../../../cuda/elementwise.cu"),
         include_str!("../../../cuda/attention.cu"),
+        include_str!("../../../cuda/mla.cu"),
         include_str!("../../../cuda/matvec_float.cu"),
         include_str!("../../../cuda/moe.cu"),
         include_str!("../../../cuda/matvec_q_stage.cu"),
@@ -298,6 +302,8 @@ impl Kernels {
             swiglu_half: f("swiglu_half")?,
             axpy: f("axpy")?,
             attention: f("attention")?,
+            mla_rows: f("mla_rows")?,
+            mla_matvec: f("mla_matvec")?,
             attention_wide: f("attention_wide")?,
             attention_prefill: [
                 f("attention_prefill_1")?,

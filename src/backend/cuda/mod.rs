@@ -36,6 +36,7 @@ mod gemm;
 mod gpu;
 mod kernels;
 mod matvec;
+mod mla;
 mod plan;
 mod resident;
 mod transfer;
@@ -67,7 +68,7 @@ use cudarc::driver::{
 
 use crate::model::ops::{
     embed_rows, embed_via_host, qk_norm_then_rope_kv, AttentionShape, Backend, DecodeStep,
-    KernelTime, QkvStep, Route, RouteOut, Telemetry,
+    KernelTime, MlaInputs, MlaShape, QkvStep, Route, RouteOut, Telemetry,
 };
 use crate::model::Model;
 use crate::model::MoeBlock;

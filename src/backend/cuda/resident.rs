@@ -7,7 +7,10 @@ impl CudaBackend {
     /// frequencies in f32).
     pub fn new(gpu: Arc<Gpu>, model: &Model<'_>) -> crate::Result<CudaBackend> {
         let w = model.weights();
-        let mats = w.matrices();
+        // MLA's per-head maps live on the device as f32 only (mla.rs).
+        let maps = w.mla_maps();
+        let is_map = |m: &Matrix<'_>| maps.iter().any(|a| std::ptr::eq(a.codes, m.codes));
+        let mats: Vec<_> = w.matrices().into_iter().filter(|m| !is_map(m)).collect();
         let mut vectors = w.vectors();
         vectors.extend(model.rope_tables());
         let needed: usize = mats
@@ -15,6 +18,7 @@ impl CudaBackend {
             .map(|m| m.codes.len() + m.scales.len() + m.mins.len())
             .sum::<usize>()
             + vectors.iter().map(|v| v.len() * 4).sum::<usize>()
+            + maps.iter().map(|m| m.rows * m.cols * 4).sum::<usize>()
             + SCRATCH_FLOATS * 4;
         let (free, total) = gpu.mem_info()?;
         if needed > free {
@@ -29,6 +33,9 @@ impl CudaBackend {
         let mut b = CudaBackend::empty(gpu)?;
         for m in mats {
             b.upload_matrix(m)?;
+        }
+        for m in maps {
+            b.upload_mla(m)?;
         }
         for v in vectors {
             let key = v.as_ptr() as usize;
@@ -57,6 +64,7 @@ impl CudaBackend {
             gpu,
             mats: HashMap::new(),
             vectors: HashMap::new(),
+            mla: HashMap::new(),
             resident_bytes: 0,
         })
     }

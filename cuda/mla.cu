@@ -1,0 +1,78 @@
+// Multi-head latent attention (DeepSeek-V2) in its absorbed form: the cache row of a token is
+// [RMSNorm(latent), RoPE key] (lora + rope values, stored as key and as value), and each head's
+// query is mapped into the latent (k_b) before attention and its output out of it (v_b) after
+// (src/model/ops.rs Backend::mla_inputs, mla_values: the host's arithmetic).
+
+// The cache rows and the queries' RoPE parts of t tokens: block (tok, 0) takes token tok's ckv
+// ([lora + rope] at ckv + tok * lw): RMSNorm of the latent by kvn into row, RoPE of the key part
+// (pairs i, i + rope / 2), the row also as f16 at kc and vc (the cache rows of the new
+// positions); block (tok, 1) rotates each head's q_rope (q: [t, heads, nope + rope]) into the
+// last rope values of qo's head ([t, heads, lora + rope]). posp as rope_kv (one token: the
+// position from the device, kc and vc the layer's rows from position 0). blockDim: rms_block(lora).
+extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __restrict__ ckv,
+                                    float* __restrict__ qo, float* __restrict__ row,
+                                    const float* __restrict__ kvn, float eps,
+                                    const float* __restrict__ inv_freq, int heads, int nope,
+                                    int rope, int lora, int start_pos, half_bits* __restrict__ kc,
+                                    half_bits* __restrict__ vc, const int* __restrict__ posp) {
+    PDL_ENTRY();
+    const int lw = lora + rope, half = rope / 2, tok = blockIdx.x;
+    if (posp) {
+        start_pos = *posp;
+        kc += (size_t)start_pos * lw;
+        vc += (size_t)start_pos * lw;
+    }
+    const float pos = (float)(start_pos + tok);
+    if (blockIdx.y == 1) {
+        const int qw = nope + rope;
+        for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
+            const int h = j / half, i = j - h * half;
+            const float* s = q + ((size_t)tok * heads + h) * qw + nope;
+            float* d = qo + ((size_t)tok * heads + h) * lw + lora;
+            float sn, cs;
+            sincosf(pos * inv_freq[i], &sn, &cs);
+            const float a = s[i], b = s[i + half];
+            d[i] = a * cs - b * sn;
+            d[i + half] = b * cs + a * sn;
+        }
+        return;
+    }
+    const float* c = ckv + (size_t)tok * lw;
+    float* r = row + (size_t)tok * lw;
+    rms_norm_row(c, kvn, r, nullptr, lora, eps);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float sn, cs;
+        sincosf(pos * inv_freq[i], &sn, &cs);
+        const float a = c[lora + i], b = c[lora + i + half];
+        r[lora + i] = a * cs - b * sn;
+        r[lora + i + half] = b * cs + a * sn;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < lw; i += blockDim.x) {
+        const half_bits v = f2h(r[i]);
+        kc[(size_t)tok * lw + i] = v;
+        vc[(size_t)tok * lw + i] = v;
+    }
+}
+
+// Each head's own product, for t tokens: y[tok, h, i] (ys floats a head, heads * ys a token) =
+// w[h * rows + i, :cols] · x[tok, h, :cols] (xs floats a head, heads * xs a token), w f32
+// [heads * rows, cols]. One warp a row, 8 rows a block; grid (rows * heads / 8, t). x and w
+// 16-byte aligned with cols % 4 == 0 (Gpu::mla_matvec checks), float4 loads.
+extern "C" __global__ void mla_matvec(const float* __restrict__ w, const float* __restrict__ x,
+                                      float* __restrict__ y, int heads, int rows, int cols, int xs,
+                                      int ys) {
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    pdl_wait();
+    if (r >= heads * rows) return;
+    const int h = r / rows, i = r - h * rows, tok = blockIdx.y;
+    const float4* w4 = reinterpret_cast<const float4*>(w + (size_t)r * cols);
+    const float4* x4 = reinterpret_cast<const float4*>(x + ((size_t)tok * heads + h) * xs);
+    float s = 0.f;
+    for (int j = lane; j < cols / 4; j += 32) {
+        const float4 a = w4[j], b = x4[j];
+        s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
+    s = warp_sum(s);
+    if (lane == 0) y[((size_t)tok * heads + h) * ys + i] = s;
+}
