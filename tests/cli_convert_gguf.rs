@@ -430,6 +430,20 @@ fn glm4_moe_gguf_matches_the_directory() {
     assert_eq!((model.cfg.rope_dim, file.n_layers()), (16, 2));
 }
 
+/// DeepSeek-V2 from llama.cpp's converter: MLA as one 40-wide KV head, k_b / v_b split per head
+/// (3-D there), the checkpoint's interleaved RoPE rows, YaRN with its log multiplier, a dense
+/// first layer, two shared experts scaled by 1.5.
+#[test]
+fn deepseek_v2_gguf_matches_the_directory() {
+    let (e, _tmp, path) = compare("deepseek-v2", "tiny-deepseek-v2");
+    assert!(e <= 1e-10, "NMSE {e}");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let mla = model.cfg.mla.unwrap();
+    assert_eq!((mla.kv_lora, mla.nope, mla.rope, mla.v), (32, 16, 8, 16));
+    assert_eq!((model.cfg.dense_layers, file.n_layers()), (1, 2));
+}
+
 /// gpt-oss with MXFP4 experts from llama.cpp's converter (which keeps the hub's blocks as GGUF
 /// MXFP4): against the MXFP4 directory with llama.cpp's SwiGLU limit (7, which the GGUF does
 /// not carry and llama.cpp hard-codes; the fixture's is 1.5).

@@ -3,7 +3,7 @@
 //!
 //! `general.architecture` picks the family: `qwen3moe`, `qwen2moe`, `olmoe`, `llama` with
 //! experts (llama.cpp writes Mixtral as `llama`), `phimoe` (Phi-3.5-MoE; its LongRoPE
-//! factors are tensors there), `gpt-oss` and `glm4moe`. The hyper-parameters come from the
+//! factors are tensors there), `gpt-oss`, `glm4moe` and `deepseek2`. The hyper-parameters come from the
 //! `{arch}.*` keys (gpt-oss's and GLM-4.5's in [`super::gguf_families`]), the vocabulary size from `token_embd.weight`, tied embeddings from the
 //! absence of `output.weight`. Dense tensors are found by their GGUF names, which are hob's
 //! names; experts in the merged `blk.N.ffn_{gate,up,down}_exps.weight` (one expert's rows sliced
@@ -36,7 +36,7 @@ use crate::format::{keys, DType, ExpertShape, MetaValue, Metadata};
 
 /// The `general.architecture` values hob converts.
 pub const SUPPORTED: &str =
-    "qwen3moe, qwen2moe, olmoe, llama (with llama.expert_count > 0: Mixtral), phimoe, gpt-oss, glm4moe";
+    "qwen3moe, qwen2moe, olmoe, llama (with llama.expert_count > 0: Mixtral), phimoe, gpt-oss, glm4moe, deepseek2";
 
 /// llama.cpp's default when `{arch}.rope.freq_base` is absent.
 const DEFAULT_ROPE_FREQ_BASE: f32 = 10_000.0;
@@ -216,6 +216,10 @@ impl GgufCheckpoint {
                 let (spec, extras) = gguf_families::glm4moe(&k, &file)?;
                 Architecture::Glm4Moe(spec, extras)
             }
+            "deepseek2" => {
+                let (spec, extras) = gguf_families::deepseek2(&k, &file)?;
+                Architecture::DeepseekV2(spec, extras)
+            }
             "phimoe" => {
                 let (spec, extras) = gguf_families::phimoe(&k, &file)?;
                 eprintln!(
@@ -281,7 +285,7 @@ impl GgufCheckpoint {
             .map(|t| {
                 (
                     gguf_families::gguf_name(&arch, &t.hob_name),
-                    t.shape.clone(),
+                    gguf_families::gguf_shape(t),
                 )
             })
             .collect();
@@ -445,10 +449,13 @@ impl ConvertSource for GgufCheckpoint {
 
     fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
         let values = self.load(&gguf_families::gguf_name(&self.arch, &t.hob_name))?;
-        // Partial rotary's q/k order is made here as from Hugging Face (the GGUF keeps its
-        // order); gpt-oss's gate/up biases are separate tensors here, not interleaved.
+        // Partial rotary's q/k order and DeepSeek's de-interleaved RoPE rows are made here as
+        // from Hugging Face (the GGUF keeps the checkpoint's order); gpt-oss's gate/up biases are
+        // separate tensors here, and DeepSeek's k_b / v_b already split.
         let values = match t.lanes {
-            super::arch::Lanes::RopeOrder { .. } => t.take_lanes(values),
+            super::arch::Lanes::RopeOrder { .. } | super::arch::Lanes::Interleaved { .. } => {
+                t.take_lanes(values)
+            }
             _ => values,
         };
         let s = self.spec();

@@ -1,13 +1,15 @@
 //! The GGUF families whose keys go beyond the common ones (see [`super::gguf_checkpoint`]):
 //! Phi-3.5-MoE's LongRoPE, gpt-oss's YaRN and sliding layers, GLM-4.5's dense layers, shared
-//! experts, grouped routing and partial rotary; and the tensor names they spell their own way.
+//! experts, grouped routing and partial rotary, DeepSeek-V2's latent attention; and the tensor
+//! names and shapes they spell their own way.
 
-use super::arch::Architecture;
+use super::arch::{Architecture, Lanes};
+use super::deepseek::DeepseekExtras;
 use super::gguf::GgufFile;
 use super::gguf_checkpoint::{check_finite, check_tensor, missing, parse_spec, unsupported, Keys};
 use super::glm4moe::GlmExtras;
 use super::gptoss::GptOssExtras;
-use super::{ImportError, MixtralSpec};
+use super::{DenseTensor, ImportError, MixtralSpec};
 use crate::format::{keys, MetaValue};
 use crate::model::yarn::Yarn;
 
@@ -28,6 +30,92 @@ pub fn gguf_name(arch: &Architecture, hob: &str) -> String {
         }
         _ => hob.to_string(),
     }
+}
+
+/// The GGUF dims (numpy order) of the dense tensor `t`: DeepSeek's k_b and v_b are per-head 3-D
+/// tensors there ([heads, rank, nope], [heads, v, rank]), the same values as hob's 2-D ones.
+pub fn gguf_shape(t: &DenseTensor) -> Vec<usize> {
+    match t.lanes {
+        Lanes::KvB {
+            heads,
+            nope,
+            v,
+            rank,
+            values,
+        } => match values {
+            true => vec![heads, v, rank],
+            false => vec![heads, rank, nope],
+        },
+        _ => t.shape.clone(),
+    }
+}
+
+/// DeepSeek-V2 (`deepseek2`) as llama.cpp's converter writes it: MLA as one KV head of
+/// `key_length` (kv_lora_rank + the RoPE part) with `key_length_mla` / `value_length_mla` the
+/// per-head sizes, kv_b_proj already split into `attn_k_b` / `attn_v_b`, RoPE in the
+/// checkpoint's interleaved order (de-interleaved here as from Hugging Face), softmax routing
+/// (`expert_gating_func` 1 or absent), YaRN with `yarn_log_multiplier` = 0.1 * mscale_all_dim
+/// (the cos/sin scale taken as 1: mscale = mscale_all_dim, as DeepSeek's configs have it).
+pub fn deepseek2(k: &Keys, file: &GgufFile) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
+    let mut glm = glm4moe_parts(k, file)?;
+    if let Some(g) = k.opt_usize(keys::EXPERT_GATING_FUNC)?.filter(|&g| g != 1) {
+        let detail = format!("found {g}; hob runs DeepSeek-V2's softmax routing (1)");
+        return Err(unsupported(
+            k.path,
+            &k.full(keys::EXPERT_GATING_FUNC),
+            &detail,
+        ));
+    }
+    let (spec, moe) = (&mut glm.0, &mut glm.1);
+    let rope = moe.rope_dim;
+    let key_mla = k.usize(keys::KEY_LENGTH_MLA)?;
+    let mla = crate::model::Mla {
+        q_lora: k.opt_usize(keys::Q_LORA_RANK)?.unwrap_or(0),
+        kv_lora: k.usize(keys::KV_LORA_RANK)?,
+        nope: key_mla
+            .checked_sub(rope)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                k.err(
+                    &k.full(keys::KEY_LENGTH_MLA),
+                    "more than the RoPE dimension count",
+                )
+            })?,
+        rope,
+        v: k.usize(keys::VALUE_LENGTH_MLA)?,
+        softmax_scale: 1.0,
+    };
+    if spec.n_kv_heads != 1 || spec.head_dim != mla.kv_lora + rope {
+        let expected = format!(
+            "one KV head of kv_lora_rank + RoPE ({})",
+            mla.kv_lora + rope
+        );
+        return Err(k.err(&k.full(keys::KEY_LENGTH), &expected));
+    }
+    let yarn = match k.meta.get(&k.full("rope.scaling.type")) {
+        None => None,
+        Some(MetaValue::String(s)) if s == "none" => None,
+        Some(MetaValue::String(s)) if s == "yarn" => Some((
+            Yarn {
+                factor: k.f32(keys::ROPE_SCALING_FACTOR)?,
+                original_context: k.usize(keys::ROPE_SCALING_ORIG_CTX)?,
+                beta_fast: k.opt_f32(keys::ROPE_YARN_BETA_FAST)?.unwrap_or(32.0),
+                beta_slow: k.opt_f32(keys::ROPE_YARN_BETA_SLOW)?.unwrap_or(1.0),
+                // ggml's correction range is floored and ceiled (ggml_rope_yarn_corr_dims).
+                truncate: true,
+                attention_factor: 1.0,
+            },
+            k.opt_f32(keys::ROPE_YARN_LOG_MUL)?.unwrap_or(0.0),
+        )),
+        Some(v) => {
+            let detail = format!("found {v:?}; hob runs DeepSeek-V2 with YaRN or plain RoPE");
+            return Err(unsupported(k.path, &k.full("rope.scaling.type"), &detail));
+        }
+    };
+    // transformers' DeepSeek-V2 router never renormalizes; llama.cpp's follows the key.
+    moe.renormalize = false;
+    let (spec, moe) = glm;
+    Ok((spec, DeepseekExtras { moe, mla, yarn }))
 }
 
 /// Tensors of the layers after the model's (GLM-4.5's next-token-prediction layer, which hob
@@ -96,6 +184,20 @@ pub fn gptoss(k: &Keys, file: &GgufFile) -> Result<(MixtralSpec, GptOssExtras), 
 /// (`expert_gating_func` 2) with `exp_probs_b`, in `expert_group_count` groups; partial rotary
 /// as `rope.dimension_count` (NEOX order, as Hugging Face's); QK-norm where the tensors are.
 pub fn glm4moe(k: &Keys, file: &GgufFile) -> Result<(MixtralSpec, GlmExtras), ImportError> {
+    if let Some(g) = k.opt_usize(keys::EXPERT_GATING_FUNC)?.filter(|&g| g != 2) {
+        let detail = format!("found {g}; hob runs GLM-4.5's sigmoid routing (2)");
+        return Err(unsupported(
+            k.path,
+            &k.full(keys::EXPERT_GATING_FUNC),
+            &detail,
+        ));
+    }
+    glm4moe_parts(k, file)
+}
+
+/// What `glm4moe` and `deepseek2` share: the next-token-prediction layers counted out, the
+/// leading dense layers, shared experts, groups, the weights' scale and norm, partial rotary.
+fn glm4moe_parts(k: &Keys, file: &GgufFile) -> Result<(MixtralSpec, GlmExtras), ImportError> {
     let mut spec = parse_spec(k, file, true)?;
     let nextn = k.opt_usize("nextn_predict_layers")?.unwrap_or(0);
     spec.n_layers = spec
@@ -109,10 +211,6 @@ pub fn glm4moe(k: &Keys, file: &GgufFile) -> Result<(MixtralSpec, GlmExtras), Im
             );
             k.err(&k.full("nextn_predict_layers"), &expected)
         })?;
-    if let Some(g) = k.opt_usize("expert_gating_func")?.filter(|&g| g != 2) {
-        let detail = format!("found {g}; hob runs GLM-4.5's sigmoid routing (2)");
-        return Err(unsupported(k.path, &k.full("expert_gating_func"), &detail));
-    }
     let dense_layers = k.opt_usize(keys::LEADING_DENSE_BLOCK_COUNT)?.unwrap_or(0);
     if dense_layers >= spec.n_layers {
         let expected = format!("fewer than the {} layers", spec.n_layers);
