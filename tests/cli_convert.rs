@@ -356,7 +356,7 @@ fn errors_before_writing_name_the_problem_and_leave_nothing() {
         &model,
         &out_dir,
         &[],
-        &["config.json: architecture 'LlamaForCausalLM' is not supported (supported: MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM, PhimoeForCausalLM, GptOssForCausalLM, Glm4MoeForCausalLM, DeepseekV2ForCausalLM)"],
+        &["config.json: architecture 'LlamaForCausalLM' is not supported (supported: MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM, PhimoeForCausalLM, GptOssForCausalLM, Glm4MoeForCausalLM, DeepseekV2ForCausalLM, Glm4MoeLiteForCausalLM)"],
     );
     std::fs::write(model.join("config.json"), &config).unwrap();
 

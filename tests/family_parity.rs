@@ -205,6 +205,19 @@ fn deepseek_v2_chat_ids_match_apply_chat_template() {
     chat_ids("deepseek-v2", &path, &[], "chat_ids");
 }
 
+/// GLM-4.7-Flash's parts (Glm4MoeLiteForCausalLM): DeepSeek's MLA with a q bottleneck, sigmoid
+/// routing with the score-correction bias in groups, renormalized and scaled.
+#[test]
+fn glm4_moe_lite_matches_transformers() {
+    parity("glm4-moe-lite");
+}
+
+#[test]
+fn glm4_moe_lite_chat_ids_match_apply_chat_template() {
+    let (_tmp, path) = convert_dir(&family_dir("glm4-moe-lite"), "f16", &[]);
+    chat_ids("glm4-moe-lite", &path, &[], "chat_ids");
+}
+
 /// A checkpoint stored as the hub stores gpt-oss: MXFP4 expert blocks and scales, against
 /// transformers' own dequantization of them (tools/make_family_fixture.py to_mxfp4; transformers
 /// loading the fixture with Mxfp4Config(dequantize=True) gives the same logits).

@@ -160,6 +160,13 @@ fn deepseek_v2_on_the_gpu_matches_the_cpu_and_transformers() {
     family_on_the_gpu("deepseek-v2");
 }
 
+/// GLM-4.7-Flash's MLA with a q bottleneck and sigmoid grouped routing (routed on the host).
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn glm4_moe_lite_on_the_gpu_matches_the_cpu_and_transformers() {
+    family_on_the_gpu("glm4-moe-lite");
+}
+
 /// gpt-oss's int4 experts routed on the device (its activation and biases in the routed
 /// kernels, the decode step replayed from a CUDA graph) give the host-routed quarter cache's
 /// logits bit for bit, and the CPU's within the integer kernels' bound.

@@ -339,7 +339,7 @@ fn config_errors_name_the_field() {
             Box::new(|c| {
                 c.insert("architectures".into(), json!(["LlamaForCausalLM"]));
             }),
-            "config.json: architecture 'LlamaForCausalLM' is not supported (supported: MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM, PhimoeForCausalLM, GptOssForCausalLM, Glm4MoeForCausalLM, DeepseekV2ForCausalLM)",
+            "config.json: architecture 'LlamaForCausalLM' is not supported (supported: MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM, PhimoeForCausalLM, GptOssForCausalLM, Glm4MoeForCausalLM, DeepseekV2ForCausalLM, Glm4MoeLiteForCausalLM)",
         ),
         (Box::new(|c| { c.remove("hidden_size"); }), "field 'hidden_size': expected a positive integer, found nothing"),
         (Box::new(|c| { c.insert("num_local_experts".into(), json!("8")); }), "field 'num_local_experts': expected a positive integer, found \"8\""),

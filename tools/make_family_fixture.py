@@ -309,6 +309,42 @@ def family_spec(family):
             "model_max_length": 256,
         }
         return cfg, transformers.DeepseekV2ForCausalLM, DEEPSEEK_SPECIALS, tok_cfg, ["<｜end▁of▁sentence｜>"]
+    if family == "glm4_moe_lite":
+        # GLM-4.7-Flash's parts, small: MLA with a q bottleneck (q_lora_rank 24, which the DeepSeek-V2-Lite fixture
+        # lacks), interleaved RoPE, a dense first layer, one shared expert, sigmoid routing with the
+        # score-correction bias in 2 groups of which 1 is kept, top-3 renormalized and scaled by 1.8.
+        cfg = transformers.Glm4MoeLiteConfig(
+            **dict(COMMON, num_hidden_layers=3),
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_key_value_heads=4,
+            q_lora_rank=24,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=1.8,
+            norm_topk_prob=True,
+            rope_interleave=True,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+        tok_cfg = {
+            "bos_token": None,
+            "eos_token": "<|endoftext|>",
+            "pad_token": "<|endoftext|>",
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "chat_template": GLM_TEMPLATE,
+            "model_max_length": 256,
+        }
+        eos = ["<|endoftext|>", "<|user|>", "<|observation|>"]
+        return cfg, transformers.Glm4MoeLiteForCausalLM, GLM_SPECIALS, tok_cfg, eos
     raise SystemExit(f"unknown family {family!r}")
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build tests/fixtures/tiny-<family>: a tiny random MoE checkpoint made with transformers, fixed seed.
 
-Families: mixtral (tests/fixtures/tiny-mixtral), qwen3_moe, qwen2_moe, olmoe, phimoe (issue 50), gpt_oss, glm4_moe, deepseek_v2 (issue 53). Each has its
+Families: mixtral (tests/fixtures/tiny-mixtral), qwen3_moe, qwen2_moe, olmoe, phimoe (issue 50), gpt_oss, glm4_moe, deepseek_v2, glm4_moe_lite (issue 53). Each has its
 own special tokens, chat template (ChatML-style for Qwen and OLMoE, Phi's own) and stop tokens; the new families
 also perturb every norm weight and bias (transformers initializes them to 1 and 0), so a forward pass that skips
 one is caught, and store `chat_ids`: transformers' apply_chat_template ids of a multi-turn conversation.
@@ -17,7 +17,7 @@ Weights are rounded to f16 before the reference runs in float32, so the stored c
 the reference logits come from. initializer_range 0.15 makes every block matter (shared/ASSETS.md): the script
 zeroes one layer's attention output and one expert and prints how far the mean log-likelihood moves.
 
-usage: python3 tools/make_fixture.py OUT_DIR [--family mixtral|qwen3_moe|qwen2_moe|olmoe|phimoe|gpt_oss|glm4_moe|deepseek_v2]
+usage: python3 tools/make_fixture.py OUT_DIR [--family mixtral|qwen3_moe|qwen2_moe|olmoe|phimoe|gpt_oss|glm4_moe|deepseek_v2|glm4_moe_lite]
 """
 import json
 import os

@@ -31,7 +31,7 @@ pub enum Architecture {
     /// partial rotary.
     Glm4Moe(MixtralSpec, GlmExtras),
     /// DeepseekV2ForCausalLM: multi-head latent attention, GLM's dense layers and shared
-    /// experts, softmax routing.
+    /// experts, softmax routing; Glm4MoeLiteForCausalLM (GLM-4.7-Flash) with sigmoid routing.
     DeepseekV2(MixtralSpec, DeepseekExtras),
 }
 
@@ -44,6 +44,7 @@ const SUPPORTED: &[&str] = &[
     "GptOssForCausalLM",
     "Glm4MoeForCausalLM",
     "DeepseekV2ForCausalLM",
+    "Glm4MoeLiteForCausalLM",
 ];
 
 /// The hyper-parameters of a Mixtral-style MoE (MixtralForCausalLM, Qwen3MoeForCausalLM).
@@ -159,7 +160,11 @@ impl Architecture {
                 Ok(Architecture::GptOss(spec, extras))
             }
             "DeepseekV2ForCausalLM" => {
-                let (spec, extras) = super::deepseek::parse(&f)?;
+                let (spec, extras) = super::deepseek::parse(&f, false)?;
+                Ok(Architecture::DeepseekV2(spec, extras))
+            }
+            "Glm4MoeLiteForCausalLM" => {
+                let (spec, extras) = super::deepseek::parse(&f, true)?;
                 Ok(Architecture::DeepseekV2(spec, extras))
             }
             "Glm4MoeForCausalLM" => {

@@ -1,5 +1,7 @@
 //! DeepseekV2ForCausalLM (DeepSeek-V2-Lite, DeepSeek-V2): multi-head latent attention, leading
 //! dense layers, ungated shared experts and softmax routing (greedy or group-limited), scaled.
+//! Glm4MoeLiteForCausalLM (GLM-4.7-Flash) is the same design with GLM-4.5's router: sigmoid
+//! scores with the score-correction bias, group-limited, renormalized where `norm_topk_prob`.
 //!
 //! Tensors: q_proj (or q_a_proj, q_a_layernorm, q_b_proj), kv_a_proj_with_mqa (the latent and
 //! one RoPE key), kv_a_layernorm, kv_b_proj and o_proj, named as llama.cpp's deepseek2 names
@@ -23,10 +25,16 @@ pub struct DeepseekExtras {
     pub mla: crate::model::Mla,
     /// YaRN and llama.cpp's log multiplier of its softmax scale, where the config has it.
     pub yarn: Option<(Yarn, f32)>,
+    /// GLM-4.7-Flash's router: sigmoid scores and the score-correction bias (else softmax).
+    pub sigmoid: bool,
+    /// The checkpoint's RoPE rows in interleaved pairs (DeepSeek's; GLM-4.7-Flash's
+    /// `rope_interleave`), put in rotate-half order at convert.
+    pub interleaved: bool,
 }
 
-/// The spec and the extras from a DeepseekV2ForCausalLM config.json.
-pub fn parse(f: &Fields) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
+/// The spec and the extras from a DeepseekV2ForCausalLM config.json, or (`glm`) a
+/// Glm4MoeLiteForCausalLM one.
+pub fn parse(f: &Fields, glm: bool) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
     for field in ["attention_bias", "mlp_bias"] {
         if f.bool_or(field, false)? {
             return Err(f.unsupported(field, "hob runs DeepSeek-V2 without biases"));
@@ -56,7 +64,10 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
     let mut spec = MixtralSpec::parse(&plain, "n_routed_experts", "moe_intermediate_size")?;
     // The attention as hob runs it: heads of the latent and the RoPE key over one KV head.
     (spec.n_heads, spec.n_kv_heads, spec.head_dim) = (n_heads, 1, mla.kv_lora + mla.rope);
-    let dense_layers = f.opt_usize("first_k_dense_replace")?.unwrap_or(0);
+    let dense_layers = match glm {
+        true => leading_dense(f, spec.n_layers)?,
+        false => f.opt_usize("first_k_dense_replace")?.unwrap_or(0),
+    };
     if dense_layers >= spec.n_layers {
         let expected = format!("fewer than num_hidden_layers ({})", spec.n_layers);
         return Err(f.err(
@@ -65,15 +76,19 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
             f.get("first_k_dense_replace"),
         ));
     }
-    let (groups, topk_groups) = match f.get("topk_method").and_then(|v| v.as_str()) {
-        None | Some("greedy") => (1, 1),
-        Some("group_limited_greedy") => (f.usize("n_group")?, f.usize("topk_group")?),
-        Some(_) => {
+    let (groups, topk_groups) = match (glm, f.get("topk_method").and_then(|v| v.as_str())) {
+        (true, _) => (
+            f.opt_usize("n_group")?.unwrap_or(1),
+            f.opt_usize("topk_group")?.unwrap_or(1),
+        ),
+        (false, None | Some("greedy")) => (1, 1),
+        (false, Some("group_limited_greedy")) => (f.usize("n_group")?, f.usize("topk_group")?),
+        (false, Some(_)) => {
             let detail = "hob runs greedy and group_limited_greedy";
             return Err(f.unsupported("topk_method", detail));
         }
     };
-    if !spec.n_experts.is_multiple_of(groups) || topk_groups > groups {
+    if groups == 0 || !spec.n_experts.is_multiple_of(groups) || topk_groups > groups {
         let expected = format!(
             "a divisor of the {} experts, at least topk_group",
             spec.n_experts
@@ -91,11 +106,36 @@ pub fn parse(f: &Fields) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
         groups,
         topk_groups,
         // transformers' DeepSeek-V2 router never renormalizes (whatever norm_topk_prob says).
-        renormalize: false,
+        renormalize: glm && f.bool_or("norm_topk_prob", true)?,
         scale: f.opt_f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
         qk_norm: false,
     };
-    Ok((spec, DeepseekExtras { moe, mla, yarn }))
+    let extras = DeepseekExtras {
+        moe,
+        mla,
+        yarn,
+        sigmoid: glm,
+        interleaved: !glm || f.bool_or("rope_interleave", true)?,
+    };
+    Ok((spec, extras))
+}
+
+/// GLM-4.7-Flash's leading dense layers: `mlp_layer_types` ("dense" layers, then "sparse"
+/// ones), else `first_k_dense_replace`.
+fn leading_dense(f: &Fields, n_layers: usize) -> Result<usize, ImportError> {
+    let Some(types) = f.get("mlp_layer_types") else {
+        return Ok(f.opt_usize("first_k_dense_replace")?.unwrap_or(1));
+    };
+    let names: Option<Vec<&str>> = types
+        .as_array()
+        .and_then(|a| a.iter().map(|v| v.as_str()).collect());
+    let names = names.unwrap_or_default();
+    let dense = names.iter().take_while(|t| **t == "dense").count();
+    if names.len() != n_layers || names[dense..].iter().any(|t| *t != "sparse") {
+        let expected = format!("{n_layers} entries: \"dense\" layers, then \"sparse\" ones");
+        return Err(f.err("mlp_layer_types", &expected, Some(types)));
+    }
+    Ok(dense)
 }
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
@@ -197,7 +237,9 @@ pub fn dense_tensors(s: &MixtralSpec, e: &DeepseekExtras) -> Vec<DenseTensor> {
                 vec![heads * qw, m.q_lora],
                 mat,
             );
-            q.lanes = q_rope;
+            if e.interleaved {
+                q.lanes = q_rope;
+            }
             out.push(q);
         } else {
             let mut q = t(
@@ -206,7 +248,9 @@ pub fn dense_tensors(s: &MixtralSpec, e: &DeepseekExtras) -> Vec<DenseTensor> {
                 vec![heads * qw, h],
                 mat,
             );
-            q.lanes = q_rope;
+            if e.interleaved {
+                q.lanes = q_rope;
+            }
             out.push(q);
         }
         let kw = m.kv_lora + m.rope;
@@ -216,11 +260,13 @@ pub fn dense_tensors(s: &MixtralSpec, e: &DeepseekExtras) -> Vec<DenseTensor> {
             vec![kw, h],
             mat,
         );
-        kv_a.lanes = Lanes::Interleaved {
-            block: kw,
-            offset: m.kv_lora,
-            len: m.rope,
-        };
+        if e.interleaved {
+            kv_a.lanes = Lanes::Interleaved {
+                block: kw,
+                offset: m.kv_lora,
+                len: m.rope,
+            };
+        }
         out.push(kv_a);
         out.push(t(
             b(keys::ATTN_KV_A_NORM),
@@ -283,6 +329,14 @@ pub fn dense_tensors(s: &MixtralSpec, e: &DeepseekExtras) -> Vec<DenseTensor> {
                 TensorRole::Router,
             ));
             out.extend(mlp("mlp.shared_experts", e.moe.shared_ffn));
+            if e.sigmoid {
+                out.push(t(
+                    b(keys::FFN_EXP_PROBS_B),
+                    hf("mlp.gate.e_score_correction_bias"),
+                    vec![s.n_experts],
+                    vec,
+                ));
+            }
         }
     }
     out.push(t(
@@ -315,7 +369,10 @@ pub fn write_metadata(e: &DeepseekExtras, arch: &str, m: &mut Metadata) {
     }
     m.set(&k(keys::KEY_LENGTH_MLA), u(x.nope + x.rope));
     m.set(&k(keys::VALUE_LENGTH_MLA), u(x.v));
-    m.set(&k(keys::EXPERT_GATING_FUNC), u(1));
+    m.set(
+        &k(keys::EXPERT_GATING_FUNC),
+        u(if e.sigmoid { 2 } else { 1 }),
+    );
     if let Some((y, log_mul)) = &e.yarn {
         y.write_metadata(arch, m);
         m.set(&k(keys::ROPE_YARN_LOG_MUL), MetaValue::F32(*log_mul));

@@ -54,18 +54,25 @@ pub fn gguf_shape(t: &DenseTensor) -> Vec<usize> {
 /// `key_length` (kv_lora_rank + the RoPE part) with `key_length_mla` / `value_length_mla` the
 /// per-head sizes, kv_b_proj already split into `attn_k_b` / `attn_v_b`, RoPE in the
 /// checkpoint's interleaved order (de-interleaved here as from Hugging Face), softmax routing
-/// (`expert_gating_func` 1 or absent), YaRN with `yarn_log_multiplier` = 0.1 * mscale_all_dim
+/// (`expert_gating_func` 1) or GLM-4.7-Flash's sigmoid one (2, with `exp_probs_b`), YaRN with `yarn_log_multiplier` = 0.1 * mscale_all_dim
 /// (the cos/sin scale taken as 1: mscale = mscale_all_dim, as DeepSeek's configs have it).
 pub fn deepseek2(k: &Keys, file: &GgufFile) -> Result<(MixtralSpec, DeepseekExtras), ImportError> {
     let mut glm = glm4moe_parts(k, file)?;
-    if let Some(g) = k.opt_usize(keys::EXPERT_GATING_FUNC)?.filter(|&g| g != 1) {
-        let detail = format!("found {g}; hob runs DeepSeek-V2's softmax routing (1)");
-        return Err(unsupported(
-            k.path,
-            &k.full(keys::EXPERT_GATING_FUNC),
-            &detail,
-        ));
-    }
+    // llama.cpp's default where the key is absent: sigmoid for GLM-4.7-Flash's shape, else softmax.
+    let flash = matches!(glm.0.n_layers, 47 | 48) && glm.0.vocab == 154880;
+    let sigmoid = match k.opt_usize(keys::EXPERT_GATING_FUNC)? {
+        None => flash,
+        Some(1) => false,
+        Some(2) => true,
+        Some(g) => {
+            let detail = format!("found {g}; hob runs softmax (1) and sigmoid (2) routing");
+            return Err(unsupported(
+                k.path,
+                &k.full(keys::EXPERT_GATING_FUNC),
+                &detail,
+            ));
+        }
+    };
     let (spec, moe) = (&mut glm.0, &mut glm.1);
     let rope = moe.rope_dim;
     let key_mla = k.usize(keys::KEY_LENGTH_MLA)?;
@@ -112,10 +119,17 @@ pub fn deepseek2(k: &Keys, file: &GgufFile) -> Result<(MixtralSpec, DeepseekExtr
             return Err(unsupported(k.path, &k.full("rope.scaling.type"), &detail));
         }
     };
-    // transformers' DeepSeek-V2 router never renormalizes; llama.cpp's follows the key.
-    moe.renormalize = false;
+    // transformers' DeepSeek-V2 router never renormalizes; GLM-4.7-Flash's follows the key.
+    moe.renormalize &= sigmoid;
     let (spec, moe) = glm;
-    Ok((spec, DeepseekExtras { moe, mla, yarn }))
+    let extras = DeepseekExtras {
+        moe,
+        mla,
+        yarn,
+        sigmoid,
+        interleaved: true,
+    };
+    Ok((spec, extras))
 }
 
 /// Tensors of the layers after the model's (GLM-4.5's next-token-prediction layer, which hob

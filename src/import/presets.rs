@@ -224,5 +224,7 @@ fn deepseek_v2_lite() -> DeepseekExtras {
             softmax_scale: 1.0,
         },
         yarn: Some((yarn, 0.1 * 0.707)),
+        sigmoid: false,
+        interleaved: true,
     }
 }

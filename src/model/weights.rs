@@ -287,6 +287,9 @@ fn layer<'f>(
         },
         score_bias: match (cfg.grouped, cfg.arch) {
             (Some(_), Architecture::Glm4Moe) => per_moe(keys::FFN_EXP_PROBS_B, ne)?,
+            (Some(g), Architecture::DeepseekV2) if !g.softmax => {
+                per_moe(keys::FFN_EXP_PROBS_B, ne)?
+            }
             _ => None,
         },
         mla: cfg.mla.map(|m| mla_weights(file, cfg, l, m)).transpose()?,
