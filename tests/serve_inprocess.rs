@@ -495,6 +495,61 @@ fn forced_tool_calls_parse_even_from_a_random_model() {
     }
 }
 
+/// gpt-oss calls a tool with a message to `functions.NAME` on the commentary channel: it comes
+/// back as OpenAI's tool_calls (finish_reason tool_calls), its reasoning as reasoning_content;
+/// the tools reach the prompt through the harmony template; "required" is refused by field.
+#[test]
+fn a_harmony_tool_call_comes_back_as_tool_calls() {
+    let answer = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant\
+                  <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                  {\"city\": \"Rome\"}";
+    let s = InProcess::start_family("gpt-oss", (4, Duration::ZERO), None, answer);
+    let url = s.url("/v1/chat/completions");
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather.", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "Weather in Rome?"}],
+        "tools": tools});
+    let (status, v) = http::post_json(&url, &body, &[]);
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+    assert_eq!(call["arguments"], "{\"city\": \"Rome\"}", "{v}");
+    assert_eq!(
+        choice["message"]["reasoning_content"], "Need the weather.",
+        "{v}"
+    );
+
+    let mut required = body.clone();
+    required["tool_choice"] = json!("required");
+    let (status, v) = http::post_json(&url, &required, &[]);
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tool_choice", "{v}");
+}
+
+/// A named tool_choice opens the answer with the call's header; the tiny gpt-oss (weights, not a
+/// script) then writes arguments its schema accepts.
+#[test]
+fn a_named_harmony_tool_choice_forces_that_call() {
+    let s = InProcess::start_family("gpt-oss", (4, Duration::ZERO), None, "");
+    let city = json!({"type": "string", "maxLength": 6});
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters":
+        {"type": "object", "properties": {"city": city}, "required": ["city"],
+         "additionalProperties": false}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "Weather in Rome?"}],
+        "tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "temperature": 1.0, "seed": 5, "max_tokens": 200});
+    let (status, v) = http::post_json(&s.url("/v1/chat/completions"), &body, &[]);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+    let args: serde_json::Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string(), "{v}");
+}
+
 /// gpt-oss answers in harmony channels: the final channel is the message's content, the
 /// analysis channel its reasoning_content (as llama.cpp's server and vLLM send it), streamed
 /// or not; the channel headers are neither.

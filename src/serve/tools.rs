@@ -2,6 +2,8 @@
 //!
 //! Hermes style (Qwen2/Qwen3 templates): `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`,
 //! one block per call. Mistral style: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+//! Harmony (gpt-oss): a message to `functions.NAME` on the commentary channel, read from the
+//! answer's channels (generate/harmony.rs `Calls`), not from its text.
 //! The format is read off the chat template (the marker it teaches the model). Output that does not
 //! parse stays text: a model's broken JSON is the answer's content, never an error.
 
@@ -11,6 +13,7 @@ use serde_json::Value;
 pub enum ToolFormat {
     Hermes,
     Mistral,
+    Harmony,
 }
 
 /// How the request lets the model call tools.
@@ -47,6 +50,7 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes => "<tool_call>",
             ToolFormat::Mistral => "[TOOL_CALLS]",
+            ToolFormat::Harmony => "<|call|>",
         }
     }
 
@@ -62,6 +66,11 @@ impl ToolFormat {
             (ToolFormat::Mistral, ToolChoice::Required) => "[TOOL_CALLS][".into(),
             (ToolFormat::Mistral, ToolChoice::Named(n)) => {
                 format!("[TOOL_CALLS][{{\"name\": {}, \"arguments\": ", name(n))
+            }
+            // Any tool: refused before (a grammar over text cannot write the header's tokens).
+            (ToolFormat::Harmony, ToolChoice::Required) => String::new(),
+            (ToolFormat::Harmony, ToolChoice::Named(n)) => {
+                format!("<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>")
             }
         }
     }
@@ -84,6 +93,14 @@ impl ToolFormat {
         let end = q(match self {
             ToolFormat::Hermes => "}\n</tool_call>",
             ToolFormat::Mistral => "}]",
+            // The arguments alone: the call's end (<|call|>) is an end-of-generation token.
+            ToolFormat::Harmony => {
+                let ToolChoice::Named(n) = choice else {
+                    return None;
+                };
+                let t = tools.iter().find(|t| name_of(t).as_deref() == Some(n))?;
+                return Some(format!("start: %json {}\n", params(t)));
+            }
         });
         match choice {
             ToolChoice::Auto => None,
@@ -118,6 +135,7 @@ impl ToolFormat {
                 let list: Vec<Value> = serde_json::from_str(rest.trim()).ok()?;
                 list.iter().map(call).collect()
             }
+            ToolFormat::Harmony => None,
         }
     }
 }

@@ -11,8 +11,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::{ApiError, Prompt, Request};
 use super::metrics::Metrics;
-use super::tools::{ToolCall, ToolFormat, ToolSplitter};
-use crate::generate::harmony::{Channels, Part};
+use super::tools::{ToolCall, ToolChoice, ToolFormat, ToolSplitter};
+use crate::generate::harmony::{Calls, Channels, Part};
 use crate::generate::{
     ChatTemplate, Generator, Grammars, Limits, Sampler, SamplerConfig, Stop, StreamDecoder,
     Tokenizer,
@@ -140,12 +140,20 @@ fn prompt_ids(l: &Loaded<'_>, r: &Request) -> Result<(Vec<u32>, ToolPlan), ApiEr
             let mut vars = vars.clone();
             let mut plan = None;
             if let Some((tools, choice)) = &r.tools {
-                let Some(format) = ToolFormat::detect(t.source()) else {
-                    return Err(ApiError::invalid(
+                let format = match (&l.harmony, ToolFormat::detect(t.source())) {
+                    (Some(_), _) => ToolFormat::Harmony,
+                    (None, Some(f)) => f,
+                    (None, None) => return Err(ApiError::invalid(
                         "tools",
-                        "this model's chat template teaches no tool-call format hob reads (Hermes <tool_call>, Mistral [TOOL_CALLS])",
-                    ));
+                        "this model's chat template teaches no tool-call format hob reads (Hermes <tool_call>, Mistral [TOOL_CALLS], harmony)",
+                    )),
                 };
+                if format == ToolFormat::Harmony && *choice == ToolChoice::Required {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        "tool_choice \"required\": a harmony model (gpt-oss) takes \"auto\" or a named function",
+                    ));
+                }
                 vars.insert("tools".into(), serde_json::Value::Array(tools.clone()));
                 let grammar = format.forced_grammar(choice, tools);
                 plan = Some((format, format.forced_prefix(choice), grammar));
@@ -246,10 +254,21 @@ fn run_job(
         return Ok(None);
     }
     let mut stream = StreamDecoder::new(&l.tok, true);
+    // Harmony's calls come from the answer's channels (the forced header read into them first).
+    let harmony_prefix = match &plan {
+        Some((ToolFormat::Harmony, prefix, _)) => Some(
+            l.tok
+                .encode(prefix, false)
+                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
+        ),
+        _ => None,
+    };
     let mut out = Outgoing {
         job,
         stops: StopMatcher::new(&r.stop),
-        tools: plan.map(|(f, prefix, _)| (f, ToolSplitter::new(f, prefix))),
+        tools: plan
+            .filter(|(f, ..)| *f != ToolFormat::Harmony)
+            .map(|(f, prefix, _)| (f, ToolSplitter::new(f, prefix))),
         stopped: false,
     };
     let limits = Limits {
@@ -261,20 +280,29 @@ fn run_job(
         Prompt::Chat { .. } => l.harmony.take(),
         Prompt::Text(_) | Prompt::Ids(_) => None,
     };
-    if let Some(h) = harmony.as_mut() {
-        h.begin();
-    }
     let mut reasoning = StreamDecoder::new(&l.tok, true);
     let tok = &l.tok;
+    if let Some(h) = harmony.as_mut() {
+        h.begin();
+        for &id in harmony_prefix.iter().flatten() {
+            h.push(tok, id)
+                .map_err(|e| ApiError::invalid("tool_choice", e.to_string()))?;
+        }
+    }
+    let mut calls = harmony_prefix.as_ref().map(|_| Calls::default());
     let result = l.gen.generate(&ids, (&mut sampler, tok), limits, |id| {
-        match harmony.as_mut().map(|h| h.push(tok, id)).transpose()? {
+        let part = harmony.as_mut().map(|h| h.push(tok, id)).transpose()?;
+        if let (Some(c), Some(p)) = (calls.as_mut(), part) {
+            c.push(p, harmony.as_ref().and_then(|h| h.recipient()), id);
+        }
+        match part {
             None | Some(Part::Final) => {
                 if out.push(&stream.push(id)?) {
                     job.cancel.store(true, Ordering::SeqCst);
                 }
             }
             Some(Part::Analysis) => out.reason(reasoning.push(id)?),
-            Some(Part::Header | Part::Other) => {}
+            Some(Part::Header | Part::Call | Part::Other) => {}
         }
         metrics.token();
         Ok(())
@@ -296,7 +324,9 @@ fn run_job(
         out.push(&stream.flush().unwrap_or_default());
     }
     let stopped = out.stopped;
-    let finish = match (out.finish(), stop) {
+    let texted = out.finish();
+    let called = harmony_calls(calls, tok, job)?;
+    let finish = match (texted || called, stop) {
         (true, _) => Finish::ToolCalls,
         _ if stopped => Finish::Stop,
         (_, Stop::Eos | Stop::Interrupted) => Finish::Stop,
@@ -312,6 +342,28 @@ fn run_job(
     };
     metrics.experts(&usage.experts);
     Ok(Some((finish, usage)))
+}
+
+/// A harmony answer's calls as OpenAI's tool_calls (true where there were any).
+fn harmony_calls(calls: Option<Calls>, tok: &Tokenizer, job: &Job) -> Result<bool, ApiError> {
+    let calls = match calls {
+        Some(c) => c.finish(tok).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("tool calls: {e}"),
+            )
+        })?,
+        None => return Ok(false),
+    };
+    if calls.is_empty() {
+        return Ok(false);
+    }
+    let calls = calls
+        .into_iter()
+        .map(|(name, arguments)| ToolCall { name, arguments })
+        .collect();
+    job.events.send(Event::ToolCalls(calls)).ok();
+    Ok(true)
 }
 
 /// The answer's text on its way out: stop sequences first, then the split at a tool call.
