@@ -546,7 +546,8 @@ fn a_named_harmony_tool_choice_forces_that_call() {
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
     let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
     assert_eq!(call["name"], "get_weather", "{v}");
-    let args: serde_json::Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    let args: serde_json::Value =
+        serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
     assert!(args["city"].is_string(), "{v}");
 }
 

@@ -33,6 +33,8 @@
 #                                        first layer and 5 MoE layers) under the 16 GB profile: hob int4 (+ int2 low,
 #                                        cooperative CPU experts) with int8 dense beside llama.cpp Q4_K_M at the
 #                                        --n-cpu-moe splits that fit, then ROUNDS alternated tg64 rounds -> $OUT/glm.md
+#   bash tools/families_gpu.sh flash     the same for GLM-4.7-Flash's shape (FLASH_LAYERS of its 47, default 8; 64 experts
+#                                        of 2048 x 1536, MLA, sigmoid routing) -> $OUT/flash.md
 #   bash tools/families_gpu.sh deepseek  issue 53: DeepSeek-V2-Lite's shape, all 27 layers: hob int4 + int8 dense beside
 #                                        llama.cpp Q4_K_M, both whole on the GPU under the 16 GB profile -> $OUT/deepseek.md
 #   bash tools/families_gpu.sh gguf      issue 51: the Q4_K_M GGUF of `prepare` through `hob convert --from` with
@@ -313,31 +315,40 @@ gptoss)
   done
   hobrow "kernel times" -r 1 -p 0 -n 32 --kernel-times
   mv "$out/qwen3.md" "$out/gptoss.md"; cat "$out/gptoss.md" ;;
-glm)
+glm|flash)
   # Full GLM-4.5-Air: 45 MoE layers x 128 experts of 4096 x 1408 x 3 (17.3e6 values); non-expert weights 7.2e9
   # values (96 heads of 128, the 10944-wide dense layer, shared experts, 151552-token embedding and head):
   # hob int8 7.4e9 bytes, llama.cpp Q4_K_M ~4.4e9. Bytes per expert: hob int4 g64 9732096, Q4_K_M ~10.6e6.
-  gl="${GLM_LAYERS:-6}"; model=/tmp/glm-${gl}l.hob; gg=/tmp/glm-${gl}l; nm=$((gl - 1))
+  # Full GLM-4.7-Flash: 46 MoE layers x 64 experts of 2048 x 1536 x 3 (9.4e6 values); non-expert weights 2.15e9
+  # values (MLA with a q bottleneck, the 10240-wide dense layer, a shared expert, 154880-token vocabulary): hob int8
+  # 2.2e9 bytes, Q4_K_M ~1.3e9. Bytes per expert: hob int4 g64 5308416, Q4_K_M ~5.8e6.
+  if [ "$1" = flash ]; then
+    preset=glm-4.7-flash; gl="${FLASH_LAYERS:-8}"; ne=64; eh=5308416; dh=2.2e9; el=5.8e6; dl=1.3e9; total=47
+  else
+    preset=glm-4.5-air; gl="${GLM_LAYERS:-6}"; ne=128; eh=9732096; dh=7.4e9; el=10.6e6; dl=4.4e9; total=46
+  fi
+  model=/tmp/$preset-${gl}l.hob; gg=/tmp/$preset-${gl}l; nm=$((gl - 1))
   if [ ! -x $L/build/bin/llama-bench ]; then
     if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
     else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
   fi >> "$log" 2>&1
-  [ -f "$model" ] || "$hob" convert --synthetic glm-4.5-air --layers "$gl" --experts int4,int2 --dense int8 \
+  [ -f "$model" ] || "$hob" convert --synthetic "$preset" --layers "$gl" --experts int4,int2 --dense int8 \
     -o "$model" --no-progress >> "$log" 2>&1
   if [ ! -f "$gg-Q4_K_M.gguf" ]; then
-    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model glm-4.5-air \
+    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model "$preset" \
       --layers "$gl" 2>/dev/null >> "$log"
     $L/build/bin/llama-quantize "$gg-f16.gguf" "$gg-Q4_K_M.gguf" Q4_K_M "$(nproc)" > /tmp/quantize-glm.log 2>&1 \
       || tail -3 /tmp/quantize-glm.log; rm -f "$gg-f16.gguf"
   fi
   [ "${PREPARE_ONLY:-0}" = 1 ] && { ls -l "$model" "$gg-Q4_K_M.gguf"; exit 0; }
-  share() { python3 -c "print(max(0.0, min(1.0, (16*2**30 - $2 - 1e9) / (5760*$1))))"; }
-  fh=$(share 9732096 7.4e9); fl=$(share 10.6e6 4.4e9)
-  c=$(python3 -c "print(f'{$fh*$nm*128*9732096/2**30:.3f}')")
+  # The full model's share of its experts that fit 16 GiB beside its dense weights and 1e9 of the rest.
+  share() { python3 -c "print(max(0.0, min(1.0, (16*2**30 - $2 - 1e9) / ($(( (total - 1) * ne ))*$1))))"; }
+  fh=$(share "$eh" "$dh"); fl=$(share "$el" "$dl")
+  c=$(python3 -c "print(f'{$fh*$nm*$ne*$eh/2**30:.3f}')")
   # --n-cpu-moe counts layer 0 (no experts): the MoE layers whose experts do not fit, plus one.
   n=$(python3 -c "import math; print(min($gl, 1 + math.ceil($nm*(1-$fl) - 1e-9)))")
   {
-    echo "rtx4060ti-16g, $gl of 46 layers: hob int4 share $fh (--expert-cache $c GiB); llama.cpp Q4_K_M share $fl (--n-cpu-moe $n fits)"
+    echo "rtx4060ti-16g, $preset, $gl of $total layers: hob int4 share $fh (--expert-cache $c GiB); llama.cpp Q4_K_M share $fl (--n-cpu-moe $n fits)"
     echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |"
     echo "|---|---|---|---|---|---|---|---|---|"
   } > "$out/qwen3.md"
@@ -365,7 +376,7 @@ glm)
       -r 3 -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
     echo "| $i | ${h2:-failed} | ${h4:-failed} | ${l:-failed} |" >> "$out/qwen3.md"
   done
-  mv "$out/qwen3.md" "$out/glm.md"; cat "$out/glm.md" ;;
+  mv "$out/qwen3.md" "$out/$1.md"; cat "$out/$1.md" ;;
 deepseek)
   # DeepSeek-V2-Lite, all 27 layers (llama.cpp reads a 27-layer deepseek2 as the Lite shape, without q_lora):
   # hob int4 experts (26 x 64 x 4866048 bytes, 8.1e9) + int8 dense (1.3e9) fits a 16 GB card whole, as does
@@ -391,5 +402,5 @@ deepseek)
     llrow "$round: Q4_K_M, all layers on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
   done
   mv "$out/qwen3.md" "$out/deepseek.md"; cat "$out/deepseek.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss|glm|deepseek"; exit 2 ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek"; exit 2 ;;
 esac

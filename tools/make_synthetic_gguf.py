@@ -2,7 +2,7 @@
 """A GGUF with random weights in a real MoE's shapes, for llama.cpp speed runs beside `hob convert --synthetic`.
 
     python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b|phi-3.5-moe|
-                                                                gpt-oss-20b|gpt-oss-120b|glm-4.5-air|deepseek-v2-lite]
+                                                                gpt-oss-20b|gpt-oss-120b|glm-4.5-air|deepseek-v2-lite|glm-4.7-flash]
 
 Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors, phimoe
 with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out; gpt-oss
@@ -10,7 +10,8 @@ with its attention biases and sinks, router and expert biases, post-attention no
 other layer; glm4moe with q/k/v biases, partial rotary (64 of 128), a dense first layer of width 10944, a shared
 expert and sigmoid routing with its selection bias; deepseek2 with MLA as llama.cpp's converter writes it: the
 latent and RoPE key (attn_kv_a_mqa), k_b and v_b split per head, YaRN, a dense first layer and two shared experts),
-so both programs run the same shapes and the same attention.
+GLM-4.7-Flash as deepseek2 too, with a q bottleneck, sigmoid routing and exp_probs_b), so both programs run the same
+shapes and the same attention.
 
 Needs numpy and llama.cpp's gguf-py (PYTHONPATH=<llama.cpp>/gguf-py). Streams tensor by tensor (memory stays
 near 1 GB). The weights are noise (speed only): f16 ~ N(0, 0.02) drawn from a 64M-value pool, routers f32 N(0, 1)
@@ -34,39 +35,51 @@ MODELS = {
     "gpt-oss-120b": ("gpt-oss", 2880, 2880, 64, 8, 64, 201088, 128, 4, 36, 150000.0, 1e-5, 131072, None),
     "glm-4.5-air": ("glm4moe", 4096, 1408, 96, 8, 128, 151552, 128, 8, 46, 1e6, 1e-5, 131072, None),
     "deepseek-v2-lite": ("deepseek2", 2048, 1408, 16, 1, 576, 102400, 64, 6, 27, 1e4, 1e-6, 163840, None),
+    "glm-4.7-flash": ("deepseek2", 2048, 1536, 20, 1, 576, 154880, 64, 4, 47, 1e6, 1e-5, 202752, None),
 }
 # DeepSeek-V2-Lite's MLA: kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; its dense first layer,
 # shared experts and YaRN (factor, original context, 0.1 * mscale_all_dim).
+# GLM-4.7-Flash differs in (q_lora_rank, qk_nope_head_dim, v_head_dim, dense width, shared experts, weights scale)
+# and routes by sigmoid with exp_probs_b, renormalized, without YaRN.
 DS_LORA, DS_NOPE, DS_ROPE, DS_V = 512, 128, 64, 128
 DS_DENSE_FFN, DS_SHARED, DS_YARN = 10944, 2, (40.0, 4096, 0.0707)
+FLASH = dict(q_lora=768, nope=192, v=256, dense_ffn=10240, shared=1, scale=1.8)
 # GLM-4.5-Air: the dense first layer's width, leading dense layers, shared experts, rotated dims per head.
 GLM_DENSE_FFN, GLM_DENSE_LAYERS, GLM_SHARED, GLM_ROPE_DIM = 10944, 1, 1, 64
 # Architectures with LayerNorm biases and attention, output-head biases.
 BIASES = {"phimoe"}
 
 
-def deepseek2_layer(b, l, hidden, heads, ffn, experts):
-    """One deepseek2 block's tensors, in llama.cpp's MLA layout (numpy shapes: ggml's reversed)."""
-    sh = DS_SHARED * ffn
-    t = [(b + "attn_norm.weight", (hidden,), np.float32),
-         (b + "attn_q.weight", (heads * (DS_NOPE + DS_ROPE), hidden), np.float16),
-         (b + "attn_kv_a_mqa.weight", (DS_LORA + DS_ROPE, hidden), np.float16),
-         (b + "attn_kv_a_norm.weight", (DS_LORA,), np.float32),
-         (b + "attn_k_b.weight", (heads, DS_LORA, DS_NOPE), np.float16),
-         (b + "attn_v_b.weight", (heads, DS_V, DS_LORA), np.float16),
-         (b + "attn_output.weight", (hidden, heads * DS_V), np.float16),
-         (b + "ffn_norm.weight", (hidden,), np.float32)]
+def deepseek2_layer(b, l, hidden, heads, ffn, experts, p):
+    """One deepseek2 block's tensors, in llama.cpp's MLA layout (numpy shapes: ggml's reversed); p: the model's
+    q_lora, nope, v, dense_ffn and shared (DeepSeek-V2-Lite's or GLM-4.7-Flash's)."""
+    sh, qw = p["shared"] * ffn, heads * (p["nope"] + DS_ROPE)
+    t = [(b + "attn_norm.weight", (hidden,), np.float32)]
+    if p["q_lora"]:
+        t += [(b + "attn_q_a.weight", (p["q_lora"], hidden), np.float16),
+              (b + "attn_q_a_norm.weight", (p["q_lora"],), np.float32),
+              (b + "attn_q_b.weight", (qw, p["q_lora"]), np.float16)]
+    else:
+        t += [(b + "attn_q.weight", (qw, hidden), np.float16)]
+    t += [(b + "attn_kv_a_mqa.weight", (DS_LORA + DS_ROPE, hidden), np.float16),
+          (b + "attn_kv_a_norm.weight", (DS_LORA,), np.float32),
+          (b + "attn_k_b.weight", (heads, DS_LORA, p["nope"]), np.float16),
+          (b + "attn_v_b.weight", (heads, p["v"], DS_LORA), np.float16),
+          (b + "attn_output.weight", (hidden, heads * p["v"]), np.float16),
+          (b + "ffn_norm.weight", (hidden,), np.float32)]
     if l == 0:
-        return t + [(b + "ffn_gate.weight", (DS_DENSE_FFN, hidden), np.float16),
-                    (b + "ffn_down.weight", (hidden, DS_DENSE_FFN), np.float16),
-                    (b + "ffn_up.weight", (DS_DENSE_FFN, hidden), np.float16)]
-    return t + [(b + "ffn_gate_inp.weight", (experts, hidden), np.float32),
-                (b + "ffn_gate_exps.weight", (experts, ffn, hidden), np.float16),
-                (b + "ffn_down_exps.weight", (experts, hidden, ffn), np.float16),
-                (b + "ffn_up_exps.weight", (experts, ffn, hidden), np.float16),
-                (b + "ffn_gate_shexp.weight", (sh, hidden), np.float16),
-                (b + "ffn_down_shexp.weight", (hidden, sh), np.float16),
-                (b + "ffn_up_shexp.weight", (sh, hidden), np.float16)]
+        f = p["dense_ffn"]
+        return t + [(b + "ffn_gate.weight", (f, hidden), np.float16),
+                    (b + "ffn_down.weight", (hidden, f), np.float16),
+                    (b + "ffn_up.weight", (f, hidden), np.float16)]
+    bias = [(b + "exp_probs_b.bias", (experts,), np.float32)] if p is FLASH else []
+    return t + bias + [(b + "ffn_gate_inp.weight", (experts, hidden), np.float32),
+                       (b + "ffn_gate_exps.weight", (experts, ffn, hidden), np.float16),
+                       (b + "ffn_down_exps.weight", (experts, hidden, ffn), np.float16),
+                       (b + "ffn_up_exps.weight", (experts, ffn, hidden), np.float16),
+                       (b + "ffn_gate_shexp.weight", (sh, hidden), np.float16),
+                       (b + "ffn_down_shexp.weight", (hidden, sh), np.float16),
+                       (b + "ffn_up_shexp.weight", (sh, hidden), np.float16)]
 
 
 def main():
@@ -87,14 +100,24 @@ def main():
     w.add_context_length(ctx)
     w.add_embedding_length(HIDDEN)
     oss, glm, ds = arch == "gpt-oss", arch == "glm4moe", arch == "deepseek2"
-    w.add_feed_forward_length(GLM_DENSE_FFN if glm else DS_DENSE_FFN if ds else FFN)
+    w.add_feed_forward_length(GLM_DENSE_FFN if glm else (FLASH["dense_ffn"] if a.model == "glm-4.7-flash" else DS_DENSE_FFN) if ds else FFN)
+    flash = a.model == "glm-4.7-flash"
+    ds_p = dict(q_lora=0, nope=DS_NOPE, v=DS_V, dense_ffn=DS_DENSE_FFN, shared=DS_SHARED, scale=1.0)
+    if flash:
+        ds_p = FLASH
     if ds:
         w.add_leading_dense_block_count(1)
-        w.add_expert_shared_count(DS_SHARED)
-        w.add_expert_weights_scale(1.0)
+        w.add_expert_shared_count(ds_p["shared"])
+        w.add_expert_weights_scale(ds_p["scale"])
         w.add_kv_lora_rank(DS_LORA)
-        w.add_key_length_mla(DS_NOPE + DS_ROPE)
-        w.add_value_length_mla(DS_V)
+        w.add_key_length_mla(ds_p["nope"] + DS_ROPE)
+        w.add_value_length_mla(ds_p["v"])
+    if ds and ds_p["q_lora"]:
+        w.add_q_lora_rank(ds_p["q_lora"])
+    if flash:
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_norm(True)
+    elif ds:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(DS_YARN[0])
         w.add_rope_scaling_orig_ctx_len(DS_YARN[1])
@@ -133,7 +156,7 @@ def main():
     for l in range(a.layers):
         b = f"blk.{l}."
         if ds:
-            specs += deepseek2_layer(b, l, HIDDEN, HEADS, FFN, EXPERTS)
+            specs += deepseek2_layer(b, l, HIDDEN, HEADS, FFN, EXPERTS, ds_p)
             continue
         specs += [
             (b + "attn_norm.weight", (HIDDEN,), np.float32),

@@ -9,7 +9,7 @@ use super::phimoe::PhiExtras;
 use crate::model::yarn::Yarn;
 
 /// The models `--synthetic` knows, by the name it takes.
-pub const PRESETS: [&str; 9] = [
+pub const PRESETS: [&str; 10] = [
     "mixtral-8x7b",
     "phi-3.5-moe",
     "qwen3-30b-a3b",
@@ -19,6 +19,7 @@ pub const PRESETS: [&str; 9] = [
     "gpt-oss-120b",
     "glm-4.5-air",
     "deepseek-v2-lite",
+    "glm-4.7-flash",
 ];
 
 /// Qwen1.5-MoE-A2.7B's shared expert width (shared_expert_intermediate_size).
@@ -127,6 +128,14 @@ pub fn spec_of(name: &str) -> Result<MixtralSpec, String> {
             (64, 6),
             (10000.0, 1e-6, 163840),
         ),
+        // zai-org/GLM-4.7-Flash (Glm4MoeLiteForCausalLM): 20 heads over one latent of 512 + 64.
+        "glm-4.7-flash" => spec(
+            (2048, 1536, 47),
+            (20, 1, 576),
+            154880,
+            (64, 4),
+            (1e6, 1e-5, 202752),
+        ),
         _ => {
             return Err(format!(
                 "unknown synthetic model '{name}' (known: {})",
@@ -188,6 +197,7 @@ pub fn arch_of(name: &str, spec: MixtralSpec) -> Architecture {
             Architecture::Glm4Moe(spec, extras)
         }
         "deepseek-v2-lite" => Architecture::DeepseekV2(spec, deepseek_v2_lite()),
+        "glm-4.7-flash" => Architecture::DeepseekV2(spec, glm_4_7_flash()),
         _ => Architecture::Mixtral(spec),
     }
 }
@@ -225,6 +235,36 @@ fn deepseek_v2_lite() -> DeepseekExtras {
         },
         yarn: Some((yarn, 0.1 * 0.707)),
         sigmoid: false,
+        interleaved: true,
+    }
+}
+
+/// GLM-4.7-Flash's extras: one dense layer of 10240, one shared expert, sigmoid routing with the
+/// score-correction bias (zeros here) renormalized and scaled by 1.8, MLA with a q bottleneck of
+/// 768 and heads of 192 + 64 (values 256), no YaRN.
+fn glm_4_7_flash() -> DeepseekExtras {
+    DeepseekExtras {
+        moe: GlmExtras {
+            dense_layers: 1,
+            dense_ffn: 10240,
+            shared_ffn: 1536,
+            rope_dim: 64,
+            groups: 1,
+            topk_groups: 1,
+            renormalize: true,
+            scale: 1.8,
+            qk_norm: false,
+        },
+        mla: crate::model::Mla {
+            q_lora: 768,
+            kv_lora: 512,
+            nope: 192,
+            rope: 64,
+            v: 256,
+            softmax_scale: 1.0,
+        },
+        yarn: None,
+        sigmoid: true,
         interleaved: true,
     }
 }

@@ -599,6 +599,11 @@ mod tests {
         assert_eq!(ds.arch_name(), "deepseek2");
         assert_eq!((ds.spec.n_experts, ds.spec.n_experts_used), (64, 6));
         assert!(names(&ds).iter().any(|n| n.ends_with(keys::ATTN_K_B)));
+        let flash = SyntheticModel::preset("glm-4.7-flash").unwrap();
+        assert_eq!((flash.arch_name(), flash.spec.n_layers), ("deepseek2", 47));
+        assert!(names(&flash)
+            .iter()
+            .any(|n| n.ends_with(keys::FFN_EXP_PROBS_B)));
         let glm = SyntheticModel::preset("glm-4.5-air").unwrap();
         assert_eq!(glm.arch_name(), "glm4moe");
         // The dense first layer has an MLP and no router; the expert table skips it.
