@@ -77,6 +77,17 @@ GLM_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}"
     "{% if enable_thinking is defined and enable_thinking is false %}{{ '\n<think></think>' }}{% endif %}{% endif %}"
 )
+# GLM-4.5's and GLM-4.7-Flash's tokenizer_config fields and eos tokens.
+GLM_TOK = {
+    "bos_token": None,
+    "eos_token": "<|endoftext|>",
+    "pad_token": "<|endoftext|>",
+    "add_bos_token": False,
+    "add_eos_token": False,
+    "chat_template": GLM_TEMPLATE,
+    "model_max_length": 256,
+}
+GLM_EOS = ["<|endoftext|>", "<|user|>", "<|observation|>"]
 GLM_SPECIALS = (
     "<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>",
     "</think>",
@@ -255,17 +266,7 @@ def family_spec(family):
             rms_norm_eps=1e-5,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
         )
-        tok_cfg = {
-            "bos_token": None,
-            "eos_token": "<|endoftext|>",
-            "pad_token": "<|endoftext|>",
-            "add_bos_token": False,
-            "add_eos_token": False,
-            "chat_template": GLM_TEMPLATE,
-            "model_max_length": 256,
-        }
-        eos = ["<|endoftext|>", "<|user|>", "<|observation|>"]
-        return cfg, transformers.Glm4MoeForCausalLM, GLM_SPECIALS, tok_cfg, eos
+        return cfg, transformers.Glm4MoeForCausalLM, GLM_SPECIALS, GLM_TOK, GLM_EOS
     if family == "deepseek_v2":
         # DeepSeek-V2-Lite's parts, small: multi-head latent attention (no q LoRA, as the Lite; a latent of 32, 16
         # dims without and 8 with RoPE, values of 16), a dense first layer, two shared experts, softmax top-3 kept
@@ -334,17 +335,7 @@ def family_spec(family):
             rms_norm_eps=1e-5,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         )
-        tok_cfg = {
-            "bos_token": None,
-            "eos_token": "<|endoftext|>",
-            "pad_token": "<|endoftext|>",
-            "add_bos_token": False,
-            "add_eos_token": False,
-            "chat_template": GLM_TEMPLATE,
-            "model_max_length": 256,
-        }
-        eos = ["<|endoftext|>", "<|user|>", "<|observation|>"]
-        return cfg, transformers.Glm4MoeLiteForCausalLM, GLM_SPECIALS, tok_cfg, eos
+        return cfg, transformers.Glm4MoeLiteForCausalLM, GLM_SPECIALS, GLM_TOK, GLM_EOS
     raise SystemExit(f"unknown family {family!r}")
 
 
