@@ -173,7 +173,7 @@ fn main() {
     let mut failed = 0;
     // GPU_MATVEC_KINDS=int2,int4: only those kinds (a quicker A/B of one kernel).
     let only = std::env::var("GPU_MATVEC_KINDS").ok();
-    for kind in ["f16", "bf16", "int8", "int4", "int2"] {
+    for kind in ["f16", "bf16", "int8", "int4", "int2", "mxfp4"] {
         if only
             .as_deref()
             .is_some_and(|o| !o.split(',').any(|k| k == kind))
@@ -697,6 +697,13 @@ fn layout(kind: &str, rows: usize, cols: usize, random_scales: bool) -> (Vec<u8>
     let v = Variant::parse(kind, None).expect("variant");
     let l = v.matrix_layout(rows, cols).expect("layout");
     let mut bytes: Vec<u8> = (0..l.size).map(|_| rnd() as u8).collect();
+    if v.kind == hob::format::VariantKind::Mxfp4 {
+        // E8M0 exponents of 2^-7 .. 2^0.
+        for e in &mut bytes[l.scales.clone()] {
+            *e = 120 + (rnd() % 8) as u8;
+        }
+        return (bytes, Box::new(move |b| Matrix::from_view(l.view(v, b))));
+    }
     for r in [l.scales.clone(), l.mins.clone()] {
         for c in bytes[r].chunks_exact_mut(2) {
             let h = if random_scales {

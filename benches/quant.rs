@@ -141,7 +141,7 @@ fn main() {
         row("f32", 32.0, None, f32_gate, f32_down, bytes.len());
     }
 
-    for name in ["f16", "bf16", "int8", "int4", "int2"]
+    for name in ["f16", "bf16", "int8", "int4", "int2", "mxfp4"]
         .into_iter()
         .filter(|n| wanted(n))
     {

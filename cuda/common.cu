@@ -10,7 +10,8 @@
 //
 // Conventions: every matrix is row-major [rows, cols]; a "row_bytes" is the stored bytes of one
 // row of codes; scales and mins are f16 [rows, cols / group]. Kind codes match WeightKind in
-// src/backend/cuda/mod.rs: 0 f32, 1 f16, 2 bf16, 3 int8, 4 int4, 5 int2.
+// src/backend/cuda/mod.rs: 0 f32, 1 f16, 2 bf16, 3 int8, 4 int4, 5 int2, 6 mxfp4 (whose
+// "scales" are E8M0 bytes, one per 32 values).
 
 // No headers: NVRTC needs no include path. f16 values travel as their 16-bit patterns.
 
@@ -20,6 +21,7 @@
 #define KIND_INT8 3
 #define KIND_INT4 4
 #define KIND_INT2 5
+#define KIND_MXFP4 6
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -80,6 +82,18 @@ __device__ __forceinline__ half_bits f2h(float f) {
 }
 
 #define NEG_INF __int_as_float(0xff800000)
+
+// MXFP4 (src/quant/mxfp4.rs): e2m1 code c doubled, an integer in [-12, 12] (bit 3 the sign;
+// magnitudes 0, 1, 2, 3 and then 2^(m >> 1) * (2 + (m & 1)) / 2: 4, 6, 8, 12 whose f32 bits are
+// (m + 254) << 22), times the block's 2^(e - 128): exact products, as on the CPU.
+__device__ __forceinline__ float e2m1x2(u32 c) {
+    const u32 m = c & 7u;
+    const float v = m < 2u ? (float)m : __uint_as_float((m + 254u) << 22);
+    return __uint_as_float(__float_as_uint(v) | ((c & 8u) << 28));
+}
+__device__ __forceinline__ float mx_half_scale(u32 e) {
+    return __uint_as_float(e >= 2u ? (e - 1u) << 23 : e == 1u ? 0x00400000u : 0x00200000u);
+}
 
 __device__ __forceinline__ float bf2f(unsigned short bits) {
     return __uint_as_float(((u32)bits) << 16);

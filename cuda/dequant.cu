@@ -9,6 +9,10 @@ __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {
         case KIND_F32: return reinterpret_cast<const float*>(row)[c];
         case KIND_F16: return h2f(reinterpret_cast<const unsigned short*>(row)[c]);
         case KIND_BF16: return bf2f(reinterpret_cast<const unsigned short*>(row)[c]);
+        case KIND_MXFP4: {
+            const u8 e = reinterpret_cast<const u8*>(w.scales)[(size_t)r * (w.cols >> 5) + (c >> 5)];
+            return e2m1x2(row[c / 2] >> (4 * (c % 2))) * mx_half_scale(e);
+        }
         default: break;
     }
     size_t g = (size_t)r * (w.cols / w.group) + c / w.group;

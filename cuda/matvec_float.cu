@@ -17,7 +17,22 @@ template <int KIND>
 __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restrict__ x, int c,
                                            const Mat& w, int r) {
     const u32 word[4] = {v.x, v.y, v.z, v.w};
-    if (KIND == KIND_F32) {
+    if (KIND == KIND_MXFP4) {
+        // One chunk is one block: 32 codes (element 2i in the low nibble of byte i), its scale
+        // byte at block c of row r; the doubled codes times x in order, then the scale.
+        const float* xb = x + c * 32;
+        float s = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 xa = *reinterpret_cast<const float4*>(xb + 8 * k);
+            const float4 xc = *reinterpret_cast<const float4*>(xb + 8 * k + 4);
+            const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xc.x, xc.y, xc.z, xc.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) s = __fmaf_rn(e2m1x2(word[k] >> (4 * i)), xs[i], s);
+        }
+        const u8* sc = reinterpret_cast<const u8*>(w.scales);
+        return __fmul_rn(mx_half_scale(sc[(size_t)r * (w.cols >> 5) + c]), s);
+    } else if (KIND == KIND_F32) {
         return dot4_f32(v, *reinterpret_cast<const float4*>(x + c * 4));
     } else {  // f16, bf16
         const float4 xa = *reinterpret_cast<const float4*>(x + c * 8);

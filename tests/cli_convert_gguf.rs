@@ -159,8 +159,8 @@ fn a_gguf_picks_the_variants_that_hold_its_blocks() {
     for (name, want) in [
         ("tiny-mixtral-q8_0", "--experts int8,int4 --dense int8"),
         ("tiny-mixtral", "--experts f16,int4 --dense f16"),
-        // MXFP4 sits on int8/g32's grid exactly (int4's is uniform, e2m1's is not).
-        ("tiny-gpt-oss-mxfp4", "--experts int8,int4 --dense f16"),
+        // MXFP4 kept as it is, int2 below it.
+        ("tiny-gpt-oss-mxfp4", "--experts mxfp4,int2 --dense f16"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("x.hob");
@@ -467,4 +467,28 @@ fn gpt_oss_mxfp4_gguf_matches_the_directory_with_llama_cpp_swiglu_limit() {
     let file = HobFile::open(&from_gguf).unwrap();
     let source = meta_str(&file, keys::SOURCE).unwrap();
     assert!(source.contains("experts MXFP4 x6"), "{source}");
+
+    // Kept as MXFP4: ggml's blocks repacked are byte for byte the directory's blocks.
+    let (_a, hf_mx) = convert_dir(&src, "mxfp4", &[]);
+    let (_b, gguf_mx) = convert_dir(&gguf("tiny-gpt-oss-mxfp4"), "mxfp4", &[]);
+    let e = nmse(&logits(&gguf_mx, &ids), &logits(&hf_mx, &ids));
+    assert!(e <= 1e-10, "mxfp4 experts: NMSE {e}");
+    let (a, b) = (
+        HobFile::open(&hf_mx).unwrap(),
+        HobFile::open(&gguf_mx).unwrap(),
+    );
+    for layer in 0..a.n_layers() {
+        for expert in 0..a.n_experts() {
+            let (sa, sb) = (
+                a.expert_span(layer, expert, 0),
+                b.expert_span(layer, expert, 0),
+            );
+            let bytes =
+                |f: &HobFile, (o, n): (u64, u64)| f.bytes()[o as usize..(o + n) as usize].to_vec();
+            assert!(
+                bytes(&a, sa) == bytes(&b, sb),
+                "layer {layer} expert {expert}"
+            );
+        }
+    }
 }

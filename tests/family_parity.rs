@@ -226,6 +226,48 @@ fn gpt_oss_mxfp4_checkpoint_matches_transformers() {
     parity("gpt-oss-mxfp4");
 }
 
+/// The same checkpoint converted to `mxfp4`: the stored codes and exponents are the checkpoint's
+/// blocks and scales (gate from the even rows of gate_up, up from the odd ones), and the logits
+/// and greedy tokens are still transformers'.
+#[test]
+fn gpt_oss_mxfp4_experts_are_stored_as_released() {
+    let dir = family_dir("gpt-oss-mxfp4");
+    let r = reference_in(&dir);
+    let (_tmp, path) = convert_dir(&dir, "mxfp4,int2", &["--group-size", "32"]);
+    let file = HobFile::open(&path).unwrap();
+    let n = r.greedy_ids.len();
+    let (prefill, ids, greedy) = run(&file, 0, &r.input_ids, n);
+    let (e_prefill, e_greedy) = (nmse(&prefill, &r.logits), nmse(&greedy, &r.greedy_logits));
+    println!("gpt-oss mxfp4 experts: prefill NMSE {e_prefill:.2e}, greedy {e_greedy:.2e}");
+    assert!(e_prefill <= 1e-6 && e_greedy <= 1e-6);
+    assert_eq!(ids, r.greedy_ids);
+
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let name = "model.layers.1.mlp.experts.gate_up_proj";
+    let blocks = st.tensor(&format!("{name}_blocks")).unwrap();
+    let scales = st.tensor(&format!("{name}_scales")).unwrap();
+    let (ne, rows2, nb) = (blocks.shape()[0], blocks.shape()[1], blocks.shape()[2]);
+    let e = ne - 1;
+    let (row_codes, row_scales) = (nb * 16, nb);
+    let view = file.expert(1, e, 0);
+    for (m, parity) in [(view.gate(), 0), (view.up(), 1)] {
+        assert_eq!(m.rows * 2, rows2);
+        for r in 0..m.rows {
+            let src = (e * rows2 + 2 * r + parity) * row_codes;
+            assert_eq!(
+                &m.codes[r * row_codes..(r + 1) * row_codes],
+                &blocks.data()[src..src + row_codes]
+            );
+            let src = (e * rows2 + 2 * r + parity) * row_scales;
+            assert_eq!(
+                &m.scales[r * row_scales..(r + 1) * row_scales],
+                &scales.data()[src..src + row_scales]
+            );
+        }
+    }
+}
+
 #[test]
 fn gpt_oss_chat_ids_match_apply_chat_template() {
     let (_tmp, path) = convert_dir(&family_dir("gpt-oss"), "f16", &[]);

@@ -34,10 +34,15 @@ fn greedy(s: &mut dyn Session, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>,
 /// `family`'s fixture (f16 experts) on the GPU against the CPU and transformers, then the engine
 /// offloading it (f16 high, int4 low, all high) against the all-resident GPU run.
 fn family_on_the_gpu(family: &str) {
+    family_variants_on_the_gpu(family, "f16,int4");
+}
+
+/// The same with `experts` (high, low) as the stored variants.
+fn family_variants_on_the_gpu(family: &str, experts: &str) {
     let g = gpu();
     let dir = family_dir(family);
     let r = reference_in(&dir);
-    let (_tmp, path) = convert_dir(&dir, "f16,int4", &["--group-size", "32"]);
+    let (_tmp, path) = convert_dir(&dir, experts, &["--group-size", "32"]);
     let file = HobFile::open(&path).unwrap();
     let model = Model::load(&file).unwrap();
     let n = r.greedy_ids.len();
@@ -144,6 +149,14 @@ fn phimoe_on_the_gpu_matches_the_cpu_and_transformers() {
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn gpt_oss_on_the_gpu_matches_the_cpu_and_transformers() {
     family_on_the_gpu("gpt-oss");
+}
+
+/// gpt-oss's experts as released, MXFP4 (cuda/mxfp4.cu), int2 below them: routed on the device
+/// when resident, per expert under the quarter cache, on the CPU in cooperative mode.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn gpt_oss_mxfp4_on_the_gpu_matches_the_cpu_and_transformers() {
+    family_variants_on_the_gpu("gpt-oss-mxfp4", "mxfp4,int2");
 }
 
 #[test]

@@ -35,6 +35,9 @@
 #                                        --n-cpu-moe splits that fit, then ROUNDS alternated tg64 rounds -> $OUT/glm.md
 #   bash tools/families_gpu.sh flash     the same for GLM-4.7-Flash's shape (FLASH_LAYERS of its 47, default 8; 64 experts
 #                                        of 2048 x 1536, MLA, sigmoid routing) -> $OUT/flash.md
+#   bash tools/families_gpu.sh oss120    issue 53: gpt-oss-120b's shape (OSS_LAYERS of its 36, default 6) under rtx4090-24g and
+#                                        rtx4060ti-16g: hob mxfp4 (+ int2 low) with cooperative CPU experts beside llama.cpp's
+#                                        MXFP4_MOE at its --n-cpu-moe splits, then ROUNDS alternated tg64 rounds -> $OUT/oss120.md
 #   bash tools/families_gpu.sh deepseek  issue 53: DeepSeek-V2-Lite's shape, all 27 layers: hob int4 + int8 dense beside
 #                                        llama.cpp Q4_K_M, both whole on the GPU under the 16 GB profile -> $OUT/deepseek.md
 #   bash tools/families_gpu.sh gguf      issue 51: the Q4_K_M GGUF of `prepare` through `hob convert --from` with
@@ -377,6 +380,65 @@ glm|flash)
     echo "| $i | ${h2:-failed} | ${h4:-failed} | ${l:-failed} |" >> "$out/qwen3.md"
   done
   mv "$out/qwen3.md" "$out/$1.md"; cat "$out/$1.md" ;;
+oss120)
+  # Issue 53: gpt-oss-120b's shape (OSS_LAYERS of its 36, default 6; 128 experts of 2880 x 2880, top-4) under
+  # rtx4090-24g and rtx4060ti-16g. hob: the experts in mxfp4 (+ int2 low) with int8 dense, cooperative CPU
+  # experts; llama.cpp: MXFP4 experts and Q8_0 dense (llama-quantize MXFP4_MOE of an MXFP4 GGUF,
+  # tools/make_synthetic_gguf.py --mxfp4-experts) at the --n-cpu-moe splits that fit and one more, then
+  # ROUNDS alternated tg64 rounds at the best split. Full model: 4608 experts of 13221888 bytes (hob mxfp4,
+  # padded) / 13219200 (ggml MXFP4); non-expert weights 2.13e9 values: hob int8 2.2e9 bytes, Q8_0 2.26e9.
+  ol="${OSS_LAYERS:-6}"; eh=13221888; dh=2.2e9; el=13219200; dl=2.26e9
+  model=/tmp/gpt-oss-120b-${ol}l.hob; gg=/tmp/gpt-oss-120b-${ol}l
+  if [ ! -x $L/build/bin/llama-bench ]; then
+    if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
+    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
+  fi >> "$log" 2>&1
+  t0=$(date +%s)
+  [ -f "$model" ] || "$hob" convert --synthetic gpt-oss-120b --layers "$ol" --experts mxfp4,int2 --dense int8 \
+    -o "$model" --no-progress >> "$log" 2>&1
+  if [ ! -f "$gg-mxfp4.gguf" ]; then
+    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-src.gguf" --model gpt-oss-120b \
+      --layers "$ol" --mxfp4-experts 2>/dev/null >> "$log"
+    $L/build/bin/llama-quantize --allow-requantize "$gg-src.gguf" "$gg-mxfp4.gguf" MXFP4_MOE "$(nproc)" \
+      > /tmp/quantize-oss.log 2>&1 || tail -3 /tmp/quantize-oss.log; rm -f "$gg-src.gguf"
+  fi
+  echo "oss120 prepared in $(( $(date +%s) - t0 )) s" >> "$log"; ls -l "$model" "$gg-mxfp4.gguf" >> "$log"
+  [ "${PREPARE_ONLY:-0}" = 1 ] && { tail -3 "$log"; exit 0; }
+  share() { python3 -c "print(max(0.0, min(1.0, ($3*2**30 - $2 - 1e9) / (4608*$1))))"; }
+  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  tg='import json, sys; print(next(r["avg_ts"] for r in json.load(sys.stdin) if r["n_gen"] > 0 and r["n_prompt"] == 0))'
+  for prof in ${OSS_PROFILES:-rtx4090-24g:24 rtx4060ti-16g:16}; do
+    name=${prof%%:*}; gib=${prof##*:}
+    fh=$(share "$eh" "$dh" "$gib"); fl=$(share "$el" "$dl" "$gib")
+    c=$(python3 -c "print(f'{$fh*$ol*128*$eh/2**30:.3f}')")
+    n=$(python3 -c "import math; print(min($ol, math.ceil($ol*(1-$fl) - 1e-9)))")
+    echo "$name, $ol of 36 layers: hob mxfp4 share $fh (--expert-cache $c GiB); llama.cpp MXFP4 share $fl (--n-cpu-moe $n fits)" >> "$out/qwen3.md"
+    r=(-r 2 -p 512 -n 64)
+    p=(--platform "$name" --cache-policy hobbit --prefetch 3 --expert-cache "$c" --cpu-experts -t "$(nproc)")
+    hobrow "$name mxfp4+int2, CPU experts" "${p[@]}" "${r[@]}" --expert-variant mxfp4 --low int2
+    hobrow "$name mxfp4, CPU experts" "${p[@]}" "${r[@]}" --expert-variant mxfp4 --low none
+    best=$n; bts=0
+    for k in $n $((n + 1)); do
+      [ "$k" -le "$ol" ] || continue
+      row=$(timeout 300 $L/build/bin/llama-bench -m "$gg-mxfp4.gguf" -ngl 99 --n-cpu-moe "$k" -t "$(nproc)" "${r[@]}" \
+        -o md 2>>"$log" | grep -v '^| ---\|^| model' | sed "s#^|#| llama.cpp $name MXFP4 n-cpu-moe $k |#")
+      echo "$row" >> "$out/qwen3.md"
+      ts=$(echo "$row" | grep tg64 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+      python3 -c "import sys; sys.exit(0 if float('${ts:-0}') > float('$bts') else 1)" && { best=$k; bts=$ts; }
+    done
+    { echo ""; echo "| $name round | hob mxfp4+int2 t/s | hob mxfp4 t/s | llama.cpp MXFP4 --n-cpu-moe $best t/s |"; echo "|---|---:|---:|---:|"; } >> "$out/qwen3.md"
+    q=("${p[@]}" --expert-variant mxfp4 -r 3 -p 0 -n 64 -o json)
+    for i in $(seq 1 "${ROUNDS:-1}"); do
+      h2=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low int2 2>>"$log" | python3 -c "$tg" 2>>"$log")
+      h4=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low none 2>>"$log" | python3 -c "$tg" 2>>"$log")
+      l=$(timeout 120 $L/build/bin/llama-bench -m "$gg-mxfp4.gguf" -ngl 99 --n-cpu-moe "$best" -t "$(nproc)" -p 0 -n 64 \
+        -r 3 -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
+      echo "| $i | ${h2:-failed} | ${h4:-failed} | ${l:-failed} |" >> "$out/qwen3.md"
+    done
+    echo "" >> "$out/qwen3.md"
+  done
+  mv "$out/qwen3.md" "$out/oss120.md"; cat "$out/oss120.md" ;;
 deepseek)
   # DeepSeek-V2-Lite, all 27 layers (llama.cpp reads a 27-layer deepseek2 as the Lite shape, without q_lora):
   # hob int4 experts (26 x 64 x 4866048 bytes, 8.1e9) + int8 dense (1.3e9) fits a 16 GB card whole, as does
@@ -402,5 +464,5 @@ deepseek)
     llrow "$round: Q4_K_M, all layers on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
   done
   mv "$out/qwen3.md" "$out/deepseek.md"; cat "$out/deepseek.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek"; exit 2 ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac

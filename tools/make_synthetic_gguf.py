@@ -3,6 +3,11 @@
 
     python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b|phi-3.5-moe|
                                                                 gpt-oss-20b|gpt-oss-120b|glm-4.5-air|deepseek-v2-lite|glm-4.7-flash]
+                                                  [--mxfp4-experts]
+
+--mxfp4-experts writes the routed experts as MXFP4 blocks (random codes, exponents around 2^-7, as gpt-oss ships
+them) instead of f16: `llama-quantize --allow-requantize OUT.gguf Q.gguf MXFP4_MOE` then keeps them and makes the
+rest Q8_0.
 
 Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors, phimoe
 with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out; gpt-oss
@@ -87,11 +92,16 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--model", default="mixtral-8x7b", choices=sorted(MODELS))
+    ap.add_argument("--mxfp4-experts", action="store_true")
     a = ap.parse_args()
     arch, HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB, EXPERTS, TOP_K, total, base, eps, ctx, qk = MODELS[a.model]
     q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     rng = np.random.default_rng(1234)
     pool = (rng.standard_normal(64 << 20, dtype=np.float32) * 0.02).astype(np.float16)
+    # ggml block_mxfp4: an E8M0 exponent (2^-8 .. 2^-6: e2m1 codes' sd 2.9 times it ~ 0.01-0.02), 16 code bytes.
+    mxpool = rng.integers(0, 256, size=(1 << 20, 17), dtype=np.uint8)
+    mxpool[:, 0] = rng.integers(119, 122, size=1 << 20, dtype=np.uint8)
+    mxpool = mxpool.reshape(-1)
 
     w = gguf.GGUFWriter(a.out, arch)
     # Not "phi-3" in the name: llama.cpp then sets attributes on Phi-3's special tokens, which this vocabulary lacks.
@@ -204,7 +214,14 @@ def main():
     specs += [("output_norm.weight", (HIDDEN,), np.float32), ("output.weight", (VOCAB, HIDDEN), np.float16)]
     if bias:
         specs += [("output_norm.bias", (HIDDEN,), np.float32), ("output.bias", (VOCAB,), np.float32)]
+    if a.mxfp4_experts:
+        specs = [(n, sh, "mxfp4" if n.endswith("_exps.weight") else dt) for n, sh, dt in specs]
     for name, shape, dt in specs:
+        if dt == "mxfp4":
+            byte_shape = tuple(shape[:-1]) + (shape[-1] // 32 * 17,)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                              raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            continue
         w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -218,6 +235,12 @@ def main():
             np.ones(n, dtype=np.float32).tofile(fout)
         elif name.endswith(".bias"):
             np.zeros(n, dtype=np.float32).tofile(fout)
+        elif dt == "mxfp4":
+            done, nb = 0, n // 32 * 17
+            while done < nb:
+                k = min(nb - done, len(mxpool))
+                mxpool[:k].tofile(fout)
+                done += k
         elif dt == np.float32:
             rng.standard_normal(n, dtype=np.float32).tofile(fout)
         else:

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::ConvertArgs;
 use crate::error::Error;
-use crate::format::{writer, DenseSpec, ExpertLayout, HobWriter, TensorType, Variant};
+use crate::format::{writer, DenseSpec, ExpertLayout, HobWriter, TensorType, Variant, VariantKind};
 use crate::import::synthetic::{self, SyntheticModel};
 use crate::import::{dtype, Checkpoint, ConvertSource, DensePlan, ExpertWeights, GgufCheckpoint};
 use crate::quant::{self, ErrorStats};
@@ -65,14 +65,24 @@ pub fn quantize_expert(
 ) -> (Vec<u8>, ErrorStats) {
     let mut blob = vec![0u8; layout.size];
     let mut stats = ErrorStats::default();
-    for (offset, m, src) in [
+    let raw = w
+        .mxfp4
+        .as_deref()
+        .filter(|_| variant.kind == VariantKind::Mxfp4);
+    for (i, (offset, m, src)) in [
         (layout.gate_offset, &layout.gate, &w.gate),
         (layout.up_offset, &layout.up, &w.up),
         (layout.down_offset, &layout.down, &w.down),
-    ] {
-        let stored = quant::quantize_matrix(variant, m, src);
-        stats.add(&quant::measure_error(variant, m, &stored, src));
-        blob[offset..offset + m.size].copy_from_slice(&stored);
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dst = &mut blob[offset..offset + m.size];
+        // MXFP4 sources keep their codes and exponents (the values are the same either way).
+        if raw.and_then(|r| r[i].store(m, dst)).is_none() {
+            dst.copy_from_slice(&quant::quantize_matrix(variant, m, src));
+        }
+        stats.add(&quant::measure_error(variant, m, dst, src));
     }
     (blob, stats)
 }

@@ -77,15 +77,19 @@ pub enum VariantKind {
     Int4,
     /// Asymmetric: w = scale * q + min, q in [0, 3], four per byte (element 4i+j in bits 2j..2j+2).
     Int2,
+    /// OCP MXFP4 (gpt-oss's experts): 4-bit e2m1 codes two per byte (element 2i in the low
+    /// nibble), times 2^(e - 127) for one E8M0 byte e per 32 values (the group size is 32).
+    Mxfp4,
 }
 
 impl VariantKind {
-    pub const ALL: [VariantKind; 5] = [
+    pub const ALL: [VariantKind; 6] = [
         VariantKind::F16,
         VariantKind::Bf16,
         VariantKind::Int8,
         VariantKind::Int4,
         VariantKind::Int2,
+        VariantKind::Mxfp4,
     ];
 
     pub fn code(self) -> u32 {
@@ -95,6 +99,7 @@ impl VariantKind {
             VariantKind::Int8 => 3,
             VariantKind::Int4 => 4,
             VariantKind::Int2 => 5,
+            VariantKind::Mxfp4 => 6,
         }
     }
 
@@ -109,6 +114,7 @@ impl VariantKind {
             VariantKind::Int8 => "int8",
             VariantKind::Int4 => "int4",
             VariantKind::Int2 => "int2",
+            VariantKind::Mxfp4 => "mxfp4",
         }
     }
 
@@ -117,9 +123,23 @@ impl VariantKind {
         match self {
             VariantKind::F16 | VariantKind::Bf16 => 16,
             VariantKind::Int8 => 8,
-            VariantKind::Int4 => 4,
+            VariantKind::Int4 | VariantKind::Mxfp4 => 4,
             VariantKind::Int2 => 2,
         }
+    }
+
+    /// Bytes of one group's scale: an f16, or MXFP4's E8M0 exponent byte.
+    pub fn scale_bytes(self) -> usize {
+        if self == VariantKind::Mxfp4 {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// A fixed group size (MXFP4's 32 values a block), else None.
+    pub fn fixed_group_size(self) -> Option<u32> {
+        (self == VariantKind::Mxfp4).then_some(32)
     }
 
     pub fn is_float(self) -> bool {
@@ -136,7 +156,7 @@ impl VariantKind {
         if self.is_float() {
             0
         } else {
-            64
+            self.fixed_group_size().unwrap_or(64)
         }
     }
 }
@@ -155,7 +175,8 @@ pub struct MatrixLayout {
     pub cols: usize,
     /// Codes (quantized) or raw values (float variants), row-major.
     pub codes: Range<usize>,
-    /// f16 scales, [rows, cols / group_size] row-major; empty for float variants.
+    /// f16 scales (MXFP4: E8M0 bytes), [rows, cols / group_size] row-major; empty for float
+    /// variants.
     pub scales: Range<usize>,
     /// f16 minimums, [rows, cols / group_size] row-major; empty unless `kind.has_mins()`.
     pub mins: Range<usize>,
@@ -226,8 +247,19 @@ impl Variant {
         if kind.is_float() && group.is_some() {
             return Err(format!("variant '{s}': float variants take no group size"));
         }
+        if let (Some(fixed), Some(g)) = (kind.fixed_group_size(), group) {
+            if g != fixed {
+                return Err(format!(
+                    "variant '{s}': {} has blocks of {fixed} values, not {g}",
+                    kind.name()
+                ));
+            }
+        }
         let group_size = if kind.is_float() {
             0
+        } else if let Some(fixed) = kind.fixed_group_size() {
+            // --group-size applies to the int variants; MXFP4's blocks are fixed.
+            fixed
         } else {
             group.or(default_group).unwrap_or(kind.default_group_size())
         };
@@ -244,6 +276,16 @@ impl Variant {
                     self.group_size
                 ));
             }
+        } else if let Some(fixed) = self
+            .kind
+            .fixed_group_size()
+            .filter(|&f| f != self.group_size)
+        {
+            return Err(format!(
+                "{}: blocks of {fixed} values, found group size {}",
+                self.kind.name(),
+                self.group_size
+            ));
         } else if self.group_size < 16
             || self.group_size > 4096
             || !self.group_size.is_multiple_of(16)
@@ -259,7 +301,7 @@ impl Variant {
 
     /// "f16", "int4/g64".
     pub fn name(&self) -> String {
-        if self.kind.is_float() {
+        if self.kind.is_float() || self.kind.fixed_group_size().is_some() {
             self.kind.name().to_string()
         } else {
             format!("{}/g{}", self.kind.name(), self.group_size)
@@ -295,7 +337,9 @@ impl Variant {
             .ok_or_else(overflow)?
             / 8;
         let groups = rows.checked_mul(cols / g).ok_or_else(overflow)?;
-        let side_len = groups.checked_mul(2).ok_or_else(overflow)?;
+        let side_len = groups
+            .checked_mul(self.kind.scale_bytes())
+            .ok_or_else(overflow)?;
         let scales_start = align_up(codes_len, SUBARRAY_ALIGN).ok_or_else(overflow)?;
         let scales_end = scales_start.checked_add(side_len).ok_or_else(overflow)?;
         let (mins, end) = if self.kind.has_mins() {
@@ -343,7 +387,11 @@ impl Variant {
         if self.kind.is_float() || rows == 0 || cols == 0 {
             return bits;
         }
-        let side = if self.kind.has_mins() { 32.0 } else { 16.0 };
+        let side = if self.kind.has_mins() {
+            32.0
+        } else {
+            8.0 * self.kind.scale_bytes() as f64
+        };
         bits + side / self.group_size as f64
     }
 }
@@ -373,6 +421,16 @@ mod tests {
         );
         assert_eq!(Variant::parse("int8", Some(128)).unwrap().group_size, 128);
         assert_eq!(Variant::parse("f16", Some(128)).unwrap().group_size, 0);
+        let mx = Variant::parse("mxfp4", Some(128)).unwrap();
+        assert_eq!((mx.group_size, mx.name()), (32, "mxfp4".to_string()));
+        assert!(Variant::parse("mxfp4/g64", None).is_err());
+        assert!(Variant::new(VariantKind::Mxfp4, 64).is_err());
+        let l = mx.matrix_layout(2, 64).unwrap();
+        assert_eq!(
+            (l.codes.clone(), l.scales.clone(), l.mins.len()),
+            (0..64, 64..68, 0)
+        );
+        assert_eq!(mx.bits_per_weight(2880, 2880), 4.25);
         assert!(Variant::parse("int3", None)
             .unwrap_err()
             .contains("unknown variant 'int3'"));

@@ -688,6 +688,7 @@ impl ExpertSource {
                 gate: index.load_f32(&names.name(layer, expert, Which::Gate))?,
                 up: index.load_f32(&names.name(layer, expert, Which::Up))?,
                 down: index.load_f32(&names.name(layer, expert, Which::Down))?,
+                mxfp4: None,
             }),
             ExpertSource::GptOss {
                 hidden,
@@ -708,6 +709,7 @@ impl ExpertSource {
                         gate: Vec::new(),
                         up: Vec::new(),
                         down: Vec::new(),
+                        mxfp4: None,
                     },
                     expert * 2 * m,
                 );

@@ -28,6 +28,7 @@ use super::gguf::{GgufError, GgufFile, GgufTensor};
 use super::gguf_defaults;
 use super::gguf_families;
 use super::gguf_tokenizer::tokenizer_from_gguf;
+use super::mxfp4::{Mxfp4Expert, Mxfp4Matrix};
 use super::{
     Architecture, ConvertSource, DenseTensor, ExpertSource, ExpertWeights, ImportError,
     MixtralSpec, TokenizerFiles,
@@ -370,19 +371,57 @@ impl GgufCheckpoint {
         rows: usize,
         cols: usize,
     ) -> Result<Vec<f32>, ImportError> {
+        let (t, bytes, row_bytes) = self.merged_bytes(name, expert, rows, cols)?;
+        let mut out = vec![0f32; rows * cols];
+        for (src, dst) in bytes
+            .chunks_exact(row_bytes)
+            .zip(out.chunks_exact_mut(cols))
+        {
+            ggml::dequantize_row(t.ggml_type(), src, dst).map_err(|e| dequantize(&t, name, e))?;
+        }
+        check_finite(&t, &out)?;
+        Ok(out)
+    }
+
+    /// The same matrix's blocks as they are, where the tensor is MXFP4 (else None).
+    fn load_merged_mxfp4(
+        &self,
+        name: &str,
+        expert: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Mxfp4Matrix>, ImportError> {
+        let (t, bytes, _) = self.merged_bytes(name, expert, rows, cols)?;
+        if t.ggml_type() != GgmlType::MXFP4 {
+            return Ok(None);
+        }
+        let m = Mxfp4Matrix::from_ggml(bytes);
+        match m.nan_block() {
+            Some(b) => Err(ImportError::from(GgufError::Tensor {
+                path: t.path().to_path_buf(),
+                name: name.to_string(),
+                detail: format!("expert {expert}: block {b}'s exponent is 255 (NaN in E8M0)"),
+            })),
+            None => Ok(Some(m)),
+        }
+    }
+
+    /// Expert `expert`'s bytes of a merged tensor and its bytes a row.
+    fn merged_bytes(
+        &self,
+        name: &str,
+        expert: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(GgufTensor<'_>, &[u8], usize), ImportError> {
         let t = self
             .file
             .tensor(name)
             .ok_or_else(|| missing(&self.path, name))?;
-        let ty = t.ggml_type();
-        let fail = |source| {
-            ImportError::from(GgufError::Dequantize {
-                path: t.path().to_path_buf(),
-                name: name.to_string(),
-                source,
-            })
-        };
-        let row_bytes = ty.row_bytes(cols).map_err(fail)?;
+        let row_bytes = t
+            .ggml_type()
+            .row_bytes(cols)
+            .map_err(|e| dequantize(&t, name, e))?;
         let size = rows * row_bytes;
         let bytes = t
             .bytes()
@@ -394,15 +433,7 @@ impl GgufCheckpoint {
                     detail: format!("expert {expert}'s rows run past the tensor's data"),
                 })
             })?;
-        let mut out = vec![0f32; rows * cols];
-        for (src, dst) in bytes
-            .chunks_exact(row_bytes)
-            .zip(out.chunks_exact_mut(cols))
-        {
-            ggml::dequantize_row(ty, src, dst).map_err(fail)?;
-        }
-        check_finite(&t, &out)?;
-        Ok(out)
+        Ok((t, bytes, row_bytes))
     }
 
     fn spec(&self) -> &MixtralSpec {
@@ -478,15 +509,25 @@ impl ConvertSource for GgufCheckpoint {
         let (h, f) = (self.spec().hidden, self.spec().ffn);
         let layer = layer + self.arch.first_moe_layer();
         match self.experts {
-            GgufExperts::Merged => Ok(ExpertWeights {
-                gate: self.load_merged(&merged_name(layer, "gate"), expert, f, h)?,
-                up: self.load_merged(&merged_name(layer, "up"), expert, f, h)?,
-                down: self.load_merged(&merged_name(layer, "down"), expert, h, f)?,
-            }),
+            GgufExperts::Merged => {
+                let mats = [("gate", f, h), ("up", f, h), ("down", h, f)];
+                let mut raw = Vec::new();
+                for (w, rows, cols) in mats {
+                    let name = merged_name(layer, w);
+                    raw.extend(self.load_merged_mxfp4(&name, expert, rows, cols)?);
+                }
+                Ok(ExpertWeights {
+                    gate: self.load_merged(&merged_name(layer, "gate"), expert, f, h)?,
+                    up: self.load_merged(&merged_name(layer, "up"), expert, f, h)?,
+                    down: self.load_merged(&merged_name(layer, "down"), expert, h, f)?,
+                    mxfp4: <Box<Mxfp4Expert>>::try_from(raw).ok(),
+                })
+            }
             GgufExperts::PerExpert => Ok(ExpertWeights {
                 gate: self.load(&per_expert_name(layer, "gate", expert))?,
                 up: self.load(&per_expert_name(layer, "up", expert))?,
                 down: self.load(&per_expert_name(layer, "down", expert))?,
+                mxfp4: None,
             }),
         }
     }
@@ -667,13 +708,22 @@ pub(super) fn check_tensor(t: &GgufTensor, shape: &[usize]) -> Result<(), Import
         });
     }
     if !t.ggml_type().is_supported() {
-        return Err(ImportError::from(GgufError::Dequantize {
-            path: t.path().to_path_buf(),
-            name: t.name().to_string(),
-            source: ggml::GgmlError::Unsupported { ty: t.ggml_type() },
-        }));
+        return Err(dequantize(
+            t,
+            t.name(),
+            ggml::GgmlError::Unsupported { ty: t.ggml_type() },
+        ));
     }
     Ok(())
+}
+
+/// A block type's failure on tensor `name`.
+fn dequantize(t: &GgufTensor<'_>, name: &str, source: ggml::GgmlError) -> ImportError {
+    ImportError::from(GgufError::Dequantize {
+        path: t.path().to_path_buf(),
+        name: name.to_string(),
+        source,
+    })
 }
 
 pub(super) fn check_finite(t: &GgufTensor, values: &[f32]) -> Result<(), ImportError> {

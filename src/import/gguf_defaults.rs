@@ -30,21 +30,23 @@ fn fits_int4(t: GgmlType) -> bool {
 }
 
 /// The expert variants (high, then low) for the width that holds most of the file's expert
-/// values: f16 + int4 for float experts, int8 + int4 for 5-8-bit blocks and MXFP4, int4 + int2
-/// for 4-bit and narrower ones (Q4_K_M: its Q4_K gate and up outweigh the Q6_K downs).
+/// values: f16 + int4 for float experts, int8 + int4 for 5-8-bit blocks, int4 + int2 for 4-bit
+/// and narrower ones (Q4_K_M: its Q4_K gate and up outweigh the Q6_K downs), and MXFP4 kept as
+/// it is with int2 below it (int4/g64's 4.5 bits would be wider than MXFP4's 4.25).
 pub fn default_experts(tensors: &[GgufTensorInfo]) -> &'static str {
-    let (mut float, mut narrow, mut wide) = (0u64, 0u64, 0u64);
+    let (mut float, mut narrow, mut wide, mut mx) = (0u64, 0u64, 0u64, 0u64);
     for t in tensors.iter().filter(|t| is_expert_tensor(&t.name)) {
         let n = t.n_elements();
         match t.ggml_type {
             ty if is_float(ty) => float += n,
-            // e2m1 codes times a power of two sit on int8/g32's grid, not on int4's.
-            GgmlType::MXFP4 => wide += n,
+            GgmlType::MXFP4 => mx += n,
             ty if fits_int4(ty) => narrow += n,
             _ => wide += n,
         }
     }
-    if float >= narrow.max(wide) {
+    if mx > float.max(narrow).max(wide) {
+        "mxfp4,int2"
+    } else if float >= narrow.max(wide) {
         "f16,int4"
     } else if narrow >= wide {
         "int4,int2"

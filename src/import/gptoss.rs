@@ -4,6 +4,7 @@
 
 use super::arch::{DenseTensor, Lanes, MixtralSpec, TensorRole};
 use super::fields::Fields;
+use super::mxfp4::Mxfp4Matrix;
 use super::{ExpertWeights, ImportError, TensorIndex};
 use crate::format::{keys, MetaValue, Metadata};
 use crate::model::yarn::Yarn;
@@ -210,7 +211,7 @@ fn mxfp4_matrix(
     name: &str,
     expert: usize,
     (rows, cols): (usize, usize),
-) -> Result<Vec<f32>, ImportError> {
+) -> Result<(Vec<f32>, Mxfp4Matrix), ImportError> {
     let (g, n) = (cols / 32, rows * cols);
     let blocks = index.load_u8(
         &format!("{name}_blocks"),
@@ -236,7 +237,7 @@ fn mxfp4_matrix(
             first: expert * n + first,
         });
     }
-    Ok(out)
+    Ok((out, Mxfp4Matrix::from_hf(&blocks, &scales)))
 }
 
 /// One MXFP4 expert in nn.Linear's layout: gate from the even rows of `gate_up_proj`, up from
@@ -248,13 +249,13 @@ pub fn load_mxfp4_expert(
     expert: usize,
 ) -> Result<ExpertWeights, ImportError> {
     let (h, f) = (hidden, ffn);
-    let gu = mxfp4_matrix(
+    let (gu, gu_raw) = mxfp4_matrix(
         index,
         &experts_name(layer, "gate_up_proj"),
         expert,
         (2 * f, h),
     )?;
-    let down = mxfp4_matrix(index, &experts_name(layer, "down_proj"), expert, (h, f))?;
+    let (down, down_raw) = mxfp4_matrix(index, &experts_name(layer, "down_proj"), expert, (h, f))?;
     let (mut gate, mut up) = (Vec::with_capacity(f * h), Vec::with_capacity(f * h));
     for (r, row) in gu.chunks_exact(h).enumerate() {
         if r % 2 == 0 {
@@ -263,7 +264,27 @@ pub fn load_mxfp4_expert(
             up.extend_from_slice(row);
         }
     }
-    Ok(ExpertWeights { gate, up, down })
+    // The stored codes and exponents, split the same way (a row: h / 2 bytes, h / 32 exponents).
+    let rows_of = |parity: usize| {
+        let pick = |v: &[u8], w: usize| -> Vec<u8> {
+            v.chunks_exact(w)
+                .skip(parity)
+                .step_by(2)
+                .flatten()
+                .copied()
+                .collect()
+        };
+        Mxfp4Matrix {
+            codes: pick(&gu_raw.codes, h / 2),
+            scales: pick(&gu_raw.scales, h / 32),
+        }
+    };
+    Ok(ExpertWeights {
+        gate,
+        up,
+        down,
+        mxfp4: Some(Box::new([rows_of(0), rows_of(1), down_raw])),
+    })
 }
 
 /// One expert's matrices in nn.Linear's layout: gate[i][j] = gate_up_proj[e][j][2i], up from
@@ -291,6 +312,7 @@ pub fn load_expert(
         gate: vec![0.0; f * h],
         up: vec![0.0; f * h],
         down: vec![0.0; h * f],
+        mxfp4: None,
     };
     for (j, row) in gu.chunks_exact(2 * f).enumerate() {
         for i in 0..f {

@@ -28,6 +28,7 @@ mod gguf_families;
 pub mod gguf_tokenizer;
 mod glm4moe;
 mod gptoss;
+pub mod mxfp4;
 mod phimoe;
 mod presets;
 mod qwen2moe;
@@ -165,6 +166,9 @@ pub struct ExpertWeights {
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
     pub down: Vec<f32>,
+    /// The same matrices as the source stores them where that is MXFP4: the `mxfp4` variant
+    /// takes them as they are.
+    pub mxfp4: Option<Box<mxfp4::Mxfp4Expert>>,
 }
 
 /// What `hob convert` reads weights from: a Hugging Face directory (`Checkpoint`) or a GGUF
@@ -211,6 +215,14 @@ impl ConvertSource for Checkpoint {
     }
     fn has_tokenizer(&self) -> bool {
         true
+    }
+    /// MXFP4 experts (gpt-oss as released) are kept as they are, int2 below them; else f16 +
+    /// int4.
+    fn default_experts(&self) -> &'static str {
+        match self.experts {
+            ExpertSource::GptOss { mxfp4: true, .. } => "mxfp4,int2",
+            _ => "f16,int4",
+        }
     }
     fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
         Checkpoint::load_dense(self, t)

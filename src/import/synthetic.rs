@@ -362,9 +362,22 @@ fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
                 *b ^= (*b == 0x80) as u8;
             }
         }),
-        VariantKind::Int4 | VariantKind::Int2 => fill_par(codes, codes_key, fill_bytes),
+        VariantKind::Int4 | VariantKind::Int2 | VariantKind::Mxfp4 => {
+            fill_par(codes, codes_key, fill_bytes)
+        }
     }
     if variant.kind.is_float() {
+        return;
+    }
+    if variant.kind == VariantKind::Mxfp4 {
+        // Uniform e2m1 codes have sd 2.93 * 2^(e - 127): the exponent nearest WEIGHT_SD, each
+        // block one above or below it at random.
+        let e0 = (127.0 + (WEIGHT_SD / 2.926).log2().round()) as i32;
+        fill_par(&mut buf[m.scales.clone()], side_key, |r, c| {
+            for b in c.iter_mut() {
+                *b = (e0 + (r.next() % 3) as i32 - 1).clamp(0, 254) as u8;
+            }
+        });
         return;
     }
     // Dequantized values take L equally likely levels spaced `scale` apart, centered on zero:

@@ -11,6 +11,7 @@
 //! `sum_g(s_g * sum(q * x) + m_g * sum_g(x))`, with the group sums of `x` computed once per call.
 
 mod gemm;
+pub mod mxfp4;
 mod quantize;
 mod scalar;
 
@@ -35,6 +36,7 @@ pub enum WeightKind {
     Int8,
     Int4,
     Int2,
+    Mxfp4,
 }
 
 impl WeightKind {
@@ -45,6 +47,7 @@ impl WeightKind {
             VariantKind::Int8 => WeightKind::Int8,
             VariantKind::Int4 => WeightKind::Int4,
             VariantKind::Int2 => WeightKind::Int2,
+            VariantKind::Mxfp4 => WeightKind::Mxfp4,
         }
     }
 
@@ -62,13 +65,25 @@ impl WeightKind {
             WeightKind::F32 => 32,
             WeightKind::F16 | WeightKind::Bf16 => 16,
             WeightKind::Int8 => 8,
-            WeightKind::Int4 => 4,
+            WeightKind::Int4 | WeightKind::Mxfp4 => 4,
             WeightKind::Int2 => 2,
         }
     }
 
     pub fn is_quantized(self) -> bool {
-        matches!(self, WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2)
+        matches!(
+            self,
+            WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2 | WeightKind::Mxfp4
+        )
+    }
+
+    /// Bytes of one group's scale: f16, or MXFP4's E8M0 byte.
+    pub fn scale_bytes(self) -> usize {
+        if self == WeightKind::Mxfp4 {
+            1
+        } else {
+            2
+        }
     }
 
     pub fn has_mins(self) -> bool {
@@ -86,7 +101,7 @@ pub struct Matrix<'a> {
     pub cols: usize,
     /// Raw values (float kinds) or packed codes.
     pub codes: &'a [u8],
-    /// f16 per-group scales, [rows, cols / group_size].
+    /// f16 per-group scales (MXFP4: E8M0 bytes), [rows, cols / group_size].
     pub scales: &'a [u8],
     /// f16 per-group minimums (int4, int2).
     pub mins: &'a [u8],
@@ -184,9 +199,15 @@ impl<'a> Matrix<'a> {
                 self.group_size
             );
             let side = self.rows * self.groups_per_row() * 2;
+            let scale_side = side / 2 * self.kind.scale_bytes();
             assert!(
-                self.scales.len() >= side,
-                "{:?}: {} scale bytes, need {side}",
+                self.kind != WeightKind::Mxfp4 || self.group_size == mxfp4::BLOCK,
+                "mxfp4 with group size {}",
+                self.group_size
+            );
+            assert!(
+                self.scales.len() >= scale_side,
+                "{:?}: {} scale bytes, need {scale_side}",
                 self.kind,
                 self.scales.len()
             );
@@ -205,6 +226,9 @@ impl<'a> Matrix<'a> {
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows, "row {r} of {}", self.rows);
         assert_eq!(out.len(), self.cols, "output length");
+        if self.kind == WeightKind::Mxfp4 {
+            return mxfp4::row_to_f32(self, r, out);
+        }
         scalar::row_to_f32(self, r, out);
     }
 
@@ -224,6 +248,9 @@ impl<'a> Matrix<'a> {
     /// splits rows among threads.
     pub fn matvec_rows(&self, x: &[f32], rows: std::ops::Range<usize>, out: &mut [f32]) {
         self.check_call(x, &rows, out);
+        if self.kind == WeightKind::Mxfp4 {
+            return mxfp4::matvec_rows(self, x, rows, out);
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(level) = x86::Level::detected() {
             self.matvec_rows_x86(level, x, rows, out);
@@ -256,6 +283,10 @@ impl<'a> Matrix<'a> {
             x86::Level::detected().is_some_and(|top| level <= top),
             "{level:?} kernels on a CPU without them"
         );
+        if self.kind == WeightKind::Mxfp4 {
+            // One kernel at every level (AVX2).
+            return mxfp4::matvec_rows(self, x, rows, out);
+        }
         let mut sums = GroupSums::new();
         // The integer kernel sums its own rounded x per group.
         let xsums = if x86::packed_vnni_takes(level, self) {
@@ -285,6 +316,9 @@ impl<'a> Matrix<'a> {
     /// Plain scalar reference for `matvec_rows`.
     pub fn matvec_rows_scalar(&self, x: &[f32], rows: std::ops::Range<usize>, out: &mut [f32]) {
         self.check_call(x, &rows, out);
+        if self.kind == WeightKind::Mxfp4 {
+            return mxfp4::matvec_rows_scalar(self, x, rows, out);
+        }
         let mut sums = GroupSums::new();
         let xsums = scalar::group_sums(self, x, sums.buffer(self));
         scalar::matvec_rows(self, x, xsums, rows, out);

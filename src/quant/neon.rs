@@ -27,6 +27,7 @@ pub(super) unsafe fn matvec_rows(
             WeightKind::F32 => dot_f32(codes, x),
             WeightKind::F16 => dot_f16(codes, x),
             WeightKind::Bf16 => dot_bf16(codes, x),
+            WeightKind::Mxfp4 => unreachable!("mxfp4 rows: quant::mxfp4"),
             WeightKind::Int8 => dot_int8(codes, &m.scales[side], m.group_size, x),
             WeightKind::Int4 | WeightKind::Int2 => {
                 let qx = if m.kind == WeightKind::Int4 {

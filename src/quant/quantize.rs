@@ -97,6 +97,21 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
                     }
                 });
         }
+        VariantKind::Mxfp4 => {
+            let n = BLOCK_GROUPS;
+            src.par_chunks(super::mxfp4::BLOCK * n)
+                .zip(codes.par_chunks_mut(16 * n))
+                .zip(scales.par_chunks_mut(n))
+                .for_each(|((src, codes), scales)| {
+                    for ((w, c), e) in src
+                        .chunks_exact(super::mxfp4::BLOCK)
+                        .zip(codes.chunks_exact_mut(16))
+                        .zip(scales.iter_mut())
+                    {
+                        *e = super::mxfp4::quantize_block(w, c);
+                    }
+                });
+        }
         VariantKind::Int4 | VariantKind::Int2 => {
             let g = variant.group_size as usize;
             let bits = variant.kind.bits() as usize;

@@ -32,7 +32,9 @@ pub(super) fn code_at(kind: WeightKind, codes: &[u8], i: usize) -> f32 {
         WeightKind::Int8 => codes[i] as i8 as f32,
         WeightKind::Int4 => ((codes[i / 2] >> (4 * (i % 2))) & 0x0f) as f32,
         WeightKind::Int2 => ((codes[i / 4] >> (2 * (i % 4))) & 0x03) as f32,
-        WeightKind::F32 | WeightKind::F16 | WeightKind::Bf16 => unreachable!("not a code kind"),
+        WeightKind::F32 | WeightKind::F16 | WeightKind::Bf16 | WeightKind::Mxfp4 => {
+            unreachable!("not an integer code kind")
+        }
     }
 }
 
@@ -71,6 +73,7 @@ pub(super) fn row_to_f32(m: &Matrix, r: usize, out: &mut [f32]) {
                 .enumerate()
                 .for_each(|(i, o)| *o = bf16_at(codes, i)),
         },
+        WeightKind::Mxfp4 => unreachable!("mxfp4 rows: quant::mxfp4"),
         WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2 => {
             // Group by group, a byte's codes at a time (the same values as `code_at`, in loops
             // the compiler vectorizes: prefill dequantizes every row it multiplies).
@@ -137,6 +140,7 @@ fn dot_row(m: &Matrix, r: usize, x: &[f32], xsums: &[f32]) -> f32 {
         WeightKind::F32 => dense(f32_at),
         WeightKind::F16 => dense(f16_at),
         WeightKind::Bf16 => dense(bf16_at),
+        WeightKind::Mxfp4 => unreachable!("mxfp4 rows: quant::mxfp4"),
         WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2 => {
             let gs = m.group_size;
             let gpr = m.groups_per_row();

@@ -51,6 +51,7 @@ fn heavy_tailed(rng: &mut Rng, n: usize, g: usize) -> Vec<f32> {
 }
 
 fn variant(kind: VariantKind, g: u32) -> Variant {
+    let g = kind.fixed_group_size().unwrap_or(g);
     Variant::new(kind, if kind.is_float() { 0 } else { g }).unwrap()
 }
 
@@ -89,6 +90,7 @@ fn stored(
         WeightKind::Int8 => VariantKind::Int8,
         WeightKind::Int4 => VariantKind::Int4,
         WeightKind::Int2 => VariantKind::Int2,
+        WeightKind::Mxfp4 => VariantKind::Mxfp4,
     };
     let v = variant(vk, g);
     let l = v.matrix_layout(rows, cols).unwrap();
@@ -108,13 +110,14 @@ fn as_matrix<'a>(
     }
 }
 
-const ALL_KINDS: [WeightKind; 6] = [
+const ALL_KINDS: [WeightKind; 7] = [
     WeightKind::F32,
     WeightKind::F16,
     WeightKind::Bf16,
     WeightKind::Int8,
     WeightKind::Int4,
     WeightKind::Int2,
+    WeightKind::Mxfp4,
 ];
 
 /// A fast path of this CPU: on x86 the kernels of one level (the dispatch takes the highest, the
@@ -232,7 +235,10 @@ fn fast_path_and_scalar_match_f64_reference_for_every_kind() {
     for kind in ALL_KINDS {
         for &(rows, cols) in &shapes {
             for g in [16u32, 32, 64, 128] {
-                if kind.is_quantized() && cols % g as usize != 0 || !kind.is_quantized() && g != 16
+                let mx = kind == WeightKind::Mxfp4;
+                if kind.is_quantized() && cols % g as usize != 0
+                    || !kind.is_quantized() && g != 16
+                    || mx && g != 32
                 {
                     continue;
                 }
@@ -287,7 +293,9 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
     let finite = |bits: u16, exp_mask: u16| bits & exp_mask != exp_mask;
     for kind in ALL_KINDS {
         // Quantized kinds: groups of 16, and of 64 (the packed kernels' wider steps).
-        let shapes: &[(usize, u32)] = if kind.is_quantized() {
+        let shapes: &[(usize, u32)] = if kind == WeightKind::Mxfp4 {
+            &[(32, 32), (96, 32), (256, 32)]
+        } else if kind.is_quantized() {
             &[(16, 16), (48, 16), (112, 16), (64, 64), (192, 64)]
         } else {
             &[
@@ -575,7 +583,8 @@ fn x86_dispatch_takes_the_detected_level() {
             let ((below, a), (level, b)) = (&pair[0], &pair[1]);
             let own = match level {
                 super::x86::Level::Avx512 => kind == WeightKind::F16 || kind.has_mins(),
-                super::x86::Level::Avx512Vnni => kind.is_quantized(),
+                // MXFP4 has one kernel at every level.
+                super::x86::Level::Avx512Vnni => kind.is_quantized() && kind != WeightKind::Mxfp4,
                 _ => kind.has_mins(),
             };
             if own {

@@ -427,6 +427,7 @@ impl ExpertDevice for CudaBackend {
         let (gate, down) = (experts[0].2[0], experts[0].2[2]);
         let routed = Routed { tab, routes: rp, k };
         if gate.kind < 3 {
+            // Float kinds; the integer kinds and mxfp4 take the routed kernels.
             gpu.moe_gate_up(&gate, routed, xp, g)?;
             gpu.moe_down(&down, routed, g, op)
         } else {
@@ -543,7 +544,7 @@ impl CudaBackend {
         let (Some((act, [bg, bu, bd])), true) = (self.ffn_dev(block.ffn)?.glu, r.gate.kind >= 3)
         else {
             return Err(Error::Invalid(
-                "CUDA: device routing takes biased experts in integer kinds only".into(),
+                "CUDA: device routing takes biased experts in integer kinds or mxfp4 only".into(),
             ));
         };
         let (routes, tab, g, dn) = self.routed_room(r, layer);

@@ -41,7 +41,7 @@ impl Gpu {
             4 => 8,
             _ => 16,
         };
-        let words = kind >= 3
+        let words = (3..=5).contains(&kind)
             && w.codes.is_multiple_of(4)
             && w.row_bytes % 4 == 0
             && cols % 8 == 0

@@ -48,6 +48,9 @@ pub struct Kernels {
     pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
     pub matvec: [CudaFunction; 3],
+    /// MXFP4 experts (mxfp4.cu): plain, and routed like matvec_q_*_sel.
+    pub matvec_mx: CudaFunction,
+    pub matvec_mx_sel: CudaFunction,
     /// The integer kinds (matvec_q_*): int8, int4, int2.
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
@@ -221,6 +224,7 @@ impl Kernels {
         include_str!("../../../cuda/mla.cu"),
         include_str!("../../../cuda/matvec_float.cu"),
         include_str!("../../../cuda/moe.cu"),
+        include_str!("../../../cuda/mxfp4.cu"),
         include_str!("../../../cuda/matvec_q_stage.cu"),
         include_str!("../../../cuda/matvec_q.cu"),
         include_str!("../../../cuda/matvec_qm.cu"),
@@ -311,6 +315,8 @@ impl Kernels {
                 f("attention_prefill_4")?,
             ],
             matvec: floats("matvec")?,
+            matvec_mx: f("matvec_mxfp4")?,
+            matvec_mx_sel: f("matvec_mxfp4_sel")?,
             matvec_q: qkernels("matvec_q", "", QFamily::Scalar)?,
             matvec_any: f("matvec_any")?,
             matvec_q_sel: qkernels("matvec_q", "_sel", QFamily::Scalar)?,

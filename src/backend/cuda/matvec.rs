@@ -44,7 +44,11 @@ impl Gpu {
     pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
         let w = *w;
         if w.vectorizable() && x.is_multiple_of(16) {
-            if w.kind >= 3 {
+            if w.is_mxfp4() {
+                let c = cfg(blocks(w.rows as usize, 8), 256);
+                return launch!(self, self.kernels.matvec_mx, c; w, x, y);
+            }
+            if w.is_int() {
                 if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
                     return Ok(());
                 }
@@ -111,12 +115,25 @@ impl Gpu {
         (x, xs, glu): (u64, usize, bool),
         (y, ys): (u64, usize),
     ) -> crate::Result<()> {
-        if w.kind < 3 {
+        let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
+        if w.is_mxfp4() && !glu {
+            // A warp a row, 8 rows a block (mxfp4.cu matvec_mxfp4_sel); split, tchunks unused.
+            let c = LaunchConfig {
+                grid_dim: (blocks(w.rows.max(0) as usize, 8), ny as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let z = 0i32;
+            let f = &self.kernels.matvec_mx_sel;
+            return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
+        }
+        if !w.is_int() {
             return Err(Error::Invalid(
-                "CUDA: matvec_sel takes integer kinds (float kinds: moe_gate_up, moe_down)".into(),
+                "CUDA: matvec_sel takes integer kinds and mxfp4 without glu (float kinds: \
+                 moe_gate_up, moe_down)"
+                    .into(),
             ));
         }
-        let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
         // The plain kernel's plan (the same split and column tiles: the same sums as
         // `matvec`). Its grid fills the GPU once; the ny matrices share it (a block loops over
         // its matrix's row tiles, so any grid computes the same sums).
@@ -347,7 +364,7 @@ impl Gpu {
         if !w.vectorizable() {
             return false;
         }
-        if w.kind < 3 {
+        if !w.is_int() {
             return true;
         }
         self.routed_plan(w, self.q_kernels(w).1).is_some()
@@ -423,7 +440,7 @@ impl Gpu {
     /// integer kernel's (QShape::nmse_bound), 1e-10 for the rest.
     pub fn matvec_nmse_bound(&self, m: &Matrix<'_>) -> f64 {
         let d = DevMat::new(m, 0, 0, 0);
-        if d.kind >= 3 && d.row_bytes % 16 == 0 {
+        if d.is_int() && d.row_bytes % 16 == 0 {
             self.q_kernels(&d).0.shape.nmse_bound()
         } else {
             1e-10

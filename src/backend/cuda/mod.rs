@@ -122,6 +122,7 @@ fn kind_code(kind: WeightKind) -> i32 {
         WeightKind::Int8 => 3,
         WeightKind::Int4 => 4,
         WeightKind::Int2 => 5,
+        WeightKind::Mxfp4 => 6,
     }
 }
 
@@ -241,6 +242,16 @@ impl DevMat {
             kind: kind_code(m.kind),
             _pad: 0,
         }
+    }
+
+    /// An integer kind (int8, int4, int2: the matvec_q families and their plans).
+    pub fn is_int(&self) -> bool {
+        (3..=5).contains(&self.kind)
+    }
+
+    /// MXFP4 (mxfp4.cu): routed like the integer kinds, through its own kernels.
+    pub fn is_mxfp4(&self) -> bool {
+        self.kind == 6
     }
 
     /// The 16-byte vector kernel applies (the other layouts take matvec_any).
