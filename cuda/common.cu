@@ -83,13 +83,22 @@ __device__ __forceinline__ half_bits f2h(float f) {
 
 #define NEG_INF __int_as_float(0xff800000)
 
-// MXFP4 (src/quant/mxfp4.rs): e2m1 code c doubled, an integer in [-12, 12] (bit 3 the sign;
-// magnitudes 0, 1, 2, 3 and then 2^(m >> 1) * (2 + (m & 1)) / 2: 4, 6, 8, 12 whose f32 bits are
-// (m + 254) << 22), times the block's 2^(e - 128): exact products, as on the CPU.
+// MXFP4 (src/quant/mxfp4.rs): e2m1 code c doubled, an integer in [-12, 12] (bit 3 the sign),
+// times the block's 2^(e - 128): exact products, as on the CPU. mx_bytes: the four codes in the
+// low 16 bits of q as bytes 16 + value, from byte tables by prmt (the magnitude by a code's low 3
+// bits; bit 3 picks the negative table's byte); mx_byte_value: byte j of those as
+// the float value (its bits put under 2^23's exponent, less 2^23 + 16: exact).
+__device__ __forceinline__ u32 mx_bytes(u32 q) {
+    const u32 m = q & 0x7777u;  // (a selector's bit 3 would ask prmt for sign replication)
+    const u32 pos = __byte_perm(0x13121110u, 0x1c181614u, m);
+    const u32 neg = __byte_perm(0x0d0e0f10u, 0x04080a0cu, m);
+    return __byte_perm(pos, neg, 0x3210u | ((q & 0x8888u) >> 1));
+}
+__device__ __forceinline__ float mx_byte_value(u32 b, int j) {
+    return __uint_as_float(__byte_perm(b, 0x4b000000u, 0x7440u + j)) - 8388624.0f;
+}
 __device__ __forceinline__ float e2m1x2(u32 c) {
-    const u32 m = c & 7u;
-    const float v = m < 2u ? (float)m : __uint_as_float((m + 254u) << 22);
-    return __uint_as_float(__float_as_uint(v) | ((c & 8u) << 28));
+    return mx_byte_value(mx_bytes(c & 15u), 0);
 }
 __device__ __forceinline__ float mx_half_scale(u32 e) {
     return __uint_as_float(e >= 2u ? (e - 1u) << 23 : e == 1u ? 0x00400000u : 0x00200000u);

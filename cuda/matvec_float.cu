@@ -17,22 +17,7 @@ template <int KIND>
 __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restrict__ x, int c,
                                            const Mat& w, int r) {
     const u32 word[4] = {v.x, v.y, v.z, v.w};
-    if (KIND == KIND_MXFP4) {
-        // One chunk is one block: 32 codes (element 2i in the low nibble of byte i), its scale
-        // byte at block c of row r; the doubled codes times x in order, then the scale.
-        const float* xb = x + c * 32;
-        float s = 0.f;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float4 xa = *reinterpret_cast<const float4*>(xb + 8 * k);
-            const float4 xc = *reinterpret_cast<const float4*>(xb + 8 * k + 4);
-            const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xc.x, xc.y, xc.z, xc.w};
-#pragma unroll
-            for (int i = 0; i < 8; i++) s = __fmaf_rn(e2m1x2(word[k] >> (4 * i)), xs[i], s);
-        }
-        const u8* sc = reinterpret_cast<const u8*>(w.scales);
-        return __fmul_rn(mx_half_scale(sc[(size_t)r * (w.cols >> 5) + c]), s);
-    } else if (KIND == KIND_F32) {
+    if (KIND == KIND_F32) {
         return dot4_f32(v, *reinterpret_cast<const float4*>(x + c * 4));
     } else {  // f16, bf16
         const float4 xa = *reinterpret_cast<const float4*>(x + c * 8);
@@ -51,6 +36,37 @@ __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restri
     }
 }
 
+// The contribution of one 16-byte MXFP4 chunk c: one block of 32 codes (element 2i in the low
+// nibble of byte i) with exponent byte e; the doubled codes times x in order, then the scale.
+__device__ __forceinline__ float mx_chunk_dot(const uint4& v, u32 e, const float* __restrict__ x,
+                                              int c) {
+    const u32 word[4] = {v.x, v.y, v.z, v.w};
+    const float* xb = x + c * 32;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float4 xa = *reinterpret_cast<const float4*>(xb + 8 * k);
+        const float4 xc = *reinterpret_cast<const float4*>(xb + 8 * k + 4);
+        const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xc.x, xc.y, xc.z, xc.w};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const u32 b = mx_bytes(word[k] >> (16 * h));
+#pragma unroll
+            for (int j = 0; j < 4; j++) s = __fmaf_rn(mx_byte_value(b, j), xs[4 * h + j], s);
+        }
+    }
+    return __fmul_rn(mx_half_scale(e), s);
+}
+
+// A chunk of row r: chunk_dot, or for MXFP4 mx_chunk_dot with its exponent byte e (loaded beside
+// the chunk, so that the two loads share one round trip).
+template <int KIND>
+__device__ __forceinline__ float any_chunk_dot(const uint4& v, u32 e, const float* __restrict__ x,
+                                               int c, const Mat& w, int r) {
+    if (KIND == KIND_MXFP4) return mx_chunk_dot(v, e, x, c);
+    return chunk_dot<KIND>(v, x, c, w, r);
+}
+
 // Row r of W times x, summed across the warp (every lane gets the sum): the one order of
 // summation every float-kind product of a token uses.
 // DEPTH chunks in flight per lane; the chunks are summed in ascending order whatever DEPTH is, so
@@ -66,29 +82,39 @@ __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __res
                                          int lane) {
     const uint4* row = reinterpret_cast<const uint4*>(w.codes + (size_t)r * w.row_bytes);
     int n = w.row_bytes / 16;
+    // MXFP4: the row's exponent bytes, one a chunk.
+    const u8* es = reinterpret_cast<const u8*>(w.scales) + (size_t)r * n;
     float acc = 0.f;
     int c = lane;
     bool waited = !WAIT;
     for (; c + 32 * (DEPTH - 1) < n; c += 32 * DEPTH) {
         uint4 v[DEPTH];
+        u32 e[DEPTH];
 #pragma unroll
-        for (int d = 0; d < DEPTH; d++) v[d] = __ldg(row + c + 32 * d);
+        for (int d = 0; d < DEPTH; d++) {
+            v[d] = __ldg(row + c + 32 * d);
+            e[d] = KIND == KIND_MXFP4 ? __ldg(es + c + 32 * d) : 0u;
+        }
         if (!waited) {
             pdl_wait();
             if (TRIG) pdl_trigger();
             waited = true;
         }
 #pragma unroll
-        for (int d = 0; d < DEPTH; d++) acc += chunk_dot<KIND>(v[d], x, c + 32 * d, w, r);
+        for (int d = 0; d < DEPTH; d++) acc += any_chunk_dot<KIND>(v[d], e[d], x, c + 32 * d, w, r);
     }
     // The tail (fewer than DEPTH chunks a lane) loads TAIL at a time too: a short row (a small
     // expert's 768 columns) is all tail, and chunk by chunk it cost a round trip each.
     constexpr int TAIL = DEPTH < 4 ? DEPTH : 4;
     for (; c < n; c += 32 * TAIL) {
         uint4 v[TAIL];
+        u32 e[TAIL];
 #pragma unroll
         for (int d = 0; d < TAIL; d++)
-            if (c + 32 * d < n) v[d] = __ldg(row + c + 32 * d);
+            if (c + 32 * d < n) {
+                v[d] = __ldg(row + c + 32 * d);
+                e[d] = KIND == KIND_MXFP4 ? __ldg(es + c + 32 * d) : 0u;
+            }
         if (!waited) {
             pdl_wait();
             if (TRIG) pdl_trigger();
@@ -96,7 +122,7 @@ __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __res
         }
 #pragma unroll
         for (int d = 0; d < TAIL; d++)
-            if (c + 32 * d < n) acc += chunk_dot<KIND>(v[d], x, c + 32 * d, w, r);
+            if (c + 32 * d < n) acc += any_chunk_dot<KIND>(v[d], e[d], x, c + 32 * d, w, r);
     }
     if (!waited) {
         pdl_wait();

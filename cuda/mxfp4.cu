@@ -21,7 +21,7 @@ extern "C" __global__ void matvec_mxfp4_sel(SEL_ARGS, int split, int tchunks) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int r = blockIdx.x * warps + warp; r < w.rows; r += gridDim.x * warps) {
         // Waits (after its first loads) where which0 > 0: x is the kernel before's output.
-        const float v = row_dot<KIND_MXFP4, 4, true>(w, r, xin, lane);
+        const float v = row_dot<KIND_MXFP4, ROW_DEPTH, true>(w, r, xin, lane);
         if (lane == 0) yout[r] = v;
     }
 }

@@ -28,7 +28,8 @@
 #                                        llama.cpp f16 at each --n-cpu-moe that fits and one more (pp512 and
 #                                        tg64), then ROUNDS alternated tg64 rounds at the best split -> $OUT/phi.md
 #   bash tools/families_gpu.sh gptoss    issue 53: gpt-oss-20b's shape, hob int4 beside llama.cpp Q4_K_M, all on
-#                                        the GPU -> $OUT/gptoss.md
+#                                        the GPU -> $OUT/gptoss-int4.md; GPTOSS_EXPERTS=mxfp4: hob mxfp4 beside
+#                                        llama.cpp MXFP4_MOE under rtx4060ti-16g -> $OUT/gptoss-mxfp4.md
 #   bash tools/families_gpu.sh glm       issue 53: GLM-4.5-Air's shape (GLM_LAYERS of its 46, default 6: the dense
 #                                        first layer and 5 MoE layers) under the 16 GB profile: hob int4 (+ int2 low,
 #                                        cooperative CPU experts) with int8 dense beside llama.cpp Q4_K_M at the
@@ -301,23 +302,27 @@ gptoss)
     if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
     else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
   fi >> "$log" 2>&1
-  model=/tmp/gpt-oss-20b-${LAYERS}l.hob; gg=/tmp/gpt-oss-20b-${LAYERS}l
-  [ -f "$model" ] || "$hob" convert --synthetic gpt-oss-20b --layers "$LAYERS" --experts int4 --dense int8 \
+  # GPTOSS_EXPERTS=mxfp4: the experts as gpt-oss ships them, beside llama.cpp's MXFP4_MOE (MXFP4 experts,
+  # Q8_0 dense), under the rtx4060ti-16g profile (the whole model fits).
+  ex="${GPTOSS_EXPERTS:-int4}"
+  model=/tmp/gpt-oss-20b-${LAYERS}l-$ex.hob; gg=/tmp/gpt-oss-20b-${LAYERS}l
+  [ -f "$model" ] || "$hob" convert --synthetic gpt-oss-20b --layers "$LAYERS" --experts "$ex" --dense int8 \
     -o "$model" --no-progress >> "$log" 2>&1
-  if [ ! -f "$gg-Q4_K_M.gguf" ]; then
-    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model gpt-oss-20b \
-      --layers "$LAYERS" 2>/dev/null >> "$log"
-    $L/build/bin/llama-quantize "$gg-f16.gguf" "$gg-Q4_K_M.gguf" Q4_K_M "$(nproc)" > /tmp/quantize-oss.log 2>&1 \
-      || tail -3 /tmp/quantize-oss.log; rm -f "$gg-f16.gguf"
+  if [ "$ex" = mxfp4 ]; then q=MXFP4_MOE; src=(--mxfp4-experts); pf=(--platform rtx4060ti-16g); else q=Q4_K_M; src=(); pf=(); fi
+  if [ ! -f "$gg-$q.gguf" ]; then
+    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-src.gguf" --model gpt-oss-20b \
+      --layers "$LAYERS" "${src[@]}" 2>/dev/null >> "$log"
+    $L/build/bin/llama-quantize --allow-requantize "$gg-src.gguf" "$gg-$q.gguf" $q "$(nproc)" > /tmp/quantize-oss.log 2>&1 \
+      || tail -3 /tmp/quantize-oss.log; rm -f "$gg-src.gguf"
   fi
   echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit; llama.cpp: ngl) |" > "$out/qwen3.md"
   echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
   for round in 1 2; do
-    hobrow "$round: int4 + int8 dense, on the GPU" -r 3 -p 512 -n 64
-    llrow "$round: Q4_K_M, on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
+    hobrow "$round: $ex + int8 dense, on the GPU" "${pf[@]}" -r 3 -p 512 -n 64
+    llrow "$round: $q, on the GPU" "$gg-$q.gguf" -r 3 -p 512 -n 64
   done
-  hobrow "kernel times" -r 1 -p 0 -n 32 --kernel-times
-  mv "$out/qwen3.md" "$out/gptoss.md"; cat "$out/gptoss.md" ;;
+  hobrow "kernel times" "${pf[@]}" -r 1 -p 0 -n 32 --kernel-times
+  mv "$out/qwen3.md" "$out/gptoss-$ex.md"; cat "$out/gptoss-$ex.md" ;;
 glm|flash)
   # Full GLM-4.5-Air: 45 MoE layers x 128 experts of 4096 x 1408 x 3 (17.3e6 values); non-expert weights 7.2e9
   # values (96 heads of 128, the 10944-wide dense layer, shared experts, 151552-token embedding and head):

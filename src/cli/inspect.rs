@@ -177,7 +177,12 @@ fn print_text(r: &Value) {
         }
     }
     if let Some(src) = e["source"].as_str() {
-        outln!("  made from {src} (float variants converted, integer ones quantized by hob)");
+        let mx = if src.contains("MXFP4") {
+            "; mxfp4 the file's MXFP4 blocks as they are"
+        } else {
+            ""
+        };
+        outln!("  made from {src} (float variants converted, integer ones quantized by hob{mx})");
     }
 }
 
