@@ -396,14 +396,7 @@ impl GgufCheckpoint {
             return Ok(None);
         }
         let m = Mxfp4Matrix::from_ggml(bytes);
-        match m.nan_block() {
-            Some(b) => Err(ImportError::from(GgufError::Tensor {
-                path: t.path().to_path_buf(),
-                name: name.to_string(),
-                detail: format!("expert {expert}: block {b}'s exponent is 255 (NaN in E8M0)"),
-            })),
-            None => Ok(Some(m)),
-        }
+        m.check_finite(t.path(), name, expert).map(|()| Some(m))
     }
 
     /// Expert `expert`'s bytes of a merged tensor and its bytes a row.

@@ -2,6 +2,10 @@
 //! (ggml `block_mxfp4`) codes and exponents carried into hob's `mxfp4` variant as they are, never
 //! dequantized and quantized again (formats/hob.md, variant kind 6).
 
+use std::path::Path;
+
+use super::gguf::GgufError;
+use super::ImportError;
 use crate::format::MatrixLayout;
 
 /// One [rows, cols] matrix in hob's mxfp4 layout: codes row-major, two a byte (element 2i in the
@@ -42,6 +46,18 @@ impl Mxfp4Matrix {
     /// The first exponent byte that is 255 (NaN in OCP's E8M0), whose block hob cannot store.
     pub fn nan_block(&self) -> Option<usize> {
         self.scales.iter().position(|&e| e == 255)
+    }
+
+    /// An error naming tensor `name` of `path` and the expert where a block's exponent is NaN.
+    pub fn check_finite(&self, path: &Path, name: &str, expert: usize) -> Result<(), ImportError> {
+        match self.nan_block() {
+            Some(b) => Err(ImportError::from(GgufError::Tensor {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                detail: format!("expert {expert}: block {b}'s exponent is 255 (NaN in E8M0)"),
+            })),
+            None => Ok(()),
+        }
     }
 
     /// Write into `matrix` (the matrix's `layout.size` bytes of a blob) where `layout` puts codes

@@ -18,6 +18,10 @@ pub(super) unsafe fn matvec_rows(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
+    if m.kind == WeightKind::Mxfp4 {
+        // MXFP4 has no NEON kernel: the reference, as quant::mxfp4 dispatches it here.
+        return super::mxfp4::matvec_rows_scalar(m, x, rows, out);
+    }
     let rb = m.row_bytes();
     let gpr = m.groups_per_row();
     for (o, r) in out.iter_mut().zip(rows) {
@@ -27,7 +31,7 @@ pub(super) unsafe fn matvec_rows(
             WeightKind::F32 => dot_f32(codes, x),
             WeightKind::F16 => dot_f16(codes, x),
             WeightKind::Bf16 => dot_bf16(codes, x),
-            WeightKind::Mxfp4 => unreachable!("mxfp4 rows: quant::mxfp4"),
+            WeightKind::Mxfp4 => unreachable!("handled above"),
             WeightKind::Int8 => dot_int8(codes, &m.scales[side], m.group_size, x),
             WeightKind::Int4 | WeightKind::Int2 => {
                 let qx = if m.kind == WeightKind::Int4 {
