@@ -158,11 +158,11 @@ mod x86 {
 
     use super::{half_scale, row, Matrix, BLOCK};
 
-    /// x with each 16 columns reordered to their 8 even ones, then their 8 odd ones: the order in
+    /// x with each `run` columns reordered to their even ones, then their odd ones: the order in
     /// which a byte per 32-bit lane gives its low nibbles, then its high ones.
-    fn reordered(x: &[f32]) -> Vec<f32> {
+    fn reordered(x: &[f32], run: usize) -> Vec<f32> {
         let mut xr = Vec::with_capacity(x.len());
-        for c in x.chunks_exact(16) {
+        for c in x.chunks_exact(run) {
             xr.extend(c.iter().step_by(2));
             xr.extend(c.iter().skip(1).step_by(2));
         }
@@ -176,16 +176,6 @@ mod x86 {
     unsafe fn values(q: __m256i, mag: __m256) -> __m256 {
         let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(q, _mm256_set1_epi32(8)));
         _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, q), _mm256_castsi256_ps(sign))
-    }
-
-    /// x with each 32 columns reordered to their 16 even ones, then their 16 odd ones.
-    fn reordered_32(x: &[f32]) -> Vec<f32> {
-        let mut xr = Vec::with_capacity(x.len());
-        for c in x.chunks_exact(32) {
-            xr.extend(c.iter().step_by(2));
-            xr.extend(c.iter().skip(1).step_by(2));
-        }
-        xr
     }
 
     /// One block's doubled values times its 32 (reordered) x values, in 16 lanes.
@@ -219,7 +209,7 @@ mod x86 {
             *v = f32::from(c);
         }
         let table = _mm512_loadu_ps(t.as_ptr());
-        let xr = reordered_32(x);
+        let xr = reordered(x, 32);
         let xp = xr.as_ptr();
         let mut sf = vec![0f32; m.cols / BLOCK];
         for (o, r) in out.iter_mut().zip(rows) {
@@ -254,7 +244,7 @@ mod x86 {
     pub(super) unsafe fn matvec_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) {
         let mag = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0);
         let low = _mm256_set1_epi32(0x0f);
-        let xr = reordered(x);
+        let xr = reordered(x, 16);
         let xp = xr.as_ptr();
         for (o, r) in out.iter_mut().zip(rows) {
             let (codes, scales) = row(m, r);
