@@ -401,7 +401,7 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
 /// On aarch64 the dispatch must pick the NEON kernels (so the comparisons above test NEON, not
 /// the scalar fallback): `matvec_rows` is bit-identical to calling `neon::matvec_rows` directly,
 /// and on long rows NEON's four-lane accumulation order differs from the scalar one in the last
-/// bits for some row (so the two are told apart).
+/// bits for some row (so the two are told apart), except MXFP4, which NEON hands to the reference.
 #[cfg(target_arch = "aarch64")]
 #[test]
 fn aarch64_dispatch_selects_neon() {
@@ -432,11 +432,14 @@ fn aarch64_dispatch_selects_neon() {
             bits(&direct),
             "{kind:?}: not the NEON path"
         );
-        assert_ne!(
-            bits(&direct),
-            bits(&scalar),
-            "{kind:?}: NEON and scalar agree bit for bit on every row; cannot tell them apart"
-        );
+        // MXFP4 has no NEON kernel yet: NEON dispatch runs the reference kernel for it.
+        if kind != WeightKind::Mxfp4 {
+            assert_ne!(
+                bits(&direct),
+                bits(&scalar),
+                "{kind:?}: NEON and scalar agree bit for bit on every row; cannot tell them apart"
+            );
+        }
     }
 }
 
