@@ -46,7 +46,7 @@ impl Error {
         Error::Io {
             path: path.into(),
             op,
-            source,
+            source: explain_io(source),
         }
     }
 
@@ -54,4 +54,18 @@ impl Error {
     pub fn is_cancelled(&self) -> bool {
         matches!(self, Error::Cancelled(_))
     }
+}
+
+/// An io::Error whose OS text would puzzle a user, said plainly: EFBIG ("File too large") is a
+/// write past the file-size limit (`ulimit -f`, which hob meets as a full disk) or past what
+/// the file system holds in one file.
+pub fn explain_io(e: std::io::Error) -> std::io::Error {
+    if e.raw_os_error() == Some(libc::EFBIG) || e.kind() == std::io::ErrorKind::FileTooLarge {
+        return std::io::Error::new(
+            e.kind(),
+            "file too large: over the file-size limit (`ulimit -f`) or the file system's \
+             largest file (EFBIG)",
+        );
+    }
+    e
 }

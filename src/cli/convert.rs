@@ -351,6 +351,7 @@ fn is_gguf(from: &Path) -> bool {
 const GGUF_GROUP: u32 = 32;
 
 fn open_source(from: &Path) -> crate::Result<Box<dyn ConvertSource>> {
+    super::signals::guard_mapped(from);
     if is_gguf(from) {
         Ok(Box::new(GgufCheckpoint::open(from)?))
     } else {

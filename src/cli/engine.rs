@@ -237,7 +237,9 @@ impl ModelArgs {
                 self.model.display()
             )));
         }
-        Ok(HobFile::open(&self.model)?)
+        let file = HobFile::open(&self.model)?;
+        super::signals::guard_mapped(&self.model);
+        Ok(file)
     }
 
     /// The device this command will use: `--device auto` falls back to the CPU with a note.

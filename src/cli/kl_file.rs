@@ -52,6 +52,14 @@ pub struct Writer {
 
 impl Writer {
     pub fn create(path: &Path, shape: Shape) -> crate::Result<Self> {
+        // The file is renamed into place at the end: that would replace a device or a FIFO.
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Err(Error::Invalid(format!(
+                "logits file {}: exists and is not a regular file (a directory, device or FIFO); \
+                 give the path of a file to write",
+                path.display()
+            )));
+        }
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),

@@ -17,6 +17,7 @@ mod out;
 pub mod perplexity;
 pub mod run;
 pub mod serve;
+pub mod signals;
 pub mod sim;
 
 #[derive(Parser, Debug)]

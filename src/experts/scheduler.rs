@@ -13,16 +13,52 @@
 //! Every submitted job gets a [`Ticket`] that resolves exactly once: to the worker's completion,
 //! to the worker's error, to [`Error::Cancelled`] (a prefetch dropped by
 //! [`Scheduler::cancel_prefetches`], or anything left when the scheduler shuts down), or to
-//! [`Error::Loader`] when the worker panicked. No ticket is left hanging.
+//! [`Error::Loader`] when the worker panicked. No ticket is left hanging: a waiter whose loader
+//! thread has made no progress for the scheduler's stall limit (a read that never returns) gets
+//! [`Error::Loader`] naming the limit instead of waiting forever.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TryRecvError};
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use crate::error::{Error, Result};
+
+/// How long the loader thread may go without finishing a chunk before a waiter calls its load
+/// stuck. Chunks are a few MiB: even a slow SSD moves one in well under a second.
+pub const DEFAULT_STALL: Duration = Duration::from_secs(60);
+
+/// When the loader thread last made progress (took a message or ran a chunk), shared with the
+/// tickets so a waiter can tell a long queue from a stuck read.
+struct Heartbeat {
+    start: Instant,
+    /// Milliseconds after `start`.
+    last_ms: AtomicU64,
+    /// A waiter may give up after this long without progress.
+    stall: Duration,
+}
+
+impl Heartbeat {
+    fn beat(&self) {
+        let ms = self.start.elapsed().as_millis().min(u64::MAX as u128) as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+    fn quiet_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
+    fn stuck(&self) -> Error {
+        Error::Loader(format!(
+            "an expert load made no progress for {:.1} s: the disk or the device stopped answering",
+            self.stall.as_secs_f64()
+        ))
+    }
+}
 
 /// Which queue a job joins. Demand jobs run first; FIFO within a priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -168,6 +204,7 @@ fn serve<W: Worker>(
     w: &mut W,
     rx: &Receiver<Msg<W::Job, W::Done>>,
     q: &mut Queues<W::Job, W::Done>,
+    heart: &Heartbeat,
 ) {
     loop {
         if q.is_idle() {
@@ -177,6 +214,7 @@ fn serve<W: Worker>(
                 Err(_) => return,
             }
         }
+        heart.beat();
         while let Ok(msg) = rx.try_recv() {
             q.accept(msg);
         }
@@ -201,11 +239,12 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 fn thread_main<W: Worker>(
     mut worker: W,
     rx: Receiver<Msg<W::Job, W::Done>>,
+    heart: &Heartbeat,
 ) -> std::result::Result<(), String> {
     let mut q = Queues::new();
     // The worker may be half way through a job when it panics: it is not used again, and every
     // job is failed, so no broken invariant of it can be observed.
-    let outcome = catch_unwind(AssertUnwindSafe(|| serve(&mut worker, &rx, &mut q)));
+    let outcome = catch_unwind(AssertUnwindSafe(|| serve(&mut worker, &rx, &mut q, heart)));
     let (result, err): (_, Box<dyn Fn() -> Error>) = match outcome {
         Ok(()) => (
             Ok(()),
@@ -234,25 +273,48 @@ fn thread_main<W: Worker>(
 pub struct Scheduler<W: Worker> {
     tx: Sender<Msg<W::Job, W::Done>>,
     thread: Option<JoinHandle<std::result::Result<(), String>>>,
+    heart: Arc<Heartbeat>,
+    /// Disconnects when the thread ends (its sender is dropped there).
+    exited: Receiver<()>,
 }
 
 impl<W: Worker> Scheduler<W> {
-    /// Start the thread "hob-loader", which owns `worker` from now on.
+    /// Start the thread "hob-loader", which owns `worker` from now on, with the default stall
+    /// limit.
     pub fn spawn(worker: W) -> Result<Self> {
+        Self::spawn_with(worker, DEFAULT_STALL)
+    }
+
+    /// As [`Scheduler::spawn`]; a waiter gives up after `stall` without progress.
+    pub fn spawn_with(worker: W, stall: Duration) -> Result<Self> {
         let (tx, rx) = unbounded();
+        let (alive, exited) = bounded::<()>(0);
+        let heart = Arc::new(Heartbeat {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            stall,
+        });
+        let h = heart.clone();
         let thread = std::thread::Builder::new()
             .name("hob-loader".into())
-            .spawn(move || thread_main(worker, rx))
+            .spawn(move || {
+                let _alive = alive;
+                thread_main(worker, rx, &h)
+            })
             .map_err(|e| Error::Loader(format!("cannot start the loader thread: {e}")))?;
         Ok(Scheduler {
             tx,
             thread: Some(thread),
+            heart,
+            exited,
         })
     }
 
     /// Queue a job. Fails if the loader thread has died (its worker panicked).
     pub fn submit(&self, job: W::Job, priority: Priority) -> Result<Ticket<W::Done>> {
         let (reply, rx) = bounded(1);
+        // The wait for this job starts now, however long the thread was idle before.
+        self.heart.beat();
         self.tx
             .send(Msg::Job {
                 job,
@@ -264,6 +326,7 @@ impl<W: Worker> Scheduler<W> {
             rx,
             ready: RefCell::new(None),
             taken: false,
+            heart: self.heart.clone(),
         })
     }
 
@@ -287,7 +350,21 @@ impl<W: Worker> Scheduler<W> {
             return Ok(());
         };
         // Fails only if the thread already ended; join reports how.
+        self.heart.beat();
         let _ = self.tx.send(Msg::Shutdown);
+        // A thread stuck in a read that never returns is left behind rather than joined forever.
+        loop {
+            match self.exited.recv_timeout(self.heart.stall.min(POLL)) {
+                Err(RecvTimeoutError::Disconnected) | Ok(()) => break,
+                Err(RecvTimeoutError::Timeout) if self.heart.quiet_for() >= self.heart.stall => {
+                    return Err(Error::Loader(format!(
+                        "the loader thread is stuck ({}); it was left behind",
+                        self.heart.stuck()
+                    )));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
         match thread.join() {
             Ok(Ok(())) => Ok(()),
             Ok(Err(msg)) => Err(Error::Loader(msg)),
@@ -316,7 +393,11 @@ pub struct Ticket<D> {
     ready: RefCell<Option<Result<D>>>,
     /// The result was handed out.
     taken: bool,
+    heart: Arc<Heartbeat>,
 }
+
+/// How often a waiter looks at the loader's heartbeat.
+const POLL: Duration = Duration::from_millis(250);
 
 fn lost() -> Error {
     Error::Loader("the loader thread exited before finishing this load".into())
@@ -327,7 +408,8 @@ fn taken_twice() -> Error {
 }
 
 impl<D> Ticket<D> {
-    /// Block until the job resolves.
+    /// Block until the job resolves, or until the loader thread has made no progress for the
+    /// scheduler's stall limit (then an error; the job may still finish later, unseen).
     pub fn wait(self) -> Result<D> {
         if self.taken {
             return Err(taken_twice());
@@ -335,7 +417,16 @@ impl<D> Ticket<D> {
         if let Some(r) = self.ready.into_inner() {
             return r;
         }
-        self.rx.recv().unwrap_or_else(|_| Err(lost()))
+        loop {
+            match self.rx.recv_timeout(self.heart.stall.min(POLL)) {
+                Ok(r) => return r,
+                Err(RecvTimeoutError::Disconnected) => return Err(lost()),
+                Err(RecvTimeoutError::Timeout) if self.heart.quiet_for() >= self.heart.stall => {
+                    return Err(self.heart.stuck());
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
     }
 
     /// The result if the job has resolved; `None` while it is queued or running. After the

@@ -538,19 +538,26 @@ impl TraceWriter {
             _ => vec![Vec::new(); t],
         };
         if t <= 1 {
-            return self.record_with(layer, routes, decisions, &pred[0]);
-        }
-        self.batch
-            .push((layer, routes.to_vec(), decisions.to_vec(), pred));
-        if layer + 1 < self.header.layers {
-            return Ok(());
-        }
-        let batch = std::mem::take(&mut self.batch);
-        let k = self.header.top_k;
-        for i in 0..t {
-            for (l, r, d, p) in &batch {
-                self.record_with(*l, &r[i * k..(i + 1) * k], &d[i * k..(i + 1) * k], &p[i])?;
+            self.record_with(layer, routes, decisions, &pred[0])?;
+        } else {
+            self.batch
+                .push((layer, routes.to_vec(), decisions.to_vec(), pred));
+            if layer + 1 < self.header.layers {
+                return Ok(());
             }
+            let batch = std::mem::take(&mut self.batch);
+            let k = self.header.top_k;
+            for i in 0..t {
+                for (l, r, d, p) in &batch {
+                    self.record_with(*l, &r[i * k..(i + 1) * k], &d[i * k..(i + 1) * k], &p[i])?;
+                }
+            }
+        }
+        // Out at each token's end: a full disk is an error of the run, not a warning at exit.
+        if layer + 1 == self.header.layers {
+            self.out
+                .flush()
+                .map_err(|e| Error::io(&self.path, "write", e))?;
         }
         Ok(())
     }

@@ -110,7 +110,7 @@ impl FormatError {
         FormatError::Io {
             path: path.into(),
             op,
-            source,
+            source: crate::error::explain_io(source),
         }
     }
 

@@ -45,6 +45,9 @@ pub struct Tuning {
     /// A low-precision route whose high copy is cached runs in high precision (low precision is
     /// for misses; off to compare with a fixed per-route choice).
     pub upgrade_low: bool,
+    /// A load whose loader thread makes no progress this long is an error (a disk or device
+    /// that stopped answering), not a hang.
+    pub load_stall: std::time::Duration,
 }
 
 impl Default for Tuning {
@@ -55,6 +58,7 @@ impl Default for Tuning {
             grouped_prefill: true,
             preload: true,
             upgrade_low: true,
+            load_stall: crate::experts::scheduler::DEFAULT_STALL,
         }
     }
 }

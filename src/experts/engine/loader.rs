@@ -404,4 +404,147 @@ mod tests {
         assert!(!checks.is_verified(checks.index(0, 1, 0).unwrap()));
         loader.shutdown().unwrap();
     }
+
+    /// A disk reader that fails its `fail_at`-th read (counting from 0) with EIO, or blocks
+    /// forever on it (`hang`), and otherwise reads the file.
+    struct FaultyDisk {
+        inner: crate::experts::io::PreadReader,
+        reads: usize,
+        fail_at: usize,
+        hang: Option<crossbeam_channel::Receiver<()>>,
+    }
+
+    impl BlobSource for FaultyDisk {
+        fn read_into(&mut self, offset: u64, dst: &mut [u8]) -> crate::Result<()> {
+            let n = self.reads;
+            self.reads += 1;
+            if n == self.fail_at {
+                if let Some(never) = &self.hang {
+                    let _ = never.recv();
+                }
+                return Err(Error::io(
+                    "faulty-disk",
+                    "read",
+                    std::io::Error::from_raw_os_error(libc::EIO),
+                ));
+            }
+            self.inner.read_into(offset, dst)
+        }
+        fn reader_kind(&self) -> &'static str {
+            "faulty"
+        }
+        fn alignment(&self) -> usize {
+            1
+        }
+    }
+
+    /// A loader over the SSD tier of `path` reading through `disk`, and a whole-blob load.
+    fn disk_loader(
+        file: &HobFile,
+        disk: Box<dyn BlobSource>,
+        stall: Duration,
+    ) -> Scheduler<Loader<HostCopier>> {
+        let mem = Arc::new(std::sync::Mutex::new(vec![0u8; 1 << 20]));
+        let counters = Arc::new(LoadCounters::default());
+        let loader = Loader::new(
+            HostCopier(mem),
+            file.shared_map(),
+            false,
+            (None, Some(disk)),
+            counters,
+        )
+        .unwrap();
+        Scheduler::spawn_with(loader, stall).unwrap()
+    }
+
+    fn load_blob(
+        loader: &Scheduler<Loader<HostCopier>>,
+        file: &HobFile,
+        e: usize,
+    ) -> crate::Result<Option<Done>> {
+        let job = LoadJob {
+            src: file.blob_range(0, e, 0, true),
+            dst: 0,
+            mapped: false,
+            after: Done,
+            abort: None,
+        };
+        loader.submit(job, Priority::Demand)?.wait()
+    }
+
+    /// Issue 55, faults: an I/O error on the n-th read of the SSD tier fails that load with the
+    /// error, and the loads after it go on.
+    #[test]
+    fn an_io_error_on_the_nth_disk_read_fails_that_load_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = file_with_flip(dir.path(), 0);
+        let file = HobFile::open(&path).unwrap();
+        for fail_at in 0..3 {
+            let disk = FaultyDisk {
+                inner: crate::experts::io::PreadReader::open(&path, false).unwrap(),
+                reads: 0,
+                fail_at,
+                hang: None,
+            };
+            let loader = disk_loader(&file, Box::new(disk), Duration::from_secs(10));
+            for n in 0..3 {
+                let got = load_blob(&loader, &file, 0);
+                match got {
+                    Err(e) => {
+                        assert_eq!(n, fail_at, "{e}");
+                        let msg = e.to_string();
+                        assert!(msg.contains("faulty-disk") && msg.contains("read"), "{msg}");
+                    }
+                    Ok(_) => assert_ne!(n, fail_at),
+                }
+            }
+            loader.shutdown().unwrap();
+        }
+    }
+
+    /// Issue 55, faults: the file shrinks under the SSD reader (a short read): the load fails
+    /// naming the file and offset.
+    #[test]
+    fn a_file_truncated_under_the_disk_reader_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = file_with_flip(dir.path(), 0);
+        let file = HobFile::open(&path).unwrap();
+        let reader = crate::experts::io::PreadReader::open(&path, false).unwrap();
+        let blob = file.blob_range(0, 1, 0, true);
+        let loader = disk_loader(&file, Box::new(reader), Duration::from_secs(10));
+        let copy = dir.path().join("copy.hob");
+        std::fs::copy(&path, &copy).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(blob.start as u64 + 100).unwrap();
+        let msg = load_blob(&loader, &file, 1).err().unwrap().to_string();
+        assert!(
+            msg.contains(&path.display().to_string())
+                && msg.contains("the file ended early")
+                && msg.contains(&format!("offset {}", blob.start + 100)),
+            "{msg}"
+        );
+        loader.shutdown().unwrap();
+    }
+
+    /// Issue 55, faults: a disk read that never returns is an error after the stall limit, and
+    /// shutting down leaves the stuck thread behind instead of hanging.
+    #[test]
+    fn a_disk_read_that_never_returns_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = file_with_flip(dir.path(), 0);
+        let file = HobFile::open(&path).unwrap();
+        let (_never, hang) = crossbeam_channel::bounded::<()>(0);
+        let disk = FaultyDisk {
+            inner: crate::experts::io::PreadReader::open(&path, false).unwrap(),
+            reads: 0,
+            fail_at: 1,
+            hang: Some(hang),
+        };
+        let loader = disk_loader(&file, Box::new(disk), Duration::from_millis(300));
+        load_blob(&loader, &file, 0).unwrap();
+        let msg = load_blob(&loader, &file, 1).err().unwrap().to_string();
+        assert!(msg.contains("made no progress for 0.3 s"), "{msg}");
+        let msg = loader.shutdown().err().unwrap().to_string();
+        assert!(msg.contains("left behind"), "{msg}");
+    }
 }

@@ -295,7 +295,10 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             counters,
         )?
         .with_checks(file.blob_checks());
-        Ok((Scheduler::spawn(loader)?, direct))
+        Ok((
+            Scheduler::spawn_with(loader, cfg.tuning.load_stall)?,
+            direct,
+        ))
     }
 
     /// Slots of each pool.

@@ -496,3 +496,44 @@ fn ticket_try_wait_and_is_done_track_the_job() {
     let t = s.submit(job(2, 0), Priority::Prefetch).unwrap();
     assert_eq!(wait_within(t).unwrap(), 2);
 }
+
+/// Issue 55, faults: a read that never returns. The waiter gets an error naming the stall limit
+/// instead of hanging, and dropping the scheduler leaves the stuck thread behind instead of
+/// joining it forever.
+#[test]
+fn a_load_that_never_returns_is_an_error_after_the_stall_limit() {
+    let (w, _log) = fake();
+    let stall = Duration::from_millis(300);
+    let s = Scheduler::spawn_with(w, stall).unwrap();
+    let (stuck, release) = start_gated(&s, job(1, 2), Priority::Demand);
+    let started = Instant::now();
+    let err = wait_within(stuck).unwrap_err();
+    assert!(
+        matches!(&err, Error::Loader(m) if m.contains("made no progress for 0.3 s")),
+        "{err}"
+    );
+    assert!(started.elapsed() >= stall, "gave up too early");
+    let queued = s.submit(job(2, 1), Priority::Demand).unwrap();
+    assert!(matches!(wait_within(queued), Err(Error::Loader(_))));
+    let (tx, rx) = bounded(1);
+    std::thread::spawn(move || {
+        let _ = tx.send(s.shutdown());
+    });
+    let shut = rx
+        .recv_timeout(PATIENCE)
+        .expect("shutdown joined a stuck thread");
+    assert!(matches!(shut, Err(Error::Loader(m)) if m.contains("left behind")));
+    drop(release);
+}
+
+/// A queue that keeps moving is not a stall, however long the whole wait is.
+#[test]
+fn a_slow_queue_that_moves_is_not_a_stall() {
+    let (mut w, _log) = fake();
+    w.chunk_delay = Duration::from_millis(40);
+    let s = Scheduler::spawn_with(w, Duration::from_millis(200)).unwrap();
+    let first = s.submit(job(1, 10), Priority::Demand).unwrap();
+    let last = s.submit(job(2, 10), Priority::Demand).unwrap();
+    assert_eq!(wait_within(last).unwrap(), 2);
+    assert_eq!(wait_within(first).unwrap(), 1);
+}
