@@ -218,11 +218,22 @@ impl Platform {
         if self.name.trim().is_empty() {
             return Err(("name", "must not be empty".into()));
         }
+        // Bounds far above any machine of today: a value past one is a typo (a unit in MB/s).
         let positive = |key: &'static str, v: f64| {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
+            let max = if key.ends_with("_gbs") {
+                1e5
             } else {
+                1e5 / 2.0
+            };
+            if !(v.is_finite() && v > 0.0) {
                 Err((key, format!("expected a positive number, found {v}")))
+            } else if v > max {
+                Err((
+                    key,
+                    format!("{v} is beyond any device (at most {max}): check the unit"),
+                ))
+            } else {
+                Ok(())
             }
         };
         positive("gpu_memory_gb", self.gpu_memory_gb)?;
@@ -257,8 +268,15 @@ impl Platform {
                 ),
             ));
         }
-        if self.cpu_threads == Some(0) {
-            return Err(("cpu_threads", "must be at least 1".into()));
+        match self.cpu_threads {
+            Some(0) => return Err(("cpu_threads", "must be at least 1".into())),
+            Some(n) if n > 1 << 16 => {
+                return Err((
+                    "cpu_threads",
+                    format!("{n} is beyond any machine (at most 65536)"),
+                ))
+            }
+            _ => {}
         }
         if let Some(g) = self.gpu_mem_gib {
             positive("gpu_mem_gib", g)?;
@@ -539,6 +557,18 @@ pace_link = true
         bad(
             &GOOD.replace("pace_link = true", "pace_link = \"yes\""),
             &["pace_link"],
+        );
+        // Issue 55, item 4: values no device has (a unit slip) are refused by key.
+        bad(
+            &GOOD.replace(
+                "memory_bandwidth_gbs = 500",
+                "memory_bandwidth_gbs = 500000",
+            ),
+            &["key 'memory_bandwidth_gbs'", "beyond any device", "unit"],
+        );
+        bad(
+            &format!("{GOOD}cpu_threads = 1000000\n"),
+            &["key 'cpu_threads'", "beyond any machine"],
         );
         // Unified memory has no host link to copy over.
         let unified = GOOD

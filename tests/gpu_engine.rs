@@ -522,3 +522,31 @@ fn nan_activations_on_the_gpu_are_an_error_naming_the_layer() {
         }
     }
 }
+
+/// Issue 55, item 4: too little device memory for the resident weights, or for one expert slot,
+/// is an error naming the flag, never a panic or a CUDA out-of-memory abort.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn too_little_device_memory_is_an_error_naming_the_flag() {
+    let _ = gpu();
+    let (_dir, path) = convert_fixture("f16,int4");
+    let m = path.to_str().unwrap();
+    for flags in [
+        &["--gpu-mem", "0.0001"][..],
+        &["--expert-cache", "0.00001"][..],
+    ] {
+        let mut args = vec!["run", "-m", m, "--device", "cuda", "-n", "2", "-p", "hi"];
+        args.extend_from_slice(flags);
+        let (ok, _, stderr) = common::hob(&args);
+        assert!(!ok && !stderr.contains("panicked"), "{args:?}: {stderr}");
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or("");
+        assert!(
+            line.contains(flags[0]) || line.contains("slot"),
+            "{args:?}: {stderr}"
+        );
+        println!("{flags:?}: {line}");
+    }
+}
