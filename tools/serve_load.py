@@ -5,15 +5,17 @@ and prompts longer than the context. Standard library only.
 
     serve_load.py HOB_BINARY MODEL.hob [CLIENTS] [SECONDS] [OUT.md] [QUEUE]
 
-Starts the server itself (--queue QUEUE, default 64; -c 256), samples its RSS every 5 s, and reports: requests by
-kind and status, any answer that was not a status (a stuck or dropped request), client-side latency
-percentiles, the server's queue-wait percentiles (/metrics) and the RSS curve. Exit status 1 when a
+Starts the server itself (--queue QUEUE, default 64; -c 256), samples its RSS and open files every 5 s, and
+reports: requests by kind and status, any answer that was not a status (a stuck or dropped request),
+client-side latency percentiles, the server's queue-wait percentiles (/metrics), and RSS and open files over
+the run (each minute for runs up to 10 minutes, else every tenth of the run). Exit status 1 when a
 well-formed request got no status, the server died, or an unexpected status came back.
 """
 
 import collections
 import http.client
 import json
+import os
 import random
 import re
 import subprocess
@@ -101,9 +103,31 @@ def rss_kib(pid):
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
 
 
+def open_files(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
+
+
+def samples(rss):
+    """RSS and open files at about 11 points of the run, and their extremes."""
+    step = 60 if SECONDS <= 600 else SECONDS / 10
+    marks, next_t = [], 0.0
+    for t, r, f in rss:
+        if t >= next_t:
+            marks.append((t, r, f))
+            next_t += step
+    if rss and marks[-1] != rss[-1]:
+        marks.append(rss[-1])
+    out = ["| at s | RSS MiB | open files |", "|---:|---:|---:|"]
+    out += [f"| {t:.0f} | {r / 1024:.1f} | {f} |" for t, r, f in marks]
+    if rss:
+        out += ["", f"RSS min {min(r for _, r, _ in rss) / 1024:.1f} MiB, max {max(r for _, r, _ in rss) / 1024:.1f} MiB; "
+                    f"open files min {min(f for _, _, f in rss)}, max {max(f for _, _, f in rss)} ({len(rss)} samples)."]
+    return out
 
 
 def main():
@@ -124,7 +148,7 @@ def main():
         t.start()
     rss = []
     while any(t.is_alive() for t in threads):
-        rss.append((time.time() - t0, rss_kib(proc.pid)))
+        rss.append((time.time() - t0, rss_kib(proc.pid), open_files(proc.pid)))
         time.sleep(5)
     alive = proc.poll() is None
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -144,7 +168,7 @@ def main():
     lines += ["", f"Server queue wait (last 1024 requests): p50 {q.get('0.5', 0):.3f} s, p99 {q.get('0.99', 0):.3f} s.",
               f"Server alive at the end: {alive}; exit status after SIGTERM: {code}.",
               f"Unexpected outcomes: {len(bad)}" + (f" (first: {bad[:5]})" if bad else "."), "",
-              "RSS (MiB) every 5 s: " + ", ".join(f"{r / 1024:.0f}" for _, r in rss)]
+              ""] + samples(rss)
     report = "\n".join(lines) + "\n"
     print(report)
     if OUT:
