@@ -60,7 +60,9 @@ impl Error {
 /// write past the file-size limit (`ulimit -f`, which hob meets as a full disk) or past what
 /// the file system holds in one file.
 pub fn explain_io(e: std::io::Error) -> std::io::Error {
-    if e.raw_os_error() == Some(libc::EFBIG) || e.kind() == std::io::ErrorKind::FileTooLarge {
+    // Also an OS error wrapped with more words (tempfile adds the path).
+    let efbig = format!("(os error {})", libc::EFBIG);
+    if e.raw_os_error() == Some(libc::EFBIG) || e.to_string().contains(&efbig) {
         return std::io::Error::new(
             e.kind(),
             "file too large: over the file-size limit (`ulimit -f`) or the file system's \

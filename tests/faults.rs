@@ -105,7 +105,7 @@ fn a_trace_onto_a_full_disk_is_an_error_naming_it() {
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{}: {err}", o.status);
     assert!(
-        err.contains("/dev/full") && err.contains("No space left on device"),
+        err.contains("error: /dev/full: write: No space left on device") && !err.contains("WARN"),
         "{err}"
     );
 }
@@ -135,9 +135,12 @@ fn a_trace_over_the_file_size_limit_is_an_error_naming_it() {
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{}: {err}", o.status);
     assert!(
-        err.contains("t.trace") && err.contains("file-size limit"),
+        err.contains("t.trace: write: file too large: over the file-size limit")
+            && err.contains("the unfinished trace was removed")
+            && !err.contains("WARN"),
         "{err}"
     );
+    assert!(!trace.exists());
 }
 
 /// The logits file of `hob perplexity --kl-divergence-base` over the file-size limit: an error

@@ -378,6 +378,8 @@ pub struct TraceWriter {
     batch: Vec<BatchLayer>,
     /// The model's stacked gates, when predictions are recorded (`create_predicting`).
     predictor: Option<Predictor>,
+    /// A write failed: the error was returned and the unfinished file removed.
+    failed: bool,
 }
 
 impl TraceWriter {
@@ -412,6 +414,7 @@ impl TraceWriter {
             routes: Vec::new(),
             batch: Vec::new(),
             predictor,
+            failed: false,
         };
         let line = HeaderOut {
             hob_trace: TRACE_VERSION,
@@ -422,9 +425,24 @@ impl TraceWriter {
     }
 
     fn write_line(&mut self, v: &impl Serialize) -> crate::Result<()> {
-        let io = |e| Error::io(&self.path, "write", e);
-        serde_json::to_writer(&mut self.out, v).map_err(|e| io(e.into()))?;
-        self.out.write_all(b"\n").map_err(io)
+        let res = serde_json::to_writer(&mut self.out, v)
+            .map_err(std::io::Error::from)
+            .and_then(|()| self.out.write_all(b"\n"));
+        res.map_err(|e| self.write_failed(e))
+    }
+
+    /// A failed write (a full disk): the unfinished trace is removed (a regular file; not a
+    /// device such as /dev/full), and the error says so.
+    fn write_failed(&mut self, e: std::io::Error) -> Error {
+        let e = crate::error::explain_io(e);
+        self.failed = true;
+        let removed = std::fs::metadata(&self.path).is_ok_and(|m| m.is_file())
+            && std::fs::remove_file(&self.path).is_ok();
+        let e = match removed {
+            true => std::io::Error::new(e.kind(), format!("{e}; the unfinished trace was removed")),
+            false => e,
+        };
+        Error::io(&self.path, "write", e)
     }
 
     /// Whether `record_layer` wants the layers' gate inputs.
@@ -555,18 +573,18 @@ impl TraceWriter {
         }
         // Out at each token's end: a full disk is an error of the run, not a warning at exit.
         if layer + 1 == self.header.layers {
-            self.out
-                .flush()
-                .map_err(|e| Error::io(&self.path, "write", e))?;
+            self.out.flush().map_err(|e| self.write_failed(e))?;
         }
         Ok(())
     }
 
     /// Flush and close.
     pub fn finish(mut self) -> crate::Result<()> {
-        self.out
-            .flush()
-            .map_err(|e| Error::io(&self.path, "write", e))
+        if self.failed {
+            // Returned when it happened; the file is gone.
+            return Ok(());
+        }
+        self.out.flush().map_err(|e| self.write_failed(e))
     }
 }
 
