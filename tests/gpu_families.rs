@@ -111,7 +111,14 @@ fn family_variants_on_the_gpu(family: &str, experts: &str) {
         assert_eq!(st.skipped + st.substituted, 0, "{family} {name}");
         assert_eq!(ids, g_ids, "{family} {name}: greedy tokens differ");
         if coop {
-            assert!(e <= 1e-10, "{family} {name}: decode NMSE {e:.2e}");
+            // Float rounding; with quantized high experts on an AVX-512 VNNI host, also x
+            // rounded to 15-16 bits a block by the CPU's integer kernel (src/quant/x86/vnni.rs:
+            // 1.7e-9 on the gpt-oss MXFP4 fixture's CPU decode against transformers).
+            let bound = match experts.starts_with("f16") || !hob::quant::packed_rounds_x() {
+                true => 1e-10,
+                false => 1e-8,
+            };
+            assert!(e <= bound, "{family} {name}: decode NMSE {e:.2e}");
         } else {
             assert!(
                 all == g_all && steps == g_steps,

@@ -284,8 +284,7 @@ impl<'a> Matrix<'a> {
             "{level:?} kernels on a CPU without them"
         );
         if self.kind == WeightKind::Mxfp4 {
-            // One kernel at every level (AVX2).
-            return mxfp4::matvec_rows(self, x, rows, out);
+            return mxfp4::matvec_rows_x86(level, self, x, rows, out);
         }
         let mut sums = GroupSums::new();
         // The integer kernel sums its own rounded x per group.
@@ -335,8 +334,8 @@ impl<'a> Matrix<'a> {
     }
 }
 
-/// Whether the fast int8, int4 and int2 kernels round x (per group, to 16-bit integers: the integer
-/// dot-product kernel, AVX-512 VNNI) rather than multiplying in f32.
+/// Whether the fast int8, int4, int2 and MXFP4 kernels round x (per group, to 16-bit integers:
+/// the integer dot-product kernel, AVX-512 VNNI) rather than multiplying in f32.
 pub fn packed_rounds_x() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

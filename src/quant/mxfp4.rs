@@ -1,8 +1,10 @@
 //! MXFP4 (OCP microscaling; gpt-oss ships its experts so): blocks of 32 e2m1 codes (two a byte,
 //! element 2i in the low nibble) and one E8M0 exponent byte e. Every kernel computes with the
 //! doubled codes, the integers [0, 1, 2, 3, 4, 6, 8, 12] and their negatives, times 2^(e - 128):
-//! exact in f32, as ggml's kernels do, so the CPU and the GPU (cuda/matvec_float.cu) multiply the
-//! same values.
+//! exact in f32, as ggml's kernels do. The f32 kernels (the reference, AVX2, AVX-512) and the GPU
+//! (cuda/matvec_float.cu) multiply the same values; on AVX-512 VNNI the integer kernel of
+//! x86/vnni.rs rounds x to 15-16 bits a block, as for int4, at twice the f32 kernel's speed
+//! (benches/results/2026-12-03-cpu-mxfp4-vnni.md).
 
 use std::ops::Range;
 
@@ -132,15 +134,37 @@ pub(super) fn matvec_rows_scalar(m: &Matrix, x: &[f32], rows: Range<usize>, out:
     }
 }
 
-/// The fast path: AVX-512 or AVX2 where the CPU has it, else the reference.
+/// The fast path: AVX-512 VNNI, AVX-512 or AVX2 where the CPU has it, else the reference.
 pub(super) fn matvec_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if super::x86::Level::detected().is_some_and(|l| l >= super::x86::Level::Avx512) {
+    if let Some(level) = super::x86::Level::detected() {
+        return matvec_rows_x86(level, m, x, rows, out);
+    }
+    matvec_rows_scalar(m, x, rows, out);
+}
+
+/// The kernel of `level` (at most the detected one): integer dot products of x rounded to 16
+/// bits per block on VNNI (as the int4 kernel), else f32 table lookups.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn matvec_rows_x86(
+    level: super::x86::Level,
+    m: &Matrix,
+    x: &[f32],
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    use super::x86::Level;
+    if level == Level::Avx512Vnni {
+        // SAFETY: the caller's level is at most the detected one (AVX-512 F, BW, VL and VNNI);
+        // the callers' checks as below.
+        unsafe { super::x86::packed_vnni_rows(m, x, rows, out) };
+        return;
+    }
+    if level >= Level::Avx512 {
         // SAFETY: AVX-512F detected at run time; the callers' checks as below.
         unsafe { x86::matvec_rows_512(m, x, rows, out) };
         return;
     }
-    #[cfg(target_arch = "x86_64")]
     if super::x86::available() {
         // SAFETY: AVX2 and FMA detected at run time; the caller's `check` and `check_call`
         // established that every row in `rows` lies inside codes and scales and that x has
@@ -318,11 +342,15 @@ mod tests {
         m.matvec_rows_scalar(&x, 0..rows, &mut slow);
         let deq = m.to_f32();
         for r in 0..rows {
-            let exact: f64 = (0..cols)
-                .map(|c| deq[r * cols + c] as f64 * x[c] as f64)
-                .sum();
-            assert!((fast[r] as f64 - exact).abs() < 1e-4 * (1.0 + exact.abs()));
-            assert!((slow[r] as f64 - exact).abs() < 1e-4 * (1.0 + exact.abs()));
+            let terms = (0..cols).map(|c| deq[r * cols + c] as f64 * x[c] as f64);
+            let (exact, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+            // Relative to sum |w x|: the VNNI kernel rounds x to 15-16 bits per block.
+            assert!(
+                (fast[r] as f64 - exact).abs() < 1e-4 * mag,
+                "{} {exact}",
+                fast[r]
+            );
+            assert!((slow[r] as f64 - exact).abs() < 1e-6 * mag);
         }
         // The AVX2 kernel too where the dispatch takes the AVX-512 one.
         #[cfg(target_arch = "x86_64")]

@@ -151,7 +151,7 @@ impl Fast {
         }
     }
 
-    /// Whether int8, int4 and int2 round x on this path (the integer dot-product kernel).
+    /// Whether the quantized kinds round x on this path (the integer dot-product kernel).
     fn rounds_x(self) -> bool {
         match self {
             Fast::Dispatched => crate::quant::packed_rounds_x(),
@@ -162,7 +162,7 @@ impl Fast {
 }
 
 /// How far the fast kernels may stray from the scalar ones, relative to sum |w x|: f32 roundings,
-/// or (int8, int4 and int2 on the integer dot-product kernel) x rounded to a power-of-two grid of 15-16
+/// or (int8, int4, int2 and MXFP4 on the integer dot-product kernel) x rounded to a power-of-two grid of 15-16
 /// significant bits of its group's largest |x| (at most 2.8e-5 seen over these tests, on a
 /// 16-column row; 1.2e-5 on 64 columns).
 fn fast_bound(fast: Fast, m: &Matrix) -> f64 {
@@ -585,9 +585,10 @@ fn x86_dispatch_takes_the_detected_level() {
         for pair in outs.windows(2) {
             let ((below, a), (level, b)) = (&pair[0], &pair[1]);
             let own = match level {
-                super::x86::Level::Avx512 => kind == WeightKind::F16 || kind.has_mins(),
-                // MXFP4 has one kernel at every level.
-                super::x86::Level::Avx512Vnni => kind.is_quantized() && kind != WeightKind::Mxfp4,
+                super::x86::Level::Avx512 => {
+                    kind == WeightKind::F16 || kind.has_mins() || kind == WeightKind::Mxfp4
+                }
+                super::x86::Level::Avx512Vnni => kind.is_quantized(),
                 _ => kind.has_mins(),
             };
             if own {

@@ -9,9 +9,9 @@
 //! Scales are converted 16 groups at a time, and codes are prefetched ahead of the products
 //! (benches/results/2026-11-23-h100-cpu-int-kernels.md, 2026-11-23-h100-coop-waits.md).
 //!
-//! int8, int4 and int2 on AVX-512 VNNI (`packed_vnni_rows`) round x to 16-bit integers per group and
-//! multiply codes and x bytes in `vpdpbusd`: fewer instructions per byte of codes than the f32
-//! table kernel (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
+//! int8, int4, int2 and MXFP4 on AVX-512 VNNI (`packed_vnni_rows`) round x to 16-bit integers per
+//! group and multiply codes and x bytes in `vpdpbusd`: fewer instructions per byte of codes than
+//! the f32 table kernel (benches/results/2026-11-28-h100-cpu-int4-vnni.md).
 //!
 //! f16 on AVX-512F (`f16_rows_512`) takes four rows at a time, x loaded once for the four
 //! (benches/results/2026-11-28-h200-cpu-f16-avx512.md).
@@ -31,7 +31,7 @@ mod tile;
 mod vnni;
 
 pub(super) use tile::{dequant_rows_512, matmul_f32_512, TileRows};
-use vnni::packed_vnni_rows;
+pub(super) use vnni::packed_vnni_rows;
 
 pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx2")

@@ -1,6 +1,7 @@
-//! int8, int4 and int2 on AVX-512 VNNI: x rounded to 16-bit integers per group, codes and x's
-//! bytes multiplied in `vpdpbusd` (benches/results/2026-11-28-h100-cpu-int4-vnni.md). The same contract
-//! as the other kernels of x86.rs (the caller checks the CPU's features and the slices' lengths).
+//! int8, int4, int2 and MXFP4 on AVX-512 VNNI: x rounded to 16-bit integers per group, codes and
+//! x's bytes multiplied in `vpdpbusd` (benches/results/2026-11-28-h100-cpu-int4-vnni.md). The same
+//! contract as the other kernels of x86.rs (the caller checks the CPU's features and the slices'
+//! lengths).
 
 use super::*;
 
@@ -183,7 +184,12 @@ impl QuantX {
 /// times the group's scale times f[g], summed per lane over the row and across the lanes at its
 /// end. Two rows at a time, each row's arithmetic the same as alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>, out: &mut [f32]) {
+pub(in crate::quant) unsafe fn packed_vnni_rows(
+    m: &Matrix,
+    x: &[f32],
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let (gs, bits) = (m.group_size, m.kind.bits());
     let block = 512 / bits;
     QUANT_X.with(|cell| {
@@ -192,33 +198,36 @@ pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>,
         q.make_lanes(gs, bits, block);
         let q = &*q;
         let idx = q.lanes.as_slice();
-        let (rb, gpr) = (m.row_bytes(), m.groups_per_row());
+        let (rb, gpr, sb) = (m.row_bytes(), m.groups_per_row(), m.kind.scale_bytes());
         let codes = |r: usize| m.codes[r * rb..(r + 1) * rb].as_ptr();
-        let side = |v: &[u8], r: usize| v[r * gpr * 2..(r + 1) * gpr * 2].as_ptr() as *const u16;
+        let side = |v: &[u8], r: usize| v[r * gpr * sb..(r + 1) * gpr * sb].as_ptr();
         let scales = |r: usize| side(m.scales, r);
-        // int8 has no mins: its offset term takes the scales (`dot_packed_vnni`).
-        let mins = |r: usize| match bits {
-            8 => scales(r),
+        // int8 and MXFP4 have no mins: their offset terms take the scales (`dot_packed_vnni`).
+        let mins = |r: usize| match (bits, m.kind) {
+            (8, _) | (_, WeightKind::Mxfp4) => scales(r),
             _ => side(m.mins, r),
         };
+        let mx = m.kind == WeightKind::Mxfp4;
         let dot2 = |r: usize| {
             let rows = (
                 [codes(r), codes(r + 1)],
                 [scales(r), scales(r + 1)],
                 [mins(r), mins(r + 1)],
             );
-            match bits {
-                8 => dot_packed_vnni::<2, 1>(rows, q, idx),
-                4 => dot_packed_vnni::<2, 2>(rows, q, idx),
-                _ => dot_packed_vnni::<2, 4>(rows, q, idx),
+            match (bits, mx) {
+                (8, _) => dot_packed_vnni::<2, 1, false>(rows, q, idx),
+                (4, false) => dot_packed_vnni::<2, 2, false>(rows, q, idx),
+                (4, true) => dot_packed_vnni::<2, 2, true>(rows, q, idx),
+                _ => dot_packed_vnni::<2, 4, false>(rows, q, idx),
             }
         };
         let dot1 = |r: usize| {
             let rows = ([codes(r)], [scales(r)], [mins(r)]);
-            match bits {
-                8 => dot_packed_vnni::<1, 1>(rows, q, idx),
-                4 => dot_packed_vnni::<1, 2>(rows, q, idx),
-                _ => dot_packed_vnni::<1, 4>(rows, q, idx),
+            match (bits, mx) {
+                (8, _) => dot_packed_vnni::<1, 1, false>(rows, q, idx),
+                (4, false) => dot_packed_vnni::<1, 2, false>(rows, q, idx),
+                (4, true) => dot_packed_vnni::<1, 2, true>(rows, q, idx),
+                _ => dot_packed_vnni::<1, 4, false>(rows, q, idx),
             }
         };
         let start = rows.start;
@@ -232,14 +241,28 @@ pub(super) unsafe fn packed_vnni_rows(m: &Matrix, x: &[f32], rows: Range<usize>,
     });
 }
 
+/// MXFP4's doubled e2m1 values plus 12, by code: unsigned bytes for `vpdpbusd` (the excess 12
+/// times x's sums is taken off), repeated in each 128-bit lane for `vpshufb`.
+const MX_PLUS_12: [i8; 16] = {
+    let mut t = [0i8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = crate::quant::mxfp4::E2M1_X2[i] + 12;
+        i += 1;
+    }
+    t
+};
+
 /// R rows' sums of scale * codes * x for codes of F fields a byte (`packed_vnni_rows`), plus the
 /// rows' other term per group g with x's rounded sums: int4 and int2, min_g * sums_g; int8 (F = 1,
-/// `mins` its scales), -128 * scale_g * sums_g, the excess of its codes taken as w + 128. Both
-/// vectorized per window of 16 groups, into the same accumulator.
+/// `mins` its scales), -128 * scale_g * sums_g, the excess of its codes taken as w + 128; MXFP4
+/// (`MX`: F = 2, scales 2^(e - 128) from exponent bytes), -12 * scale_g * sums_g, its codes looked
+/// up as their doubled values + 12. Both vectorized per window of 16 groups, into the same
+/// accumulator. `scales` and `mins` point at f16 values (at exponent bytes for MXFP4).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
-    (codes, scales, mins): ([*const u8; R], [*const u16; R], [*const u16; R]),
+unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool>(
+    (codes, scales, mins): ([*const u8; R], [*const u8; R], [*const u8; R]),
     q: &QuantX,
     idx: &[[i32; 16]],
 ) -> [f32; R] {
@@ -249,6 +272,7 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
         _ => 0x03,
     });
     let zero = _mm512_setzero_si512();
+    let mx_table = _mm512_broadcast_i32x4(_mm_loadu_si128(MX_PLUS_12.as_ptr() as *const __m128i));
     let (gs, groups) = (q.gs, q.f.len());
     let (cols, block) = (groups * gs, 64 * F);
     let planes = q.planes.as_ptr();
@@ -265,17 +289,29 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
         let mut sfx = [_mm512_setzero_ps(); R];
         let sums = _mm512_maskz_loadu_ps(lanes, q.sums.as_ptr().add(g0));
         for r in 0..R {
-            let sf = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
-                lanes,
-                scales[r].add(g0) as *const i16,
-            ));
+            let sf = if MX {
+                // 2^(e - 128) by vscalefps (exact, subnormal at e = 0 and 1).
+                let e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(
+                    lanes,
+                    scales[r].add(g0) as *const i8,
+                ));
+                let p = _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(128)));
+                _mm512_scalef_ps(_mm512_set1_ps(1.0), p)
+            } else {
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                    lanes,
+                    scales[r].cast::<i16>().add(g0),
+                ))
+            };
             sfx[r] = _mm512_mul_ps(sf, fx);
             acc[r] = if F == 1 {
                 _mm512_fnmadd_ps(_mm512_mul_ps(sf, _mm512_set1_ps(128.0)), sums, acc[r])
+            } else if MX {
+                _mm512_fnmadd_ps(_mm512_mul_ps(sf, _mm512_set1_ps(12.0)), sums, acc[r])
             } else {
                 let mf = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
                     lanes,
-                    mins[r].add(g0) as *const i16,
+                    mins[r].cast::<i16>().add(g0),
                 ));
                 _mm512_fmadd_ps(mf, sums, acc[r])
             };
@@ -314,6 +350,11 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize>(
                         (1, _) => _mm512_and_si512(_mm512_srli_epi16::<2>(v), mask),
                         (2, _) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
                         _ => _mm512_and_si512(_mm512_srli_epi16::<6>(v), mask),
+                    };
+                    let c = if MX {
+                        _mm512_shuffle_epi8(mx_table, c)
+                    } else {
+                        c
                     };
                     ah = _mm512_dpbusd_epi32(ah, c, hi[k]);
                     al = _mm512_dpbusd_epi32(al, c, lo[k]);
