@@ -183,6 +183,37 @@ fn misaligned_direct_reads_are_refused_with_a_clear_error() {
     }
 }
 
+/// Issue 55, faults: the file shrinks under every reader (io_uring, O_DIRECT, buffered pread)
+/// after it was opened: a read across the new end is a short read, reported as the file ending
+/// early with the path and offset, never bytes of garbage; reads before the end still work.
+#[test]
+fn a_file_that_shrinks_under_any_reader_is_a_clear_error() {
+    for dir in test_dirs() {
+        let f = known_file(&dir);
+        let (rs, _) = readers(f.path());
+        let keep = (FILE_LEN / 2) as u64 & !(DIRECT_ALIGN as u64 - 1);
+        f.as_file().set_len(keep).unwrap();
+        for mut r in rs {
+            let kind = r.reader_kind();
+            let mut buf = AlignedBuf::new(4 * DIRECT_ALIGN).unwrap();
+            let offset = keep - 2 * DIRECT_ALIGN as u64;
+            let msg = r
+                .read_into(offset, buf.as_mut_slice())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains(&f.path().display().to_string())
+                    && msg.contains("the file ended early")
+                    && msg.contains(&format!("offset {keep}")),
+                "{kind}: {msg}"
+            );
+            let mut one = AlignedBuf::new(DIRECT_ALIGN).unwrap();
+            r.read_into(offset, one.as_mut_slice()).unwrap();
+            assert_bytes(one.as_slice(), offset, kind);
+        }
+    }
+}
+
 #[test]
 fn reads_past_the_end_name_the_offset() {
     let dir = &test_dirs()[0];
