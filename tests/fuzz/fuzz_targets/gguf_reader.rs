@@ -17,7 +17,10 @@ fuzz_target!(|data: &[u8]| {
     // The metadata section's own decoder (.hob files carry the same encoding).
     if let Ok(m) = Metadata::decode(data) {
         let _ = m.check();
-        assert_eq!(Metadata::decode(&m.encode()).map(|d| d.len()).ok(), Some(m.len()));
+        assert_eq!(
+            Metadata::decode(&m.encode()).map(|d| d.len()).ok(),
+            Some(m.len())
+        );
     }
     walk_file(data);
     let path = hob_fuzz::scratch_file("model.gguf", data);
@@ -36,7 +39,10 @@ fn walk_file(data: &[u8]) {
         let t = file
             .tensor(&info.name)
             .unwrap_or_else(|| panic!("tensor {} is listed but not found", info.name));
-        assert_eq!(t.bytes().len() as u64, info.file_range().end - info.file_range().start);
+        assert_eq!(
+            t.bytes().len() as u64,
+            info.file_range().end - info.file_range().start
+        );
         std::hint::black_box((t.dims(), t.ggml_type(), info.n_elements()));
         if let Ok(values) = t.dequantize_f32() {
             assert_eq!(values.len() as u64, info.n_elements());

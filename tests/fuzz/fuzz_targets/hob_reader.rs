@@ -71,7 +71,9 @@ fn walk_file(file: &HobFile) {
     if let Ok(cfg) = ModelConfig::from_metadata(file.metadata()) {
         std::hint::black_box((cfg.moe_layers(), cfg.q_dim(), cfg.kv_dim()));
         if let Ok(tok) = hob::cli::engine::tokenizer(file, &cfg) {
-            let _ = tok.encode("Hello, world! <s>", true).map(|ids| tok.decode(&ids, false));
+            let _ = tok
+                .encode("Hello, world! <s>", true)
+                .map(|ids| tok.decode(&ids, false));
         }
     }
 }

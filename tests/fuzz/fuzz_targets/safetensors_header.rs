@@ -56,7 +56,9 @@ fn split(data: &[u8]) -> Vec<&[u8]> {
 
 /// The tensor names in a safetensors header (the harness's own reading, to know what to ask).
 fn header_names(bytes: &[u8]) -> Vec<String> {
-    let Some(len) = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+    let Some(len) = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
     else {
         return Vec::new();
     };

@@ -37,7 +37,10 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let answer = parts.get(1).map(|p| String::from_utf8_lossy(p)).unwrap_or_default();
+    let answer = parts
+        .get(1)
+        .map(|p| String::from_utf8_lossy(p))
+        .unwrap_or_default();
     let sizes = parts.get(2).copied().unwrap_or(&[]);
     for format in FORMATS {
         let _ = format.parse(&answer);

@@ -39,7 +39,11 @@ fuzz_target!(|data: &[u8]| {
         let _ = tok.add_stop_token("</s>");
         Some(tok)
     });
-    let text = |i: usize| parts.get(i).map(|p| String::from_utf8_lossy(p).into_owned());
+    let text = |i: usize| {
+        parts
+            .get(i)
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+    };
     let source = match files.as_ref().and_then(|f| f.chat_template.clone()) {
         Some(t) => t,
         None => text(2).unwrap_or_default(),
@@ -67,7 +71,11 @@ fuzz_target!(|data: &[u8]| {
         let mut chat = Conversation::new();
         for m in &messages {
             chat.push(m.clone());
-            prompts.extend(chat.render_delta(&template, true).ok().map(|d| format!("{d:?}")));
+            prompts.extend(
+                chat.render_delta(&template, true)
+                    .ok()
+                    .map(|d| format!("{d:?}")),
+            );
         }
         if let Some(tok) = &tok {
             for p in &prompts {

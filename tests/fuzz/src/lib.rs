@@ -51,7 +51,9 @@ pub fn pieces<'a>(text: &'a str, sizes: &[u8]) -> Vec<&'a str> {
     let mut rest = text;
     let mut i = 0;
     while !rest.is_empty() {
-        let want = sizes.get(i % sizes.len().max(1)).map_or(3, |&s| 1 + (s as usize % 16));
+        let want = sizes
+            .get(i % sizes.len().max(1))
+            .map_or(3, |&s| 1 + (s as usize % 16));
         let mut cut = want.min(rest.len());
         while !rest.is_char_boundary(cut) {
             cut += 1;
