@@ -141,9 +141,9 @@ impl EngineConfig {
             Budget::Bytes(b) => Ok(b),
             Budget::DeviceTotal(total) => total.checked_sub(others).ok_or_else(|| {
                 Error::Invalid(format!(
-                    "--gpu-mem {:.2}: the resident weights, KV cache and work buffers alone need {:.2} GiB",
-                    gib(total),
-                    gib(others)
+                    "--gpu-mem {}: the resident weights, KV cache and work buffers alone need {}",
+                    size(total),
+                    size(others)
                 ))
             }),
             Budget::Free if self.mapped => Ok(mem.all_experts),
@@ -167,4 +167,28 @@ pub fn work_bytes(m: &ModelConfig, ctx: usize) -> usize {
 
 pub fn gib(bytes: usize) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
+}
+
+/// `bytes` for a message, in the unit that keeps a small model's sizes from printing as 0.00 GiB.
+pub fn size(bytes: usize) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", gib(bytes))
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size;
+
+    #[test]
+    fn sizes_in_messages_pick_a_unit_that_shows_them() {
+        assert_eq!(size(3 << 29), "1.50 GiB");
+        assert_eq!(size(5 << 20), "5.0 MiB");
+        assert_eq!(size(1536), "1.5 KiB");
+    }
 }

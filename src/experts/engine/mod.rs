@@ -235,14 +235,14 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             None => (budget / high_bytes, 0),
         };
         let (high, low) = (high.min(total), low.min(total));
-        let mib = |b: usize| b as f64 / (1 << 20) as f64;
         if high < 1 {
             return Err(Error::Invalid(format!(
-                "{}: the expert cache needs at least one {} slot of {:.1} MiB; the budget allows none ({:.1} MiB free)",
+                "{}: the expert cache needs at least one {} slot of {}; its budget of {} allows none ({} free on the device)",
                 dev.device_name(),
                 file.variants()[plan.high],
-                mib(high_bytes),
-                mib(free),
+                config::size(high_bytes),
+                config::size(budget),
+                config::size(free),
             )));
         }
         let arena = high * high_bytes + low * low_bytes.unwrap_or(0);
