@@ -492,3 +492,22 @@ fn gpt_oss_mxfp4_gguf_matches_the_directory_with_llama_cpp_swiglu_limit() {
         }
     }
 }
+
+/// Found by the gguf_reader fuzz target (an out-of-memory input): a header claiming 64000 layers
+/// had convert list every expected tensor name (tens of millions, over 4 GB) before finding the
+/// first one missing. The layer count is now refused against the file's tensor count, and expected
+/// tensors are checked as they are named, so a large expert count fails at its first missing one.
+#[test]
+fn fuzz_oom_a_block_count_past_the_tensors_is_refused_before_anything_is_sized() {
+    let kv = |key: &[u8], v: u32| [key, &4u32.to_le_bytes(), &v.to_le_bytes()].concat();
+    let key = b"llama.block_count";
+    let (e, path) = convert_patched("tiny-mixtral-per-expert", &kv(key, 2), &kv(key, 64000));
+    assert!(e.contains(&path), "{e}");
+    assert!(
+        e.contains("field 'llama.block_count': expected 1 to ") && e.contains("64000"),
+        "{e}"
+    );
+    let key = b"llama.expert_count";
+    let (e, _) = convert_patched("tiny-mixtral-per-expert", &kv(key, 4), &kv(key, 1 << 30));
+    assert!(e.contains("not found") || e.contains("expected"), "{e}");
+}

@@ -281,16 +281,19 @@ impl GgufCheckpoint {
         } else {
             return Err(missing(path, &merged_name(first, "gate")));
         };
-        let mut expected: Vec<(String, Vec<usize>)> = dense
-            .iter()
-            .map(|t| {
-                (
-                    gguf_families::gguf_name(&arch, &t.hob_name),
-                    gguf_families::gguf_shape(t),
-                )
-            })
-            .collect();
-        let first = arch.first_moe_layer();
+        // Each expected tensor is checked as it is named, so a hostile layer or expert count fails
+        // at its first missing tensor instead of listing millions of names first.
+        let mut known: HashSet<String> = read_here.iter().map(|n| n.to_string()).collect();
+        let mut expect = |name: String, shape: &[usize]| -> Result<(), ImportError> {
+            let t = file.tensor(&name).ok_or_else(|| missing(path, &name))?;
+            check_tensor(&t, shape)?;
+            known.insert(name);
+            Ok(())
+        };
+        for t in &dense {
+            let name = gguf_families::gguf_name(&arch, &t.hob_name);
+            expect(name, &gguf_families::gguf_shape(t))?;
+        }
         for l in first..first + s.n_layers {
             for (which, rows, cols) in [
                 ("gate", s.ffn, s.hidden),
@@ -299,20 +302,16 @@ impl GgufCheckpoint {
             ] {
                 match experts {
                     GgufExperts::Merged => {
-                        expected.push((merged_name(l, which), vec![s.n_experts, rows, cols]))
+                        expect(merged_name(l, which), &[s.n_experts, rows, cols])?
                     }
-                    GgufExperts::PerExpert => expected.extend(
-                        (0..s.n_experts).map(|e| (per_expert_name(l, which, e), vec![rows, cols])),
-                    ),
+                    GgufExperts::PerExpert => {
+                        for e in 0..s.n_experts {
+                            expect(per_expert_name(l, which, e), &[rows, cols])?;
+                        }
+                    }
                 }
             }
         }
-        for (name, shape) in &expected {
-            let t = file.tensor(name).ok_or_else(|| missing(path, name))?;
-            check_tensor(&t, shape)?;
-        }
-        let mut known: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
-        known.extend(read_here);
         let skipped = gguf_families::skipped_layers(&arch, &file);
         if let Some(extra) = file
             .tensors()
@@ -647,13 +646,23 @@ pub(super) fn parse_spec(
             })
         }
     };
+    // Every layer has tensors of its own: a count past the file's tensors is a damaged header,
+    // refused before anything is sized by it.
+    let n_layers = k.usize(keys::BLOCK_COUNT)?;
+    if n_layers > file.tensors().len() {
+        let expected = format!(
+            "1 to {} layers (the file's tensor count)",
+            file.tensors().len()
+        );
+        return Err(k.err(&k.full(keys::BLOCK_COUNT), &expected));
+    }
     let token_id = |key: &str| -> Result<Option<u32>, ImportError> {
         Ok(k.opt_usize_at(key)?.map(|v| v as u32))
     };
     Ok(MixtralSpec {
         hidden,
         ffn,
-        n_layers: k.usize(keys::BLOCK_COUNT)?,
+        n_layers,
         n_heads,
         n_kv_heads,
         head_dim,
