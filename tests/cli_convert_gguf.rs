@@ -511,3 +511,24 @@ fn fuzz_oom_a_block_count_past_the_tensors_is_refused_before_anything_is_sized()
     let (e, _) = convert_patched("tiny-mixtral-per-expert", &kv(key, 4), &kv(key, 1 << 30));
     assert!(e.contains("not found") || e.contains("expected"), "{e}");
 }
+
+/// A GGUF file under another name (fuzz artifacts, `model.bin`) is known by its magic, not taken
+/// for a checkpoint directory.
+#[test]
+fn a_gguf_without_the_extension_is_read_as_gguf() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("model.bin");
+    std::fs::copy(gguf("tiny-mixtral"), &src).unwrap();
+    let out = tmp.path().join("x.hob");
+    let (ok, _, stderr) = hob(&[
+        "convert",
+        "--from",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--experts",
+        "f16",
+        "--no-progress",
+    ]);
+    assert!(ok && out.exists(), "{stderr}");
+}

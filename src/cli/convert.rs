@@ -334,14 +334,21 @@ fn with_defaults(
     Ok((variants, plan))
 }
 
-/// `--from`: a file whose name ends in `.gguf` is read as GGUF (the first file of a split set
-/// finds the others); anything else as a Hugging Face checkpoint directory.
-/// Whether `--from` names a GGUF file (else a Hugging Face directory).
+/// `--from`: a file whose name ends in `.gguf` or whose bytes start with GGUF's magic is read as
+/// GGUF (the first file of a split set finds the others); anything else as a Hugging Face
+/// checkpoint directory.
 fn is_gguf(from: &Path) -> bool {
+    if from.is_dir() {
+        return false;
+    }
     let named = from
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    named && !from.is_dir()
+    let mut magic = [0u8; 4];
+    named
+        || std::fs::File::open(from)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .is_ok_and(|()| &magic == b"GGUF")
 }
 
 /// The group size of quantized variants from a GGUF that name none: its blocks (Q8_0, Q4_0,
