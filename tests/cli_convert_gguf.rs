@@ -532,3 +532,25 @@ fn a_gguf_without_the_extension_is_read_as_gguf() {
     ]);
     assert!(ok && out.exists(), "{stderr}");
 }
+
+/// A file that is neither a directory nor GGUF is named as such, with what `--from` takes.
+#[test]
+fn a_file_that_is_not_gguf_says_what_from_takes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("model.bin");
+    std::fs::write(&src, b"not a model").unwrap();
+    let out = tmp.path().join("x.hob");
+    let (ok, _, stderr) = hob(&[
+        "convert",
+        "--from",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--no-progress",
+    ]);
+    assert!(!ok && !out.exists());
+    assert!(
+        stderr.contains("model.bin") && stderr.contains("not GGUF (no GGUF magic)"),
+        "{stderr}"
+    );
+}

@@ -256,7 +256,11 @@ impl Checkpoint {
             return Err(ImportError::io(
                 dir,
                 "open checkpoint directory",
-                std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
+                std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    "a file that is not GGUF (no GGUF magic): give a Hugging Face checkpoint \
+                     directory or a .gguf file",
+                ),
             ));
         }
         let config_path = dir.join("config.json");
