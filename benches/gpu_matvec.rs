@@ -193,7 +193,7 @@ fn main() {
             let xd = upload(gpu, &x);
             let y = gpu.alloc::<f32>(rows, "y").expect("alloc");
             let (xp, yp) = (cuda::ptr(&xd, &gpu.stream), cuda::ptr(&y, &gpu.stream));
-            let hob_bound = if kind.starts_with("int") {
+            let hob_bound = if kind.starts_with("int") || kind == "mxfp4" {
                 gpu.q_kernels(&t.mats[0]).0.shape.nmse_bound()
             } else {
                 1e-10
@@ -227,6 +227,14 @@ fn main() {
                         }),
                     ));
                 }
+            }
+            if kind == "mxfp4" {
+                // The exact warp-a-row kernel the dp4a one replaced where it has a plan.
+                variants.push((
+                    "exact rows".into(),
+                    1e-10,
+                    Box::new(|m: &DevMat| gpu.matvec_mxfp4_rows(m, xp, yp).expect("matvec")),
+                ));
             }
             let floor = if kind.starts_with("int") {
                 cpu_floor(name_kind(kind))

@@ -167,8 +167,13 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 u32 sm = 0;
                 if (fast && in) {
                     const bool up = GU && i >= RM;
-                    sm = __ldg((up ? wu.scales : w.scales) + lsrow[i] + gi);
-                    if (KIND != KIND_INT8) sm |= (u32)__ldg((up ? wu.mins : w.mins) + lsrow[i] + gi) << 16;
+                    if (KIND == KIND_MXFP4) {
+                        // One E8M0 byte a chunk (group), a row's after the row before's.
+                        sm = __ldg(reinterpret_cast<const u8*>(up ? wu.scales : w.scales) + lsrow[i] + gi);
+                    } else {
+                        sm = __ldg((up ? wu.scales : w.scales) + lsrow[i] + gi);
+                    }
+                    if (!qd_signed<KIND>()) sm |= (u32)__ldg((up ? wu.mins : w.mins) + lsrow[i] + gi) << 16;
                 }
                 b.sm[i] = sm;
             }
@@ -291,9 +296,11 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 const float2 es = xsx[c];
 #pragma unroll
                 for (int i = 0; i < R; i++) {
-                    const float sc = h2f((half_bits)(cur.sm[i] & 0xffff));
+                    // MXFP4: the doubled codes' scale 2^(e - 128) (exact; the products are too).
+                    const float sc = KIND == KIND_MXFP4 ? mx_half_scale(cur.sm[i])
+                                                        : h2f((half_bits)(cur.sm[i] & 0xffff));
                     const float d = qd_sum<PP, R>(a, i) * es.x;
-                    if (KIND == KIND_INT8) {
+                    if (qd_signed<KIND>()) {
                         racc[i] = fmaf(sc, d, racc[i]);
                     } else {
                         const float mn = h2f((half_bits)(cur.sm[i] >> 16));
@@ -520,3 +527,16 @@ INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, matvec_qd_lone_body, 4, , __launch
 QD_GU_KERNEL(matvec_qd_int8_gu, KIND_INT8)
 QD_GU_KERNEL(matvec_qd_int4_gu, KIND_INT4)
 QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
+
+// MXFP4 (kind 6) through the dp4a loop: the codes as signed doubled e2m1 bytes (qd_codes), each
+// chunk's E8M0 byte as its scale, no min, loads in registers (no ring). Plain and routed like the
+// integer kinds' (no _gu form: gpt-oss's experts take their own activation).
+extern "C" __global__ void __launch_bounds__(512)
+    matvec_qd_mxfp4(const Mat w, const float* x, float* y, int split, int tchunks) {
+    matvec_q_body<KIND_MXFP4, 4, true, (int)QDTraits<KIND_MXFP4>::AHEAD>(w, x, nullptr, y, split, tchunks);
+}
+extern "C" __global__ void __launch_bounds__(512) matvec_qd_mxfp4_sel(SEL_ARGS, int split, int tchunks) {
+    sel_entry(which0);
+    matvec_q_body<KIND_MXFP4, 4, true, (int)QDTraits<KIND_MXFP4>::AHEAD>(
+        sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);
+}

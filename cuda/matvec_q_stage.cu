@@ -24,6 +24,8 @@ template <int KIND> struct QTraits;
 template <> struct QTraits<KIND_INT8> { enum { CC = 16, EPW = 4, BITS = 8, P = 1, HSHIFT = 16 }; };
 template <> struct QTraits<KIND_INT4> { enum { CC = 32, EPW = 8, BITS = 4, P = 2, HSHIFT = 20 }; };
 template <> struct QTraits<KIND_INT2> { enum { CC = 64, EPW = 16, BITS = 2, P = 4, HSHIFT = 22 }; };
+// MXFP4 (dp4a form only: matvec_qd_mxfp4): int4's chunk of 32 nibbles, one group (E8M0 byte) a chunk.
+template <> struct QTraits<KIND_MXFP4> { enum { CC = 32, EPW = 8, BITS = 4, P = 2, HSHIFT = 20 }; };
 
 // Bit position of code j of a word once extracted (in place, or after the shift).
 template <int KIND>
@@ -177,7 +179,8 @@ __device__ float qstage(const float* __restrict__ xt, const float* __restrict__ 
 // whose groups are whole chunks. x is staged as integers: per chunk, xq = round(x * 2^-e) with e
 // chosen so that the chunk's largest |x| lies in [2^(XB-2), 2^(XB-1)) (XB = 8 * QD_PARTS bits), held
 // in QD_PARTS byte planes (the top one signed, the rest unsigned: xq = sum of plane p << 8 (PARTS-1-p)).
-// A code word's codes, masked in place into its four bytes (set s: codes b * S + s of bytes b), meet
+// A code word's codes, masked in place into its four bytes (set s: codes b * S + s of bytes b;
+// MXFP4 4 s + b, as doubled e2m1 values), meet
 // each plane in one dp4a (four 8-bit products summed in 32-bit integers, exact): eight int4 codes
 // take 3 mask and shift instructions and 2 * QD_PARTS dp4a where the scalar kernel spends an AND
 // and an FMA on each code (plus shifts). Per chunk and row, the planes' integer sums become one
@@ -198,19 +201,43 @@ template <int KIND> struct QDTraits;
 template <> struct QDTraits<KIND_INT8> { enum : u32 { S = 1, M = 0xffffffffu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT4> { enum : u32 { S = 2, M = 0x0f0f0f0fu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT2> { enum : u32 { S = 4, M = 0x03030303u, AHEAD = 1 }; };
+// MXFP4: set s holds a word's elements 4s .. 4s + 3 (its low or high four nibbles, in order: one
+// byte permute turns them into signed doubled e2m1 values, qd_codes), not int4's every other one.
+template <> struct QDTraits<KIND_MXFP4> { enum : u32 { S = 2, M = 0x0f0f0f0fu, AHEAD = 2 }; };
+
+// The kinds whose codes are signed bytes for dp4a and carry no min (scale * sum only).
+template <int KIND>
+__device__ __forceinline__ constexpr bool qd_signed() {
+    return KIND == KIND_INT8 || KIND == KIND_MXFP4;
+}
+// The element of a code word that byte `by` of set `s` holds (qdstage lays x out the same way).
+template <int KIND>
+__device__ __forceinline__ constexpr int qd_elem(int by, int s) {
+    return KIND == KIND_MXFP4 ? 4 * s + by : by * (int)QDTraits<KIND>::S + s;
+}
 // The shared-memory ring's steps per kind (matvec_q_body RING; 0: AHEAD steps in registers),
 // chosen by architecture in kernels.rs (qd_ring), which reserves the ring's shared memory
 // (QShape::ring; benches/results/2026-11-25-h100-qd-ring.md).
 #if !defined(QD_RING_INT8) || !defined(QD_RING_INT4) || !defined(QD_RING_INT2)
 #error "QD_RING_INT8/INT4/INT2: passed by src/backend/cuda/kernels.rs (Kernels::nvrtc_options)"
 #endif
-#define QD_RING_OF(KIND) \
-    ((KIND) == KIND_INT8 ? QD_RING_INT8 : (KIND) == KIND_INT4 ? QD_RING_INT4 : QD_RING_INT2)
+#define QD_RING_OF(KIND)                                                                 \
+    ((KIND) == KIND_INT8 ? QD_RING_INT8 : (KIND) == KIND_INT4 ? QD_RING_INT4 \
+     : (KIND) == KIND_INT2 ? QD_RING_INT2 : 0)
 
 // Set s of code word w: one code per byte (int8: the word, its bytes signed).
+// MXFP4: the nibbles' low 3 bits pick a doubled magnitude {0, 1, 2, 3, 4, 6, 8, 12} from the
+// positive or the negated table; bit 3 (the sign) picks the table, byte by byte.
 template <int KIND>
 __device__ __forceinline__ u32 qd_codes(u32 w, int s) {
     if (KIND == KIND_INT8) return w;
+    if (KIND == KIND_MXFP4) {
+        const u32 q = s == 0 ? w : w >> 16;
+        const u32 m = q & 0x7777u;
+        const u32 pos = __byte_perm(0x03020100u, 0x0c080604u, m);
+        const u32 neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, m);
+        return __byte_perm(pos, neg, 0x3210u | ((q & 0x8888u) >> 1));
+    }
     return (s == 0 ? w : w >> (QTraits<KIND>::BITS * s)) & (u32)QDTraits<KIND>::M;
 }
 
@@ -224,10 +251,10 @@ __device__ __forceinline__ int qd_dot(u32 a, u32 b, int acc) {
     d = acc;
     for (int j = 0; j < 4; j++) {
         const int xb = (int)((b >> (8 * j)) & 0xffu), cb = (int)((a >> (8 * j)) & 0xffu);
-        d += (TOP ? (int)(signed char)xb : xb) * (KIND == KIND_INT8 ? (int)(signed char)cb : cb);
+        d += (TOP ? (int)(signed char)xb : xb) * (qd_signed<KIND>() ? (int)(signed char)cb : cb);
     }
 #else
-    if (KIND == KIND_INT8) {
+    if (qd_signed<KIND>()) {
         if (TOP) asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc));
         else asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc));
     } else {
@@ -364,7 +391,7 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
             const float mul = __uint_as_float((u32)(XB + 252 - ep) << 23);
             const float xs = bad ? __uint_as_float(0x7fc00000u) : ldexp2(1.0f, ep - 125 - XB);
             if (in && F16S) {
-                // Per set, values b * S + s (b = 0..3) rounded to 16 bits (cvt saturates: only
+                // Per set, values qd_elem(b, s) (b = 0..3) rounded to 16 bits (cvt saturates: only
                 // -32768 needs the clamp to -QMAX, two values at a time), paired, and their bytes
                 // split into the planes by two byte permutes. A bad chunk's values all become 0
                 // (v * 0 is 0 or NaN, and NaN converts to 0): the bits of the general form.
@@ -373,8 +400,10 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
                 u32 o[2][S];
     #pragma unroll
                 for (int s = 0; s < S; s++) {
-                    const u32 t01 = __vmaxs2(pack_s16_rn(v[s] * mz, v[S + s] * mz), 0x80018001u);
-                    const u32 t23 = __vmaxs2(pack_s16_rn(v[2 * S + s] * mz, v[3 * S + s] * mz), 0x80018001u);
+                    const u32 t01 = __vmaxs2(pack_s16_rn(v[qd_elem<KIND>(0, s)] * mz, v[qd_elem<KIND>(1, s)] * mz),
+                                             0x80018001u);
+                    const u32 t23 = __vmaxs2(pack_s16_rn(v[qd_elem<KIND>(2, s)] * mz, v[qd_elem<KIND>(3, s)] * mz),
+                                             0x80018001u);
                     o[0][s] = __byte_perm(t01, t23, 0x7531);  // high bytes: the signed top plane
                     o[1][s] = __byte_perm(t01, t23, 0x6420);  // low bytes
                 }
@@ -404,7 +433,7 @@ __device__ void qdstage(const float* __restrict__ xt, const float* __restrict__ 
                     for (int s = 0; s < S; s++) {
                         u32 b = 0;
     #pragma unroll
-                        for (int by = 0; by < 4; by++) b |= ((u32)(q[by * S + s] >> sh) & 0xffu) << (8 * by);
+                        for (int by = 0; by < 4; by++) b |= ((u32)(q[qd_elem<KIND>(by, s)] >> sh) & 0xffu) << (8 * by);
                         o[s] = b;
                     }
                     u32* dst = xq + qd_at<KIND>(c, p, wd);

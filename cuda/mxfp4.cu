@@ -1,4 +1,5 @@
-// MXFP4 experts (formats/hob.md; src/quant/mxfp4.rs): a warp a row through row_dot (matvec_float.cu
+// MXFP4 experts (formats/hob.md; src/quant/mxfp4.rs) where the dp4a kernels (matvec_q.cu
+// matvec_qd_mxfp4) have no plan: a warp a row through row_dot (matvec_float.cu
 // chunk_dot: one 16-byte chunk is one block of 32 codes and its E8M0 scale), so every product of
 // a row, plain or routed, has the same sums and bits.
 

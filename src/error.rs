@@ -59,6 +59,18 @@ impl Error {
 /// An io::Error whose OS text would puzzle a user, said plainly: EFBIG ("File too large") is a
 /// write past the file-size limit (`ulimit -f`, which hob meets as a full disk) or past what
 /// the file system holds in one file.
+/// `bytes` for a message, in the unit that keeps a small model's sizes from printing as 0.00 GiB.
+pub fn size(bytes: usize) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
 pub fn explain_io(e: std::io::Error) -> std::io::Error {
     // Also an OS error wrapped with more words (tempfile adds the path).
     let efbig = format!("(os error {})", libc::EFBIG);

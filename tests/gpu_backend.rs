@@ -114,6 +114,12 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         ("int8", 40, 32768),
         ("int4", 40, 32768),
         ("int2", 40, 32768),
+        // MXFP4 (gpt-oss's experts): the dp4a kernel (matvec_qd_mxfp4) on sm_61 and later, a
+        // short row, gpt-oss-20b's 2880, an odd row count and Mixtral's width.
+        ("mxfp4", 64, 256),
+        ("mxfp4", 5760, 2880),
+        ("mxfp4", 2887, 2880),
+        ("mxfp4", 40, 14336),
     ];
     let mut worst = 0.0f64;
     for (i, &(kind, rows, cols)) in cases.iter().enumerate() {
@@ -140,7 +146,7 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
             let bound = if t == 1 {
                 // The CPU's integer kernels may round x to 16 bits per group too (AVX-512 VNNI):
                 // then the GPU's exact kernels meet the bound of its 16-bit x.
-                let packed = kind.starts_with("int");
+                let packed = kind.starts_with("int") || kind == "mxfp4";
                 let cpu = if packed && hob::quant::packed_rounds_x() {
                     1e-8
                 } else {

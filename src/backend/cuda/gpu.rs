@@ -336,8 +336,8 @@ impl Gpu {
     ) -> crate::Result<CudaSlice<T>> {
         self.stream.alloc_zeros::<T>(n.max(1)).map_err(|e| {
             Error::Invalid(format!(
-                "CUDA: cannot allocate {} MiB for {what}: {e}",
-                (n * std::mem::size_of::<T>()) >> 20
+                "CUDA: cannot allocate {} for {what}: {e}",
+                crate::error::size(n.max(1) * std::mem::size_of::<T>())
             ))
         })
     }

@@ -48,9 +48,14 @@ pub struct Kernels {
     pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
     pub matvec: [CudaFunction; 3],
-    /// MXFP4 experts (mxfp4.cu): plain, and routed like matvec_q_*_sel.
+    /// MXFP4 experts (mxfp4.cu): plain, and routed like matvec_q_*_sel, a warp a row with exact
+    /// f32 products: where the dp4a forms below do not apply.
     pub matvec_mx: CudaFunction,
     pub matvec_mx_sel: CudaFunction,
+    /// MXFP4 through the dp4a loop (matvec_q.cu matvec_qd_mxfp4, _sel): x staged as 16-bit
+    /// integers like the integer kinds' matvec_qd_*.
+    pub matvec_qd_mx: QKernel,
+    pub matvec_qd_mx_sel: QKernel,
     /// The integer kinds (matvec_q_*): int8, int4, int2.
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
@@ -317,6 +322,14 @@ impl Kernels {
             matvec: floats("matvec")?,
             matvec_mx: f("matvec_mxfp4")?,
             matvec_mx_sel: f("matvec_mxfp4_sel")?,
+            matvec_qd_mx: QKernel::new(ctx, f("matvec_qd_mxfp4")?, 6, QFamily::Dp(QD_PARTS), 0)?,
+            matvec_qd_mx_sel: QKernel::new(
+                ctx,
+                f("matvec_qd_mxfp4_sel")?,
+                6,
+                QFamily::Dp(QD_PARTS),
+                0,
+            )?,
             matvec_q: qkernels("matvec_q", "", QFamily::Scalar)?,
             matvec_any: f("matvec_any")?,
             matvec_q_sel: qkernels("matvec_q", "_sel", QFamily::Scalar)?,

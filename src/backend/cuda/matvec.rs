@@ -45,8 +45,10 @@ impl Gpu {
         let w = *w;
         if w.vectorizable() && x.is_multiple_of(16) {
             if w.is_mxfp4() {
-                let c = cfg(blocks(w.rows as usize, 8), 256);
-                return launch!(self, self.kernels.matvec_mx, c; w, x, y);
+                if self.qd_mxfp4() && self.matvec_int(&w, &self.kernels.matvec_qd_mx, x, y)? {
+                    return Ok(());
+                }
+                return self.matvec_mxfp4_rows(&w, x, y);
             }
             if w.is_int() {
                 if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
@@ -61,6 +63,15 @@ impl Gpu {
         let c = cfg(blocks(w.rows as usize, 8), 256);
         let kind = w.kind;
         launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
+    }
+
+    /// y = W · x for MXFP4 through the exact warp-a-row kernel (mxfp4.cu matvec_mxfp4: every
+    /// product exact, f32 sums), where the dp4a one has no plan; w vectorizable, x 16-byte
+    /// aligned.
+    pub fn matvec_mxfp4_rows(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
+        let w = *w;
+        let c = cfg(blocks(w.rows as usize, 8), 256);
+        launch!(self, self.kernels.matvec_mx, c; w, x, y)
     }
 
     /// y = W · x through the integer kernel `q` (matvec_q_* or matvec_qm_* of w's kind, for a
@@ -84,6 +95,9 @@ impl Gpu {
     /// the GPU has them and the groups are 1, 2 or a multiple of 4 chunks (cuda/matvec_qm.cu
     /// matvec_qm_body) and `qm_kinds` has the kind, else matvec_q_*.
     pub fn q_kernels(&self, w: &DevMat) -> (&QKernel, &QKernel) {
+        if w.is_mxfp4() {
+            return (&self.kernels.matvec_qd_mx, &self.kernels.matvec_qd_mx_sel);
+        }
         let i = (w.kind - 3) as usize;
         let cc = 16 << (w.kind - 3);
         let cpg = w.group / cc;
@@ -116,7 +130,11 @@ impl Gpu {
         (y, ys): (u64, usize),
     ) -> crate::Result<()> {
         let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
-        if w.is_mxfp4() && !glu {
+        // MXFP4: the dp4a kernel where it has a plan, else a warp a row.
+        let dp_mx = (w.is_mxfp4() && self.qd_mxfp4() && w.vectorizable())
+            .then(|| self.routed_plan(w, &self.kernels.matvec_qd_mx_sel))
+            .flatten();
+        if w.is_mxfp4() && !glu && dp_mx.is_none() {
             // A warp a row, 8 rows a block (mxfp4.cu matvec_mxfp4_sel); split, tchunks unused.
             let c = LaunchConfig {
                 grid_dim: (blocks(w.rows.max(0) as usize, 8), ny as u32, 1),
@@ -127,7 +145,7 @@ impl Gpu {
             let f = &self.kernels.matvec_mx_sel;
             return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
         }
-        if !w.is_int() {
+        if !w.is_int() && (glu || dp_mx.is_none()) {
             return Err(Error::Invalid(
                 "CUDA: matvec_sel takes integer kinds and mxfp4 without glu (float kinds: \
                  moe_gate_up, moe_down)"
@@ -138,9 +156,12 @@ impl Gpu {
         // `matvec`). Its grid fills the GPU once; the ny matrices share it (a block loops over
         // its matrix's row tiles, so any grid computes the same sums).
         let q = self.q_kernels(w).1;
-        let p = self.routed_plan(w, q).ok_or_else(|| {
-            Error::Invalid("CUDA: no integer matvec plan for a routed expert".into())
-        })?;
+        let p = match dp_mx {
+            Some(p) => p,
+            None => self.routed_plan(w, q).ok_or_else(|| {
+                Error::Invalid("CUDA: no integer matvec plan for a routed expert".into())
+            })?,
+        };
         let c = LaunchConfig {
             grid_dim: (
                 p.routed_grid(w.rows.max(0) as usize, q.shape.rows, ny),
@@ -440,11 +461,18 @@ impl Gpu {
     /// integer kernel's (QShape::nmse_bound), 1e-10 for the rest.
     pub fn matvec_nmse_bound(&self, m: &Matrix<'_>) -> f64 {
         let d = DevMat::new(m, 0, 0, 0);
-        if d.is_int() && d.row_bytes % 16 == 0 {
+        if (d.is_int() || (d.is_mxfp4() && self.qd_mxfp4())) && d.row_bytes % 16 == 0 {
             self.q_kernels(&d).0.shape.nmse_bound()
         } else {
             1e-10
         }
+    }
+
+    /// Whether MXFP4 products take the dp4a kernels (matvec_qd_mxfp4, _sel; sm_61 on: dp4a)
+    /// where they have a plan, rather than the exact warp-a-row ones (mxfp4.cu): 4.5-5x their
+    /// bandwidth (benches/results/2026-12-04-h200-issue53-mxfp4-dp4a.md).
+    pub fn qd_mxfp4(&self) -> bool {
+        self.compute_capability >= (6, 1)
     }
 
     /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU, for the kernel

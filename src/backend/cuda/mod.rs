@@ -255,7 +255,7 @@ impl DevMat {
     }
 
     /// The 16-byte vector kernel applies (the other layouts take matvec_any).
-    fn vectorizable(&self) -> bool {
+    pub fn vectorizable(&self) -> bool {
         self.row_bytes % 16 == 0 && self.codes.is_multiple_of(16)
     }
 }
@@ -272,9 +272,7 @@ pub fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     s.device_ptr(stream).0
 }
 
-fn gib(bytes: usize) -> f64 {
-    bytes as f64 / (1u64 << 30) as f64
-}
+use crate::error::size;
 
 fn check_len(what: &str, have: usize, need: usize) -> crate::Result<()> {
     if have < need {

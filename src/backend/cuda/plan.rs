@@ -26,7 +26,7 @@ pub struct QLimits {
 /// The shape of an integer matvec kernel (matvec_qm.cu matvec_q_* or matvec_qm_*).
 #[derive(Clone, Copy, Debug)]
 pub struct QShape {
-    /// Kind code: 3 int8, 4 int4, 5 int2.
+    /// Kind code: 3 int8, 4 int4, 5 int2, 6 mxfp4.
     pub kind: i32,
     /// Rows per warp: R for matvec_q_*, 16 for matvec_qm_* (an mma's rows).
     pub rows: usize,
@@ -47,9 +47,13 @@ pub struct QShape {
 pub const QM_QUADS_PER_STEP: usize = 2;
 
 impl QShape {
-    /// Columns per 16-byte chunk of codes.
+    /// Columns per 16-byte chunk of codes (MXFP4, kind 6: int4's 32).
     fn chunk_cols(&self) -> usize {
-        16usize << (self.kind - 3)
+        if self.kind == 6 {
+            32
+        } else {
+            16usize << (self.kind - 3)
+        }
     }
 
     /// The tensor-core kernel (matvec_qm_*).

@@ -23,11 +23,11 @@ impl CudaBackend {
         let (free, total) = gpu.mem_info()?;
         if needed > free {
             return Err(Error::Invalid(format!(
-                "CUDA: the model's non-expert weights need {:.2} GiB on {} but only {:.2} GiB of {:.2} GiB is free",
-                gib(needed),
+                "CUDA: the model's non-expert weights need {} on {} but only {} of {} is free",
+                size(needed),
                 gpu.name,
-                gib(free),
-                gib(total)
+                size(free),
+                size(total)
             )));
         }
         let mut b = CudaBackend::empty(gpu)?;

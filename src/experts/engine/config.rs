@@ -169,17 +169,7 @@ pub fn gib(bytes: usize) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
 }
 
-/// `bytes` for a message, in the unit that keeps a small model's sizes from printing as 0.00 GiB.
-pub fn size(bytes: usize) -> String {
-    let b = bytes as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", gib(bytes))
-    } else if b >= (1u64 << 20) as f64 {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    } else {
-        format!("{:.1} KiB", b / 1024.0)
-    }
-}
+pub use crate::error::size;
 
 #[cfg(test)]
 mod tests {

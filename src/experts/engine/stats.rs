@@ -318,8 +318,8 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
             ""
         };
         s += &format!(
-            ", {:.2} GiB{mapped}, policy {:?}",
-            super::config::gib(self.slots.arena_bytes()),
+            ", {}{mapped}, policy {:?}",
+            super::config::size(self.slots.arena_bytes()),
             self.slots.cache.policy()
         );
         if let Some(p) = &self.prefetch {
