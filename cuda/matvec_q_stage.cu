@@ -232,11 +232,12 @@ template <int KIND>
 __device__ __forceinline__ u32 qd_codes(u32 w, int s) {
     if (KIND == KIND_INT8) return w;
     if (KIND == KIND_MXFP4) {
-        const u32 q = s == 0 ? w : w >> 16;
-        const u32 m = q & 0x7777u;
+        // The table selector of both sets at once (the same w for s = 0 and 1: computed once).
+        const u32 pick = 0x32103210u | ((w & 0x88888888u) >> 1);
+        const u32 m = (s == 0 ? w : w >> 16) & 0x7777u;
         const u32 pos = __byte_perm(0x03020100u, 0x0c080604u, m);
         const u32 neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, m);
-        return __byte_perm(pos, neg, 0x3210u | ((q & 0x8888u) >> 1));
+        return __byte_perm(pos, neg, s == 0 ? pick : pick >> 16);
     }
     return (s == 0 ? w : w >> (QTraits<KIND>::BITS * s)) & (u32)QDTraits<KIND>::M;
 }
