@@ -116,7 +116,9 @@ __device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, cons
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(a));
 }
-template <int BN>
+// KIND_MXFP4 (gemm_mx4h_*): a thread's 32 codes are one MXFP4 block, its E8M0 byte the scale; each
+// weight the f16 of its exact f32 value (the f16 tile dequant_rows_h makes for cuBLAS).
+template <int BN, int KIND = KIND_INT4>
 __device__ __forceinline__ void gemm_q4h_body(const Mat& w, const half_bits* __restrict__ xh, int t,
                                               float* __restrict__ out, int ld, int ksteps, int kz) {
 #if __CUDA_ARCH__ >= 800
@@ -140,7 +142,8 @@ __device__ __forceinline__ void gemm_q4h_body(const Mat& w, const half_bits* __r
         cv = crow[k0 / 32 + lh];
         // A thread's 32 codes lie in one group (group % 32 == 0: g32 from Q4_K, hob's g64).
         const size_t g = (size_t)grow * gpr + (k0 + lh * 32) / w.group;
-        smv = (u32)w.scales[g] | ((u32)w.mins[g] << 16);
+        if (KIND == KIND_MXFP4) smv = reinterpret_cast<const u8*>(w.scales)[g];
+        else smv = (u32)w.scales[g] | ((u32)w.mins[g] << 16);
 #pragma unroll
         for (int v = 0; v < XV; v++) {
             const int i = tid + v * 256, n = i >> 3, part = i & 7;
@@ -159,15 +162,26 @@ __device__ __forceinline__ void gemm_q4h_body(const Mat& w, const half_bits* __r
     for (int k0 = kb; k0 < ke; k0 += GQ_BK) {
         __syncthreads();  // the last step's readers are done
         {
-            const float s = h2f((half_bits)(smv & 0xffff)), mn = h2f((half_bits)(smv >> 16));
             const u32 word[4] = {cv.x, cv.y, cv.z, cv.w};
             u32 h[16];
+            if (KIND == KIND_MXFP4) {
+                const float s = mx_half_scale(smv);
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const u32 wd = word[j >> 2], sh = 8 * (j & 3);
-                const float a = s * (float)((wd >> sh) & 0xf) + mn;
-                const float b = s * (float)((wd >> (sh + 4)) & 0xf) + mn;
-                h[j] = (u32)f2h(a) | ((u32)f2h(b) << 16);
+                for (int j = 0; j < 16; j++) {
+                    const u32 wd = word[j >> 2], sh = 8 * (j & 3);
+                    const float a = s * e2m1x2((wd >> sh) & 0xf);
+                    const float b = s * e2m1x2((wd >> (sh + 4)) & 0xf);
+                    h[j] = (u32)f2h(a) | ((u32)f2h(b) << 16);
+                }
+            } else {
+                const float s = h2f((half_bits)(smv & 0xffff)), mn = h2f((half_bits)(smv >> 16));
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const u32 wd = word[j >> 2], sh = 8 * (j & 3);
+                    const float a = s * (float)((wd >> sh) & 0xf) + mn;
+                    const float b = s * (float)((wd >> (sh + 4)) & 0xf) + mn;
+                    h[j] = (u32)f2h(a) | ((u32)f2h(b) << 16);
+                }
             }
             uint4* dst = reinterpret_cast<uint4*>(ws + lr * GQ_LD + lh * 32);
 #pragma unroll
@@ -230,6 +244,16 @@ extern "C" __global__ void __launch_bounds__(256) gemm_q4h_128(const Mat w, cons
                                                                float* out, int ld, int ksteps) {
     PDL_ENTRY();
     gemm_q4h_body<128>(w, xh, t, out, ld, ksteps, blockIdx.z);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_mx4h_64(const Mat w, const half_bits* xh, int t,
+                                                              float* out, int ld, int ksteps) {
+    PDL_ENTRY();
+    gemm_q4h_body<64, KIND_MXFP4>(w, xh, t, out, ld, ksteps, blockIdx.z);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_mx4h_128(const Mat w, const half_bits* xh, int t,
+                                                               float* out, int ld, int ksteps) {
+    PDL_ENTRY();
+    gemm_q4h_body<128, KIND_MXFP4>(w, xh, t, out, ld, ksteps, blockIdx.z);
 }
 
 // A layer's prefill experts, one launch a product (gemm_q4h_grp_*): group z's tokens are rows

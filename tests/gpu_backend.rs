@@ -127,8 +127,9 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         let m = matrix(&bytes, v, dt, rows, cols);
         let mut b = CudaBackend::empty(g.clone()).unwrap();
         b.make_resident(&m).unwrap();
-        // int4 g64 and g32 prefill products run on gemm_q4h (64 or 128 tokens a block, K in parts).
-        let ts: &[usize] = if kind == "int4" || kind == "int4/g32" {
+        // int4 g64 and g32 prefill products run on gemm_q4h, MXFP4 on gemm_mx4h (64 or 128 tokens a
+        // block, K in parts).
+        let ts: &[usize] = if kind == "int4" || kind == "int4/g32" || kind == "mxfp4" {
             &[1, 5, 70, 200]
         } else {
             &[1, 5]

@@ -155,7 +155,7 @@ impl Gpu {
             && xh.is_multiple_of(16)
     }
 
-    /// int4 `w` (groups of a multiple of 32) times the `tn` f16 tokens at `xh` through gemm_q4h, f32 [tn, rows] out: at
+    /// int4 `w` (groups of a multiple of 32) or MXFP4 `w` times the `tn` f16 tokens at `xh` through gemm_q4h (gemm_mx4h), f32 [tn, rows] out: at
     /// `direct` in one launch over K, or as the partial sums of K's parts at `parts` + z·tn·rows
     /// (at most `max_parts` of them) where the grid is short of two waves. Returns the number
     /// of parts (1: the product is at `direct`), None where the kernel does not apply.
@@ -167,12 +167,23 @@ impl Gpu {
         (direct, parts): (u64, u64),
         max_parts: usize,
     ) -> crate::Result<Option<usize>> {
-        let Some(fs) = self.kernels.gemm_q4h.as_ref() else {
+        // MXFP4 (one 32-value block a thread's codes): gemm_mx4h, the same tiles.
+        let mx = w.is_mxfp4()
+            && (w.cols as usize).is_multiple_of(64)
+            && w.row_bytes % 16 == 0
+            && w.codes.is_multiple_of(16)
+            && xh.is_multiple_of(16);
+        let kernels = if mx {
+            self.kernels.gemm_mx4h.as_ref()
+        } else {
+            self.kernels
+                .gemm_q4h
+                .as_ref()
+                .filter(|_| self.gemm_q4h_applies(w, xh))
+        };
+        let Some(fs) = kernels else {
             return Ok(None);
         };
-        if !self.gemm_q4h_applies(w, xh) {
-            return Ok(None);
-        }
         let (rows, cols) = (w.rows as usize, w.cols as usize);
         let (f, bn) = q4h_kernel(fs, tn);
         // K in 4 parts where the grid is short of two waves (Mixtral's 14336-row gate and up:

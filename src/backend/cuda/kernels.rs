@@ -70,6 +70,8 @@ pub struct Kernels {
     pub gemm_q4h: Option<[CudaFunction; 2]>,
     /// The same over a layer's prefill experts in one launch (gemm_q4h_grp_64, _128).
     pub gemm_q4h_grp: Option<[CudaFunction; 2]>,
+    /// gemm_q4h's form for MXFP4 weights (gemm_mx4h_64, _128).
+    pub gemm_mx4h: Option<[CudaFunction; 2]>,
     /// The weighted sums of a layer's prefill expert rows into their tokens (gather_axpy).
     pub gather_axpy: CudaFunction,
     pub sum_splits: CudaFunction,
@@ -339,6 +341,9 @@ impl Kernels {
             sum_splits: f("sum_splits")?,
             gemm_q4h: mma
                 .then(|| Ok::<_, Error>([f("gemm_q4h_64")?, f("gemm_q4h_128")?]))
+                .transpose()?,
+            gemm_mx4h: mma
+                .then(|| Ok::<_, Error>([f("gemm_mx4h_64")?, f("gemm_mx4h_128")?]))
                 .transpose()?,
             gemm_q4h_grp: mma
                 .then(|| Ok::<_, Error>([f("gemm_q4h_grp_64")?, f("gemm_q4h_grp_128")?]))

@@ -23,7 +23,7 @@ const FILES: [&str; 4] = [
     "generation_config.json",
 ];
 
-const MESSAGES: usize = 12;
+const MESSAGES: usize = 4;
 
 fuzz_target!(|data: &[u8]| {
     let parts = parts(data);
