@@ -13,7 +13,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream
 use cudarc::driver::{PinnedHostSlice, PushKernelArg};
 use memmap2::Mmap;
 
-use super::cuda_err;
+use super::{cuda_err, pinned_err};
 use crate::model::ChunkCopier;
 
 /// Bytes of a staging buffer (one chunk), and how many rotate.
@@ -50,7 +50,8 @@ impl CudaCopier {
             .map(|_| {
                 // SAFETY: write-combined pinned memory, only ever written by the CPU (filled from
                 // the mmap or the SSD) and read by the copy engine.
-                let host = unsafe { ctx.alloc_pinned::<u8>(STAGING_CHUNK) }.map_err(cuda_err)?;
+                let host = unsafe { ctx.alloc_pinned::<u8>(STAGING_CHUNK) }
+                    .map_err(|e| pinned_err(STAGING_CHUNK, "expert load staging", e))?;
                 Ok((host, None))
             })
             .collect::<crate::Result<Vec<_>>>()?;

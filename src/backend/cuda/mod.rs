@@ -79,6 +79,14 @@ pub(crate) fn cuda_err(e: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("CUDA: {e}"))
 }
 
+/// A refused page-locked host allocation, naming its size and use.
+pub(crate) fn pinned_err(bytes: usize, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!(
+        "CUDA: cannot page-lock {} of host memory for {what}: {e}",
+        size(bytes)
+    ))
+}
+
 /// Why CUDA cannot be used here, or Ok when a device is present and its libraries load.
 pub fn probe() -> Result<(), String> {
     // SAFETY: these only try to dlopen the libraries by name; no symbol is called.

@@ -96,7 +96,8 @@ impl Gpu {
         n: usize,
     ) -> crate::Result<PinnedHostSlice<T>> {
         // SAFETY: the caller initializes the memory before reading it (this fn's contract).
-        unsafe { self.ctx.alloc_pinned_with_flags::<T>(n, 0) }.map_err(cuda_err)
+        unsafe { self.ctx.alloc_pinned_with_flags::<T>(n, 0) }
+            .map_err(|e| pinned_err(n * std::mem::size_of::<T>(), "reading results back", e))
     }
 
     /// Page-locked host memory of `n` floats (zeroed) that results are read back into.
@@ -178,7 +179,8 @@ impl Gpu {
     fn alloc_stage(&self, n: usize) -> crate::Result<PinnedHostSlice<f32>> {
         // SAFETY: page-locked host memory of n floats, written by upload_staged's fill before
         // any copy reads it.
-        unsafe { self.ctx.alloc_pinned::<f32>(n) }.map_err(cuda_err)
+        unsafe { self.ctx.alloc_pinned::<f32>(n) }
+            .map_err(|e| pinned_err(n * 4, "staging an upload", e))
     }
 
     /// Host-to-device copy of i32 values queued on the compute stream, without waiting (as
