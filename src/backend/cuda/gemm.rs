@@ -146,17 +146,11 @@ impl Gpu {
     /// True where gemm_q4h computes `w`'s products from f16 tokens at `xh` (int4, groups of a
     /// multiple of 32: hob's g64 and a GGUF's Q4_K g32; 16-byte aligned rows).
     pub fn gemm_q4h_applies(&self, w: &DevMat, xh: u64) -> bool {
-        self.kernels.gemm_q4h.is_some()
-            && w.kind == 4
-            && w.group % 32 == 0
-            && (w.cols as usize).is_multiple_of(64)
-            && w.row_bytes % 16 == 0
-            && w.codes.is_multiple_of(16)
-            && xh.is_multiple_of(16)
+        self.kernels.gemm_q4h.is_some() && w.kind == 4 && w.group % 32 == 0 && q4h_layout(w, xh)
     }
 
-    /// int4 `w` (groups of a multiple of 32) or MXFP4 `w` times the `tn` f16 tokens at `xh` through gemm_q4h (gemm_mx4h), f32 [tn, rows] out: at
-    /// `direct` in one launch over K, or as the partial sums of K's parts at `parts` + z·tn·rows
+    /// int4 `w` (groups of a multiple of 32) or MXFP4 `w` times the `tn` f16 tokens at `xh`
+    /// through gemm_q4h (gemm_mx4h), f32 [tn, rows] out: at `direct` in one launch over K, or as the partial sums of K's parts at `parts` + z·tn·rows
     /// (at most `max_parts` of them) where the grid is short of two waves. Returns the number
     /// of parts (1: the product is at `direct`), None where the kernel does not apply.
     pub fn gemm_q4h(
@@ -168,12 +162,7 @@ impl Gpu {
         max_parts: usize,
     ) -> crate::Result<Option<usize>> {
         // MXFP4 (one 32-value block a thread's codes): gemm_mx4h, the same tiles.
-        let mx = w.is_mxfp4()
-            && (w.cols as usize).is_multiple_of(64)
-            && w.row_bytes % 16 == 0
-            && w.codes.is_multiple_of(16)
-            && xh.is_multiple_of(16);
-        let kernels = if mx {
+        let kernels = if w.is_mxfp4() && q4h_layout(w, xh) {
             self.kernels.gemm_mx4h.as_ref()
         } else {
             self.kernels
@@ -352,6 +341,14 @@ impl Gpu {
 
 /// gemm_q4h's form for `tn` tokens and its tokens a block: 128 a block above 64 (64 a block was
 /// slower at pp512: benches/results/2026-11-24-h100-prefill.md).
+/// The layout gemm_q4h and gemm_mx4h read: 64-column steps, 16-byte aligned rows and tokens.
+fn q4h_layout(w: &DevMat, xh: u64) -> bool {
+    (w.cols as usize).is_multiple_of(64)
+        && w.row_bytes % 16 == 0
+        && w.codes.is_multiple_of(16)
+        && xh.is_multiple_of(16)
+}
+
 fn q4h_kernel(
     fs: &[cudarc::driver::CudaFunction; 2],
     tn: usize,
