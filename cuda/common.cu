@@ -11,7 +11,8 @@
 // Conventions: every matrix is row-major [rows, cols]; a "row_bytes" is the stored bytes of one
 // row of codes; scales and mins are f16 [rows, cols / group]. Kind codes match WeightKind in
 // src/backend/cuda/mod.rs: 0 f32, 1 f16, 2 bf16, 3 int8, 4 int4, 5 int2, 6 mxfp4 (whose
-// "scales" are E8M0 bytes, one per 32 values).
+// "scales" are E8M0 bytes, one per 32 values), 7 int3 (a row: int2's codes of the low two bits,
+// cols / 4 bytes, then the high bits, cols / 8 bytes: formats/hob.md).
 
 // No headers: NVRTC needs no include path. f16 values travel as their 16-bit patterns.
 
@@ -22,6 +23,7 @@
 #define KIND_INT4 4
 #define KIND_INT2 5
 #define KIND_MXFP4 6
+#define KIND_INT3 7
 
 typedef unsigned char u8;
 typedef unsigned int u32;

@@ -20,6 +20,12 @@ __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {
     if (kind == KIND_INT8) return s * (float)(signed char)row[c];
     float q = kind == KIND_INT4 ? (float)((row[c / 2] >> (4 * (c % 2))) & 0xf)
                                 : (float)((row[c / 4] >> (2 * (c % 4))) & 0x3);
+    if (kind == KIND_INT3) {
+        // The high bit of element e of its 64-value block (formats' int3_hi_bit).
+        const int e = c & 63, hb = 32 * (e >> 5) + 8 * ((e & 15) >> 2) + 4 * ((e >> 4) & 1) + (e & 3);
+        const u8 h = row[(w.cols >> 2) + (c >> 6) * 8 + (hb >> 3)];
+        q += (float)(((h >> (hb & 7)) & 1) << 2);
+    }
     return s * q + h2f(w.mins[g]);
 }
 

@@ -31,6 +31,13 @@ __device__ __forceinline__ uint4 qld(const uint4* p) {
     return v;
 }
 
+// The same for 8 bytes (int3's high bits of a chunk).
+__device__ __forceinline__ uint2 qld2(const uint2* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
 // The step after step k of tile t, for a block walking its tiles (blockIdx.x, + gridDim.x, ...)
 // ksteps steps each: (nt, nk).
 __device__ __forceinline__ void next_step(int t, int k, int ksteps, int& nt, int& nk) {
@@ -47,6 +54,7 @@ template <int R>
 struct QBuf {
     uint4 v[R];
     u32 sm[R];  // scale bits | min bits << 16 (when a chunk lies in one group)
+    uint2 h[R];  // int3: the chunk's high bits (unused by the other kinds)
 };
 
 // y = W x for int8/int4/int2 (row_bytes % 16 == 0; codes and x 16-byte aligned, scales and mins
@@ -78,11 +86,13 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                                               const Mat wu = Mat()) {
     static_assert(!GU || DP, "the gate-up form is a dp4a kernel");
     static_assert(RING == 0 || (DP && RING >= 2), "the ring is a dp4a form of 2 or more steps");
+    static_assert(KIND != KIND_INT3 || (DP && RING == 0), "int3 is a dp4a kernel, loads in registers");
     pdl_trigger();
     constexpr int CC = QTraits<KIND>::CC, P = QTraits<KIND>::P, Q = CC / 4,
                   EPW = QTraits<KIND>::EPW;
     extern __shared__ float4 qsm[];
-    const int n = w.row_bytes >> 4;
+    // Chunks a row (int3: of its low bits, the first cols / 4 of its row_bytes).
+    const int n = KIND == KIND_INT3 ? w.cols >> 6 : w.row_bytes >> 4;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // split is a power of two (q_plan): shifts, and the tile count from a reciprocal
     // (ceil_div_small), so that no integer division delays the first weight load
@@ -134,6 +144,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         const int ksteps = (tn + step - 1) >> (5 + split_sh);
         // The rows' code and scale bases of the tile being loaded, set once per tile.
         const uint4* lrow[R];
+        const uint2* lhrow[R];  // int3: the rows' high bits
         int lsrow[R];
         const unsigned short* lsrc = nullptr;  // RING: this lane's scale or min piece, the tile's row
         int ltile = -1;
@@ -145,6 +156,8 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                     const int r = min(t * tile_rows + g * RM + i % RM, w.rows - 1);
                     const u8* codes = GU && i >= RM ? wu.codes : w.codes;
                     lrow[i] = reinterpret_cast<const uint4*>(codes + (size_t)r * w.row_bytes) + ct0;
+                    if (KIND == KIND_INT3)
+                        lhrow[i] = reinterpret_cast<const uint2*>(codes + (size_t)r * w.row_bytes + (w.cols >> 2)) + ct0;
                     lsrow[i] = r * gpr;
                 }
                 if (lane_s) {
@@ -164,6 +177,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 b.v[i] = in ? qld(lrow[i] + c) : make_uint4(0, 0, 0, 0);
+                if (KIND == KIND_INT3) b.h[i] = in ? qld2(lhrow[i] + c) : make_uint2(0, 0);
                 u32 sm = 0;
                 if (fast && in) {
                     const bool up = GU && i >= RM;
@@ -286,7 +300,8 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                         const u32 wv = qword(cur.v[i], wd);
 #pragma unroll
                         for (int s = 0; s < S; s++) {
-                            const u32 cd = qd_codes<KIND>(wv, s);
+                            u32 cd = qd_codes<KIND>(wv, s);
+                            if (KIND == KIND_INT3) cd |= qd_hi3(cur.h[i], wd, s);
                             a[0][i] = qd_dot<KIND, true>(cd, xp[0][s], a[0][i]);
 #pragma unroll
                             for (int p = 1; p < PP; p++) a[p][i] = qd_dot<KIND, false>(cd, xp[p][s], a[p][i]);
@@ -527,6 +542,19 @@ INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, matvec_qd_lone_body, 4, , __launch
 QD_GU_KERNEL(matvec_qd_int8_gu, KIND_INT8)
 QD_GU_KERNEL(matvec_qd_int4_gu, KIND_INT4)
 QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
+
+// int3 (kind 7) through the dp4a loop: int2's codes and staging, each code's high bit OR'ed in at
+// bit 2 (qd_hi3), loads in registers (no ring). Plain, routed and gate-up like the integer kinds'.
+extern "C" __global__ void __launch_bounds__(512)
+    matvec_qd_int3(const Mat w, const float* x, float* y, int split, int tchunks) {
+    matvec_q_body<KIND_INT3, 4, true, (int)QDTraits<KIND_INT3>::AHEAD>(w, x, nullptr, y, split, tchunks);
+}
+extern "C" __global__ void __launch_bounds__(512) matvec_qd_int3_sel(SEL_ARGS, int split, int tchunks) {
+    sel_entry(which0);
+    matvec_q_body<KIND_INT3, 4, true, (int)QDTraits<KIND_INT3>::AHEAD>(
+        sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);
+}
+QD_GU_KERNEL(matvec_qd_int3_gu, KIND_INT3)
 
 // MXFP4 (kind 6) through the dp4a loop: the codes as signed doubled e2m1 bytes (qd_codes), each
 // chunk's E8M0 byte as its scale, no min, loads in registers (no ring). Plain and routed like the

@@ -24,6 +24,9 @@ template <int KIND> struct QTraits;
 template <> struct QTraits<KIND_INT8> { enum { CC = 16, EPW = 4, BITS = 8, P = 1, HSHIFT = 16 }; };
 template <> struct QTraits<KIND_INT4> { enum { CC = 32, EPW = 8, BITS = 4, P = 2, HSHIFT = 20 }; };
 template <> struct QTraits<KIND_INT2> { enum { CC = 64, EPW = 16, BITS = 2, P = 4, HSHIFT = 22 }; };
+// int3 (dp4a form only: matvec_qd_int3): a chunk is int2's 16 bytes of low bits (64 columns), its
+// 8 bytes of high bits loaded beside it (matvec_q_body, qd_hi3).
+template <> struct QTraits<KIND_INT3> { enum { CC = 64, EPW = 16, BITS = 2, P = 4, HSHIFT = 22 }; };
 // MXFP4 (dp4a form only: matvec_qd_mxfp4): int4's chunk of 32 nibbles, one group (E8M0 byte) a chunk.
 template <> struct QTraits<KIND_MXFP4> { enum { CC = 32, EPW = 8, BITS = 4, P = 2, HSHIFT = 20 }; };
 
@@ -201,6 +204,7 @@ template <int KIND> struct QDTraits;
 template <> struct QDTraits<KIND_INT8> { enum : u32 { S = 1, M = 0xffffffffu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT4> { enum : u32 { S = 2, M = 0x0f0f0f0fu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT2> { enum : u32 { S = 4, M = 0x03030303u, AHEAD = 1 }; };
+template <> struct QDTraits<KIND_INT3> { enum : u32 { S = 4, M = 0x03030303u, AHEAD = 1 }; };
 // MXFP4: set s holds a word's elements 4s .. 4s + 3 (its low or high four nibbles, in order: one
 // byte permute turns them into signed doubled e2m1 values, qd_codes), not int4's every other one.
 template <> struct QDTraits<KIND_MXFP4> { enum : u32 { S = 2, M = 0x0f0f0f0fu, AHEAD = 2 }; };
@@ -240,6 +244,15 @@ __device__ __forceinline__ u32 qd_codes(u32 w, int s) {
         return __byte_perm(pos, neg, s == 0 ? pick : pick >> 16);
     }
     return (s == 0 ? w : w >> (QTraits<KIND>::BITS * s)) & (u32)QDTraits<KIND>::M;
+}
+
+// int3: the high bits of set s of low code word wd (of a chunk whose 8 high bytes are h), at bit 2
+// of each byte, to OR into qd_codes' low bits. Element 16 wd + 4 b + s keeps its high bit in bit
+// 4 (wd % 2) + s of high byte 4 (wd / 2) + b (formats' int3_hi_bit): one shift and mask.
+__device__ __forceinline__ u32 qd_hi3(uint2 h, int wd, int s) {
+    const u32 hw = wd < 2 ? h.x : h.y;
+    const int sh = 4 * (wd & 1) + s;
+    return (sh >= 2 ? hw >> (sh - 2) : hw << (2 - sh)) & 0x04040404u;
 }
 
 // acc + the dot product of four codes (a: signed bytes for int8, else unsigned) and four bytes of

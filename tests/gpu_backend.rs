@@ -120,6 +120,14 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         ("mxfp4", 5760, 2880),
         ("mxfp4", 2887, 2880),
         ("mxfp4", 40, 14336),
+        // int3 (matvec_qd_int3): 16-byte rows (columns a multiple of 128), Qwen3-MoE's expert
+        // shapes, the column-tiled plans, a wider group; and rows of 24 * 9 bytes (matvec_any).
+        ("int3", 96, 512),
+        ("int3", 768, 2048),
+        ("int3", 2048, 768),
+        ("int3", 40, 32768),
+        ("int3/g128", 300, 4096),
+        ("int3", 64, 576),
     ];
     let mut worst = 0.0f64;
     for (i, &(kind, rows, cols)) in cases.iter().enumerate() {

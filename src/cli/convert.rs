@@ -492,9 +492,9 @@ mod tests {
             ["f16", "int8/g64", "int4/g64", "int2/g64"]
         );
         assert_eq!(parse_variants("int4", Some(32)).unwrap()[0].group_size, 32);
-        let e = parse_variants("f16,int3", None).unwrap_err().to_string();
+        let e = parse_variants("f16,int5", None).unwrap_err().to_string();
         assert!(
-            e.contains("int3") && e.contains("known: f16, bf16, int8, int4, int2"),
+            e.contains("int5") && e.contains("known: f16, bf16, int8, int4, int3, int2"),
             "{e}"
         );
         let e = parse_variants("int4,int4/g64", None)

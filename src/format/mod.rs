@@ -24,7 +24,10 @@ pub use gguf::{MetaValue, Metadata};
 pub(crate) use open::open_regular_with;
 pub use reader::{ExpertRecord, ExpertView, Header, HobFile, MatrixView, TensorInfo, TensorView};
 pub use tensor_type::TensorType;
-pub use variant::{align_up, DType, ExpertLayout, MatrixLayout, Variant, VariantKind, BLOB_ALIGN};
+pub use variant::{
+    align_up, int3_hi_bit, DType, ExpertLayout, MatrixLayout, Variant, VariantKind, BLOB_ALIGN,
+    INT3_BLOCK,
+};
 pub use writer::{DenseSpec, ExpertShape, HobWriter};
 
 /// Why a .hob file was rejected. Each variant names the field or record and what was expected.

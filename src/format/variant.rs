@@ -16,6 +16,18 @@ pub fn align_up(n: usize, align: usize) -> Option<usize> {
     Some(n.checked_add(align - 1)? & !(align - 1))
 }
 
+/// Values in one int3 block: 16 bytes of a row's low bits, 8 of its high bits.
+pub const INT3_BLOCK: usize = 64;
+
+/// Where element `e` (< 64) of an int3 block keeps its high bit among the block's 8 high-bit
+/// bytes (read as a little-endian u64). Element 16 w + 4 b + s has its low bits in bits 2 s of
+/// low byte 4 w + b (int2's order); its high bit sits in bit s (w even) or 4 + s (w odd) of high
+/// byte 4 (w / 2) + b, so a GPU word of low codes masked per byte (set s) meets its high bits with
+/// one shift and mask (cuda/matvec_q_stage.cu).
+pub const fn int3_hi_bit(e: usize) -> usize {
+    32 * (e / 32) + 8 * ((e % 16) / 4) + 4 * ((e / 16) % 2) + e % 4
+}
+
 /// Storage type of a dense tensor. The codes are GGML's type ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -77,17 +89,22 @@ pub enum VariantKind {
     Int4,
     /// Asymmetric: w = scale * q + min, q in [0, 3], four per byte (element 4i+j in bits 2j..2j+2).
     Int2,
+    /// Asymmetric: w = scale * q + min, q in [0, 7]. A row stores its codes' low two bits as int2
+    /// does (cols / 4 bytes), then their high bits (cols / 8 bytes, 8 bytes per 64 values:
+    /// `int3_hi_bit`). Groups are multiples of 64.
+    Int3,
     /// OCP MXFP4 (gpt-oss's experts): 4-bit e2m1 codes two per byte (element 2i in the low
     /// nibble), times 2^(e - 127) for one E8M0 byte e per 32 values (the group size is 32).
     Mxfp4,
 }
 
 impl VariantKind {
-    pub const ALL: [VariantKind; 6] = [
+    pub const ALL: [VariantKind; 7] = [
         VariantKind::F16,
         VariantKind::Bf16,
         VariantKind::Int8,
         VariantKind::Int4,
+        VariantKind::Int3,
         VariantKind::Int2,
         VariantKind::Mxfp4,
     ];
@@ -100,6 +117,7 @@ impl VariantKind {
             VariantKind::Int4 => 4,
             VariantKind::Int2 => 5,
             VariantKind::Mxfp4 => 6,
+            VariantKind::Int3 => 7,
         }
     }
 
@@ -113,6 +131,7 @@ impl VariantKind {
             VariantKind::Bf16 => "bf16",
             VariantKind::Int8 => "int8",
             VariantKind::Int4 => "int4",
+            VariantKind::Int3 => "int3",
             VariantKind::Int2 => "int2",
             VariantKind::Mxfp4 => "mxfp4",
         }
@@ -124,6 +143,7 @@ impl VariantKind {
             VariantKind::F16 | VariantKind::Bf16 => 16,
             VariantKind::Int8 => 8,
             VariantKind::Int4 | VariantKind::Mxfp4 => 4,
+            VariantKind::Int3 => 3,
             VariantKind::Int2 => 2,
         }
     }
@@ -148,7 +168,19 @@ impl VariantKind {
 
     /// Asymmetric variants store a per-group minimum (the value of code 0) beside the scale.
     pub fn has_mins(self) -> bool {
-        matches!(self, VariantKind::Int4 | VariantKind::Int2)
+        matches!(
+            self,
+            VariantKind::Int4 | VariantKind::Int3 | VariantKind::Int2
+        )
+    }
+
+    /// The multiple every group size must be: int3's 64-value blocks, else 16.
+    pub fn group_multiple(self) -> u32 {
+        if self == VariantKind::Int3 {
+            64
+        } else {
+            16
+        }
     }
 
     /// Group size used when `--group-size` is not given.
@@ -222,7 +254,7 @@ impl Variant {
         Ok(v)
     }
 
-    /// Parse "f16", "bf16", "int8", "int4", "int2", optionally with a group size: "int4/g32".
+    /// Parse "f16", "bf16", "int8", "int4", "int3", "int2", optionally with a group size: "int4/g32".
     /// `default_group` (from --group-size) replaces the kind's default when given.
     pub fn parse(s: &str, default_group: Option<u32>) -> Result<Variant, String> {
         let (name, group) = match s.split_once("/g") {
@@ -286,15 +318,15 @@ impl Variant {
                 self.kind.name(),
                 self.group_size
             ));
-        } else if self.group_size < 16
-            || self.group_size > 4096
-            || !self.group_size.is_multiple_of(16)
-        {
-            return Err(format!(
-                "{}: group size must be a multiple of 16 in 16..=4096, found {}",
-                self.kind.name(),
-                self.group_size
-            ));
+        } else {
+            let m = self.kind.group_multiple();
+            if self.group_size < m || self.group_size > 4096 || !self.group_size.is_multiple_of(m) {
+                return Err(format!(
+                    "{}: group size must be a multiple of {m} in {m}..=4096, found {}",
+                    self.kind.name(),
+                    self.group_size
+                ));
+            }
         }
         Ok(())
     }
@@ -431,9 +463,22 @@ mod tests {
             (0..64, 64..68, 0)
         );
         assert_eq!(mx.bits_per_weight(2880, 2880), 4.25);
-        assert!(Variant::parse("int3", None)
+        assert!(Variant::parse("int5", None)
             .unwrap_err()
-            .contains("unknown variant 'int3'"));
+            .contains("unknown variant 'int5'"));
+        let i3 = Variant::parse("int3", None).unwrap();
+        assert_eq!(i3.group_size, 64);
+        assert!(Variant::parse("int3/g32", None)
+            .unwrap_err()
+            .contains("multiple of 64"));
+        let l = i3.matrix_layout(2, 128).unwrap();
+        assert_eq!((l.codes.clone(), l.scales.clone()), (0..96, 128..136));
+        assert_eq!(i3.bits_per_weight(2048, 768), 3.5);
+        let mut seen = [false; 64];
+        for e in 0..INT3_BLOCK {
+            seen[int3_hi_bit(e)] = true;
+        }
+        assert!(seen.iter().all(|&b| b), "int3_hi_bit is a permutation");
         assert!(Variant::parse("int4/g10", None).is_err());
         assert!(Variant::parse("f16/g64", None).is_err());
     }

@@ -362,7 +362,7 @@ fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
                 *b ^= (*b == 0x80) as u8;
             }
         }),
-        VariantKind::Int4 | VariantKind::Int2 | VariantKind::Mxfp4 => {
+        VariantKind::Int4 | VariantKind::Int3 | VariantKind::Int2 | VariantKind::Mxfp4 => {
             fill_par(codes, codes_key, fill_bytes)
         }
     }

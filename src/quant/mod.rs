@@ -35,6 +35,7 @@ pub enum WeightKind {
     Bf16,
     Int8,
     Int4,
+    Int3,
     Int2,
     Mxfp4,
 }
@@ -46,6 +47,7 @@ impl WeightKind {
             VariantKind::Bf16 => WeightKind::Bf16,
             VariantKind::Int8 => WeightKind::Int8,
             VariantKind::Int4 => WeightKind::Int4,
+            VariantKind::Int3 => WeightKind::Int3,
             VariantKind::Int2 => WeightKind::Int2,
             VariantKind::Mxfp4 => WeightKind::Mxfp4,
         }
@@ -66,6 +68,7 @@ impl WeightKind {
             WeightKind::F16 | WeightKind::Bf16 => 16,
             WeightKind::Int8 => 8,
             WeightKind::Int4 | WeightKind::Mxfp4 => 4,
+            WeightKind::Int3 => 3,
             WeightKind::Int2 => 2,
         }
     }
@@ -73,7 +76,11 @@ impl WeightKind {
     pub fn is_quantized(self) -> bool {
         matches!(
             self,
-            WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2 | WeightKind::Mxfp4
+            WeightKind::Int8
+                | WeightKind::Int4
+                | WeightKind::Int3
+                | WeightKind::Int2
+                | WeightKind::Mxfp4
         )
     }
 
@@ -87,7 +94,7 @@ impl WeightKind {
     }
 
     pub fn has_mins(self) -> bool {
-        matches!(self, WeightKind::Int4 | WeightKind::Int2)
+        matches!(self, WeightKind::Int4 | WeightKind::Int3 | WeightKind::Int2)
     }
 }
 
@@ -103,7 +110,7 @@ pub struct Matrix<'a> {
     pub codes: &'a [u8],
     /// f16 per-group scales (MXFP4: E8M0 bytes), [rows, cols / group_size].
     pub scales: &'a [u8],
-    /// f16 per-group minimums (int4, int2).
+    /// f16 per-group minimums (int4, int3, int2).
     pub mins: &'a [u8],
 }
 
@@ -203,6 +210,11 @@ impl<'a> Matrix<'a> {
             assert!(
                 self.kind != WeightKind::Mxfp4 || self.group_size == mxfp4::BLOCK,
                 "mxfp4 with group size {}",
+                self.group_size
+            );
+            assert!(
+                self.kind != WeightKind::Int3 || self.group_size.is_multiple_of(64),
+                "int3 with group size {}",
                 self.group_size
             );
             assert!(

@@ -22,6 +22,10 @@ pub(super) unsafe fn matvec_rows(
         // MXFP4 has no NEON kernel: the reference, as quant::mxfp4 dispatches it here.
         return super::mxfp4::matvec_rows_scalar(m, x, rows, out);
     }
+    if m.kind == WeightKind::Int3 {
+        // Nor has int3 yet: the reference.
+        return scalar::matvec_rows(m, x, xsums, rows, out);
+    }
     let rb = m.row_bytes();
     let gpr = m.groups_per_row();
     for (o, r) in out.iter_mut().zip(rows) {
@@ -31,7 +35,7 @@ pub(super) unsafe fn matvec_rows(
             WeightKind::F32 => dot_f32(codes, x),
             WeightKind::F16 => dot_f16(codes, x),
             WeightKind::Bf16 => dot_bf16(codes, x),
-            WeightKind::Mxfp4 => unreachable!("handled above"),
+            WeightKind::Mxfp4 | WeightKind::Int3 => unreachable!("handled above"),
             WeightKind::Int8 => dot_int8(codes, &m.scales[side], m.group_size, x),
             WeightKind::Int4 | WeightKind::Int2 => {
                 let qx = if m.kind == WeightKind::Int4 {

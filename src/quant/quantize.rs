@@ -16,6 +16,8 @@ const INT8_STEP: f32 = 0.02;
 /// Range shrink grids for the asymmetric kinds: widths `(1 - k * step) * (max - min)`, centred.
 const INT4_STEPS: usize = 16;
 const INT4_STEP: f32 = 0.02;
+const INT3_STEPS: usize = 16;
+const INT3_STEP: f32 = 0.025;
 const INT2_STEPS: usize = 16;
 const INT2_STEP: f32 = 0.035;
 
@@ -112,13 +114,13 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
                     }
                 });
         }
-        VariantKind::Int4 | VariantKind::Int2 => {
+        VariantKind::Int4 | VariantKind::Int3 | VariantKind::Int2 => {
             let g = variant.group_size as usize;
             let bits = variant.kind.bits() as usize;
-            let (steps, step) = if variant.kind == VariantKind::Int4 {
-                (INT4_STEPS, INT4_STEP)
-            } else {
-                (INT2_STEPS, INT2_STEP)
+            let (steps, step) = match variant.kind {
+                VariantKind::Int4 => (INT4_STEPS, INT4_STEP),
+                VariantKind::Int3 => (INT3_STEPS, INT3_STEP),
+                _ => (INT2_STEPS, INT2_STEP),
             };
             let (n, gb) = (BLOCK_GROUPS, g * bits / 8);
             src.par_chunks(g * n)
@@ -137,13 +139,48 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
                         pack(&sc.q, bits, c);
                     }
                 });
+            if bits == 3 {
+                int3_rows(codes, layout.cols);
+            }
         }
     }
     out
 }
 
-/// Pack codes of `bits` bits little-endian: code i in bits (i * bits) % 8 of byte i * bits / 8.
+/// int3 rows from `pack`'s 24-byte blocks (16 low bytes, 8 high) to the stored form: a row's low
+/// bytes, then its high bytes.
+fn int3_rows(codes: &mut [u8], cols: usize) {
+    let rb = cols * 3 / 8;
+    let mut row = vec![0u8; rb];
+    for r in codes.chunks_exact_mut(rb) {
+        let (lo, hi) = row.split_at_mut(cols / 4);
+        for ((b, l), h) in r
+            .chunks_exact(24)
+            .zip(lo.chunks_exact_mut(16))
+            .zip(hi.chunks_exact_mut(8))
+        {
+            l.copy_from_slice(&b[..16]);
+            h.copy_from_slice(&b[16..]);
+        }
+        r.copy_from_slice(&row);
+    }
+}
+
+/// Pack codes of `bits` bits little-endian: code i in bits (i * bits) % 8 of byte i * bits / 8;
+/// 3-bit codes in blocks of 64: 16 bytes of low bits as int2's, 8 of high bits (formats'
+/// `int3_hi_bit`), which `int3_rows` then splits into a row's two parts.
 fn pack(q: &[f32], bits: usize, out: &mut [u8]) {
+    if bits == 3 {
+        for (o, qs) in out.chunks_exact_mut(24).zip(q.chunks_exact(64)) {
+            o.fill(0);
+            for (e, &v) in qs.iter().enumerate() {
+                let (c, hb) = (v as u8, crate::format::int3_hi_bit(e));
+                o[e / 4] |= (c & 3) << (2 * (e % 4));
+                o[16 + hb / 8] |= (c >> 2) << (hb % 8);
+            }
+        }
+        return;
+    }
     let per = 8 / bits;
     for (o, qs) in out.iter_mut().zip(q.chunks_exact(per)) {
         *o = qs

@@ -25,10 +25,29 @@ fn f32_at(bytes: &[u8], i: usize) -> f32 {
     ])
 }
 
+/// The 64 codes of one int3 block (16 low bytes, 8 high: formats' `int3_hi_bit`), in order.
+pub(crate) fn int3_block(lo: &[u8], hi: &[u8], out: &mut [u8; 64]) {
+    for (l, &b) in lo[..16].iter().enumerate() {
+        // Low byte 4 w + c holds elements 4 l + s; their high bits: bits 4 (w % 2) + s of high
+        // byte 4 (w / 2) + c.
+        let (w, c) = (l / 4, l % 4);
+        let h = hi[4 * (w / 2) + c] >> (4 * (w % 2));
+        for s in 0..4 {
+            out[4 * l + s] = ((b >> (2 * s)) & 3) | (((h >> s) & 1) << 2);
+        }
+    }
+}
+
 /// Code `i` of a packed row: int8 as two's complement, int4 two per byte (element 2i in the low
-/// nibble), int2 four per byte (element 4i+j in bits 2j..2j+2).
+/// nibble), int2 four per byte (element 4i+j in bits 2j..2j+2), int3 as int2 in the row's
+/// first cols / 4 bytes and a high bit in the rest (`codes` one row).
 pub(super) fn code_at(kind: WeightKind, codes: &[u8], i: usize) -> f32 {
     match kind {
+        WeightKind::Int3 => {
+            let hi = &codes[codes.len() / 3 * 2..];
+            let hb = i / 64 * 64 + crate::format::int3_hi_bit(i % 64);
+            (((codes[i / 4] >> (2 * (i % 4))) & 3) | (((hi[hb / 8] >> (hb % 8)) & 1) << 2)) as f32
+        }
         WeightKind::Int8 => codes[i] as i8 as f32,
         WeightKind::Int4 => ((codes[i / 2] >> (4 * (i % 2))) & 0x0f) as f32,
         WeightKind::Int2 => ((codes[i / 4] >> (2 * (i % 4))) & 0x03) as f32,
@@ -74,6 +93,20 @@ pub(super) fn row_to_f32(m: &Matrix, r: usize, out: &mut [f32]) {
                 .for_each(|(i, o)| *o = bf16_at(codes, i)),
         },
         WeightKind::Mxfp4 => unreachable!("mxfp4 rows: quant::mxfp4"),
+        WeightKind::Int3 => {
+            let gpr = m.groups_per_row();
+            let mut q = [0u8; 64];
+            let (lo, hi) = codes.split_at(m.cols / 4);
+            let blocks = lo.chunks_exact(16).zip(hi.chunks_exact(8));
+            for (bi, (o64, (l, h))) in out.chunks_exact_mut(64).zip(blocks).enumerate() {
+                let g = r * gpr + bi * 64 / m.group_size;
+                let (s, mn) = (f16_at(m.scales, g), f16_at(m.mins, g));
+                int3_block(l, h, &mut q);
+                for (o, &c) in o64.iter_mut().zip(&q) {
+                    *o = dequant(s, c as f32, mn);
+                }
+            }
+        }
         WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2 => {
             // Group by group, a byte's codes at a time (the same values as `code_at`, in loops
             // the compiler vectorizes: prefill dequantizes every row it multiplies).
@@ -141,7 +174,7 @@ fn dot_row(m: &Matrix, r: usize, x: &[f32], xsums: &[f32]) -> f32 {
         WeightKind::F16 => dense(f16_at),
         WeightKind::Bf16 => dense(bf16_at),
         WeightKind::Mxfp4 => unreachable!("mxfp4 rows: quant::mxfp4"),
-        WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int2 => {
+        WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int3 | WeightKind::Int2 => {
             let gs = m.group_size;
             let gpr = m.groups_per_row();
             let mut acc = 0.0f32;

@@ -89,6 +89,7 @@ fn stored(
         WeightKind::Bf16 => VariantKind::Bf16,
         WeightKind::Int8 => VariantKind::Int8,
         WeightKind::Int4 => VariantKind::Int4,
+        WeightKind::Int3 => VariantKind::Int3,
         WeightKind::Int2 => VariantKind::Int2,
         WeightKind::Mxfp4 => VariantKind::Mxfp4,
     };
@@ -110,12 +111,13 @@ fn as_matrix<'a>(
     }
 }
 
-const ALL_KINDS: [WeightKind; 7] = [
+const ALL_KINDS: [WeightKind; 8] = [
     WeightKind::F32,
     WeightKind::F16,
     WeightKind::Bf16,
     WeightKind::Int8,
     WeightKind::Int4,
+    WeightKind::Int3,
     WeightKind::Int2,
     WeightKind::Mxfp4,
 ];
@@ -239,6 +241,7 @@ fn fast_path_and_scalar_match_f64_reference_for_every_kind() {
                 if kind.is_quantized() && cols % g as usize != 0
                     || !kind.is_quantized() && g != 16
                     || mx && g != 32
+                    || kind == WeightKind::Int3 && g % 64 != 0
                 {
                     continue;
                 }
@@ -295,6 +298,8 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
         // Quantized kinds: groups of 16, and of 64 (the packed kernels' wider steps).
         let shapes: &[(usize, u32)] = if kind == WeightKind::Mxfp4 {
             &[(32, 32), (96, 32), (256, 32)]
+        } else if kind == WeightKind::Int3 {
+            &[(64, 64), (192, 64), (256, 128)]
         } else if kind.is_quantized() {
             &[(16, 16), (48, 16), (112, 16), (64, 64), (192, 64)]
         } else {
@@ -340,6 +345,7 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
                     let vk = match kind {
                         WeightKind::Int8 => VariantKind::Int8,
                         WeightKind::Int4 => VariantKind::Int4,
+                        WeightKind::Int3 => VariantKind::Int3,
                         _ => VariantKind::Int2,
                     };
                     let v = variant(vk, g);
@@ -432,8 +438,8 @@ fn aarch64_dispatch_selects_neon() {
             bits(&direct),
             "{kind:?}: not the NEON path"
         );
-        // MXFP4 has no NEON kernel yet: NEON dispatch runs the reference kernel for it.
-        if kind != WeightKind::Mxfp4 {
+        // MXFP4 and int3 have no NEON kernel yet: NEON dispatch runs the reference for them.
+        if kind != WeightKind::Mxfp4 && kind != WeightKind::Int3 {
             assert_ne!(
                 bits(&direct),
                 bits(&scalar),
@@ -447,8 +453,16 @@ fn aarch64_dispatch_selects_neon() {
 #[test]
 fn kernels_match_on_random_code_bytes() {
     let mut rng = Rng(3);
-    for kind in [VariantKind::Int8, VariantKind::Int4, VariantKind::Int2] {
+    for kind in [
+        VariantKind::Int8,
+        VariantKind::Int4,
+        VariantKind::Int3,
+        VariantKind::Int2,
+    ] {
         for g in [16u32, 48, 64, 256] {
+            if g % kind.group_multiple() != 0 {
+                continue;
+            }
             let (rows, cols) = (6, 768);
             let v = variant(kind, g);
             let l = v.matrix_layout(rows, cols).unwrap();
@@ -496,7 +510,12 @@ fn splitting_rows_gives_bitwise_identical_results() {
 fn the_packed_kernels_follow_x_and_propagate_nan() {
     let mut rng = Rng(31);
     let (rows, cols) = (7, 4096);
-    for kind in [WeightKind::Int8, WeightKind::Int4, WeightKind::Int2] {
+    for kind in [
+        WeightKind::Int8,
+        WeightKind::Int4,
+        WeightKind::Int3,
+        WeightKind::Int2,
+    ] {
         let src = rng.normals(rows * cols);
         let (bytes, vl) = stored(kind, 64, rows, cols, &src);
         let m = as_matrix(&bytes, &vl, rows, cols);

@@ -146,6 +146,32 @@ pub(super) unsafe fn matvec_rows(
                 ]
             })
         }),
+        WeightKind::Int3 => with_reordered_x(x, 32, 8, |xr| {
+            let (mask, four) = (_mm256_set1_epi32(0x03), _mm256_set1_epi32(0x04));
+            // Lane k (low byte k of 32 columns) takes high byte k % 4 of its 4, nibble k / 4.
+            let nib = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+            let lo_bytes = m.cols / 4;
+            grouped_rows(m, xr, xsums, rows, out, |p, i| {
+                // As int2 (x reordered alike), each code's high bit (formats' int3_hi_bit) put
+                // in at bit 2: a high byte's nibble holds four codes of a low byte.
+                let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(i / 4) as *const __m128i));
+                let h4 = (p.add(lo_bytes + i / 8) as *const i32).read_unaligned();
+                let h = _mm256_cvtepu8_epi32(_mm_set1_epi32(h4));
+                let h = _mm256_srlv_epi32(h, nib);
+                let f = |lo: __m256i, hb: __m256i| {
+                    _mm256_cvtepi32_ps(_mm256_or_si256(
+                        _mm256_and_si256(lo, mask),
+                        _mm256_and_si256(hb, four),
+                    ))
+                };
+                [
+                    f(b, _mm256_slli_epi32::<2>(h)),
+                    f(_mm256_srli_epi32::<2>(b), _mm256_slli_epi32::<1>(h)),
+                    f(_mm256_srli_epi32::<4>(b), h),
+                    f(_mm256_srli_epi32::<6>(b), _mm256_srli_epi32::<1>(h)),
+                ]
+            })
+        }),
         _ => {
             let gpr = m.groups_per_row();
             for (o, r) in out.iter_mut().zip(rows) {
@@ -459,6 +485,37 @@ unsafe fn packed_rows_512(
                     _mm512_permutexvar_ps(_mm512_srli_epi32::<2>(b), lut),
                     _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(b), lut),
                     _mm512_permutexvar_ps(_mm512_srli_epi32::<6>(b), lut),
+                ]
+            })
+        }),
+        WeightKind::Int3 => with_reordered_x(x, 64, 16, |xr| {
+            let lut = _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+            );
+            // Lane l (low byte l of a block) takes high byte 4 (l / 8) + l % 4, nibble (l / 4) % 2.
+            let pick = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7);
+            let nib = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
+            let lo_bytes = m.cols / 4;
+            grouped_rows_512(m, xr, xsums, rows, out, |p, i| {
+                let b = load(p.add(i / 4));
+                let h8 = _mm_loadl_epi64(p.add(lo_bytes + i / 8) as *const __m128i);
+                let h = _mm512_srlv_epi32(
+                    _mm512_permutexvar_epi32(pick, _mm512_cvtepu8_epi32(h8)),
+                    nib,
+                );
+                // The table index: bits 0-1 from the low field, bit 2 the code's high bit (bit
+                // 3 and up are ignored: the table repeats every 8).
+                let code = |lo: __m512i, hb: __m512i| {
+                    _mm512_permutexvar_ps(
+                        _mm512_ternarylogic_epi32::<0xE4>(lo, hb, _mm512_set1_epi32(3)),
+                        lut,
+                    )
+                };
+                [
+                    code(b, _mm512_slli_epi32::<2>(h)),
+                    code(_mm512_srli_epi32::<2>(b), _mm512_slli_epi32::<1>(h)),
+                    code(_mm512_srli_epi32::<4>(b), h),
+                    code(_mm512_srli_epi32::<6>(b), _mm512_srli_epi32::<1>(h)),
                 ]
             })
         }),

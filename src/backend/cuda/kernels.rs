@@ -56,6 +56,9 @@ pub struct Kernels {
     /// integers like the integer kinds' matvec_qd_*.
     pub matvec_qd_mx: QKernel,
     pub matvec_qd_mx_sel: QKernel,
+    /// int3 through the dp4a loop (matvec_q.cu matvec_qd_int3, _sel, _gu): int2's codes with
+    /// each high bit OR'ed in.
+    pub matvec_qd_i3: [QKernel; 3],
     /// The integer kinds (matvec_q_*): int8, int4, int2.
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
@@ -332,6 +335,14 @@ impl Kernels {
                 QFamily::Dp(QD_PARTS),
                 0,
             )?,
+            matvec_qd_i3: {
+                let k = |name: &str| QKernel::new(ctx, f(name)?, 7, QFamily::Dp(QD_PARTS), 0);
+                [
+                    k("matvec_qd_int3")?,
+                    k("matvec_qd_int3_sel")?,
+                    k("matvec_qd_int3_gu")?,
+                ]
+            },
             matvec_q: qkernels("matvec_q", "", QFamily::Scalar)?,
             matvec_any: f("matvec_any")?,
             matvec_q_sel: qkernels("matvec_q", "_sel", QFamily::Scalar)?,

@@ -50,7 +50,11 @@ impl Gpu {
                 }
                 return self.matvec_mxfp4_rows(&w, x, y);
             }
-            if w.is_int() {
+            if w.is_int3() {
+                if self.matvec_int(&w, &self.kernels.matvec_qd_i3[0], x, y)? {
+                    return Ok(());
+                }
+            } else if w.is_int() {
                 if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
                     return Ok(());
                 }
@@ -97,6 +101,10 @@ impl Gpu {
     pub fn q_kernels(&self, w: &DevMat) -> (&QKernel, &QKernel) {
         if w.is_mxfp4() {
             return (&self.kernels.matvec_qd_mx, &self.kernels.matvec_qd_mx_sel);
+        }
+        if w.is_int3() {
+            let k = &self.kernels.matvec_qd_i3;
+            return (&k[0], &k[1]);
         }
         let i = (w.kind - 3) as usize;
         let cc = 16 << (w.kind - 3);
@@ -145,7 +153,7 @@ impl Gpu {
             let f = &self.kernels.matvec_mx_sel;
             return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
         }
-        if !w.is_int() && (glu || dp_mx.is_none()) {
+        if !w.is_int() && !w.is_int3() && (glu || dp_mx.is_none()) {
             return Err(Error::Invalid(
                 "CUDA: matvec_sel takes integer kinds and mxfp4 without glu (float kinds: \
                  moe_gate_up, moe_down)"
@@ -224,17 +232,21 @@ impl Gpu {
     /// `gate`: where the dp4a kernels serve it and the plain plan's x is one column tile. The
     /// plain plan's split: each row's sum is the plain kernel's.
     fn gu_launch(&self, gate: &DevMat, k: usize) -> Option<(&QKernel, LaunchConfig, i32, i32)> {
-        if !self.routed_gu.load(Ordering::Relaxed) || !(3..=5).contains(&gate.kind) {
+        if !self.routed_gu.load(Ordering::Relaxed) || !(gate.is_int() || gate.is_int3()) {
             return None;
         }
-        let i = (gate.kind - 3) as usize;
-        let plain = self.q_kernels(gate).0;
-        if !std::ptr::eq(plain, &self.kernels.matvec_qd[i]) {
-            return None;
-        }
-        let q = &self.kernels.matvec_qd_gu[i];
+        let q = if gate.is_int3() {
+            &self.kernels.matvec_qd_i3[2]
+        } else {
+            let i = (gate.kind - 3) as usize;
+            let plain = self.q_kernels(gate).0;
+            if !std::ptr::eq(plain, &self.kernels.matvec_qd[i]) {
+                return None;
+            }
+            &self.kernels.matvec_qd_gu[i]
+        };
         let p = self.routed_plan(gate, q)?;
-        let whole = p.tchunks as usize == (gate.row_bytes.max(0) as usize / 16).max(1);
+        let whole = p.tchunks as usize == (gate.chunk_bytes().max(0) as usize / 16).max(1);
         if !whole {
             return None;
         }
@@ -385,7 +397,7 @@ impl Gpu {
         if !w.vectorizable() {
             return false;
         }
-        if !w.is_int() {
+        if !w.is_int() && !w.is_int3() {
             return true;
         }
         self.routed_plan(w, self.q_kernels(w).1).is_some()
@@ -461,7 +473,8 @@ impl Gpu {
     /// integer kernel's (QShape::nmse_bound), 1e-10 for the rest.
     pub fn matvec_nmse_bound(&self, m: &Matrix<'_>) -> f64 {
         let d = DevMat::new(m, 0, 0, 0);
-        if (d.is_int() || (d.is_mxfp4() && self.qd_mxfp4())) && d.row_bytes % 16 == 0 {
+        if (d.is_int() || d.is_int3() || (d.is_mxfp4() && self.qd_mxfp4())) && d.row_bytes % 16 == 0
+        {
             self.q_kernels(&d).0.shape.nmse_bound()
         } else {
             1e-10
@@ -486,7 +499,7 @@ impl Gpu {
         q_plan(
             &q.shape,
             w.rows.max(0) as usize,
-            w.row_bytes.max(0) as usize,
+            w.chunk_bytes().max(0) as usize,
             &self.q_limits,
         )
     }

@@ -131,6 +131,7 @@ fn kind_code(kind: WeightKind) -> i32 {
         WeightKind::Int4 => 4,
         WeightKind::Int2 => 5,
         WeightKind::Mxfp4 => 6,
+        WeightKind::Int3 => 7,
     }
 }
 
@@ -262,9 +263,24 @@ impl DevMat {
         self.kind == 6
     }
 
+    /// int3: routed like the integer kinds, through its own dp4a kernels (matvec_qd_int3*).
+    pub fn is_int3(&self) -> bool {
+        self.kind == 7
+    }
+
     /// The 16-byte vector kernel applies (the other layouts take matvec_any).
     pub fn vectorizable(&self) -> bool {
         self.row_bytes % 16 == 0 && self.codes.is_multiple_of(16)
+    }
+
+    /// Bytes of a row's 16-byte chunks, as the integer kernels and their plans walk them: the
+    /// row, or int3's low bits (its high bits ride along with each chunk).
+    pub fn chunk_bytes(&self) -> i32 {
+        if self.is_int3() {
+            self.cols / 4
+        } else {
+            self.row_bytes
+        }
     }
 }
 

@@ -49,6 +49,8 @@ fn bound(kind: VariantKind, heavy: bool) -> f64 {
         (VariantKind::Int8, true) => 0.016,
         (VariantKind::Int4, false) => 0.11,
         (VariantKind::Int4, true) => 0.21,
+        (VariantKind::Int3, false) => 0.21,
+        (VariantKind::Int3, true) => 0.42,
         (VariantKind::Int2, false) => 0.40,
         (VariantKind::Int2, true) => 0.68,
         (VariantKind::Mxfp4, false) => 0.13,
@@ -66,6 +68,8 @@ fn round_trip_error_is_bounded_and_clip_search_beats_min_max() {
                 &[0]
             } else if kind == VariantKind::Mxfp4 {
                 &[32]
+            } else if kind == VariantKind::Int3 {
+                &[64, 128]
             } else {
                 &[32, 64, 128]
             };
@@ -184,6 +188,36 @@ fn known_int2_group_pins_bit_order() {
     let mut out = [0.0f32];
     view(v, &l, &bytes).matvec_rows(&x, 0..1, &mut out);
     assert_eq!(out[0], src[1] + 2.0 * src[6]);
+}
+
+#[test]
+fn known_int3_group_pins_bit_order() {
+    // -3.5 + q for q = e % 8 over 64 values: scale 1 (0x3c00), min -3.5 (0xc300). Low bits as
+    // int2's (0xe4 = fields 0, 1, 2, 3), then the high bits (formats' int3_hi_bit): element
+    // 16 w + 4 b + s at bit 4 (w % 2) + s of high byte 4 (w / 2) + b.
+    let q: Vec<u8> = (0..64).map(|e| (e % 8) as u8).collect();
+    let src: Vec<f32> = q.iter().map(|&q| -3.5 + q as f32).collect();
+    let v = variant(VariantKind::Int3, 64);
+    let l = v.matrix_layout(1, 64).unwrap();
+    let bytes = quantize_matrix(v, &l, &src);
+    assert_eq!(&bytes[..16], &[0xe4; 16]);
+    // High bits: element e has one when e % 8 >= 4, i.e. for every low byte b odd (elements
+    // 4 b .. 4 b + 3): high bytes 1 and 3 of each pair of words, both nibbles.
+    assert_eq!(
+        &bytes[16..24],
+        &[0x00, 0xff, 0x00, 0xff, 0x00, 0xff, 0x00, 0xff]
+    );
+    assert_eq!(&bytes[l.scales.clone()], &[0x00, 0x3c]);
+    assert_eq!(&bytes[l.mins.clone()], &[0x00, 0xc3]);
+    let mut row = vec![0.0; 64];
+    view(v, &l, &bytes).row_to_f32(0, &mut row);
+    assert_eq!(row, src);
+    let mut x = vec![0.0f32; 64];
+    x[5] = 1.0;
+    x[62] = 2.0;
+    let mut out = [0.0f32];
+    view(v, &l, &bytes).matvec_rows(&x, 0..1, &mut out);
+    assert_eq!(out[0], src[5] + 2.0 * src[62]);
 }
 
 #[test]

@@ -190,7 +190,9 @@ pub(in crate::quant) unsafe fn packed_vnni_rows(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    let (gs, bits) = (m.group_size, m.kind.bits());
+    // int3: its low fields as int2's, on x's int2 planes (`dot_packed_vnni`'s I3).
+    let i3 = m.kind == WeightKind::Int3;
+    let (gs, bits) = (m.group_size, if i3 { 2 } else { m.kind.bits() });
     let block = 512 / bits;
     QUANT_X.with(|cell| {
         let mut q = cell.borrow_mut();
@@ -214,20 +216,22 @@ pub(in crate::quant) unsafe fn packed_vnni_rows(
                 [scales(r), scales(r + 1)],
                 [mins(r), mins(r + 1)],
             );
-            match (bits, mx) {
-                (8, _) => dot_packed_vnni::<2, 1, false>(rows, q, idx),
-                (4, false) => dot_packed_vnni::<2, 2, false>(rows, q, idx),
-                (4, true) => dot_packed_vnni::<2, 2, true>(rows, q, idx),
-                _ => dot_packed_vnni::<2, 4, false>(rows, q, idx),
+            match (bits, mx, i3) {
+                (8, _, _) => dot_packed_vnni::<2, 1, false, false>(rows, q, idx),
+                (4, false, _) => dot_packed_vnni::<2, 2, false, false>(rows, q, idx),
+                (4, true, _) => dot_packed_vnni::<2, 2, true, false>(rows, q, idx),
+                (_, _, false) => dot_packed_vnni::<2, 4, false, false>(rows, q, idx),
+                _ => dot_packed_vnni::<2, 4, false, true>(rows, q, idx),
             }
         };
         let dot1 = |r: usize| {
             let rows = ([codes(r)], [scales(r)], [mins(r)]);
-            match (bits, mx) {
-                (8, _) => dot_packed_vnni::<1, 1, false>(rows, q, idx),
-                (4, false) => dot_packed_vnni::<1, 2, false>(rows, q, idx),
-                (4, true) => dot_packed_vnni::<1, 2, true>(rows, q, idx),
-                _ => dot_packed_vnni::<1, 4, false>(rows, q, idx),
+            match (bits, mx, i3) {
+                (8, _, _) => dot_packed_vnni::<1, 1, false, false>(rows, q, idx),
+                (4, false, _) => dot_packed_vnni::<1, 2, false, false>(rows, q, idx),
+                (4, true, _) => dot_packed_vnni::<1, 2, true, false>(rows, q, idx),
+                (_, _, false) => dot_packed_vnni::<1, 4, false, false>(rows, q, idx),
+                _ => dot_packed_vnni::<1, 4, false, true>(rows, q, idx),
             }
         };
         let start = rows.start;
@@ -258,10 +262,12 @@ const MX_PLUS_12: [i8; 16] = {
 /// `mins` its scales), -128 * scale_g * sums_g, the excess of its codes taken as w + 128; MXFP4
 /// (`MX`: F = 2, scales 2^(e - 128) from exponent bytes), -12 * scale_g * sums_g, its codes looked
 /// up as their doubled values + 12. Both vectorized per window of 16 groups, into the same
-/// accumulator. `scales` and `mins` point at f16 values (at exponent bytes for MXFP4).
+/// accumulator. `scales` and `mins` point at f16 values (at exponent bytes for MXFP4). `I3` (F = 4):
+/// int3 rows, whose first cols / 4 bytes are int2's fields and the rest each code's high bit
+/// (formats' `int3_hi_bit`), put in at bit 2 of its field's byte.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool>(
+unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool, const I3: bool>(
     (codes, scales, mins): ([*const u8; R], [*const u8; R], [*const u8; R]),
     q: &QuantX,
     idx: &[[i32; 16]],
@@ -277,6 +283,13 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool>(
     let (cols, block) = (groups * gs, 64 * F);
     let planes = q.planes.as_ptr();
     let ahead = if F == 1 { VNNI_AHEAD_INT8 } else { VNNI_AHEAD };
+    // I3: a 16-byte lane of codes (64 columns) takes its block's 8 high bytes twice, then byte q
+    // of the lane the high byte 4 (q / 8) + q % 4, nibble (q / 4) % 2 (a lane's four fields).
+    let hi_qwords = _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3);
+    let hi_pick = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7,
+    ));
+    let four = _mm512_set1_epi8(4);
     let mut acc = [_mm512_setzero_ps(); R];
     let (mut g0, mut b0) = (0, 0);
     while g0 < groups {
@@ -338,6 +351,21 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool>(
                 let p = codes[r].add(b * 64);
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
                 let v = _mm512_maskz_loadu_epi8(keep, p as *const i8);
+                let h = if I3 {
+                    let hp = codes[r].add(cols / 4 + b * 32);
+                    // (A last part of a block: its high bytes only, half its low ones.)
+                    let hkeep = if keep == !0 {
+                        !0u32
+                    } else {
+                        (1u32 << ((cols - b * block) / 8)) - 1
+                    };
+                    let h = _mm256_maskz_loadu_epi8(hkeep, hp as *const i8);
+                    let h = _mm512_permutexvar_epi64(hi_qwords, _mm512_castsi256_si512(h));
+                    let h = _mm512_shuffle_epi8(h, hi_pick);
+                    _mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, h, _mm512_srli_epi16::<4>(h))
+                } else {
+                    zero
+                };
                 let (mut ah, mut al) = (zero, zero);
                 for k in 0..F {
                     // Field k of every byte (shifting 16-bit lanes brings in the next byte's
@@ -353,6 +381,15 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool>(
                     };
                     let c = if MX {
                         _mm512_shuffle_epi8(mx_table, c)
+                    } else if I3 {
+                        // The high bit j of each byte's nibble to bit 2, or'ed in.
+                        let hb = match k {
+                            0 => _mm512_slli_epi16::<2>(h),
+                            1 => _mm512_slli_epi16::<1>(h),
+                            2 => h,
+                            _ => _mm512_srli_epi16::<1>(h),
+                        };
+                        _mm512_or_si512(c, _mm512_and_si512(hb, four))
                     } else {
                         c
                     };
