@@ -19,6 +19,12 @@
 #   bash tools/families_gpu.sh dense     issue 56: the 16 GB and 12 GB int8+int4 rows with f16 dense weights and with
 #                                        --dense int8 (the expert cache gets the memory freed), uniform routing
 #                                        -> $OUT/dense.md
+#   TRACE=.. T1=.. T2=.. bash tools/families_gpu.sh int3
+#                                        issue 54: the trained router's model (trace's /tmp/q3r) with int3 beside
+#                                        int8/int4/int2, alone and as HOBBIT's low tier (T1/T2 fitted), KL against
+#                                        its f16 run; then the synthetic shape with the routing replayed under
+#                                        jetson-orin-nx-16g (int4 high) and rtx4060ti-16g (int8 high), each low
+#                                        tier at the same cache -> $OUT/int3.md
 #   bash tools/families_gpu.sh phi-trace train tools/train_router.py --layout phimoe (16 experts, top-2 by its
 #                                        sparsemixer), fit T1/T2 to 67/30/3, record its Hamlet trace
 #                                        -> /tmp/phir-trace.jsonl and $OUT/phi-trace.env (PTRACE, PT1, PT2)
@@ -195,6 +201,40 @@ replay)
   hobrow "jetson-orin-nx-16g int4+int2 T1 $T1 T2 $T2" --platform jetson-orin-nx-16g "${rt[@]}" -r 2 -p 0 -n 32 --no-ssd \
     --expert-variant int4 --low int2 --t1 "$T1" --t2 "$T2" --expert-cache "$(cache "$f4" $E_INT4)"
   cat "$out/qwen3.md" ;;
+int3)
+  h="$out/int3.md"; q=/tmp/q3r3.hob; m3=/tmp/qwen3-synthetic-${LAYERS}l-int3.hob
+  [ -f "$q" ] || "$hob" convert --from /tmp/q3r --experts f16,int8,int4,int3,int2 -o "$q" --no-progress >> "$log" 2>&1
+  # On the CPU: there every route runs in the precision it is scored (the GPU engine, with every expert
+  # cached, runs low-scored routes from their high copies).
+  pp=(-f .gpu/hamlet-60k.txt -c 512 --chunks 20 --device cpu -t "$(nproc)")
+  "$hob" perplexity -m "$q" "${pp[@]}" --expert-variant f16 --kl-divergence-base /tmp/q3r3-f16.kld >> "$log" 2>&1
+  { echo "## KL against f16 on the trained router's model (CPU; Hamlet, 20 chunks of 512; pairs at T1 $T1, T2 $T2)"
+    echo '```'; } > "$h"
+  for row in int8 int4 int3 int2 f16:int4 int8:int4 int8:int3 int8:int2 int4:int3 int4:int2; do
+    hi=${row%%:*}; lo=none; th=()
+    [ "$row" != "$hi" ] && { lo=${row##*:}; th=(--t1 "$T1" --t2 "$T2"); }
+    echo "== $row" >> "$h"
+    "$hob" perplexity -m "$q" "${pp[@]}" --expert-variant "$hi" --low "$lo" "${th[@]}" \
+      --kl-divergence-base /tmp/q3r3-f16.kld --kl-divergence 2>&1 | grep -E "Final|Mean KL|Same top|Routes" >> "$h"
+  done
+  echo '```' >> "$h"
+  [ "${INT3_SPEED:-1}" = 0 ] && { cat "$h"; exit 0; }
+  [ -f "$m3" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers "$LAYERS" --experts int8,int4,int3,int2 \
+    -o "$m3" --no-progress >> "$log" 2>&1
+  model="$m3"
+  echo "| row | model | size | params | backend | ... | test | t/s | hit rate | exp/tok | MB/tok | link GB/s | limit t/s | % limit | projected t/s |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  rt=(--replay-trace "$TRACE" --cache-policy hobbit --prefetch 3 --t1 "$T1" --t2 "$T2" -r 2 -p 0 -n 32)
+  c4=$(cache "$(frac 12 $E_INT4 $D_F16)" $E_INT4); c8=$(cache "$(frac 16 $E_INT8 $D_F16)" $E_INT8)
+  for lo in int2 int3; do
+    hobrow "jetson-orin-nx-16g int4+$lo" --platform jetson-orin-nx-16g "${rt[@]}" --no-ssd --expert-variant int4 \
+      --low "$lo" --expert-cache "$c4"
+  done
+  for lo in int4 int3 int2; do
+    hobrow "rtx4060ti-16g int8+$lo" --platform rtx4060ti-16g "${rt[@]}" --expert-variant int8 --low "$lo" --expert-cache "$c8"
+  done
+  { echo; echo "## Replayed routing, expert caches $c4 GiB (Orin NX) and $c8 GiB (16 GB)"; echo; cat "$out/qwen3.md"; } >> "$h"
+  cat "$h" ;;
 phi-trace)
   [ -f .gpu/shakes/train.bin ] && [ -f .gpu/hamlet-60k.txt ] \
     || { echo "phi-trace: stage .gpu/shakes and .gpu/hamlet-60k.txt first (tools/stage_gpu.sh)"; exit 2; }
@@ -469,5 +509,5 @@ deepseek)
     llrow "$round: Q4_K_M, all layers on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
   done
   mv "$out/qwen3.md" "$out/deepseek.md"; cat "$out/deepseek.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|int3|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac
