@@ -228,6 +228,19 @@ fn main() {
                     ));
                 }
             }
+            if kind == "int3" {
+                // Loads in registers: the form the ring replaced where it takes the layout.
+                let q = &gpu.kernels.matvec_qd_i3[3];
+                if q.f.cu_function() != gpu.q_kernels(&t.mats[0]).0.f.cu_function() {
+                    variants.push((
+                        "registers".into(),
+                        q.shape.nmse_bound(),
+                        Box::new(move |m: &DevMat| {
+                            assert!(gpu.matvec_int(m, q, xp, yp).expect("matvec"));
+                        }),
+                    ));
+                }
+            }
             if kind == "mxfp4" {
                 // The exact warp-a-row kernel the dp4a one replaced where it has a plan.
                 variants.push((

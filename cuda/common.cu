@@ -148,6 +148,15 @@ __device__ __forceinline__ void cp_async16z(void* smem, const void* gmem, int by
     *reinterpret_cast<uint4*>(smem) = u.v;
 #endif
 }
+// The same for 8 bytes (`bytes` 0 or 8; gmem 8-byte aligned).
+__device__ __forceinline__ void cp_async8z(void* smem, const void* gmem, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
+#else
+    *reinterpret_cast<uint2*>(smem) = bytes == 8 ? *reinterpret_cast<const uint2*>(gmem) : make_uint2(0, 0);
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" ::: "memory");

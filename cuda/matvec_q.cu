@@ -86,7 +86,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                                               const Mat wu = Mat()) {
     static_assert(!GU || DP, "the gate-up form is a dp4a kernel");
     static_assert(RING == 0 || (DP && RING >= 2), "the ring is a dp4a form of 2 or more steps");
-    static_assert(KIND != KIND_INT3 || (DP && RING == 0), "int3 is a dp4a kernel, loads in registers");
+    static_assert(KIND != KIND_INT3 || DP, "int3 is a dp4a kernel");
     pdl_trigger();
     constexpr int CC = QTraits<KIND>::CC, P = QTraits<KIND>::P, Q = CC / 4,
                   EPW = QTraits<KIND>::EPW;
@@ -113,8 +113,10 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     float* red = DP ? reinterpret_cast<float*>(xsx + tpad) : sxp + tpad * P;  // [2][warps][R]
     int* wsm = reinterpret_cast<int*>(red + 2 * warps * R);  // [2][warps]
     // RING: this warp's RING steps of RSB bytes after wsm (16-byte aligned): codes [R][32 lanes]
-    // of 16 bytes, then per row 64 bytes of scales and 64 of mins (the step's 32 chunks' groups).
-    constexpr int RSB = R * 512 + R * 128;
+    // of 16 bytes, then per row 64 bytes of scales and 64 of mins (the step's 32 chunks' groups);
+    // int3: then its high bits [R][32 lanes] of 8 bytes (at RHI).
+    constexpr int RHI = R * 512 + R * 128;
+    constexpr int RSB = RHI + (KIND == KIND_INT3 ? R * 256 : 0);
     // (An offset from qsm, not an integer round trip of the address, which would lose the shared
     // space and make the ring's reads generic loads.)
     const int ring_off =
@@ -206,6 +208,10 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 u8* dst = st + lane * 16;
 #pragma unroll
                 for (int i = 0; i < R; i++) cp_async16z(dst + i * 512, lrow[i] + cl, nb);
+                if (KIND == KIND_INT3) {
+#pragma unroll
+                    for (int i = 0; i < R; i++) cp_async8z(st + RHI + (i * 32 + lane) * 8, lhrow[i] + cl, nb / 2);
+                }
                 if (lane_s) {
                     const int cb = s * 32 + k * step;  // the warp's first chunk of the step
                     if (cb + 32 <= tn) {
@@ -226,6 +232,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 b.v[i] = *reinterpret_cast<const uint4*>(st + (i * 32 + lane) * 16);
+                if (KIND == KIND_INT3) b.h[i] = *reinterpret_cast<const uint2*>(st + RHI + (i * 32 + lane) * 8);
                 const unsigned short* sp = reinterpret_cast<const unsigned short*>(st + R * 512 + i * 128);
                 u32 sm = sp[gl];
                 if (KIND != KIND_INT8) sm |= (u32)sp[32 + gl] << 16;
@@ -544,17 +551,29 @@ QD_GU_KERNEL(matvec_qd_int4_gu, KIND_INT4)
 QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
 
 // int3 (kind 7) through the dp4a loop: int2's codes and staging, each code's high bit OR'ed in at
-// bit 2 (qd_hi3), loads in registers (no ring). Plain, routed and gate-up like the integer kinds'.
-extern "C" __global__ void __launch_bounds__(512)
-    matvec_qd_int3(const Mat w, const float* x, float* y, int split, int tchunks) {
-    matvec_q_body<KIND_INT3, 4, true, (int)QDTraits<KIND_INT3>::AHEAD>(w, x, nullptr, y, split, tchunks);
-}
-extern "C" __global__ void __launch_bounds__(512) matvec_qd_int3_sel(SEL_ARGS, int split, int tchunks) {
-    sel_entry(which0);
-    matvec_q_body<KIND_INT3, 4, true, (int)QDTraits<KIND_INT3>::AHEAD>(
-        sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);
-}
-QD_GU_KERNEL(matvec_qd_int3_gu, KIND_INT3)
+// bit 2 (qd_hi3), the chunk's 8 bytes of high bits loaded beside its 16 of low bits. Plain, routed
+// and gate-up like the integer kinds': through the ring (QD_RING_INT3; the plain kernel issues one
+// step before it waits, as int2's), and in registers (_r) for layouts the ring does not take.
+#define INT3_KERNELS(NAME, RING, EARLY)                                                             \
+    extern "C" __global__ void __launch_bounds__(512)                                               \
+        NAME(const Mat w, const float* x, float* y, int split, int tchunks) {                       \
+        matvec_q_body<KIND_INT3, 4, true, 1, false, RING, EARLY>(w, x, nullptr, y, split, tchunks); \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(512) NAME##_sel(SEL_ARGS, int split, int tchunks) { \
+        sel_entry(which0);                                                                          \
+        matvec_q_body<KIND_INT3, 4, true, 1, false, RING>(sel_mat(tab, routes, k, which0), SEL_X,   \
+                                                          SEL_U, SEL_Y, split, tchunks);            \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(512)                                               \
+        NAME##_gu(const MatEntry* tab, const float* routes, int k, const float* x, float* y, int ys,  \
+                  int split, int tchunks) {                                                         \
+        sel_entry(0);                                                                               \
+        matvec_q_body<KIND_INT3, 4, true, 1, true, RING>(sel_mat(tab, routes, k, 0), x, nullptr,    \
+                                                         y + (size_t)blockIdx.y * ys, split,        \
+                                                         tchunks, sel_mat(tab, routes, k, 1));      \
+    }
+INT3_KERNELS(matvec_qd_int3, QD_RING_INT3, 1)
+INT3_KERNELS(matvec_qd_int3_r, 0, 0)
 
 // MXFP4 (kind 6) through the dp4a loop: the codes as signed doubled e2m1 bytes (qd_codes), each
 // chunk's E8M0 byte as its scale, no min, loads in registers (no ring). Plain and routed like the

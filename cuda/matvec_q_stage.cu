@@ -222,12 +222,12 @@ __device__ __forceinline__ constexpr int qd_elem(int by, int s) {
 // The shared-memory ring's steps per kind (matvec_q_body RING; 0: AHEAD steps in registers),
 // chosen by architecture in kernels.rs (qd_ring), which reserves the ring's shared memory
 // (QShape::ring; benches/results/2026-11-25-h100-qd-ring.md).
-#if !defined(QD_RING_INT8) || !defined(QD_RING_INT4) || !defined(QD_RING_INT2)
-#error "QD_RING_INT8/INT4/INT2: passed by src/backend/cuda/kernels.rs (Kernels::nvrtc_options)"
+#if !defined(QD_RING_INT8) || !defined(QD_RING_INT4) || !defined(QD_RING_INT2) || !defined(QD_RING_INT3)
+#error "QD_RING_INT8/INT4/INT2/INT3: passed by src/backend/cuda/kernels.rs (Kernels::nvrtc_options)"
 #endif
 #define QD_RING_OF(KIND)                                                                 \
     ((KIND) == KIND_INT8 ? QD_RING_INT8 : (KIND) == KIND_INT4 ? QD_RING_INT4 \
-     : (KIND) == KIND_INT2 ? QD_RING_INT2 : 0)
+     : (KIND) == KIND_INT2 ? QD_RING_INT2 : (KIND) == KIND_INT3 ? QD_RING_INT3 : 0)
 
 // Set s of code word w: one code per byte (int8: the word, its bytes signed).
 // MXFP4: the nibbles' low 3 bits pick a doubled magnitude {0, 1, 2, 3, 4, 6, 8, 12} from the

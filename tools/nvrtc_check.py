@@ -60,8 +60,8 @@ def kernel_source():
 def loader_defines(arch):
     """The macros hob's kernel loader passes on `arch` (kernels.rs Kernels::nvrtc_options, qd_ring)."""
     major = int(arch.split("_")[1]) // 10
-    ring = [0, 4, 3] if major >= 9 else [0, 0, 0]
-    return ["QD_PARTS=2"] + [f"QD_RING_{k}={v}" for k, v in zip(["INT8", "INT4", "INT2"], ring)]
+    ring = [0, 4, 3, 3] if major >= 9 else [0, 0, 0, 0]
+    return ["QD_PARTS=2"] + [f"QD_RING_{k}={v}" for k, v in zip(["INT8", "INT4", "INT2", "INT3"], ring)]
 
 
 def summarize(sass):

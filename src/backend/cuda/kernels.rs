@@ -57,8 +57,9 @@ pub struct Kernels {
     pub matvec_qd_mx: QKernel,
     pub matvec_qd_mx_sel: QKernel,
     /// int3 through the dp4a loop (matvec_q.cu matvec_qd_int3, _sel, _gu): int2's codes with
-    /// each high bit OR'ed in.
-    pub matvec_qd_i3: [QKernel; 3],
+    /// each high bit OR'ed in; loads through the ring (QD_RING_INT3), then the same three with
+    /// loads in registers (matvec_qd_int3_r*) for layouts the ring does not take (`ring_ok`).
+    pub matvec_qd_i3: [QKernel; 6],
     /// The integer kinds (matvec_q_*): int8, int4, int2.
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
@@ -201,15 +202,16 @@ impl QKernel {
 /// (benches/results/2026-11-24-h100-dp4a.md).
 const QD_PARTS: usize = 2;
 
-/// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2] (matvec_q_stage.cu
-/// QD_RING_*; 0: loads held in registers), by compute capability: sm_90 and later int4 4, int2 3
-/// (benches/results/2026-11-25-h100-qd-ring.md); below sm_90, 0: cp.async needs sm_80, and the
-/// smaller shared memory of Orin or the RTX 4090 would cut a block's warps (not measured there).
-fn qd_ring(major: i32) -> [usize; 3] {
+/// The dp4a kernels' shared-memory ring steps per kind [int8, int4, int2, int3]
+/// (matvec_q_stage.cu QD_RING_*; 0: loads held in registers), by compute capability: sm_90 and
+/// later int4 4, int2 3 (benches/results/2026-11-25-h100-qd-ring.md), int3 as int2
+/// (2026-12-04-h200-issue54-int3.md); below sm_90, 0: cp.async needs sm_80, and the smaller
+/// shared memory of Orin or the RTX 4090 would cut a block's warps (not measured there).
+fn qd_ring(major: i32) -> [usize; 4] {
     if major >= 9 {
-        [0, 4, 3]
+        [0, 4, 3, 3]
     } else {
-        [0; 3]
+        [0; 4]
     }
 }
 
@@ -253,6 +255,7 @@ impl Kernels {
             format!("-DQD_RING_INT8={}", ring[0]),
             format!("-DQD_RING_INT4={}", ring[1]),
             format!("-DQD_RING_INT2={}", ring[2]),
+            format!("-DQD_RING_INT3={}", ring[3]),
         ]
     }
 
@@ -336,11 +339,16 @@ impl Kernels {
                 0,
             )?,
             matvec_qd_i3: {
-                let k = |name: &str| QKernel::new(ctx, f(name)?, 7, QFamily::Dp(QD_PARTS), 0);
+                let k =
+                    |name: &str, ring| QKernel::new(ctx, f(name)?, 7, QFamily::Dp(QD_PARTS), ring);
+                let r = qd_ring[3];
                 [
-                    k("matvec_qd_int3")?,
-                    k("matvec_qd_int3_sel")?,
-                    k("matvec_qd_int3_gu")?,
+                    k("matvec_qd_int3", r)?,
+                    k("matvec_qd_int3_sel", r)?,
+                    k("matvec_qd_int3_gu", r)?,
+                    k("matvec_qd_int3_r", 0)?,
+                    k("matvec_qd_int3_r_sel", 0)?,
+                    k("matvec_qd_int3_r_gu", 0)?,
                 ]
             },
             matvec_q: qkernels("matvec_q", "", QFamily::Scalar)?,
@@ -512,10 +520,10 @@ mod tests {
 
     #[test]
     fn ring_depths_follow_the_architecture() {
-        assert_eq!(qd_ring(9), [0, 4, 3]);
-        assert_eq!(qd_ring(10), [0, 4, 3]);
-        assert_eq!(qd_ring(8), [0, 0, 0]);
-        assert_eq!(qd_ring(7), [0, 0, 0]);
+        assert_eq!(qd_ring(9), [0, 4, 3, 3]);
+        assert_eq!(qd_ring(10), [0, 4, 3, 3]);
+        assert_eq!(qd_ring(8), [0; 4]);
+        assert_eq!(qd_ring(7), [0; 4]);
     }
 
     /// The source refuses to compile without the macros it shares with Rust (`#error`): the

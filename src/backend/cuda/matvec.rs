@@ -51,7 +51,7 @@ impl Gpu {
                 return self.matvec_mxfp4_rows(&w, x, y);
             }
             if w.is_int3() {
-                if self.matvec_int(&w, &self.kernels.matvec_qd_i3[0], x, y)? {
+                if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
                     return Ok(());
                 }
             } else if w.is_int() {
@@ -103,7 +103,7 @@ impl Gpu {
             return (&self.kernels.matvec_qd_mx, &self.kernels.matvec_qd_mx_sel);
         }
         if w.is_int3() {
-            let k = &self.kernels.matvec_qd_i3;
+            let k = &self.kernels.matvec_qd_i3[self.int3_set(w)..];
             return (&k[0], &k[1]);
         }
         let i = (w.kind - 3) as usize;
@@ -118,6 +118,16 @@ impl Gpu {
         match (&self.kernels.matvec_qm, &self.kernels.matvec_qm_sel) {
             (Some(p), Some(s)) if whole && self.qm_kinds[i] => (&p[i], &s[i]),
             _ => (&self.kernels.matvec_q[i], &self.kernels.matvec_q_sel[i]),
+        }
+    }
+
+    /// The int3 kernels for `w` (`Kernels::matvec_qd_i3`): 0, the ring's, where it takes the
+    /// layout; else 3, loads in registers.
+    fn int3_set(&self, w: &DevMat) -> usize {
+        if self.kernels.matvec_qd_i3[0].shape.ring == 0 || ring_ok(w) {
+            0
+        } else {
+            3
         }
     }
 
@@ -236,7 +246,7 @@ impl Gpu {
             return None;
         }
         let q = if gate.is_int3() {
-            &self.kernels.matvec_qd_i3[2]
+            &self.kernels.matvec_qd_i3[self.int3_set(gate) + 2]
         } else {
             let i = (gate.kind - 3) as usize;
             let plain = self.q_kernels(gate).0;

@@ -101,7 +101,8 @@ impl QShape {
 /// Dynamic shared memory of an integer matvec block (the layouts at the top of matvec_q.cu's
 /// matvec_q_body and matvec_qm_body): staged x for `tchunks` chunks (padded to 32), then the
 /// warps' partial sums (two tiles) and flags, then (from a 16-byte boundary) each warp's ring of
-/// `ring` steps: a chunk of each of its rows a lane, and 128 bytes of scales and mins a row.
+/// `ring` steps: a chunk of each of its rows a lane, and 128 bytes of scales and mins a row (int3:
+/// and 8 bytes of high bits a lane a row).
 pub fn q_smem(k: &QShape, warps: usize, tchunks: usize) -> usize {
     let tpad = tchunks.div_ceil(32) * 32;
     let staged = tpad * k.staged_per_chunk();
@@ -110,7 +111,9 @@ pub fn q_smem(k: &QShape, warps: usize, tchunks: usize) -> usize {
     } else {
         let sums = staged + 2 * warps * k.rows * 4 + 2 * warps * 4;
         if k.ring > 0 {
-            sums.next_multiple_of(16) + warps * k.ring * (k.rows * 512 + k.rows * 128)
+            // int3 (kind 7): each step's high bits too, 8 bytes a lane a row.
+            let hi = if k.kind == 7 { k.rows * 256 } else { 0 };
+            sums.next_multiple_of(16) + warps * k.ring * (k.rows * 512 + k.rows * 128 + hi)
         } else {
             sums
         }
@@ -334,9 +337,13 @@ mod tests {
             (1536, 2048),
         ];
         for lim in &limits {
-            for kind in 3..=5i32 {
+            for kind in [3, 4, 5, 7i32] {
                 for &(rows, cols) in &shapes {
-                    let row_bytes = cols * [8, 4, 2][(kind - 3) as usize] / 8;
+                    // (int3: the chunks of its low bits, as DevMat::chunk_bytes.)
+                    let row_bytes = match kind {
+                        7 => cols / 4,
+                        k => cols * [8, 4, 2][(k - 3) as usize] / 8,
+                    };
                     let n = row_bytes / 16;
                     for (r, regs, mma, dp_parts, ring) in [
                         (4, 128, false, 0, 0),
@@ -351,6 +358,10 @@ mod tests {
                         // More than 128 registers: a 512-thread block cannot launch.
                         (4, 255, false, 0, 0),
                     ] {
+                        // (int3's steps are 40% larger: its deepest ring here is 4, where sm_90 takes 3.)
+                        if kind == 7 && ring > 4 {
+                            continue;
+                        }
                         let k = QShape {
                             kind,
                             rows: r,
