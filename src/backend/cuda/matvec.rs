@@ -50,11 +50,7 @@ impl Gpu {
                 }
                 return self.matvec_mxfp4_rows(&w, x, y);
             }
-            if w.is_int3() {
-                if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
-                    return Ok(());
-                }
-            } else if w.is_int() {
+            if w.is_int() || w.is_int3() {
                 if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
                     return Ok(());
                 }
