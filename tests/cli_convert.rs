@@ -323,8 +323,14 @@ fn errors_before_writing_name_the_problem_and_leave_nothing() {
     convert_fails(
         &model,
         &out_dir,
-        &["--experts", "f16,int3"],
-        &["unknown variant 'int3'", "int4"],
+        &["--experts", "f16,int5"],
+        &["unknown variant 'int5'", "int3"],
+    );
+    convert_fails(
+        &model,
+        &out_dir,
+        &["--experts", "int3/g32"],
+        &["int3", "multiple of 64"],
     );
     convert_fails(
         &model,

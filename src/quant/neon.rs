@@ -22,10 +22,6 @@ pub(super) unsafe fn matvec_rows(
         // MXFP4 has no NEON kernel: the reference, as quant::mxfp4 dispatches it here.
         return super::mxfp4::matvec_rows_scalar(m, x, rows, out);
     }
-    if m.kind == WeightKind::Int3 {
-        // Nor has int3 yet: the reference.
-        return scalar::matvec_rows(m, x, xsums, rows, out);
-    }
     let rb = m.row_bytes();
     let gpr = m.groups_per_row();
     for (o, r) in out.iter_mut().zip(rows) {
@@ -35,13 +31,14 @@ pub(super) unsafe fn matvec_rows(
             WeightKind::F32 => dot_f32(codes, x),
             WeightKind::F16 => dot_f16(codes, x),
             WeightKind::Bf16 => dot_bf16(codes, x),
-            WeightKind::Mxfp4 | WeightKind::Int3 => unreachable!("handled above"),
+            WeightKind::Mxfp4 => unreachable!("handled above"),
             WeightKind::Int8 => dot_int8(codes, &m.scales[side], m.group_size, x),
-            WeightKind::Int4 | WeightKind::Int2 => {
-                let qx = if m.kind == WeightKind::Int4 {
-                    dot_int4(codes, &m.scales[side.clone()], m.group_size, x)
-                } else {
-                    dot_int2(codes, &m.scales[side.clone()], m.group_size, x)
+            WeightKind::Int4 | WeightKind::Int3 | WeightKind::Int2 => {
+                let sc = &m.scales[side.clone()];
+                let qx = match m.kind {
+                    WeightKind::Int4 => dot_int4(codes, sc, m.group_size, x),
+                    WeightKind::Int3 => dot_int3(codes, sc, m.group_size, x),
+                    _ => dot_int2(codes, sc, m.group_size, x),
                 };
                 let mins = &m.mins[side];
                 (0..gpr).fold(qx, |acc, g| acc + scalar::f16_at(mins, g) * xsums[g])
@@ -191,16 +188,53 @@ unsafe fn dot_int4(codes: &[u8], scales: &[u8], gs: usize, x: &[f32]) -> f32 {
     })
 }
 
+/// Right shifts of a word of 16 2-bit codes, four lanes at a time.
+const INT2_SHIFTS: [[i32; 4]; 4] = [
+    [0, -2, -4, -6],
+    [-8, -10, -12, -14],
+    [-16, -18, -20, -22],
+    [-24, -26, -28, -30],
+];
+
 unsafe fn dot_int2(codes: &[u8], scales: &[u8], gs: usize, x: &[f32]) -> f32 {
     let cp = codes.as_ptr();
-    let shifts = [
-        [0, -2, -4, -6],
-        [-8, -10, -12, -14],
-        [-16, -18, -20, -22],
-        [-24, -26, -28, -30],
-    ];
     dot_grouped(scales, gs, x, |i| {
         let w = (cp.add(i / 4) as *const u32).read_unaligned().to_le();
-        shifts.map(|s| unpack(w, &s, 0x03))
+        INT2_SHIFTS.map(|s| unpack(w, &s, 0x03))
+    })
+}
+
+/// The high bits of int3's codes 16 w + 4 k + s (formats' int3_hi_bit): bit 8 k + 4 (w % 2) + s of
+/// its block's high word w / 2, as right shifts for [w % 2][k][s].
+const INT3_HI_SHIFTS: [[[i32; 4]; 4]; 2] = {
+    let mut t = [[[0i32; 4]; 4]; 2];
+    let mut i = 0;
+    while i < 32 {
+        let (p, k, s) = (i / 16, (i / 4) % 4, i % 4);
+        t[p][k][s] = -((8 * k + 4 * p + s) as i32);
+        i += 1;
+    }
+    t
+};
+
+/// int3 rows (`codes` one row): int2's codes in the first two thirds, each code's high bit in the
+/// rest, added as 4 * high (exact in f32).
+unsafe fn dot_int3(codes: &[u8], scales: &[u8], gs: usize, x: &[f32]) -> f32 {
+    let cp = codes.as_ptr();
+    let hp = cp.add(codes.len() / 3 * 2);
+    dot_grouped(scales, gs, x, |i| {
+        let w = (cp.add(i / 4) as *const u32).read_unaligned().to_le();
+        let wd = (i / 16) % 4;
+        let h = (hp.add(i / 64 * 8 + 4 * (wd / 2)) as *const u32)
+            .read_unaligned()
+            .to_le();
+        let t = &INT3_HI_SHIFTS[wd % 2];
+        [0, 1, 2, 3].map(|k| {
+            vfmaq_n_f32(
+                unpack(w, &INT2_SHIFTS[k], 0x03),
+                unpack(h, &t[k], 0x01),
+                4.0,
+            )
+        })
     })
 }

@@ -438,8 +438,8 @@ fn aarch64_dispatch_selects_neon() {
             bits(&direct),
             "{kind:?}: not the NEON path"
         );
-        // MXFP4 and int3 have no NEON kernel yet: NEON dispatch runs the reference for them.
-        if kind != WeightKind::Mxfp4 && kind != WeightKind::Int3 {
+        // MXFP4 has no NEON kernel yet: NEON dispatch runs the reference kernel for it.
+        if kind != WeightKind::Mxfp4 {
             assert_ne!(
                 bits(&direct),
                 bits(&scalar),
