@@ -52,7 +52,8 @@ extern "C" __global__ void dequant_rows_h(const Mat w, int kind, half_bits* __re
     out[(size_t)r * w.cols + c] = f2h(element(w, kind, r0 + r, c));
 }
 
-// The same for the integer kinds, one 32-bit code word (4, 8 or 16 codes of one group) per thread,
+// The same for the integer kinds, one 32-bit code word (4, 8 or 16 codes of one group; int3: of its
+// low bits, the high bits from their word) per thread,
 // stored as 8-32 contiguous bytes: codes and rows 4-byte aligned, cols % 8 == 0, group a multiple
 // of the codes per word (Gpu::matmul checks; dequant_rows_h otherwise). Each value as element()
 // computes it. Grid (ceil(row_bytes / 4 / block), nrows).
@@ -63,6 +64,12 @@ __device__ __forceinline__ void dequant_word_h(const Mat& w, half_bits* __restri
     const size_t row = (size_t)(r0 + r);
     const int c0 = wi * EPW;
     const u32 word = reinterpret_cast<const u32*>(w.codes + row * w.row_bytes)[wi];
+    // int3: word wi's high bits, in high word 2 (wi / 4) + (wi % 4) / 2 of the row (bits 8 b + 4 (wi % 2) + s
+    // for code 4 b + s: formats' int3_hi_bit).
+    const u32 hw = KIND == KIND_INT3
+                       ? reinterpret_cast<const u32*>(w.codes + row * w.row_bytes + (w.cols >> 2))[2 * (wi >> 2) + ((wi & 3) >> 1)]
+                       : 0u;
+    const int hn = 4 * (wi & 1);
     const size_t g = row * (w.cols / w.group) + c0 / w.group;
     const float s = h2f(w.scales[g]);
     const float mn = KIND == KIND_INT8 ? 0.f : h2f(w.mins[g]);
@@ -75,8 +82,13 @@ __device__ __forceinline__ void dequant_word_h(const Mat& w, half_bits* __restri
             b = s * (float)(signed char)(word >> (8 * j + 8));
         } else {
             constexpr u32 M = (1u << BITS) - 1;
-            a = s * (float)((word >> (BITS * j)) & M) + mn;
-            b = s * (float)((word >> (BITS * j + BITS)) & M) + mn;
+            u32 qa = (word >> (BITS * j)) & M, qb = (word >> (BITS * j + BITS)) & M;
+            if (KIND == KIND_INT3) {
+                qa |= ((hw >> (8 * (j / 4) + hn + j % 4)) & 1u) << 2;
+                qb |= ((hw >> (8 * ((j + 1) / 4) + hn + (j + 1) % 4)) & 1u) << 2;
+            }
+            a = s * (float)qa + mn;
+            b = s * (float)qb + mn;
         }
         h[j / 2] = (u32)f2h(a) | ((u32)f2h(b) << 16);
     }
@@ -94,11 +106,13 @@ extern "C" __global__ void dequant_words_h(const Mat w, int kind, half_bits* __r
                                            int nrows) {
     PDL_ENTRY();
     const int wi = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
-    if (wi * 4 >= w.row_bytes || r >= nrows) return;
+    // (int3: the words of the row's low bits.)
+    if (wi * 4 >= (kind == KIND_INT3 ? w.cols >> 2 : w.row_bytes) || r >= nrows) return;
     switch (kind) {
         case KIND_INT8: dequant_word_h<KIND_INT8>(w, out, r0, r, wi); break;
         case KIND_INT4: dequant_word_h<KIND_INT4>(w, out, r0, r, wi); break;
         case KIND_INT2: dequant_word_h<KIND_INT2>(w, out, r0, r, wi); break;
+        case KIND_INT3: dequant_word_h<KIND_INT3>(w, out, r0, r, wi); break;
         default: break;
     }
 }

@@ -41,7 +41,8 @@ impl Gpu {
             4 => 8,
             _ => 16,
         };
-        let words = (3..=5).contains(&kind)
+        // (int3: words of its low bits; its rows of 64-column blocks keep every word in place.)
+        let words = (w.is_int() || w.is_int3())
             && w.codes.is_multiple_of(4)
             && w.row_bytes % 4 == 0
             && cols % 8 == 0
@@ -77,7 +78,7 @@ impl Gpu {
                     let (r0i, ni) = (r0 as i32, n as i32);
                     if words {
                         let grid = LaunchConfig {
-                            grid_dim: (blocks(wm.row_bytes as usize / 4, 128), n as u32, 1),
+                            grid_dim: (blocks(wm.chunk_bytes() as usize / 4, 128), n as u32, 1),
                             block_dim: (128, 1, 1),
                             shared_mem_bytes: 0,
                         };
