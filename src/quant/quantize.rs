@@ -379,9 +379,28 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
             break;
         }
     }
+    // Below 4 bits, alternate codes and the least-squares (scale, min) from the best point while
+    // it improves: KL -4% to -6% for int3 and int2 on shakespeare-moe; int4 gained nothing there
+    // and lost 3% on the demo (benches/results/2026-12-04-cpu-issue54-kquants-shakespeare.md).
+    let rounds = if squared { 0 } else { REFINE_ROUNDS };
+    for _ in 0..rounds {
+        eval(best.1, sc);
+        let Some(r) = refit(w, sk, skw, sc) else {
+            break;
+        };
+        let e = eval(r, sc);
+        if e < best.0 {
+            best = (e, r);
+        } else {
+            break;
+        }
+    }
     eval(best.1, sc);
     best.1
 }
+
+/// Rounds of codes-then-refit after int3's and int2's grid search (`search_asym`).
+const REFINE_ROUNDS: usize = 4;
 
 /// The (scale, min) minimising sum wt (s q + m - w)^2 for the codes in `sc.q` (sk: sum wt,
 /// skw: sum wt w); None where the codes do not determine a positive scale.
