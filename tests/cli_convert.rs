@@ -124,10 +124,10 @@ fn fixture_converts_reads_back_and_inspects() {
     let summary = convert(
         &fx::fixture_dir(),
         &out,
-        &["--experts", "f16,int8,int4,int2"],
+        &["--experts", "f16,int8,int4,int3,int2"],
     );
     for v in [
-        "f16", "int8/g64", "int4/g64", "int2/g64", "dense:", "tiny.hob",
+        "f16", "int8/g64", "int4/g64", "int3/g64", "int2/g64", "dense:", "tiny.hob",
     ] {
         assert!(summary.contains(v), "summary lacks '{v}': {summary}");
     }
@@ -146,10 +146,11 @@ fn fixture_converts_reads_back_and_inspects() {
             VariantKind::F16,
             VariantKind::Int8,
             VariantKind::Int4,
+            VariantKind::Int3,
             VariantKind::Int2
         ]
     );
-    let bounds = [0.0, 0.01, 0.12, 0.5];
+    let bounds = [0.0, 0.01, 0.12, 0.25, 0.5];
     for (vi, bound) in bounds.iter().enumerate() {
         let (mut sse, mut ss) = (0f64, 0f64);
         for l in 0..2 {
@@ -192,6 +193,8 @@ fn fixture_converts_reads_back_and_inspects() {
         "mixtral",
         "blk.1.ffn_gate_inp.weight",
         "int2/g64",
+        "int3/g64",
+        "3.500 bits/weight",
         "chars)",
     ] {
         assert!(text.contains(w), "inspect lacks '{w}': {text}");
@@ -204,14 +207,14 @@ fn fixture_converts_reads_back_and_inspects() {
     assert_eq!(j["experts"]["variants"][2]["variant"], "int4/g64");
     assert_eq!(j["experts"]["variants"][2]["count"], 8);
     assert_eq!(j["metadata"]["general.architecture"], "mixtral");
-    assert_eq!(j["verify"]["checksums"], file.tensors().len() + 2 * 4 * 4);
+    assert_eq!(j["verify"]["checksums"], file.tensors().len() + 2 * 4 * 5);
 
     // --entropy: each integer variant's code entropy, below its width.
     let o = hob(&["inspect", "--json", "--entropy", out.to_str().unwrap()]);
     assert_ok(&o);
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let rows = j["entropy"].as_array().unwrap();
-    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_eq!(rows.len(), 4, "{rows:?}");
     for r in rows {
         let (h, bits) = (
             r["order0_bits"].as_f64().unwrap(),
@@ -222,7 +225,7 @@ fn fixture_converts_reads_back_and_inspects() {
 
     let o = hob(&["inspect", "--verify", out.to_str().unwrap()]);
     assert_ok(&o);
-    let n = file.tensors().len() + 2 * 4 * 4;
+    let n = file.tensors().len() + 2 * 4 * 5;
     assert!(
         stdout(&o).contains(&format!("verify: all {n} checksums OK")),
         "{}",

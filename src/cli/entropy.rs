@@ -23,6 +23,9 @@ impl Counts {
     }
 
     fn add(&mut self, m: &MatrixView<'_>, bits: usize) {
+        if bits == 3 {
+            return self.add_int3(m);
+        }
         let levels = self.single.len();
         let per = 8 / bits;
         let mask = (levels - 1) as u8;
@@ -35,6 +38,27 @@ impl Counts {
                     self.pairs[p * levels + c] += 1;
                 }
                 prev = Some(c);
+            }
+        }
+    }
+
+    /// int3's codes, a row's 64-value blocks in order (formats/hob.md).
+    fn add_int3(&mut self, m: &MatrixView<'_>) {
+        let (rb, lo_len) = (m.cols * 3 / 8, m.cols / 4);
+        let mut q = [0u8; 64];
+        let mut prev: Option<usize> = None;
+        for row in m.codes.chunks_exact(rb).take(m.rows) {
+            let (lo, hi) = row.split_at(lo_len);
+            for (l, h) in lo.chunks_exact(16).zip(hi.chunks_exact(8)) {
+                crate::quant::int3_block(l, h, &mut q);
+                for &c in &q {
+                    let c = c as usize;
+                    self.single[c] += 1;
+                    if let Some(p) = prev {
+                        self.pairs[p * 8 + c] += 1;
+                    }
+                    prev = Some(c);
+                }
             }
         }
     }
@@ -83,7 +107,7 @@ pub fn report(file: &HobFile) -> Vec<Value> {
     let mut out = Vec::new();
     for (vi, v) in file.variants().iter().enumerate() {
         let bits = v.kind.bits() as usize;
-        if v.kind.is_float() || !(bits == 2 || bits == 4 || bits == 8) {
+        if v.kind.is_float() || !matches!(bits, 2 | 3 | 4 | 8) {
             continue;
         }
         let levels = 1usize << bits;

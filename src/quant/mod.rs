@@ -26,6 +26,7 @@ mod tests;
 use crate::format::{DType, MatrixView, TensorType, TensorView, VariantKind};
 
 pub use quantize::{measure_error, quantize_matrix};
+pub(crate) use scalar::int3_block;
 
 /// Storage of a row-major matrix the CPU multiplies with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
