@@ -130,6 +130,13 @@ mod tests {
             "f16 as a packed kind"
         );
         assert!(TensorType::parse("q4_k", None).is_err());
+        // Expert-only kinds are no dense dtype, neither from a flag nor from a file.
+        for (name, code) in [("mxfp4", 0x60020u32), ("int3", 0x70040)] {
+            let e = TensorType::parse(name, None).unwrap_err();
+            assert!(e.contains("expert variant, not a dense type"), "{e}");
+            let e = TensorType::from_code(code).unwrap_err();
+            assert!(e.contains(&format!("unknown dtype code {code}")), "{e}");
+        }
     }
 
     #[test]
