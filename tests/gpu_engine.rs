@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::gpu::{cpu_session, engine_session, gpu, gpu_session};
+use common::gpu::{cpu_session, engine_session, exact_offload, gpu, gpu_session};
 use common::{argmax, convert_fixture, nmse, reference};
 use hob::backend::cpu::CpuBackend;
 use hob::experts::cache::Policy;
@@ -227,20 +227,8 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
     let model = Model::load(&file).unwrap();
     let (want_all, want_ids, want_steps) =
         greedy(&mut *gpu_session(&g, &file, &model, None), &r.input_ids, 16);
-    let slot = file.expert_layout(0).padded_size;
     let total = file.n_layers() * file.n_experts();
-    let exact = |slots: usize| {
-        let mut c = EngineConfig::simple(0, Some(slots * slot));
-        c.tuning.preload = false;
-        c.plan = PrecisionPlan {
-            high: 0,
-            low: Some(1),
-            thresholds: Thresholds::ALL_HIGH,
-            renormalize_skips: false,
-        };
-        c.substitute_low = true;
-        c
-    };
+    let exact = |slots: usize| exact_offload(&file, slots);
     let policies = [
         Policy::Lru,
         Policy::Lfu,

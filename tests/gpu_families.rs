@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::gpu::{cpu_session, engine_session, gpu, gpu_session};
+use common::gpu::{cpu_session, engine_session, exact_offload, gpu, gpu_session};
 use common::{argmax, convert_dir, family_dir, nmse, reference_in};
 use hob::experts::engine::EngineConfig;
-use hob::experts::{PrecisionPlan, Thresholds};
 use hob::format::HobFile;
 use hob::generate::Session;
 use hob::model::{Logits, Model};
@@ -66,18 +65,9 @@ fn family_variants_on_the_gpu(family: &str, experts: &str) {
         "{family}: greedy tokens differ from transformers"
     );
 
-    let slot = file.expert_layout(0).padded_size;
     let total = file.n_layers() * file.n_experts();
     let exact = |prefetch: usize, cpu: Option<usize>| {
-        let mut c = EngineConfig::simple(0, Some(total / 4 * slot));
-        c.tuning.preload = false;
-        c.plan = PrecisionPlan {
-            high: 0,
-            low: Some(1),
-            thresholds: Thresholds::ALL_HIGH,
-            renormalize_skips: false,
-        };
-        c.substitute_low = true;
+        let mut c = exact_offload(&file, total / 4);
         c.prefetch = prefetch;
         c.cpu_experts = cpu;
         c

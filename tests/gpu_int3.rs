@@ -7,10 +7,9 @@
 
 mod common;
 
-use common::gpu::{cpu_session, engine_session, gpu};
+use common::gpu::{cpu_session, engine_session, exact_offload, gpu};
 use common::{argmax, hob, nmse};
 use hob::experts::engine::EngineConfig;
-use hob::experts::{PrecisionPlan, Thresholds};
 use hob::format::HobFile;
 use hob::generate::Session;
 use hob::model::{Logits, Model};
@@ -96,17 +95,7 @@ fn int3_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
     assert!(u_all == g_all && u_steps == g_steps, "gate-up forms differ");
 
     // A quarter cache with prefetch, int3 high and int2 low, all high: the all-resident logits.
-    let slot = file.expert_layout(0).padded_size;
-    let total = file.n_layers() * file.n_experts();
-    let mut c = EngineConfig::simple(0, Some(total / 4 * slot));
-    c.tuning.preload = false;
-    c.plan = PrecisionPlan {
-        high: 0,
-        low: Some(1),
-        thresholds: Thresholds::ALL_HIGH,
-        renormalize_skips: false,
-    };
-    c.substitute_low = true;
+    let mut c = exact_offload(&file, file.n_layers() * file.n_experts() / 4);
     c.prefetch = 2;
     let mut q = engine_session(&g, &model, c);
     let (q_all, q_steps) = forced(&mut *q, &prompt, &ids);

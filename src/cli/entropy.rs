@@ -55,7 +55,7 @@ impl Counts {
                     let c = c as usize;
                     self.single[c] += 1;
                     if let Some(p) = prev {
-                        self.pairs[p * 8 + c] += 1;
+                        self.pairs[p * self.single.len() + c] += 1;
                     }
                     prev = Some(c);
                 }

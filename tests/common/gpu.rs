@@ -5,7 +5,7 @@ use std::sync::Arc;
 use hob::backend::cpu::CpuBackend;
 use hob::backend::cuda::{self, CudaBackend, Gpu};
 use hob::experts::engine::EngineConfig;
-use hob::experts::{DirectExperts, Engine};
+use hob::experts::{DirectExperts, Engine, PrecisionPlan, Thresholds};
 use hob::format::HobFile;
 use hob::generate::{Bound, Session};
 use hob::model::Model;
@@ -41,6 +41,23 @@ pub fn engine_session<'a>(
     let mut backend = CudaBackend::new(g.clone(), model).unwrap();
     let experts = Engine::new(model, &mut backend, cfg).unwrap();
     Box::new(Bound::new(model, backend, Box::new(experts), 128, "cuda".into()).unwrap())
+}
+
+/// The engine offloading `file` with one precision and nothing skipped: variant 0 high, 1 low
+/// but every route run high (a low copy stands in only for a missed high one), a cache of
+/// `slots` experts filled on demand. Its logits must be the all-resident run's.
+pub fn exact_offload(file: &HobFile, slots: usize) -> EngineConfig {
+    let slot = file.expert_layout(0).padded_size;
+    let mut c = EngineConfig::simple(0, Some(slots * slot));
+    c.tuning.preload = false;
+    c.plan = PrecisionPlan {
+        high: 0,
+        low: Some(1),
+        thresholds: Thresholds::ALL_HIGH,
+        renormalize_skips: false,
+    };
+    c.substitute_low = true;
+    c
 }
 
 pub fn cpu_session<'a>(file: &'a HobFile, model: &'a Model<'a>) -> Box<dyn Session + 'a> {

@@ -216,24 +216,10 @@ pub(in crate::quant) unsafe fn packed_vnni_rows(
                 [scales(r), scales(r + 1)],
                 [mins(r), mins(r + 1)],
             );
-            match (bits, mx, i3) {
-                (8, _, _) => dot_packed_vnni::<2, 1, false, false>(rows, q, idx),
-                (4, false, _) => dot_packed_vnni::<2, 2, false, false>(rows, q, idx),
-                (4, true, _) => dot_packed_vnni::<2, 2, true, false>(rows, q, idx),
-                (_, _, false) => dot_packed_vnni::<2, 4, false, false>(rows, q, idx),
-                _ => dot_packed_vnni::<2, 4, false, true>(rows, q, idx),
-            }
+            dot_kind(rows, q, idx, (bits, mx, i3))
         };
-        let dot1 = |r: usize| {
-            let rows = ([codes(r)], [scales(r)], [mins(r)]);
-            match (bits, mx, i3) {
-                (8, _, _) => dot_packed_vnni::<1, 1, false, false>(rows, q, idx),
-                (4, false, _) => dot_packed_vnni::<1, 2, false, false>(rows, q, idx),
-                (4, true, _) => dot_packed_vnni::<1, 2, true, false>(rows, q, idx),
-                (_, _, false) => dot_packed_vnni::<1, 4, false, false>(rows, q, idx),
-                _ => dot_packed_vnni::<1, 4, false, true>(rows, q, idx),
-            }
-        };
+        let dot1 =
+            |r: usize| dot_kind(([codes(r)], [scales(r)], [mins(r)]), q, idx, (bits, mx, i3));
         let start = rows.start;
         let mut pairs = out.chunks_exact_mut(2);
         for (p, o) in pairs.by_ref().enumerate() {
@@ -243,6 +229,24 @@ pub(in crate::quant) unsafe fn packed_vnni_rows(
             *o = dot1(rows.end - 1)[0];
         }
     });
+}
+
+/// `dot_packed_vnni` in the form for codes of `bits` (MXFP4's where `mx`, int3's where `i3`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_kind<const R: usize>(
+    rows: ([*const u8; R], [*const u8; R], [*const u8; R]),
+    q: &QuantX,
+    idx: &[[i32; 16]],
+    (bits, mx, i3): (usize, bool, bool),
+) -> [f32; R] {
+    match (bits, mx, i3) {
+        (8, _, _) => dot_packed_vnni::<R, 1, false, false>(rows, q, idx),
+        (4, false, _) => dot_packed_vnni::<R, 2, false, false>(rows, q, idx),
+        (4, true, _) => dot_packed_vnni::<R, 2, true, false>(rows, q, idx),
+        (_, _, false) => dot_packed_vnni::<R, 4, false, false>(rows, q, idx),
+        _ => dot_packed_vnni::<R, 4, false, true>(rows, q, idx),
+    }
 }
 
 /// MXFP4's doubled e2m1 values plus 12, by code: unsigned bytes for `vpdpbusd` (the excess 12
