@@ -12,7 +12,8 @@
 // row of codes; scales and mins are f16 [rows, cols / group]. Kind codes match WeightKind in
 // src/backend/cuda/mod.rs: 0 f32, 1 f16, 2 bf16, 3 int8, 4 int4, 5 int2, 6 mxfp4 (whose
 // "scales" are E8M0 bytes, one per 32 values), 7 int3 (a row: int2's codes of the low two bits,
-// cols / 4 bytes, then the high bits, cols / 8 bytes: formats/hob.md).
+// cols / 4 bytes, then the high bits, cols / 8 bytes: formats/hob.md), 8 int4k (int4's codes;
+// 8-bit sub-scales under a row's f16 pair: int4k_sm).
 
 // No headers: NVRTC needs no include path. f16 values travel as their 16-bit patterns.
 
@@ -24,6 +25,7 @@
 #define KIND_INT2 5
 #define KIND_MXFP4 6
 #define KIND_INT3 7
+#define KIND_INT4K 8
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -117,6 +119,17 @@ struct Mat {
     const unsigned short* mins;    // f16 bits
     int rows, cols, group, row_bytes;
 };
+
+// int4k (kind 8, formats/hob.md): group g's (scale, min) as int4's f16 bits, scale | min << 16:
+// f16(d a) and f16(m b), a the u8 and b the i8 of the group's two bytes in `scales`, d and m the
+// row's two f16 in `mins` (the products are exact in f32; one rounding, as the CPU's).
+__device__ __forceinline__ u32 int4k_sm(const Mat& w, size_t g, int r) {
+    const u32 ab = __ldg(w.scales + g);
+    const u32 dm = __ldg(reinterpret_cast<const u32*>(w.mins) + r);
+    const float s = h2f((half_bits)(dm & 0xffffu)) * (float)(ab & 0xffu);
+    const float mn = h2f((half_bits)(dm >> 16)) * (float)(signed char)(ab >> 8);
+    return (u32)f2h(s) | ((u32)f2h(mn) << 16);
+}
 
 // Asynchronous 16-byte copies into shared memory (cp.async, sm_80 on).
 #if __CUDA_ARCH__ >= 800

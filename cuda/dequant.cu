@@ -16,6 +16,11 @@ __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {
         default: break;
     }
     size_t g = (size_t)r * (w.cols / w.group) + c / w.group;
+    if (kind == KIND_INT4K) {
+        const u32 sm = int4k_sm(w, g, r);
+        const float q = (float)((row[c / 2] >> (4 * (c % 2))) & 0xf);
+        return h2f((half_bits)(sm & 0xffffu)) * q + h2f((half_bits)(sm >> 16));
+    }
     float s = h2f(w.scales[g]);
     if (kind == KIND_INT8) return s * (float)(signed char)row[c];
     float q = kind == KIND_INT4 ? (float)((row[c / 2] >> (4 * (c % 2))) & 0xf)
@@ -60,7 +65,8 @@ extern "C" __global__ void dequant_rows_h(const Mat w, int kind, half_bits* __re
 template <int KIND>
 __device__ __forceinline__ void dequant_word_h(const Mat& w, half_bits* __restrict__ out, int r0,
                                                int r, int wi) {
-    constexpr int BITS = KIND == KIND_INT8 ? 8 : KIND == KIND_INT4 ? 4 : 2, EPW = 32 / BITS;
+    constexpr int BITS = KIND == KIND_INT8 ? 8 : KIND == KIND_INT4 || KIND == KIND_INT4K ? 4 : 2,
+                  EPW = 32 / BITS;
     const size_t row = (size_t)(r0 + r);
     const int c0 = wi * EPW;
     const u32 word = reinterpret_cast<const u32*>(w.codes + row * w.row_bytes)[wi];
@@ -71,8 +77,9 @@ __device__ __forceinline__ void dequant_word_h(const Mat& w, half_bits* __restri
                        : 0u;
     const int hn = 4 * (wi & 1);
     const size_t g = row * (w.cols / w.group) + c0 / w.group;
-    const float s = h2f(w.scales[g]);
-    const float mn = KIND == KIND_INT8 ? 0.f : h2f(w.mins[g]);
+    const u32 sm = KIND == KIND_INT4K ? int4k_sm(w, g, (int)row) : 0u;
+    const float s = h2f(KIND == KIND_INT4K ? (half_bits)(sm & 0xffffu) : w.scales[g]);
+    const float mn = KIND == KIND_INT8 ? 0.f : h2f(KIND == KIND_INT4K ? (half_bits)(sm >> 16) : w.mins[g]);
     u32 h[EPW / 2];
 #pragma unroll
     for (int j = 0; j < EPW; j += 2) {
@@ -113,6 +120,7 @@ extern "C" __global__ void dequant_words_h(const Mat w, int kind, half_bits* __r
         case KIND_INT4: dequant_word_h<KIND_INT4>(w, out, r0, r, wi); break;
         case KIND_INT2: dequant_word_h<KIND_INT2>(w, out, r0, r, wi); break;
         case KIND_INT3: dequant_word_h<KIND_INT3>(w, out, r0, r, wi); break;
+        case KIND_INT4K: dequant_word_h<KIND_INT4K>(w, out, r0, r, wi); break;
         default: break;
     }
 }
@@ -136,6 +144,7 @@ __device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, cons
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(a));
 }
+// KIND_INT4K (gemm_q4k_*): int4's, each group's scale and min from int4k_sm.
 // KIND_MXFP4 (gemm_mx4h_*): a thread's 32 codes are one MXFP4 block, its E8M0 byte the scale; each
 // weight the f16 of its exact f32 value (the f16 tile dequant_rows_h makes for cuBLAS).
 template <int BN, int KIND = KIND_INT4>
@@ -163,6 +172,7 @@ __device__ __forceinline__ void gemm_q4h_body(const Mat& w, const half_bits* __r
         // A thread's 32 codes lie in one group (group % 32 == 0: g32 from Q4_K, hob's g64).
         const size_t g = (size_t)grow * gpr + (k0 + lh * 32) / w.group;
         if (KIND == KIND_MXFP4) smv = reinterpret_cast<const u8*>(w.scales)[g];
+        else if (KIND == KIND_INT4K) smv = int4k_sm(w, g, grow);
         else smv = (u32)w.scales[g] | ((u32)w.mins[g] << 16);
 #pragma unroll
         for (int v = 0; v < XV; v++) {
@@ -265,6 +275,16 @@ extern "C" __global__ void __launch_bounds__(256) gemm_q4h_128(const Mat w, cons
     PDL_ENTRY();
     gemm_q4h_body<128>(w, xh, t, out, ld, ksteps, blockIdx.z);
 }
+extern "C" __global__ void __launch_bounds__(256) gemm_q4k_64(const Mat w, const half_bits* xh, int t,
+                                                              float* out, int ld, int ksteps) {
+    PDL_ENTRY();
+    gemm_q4h_body<64, KIND_INT4K>(w, xh, t, out, ld, ksteps, blockIdx.z);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_q4k_128(const Mat w, const half_bits* xh, int t,
+                                                               float* out, int ld, int ksteps) {
+    PDL_ENTRY();
+    gemm_q4h_body<128, KIND_INT4K>(w, xh, t, out, ld, ksteps, blockIdx.z);
+}
 extern "C" __global__ void __launch_bounds__(256) gemm_mx4h_64(const Mat w, const half_bits* xh, int t,
                                                               float* out, int ld, int ksteps) {
     PDL_ENTRY();
@@ -284,14 +304,14 @@ struct QGroup {
     MatEntry m[3];
     int row0, n, pad0, pad1;
 };
-template <int BN>
+template <int BN, int KIND = KIND_INT4>
 __device__ __forceinline__ void gemm_q4h_grp(const QGroup* __restrict__ groups, int which,
                                              const half_bits* __restrict__ xh, float* __restrict__ out,
                                              int ld) {
     const QGroup& g = groups[blockIdx.z];
     if ((int)blockIdx.y * BN >= g.n) return;
     const Mat w = g.m[which].m;
-    gemm_q4h_body<BN>(w, xh + (size_t)g.row0 * w.cols, g.n, out + (size_t)g.row0 * ld, ld, w.cols / GQ_BK, 0);
+    gemm_q4h_body<BN, KIND>(w, xh + (size_t)g.row0 * w.cols, g.n, out + (size_t)g.row0 * ld, ld, w.cols / GQ_BK, 0);
 }
 extern "C" __global__ void __launch_bounds__(256) gemm_q4h_grp_64(const QGroup* groups, int which,
                                                                   const half_bits* xh, float* out, int ld) {
@@ -302,6 +322,16 @@ extern "C" __global__ void __launch_bounds__(256) gemm_q4h_grp_128(const QGroup*
                                                                    const half_bits* xh, float* out, int ld) {
     PDL_ENTRY();
     gemm_q4h_grp<128>(groups, which, xh, out, ld);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_q4k_grp_64(const QGroup* groups, int which,
+                                                                  const half_bits* xh, float* out, int ld) {
+    PDL_ENTRY();
+    gemm_q4h_grp<64, KIND_INT4K>(groups, which, xh, out, ld);
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_q4k_grp_128(const QGroup* groups, int which,
+                                                                   const half_bits* xh, float* out, int ld) {
+    PDL_ENTRY();
+    gemm_q4h_grp<128, KIND_INT4K>(groups, which, xh, out, ld);
 }
 
 // out[i, :] += w[r] y[r, :] for every row r of token i (idx[r] == i), r ascending: the sums of

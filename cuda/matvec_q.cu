@@ -148,6 +148,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         const uint4* lrow[R];
         const uint2* lhrow[R];  // int3: the rows' high bits
         int lsrow[R];
+        int lr[R];  // int4k: the rows (their scale pairs)
         const unsigned short* lsrc = nullptr;  // RING: this lane's scale or min piece, the tile's row
         int ltile = -1;
         auto set_tile = [&](int t) {
@@ -161,6 +162,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                     if (KIND == KIND_INT3)
                         lhrow[i] = reinterpret_cast<const uint2*>(codes + (size_t)r * w.row_bytes + (w.cols >> 2)) + ct0;
                     lsrow[i] = r * gpr;
+                    lr[i] = r;
                 }
                 if (lane_s) {
                     const bool up = GU && ri_s >= RM;
@@ -186,10 +188,12 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                     if (KIND == KIND_MXFP4) {
                         // One E8M0 byte a chunk (group), a row's after the row before's.
                         sm = __ldg(reinterpret_cast<const u8*>(up ? wu.scales : w.scales) + lsrow[i] + gi);
+                    } else if (KIND == KIND_INT4K) {
+                        sm = int4k_sm(up ? wu : w, (size_t)lsrow[i] + gi, lr[i]);
                     } else {
                         sm = __ldg((up ? wu.scales : w.scales) + lsrow[i] + gi);
                     }
-                    if (!qd_signed<KIND>()) sm |= (u32)__ldg((up ? wu.mins : w.mins) + lsrow[i] + gi) << 16;
+                    if (!qd_signed<KIND>() && KIND != KIND_INT4K) sm |= (u32)__ldg((up ? wu.mins : w.mins) + lsrow[i] + gi) << 16;
                 }
                 b.sm[i] = sm;
             }
@@ -574,6 +578,19 @@ QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
     }
 INT3_KERNELS(matvec_qd_int3, QD_RING_INT3, 1)
 INT3_KERNELS(matvec_qd_int3_r, 0, 0)
+
+// int4k (kind 8) through int4's dp4a loop, loads in registers (no ring): each chunk's (scale, min)
+// from its group's sub-scale bytes and its row's pair (int4k_sm). Plain, routed and gate-up.
+extern "C" __global__ void __launch_bounds__(512)
+    matvec_qd_int4k(const Mat w, const float* x, float* y, int split, int tchunks) {
+    matvec_q_body<KIND_INT4K, 4, true, (int)QDTraits<KIND_INT4K>::AHEAD>(w, x, nullptr, y, split, tchunks);
+}
+extern "C" __global__ void __launch_bounds__(512) matvec_qd_int4k_sel(SEL_ARGS, int split, int tchunks) {
+    sel_entry(which0);
+    matvec_q_body<KIND_INT4K, 4, true, (int)QDTraits<KIND_INT4K>::AHEAD>(
+        sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);
+}
+QD_GU_KERNEL(matvec_qd_int4k_gu, KIND_INT4K)
 
 // MXFP4 (kind 6) through the dp4a loop: the codes as signed doubled e2m1 bytes (qd_codes), each
 // chunk's E8M0 byte as its scale, no min, loads in registers (no ring). Plain and routed like the

@@ -128,6 +128,13 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         ("int3", 40, 32768),
         ("int3/g128", 300, 4096),
         ("int3", 64, 576),
+        // int4k (matvec_qd_int4k, registers): Qwen3-MoE's expert shapes, a short row, the
+        // column-tiled plans, Mixtral's down width.
+        ("int4k", 96, 256),
+        ("int4k", 768, 2048),
+        ("int4k", 2048, 768),
+        ("int4k", 40, 32768),
+        ("int4k", 300, 14336),
     ];
     let mut worst = 0.0f64;
     for (i, &(kind, rows, cols)) in cases.iter().enumerate() {
@@ -135,9 +142,9 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         let m = matrix(&bytes, v, dt, rows, cols);
         let mut b = CudaBackend::empty(g.clone()).unwrap();
         b.make_resident(&m).unwrap();
-        // int4 g64 and g32 prefill products run on gemm_q4h, MXFP4 on gemm_mx4h (64 or 128 tokens a
-        // block, K in parts).
-        let ts: &[usize] = if kind == "int4" || kind == "int4/g32" || kind == "mxfp4" {
+        // int4 g64 and g32 prefill products run on gemm_q4h, int4k on gemm_q4k, MXFP4 on
+        // gemm_mx4h (64 or 128 tokens a block, K in parts).
+        let ts: &[usize] = if ["int4", "int4/g32", "int4k", "mxfp4"].contains(&kind) {
             &[1, 5, 70, 200]
         } else {
             &[1, 5]

@@ -33,7 +33,13 @@ impl TensorType {
         let known = "known: 0 f32, 1 f16, 30 bf16, or kind << 16 | group size for int8 (3), \
                      int4 (4), int2 (5)";
         let kind = VariantKind::from_code(code >> PACKED_SHIFT)
-            .filter(|k| !k.is_float() && !matches!(k, VariantKind::Mxfp4 | VariantKind::Int3))
+            .filter(|k| {
+                !k.is_float()
+                    && !matches!(
+                        k,
+                        VariantKind::Mxfp4 | VariantKind::Int3 | VariantKind::Int4k
+                    )
+            })
             .ok_or_else(|| format!("unknown dtype code {code} ({known})"))?;
         let v = Variant::new(kind, code & 0xffff).map_err(|e| format!("dtype code {code}: {e}"))?;
         Ok(TensorType::Packed(v))
@@ -75,7 +81,7 @@ impl TensorType {
             format!("unknown type '{s}' (known: f32, f16, bf16, int8, int4, int2; e.g. int4/g32)")
         })?;
         Ok(match v.kind {
-            VariantKind::Mxfp4 | VariantKind::Int3 => {
+            VariantKind::Mxfp4 | VariantKind::Int3 | VariantKind::Int4k => {
                 return Err(format!(
                     "'{s}': {} is an expert variant, not a dense type (known: f32, f16, bf16, \
                      int8, int4, int2)",

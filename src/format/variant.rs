@@ -93,17 +93,23 @@ pub enum VariantKind {
     /// does (cols / 4 bytes), then their high bits (cols / 8 bytes, 8 bytes per 64 values:
     /// `int3_hi_bit`). Groups are multiples of 64.
     Int3,
+    /// int4 codes in groups of 32 whose (scale, min) are 8-bit multiples of a row's pair: a
+    /// group's scale is f16(d * a), its min f16(m * b), a u8 and b i8 in the group's two bytes
+    /// of the scales array, d and m the row's two f16 in the mins array (k-quant-style
+    /// sub-scales: 4.5 + 32 / cols bits a weight).
+    Int4k,
     /// OCP MXFP4 (gpt-oss's experts): 4-bit e2m1 codes two per byte (element 2i in the low
     /// nibble), times 2^(e - 127) for one E8M0 byte e per 32 values (the group size is 32).
     Mxfp4,
 }
 
 impl VariantKind {
-    pub const ALL: [VariantKind; 7] = [
+    pub const ALL: [VariantKind; 8] = [
         VariantKind::F16,
         VariantKind::Bf16,
         VariantKind::Int8,
         VariantKind::Int4,
+        VariantKind::Int4k,
         VariantKind::Int3,
         VariantKind::Int2,
         VariantKind::Mxfp4,
@@ -118,6 +124,7 @@ impl VariantKind {
             VariantKind::Int2 => 5,
             VariantKind::Mxfp4 => 6,
             VariantKind::Int3 => 7,
+            VariantKind::Int4k => 8,
         }
     }
 
@@ -131,6 +138,7 @@ impl VariantKind {
             VariantKind::Bf16 => "bf16",
             VariantKind::Int8 => "int8",
             VariantKind::Int4 => "int4",
+            VariantKind::Int4k => "int4k",
             VariantKind::Int3 => "int3",
             VariantKind::Int2 => "int2",
             VariantKind::Mxfp4 => "mxfp4",
@@ -142,7 +150,7 @@ impl VariantKind {
         match self {
             VariantKind::F16 | VariantKind::Bf16 => 16,
             VariantKind::Int8 => 8,
-            VariantKind::Int4 | VariantKind::Mxfp4 => 4,
+            VariantKind::Int4 | VariantKind::Int4k | VariantKind::Mxfp4 => 4,
             VariantKind::Int3 => 3,
             VariantKind::Int2 => 2,
         }
@@ -157,20 +165,21 @@ impl VariantKind {
         }
     }
 
-    /// A fixed group size (MXFP4's 32 values a block), else None.
+    /// A fixed group size (MXFP4's 32 values a block, int4k's groups of 32), else None.
     pub fn fixed_group_size(self) -> Option<u32> {
-        (self == VariantKind::Mxfp4).then_some(32)
+        matches!(self, VariantKind::Mxfp4 | VariantKind::Int4k).then_some(32)
     }
 
     pub fn is_float(self) -> bool {
         matches!(self, VariantKind::F16 | VariantKind::Bf16)
     }
 
-    /// Asymmetric variants store a per-group minimum (the value of code 0) beside the scale.
+    /// Asymmetric variants store a per-group minimum (the value of code 0) beside the scale
+    /// (int4k: as a multiple of its row's).
     pub fn has_mins(self) -> bool {
         matches!(
             self,
-            VariantKind::Int4 | VariantKind::Int3 | VariantKind::Int2
+            VariantKind::Int4 | VariantKind::Int4k | VariantKind::Int3 | VariantKind::Int2
         )
     }
 
@@ -254,7 +263,7 @@ impl Variant {
         Ok(v)
     }
 
-    /// Parse "f16", "bf16", "int8", "int4", "int3", "int2", optionally with a group size: "int4/g32".
+    /// Parse "f16", "bf16", "int8", "int4", "int4k", "int3", "int2", optionally with a group size: "int4/g32".
     /// `default_group` (from --group-size) replaces the kind's default when given.
     pub fn parse(s: &str, default_group: Option<u32>) -> Result<Variant, String> {
         let (name, group) = match s.split_once("/g") {
@@ -374,9 +383,14 @@ impl Variant {
             .ok_or_else(overflow)?;
         let scales_start = align_up(codes_len, SUBARRAY_ALIGN).ok_or_else(overflow)?;
         let scales_end = scales_start.checked_add(side_len).ok_or_else(overflow)?;
+        // int4k's mins array holds each row's two f16 (d, m).
+        let mins_len = match self.kind {
+            VariantKind::Int4k => rows.checked_mul(4).ok_or_else(overflow)?,
+            _ => side_len,
+        };
         let (mins, end) = if self.kind.has_mins() {
             let s = align_up(scales_end, SUBARRAY_ALIGN).ok_or_else(overflow)?;
-            let e = s.checked_add(side_len).ok_or_else(overflow)?;
+            let e = s.checked_add(mins_len).ok_or_else(overflow)?;
             (s..e, e)
         } else {
             (scales_end..scales_end, scales_end)
@@ -419,7 +433,9 @@ impl Variant {
         if self.kind.is_float() || rows == 0 || cols == 0 {
             return bits;
         }
-        let side = if self.kind.has_mins() {
+        let side = if self.kind == VariantKind::Int4k {
+            return bits + 16.0 / self.group_size as f64 + 32.0 / cols as f64;
+        } else if self.kind.has_mins() {
             32.0
         } else {
             8.0 * self.kind.scale_bytes() as f64
@@ -479,6 +495,15 @@ mod tests {
             seen[int3_hi_bit(e)] = true;
         }
         assert!(seen.iter().all(|&b| b), "int3_hi_bit is a permutation");
+        let k = Variant::parse("int4k", Some(64)).unwrap();
+        assert_eq!((k.group_size, k.name()), (32, "int4k".to_string()));
+        assert!(Variant::parse("int4k/g64", None).is_err());
+        let l = k.matrix_layout(3, 64).unwrap();
+        assert_eq!(
+            (l.codes.clone(), l.scales.clone(), l.mins.clone()),
+            (0..96, 128..140, 192..204)
+        );
+        assert_eq!(k.bits_per_weight(768, 2048), 4.515625);
         assert!(Variant::parse("int4/g10", None).is_err());
         assert!(Variant::parse("f16/g64", None).is_err());
     }

@@ -362,12 +362,17 @@ fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
                 *b ^= (*b == 0x80) as u8;
             }
         }),
-        VariantKind::Int4 | VariantKind::Int3 | VariantKind::Int2 | VariantKind::Mxfp4 => {
-            fill_par(codes, codes_key, fill_bytes)
-        }
+        VariantKind::Int4
+        | VariantKind::Int4k
+        | VariantKind::Int3
+        | VariantKind::Int2
+        | VariantKind::Mxfp4 => fill_par(codes, codes_key, fill_bytes),
     }
     if variant.kind.is_float() {
         return;
+    }
+    if variant.kind == VariantKind::Int4k {
+        return fill_int4k(m, buf, side_key);
     }
     if variant.kind == VariantKind::Mxfp4 {
         // Uniform e2m1 codes have sd 2.93 * 2^(e - 127): the exponent nearest WEIGHT_SD, each
@@ -422,6 +427,27 @@ fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
             .enumerate()
             .for_each(|(i, s)| fill_group(i, s, &mut []));
     }
+}
+
+/// int4k's groups as int4's in `fill_matrix` (sd WEIGHT_SD, +-25% jitter): each row's pair
+/// (d, m) = (base / 200, -7.5 base / 100), a group's a in 150..=250 and b = 100.
+fn fill_int4k(m: &MatrixLayout, buf: &mut [u8], key: u64) {
+    let base = WEIGHT_SD * (12.0f32 / 255.0).sqrt();
+    let (head, tail) = buf.split_at_mut(m.mins.start);
+    let pair = [
+        half::f16::from_f32(base / 200.0),
+        half::f16::from_f32(-7.5 * base / 100.0),
+    ];
+    for p in tail[..m.mins.len()].chunks_exact_mut(4) {
+        p[..2].copy_from_slice(&pair[0].to_le_bytes());
+        p[2..].copy_from_slice(&pair[1].to_le_bytes());
+    }
+    fill_par(&mut head[m.scales.clone()], key, |r, c| {
+        for ab in c.chunks_exact_mut(2) {
+            ab[0] = 150 + (r.next() % 101) as u8;
+            ab[1] = 100;
+        }
+    });
 }
 
 const TAG_DENSE: u64 = 0x6465_6e73_6500_0000;

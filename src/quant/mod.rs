@@ -11,6 +11,7 @@
 //! `sum_g(s_g * sum(q * x) + m_g * sum_g(x))`, with the group sums of `x` computed once per call.
 
 mod gemm;
+mod int4k;
 pub mod mxfp4;
 mod quantize;
 mod scalar;
@@ -36,6 +37,8 @@ pub enum WeightKind {
     Bf16,
     Int8,
     Int4,
+    /// int4 codes under 8-bit multiples of a row's (scale, min) pair (VariantKind::Int4k).
+    Int4k,
     Int3,
     Int2,
     Mxfp4,
@@ -48,6 +51,7 @@ impl WeightKind {
             VariantKind::Bf16 => WeightKind::Bf16,
             VariantKind::Int8 => WeightKind::Int8,
             VariantKind::Int4 => WeightKind::Int4,
+            VariantKind::Int4k => WeightKind::Int4k,
             VariantKind::Int3 => WeightKind::Int3,
             VariantKind::Int2 => WeightKind::Int2,
             VariantKind::Mxfp4 => WeightKind::Mxfp4,
@@ -68,7 +72,7 @@ impl WeightKind {
             WeightKind::F32 => 32,
             WeightKind::F16 | WeightKind::Bf16 => 16,
             WeightKind::Int8 => 8,
-            WeightKind::Int4 | WeightKind::Mxfp4 => 4,
+            WeightKind::Int4 | WeightKind::Int4k | WeightKind::Mxfp4 => 4,
             WeightKind::Int3 => 3,
             WeightKind::Int2 => 2,
         }
@@ -79,6 +83,7 @@ impl WeightKind {
             self,
             WeightKind::Int8
                 | WeightKind::Int4
+                | WeightKind::Int4k
                 | WeightKind::Int3
                 | WeightKind::Int2
                 | WeightKind::Mxfp4
@@ -95,7 +100,10 @@ impl WeightKind {
     }
 
     pub fn has_mins(self) -> bool {
-        matches!(self, WeightKind::Int4 | WeightKind::Int3 | WeightKind::Int2)
+        matches!(
+            self,
+            WeightKind::Int4 | WeightKind::Int4k | WeightKind::Int3 | WeightKind::Int2
+        )
     }
 }
 
@@ -109,9 +117,10 @@ pub struct Matrix<'a> {
     pub cols: usize,
     /// Raw values (float kinds) or packed codes.
     pub codes: &'a [u8],
-    /// f16 per-group scales (MXFP4: E8M0 bytes), [rows, cols / group_size].
+    /// f16 per-group scales (MXFP4: E8M0 bytes; int4k: a u8 and an i8 a group),
+    /// [rows, cols / group_size].
     pub scales: &'a [u8],
-    /// f16 per-group minimums (int4, int3, int2).
+    /// f16 per-group minimums (int4, int3, int2; int4k: the row's two f16, [rows, 2]).
     pub mins: &'a [u8],
 }
 
@@ -224,6 +233,15 @@ impl<'a> Matrix<'a> {
                 self.kind,
                 self.scales.len()
             );
+            let side = match self.kind {
+                WeightKind::Int4k => self.rows * 4,
+                _ => side,
+            };
+            assert!(
+                self.kind != WeightKind::Int4k || self.group_size == int4k::GROUP,
+                "int4k with group size {}",
+                self.group_size
+            );
             if self.kind.has_mins() {
                 assert!(
                     self.mins.len() >= side,
@@ -241,6 +259,9 @@ impl<'a> Matrix<'a> {
         assert_eq!(out.len(), self.cols, "output length");
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::row_to_f32(self, r, out);
+        }
+        if self.kind == WeightKind::Int4k {
+            return int4k::with_rows(self, r..r + 1, |m, _| m.row_to_f32(0, out));
         }
         scalar::row_to_f32(self, r, out);
     }
@@ -263,6 +284,11 @@ impl<'a> Matrix<'a> {
         self.check_call(x, &rows, out);
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::matvec_rows(self, x, rows, out);
+        }
+        if self.kind == WeightKind::Int4k {
+            return int4k::with_rows(self, rows, |m, at| {
+                m.matvec_rows(x, 0..m.rows, &mut out[at])
+            });
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(level) = x86::Level::detected() {
@@ -299,6 +325,11 @@ impl<'a> Matrix<'a> {
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::matvec_rows_x86(level, self, x, rows, out);
         }
+        if self.kind == WeightKind::Int4k {
+            return int4k::with_rows(self, rows, |m, at| {
+                m.matvec_rows_x86(level, x, 0..m.rows, &mut out[at])
+            });
+        }
         let mut sums = GroupSums::new();
         // The integer kernel sums its own rounded x per group.
         let xsums = if x86::packed_vnni_takes(level, self) {
@@ -330,6 +361,11 @@ impl<'a> Matrix<'a> {
         self.check_call(x, &rows, out);
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::matvec_rows_scalar(self, x, rows, out);
+        }
+        if self.kind == WeightKind::Int4k {
+            return int4k::with_rows(self, rows, |m, at| {
+                m.matvec_rows_scalar(x, 0..m.rows, &mut out[at])
+            });
         }
         let mut sums = GroupSums::new();
         let xsums = scalar::group_sums(self, x, sums.buffer(self));

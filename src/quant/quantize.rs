@@ -114,6 +114,7 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
                     }
                 });
         }
+        VariantKind::Int4k => int4k_rows(layout.cols, src, codes, scales, mins),
         VariantKind::Int4 | VariantKind::Int3 | VariantKind::Int2 => {
             let g = variant.group_size as usize;
             let bits = variant.kind.bits() as usize;
@@ -145,6 +146,65 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
         }
     }
     out
+}
+
+/// int4k rows: each group's (scale, min) by int4's search, the row's pair (d, m) from the largest
+/// of them, then per group the 8-bit multiples (a, b) around the nearest with the least weighted
+/// error, their codes recomputed under f16(d a), f16(m b) as a reader dequantizes them.
+fn int4k_rows(cols: usize, src: &[f32], codes: &mut [u8], scales: &mut [u8], mins: &mut [u8]) {
+    let g = super::int4k::GROUP;
+    let gpr = cols / g;
+    src.par_chunks(cols)
+        .zip(codes.par_chunks_mut(cols / 2))
+        .zip(scales.par_chunks_mut(2 * gpr).zip(mins.par_chunks_mut(4)))
+        .for_each(|((row, codes), (scales, pair))| {
+            let mut sc = Scratch::new(g);
+            let found: Vec<AsymParams> = row
+                .chunks_exact(g)
+                .map(|w| search_asym(w, 15.0, INT4_STEPS, INT4_STEP, &mut sc))
+                .collect();
+            let top = |f: fn(&AsymParams) -> f32| found.iter().map(f).fold(0.0f32, f32::max);
+            let d = to_f16(top(|p| p.scale.to_f32()) / 255.0).to_f32();
+            let m = to_f16(top(|p| p.min.to_f32().abs()) / 127.0).to_f32();
+            pair[..2].copy_from_slice(&to_f16(d).to_le_bytes());
+            pair[2..].copy_from_slice(&to_f16(m).to_le_bytes());
+            let near = |v: f32, step: f32, lo: f32, hi: f32| match step > 0.0 {
+                true => clamp(round_ne(v / step), lo, hi),
+                false => 0.0,
+            };
+            let groups = row.chunks_exact(g).zip(&found).zip(
+                codes
+                    .chunks_exact_mut(g / 2)
+                    .zip(scales.chunks_exact_mut(2)),
+            );
+            for ((w, p), (c, ab)) in groups {
+                weigh(w, true, &mut sc);
+                let a0 = near(p.scale.to_f32(), d, 0.0, 255.0);
+                let b0 = near(p.min.to_f32(), m, -127.0, 127.0);
+                let mut best = (f32::INFINITY, 0.0, 0.0);
+                for (da, db) in (-2..=2).flat_map(|i| (-2..=2).map(move |j| (i as f32, j as f32))) {
+                    let (a, b) = (clamp(a0 + da, 0.0, 255.0), clamp(b0 + db, -127.0, 127.0));
+                    let (s, mn) = (to_f16(d * a).to_f32(), to_f16(m * b).to_f32());
+                    codes_into(w, s, mn, 0.0, 15.0, &mut sc.q);
+                    let e = sse(w, s, mn, &mut sc);
+                    if e < best.0 {
+                        best = (e, a, b);
+                    }
+                }
+                let (_, a, b) = best;
+                codes_into(
+                    w,
+                    to_f16(d * a).to_f32(),
+                    to_f16(m * b).to_f32(),
+                    0.0,
+                    15.0,
+                    &mut sc.q,
+                );
+                pack(&sc.q, 4, c);
+                ab[0] = a as u8;
+                ab[1] = b as i8 as u8;
+            }
+        });
 }
 
 /// int3 rows from `pack`'s 24-byte blocks (16 low bytes, 8 high) to the stored form: a row's low
@@ -316,20 +376,8 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
             (a.min(v), b.max(v))
         });
-    // Each value's error weighs av + |w| (av the group's RMS; squared for int4): the larger
-    // weights matter more, as llama.cpp's k-quants weigh them without an importance matrix. The
-    // demo model's perplexity chose the forms (benches/results/2026-12-02-cpu-weighted-quant.md).
     let squared = nmax >= 15.0;
-    let mut sq = Lanes::new();
-    for (a, &v) in sc.a.iter_mut().zip(w) {
-        *a = v * v;
-    }
-    sc.a.chunks_exact(8).for_each(|c| sq.add(c));
-    let av = (sq.total() / w.len() as f32).sqrt();
-    for (k, &v) in sc.wt.iter_mut().zip(w) {
-        let a = av + v.abs();
-        *k = if squared { a * a } else { a };
-    }
+    weigh(w, squared, sc);
     let (mut sk, mut skw) = (Lanes::new(), Lanes::new());
     for (a, (&k, &v)) in sc.a.iter_mut().zip(sc.wt.iter().zip(w)) {
         *a = k * v;
@@ -397,6 +445,22 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
     }
     eval(best.1, sc);
     best.1
+}
+
+/// Each value's error weight into `sc.wt`: av + |w| (av the group's RMS; squared for int4): the
+/// larger weights matter more, as llama.cpp's k-quants weigh them without an importance matrix.
+/// The demo model's perplexity chose the forms (benches/results/2026-12-02-cpu-weighted-quant.md).
+fn weigh(w: &[f32], squared: bool, sc: &mut Scratch) {
+    let mut sq = Lanes::new();
+    for (a, &v) in sc.a.iter_mut().zip(w) {
+        *a = v * v;
+    }
+    sc.a.chunks_exact(8).for_each(|c| sq.add(c));
+    let av = (sq.total() / w.len() as f32).sqrt();
+    for (k, &v) in sc.wt.iter_mut().zip(w) {
+        let a = av + v.abs();
+        *k = if squared { a * a } else { a };
+    }
 }
 
 /// Rounds of codes-then-refit after int3's and int2's grid search (`search_asym`).

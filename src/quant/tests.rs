@@ -89,6 +89,7 @@ fn stored(
         WeightKind::Bf16 => VariantKind::Bf16,
         WeightKind::Int8 => VariantKind::Int8,
         WeightKind::Int4 => VariantKind::Int4,
+        WeightKind::Int4k => VariantKind::Int4k,
         WeightKind::Int3 => VariantKind::Int3,
         WeightKind::Int2 => VariantKind::Int2,
         WeightKind::Mxfp4 => VariantKind::Mxfp4,
@@ -111,12 +112,13 @@ fn as_matrix<'a>(
     }
 }
 
-const ALL_KINDS: [WeightKind; 8] = [
+const ALL_KINDS: [WeightKind; 9] = [
     WeightKind::F32,
     WeightKind::F16,
     WeightKind::Bf16,
     WeightKind::Int8,
     WeightKind::Int4,
+    WeightKind::Int4k,
     WeightKind::Int3,
     WeightKind::Int2,
     WeightKind::Mxfp4,
@@ -237,7 +239,7 @@ fn fast_path_and_scalar_match_f64_reference_for_every_kind() {
     for kind in ALL_KINDS {
         for &(rows, cols) in &shapes {
             for g in [16u32, 32, 64, 128] {
-                let mx = kind == WeightKind::Mxfp4;
+                let mx = matches!(kind, WeightKind::Mxfp4 | WeightKind::Int4k);
                 if kind.is_quantized() && cols % g as usize != 0
                     || !kind.is_quantized() && g != 16
                     || mx && g != 32
@@ -296,7 +298,7 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
     let finite = |bits: u16, exp_mask: u16| bits & exp_mask != exp_mask;
     for kind in ALL_KINDS {
         // Quantized kinds: groups of 16, and of 64 (the packed kernels' wider steps).
-        let shapes: &[(usize, u32)] = if kind == WeightKind::Mxfp4 {
+        let shapes: &[(usize, u32)] = if matches!(kind, WeightKind::Mxfp4 | WeightKind::Int4k) {
             &[(32, 32), (96, 32), (256, 32)]
         } else if kind == WeightKind::Int3 {
             &[(64, 64), (192, 64), (256, 128)]
@@ -345,13 +347,22 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
                     let vk = match kind {
                         WeightKind::Int8 => VariantKind::Int8,
                         WeightKind::Int4 => VariantKind::Int4,
+                        WeightKind::Int4k => VariantKind::Int4k,
                         WeightKind::Int3 => VariantKind::Int3,
                         _ => VariantKind::Int2,
                     };
                     let v = variant(vk, g);
                     let l = v.matrix_layout(rows, cols).unwrap();
                     let mut b = rng.bytes(l.size);
-                    for i in 0..rows * cols / g as usize {
+                    // int4k: any (a, b) bytes under a row pair (d, m) of 1/128 and 1/64.
+                    let pair = [f16::from_f32(1.0 / 128.0), f16::from_f32(1.0 / 64.0)];
+                    for i in (0..rows).filter(|_| vk == VariantKind::Int4k) {
+                        for (j, h) in pair.iter().enumerate() {
+                            b[l.mins.start + 4 * i + 2 * j..][..2]
+                                .copy_from_slice(&h.to_le_bytes());
+                        }
+                    }
+                    for i in (0..rows * cols / g as usize).filter(|_| vk != VariantKind::Int4k) {
                         let sc = f16::from_f32(0.5 + rng.uniform() as f32).to_le_bytes();
                         b[l.scales.start + 2 * i..][..2].copy_from_slice(&sc);
                         if vk.has_mins() {

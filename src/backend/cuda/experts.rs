@@ -315,9 +315,10 @@ impl ExpertDevice for CudaBackend {
             || !contiguous
             || k > 32
             || gpu.kernels.gemm_q4h_grp.is_none()
-            || !groups
-                .iter()
-                .all(|(_, _, e)| e.iter().all(|mat| gpu.gemm_q4h_applies(mat, 0)))
+            || !groups.iter().all(|(_, _, e)| {
+                e.iter()
+                    .all(|mat| gpu.gemm_q4h_applies(mat, 0) && mat.kind == groups[0].2[0].kind)
+            })
         {
             return Ok(false);
         }
@@ -354,10 +355,11 @@ impl ExpertDevice for CudaBackend {
         let max_n = groups.iter().map(|g| g.1).max().unwrap_or(0);
         let gr = (tab, groups.len(), max_n);
         gpu.gather_rows((self.p(x), ia), xh, h, m, true)?;
-        gpu.gemm_q4h_groups(gr, 0, (xh, gp), f)?;
-        gpu.gemm_q4h_groups(gr, 1, (xh, up), f)?;
+        let int4k = groups[0].2[0].is_int4k();
+        gpu.gemm_q4h_groups(gr, (0, int4k), (xh, gp), f)?;
+        gpu.gemm_q4h_groups(gr, (1, int4k), (xh, up), f)?;
         gpu.swiglu_half(gp, up, act, m * f)?;
-        gpu.gemm_q4h_groups(gr, 2, (act, yp), h)?;
+        gpu.gemm_q4h_groups(gr, (2, int4k), (act, yp), h)?;
         gpu.gather_axpy(self.p(out), (ia, wa), yp, (h, m, t))?;
         Ok(true)
     }

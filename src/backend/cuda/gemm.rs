@@ -38,11 +38,11 @@ impl Gpu {
         // dequant_words_h): 4-byte aligned words, 16-byte aligned output rows, one group a word.
         let per_word = match kind {
             3 => 4,
-            4 => 8,
+            4 | 8 => 8,
             _ => 16,
         };
         // (int3: words of its low bits; its rows of 64-column blocks keep every word in place.)
-        let words = (w.is_int() || w.is_int3())
+        let words = w.is_dp_int()
             && w.codes.is_multiple_of(4)
             && w.row_bytes % 4 == 0
             && cols % 8 == 0
@@ -147,7 +147,8 @@ impl Gpu {
     /// True where gemm_q4h computes `w`'s products from f16 tokens at `xh` (int4, groups of a
     /// multiple of 32: hob's g64 and a GGUF's Q4_K g32; 16-byte aligned rows).
     pub fn gemm_q4h_applies(&self, w: &DevMat, xh: u64) -> bool {
-        self.kernels.gemm_q4h.is_some() && w.kind == 4 && w.group % 32 == 0 && q4h_layout(w, xh)
+        let int4 = w.kind == 4 && w.group % 32 == 0 || w.is_int4k();
+        self.kernels.gemm_q4h.is_some() && int4 && q4h_layout(w, xh)
     }
 
     /// int4 `w` (groups of a multiple of 32) or MXFP4 `w` times the `tn` f16 tokens at `xh`
@@ -166,10 +167,11 @@ impl Gpu {
         let kernels = if w.is_mxfp4() && q4h_layout(w, xh) {
             self.kernels.gemm_mx4h.as_ref()
         } else {
-            self.kernels
-                .gemm_q4h
-                .as_ref()
-                .filter(|_| self.gemm_q4h_applies(w, xh))
+            let fs = match w.is_int4k() {
+                true => &self.kernels.gemm_q4k,
+                false => &self.kernels.gemm_q4h,
+            };
+            fs.as_ref().filter(|_| self.gemm_q4h_applies(w, xh))
         };
         let Some(fs) = kernels else {
             return Ok(None);
@@ -202,15 +204,20 @@ impl Gpu {
     /// Product `which` (0 gate, 1 up, 2 down) of every expert in the device table `groups`
     /// (`n_groups` QGroups, each gemm_q4h_applies to its matrices) on its rows of the f16 tokens
     /// at `xh`, f32 rows of `rows` values out at `out`, K not split: group by group what
-    /// gemm_q4h computes with one part. `max_n`: the most rows of a group.
+    /// gemm_q4h computes with one part. `max_n`: the most rows of a group; `int4k`: the
+    /// matrices are int4k (else int4).
     pub fn gemm_q4h_groups(
         &self,
         (groups, n_groups, max_n): (u64, usize, usize),
-        which: usize,
+        (which, int4k): (usize, bool),
         (xh, out): (u64, u64),
         rows: usize,
     ) -> crate::Result<()> {
-        let Some(fs) = self.kernels.gemm_q4h_grp.as_ref() else {
+        let fs = match int4k {
+            true => &self.kernels.gemm_q4k_grp,
+            false => &self.kernels.gemm_q4h_grp,
+        };
+        let Some(fs) = fs.as_ref() else {
             return Err(Error::Invalid(
                 "gemm_q4h_groups: needs sm_80 or later".into(),
             ));

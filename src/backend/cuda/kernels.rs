@@ -60,6 +60,9 @@ pub struct Kernels {
     /// each high bit OR'ed in; loads through the ring (QD_RING_INT3), then the same three with
     /// loads in registers (matvec_qd_int3_r*) for layouts the ring does not take (`ring_ok`).
     pub matvec_qd_i3: [QKernel; 6],
+    /// int4k through int4's dp4a loop (matvec_q.cu matvec_qd_int4k, _sel, _gu), loads in
+    /// registers: each chunk's scale and min from its sub-scale bytes and its row's pair.
+    pub matvec_qd_i4k: [QKernel; 3],
     /// The integer kinds (matvec_q_*): int8, int4, int2.
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
@@ -76,6 +79,9 @@ pub struct Kernels {
     pub gemm_q4h_grp: Option<[CudaFunction; 2]>,
     /// gemm_q4h's form for MXFP4 weights (gemm_mx4h_64, _128).
     pub gemm_mx4h: Option<[CudaFunction; 2]>,
+    /// gemm_q4h's and gemm_q4h_grp's forms for int4k weights (gemm_q4k_64, _128, and _grp_).
+    pub gemm_q4k: Option<[CudaFunction; 2]>,
+    pub gemm_q4k_grp: Option<[CudaFunction; 2]>,
     /// The weighted sums of a layer's prefill expert rows into their tokens (gather_axpy).
     pub gather_axpy: CudaFunction,
     pub sum_splits: CudaFunction,
@@ -351,6 +357,14 @@ impl Kernels {
                     k("matvec_qd_int3_r_gu", 0)?,
                 ]
             },
+            matvec_qd_i4k: {
+                let k = |name: &str| QKernel::new(ctx, f(name)?, 8, QFamily::Dp(QD_PARTS), 0);
+                [
+                    k("matvec_qd_int4k")?,
+                    k("matvec_qd_int4k_sel")?,
+                    k("matvec_qd_int4k_gu")?,
+                ]
+            },
             matvec_q: qkernels("matvec_q", "", QFamily::Scalar)?,
             matvec_any: f("matvec_any")?,
             matvec_q_sel: qkernels("matvec_q", "_sel", QFamily::Scalar)?,
@@ -363,6 +377,12 @@ impl Kernels {
                 .transpose()?,
             gemm_mx4h: mma
                 .then(|| Ok::<_, Error>([f("gemm_mx4h_64")?, f("gemm_mx4h_128")?]))
+                .transpose()?,
+            gemm_q4k: mma
+                .then(|| Ok::<_, Error>([f("gemm_q4k_64")?, f("gemm_q4k_128")?]))
+                .transpose()?,
+            gemm_q4k_grp: mma
+                .then(|| Ok::<_, Error>([f("gemm_q4k_grp_64")?, f("gemm_q4k_grp_128")?]))
                 .transpose()?,
             gemm_q4h_grp: mma
                 .then(|| Ok::<_, Error>([f("gemm_q4h_grp_64")?, f("gemm_q4h_grp_128")?]))

@@ -50,7 +50,7 @@ impl Gpu {
                 }
                 return self.matvec_mxfp4_rows(&w, x, y);
             }
-            if w.is_int() || w.is_int3() {
+            if w.is_dp_int() {
                 if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
                     return Ok(());
                 }
@@ -100,6 +100,10 @@ impl Gpu {
         }
         if w.is_int3() {
             let k = &self.kernels.matvec_qd_i3[self.int3_set(w)..];
+            return (&k[0], &k[1]);
+        }
+        if w.is_int4k() {
+            let k = &self.kernels.matvec_qd_i4k;
             return (&k[0], &k[1]);
         }
         let i = (w.kind - 3) as usize;
@@ -159,7 +163,7 @@ impl Gpu {
             let f = &self.kernels.matvec_mx_sel;
             return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
         }
-        if !w.is_int() && !w.is_int3() && (glu || dp_mx.is_none()) {
+        if !w.is_dp_int() && (glu || dp_mx.is_none()) {
             return Err(Error::Invalid(
                 "CUDA: matvec_sel takes integer kinds and mxfp4 without glu (float kinds: \
                  moe_gate_up, moe_down)"
@@ -238,11 +242,13 @@ impl Gpu {
     /// `gate`: where the dp4a kernels serve it and the plain plan's x is one column tile. The
     /// plain plan's split: each row's sum is the plain kernel's.
     fn gu_launch(&self, gate: &DevMat, k: usize) -> Option<(&QKernel, LaunchConfig, i32, i32)> {
-        if !self.routed_gu.load(Ordering::Relaxed) || !(gate.is_int() || gate.is_int3()) {
+        if !self.routed_gu.load(Ordering::Relaxed) || !gate.is_dp_int() {
             return None;
         }
         let q = if gate.is_int3() {
             &self.kernels.matvec_qd_i3[self.int3_set(gate) + 2]
+        } else if gate.is_int4k() {
+            &self.kernels.matvec_qd_i4k[2]
         } else {
             let i = (gate.kind - 3) as usize;
             let plain = self.q_kernels(gate).0;
@@ -403,7 +409,7 @@ impl Gpu {
         if !w.vectorizable() {
             return false;
         }
-        if !w.is_int() && !w.is_int3() {
+        if !w.is_dp_int() {
             return true;
         }
         self.routed_plan(w, self.q_kernels(w).1).is_some()
@@ -479,8 +485,7 @@ impl Gpu {
     /// integer kernel's (QShape::nmse_bound), 1e-10 for the rest.
     pub fn matvec_nmse_bound(&self, m: &Matrix<'_>) -> f64 {
         let d = DevMat::new(m, 0, 0, 0);
-        if (d.is_int() || d.is_int3() || (d.is_mxfp4() && self.qd_mxfp4())) && d.row_bytes % 16 == 0
-        {
+        if (d.is_dp_int() || (d.is_mxfp4() && self.qd_mxfp4())) && d.row_bytes % 16 == 0 {
             self.q_kernels(&d).0.shape.nmse_bound()
         } else {
             1e-10

@@ -132,6 +132,7 @@ fn kind_code(kind: WeightKind) -> i32 {
         WeightKind::Int2 => 5,
         WeightKind::Mxfp4 => 6,
         WeightKind::Int3 => 7,
+        WeightKind::Int4k => 8,
     }
 }
 
@@ -266,6 +267,18 @@ impl DevMat {
     /// int3: routed like the integer kinds, through its own dp4a kernels (matvec_qd_int3*).
     pub fn is_int3(&self) -> bool {
         self.kind == 7
+    }
+
+    /// int4k: int4's codes under 8-bit sub-scales, through its own dp4a kernels
+    /// (matvec_qd_int4k*).
+    pub fn is_int4k(&self) -> bool {
+        self.kind == 8
+    }
+
+    /// Routed and multiplied by the integer dp4a loops of its own kind family: int8, int4, int2
+    /// (`is_int`), int3 or int4k.
+    pub fn is_dp_int(&self) -> bool {
+        self.is_int() || self.is_int3() || self.is_int4k()
     }
 
     /// The 16-byte vector kernel applies (the other layouts take matvec_any).

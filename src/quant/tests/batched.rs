@@ -20,7 +20,7 @@ fn batched_products_match_the_reference_and_any_split() {
         for &(rows, cols) in &shapes {
             let g = if cols % 64 == 0 { 64 } else { 16 };
             if kind.is_quantized() && cols % g != 0
-                || kind == WeightKind::Mxfp4 && cols % 32 != 0
+                || matches!(kind, WeightKind::Mxfp4 | WeightKind::Int4k) && cols % 32 != 0
                 || kind == WeightKind::Int3 && g != 64
             {
                 continue;

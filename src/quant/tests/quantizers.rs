@@ -49,6 +49,8 @@ fn bound(kind: VariantKind, heavy: bool) -> f64 {
         (VariantKind::Int8, true) => 0.016,
         (VariantKind::Int4, false) => 0.11,
         (VariantKind::Int4, true) => 0.21,
+        (VariantKind::Int4k, false) => 0.11,
+        (VariantKind::Int4k, true) => 0.21,
         (VariantKind::Int3, false) => 0.21,
         (VariantKind::Int3, true) => 0.42,
         (VariantKind::Int2, false) => 0.40,
@@ -66,7 +68,7 @@ fn round_trip_error_is_bounded_and_clip_search_beats_min_max() {
         for kind in VariantKind::ALL {
             let groups: &[u32] = if kind.is_float() {
                 &[0]
-            } else if kind == VariantKind::Mxfp4 {
+            } else if matches!(kind, VariantKind::Mxfp4 | VariantKind::Int4k) {
                 &[32]
             } else if kind == VariantKind::Int3 {
                 &[64, 128]
@@ -348,4 +350,49 @@ fn values_on_a_four_bit_grid_keep_it() {
         (plain / e.ss).sqrt()
     );
     assert!(e.relative_rms() < 2e-3, "rel RMS {}", e.relative_rms());
+}
+
+#[test]
+fn known_int4k_row_pins_its_bytes() {
+    // Group 0: -2 + 0.25 q for q = 0..15 then reversed; group 1: the same halved. The row's
+    // pair: d = f16(0.25 / 255) (0x1404), m = f16(2 / 127) (0x2408); group 0 takes a = 255,
+    // b = -127 (f16(d a) = 0.25 and f16(m b) = -2: exact), its codes in int4's nibble order.
+    let q: Vec<u8> = (0..16).chain((0..16).rev()).collect();
+    let g0: Vec<f32> = q.iter().map(|&q| -2.0 + 0.25 * q as f32).collect();
+    let src: Vec<f32> = g0
+        .iter()
+        .chain(g0.iter())
+        .enumerate()
+        .map(|(i, &w)| match i < 32 {
+            true => w,
+            false => 0.5 * w,
+        })
+        .collect();
+    let v = variant(VariantKind::Int4k, 32);
+    let l = v.matrix_layout(1, 64).unwrap();
+    let bytes = quantize_matrix(v, &l, &src);
+    assert_eq!(
+        &bytes[..16],
+        &[
+            0x10, 0x32, 0x54, 0x76, 0x98, 0xba, 0xdc, 0xfe, 0xef, 0xcd, 0xab, 0x89, 0x67, 0x45,
+            0x23, 0x01
+        ]
+    );
+    assert_eq!(&bytes[l.mins.clone()], &[0x04, 0x14, 0x08, 0x24]);
+    assert_eq!(&bytes[l.scales.start..l.scales.start + 2], &[255, 0x81]);
+    let m = view(v, &l, &bytes);
+    let mut row = vec![0.0; 64];
+    m.row_to_f32(0, &mut row);
+    assert_eq!(&row[..32], &src[..32]);
+    let err = row[32..]
+        .iter()
+        .zip(&src[32..])
+        .fold(0.0f32, |a, (r, s)| a.max((r - s).abs()));
+    assert!(err < 0.07, "group 1 within half its step: {err}");
+    let mut x = vec![0.0f32; 64];
+    x[3] = 1.0;
+    x[40] = 2.0;
+    let mut out = [0.0f32];
+    m.matvec_rows(&x, 0..1, &mut out);
+    assert_eq!(out[0], row[3] + 2.0 * row[40]);
 }

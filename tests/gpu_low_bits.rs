@@ -1,9 +1,9 @@
-//! int3 experts on the CUDA backend (matvec_q.cu matvec_qd_int3, _sel, _gu; issue 54). The
-//! fixtures' 64-wide rows are not 16-byte rows in int3 (24 bytes), so they take matvec_any; this
-//! test uses OLMoE's shapes (2048 x 1024 experts, 16-byte rows) from `hob convert --synthetic`,
-//! one layer: the device-routed kernels against the CPU, against the host-routed forms bit for
-//! bit, and offloading that changes speed, never results. Ignored without a GPU;
-//! tools/stage_gpu.sh runs it on the device machine.
+//! int3 and int4k experts on the CUDA backend (matvec_q.cu matvec_qd_int3 and matvec_qd_int4k,
+//! _sel, _gu; issue 54). The fixtures' 64-wide rows are not 16-byte rows in int3 (24 bytes), so
+//! they take matvec_any; these tests use OLMoE's shapes (2048 x 1024 experts, 16-byte rows) from
+//! `hob convert --synthetic`, one layer: the device-routed kernels against the CPU, against the
+//! host-routed forms bit for bit, and offloading that changes speed, never results. Ignored
+//! without a GPU; tools/stage_gpu.sh runs them on the device machine.
 
 mod common;
 
@@ -29,9 +29,21 @@ fn forced(s: &mut dyn Session, prompt: &[u32], ids: &[u32]) -> (Vec<f32>, Vec<f3
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn int3_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
+    experts_match_the_cpu_and_offload_exactly("int3,int2");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn int4k_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
+    experts_match_the_cpu_and_offload_exactly("int4k,int2");
+}
+
+/// `experts` (a high and a low variant) on the GPU: against the CPU, host- against
+/// device-routed, both gate-up forms, and a quarter cache against the all-resident run.
+fn experts_match_the_cpu_and_offload_exactly(experts: &str) {
     let g = gpu();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("olmoe-int3.hob");
+    let path = dir.path().join("olmoe.hob");
     let p = path.to_str().unwrap();
     let (ok, _, err) = hob(&[
         "convert",
@@ -40,7 +52,7 @@ fn int3_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
         "--layers",
         "1",
         "--experts",
-        "int3,int2",
+        experts,
         "--no-progress",
         "-o",
         p,
@@ -64,7 +76,7 @@ fn int3_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
     let (g_all, g_steps) = forced(&mut *gs, &prompt, &ids);
     let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
     println!(
-        "int3 experts: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}; {}",
+        "{experts} experts: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}; {}",
         gs.describe()
     );
     // x rounded to 16 bits of each chunk's largest value (the dp4a kernels; the CPU's VNNI
@@ -94,7 +106,8 @@ fn int3_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
     g.set_routed_gu(true);
     assert!(u_all == g_all && u_steps == g_steps, "gate-up forms differ");
 
-    // A quarter cache with prefetch, int3 high and int2 low, all high: the all-resident logits.
+    // A quarter cache with prefetch, the high and the low variant, all high: the all-resident
+    // logits.
     let mut c = exact_offload(&file, file.n_layers() * file.n_experts() / 4);
     c.prefetch = 2;
     let mut q = engine_session(&g, &model, c);
