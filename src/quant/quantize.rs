@@ -149,8 +149,9 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
 }
 
 /// int4k rows: each group's (scale, min) by int4's search, the row's pair (d, m) from the largest
-/// of them, then per group the 8-bit multiples (a, b) around the nearest with the least weighted
-/// error, their codes recomputed under f16(d a), f16(m b) as a reader dequantizes them.
+/// of them, then per group the 8-bit multiples (a, b) within 2 of the nearest with the least
+/// weighted error, codes recomputed under f16(d a), f16(m b) as a reader dequantizes them (within
+/// 1 or 3 measured worse: benches/results/2026-12-04-h200-issue54-int4k.md).
 fn int4k_rows(cols: usize, src: &[f32], codes: &mut [u8], scales: &mut [u8], mins: &mut [u8]) {
     let g = super::int4k::GROUP;
     let gpr = cols / g;
