@@ -307,7 +307,7 @@ fn command_line_errors() {
     );
     fails(
         &["--synthetic", "phi-3.5-moe", "--experts", "int5"],
-        &["int5", "known: f16, bf16, int8, int4, int3, int2"],
+        &["int5", "known: f16, bf16, int8, int4, int4k, int3, int2"],
     );
     // phi's ffn 6400 is not a multiple of 512: the layout error, before anything is written.
     fails(

@@ -494,7 +494,7 @@ mod tests {
         assert_eq!(parse_variants("int4", Some(32)).unwrap()[0].group_size, 32);
         let e = parse_variants("f16,int5", None).unwrap_err().to_string();
         assert!(
-            e.contains("int5") && e.contains("known: f16, bf16, int8, int4, int3, int2"),
+            e.contains("int5") && e.contains("known: f16, bf16, int8, int4, int4k, int3, int2"),
             "{e}"
         );
         let e = parse_variants("int4,int4/g64", None)
