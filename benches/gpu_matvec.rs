@@ -230,9 +230,12 @@ fn main() {
                     ));
                 }
             }
-            if kind == "int3" {
+            if kind == "int3" || kind == "int4k" {
                 // Loads in registers: the form the ring replaced where it takes the layout.
-                let q = &gpu.kernels.matvec_qd_i3[3];
+                let q = match kind {
+                    "int3" => &gpu.kernels.matvec_qd_i3[3],
+                    _ => &gpu.kernels.matvec_qd_i4k[3],
+                };
                 if q.f.cu_function() != gpu.q_kernels(&t.mats[0]).0.f.cu_function() {
                     variants.push((
                         "registers".into(),

@@ -123,12 +123,14 @@ struct Mat {
 // int4k (kind 8, formats/hob.md): group g's (scale, min) as int4's f16 bits, scale | min << 16:
 // f16(d a) and f16(m b), a the u8 and b the i8 of the group's two bytes in `scales`, d and m the
 // row's two f16 in `mins` (the products are exact in f32; one rounding, as the CPU's).
-__device__ __forceinline__ u32 int4k_sm(const Mat& w, size_t g, int r) {
-    const u32 ab = __ldg(w.scales + g);
-    const u32 dm = __ldg(reinterpret_cast<const u32*>(w.mins) + r);
+// int4k_ab: from a group's two bytes `ab` and its row's pair `dm` (d | dm << 16).
+__device__ __forceinline__ u32 int4k_ab(u32 ab, u32 dm) {
     const float s = h2f((half_bits)(dm & 0xffffu)) * (float)(ab & 0xffu);
     const float mn = h2f((half_bits)(dm >> 16)) * (float)(signed char)(ab >> 8);
     return (u32)f2h(s) | ((u32)f2h(mn) << 16);
+}
+__device__ __forceinline__ u32 int4k_sm(const Mat& w, size_t g, int r) {
+    return int4k_ab(__ldg(w.scales + g), __ldg(reinterpret_cast<const u32*>(w.mins) + r));
 }
 
 // Asynchronous 16-byte copies into shared memory (cp.async, sm_80 on).
@@ -168,6 +170,15 @@ __device__ __forceinline__ void cp_async8z(void* smem, const void* gmem, int byt
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
 #else
     *reinterpret_cast<uint2*>(smem) = bytes == 8 ? *reinterpret_cast<const uint2*>(gmem) : make_uint2(0, 0);
+#endif
+}
+// 4 bytes (int4k's row pair of a ring step), 4-byte aligned.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(gmem));
+#else
+    *reinterpret_cast<u32*>(smem) = *reinterpret_cast<const u32*>(gmem);
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {

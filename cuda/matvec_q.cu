@@ -148,7 +148,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
         const uint4* lrow[R];
         const uint2* lhrow[R];  // int3: the rows' high bits
         int lsrow[R];
-        int lr[R];  // int4k: the rows (their scale pairs)
+        int lr[R];  // int4k: the rows (their pairs, loads in registers)
         const unsigned short* lsrc = nullptr;  // RING: this lane's scale or min piece, the tile's row
         int ltile = -1;
         auto set_tile = [&](int t) {
@@ -168,7 +168,9 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                     const bool up = GU && ri_s >= RM;
                     const int r = min(t * tile_rows + g * RM + ri_s % RM, w.rows - 1);
                     const unsigned short* base = a_s == 0 ? (up ? wu.scales : w.scales) : (up ? wu.mins : w.mins);
-                    lsrc = base + (size_t)r * gpr + (ct0 >> cpg_shift) + 8 * pc_s;
+                    // (int4k's mins lanes: the row's pair, its two f16.)
+                    lsrc = KIND == KIND_INT4K && a_s == 1 ? base + 2 * (size_t)r
+                                                          : base + (size_t)r * gpr + (ct0 >> cpg_shift) + 8 * pc_s;
                 }
             }
         };
@@ -216,7 +218,10 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 #pragma unroll
                     for (int i = 0; i < R; i++) cp_async8z(st + RHI + (i * 32 + lane) * 8, lhrow[i] + cl, nb / 2);
                 }
-                if (lane_s) {
+                if (KIND == KIND_INT4K && lane_s && a_s == 1) {
+                    // The row's pair where int4's step keeps its mins (fetch reads it there).
+                    if (pc_s == 0) cp_async4(st + so_s, lsrc);
+                } else if (lane_s) {
                     const int cb = s * 32 + k * step;  // the warp's first chunk of the step
                     if (cb + 32 <= tn) {
                         cp_async16z(st + so_s, lsrc + (cb >> cpg_shift), 16);
@@ -239,7 +244,8 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                 if (KIND == KIND_INT3) b.h[i] = *reinterpret_cast<const uint2*>(st + RHI + (i * 32 + lane) * 8);
                 const unsigned short* sp = reinterpret_cast<const unsigned short*>(st + R * 512 + i * 128);
                 u32 sm = sp[gl];
-                if (KIND != KIND_INT8) sm |= (u32)sp[32 + gl] << 16;
+                if (KIND == KIND_INT4K) sm = int4k_ab(sm, *reinterpret_cast<const u32*>(sp + 32));
+                else if (KIND != KIND_INT8) sm |= (u32)sp[32 + gl] << 16;
                 b.sm[i] = sm;
             }
         };
@@ -579,18 +585,29 @@ QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
 INT3_KERNELS(matvec_qd_int3, QD_RING_INT3, 1)
 INT3_KERNELS(matvec_qd_int3_r, 0, 0)
 
-// int4k (kind 8) through int4's dp4a loop, loads in registers (no ring): each chunk's (scale, min)
-// from its group's sub-scale bytes and its row's pair (int4k_sm). Plain, routed and gate-up.
-extern "C" __global__ void __launch_bounds__(512)
-    matvec_qd_int4k(const Mat w, const float* x, float* y, int split, int tchunks) {
-    matvec_q_body<KIND_INT4K, 4, true, (int)QDTraits<KIND_INT4K>::AHEAD>(w, x, nullptr, y, split, tchunks);
-}
-extern "C" __global__ void __launch_bounds__(512) matvec_qd_int4k_sel(SEL_ARGS, int split, int tchunks) {
-    sel_entry(which0);
-    matvec_q_body<KIND_INT4K, 4, true, (int)QDTraits<KIND_INT4K>::AHEAD>(
-        sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);
-}
-QD_GU_KERNEL(matvec_qd_int4k_gu, KIND_INT4K)
+// int4k (kind 8) through int4's dp4a loop: each chunk's (scale, min) from its group's sub-scale
+// bytes and its row's pair (int4k_ab). Plain, routed and gate-up: through int4's ring (the row's
+// pair copied into the step where int4's mins go), and in registers (_r) where `ring_ok` refuses.
+#define INT4K_KERNELS(NAME, RING)                                                                   \
+    extern "C" __global__ void __launch_bounds__(512)                                               \
+        NAME(const Mat w, const float* x, float* y, int split, int tchunks) {                       \
+        matvec_q_body<KIND_INT4K, 4, true, 2, false, RING>(w, x, nullptr, y, split, tchunks);       \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(512) NAME##_sel(SEL_ARGS, int split, int tchunks) { \
+        sel_entry(which0);                                                                          \
+        matvec_q_body<KIND_INT4K, 4, true, 2, false, RING>(sel_mat(tab, routes, k, which0), SEL_X,  \
+                                                           SEL_U, SEL_Y, split, tchunks);           \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(512)                                               \
+        NAME##_gu(const MatEntry* tab, const float* routes, int k, const float* x, float* y, int ys,  \
+                  int split, int tchunks) {                                                         \
+        sel_entry(0);                                                                               \
+        matvec_q_body<KIND_INT4K, 4, true, 2, true, RING>(sel_mat(tab, routes, k, 0), x, nullptr,   \
+                                                          y + (size_t)blockIdx.y * ys, split,       \
+                                                          tchunks, sel_mat(tab, routes, k, 1));     \
+    }
+INT4K_KERNELS(matvec_qd_int4k, QD_RING_INT4)
+INT4K_KERNELS(matvec_qd_int4k_r, 0)
 
 // MXFP4 (kind 6) through the dp4a loop: the codes as signed doubled e2m1 bytes (qd_codes), each
 // chunk's E8M0 byte as its scale, no min, loads in registers (no ring). Plain and routed like the

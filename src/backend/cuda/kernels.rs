@@ -60,9 +60,10 @@ pub struct Kernels {
     /// each high bit OR'ed in; loads through the ring (QD_RING_INT3), then the same three with
     /// loads in registers (matvec_qd_int3_r*) for layouts the ring does not take (`ring_ok`).
     pub matvec_qd_i3: [QKernel; 6],
-    /// int4k through int4's dp4a loop (matvec_q.cu matvec_qd_int4k, _sel, _gu), loads in
-    /// registers: each chunk's scale and min from its sub-scale bytes and its row's pair.
-    pub matvec_qd_i4k: [QKernel; 3],
+    /// int4k through int4's dp4a loop (matvec_q.cu matvec_qd_int4k, _sel, _gu): each chunk's
+    /// scale and min from its sub-scale bytes and its row's pair; through int4's ring, then the
+    /// same three with loads in registers (matvec_qd_int4k_r*) where `ring_ok` refuses.
+    pub matvec_qd_i4k: [QKernel; 6],
     /// The integer kinds (matvec_q_*): int8, int4, int2.
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
@@ -358,11 +359,16 @@ impl Kernels {
                 ]
             },
             matvec_qd_i4k: {
-                let k = |name: &str| QKernel::new(ctx, f(name)?, 8, QFamily::Dp(QD_PARTS), 0);
+                let k =
+                    |name: &str, ring| QKernel::new(ctx, f(name)?, 8, QFamily::Dp(QD_PARTS), ring);
+                let r = qd_ring[1];
                 [
-                    k("matvec_qd_int4k")?,
-                    k("matvec_qd_int4k_sel")?,
-                    k("matvec_qd_int4k_gu")?,
+                    k("matvec_qd_int4k", r)?,
+                    k("matvec_qd_int4k_sel", r)?,
+                    k("matvec_qd_int4k_gu", r)?,
+                    k("matvec_qd_int4k_r", 0)?,
+                    k("matvec_qd_int4k_r_sel", 0)?,
+                    k("matvec_qd_int4k_r_gu", 0)?,
                 ]
             },
             matvec_q: qkernels("matvec_q", "", QFamily::Scalar)?,

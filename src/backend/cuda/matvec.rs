@@ -98,13 +98,8 @@ impl Gpu {
         if w.is_mxfp4() {
             return (&self.kernels.matvec_qd_mx, &self.kernels.matvec_qd_mx_sel);
         }
-        if w.is_int3() {
-            let k = &self.kernels.matvec_qd_i3[self.int3_set(w)..];
-            return (&k[0], &k[1]);
-        }
-        if w.is_int4k() {
-            let k = &self.kernels.matvec_qd_i4k;
-            return (&k[0], &k[1]);
+        if let Some(set) = self.ring_set(w) {
+            return (&set[0], &set[1]);
         }
         let i = (w.kind - 3) as usize;
         let cc = 16 << (w.kind - 3);
@@ -121,14 +116,20 @@ impl Gpu {
         }
     }
 
-    /// The int3 kernels for `w` (`Kernels::matvec_qd_i3`): 0, the ring's, where it takes the
-    /// layout; else 3, loads in registers.
-    fn int3_set(&self, w: &DevMat) -> usize {
-        if self.kernels.matvec_qd_i3[0].shape.ring == 0 || ring_ok(w) {
-            0
+    /// The plain, routed and gate-up kernels of int3 or int4k for `w` (`Kernels::matvec_qd_i3`,
+    /// `matvec_qd_i4k`): the ring's where it takes the layout, else those with loads in
+    /// registers; None for the other kinds.
+    fn ring_set(&self, w: &DevMat) -> Option<&[QKernel]> {
+        let k = match w.kind {
+            7 => &self.kernels.matvec_qd_i3,
+            8 => &self.kernels.matvec_qd_i4k,
+            _ => return None,
+        };
+        Some(if k[0].shape.ring == 0 || ring_ok(w) {
+            &k[..3]
         } else {
-            3
-        }
+            &k[3..]
+        })
     }
 
     /// Integer-kind matrices of the routed experts of one token, `ny` of them in one launch
@@ -245,10 +246,8 @@ impl Gpu {
         if !self.routed_gu.load(Ordering::Relaxed) || !gate.is_dp_int() {
             return None;
         }
-        let q = if gate.is_int3() {
-            &self.kernels.matvec_qd_i3[self.int3_set(gate) + 2]
-        } else if gate.is_int4k() {
-            &self.kernels.matvec_qd_i4k[2]
+        let q = if let Some(set) = self.ring_set(gate) {
+            &set[2]
         } else {
             let i = (gate.kind - 3) as usize;
             let plain = self.q_kernels(gate).0;

@@ -124,7 +124,12 @@ pub fn q_smem(k: &QShape, warps: usize, tchunks: usize) -> usize {
 /// chunks (a step's 32 chunks then have whole 16-byte pieces of scales and mins), its rows' groups
 /// a multiple of 8 and its scales and mins 16-byte aligned (matvec_q.cu matvec_q_body's `issue`).
 pub fn ring_ok(w: &DevMat) -> bool {
-    let cc = 16 << (w.kind - 3).clamp(0, 2);
+    // (int4k, kind 8: int4's 32 columns a chunk; its mins are the rows' pairs, 16-byte aligned.)
+    let cc = if w.is_int4k() {
+        32
+    } else {
+        16 << (w.kind - 3).clamp(0, 2)
+    };
     let cpg = if w.group > 0 && w.group % cc == 0 {
         w.group / cc
     } else {
