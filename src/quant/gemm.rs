@@ -28,6 +28,13 @@ impl Matrix<'_> {
             self.rows
         );
         assert_eq!(out.len(), n * t, "matmul_rows: output length");
+        if self.kind == super::WeightKind::Int4k {
+            // Blocks of rows as int4/g32 (quant::int4k): int4's dequantization, one row's sums
+            // as the whole call's.
+            return super::int4k::with_rows(self, rows, |v, at| {
+                v.matmul_rows(x, t, 0..v.rows, &mut out[at.start * t..at.end * t], scratch)
+            });
+        }
         #[cfg(target_arch = "x86_64")]
         if super::x86::Level::detected().is_some_and(|l| l >= super::x86::Level::Avx512) {
             use super::x86::TileRows;

@@ -675,3 +675,29 @@ unsafe fn dot_int2(codes: &[u8], scales: &[u8], gs: usize, x: &[f32]) -> f32 {
         &decode,
     )[0]
 }
+
+/// int4k's group parameters as f16 bits (quant::int4k): for each group's bytes (a u8, b i8) of
+/// `ab`, f16(d a) into `s` and f16(dm b) into `m`, eight groups a step (F16C's rounding: nearest,
+/// ties to even, as `half`'s).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn int4k_expand(ab: &[u8], (d, dm): (f32, f32), s: &mut [u16], m: &mut [u16]) {
+    let n = ab.len() / 2;
+    debug_assert!(s.len() >= n && m.len() >= n);
+    let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(dm));
+    let low = _mm_set1_epi16(0xff);
+    let mut g = 0;
+    while g + 8 <= n {
+        let v = _mm_loadu_si128(ab.as_ptr().add(2 * g) as *const __m128i);
+        let a = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_and_si128(v, low)));
+        let b = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_srai_epi16::<8>(v)));
+        let hs = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(a, dv));
+        let hm = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(b, mv));
+        _mm_storeu_si128(s.as_mut_ptr().add(g) as *mut __m128i, hs);
+        _mm_storeu_si128(m.as_mut_ptr().add(g) as *mut __m128i, hm);
+        g += 8;
+    }
+    for g in g..n {
+        s[g] = half::f16::from_f32(d * f32::from(ab[2 * g])).to_bits();
+        m[g] = half::f16::from_f32(dm * f32::from(ab[2 * g + 1] as i8)).to_bits();
+    }
+}
