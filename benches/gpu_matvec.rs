@@ -174,7 +174,7 @@ fn main() {
     // GPU_MATVEC_KINDS=int2,int4: only those kinds (a quicker A/B of one kernel).
     let only = std::env::var("GPU_MATVEC_KINDS").ok();
     for kind in [
-        "f16", "bf16", "int8", "int4", "int4k", "int3", "int2", "mxfp4",
+        "f16", "bf16", "int8", "int4", "int4k", "int3", "int2", "int2k", "mxfp4",
     ] {
         if only
             .as_deref()
@@ -205,7 +205,7 @@ fn main() {
                 hob_bound,
                 Box::new(|m: &DevMat| gpu.matvec(m, xp, yp).expect("matvec")),
             )];
-            if kind.starts_with("int") && kind != "int3" && kind != "int4k" {
+            if kind.starts_with("int") && !["int3", "int4k", "int2k"].contains(&kind) {
                 // The integer kernels production does not take here: the scalar one (what runs
                 // before sm_80, or for other groups), the tensor-core one, the dp4a one.
                 let i = (name_kind(kind) - 3) as usize;
@@ -330,7 +330,7 @@ fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&str>) -> usi
     println!("| kind | launch | bytes | cold µs | cold GB/s | cold share | warm µs | warm share |");
     println!("|---|---|---|---|---|---|---|---|");
     let mut failed = 0;
-    for kind in ["int8", "int4", "int4k", "int3", "int2"] {
+    for kind in ["int8", "int4", "int4k", "int3", "int2", "int2k"] {
         if only.is_some_and(|o| !o.split(',').any(|k| k == kind)) {
             continue;
         }
@@ -888,7 +888,7 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
 /// int4 and int2 kernels round x to 16 bits per group (AVX-512 VNNI, hob::quant::packed_rounds_x),
 /// an exact GPU kernel meets the bound of a 16-bit x, 1e-8, as tests/gpu_backend.rs takes it.
 fn cpu_floor(code: i32) -> f64 {
-    if matches!(code, 4 | 5 | 7 | 8) && hob::quant::packed_rounds_x() {
+    if matches!(code, 4 | 5 | 7 | 8 | 9) && hob::quant::packed_rounds_x() {
         1e-8
     } else {
         0.0
@@ -902,6 +902,8 @@ fn name_kind(name: &str) -> i32 {
         8
     } else if name.starts_with("int4") {
         4
+    } else if name.starts_with("int2k") {
+        9
     } else if name.starts_with("int3") {
         7
     } else {

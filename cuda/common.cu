@@ -13,7 +13,8 @@
 // src/backend/cuda/mod.rs: 0 f32, 1 f16, 2 bf16, 3 int8, 4 int4, 5 int2, 6 mxfp4 (whose
 // "scales" are E8M0 bytes, one per 32 values), 7 int3 (a row: int2's codes of the low two bits,
 // cols / 4 bytes, then the high bits, cols / 8 bytes: formats/hob.md), 8 int4k (int4's codes;
-// 8-bit sub-scales under a row's f16 pair: int4k_sm).
+// 8-bit sub-scales under a row's f16 pair: int4k_sm), 9 int2k (int2's codes; 4-bit sub-scales:
+// int2k_sm).
 
 // No headers: NVRTC needs no include path. f16 values travel as their 16-bit patterns.
 
@@ -26,6 +27,7 @@
 #define KIND_MXFP4 6
 #define KIND_INT3 7
 #define KIND_INT4K 8
+#define KIND_INT2K 9
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -131,6 +133,14 @@ __device__ __forceinline__ u32 int4k_ab(u32 ab, u32 dm) {
 }
 __device__ __forceinline__ u32 int4k_sm(const Mat& w, size_t g, int r) {
     return int4k_ab(__ldg(w.scales + g), __ldg(reinterpret_cast<const u32*>(w.mins) + r));
+}
+
+// int2k (kind 9): group g's (scale, min) bits as int4k_sm's, from the group's byte (a in the low
+// nibble, b signed in the high one) and the row's pair.
+__device__ __forceinline__ u32 int2k_sm(const Mat& w, size_t g, int r) {
+    const u32 v = __ldg(reinterpret_cast<const u8*>(w.scales) + g);
+    const u32 ab = (v & 15u) | ((u32)(u8)((signed char)v >> 4) << 8);
+    return int4k_ab(ab, __ldg(reinterpret_cast<const u32*>(w.mins) + r));
 }
 
 // Asynchronous 16-byte copies into shared memory (cp.async, sm_80 on).

@@ -16,9 +16,10 @@ __device__ __forceinline__ float element(const Mat& w, int kind, int r, int c) {
         default: break;
     }
     size_t g = (size_t)r * (w.cols / w.group) + c / w.group;
-    if (kind == KIND_INT4K) {
-        const u32 sm = int4k_sm(w, g, r);
-        const float q = (float)((row[c / 2] >> (4 * (c % 2))) & 0xf);
+    if (kind == KIND_INT4K || kind == KIND_INT2K) {
+        const u32 sm = kind == KIND_INT4K ? int4k_sm(w, g, r) : int2k_sm(w, g, r);
+        const float q = kind == KIND_INT4K ? (float)((row[c / 2] >> (4 * (c % 2))) & 0xf)
+                                           : (float)((row[c / 4] >> (2 * (c % 4))) & 0x3);
         return h2f((half_bits)(sm & 0xffffu)) * q + h2f((half_bits)(sm >> 16));
     }
     float s = h2f(w.scales[g]);
@@ -77,9 +78,10 @@ __device__ __forceinline__ void dequant_word_h(const Mat& w, half_bits* __restri
                        : 0u;
     const int hn = 4 * (wi & 1);
     const size_t g = row * (w.cols / w.group) + c0 / w.group;
-    const u32 sm = KIND == KIND_INT4K ? int4k_sm(w, g, (int)row) : 0u;
-    const float s = h2f(KIND == KIND_INT4K ? (half_bits)(sm & 0xffffu) : w.scales[g]);
-    const float mn = KIND == KIND_INT8 ? 0.f : h2f(KIND == KIND_INT4K ? (half_bits)(sm >> 16) : w.mins[g]);
+    constexpr bool SUB = KIND == KIND_INT4K || KIND == KIND_INT2K;
+    const u32 sm = KIND == KIND_INT4K ? int4k_sm(w, g, (int)row) : KIND == KIND_INT2K ? int2k_sm(w, g, (int)row) : 0u;
+    const float s = h2f(SUB ? (half_bits)(sm & 0xffffu) : w.scales[g]);
+    const float mn = KIND == KIND_INT8 ? 0.f : h2f(SUB ? (half_bits)(sm >> 16) : w.mins[g]);
     u32 h[EPW / 2];
 #pragma unroll
     for (int j = 0; j < EPW; j += 2) {
@@ -121,6 +123,7 @@ extern "C" __global__ void dequant_words_h(const Mat w, int kind, half_bits* __r
         case KIND_INT2: dequant_word_h<KIND_INT2>(w, out, r0, r, wi); break;
         case KIND_INT3: dequant_word_h<KIND_INT3>(w, out, r0, r, wi); break;
         case KIND_INT4K: dequant_word_h<KIND_INT4K>(w, out, r0, r, wi); break;
+        case KIND_INT2K: dequant_word_h<KIND_INT2K>(w, out, r0, r, wi); break;
         default: break;
     }
 }

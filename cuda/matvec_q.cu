@@ -394,6 +394,12 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                         for (int i = 0; i < R; i++) {
                             const int r = min(t * tile_rows + g * R + i, w.rows - 1);
                             const size_t si = (size_t)r * gpr + gi;
+                            if (KIND == KIND_INT2K) {
+                                const u32 sm = int2k_sm(w, si, r);
+                                const float sc = h2f((half_bits)(sm & 0xffffu));
+                                racc[i] = fmaf(sc, a[i], fmaf(h2f((half_bits)(sm >> 16)), sx, racc[i]));
+                                continue;
+                            }
                             const float sc = h2f(__ldg(w.scales + si));
                             if (KIND == KIND_INT8) {
                                 racc[i] = fmaf(sc, fmaf(-128.f, sx, a[i]), racc[i]);
@@ -524,6 +530,17 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
 
 // R = 4 rows per warp, one chunk position per step (benches/results/2026-11-22-h100-int-matvec.md).
 INT_MATVEC_KERNELS(matvec_q, matvec_q_body, matvec_q_body, 4, , __launch_bounds__(512))
+
+// int2k (kind 9): int2's scalar loop, its 16-value groups a 16-column piece each (the loop's
+// path for chunks that span groups), each piece's scale and min from int2k_sm. Plain and routed.
+extern "C" __global__ void __launch_bounds__(512)
+    matvec_q_int2k(const Mat w, const float* x, float* y, int split, int tchunks) {
+    matvec_q_body<KIND_INT2K, 4>(w, x, nullptr, y, split, tchunks);
+}
+extern "C" __global__ void __launch_bounds__(512) matvec_q_int2k_sel(SEL_ARGS, int split, int tchunks) {
+    sel_entry(which0);
+    matvec_q_body<KIND_INT2K, 4>(sel_mat(tab, routes, k, which0), SEL_X, SEL_U, SEL_Y, split, tchunks);
+}
 
 // The integer-dot-product kernels (matvec_qd_*), for layouts whose groups are whole chunks.
 // LONE: a plain kernel, whose int2 form issues one ring step before it waits (matvec_q_body).

@@ -26,6 +26,7 @@ template <> struct QTraits<KIND_INT4> { enum { CC = 32, EPW = 8, BITS = 4, P = 2
 template <> struct QTraits<KIND_INT2> { enum { CC = 64, EPW = 16, BITS = 2, P = 4, HSHIFT = 22 }; };
 // int3 (dp4a form only: matvec_qd_int3): a chunk is int2's 16 bytes of low bits (64 columns), its
 // 8 bytes of high bits loaded beside it (matvec_q_body, qd_hi3).
+template <> struct QTraits<KIND_INT2K> { enum { CC = 64, EPW = 16, BITS = 2, P = 4, HSHIFT = 22 }; };
 template <> struct QTraits<KIND_INT4K> { enum { CC = 32, EPW = 8, BITS = 4, P = 2, HSHIFT = 20 }; };
 template <> struct QTraits<KIND_INT3> { enum { CC = 64, EPW = 16, BITS = 2, P = 4, HSHIFT = 22 }; };
 // MXFP4 (dp4a form only: matvec_qd_mxfp4): int4's chunk of 32 nibbles, one group (E8M0 byte) a chunk.
@@ -205,6 +206,7 @@ template <int KIND> struct QDTraits;
 template <> struct QDTraits<KIND_INT8> { enum : u32 { S = 1, M = 0xffffffffu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT4> { enum : u32 { S = 2, M = 0x0f0f0f0fu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT2> { enum : u32 { S = 4, M = 0x03030303u, AHEAD = 1 }; };
+template <> struct QDTraits<KIND_INT2K> { enum : u32 { S = 4, M = 0x03030303u, AHEAD = 1 }; };
 template <> struct QDTraits<KIND_INT4K> { enum : u32 { S = 2, M = 0x0f0f0f0fu, AHEAD = 2 }; };
 template <> struct QDTraits<KIND_INT3> { enum : u32 { S = 4, M = 0x03030303u, AHEAD = 1 }; };
 // MXFP4: set s holds a word's elements 4s .. 4s + 3 (its low or high four nibbles, in order: one

@@ -137,6 +137,12 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
         ("int4k", 2048, 768),
         ("int4k", 40, 32768),
         ("int4k", 300, 14336),
+        // int2k (matvec_q_int2k: int2's scalar loop, a group a 16-column piece).
+        ("int2k", 96, 256),
+        ("int2k", 768, 2048),
+        ("int2k", 2048, 768),
+        ("int2k", 40, 32768),
+        ("int2k", 130, 1408),
     ];
     let mut worst = 0.0f64;
     for (i, &(kind, rows, cols)) in cases.iter().enumerate() {

@@ -1,5 +1,5 @@
-//! int3 and int4k experts on the CUDA backend (matvec_q.cu matvec_qd_int3 and matvec_qd_int4k,
-//! _sel, _gu; issue 54). The fixtures' 64-wide rows are not 16-byte rows in int3 (24 bytes), so
+//! int3, int4k and int2k experts on the CUDA backend (matvec_q.cu matvec_qd_int3,
+//! matvec_qd_int4k and matvec_q_int2k, _sel, _gu; issue 54). The fixtures' 64-wide rows are not 16-byte rows in int3 (24 bytes), so
 //! they take matvec_any; these tests use OLMoE's shapes (2048 x 1024 experts, 16-byte rows) from
 //! `hob convert --synthetic`, one layer: the device-routed kernels against the CPU, against the
 //! host-routed forms bit for bit, and offloading that changes speed, never results. Ignored
@@ -36,6 +36,12 @@ fn int3_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn int4k_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
     experts_match_the_cpu_and_offload_exactly("int4k,int2");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn int2k_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
+    experts_match_the_cpu_and_offload_exactly("int2k,int2");
 }
 
 /// `experts` (a high and a low variant) on the GPU: against the CPU, host- against

@@ -37,7 +37,10 @@ impl TensorType {
                 !k.is_float()
                     && !matches!(
                         k,
-                        VariantKind::Mxfp4 | VariantKind::Int3 | VariantKind::Int4k
+                        VariantKind::Mxfp4
+                            | VariantKind::Int3
+                            | VariantKind::Int4k
+                            | VariantKind::Int2k
                     )
             })
             .ok_or_else(|| format!("unknown dtype code {code} ({known})"))?;
@@ -81,7 +84,7 @@ impl TensorType {
             format!("unknown type '{s}' (known: f32, f16, bf16, int8, int4, int2; e.g. int4/g32)")
         })?;
         Ok(match v.kind {
-            VariantKind::Mxfp4 | VariantKind::Int3 | VariantKind::Int4k => {
+            VariantKind::Mxfp4 | VariantKind::Int3 | VariantKind::Int4k | VariantKind::Int2k => {
                 return Err(format!(
                     "'{s}': {} is an expert variant, not a dense type (known: f32, f16, bf16, \
                      int8, int4, int2)",

@@ -98,13 +98,17 @@ pub enum VariantKind {
     /// of the scales array, d and m the row's two f16 in the mins array (k-quant-style
     /// sub-scales: 4.5 + 32 / cols bits a weight).
     Int4k,
+    /// int2 codes in groups of 16 whose scale and min are 4-bit multiples of their row's f16 pair:
+    /// one byte a group in the scales array, a (u4) in its low nibble and b (i4, -8..7) in its
+    /// high one; s = f16(d a), m = f16(dm b) (Q2_K-style sub-scales: 2.5 + 32 / cols bits).
+    Int2k,
     /// OCP MXFP4 (gpt-oss's experts): 4-bit e2m1 codes two per byte (element 2i in the low
     /// nibble), times 2^(e - 127) for one E8M0 byte e per 32 values (the group size is 32).
     Mxfp4,
 }
 
 impl VariantKind {
-    pub const ALL: [VariantKind; 8] = [
+    pub const ALL: [VariantKind; 9] = [
         VariantKind::F16,
         VariantKind::Bf16,
         VariantKind::Int8,
@@ -112,6 +116,7 @@ impl VariantKind {
         VariantKind::Int4k,
         VariantKind::Int3,
         VariantKind::Int2,
+        VariantKind::Int2k,
         VariantKind::Mxfp4,
     ];
 
@@ -125,6 +130,7 @@ impl VariantKind {
             VariantKind::Mxfp4 => 6,
             VariantKind::Int3 => 7,
             VariantKind::Int4k => 8,
+            VariantKind::Int2k => 9,
         }
     }
 
@@ -141,6 +147,7 @@ impl VariantKind {
             VariantKind::Int4k => "int4k",
             VariantKind::Int3 => "int3",
             VariantKind::Int2 => "int2",
+            VariantKind::Int2k => "int2k",
             VariantKind::Mxfp4 => "mxfp4",
         }
     }
@@ -152,22 +159,27 @@ impl VariantKind {
             VariantKind::Int8 => 8,
             VariantKind::Int4 | VariantKind::Int4k | VariantKind::Mxfp4 => 4,
             VariantKind::Int3 => 3,
-            VariantKind::Int2 => 2,
+            VariantKind::Int2 | VariantKind::Int2k => 2,
         }
     }
 
     /// Bytes of one group's scale: an f16, or MXFP4's E8M0 exponent byte.
     pub fn scale_bytes(self) -> usize {
-        if self == VariantKind::Mxfp4 {
+        if matches!(self, VariantKind::Mxfp4 | VariantKind::Int2k) {
             1
         } else {
             2
         }
     }
 
-    /// A fixed group size (MXFP4's 32 values a block, int4k's groups of 32), else None.
+    /// A fixed group size (MXFP4's 32 values a block, int4k's groups of 32, int2k's of 16), else
+    /// None.
     pub fn fixed_group_size(self) -> Option<u32> {
-        matches!(self, VariantKind::Mxfp4 | VariantKind::Int4k).then_some(32)
+        match self {
+            VariantKind::Mxfp4 | VariantKind::Int4k => Some(32),
+            VariantKind::Int2k => Some(16),
+            _ => None,
+        }
     }
 
     pub fn is_float(self) -> bool {
@@ -179,8 +191,17 @@ impl VariantKind {
     pub fn has_mins(self) -> bool {
         matches!(
             self,
-            VariantKind::Int4 | VariantKind::Int4k | VariantKind::Int3 | VariantKind::Int2
+            VariantKind::Int4
+                | VariantKind::Int4k
+                | VariantKind::Int3
+                | VariantKind::Int2
+                | VariantKind::Int2k
         )
+    }
+
+    /// int4k and int2k: group parameters as multiples of a row's pair (quant::subscales).
+    pub fn is_sub_scaled(self) -> bool {
+        matches!(self, VariantKind::Int4k | VariantKind::Int2k)
     }
 
     /// The multiple every group size must be: int3's 64-value blocks, else 16.
@@ -385,7 +406,7 @@ impl Variant {
         let scales_end = scales_start.checked_add(side_len).ok_or_else(overflow)?;
         // int4k's mins array holds each row's two f16 (d, m).
         let mins_len = match self.kind {
-            VariantKind::Int4k => rows.checked_mul(4).ok_or_else(overflow)?,
+            VariantKind::Int4k | VariantKind::Int2k => rows.checked_mul(4).ok_or_else(overflow)?,
             _ => side_len,
         };
         let (mins, end) = if self.kind.has_mins() {
@@ -433,8 +454,8 @@ impl Variant {
         if self.kind.is_float() || rows == 0 || cols == 0 {
             return bits;
         }
-        let side = if self.kind == VariantKind::Int4k {
-            return bits + 16.0 / self.group_size as f64 + 32.0 / cols as f64;
+        let side = if self.kind.is_sub_scaled() {
+            return bits + 8.0 / 16.0 + 32.0 / cols as f64;
         } else if self.kind.has_mins() {
             32.0
         } else {
@@ -504,6 +525,14 @@ mod tests {
             (0..96, 128..140, 192..204)
         );
         assert_eq!(k.bits_per_weight(768, 2048), 4.515625);
+        let k2 = Variant::parse("int2k", None).unwrap();
+        assert_eq!(k2.group_size, 16);
+        let l = k2.matrix_layout(3, 64).unwrap();
+        assert_eq!(
+            (l.codes.clone(), l.scales.clone(), l.mins.clone()),
+            (0..48, 64..76, 128..140)
+        );
+        assert_eq!(k2.bits_per_weight(768, 2048), 2.515625);
         assert!(Variant::parse("int4/g10", None).is_err());
         assert!(Variant::parse("f16/g64", None).is_err());
     }

@@ -364,6 +364,7 @@ fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
         }),
         VariantKind::Int4
         | VariantKind::Int4k
+        | VariantKind::Int2k
         | VariantKind::Int3
         | VariantKind::Int2
         | VariantKind::Mxfp4 => fill_par(codes, codes_key, fill_bytes),
@@ -371,8 +372,8 @@ fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
     if variant.kind.is_float() {
         return;
     }
-    if variant.kind == VariantKind::Int4k {
-        return fill_int4k(m, buf, side_key);
+    if variant.kind.is_sub_scaled() {
+        return fill_subscaled(variant.kind, m, buf, side_key);
     }
     if variant.kind == VariantKind::Mxfp4 {
         // Uniform e2m1 codes have sd 2.93 * 2^(e - 127): the exponent nearest WEIGHT_SD, each
@@ -429,23 +430,33 @@ fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
     }
 }
 
-/// int4k's groups as int4's in `fill_matrix` (sd WEIGHT_SD, +-25% jitter): each row's pair
-/// (d, m) = (base / 200, -7.5 base / 100), a group's a in 150..=250 and b = 100.
-fn fill_int4k(m: &MatrixLayout, buf: &mut [u8], key: u64) {
-    let base = WEIGHT_SD * (12.0f32 / 255.0).sqrt();
+/// int4k's (int2k's) groups as int4's (int2's) in `fill_matrix` (sd WEIGHT_SD, +-25% jitter):
+/// each row's pair (d, dm) = (base / 200, -half_steps base / 100), a group's a in 150..=250 and
+/// b = 100 (int2k: (base / 10, -half_steps base / 5), a in 8..=12, b = 5).
+fn fill_subscaled(kind: VariantKind, m: &MatrixLayout, buf: &mut [u8], key: u64) {
+    let int2 = kind == VariantKind::Int2k;
+    let half_steps = if int2 { 1.5f32 } else { 7.5 };
+    let levels = 2.0 * half_steps + 1.0;
+    let base = WEIGHT_SD * (12.0 / (levels * levels - 1.0)).sqrt();
+    let (da, db) = if int2 { (10.0, 5.0) } else { (200.0, 100.0) };
     let (head, tail) = buf.split_at_mut(m.mins.start);
     let pair = [
-        half::f16::from_f32(base / 200.0),
-        half::f16::from_f32(-7.5 * base / 100.0),
+        half::f16::from_f32(base / da),
+        half::f16::from_f32(-half_steps * base / db),
     ];
     for p in tail[..m.mins.len()].chunks_exact_mut(4) {
         p[..2].copy_from_slice(&pair[0].to_le_bytes());
         p[2..].copy_from_slice(&pair[1].to_le_bytes());
     }
-    fill_par(&mut head[m.scales.clone()], key, |r, c| {
-        for ab in c.chunks_exact_mut(2) {
-            ab[0] = 150 + (r.next() % 101) as u8;
-            ab[1] = 100;
+    fill_par(&mut head[m.scales.clone()], key, |r, c| match int2 {
+        true => c
+            .iter_mut()
+            .for_each(|v| *v = (8 + (r.next() % 5) as u8) | (5 << 4)),
+        false => {
+            for ab in c.chunks_exact_mut(2) {
+                ab[0] = 150 + (r.next() % 101) as u8;
+                ab[1] = 100;
+            }
         }
     });
 }

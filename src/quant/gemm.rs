@@ -28,10 +28,10 @@ impl Matrix<'_> {
             self.rows
         );
         assert_eq!(out.len(), n * t, "matmul_rows: output length");
-        if self.kind == super::WeightKind::Int4k {
-            // Blocks of rows as int4/g32 (quant::int4k): int4's dequantization, one row's sums
+        if self.kind.is_sub_scaled() {
+            // Blocks of rows as int4/g32 or int2/g16 (quant::subscales): their dequantization, one row's sums
             // as the whole call's.
-            return super::int4k::with_rows(self, rows, |v, at| {
+            return super::subscales::with_rows(self, rows, |v, at| {
                 v.matmul_rows(x, t, 0..v.rows, &mut out[at.start * t..at.end * t], scratch)
             });
         }

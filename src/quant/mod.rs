@@ -11,10 +11,10 @@
 //! `sum_g(s_g * sum(q * x) + m_g * sum_g(x))`, with the group sums of `x` computed once per call.
 
 mod gemm;
-mod int4k;
 pub mod mxfp4;
 mod quantize;
 mod scalar;
+mod subscales;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -41,6 +41,8 @@ pub enum WeightKind {
     Int4k,
     Int3,
     Int2,
+    /// int2 codes under 4-bit multiples of a row's (scale, min) pair (VariantKind::Int2k).
+    Int2k,
     Mxfp4,
 }
 
@@ -54,6 +56,7 @@ impl WeightKind {
             VariantKind::Int4k => WeightKind::Int4k,
             VariantKind::Int3 => WeightKind::Int3,
             VariantKind::Int2 => WeightKind::Int2,
+            VariantKind::Int2k => WeightKind::Int2k,
             VariantKind::Mxfp4 => WeightKind::Mxfp4,
         }
     }
@@ -74,7 +77,7 @@ impl WeightKind {
             WeightKind::Int8 => 8,
             WeightKind::Int4 | WeightKind::Int4k | WeightKind::Mxfp4 => 4,
             WeightKind::Int3 => 3,
-            WeightKind::Int2 => 2,
+            WeightKind::Int2 | WeightKind::Int2k => 2,
         }
     }
 
@@ -86,13 +89,14 @@ impl WeightKind {
                 | WeightKind::Int4k
                 | WeightKind::Int3
                 | WeightKind::Int2
+                | WeightKind::Int2k
                 | WeightKind::Mxfp4
         )
     }
 
-    /// Bytes of one group's scale: f16, or MXFP4's E8M0 byte.
+    /// Bytes of one group's scale: f16, MXFP4's E8M0 byte, int4k's two bytes, int2k's one.
     pub fn scale_bytes(self) -> usize {
-        if self == WeightKind::Mxfp4 {
+        if matches!(self, WeightKind::Mxfp4 | WeightKind::Int2k) {
             1
         } else {
             2
@@ -102,8 +106,17 @@ impl WeightKind {
     pub fn has_mins(self) -> bool {
         matches!(
             self,
-            WeightKind::Int4 | WeightKind::Int4k | WeightKind::Int3 | WeightKind::Int2
+            WeightKind::Int4
+                | WeightKind::Int4k
+                | WeightKind::Int3
+                | WeightKind::Int2
+                | WeightKind::Int2k
         )
+    }
+
+    /// int4k and int2k (quant::subscales).
+    pub fn is_sub_scaled(self) -> bool {
+        matches!(self, WeightKind::Int4k | WeightKind::Int2k)
     }
 }
 
@@ -117,10 +130,10 @@ pub struct Matrix<'a> {
     pub cols: usize,
     /// Raw values (float kinds) or packed codes.
     pub codes: &'a [u8],
-    /// f16 per-group scales (MXFP4: E8M0 bytes; int4k: a u8 and an i8 a group),
+    /// f16 per-group scales (MXFP4: E8M0 bytes; int4k: a u8 and an i8 a group; int2k: a byte),
     /// [rows, cols / group_size].
     pub scales: &'a [u8],
-    /// f16 per-group minimums (int4, int3, int2; int4k: the row's two f16, [rows, 2]).
+    /// f16 per-group minimums (int4, int3, int2; int4k, int2k: the row's two f16, [rows, 2]).
     pub mins: &'a [u8],
 }
 
@@ -234,12 +247,13 @@ impl<'a> Matrix<'a> {
                 self.scales.len()
             );
             let side = match self.kind {
-                WeightKind::Int4k => self.rows * 4,
+                WeightKind::Int4k | WeightKind::Int2k => self.rows * 4,
                 _ => side,
             };
             assert!(
-                self.kind != WeightKind::Int4k || self.group_size == int4k::GROUP,
-                "int4k with group size {}",
+                !self.kind.is_sub_scaled() || self.group_size == subscales::group(self.kind),
+                "{:?} with group size {}",
+                self.kind,
                 self.group_size
             );
             if self.kind.has_mins() {
@@ -260,8 +274,8 @@ impl<'a> Matrix<'a> {
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::row_to_f32(self, r, out);
         }
-        if self.kind == WeightKind::Int4k {
-            return int4k::with_rows(self, r..r + 1, |m, _| m.row_to_f32(0, out));
+        if self.kind.is_sub_scaled() {
+            return subscales::with_rows(self, r..r + 1, |m, _| m.row_to_f32(0, out));
         }
         scalar::row_to_f32(self, r, out);
     }
@@ -285,8 +299,8 @@ impl<'a> Matrix<'a> {
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::matvec_rows(self, x, rows, out);
         }
-        if self.kind == WeightKind::Int4k {
-            return int4k::with_rows(self, rows, |m, at| {
+        if self.kind.is_sub_scaled() {
+            return subscales::with_rows(self, rows, |m, at| {
                 m.matvec_rows(x, 0..m.rows, &mut out[at])
             });
         }
@@ -325,8 +339,8 @@ impl<'a> Matrix<'a> {
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::matvec_rows_x86(level, self, x, rows, out);
         }
-        if self.kind == WeightKind::Int4k {
-            return int4k::with_rows(self, rows, |m, at| {
+        if self.kind.is_sub_scaled() {
+            return subscales::with_rows(self, rows, |m, at| {
                 m.matvec_rows_x86(level, x, 0..m.rows, &mut out[at])
             });
         }
@@ -362,8 +376,8 @@ impl<'a> Matrix<'a> {
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::matvec_rows_scalar(self, x, rows, out);
         }
-        if self.kind == WeightKind::Int4k {
-            return int4k::with_rows(self, rows, |m, at| {
+        if self.kind.is_sub_scaled() {
+            return subscales::with_rows(self, rows, |m, at| {
                 m.matvec_rows_scalar(x, 0..m.rows, &mut out[at])
             });
         }

@@ -22,9 +22,10 @@ pub(super) unsafe fn matvec_rows(
         // MXFP4 has no NEON kernel: the reference, as quant::mxfp4 dispatches it here.
         return super::mxfp4::matvec_rows_scalar(m, x, rows, out);
     }
-    if m.kind == WeightKind::Int4k {
-        // int4's kernel on its rows viewed as int4/g32 (whose group sums xsums already are).
-        return super::int4k::with_rows(m, rows, |v, at| {
+    if m.kind.is_sub_scaled() {
+        // int4's or int2's kernel on its rows viewed as int4/g32 or int2/g16 (whose group sums
+        // xsums already are).
+        return super::subscales::with_rows(m, rows, |v, at| {
             // SAFETY: the caller's guarantees hold for v: the same codes and x, its scales and
             // mins expanded for exactly its rows.
             unsafe { matvec_rows(v, x, xsums, 0..v.rows, &mut out[at]) }
@@ -39,7 +40,9 @@ pub(super) unsafe fn matvec_rows(
             WeightKind::F32 => dot_f32(codes, x),
             WeightKind::F16 => dot_f16(codes, x),
             WeightKind::Bf16 => dot_bf16(codes, x),
-            WeightKind::Mxfp4 | WeightKind::Int4k => unreachable!("handled above"),
+            WeightKind::Mxfp4 | WeightKind::Int4k | WeightKind::Int2k => {
+                unreachable!("handled above")
+            }
             WeightKind::Int8 => dot_int8(codes, &m.scales[side], m.group_size, x),
             WeightKind::Int4 | WeightKind::Int3 | WeightKind::Int2 => {
                 let sc = &m.scales[side.clone()];

@@ -114,7 +114,9 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
                     }
                 });
         }
-        VariantKind::Int4k => int4k_rows(layout.cols, src, codes, scales, mins),
+        VariantKind::Int4k | VariantKind::Int2k => {
+            subscaled_rows(variant.kind, layout.cols, src, codes, (scales, mins))
+        }
         VariantKind::Int4 | VariantKind::Int3 | VariantKind::Int2 => {
             let g = variant.group_size as usize;
             let bits = variant.kind.bits() as usize;
@@ -148,25 +150,39 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
     out
 }
 
-/// int4k rows: each group's (scale, min) by int4's search, the row's pair (d, m) from the largest
-/// of them, then per group the 8-bit multiples (a, b) within 2 of the nearest with the least
-/// weighted error, codes recomputed under f16(d a), f16(m b) as a reader dequantizes them (within
-/// 1 or 3 measured worse: benches/results/2026-12-04-h200-issue54-int4k.md).
-fn int4k_rows(cols: usize, src: &[f32], codes: &mut [u8], scales: &mut [u8], mins: &mut [u8]) {
-    let g = super::int4k::GROUP;
-    let gpr = cols / g;
+/// int4k and int2k rows: each group's (scale, min) by int4's (int2's) search, the row's pair
+/// (d, dm) from the largest of them, then per group the 8-bit (4-bit) multiples (a, b) within 2
+/// of the nearest with the least weighted error, codes recomputed under f16(d a), f16(dm b) as a
+/// reader dequantizes them (int4k: within 1 or 3 measured worse,
+/// benches/results/2026-12-04-h200-issue54-int4k.md).
+fn subscaled_rows(
+    kind: VariantKind,
+    cols: usize,
+    src: &[f32],
+    codes: &mut [u8],
+    (scales, mins): (&mut [u8], &mut [u8]),
+) {
+    let int2 = kind == VariantKind::Int2k;
+    let (g, bits) = if int2 { (16, 2) } else { (32, 4) };
+    let (nmax, steps, step) = match int2 {
+        true => (3.0, INT2_STEPS, INT2_STEP),
+        false => (15.0, INT4_STEPS, INT4_STEP),
+    };
+    // a in [0, amax], b in [-bmax - 1, bmax]: u8 and i8, or a byte's two nibbles.
+    let (amax, bmax) = if int2 { (15.0, 7.0) } else { (255.0, 127.0) };
+    let (gpr, sb) = (cols / g, if int2 { 1 } else { 2 });
     src.par_chunks(cols)
-        .zip(codes.par_chunks_mut(cols / 2))
-        .zip(scales.par_chunks_mut(2 * gpr).zip(mins.par_chunks_mut(4)))
+        .zip(codes.par_chunks_mut(cols * bits / 8))
+        .zip(scales.par_chunks_mut(sb * gpr).zip(mins.par_chunks_mut(4)))
         .for_each(|((row, codes), (scales, pair))| {
             let mut sc = Scratch::new(g);
             let found: Vec<AsymParams> = row
                 .chunks_exact(g)
-                .map(|w| search_asym(w, 15.0, INT4_STEPS, INT4_STEP, &mut sc))
+                .map(|w| search_asym(w, nmax, steps, step, &mut sc))
                 .collect();
             let top = |f: fn(&AsymParams) -> f32| found.iter().map(f).fold(0.0f32, f32::max);
-            let d = to_f16(top(|p| p.scale.to_f32()) / 255.0).to_f32();
-            let m = to_f16(top(|p| p.min.to_f32().abs()) / 127.0).to_f32();
+            let d = to_f16(top(|p| p.scale.to_f32()) / amax).to_f32();
+            let m = to_f16(top(|p| p.min.to_f32().abs()) / bmax).to_f32();
             pair[..2].copy_from_slice(&to_f16(d).to_le_bytes());
             pair[2..].copy_from_slice(&to_f16(m).to_le_bytes());
             let near = |v: f32, step: f32, lo: f32, hi: f32| match step > 0.0 {
@@ -175,18 +191,18 @@ fn int4k_rows(cols: usize, src: &[f32], codes: &mut [u8], scales: &mut [u8], min
             };
             let groups = row.chunks_exact(g).zip(&found).zip(
                 codes
-                    .chunks_exact_mut(g / 2)
-                    .zip(scales.chunks_exact_mut(2)),
+                    .chunks_exact_mut(g * bits / 8)
+                    .zip(scales.chunks_exact_mut(sb)),
             );
             for ((w, p), (c, ab)) in groups {
-                weigh(w, true, &mut sc);
-                let a0 = near(p.scale.to_f32(), d, 0.0, 255.0);
-                let b0 = near(p.min.to_f32(), m, -127.0, 127.0);
+                weigh(w, !int2, &mut sc);
+                let a0 = near(p.scale.to_f32(), d, 0.0, amax);
+                let b0 = near(p.min.to_f32(), m, -bmax - 1.0, bmax);
                 let mut best = (f32::INFINITY, 0.0, 0.0);
                 for (da, db) in (-2..=2).flat_map(|i| (-2..=2).map(move |j| (i as f32, j as f32))) {
-                    let (a, b) = (clamp(a0 + da, 0.0, 255.0), clamp(b0 + db, -127.0, 127.0));
+                    let (a, b) = (clamp(a0 + da, 0.0, amax), clamp(b0 + db, -bmax - 1.0, bmax));
                     let (s, mn) = (to_f16(d * a).to_f32(), to_f16(m * b).to_f32());
-                    codes_into(w, s, mn, 0.0, 15.0, &mut sc.q);
+                    codes_into(w, s, mn, 0.0, nmax, &mut sc.q);
                     let e = sse(w, s, mn, &mut sc);
                     if e < best.0 {
                         best = (e, a, b);
@@ -198,12 +214,16 @@ fn int4k_rows(cols: usize, src: &[f32], codes: &mut [u8], scales: &mut [u8], min
                     to_f16(d * a).to_f32(),
                     to_f16(m * b).to_f32(),
                     0.0,
-                    15.0,
+                    nmax,
                     &mut sc.q,
                 );
-                pack(&sc.q, 4, c);
-                ab[0] = a as u8;
-                ab[1] = b as i8 as u8;
+                pack(&sc.q, bits, c);
+                if int2 {
+                    ab[0] = a as u8 | ((b as i8 as u8) << 4);
+                } else {
+                    ab[0] = a as u8;
+                    ab[1] = b as i8 as u8;
+                }
             }
         });
 }

@@ -92,6 +92,7 @@ fn stored(
         WeightKind::Int4k => VariantKind::Int4k,
         WeightKind::Int3 => VariantKind::Int3,
         WeightKind::Int2 => VariantKind::Int2,
+        WeightKind::Int2k => VariantKind::Int2k,
         WeightKind::Mxfp4 => VariantKind::Mxfp4,
     };
     let v = variant(vk, g);
@@ -112,7 +113,7 @@ fn as_matrix<'a>(
     }
 }
 
-const ALL_KINDS: [WeightKind; 9] = [
+const ALL_KINDS: [WeightKind; 10] = [
     WeightKind::F32,
     WeightKind::F16,
     WeightKind::Bf16,
@@ -121,6 +122,7 @@ const ALL_KINDS: [WeightKind; 9] = [
     WeightKind::Int4k,
     WeightKind::Int3,
     WeightKind::Int2,
+    WeightKind::Int2k,
     WeightKind::Mxfp4,
 ];
 
@@ -244,6 +246,7 @@ fn fast_path_and_scalar_match_f64_reference_for_every_kind() {
                     || !kind.is_quantized() && g != 16
                     || mx && g != 32
                     || kind == WeightKind::Int3 && g % 64 != 0
+                    || kind == WeightKind::Int2k && g != 16
                 {
                     continue;
                 }
@@ -302,6 +305,8 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
             &[(32, 32), (96, 32), (256, 32)]
         } else if kind == WeightKind::Int3 {
             &[(64, 64), (192, 64), (256, 128)]
+        } else if kind == WeightKind::Int2k {
+            &[(16, 16), (48, 16), (112, 16)]
         } else if kind.is_quantized() {
             &[(16, 16), (48, 16), (112, 16), (64, 64), (192, 64)]
         } else {
@@ -348,21 +353,22 @@ fn one_hot_inputs_read_every_column_from_its_own_lane() {
                         WeightKind::Int8 => VariantKind::Int8,
                         WeightKind::Int4 => VariantKind::Int4,
                         WeightKind::Int4k => VariantKind::Int4k,
+                        WeightKind::Int2k => VariantKind::Int2k,
                         WeightKind::Int3 => VariantKind::Int3,
                         _ => VariantKind::Int2,
                     };
                     let v = variant(vk, g);
                     let l = v.matrix_layout(rows, cols).unwrap();
                     let mut b = rng.bytes(l.size);
-                    // int4k: any (a, b) bytes under a row pair (d, m) of 1/128 and 1/64.
+                    // int4k, int2k: any (a, b) bytes under a row pair (d, m) of 1/128 and 1/64.
                     let pair = [f16::from_f32(1.0 / 128.0), f16::from_f32(1.0 / 64.0)];
-                    for i in (0..rows).filter(|_| vk == VariantKind::Int4k) {
+                    for i in (0..rows).filter(|_| vk.is_sub_scaled()) {
                         for (j, h) in pair.iter().enumerate() {
                             b[l.mins.start + 4 * i + 2 * j..][..2]
                                 .copy_from_slice(&h.to_le_bytes());
                         }
                     }
-                    for i in (0..rows * cols / g as usize).filter(|_| vk != VariantKind::Int4k) {
+                    for i in (0..rows * cols / g as usize).filter(|_| !vk.is_sub_scaled()) {
                         let sc = f16::from_f32(0.5 + rng.uniform() as f32).to_le_bytes();
                         b[l.scales.start + 2 * i..][..2].copy_from_slice(&sc);
                         if vk.has_mins() {
@@ -615,8 +621,11 @@ fn x86_dispatch_takes_the_detected_level() {
         for pair in outs.windows(2) {
             let ((below, a), (level, b)) = (&pair[0], &pair[1]);
             let own = match level {
+                // (int2k's 16-value groups, as int2/g16's, keep the AVX2 form there.)
                 super::x86::Level::Avx512 => {
-                    kind == WeightKind::F16 || kind.has_mins() || kind == WeightKind::Mxfp4
+                    kind == WeightKind::F16
+                        || kind.has_mins() && kind != WeightKind::Int2k
+                        || kind == WeightKind::Mxfp4
                 }
                 super::x86::Level::Avx512Vnni => kind.is_quantized(),
                 _ => kind.has_mins(),

@@ -676,28 +676,43 @@ unsafe fn dot_int2(codes: &[u8], scales: &[u8], gs: usize, x: &[f32]) -> f32 {
     )[0]
 }
 
-/// int4k's group parameters as f16 bits (quant::int4k): for each group's bytes (a u8, b i8) of
-/// `ab`, f16(d a) into `s` and f16(dm b) into `m`, eight groups a step (F16C's rounding: nearest,
-/// ties to even, as `half`'s).
+/// int4k's and int2k's group parameters as f16 bits (quant::subscales): for each group's (a, b)
+/// in `ab`, f16(d a) into `s` and f16(dm b) into `m`, eight groups a step (F16C's rounding:
+/// nearest, ties to even, as `half`'s).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn int4k_expand(ab: &[u8], (d, dm): (f32, f32), s: &mut [u16], m: &mut [u16]) {
-    let n = ab.len() / 2;
+pub(super) unsafe fn subscales_expand(
+    kind: WeightKind,
+    ab: &[u8],
+    (d, dm): (f32, f32),
+    s: &mut [u16],
+    m: &mut [u16],
+) {
+    let n = ab.len() / kind.scale_bytes();
     debug_assert!(s.len() >= n && m.len() >= n);
     let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(dm));
-    let low = _mm_set1_epi16(0xff);
     let mut g = 0;
     while g + 8 <= n {
-        let v = _mm_loadu_si128(ab.as_ptr().add(2 * g) as *const __m128i);
-        let a = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_and_si128(v, low)));
-        let b = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_srai_epi16::<8>(v)));
-        let hs = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(a, dv));
-        let hm = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(b, mv));
+        let (a, b) = if kind == WeightKind::Int2k {
+            // Eight bytes: a in the low nibble, b (signed) in the high one.
+            let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(ab.as_ptr().add(g) as *const __m128i));
+            let a = _mm256_and_si256(v, _mm256_set1_epi32(15));
+            (a, _mm256_srai_epi32::<28>(_mm256_slli_epi32::<24>(v)))
+        } else {
+            // Eight (u8, i8) pairs as 16-bit lanes.
+            let v = _mm_loadu_si128(ab.as_ptr().add(2 * g) as *const __m128i);
+            let a = _mm256_cvtepu16_epi32(_mm_and_si128(v, _mm_set1_epi16(0xff)));
+            (a, _mm256_cvtepi16_epi32(_mm_srai_epi16::<8>(v)))
+        };
+        let a = _mm256_mul_ps(_mm256_cvtepi32_ps(a), dv);
+        let b = _mm256_mul_ps(_mm256_cvtepi32_ps(b), mv);
+        let hs = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(a);
+        let hm = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(b);
         _mm_storeu_si128(s.as_mut_ptr().add(g) as *mut __m128i, hs);
         _mm_storeu_si128(m.as_mut_ptr().add(g) as *mut __m128i, hm);
         g += 8;
     }
-    for g in g..n {
-        s[g] = half::f16::from_f32(d * f32::from(ab[2 * g])).to_bits();
-        m[g] = half::f16::from_f32(dm * f32::from(ab[2 * g + 1] as i8)).to_bits();
+    if g < n {
+        let sb = kind.scale_bytes();
+        super::subscales::expand_scalar(kind, &ab[sb * g..], (d, dm), &mut s[g..n], &mut m[g..n]);
     }
 }

@@ -64,6 +64,9 @@ pub struct Kernels {
     /// scale and min from its sub-scale bytes and its row's pair; through int4's ring, then the
     /// same three with loads in registers (matvec_qd_int4k_r*) where `ring_ok` refuses.
     pub matvec_qd_i4k: [QKernel; 6],
+    /// int2k through int2's scalar loop (matvec_q.cu matvec_q_int2k, _sel): a 16-value group
+    /// a 16-column piece.
+    pub matvec_q_i2k: [QKernel; 2],
     /// The integer kinds (matvec_q_*): int8, int4, int2.
     pub matvec_q: [QKernel; 3],
     pub matvec_any: CudaFunction,
@@ -371,6 +374,10 @@ impl Kernels {
                     k("matvec_qd_int4k_r_gu", 0)?,
                 ]
             },
+            matvec_q_i2k: [
+                QKernel::new(ctx, f("matvec_q_int2k")?, 9, QFamily::Scalar, 0)?,
+                QKernel::new(ctx, f("matvec_q_int2k_sel")?, 9, QFamily::Scalar, 0)?,
+            ],
             matvec_q: qkernels("matvec_q", "", QFamily::Scalar)?,
             matvec_any: f("matvec_any")?,
             matvec_q_sel: qkernels("matvec_q", "_sel", QFamily::Scalar)?,

@@ -101,6 +101,10 @@ impl Gpu {
         if let Some(set) = self.ring_set(w) {
             return (&set[0], &set[1]);
         }
+        if w.is_int2k() {
+            let k = &self.kernels.matvec_q_i2k;
+            return (&k[0], &k[1]);
+        }
         let i = (w.kind - 3) as usize;
         let cc = 16 << (w.kind - 3);
         let cpg = w.group / cc;
@@ -243,7 +247,8 @@ impl Gpu {
     /// `gate`: where the dp4a kernels serve it and the plain plan's x is one column tile. The
     /// plain plan's split: each row's sum is the plain kernel's.
     fn gu_launch(&self, gate: &DevMat, k: usize) -> Option<(&QKernel, LaunchConfig, i32, i32)> {
-        if !self.routed_gu.load(Ordering::Relaxed) || !gate.is_dp_int() {
+        // (int2k: no dp4a form; its routed gate and up, then swiglu.)
+        if !self.routed_gu.load(Ordering::Relaxed) || !gate.is_dp_int() || gate.is_int2k() {
             return None;
         }
         let q = if let Some(set) = self.ring_set(gate) {

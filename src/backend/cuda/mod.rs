@@ -133,6 +133,7 @@ fn kind_code(kind: WeightKind) -> i32 {
         WeightKind::Mxfp4 => 6,
         WeightKind::Int3 => 7,
         WeightKind::Int4k => 8,
+        WeightKind::Int2k => 9,
     }
 }
 
@@ -275,10 +276,16 @@ impl DevMat {
         self.kind == 8
     }
 
-    /// Routed and multiplied by the integer dp4a loops of its own kind family: int8, int4, int2
-    /// (`is_int`), int3 or int4k.
+    /// int2k: int2's codes under 4-bit sub-scales, through its own scalar kernels
+    /// (matvec_q_int2k*).
+    pub fn is_int2k(&self) -> bool {
+        self.kind == 9
+    }
+
+    /// Multiplied and routed by the integer matvec loops (matvec_q.cu): int8, int4, int2
+    /// (`is_int`), int3, int4k or int2k.
     pub fn is_dp_int(&self) -> bool {
-        self.is_int() || self.is_int3() || self.is_int4k()
+        self.is_int() || self.is_int3() || self.is_int4k() || self.is_int2k()
     }
 
     /// The 16-byte vector kernel applies (the other layouts take matvec_any).

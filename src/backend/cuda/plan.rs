@@ -26,7 +26,7 @@ pub struct QLimits {
 /// The shape of an integer matvec kernel (matvec_qm.cu matvec_q_* or matvec_qm_*).
 #[derive(Clone, Copy, Debug)]
 pub struct QShape {
-    /// Kind code: 3 int8, 4 int4, 5 int2, 6 mxfp4, 7 int3, 8 int4k.
+    /// Kind code: 3 int8, 4 int4, 5 int2, 6 mxfp4, 7 int3, 8 int4k, 9 int2k.
     pub kind: i32,
     /// Rows per warp: R for matvec_q_*, 16 for matvec_qm_* (an mma's rows).
     pub rows: usize,
@@ -48,11 +48,11 @@ pub const QM_QUADS_PER_STEP: usize = 2;
 
 impl QShape {
     /// Columns per 16-byte chunk of codes (MXFP4, kind 6, and int4k, kind 8: int4's 32; int3,
-    /// kind 7: int2's 64, its high bits beside).
+    /// kind 7: int2's 64, its high bits beside; int2k, kind 9: int2's).
     fn chunk_cols(&self) -> usize {
         match self.kind {
             6 | 8 => 32,
-            7 => 64,
+            7 | 9 => 64,
             k => 16usize << (k - 3),
         }
     }

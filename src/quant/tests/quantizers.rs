@@ -55,6 +55,8 @@ fn bound(kind: VariantKind, heavy: bool) -> f64 {
         (VariantKind::Int3, true) => 0.42,
         (VariantKind::Int2, false) => 0.40,
         (VariantKind::Int2, true) => 0.68,
+        (VariantKind::Int2k, false) => 0.40,
+        (VariantKind::Int2k, true) => 0.68,
         (VariantKind::Mxfp4, false) => 0.13,
         (VariantKind::Mxfp4, true) => 0.25,
     }
@@ -70,6 +72,8 @@ fn round_trip_error_is_bounded_and_clip_search_beats_min_max() {
                 &[0]
             } else if matches!(kind, VariantKind::Mxfp4 | VariantKind::Int4k) {
                 &[32]
+            } else if kind == VariantKind::Int2k {
+                &[16]
             } else if kind == VariantKind::Int3 {
                 &[64, 128]
             } else {
@@ -395,4 +399,38 @@ fn known_int4k_row_pins_its_bytes() {
     let mut out = [0.0f32];
     m.matvec_rows(&x, 0..1, &mut out);
     assert_eq!(out[0], row[3] + 2.0 * row[40]);
+}
+
+#[test]
+fn known_int2k_row_pins_its_bytes() {
+    // Group 0: -1.75 + 0.9375 q for q = 0, 1, 2, 3, 3, 2, 1, 0 twice; group 1 the same halved.
+    // The row's pair: d = 0.9375 / 15 = 0.0625 (0x2c00), dm = 1.75 / 7 = 0.25 (0x3400); group
+    // 0's byte a = 15 | b = -7 << 4 (0x9f), exact; its codes in int2's bit order.
+    let q: Vec<u8> = [0u8, 1, 2, 3, 3, 2, 1, 0].repeat(2);
+    let g0: Vec<f32> = q.iter().map(|&q| -1.75 + 0.9375 * q as f32).collect();
+    let src: Vec<f32> = g0
+        .iter()
+        .chain(g0.iter())
+        .enumerate()
+        .map(|(i, &w)| match i < 16 {
+            true => w,
+            false => 0.5 * w,
+        })
+        .collect();
+    let v = variant(VariantKind::Int2k, 16);
+    let l = v.matrix_layout(1, 32).unwrap();
+    let bytes = quantize_matrix(v, &l, &src);
+    assert_eq!(&bytes[..4], &[0xe4, 0x1b, 0xe4, 0x1b]);
+    assert_eq!(&bytes[l.mins.clone()], &[0x00, 0x2c, 0x00, 0x34]);
+    assert_eq!(bytes[l.scales.start], 0x9f);
+    let m = view(v, &l, &bytes);
+    let mut row = vec![0.0; 32];
+    m.row_to_f32(0, &mut row);
+    assert_eq!(&row[..16], &src[..16]);
+    let mut x = vec![0.0f32; 32];
+    x[1] = 1.0;
+    x[20] = 2.0;
+    let mut out = [0.0f32];
+    m.matvec_rows(&x, 0..1, &mut out);
+    assert_eq!(out[0], row[1] + 2.0 * row[20]);
 }
