@@ -99,13 +99,12 @@ pub(super) fn with_rows(m: &Matrix, rows: Range<usize>, mut f: impl FnMut(&Matri
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
 
     /// The F16C expansion rounds as `half` does: every byte (pair) under pairs whose products
     /// are normal, subnormal (d = 2^-24: f16's smallest step), ties and beyond f16's range.
-    #[cfg(target_arch = "x86_64")]
     #[test]
     fn simd_expansion_is_the_scalar_one() {
         if !super::super::x86::available() {
