@@ -42,7 +42,7 @@ impl Gpu {
             _ => 16,
         };
         // (int3: words of its low bits; its rows of 64-column blocks keep every word in place.)
-        let words = w.is_dp_int()
+        let words = w.is_packed_int()
             && w.codes.is_multiple_of(4)
             && w.row_bytes % 4 == 0
             && cols % 8 == 0

@@ -50,7 +50,7 @@ impl Gpu {
                 }
                 return self.matvec_mxfp4_rows(&w, x, y);
             }
-            if w.is_dp_int() {
+            if w.is_packed_int() {
                 if self.matvec_int(&w, self.q_kernels(&w).0, x, y)? {
                     return Ok(());
                 }
@@ -168,7 +168,7 @@ impl Gpu {
             let f = &self.kernels.matvec_mx_sel;
             return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
         }
-        if !w.is_dp_int() && (glu || dp_mx.is_none()) {
+        if !w.is_packed_int() && (glu || dp_mx.is_none()) {
             return Err(Error::Invalid(
                 "CUDA: matvec_sel takes integer kinds and mxfp4 without glu (float kinds: \
                  moe_gate_up, moe_down)"
@@ -248,7 +248,7 @@ impl Gpu {
     /// plain plan's split: each row's sum is the plain kernel's.
     fn gu_launch(&self, gate: &DevMat, k: usize) -> Option<(&QKernel, LaunchConfig, i32, i32)> {
         // (int2k: no dp4a form; its routed gate and up, then swiglu.)
-        if !self.routed_gu.load(Ordering::Relaxed) || !gate.is_dp_int() || gate.is_int2k() {
+        if !self.routed_gu.load(Ordering::Relaxed) || !gate.is_packed_int() || gate.is_int2k() {
             return None;
         }
         let q = if let Some(set) = self.ring_set(gate) {
@@ -413,7 +413,7 @@ impl Gpu {
         if !w.vectorizable() {
             return false;
         }
-        if !w.is_dp_int() {
+        if !w.is_packed_int() {
             return true;
         }
         self.routed_plan(w, self.q_kernels(w).1).is_some()
@@ -489,7 +489,7 @@ impl Gpu {
     /// integer kernel's (QShape::nmse_bound), 1e-10 for the rest.
     pub fn matvec_nmse_bound(&self, m: &Matrix<'_>) -> f64 {
         let d = DevMat::new(m, 0, 0, 0);
-        if (d.is_dp_int() || (d.is_mxfp4() && self.qd_mxfp4())) && d.row_bytes % 16 == 0 {
+        if (d.is_packed_int() || (d.is_mxfp4() && self.qd_mxfp4())) && d.row_bytes % 16 == 0 {
             self.q_kernels(&d).0.shape.nmse_bound()
         } else {
             1e-10

@@ -284,7 +284,7 @@ impl DevMat {
 
     /// Multiplied and routed by the integer matvec loops (matvec_q.cu): int8, int4, int2
     /// (`is_int`), int3, int4k or int2k.
-    pub fn is_dp_int(&self) -> bool {
+    pub fn is_packed_int(&self) -> bool {
         self.is_int() || self.is_int3() || self.is_int4k() || self.is_int2k()
     }
 
