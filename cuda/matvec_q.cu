@@ -577,54 +577,40 @@ QD_GU_KERNEL(matvec_qd_int8_gu, KIND_INT8)
 QD_GU_KERNEL(matvec_qd_int4_gu, KIND_INT4)
 QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
 
-// int3 (kind 7) through the dp4a loop: int2's codes and staging, each code's high bit OR'ed in at
-// bit 2 (qd_hi3), the chunk's 8 bytes of high bits loaded beside its 16 of low bits. Plain, routed
-// and gate-up like the integer kinds': through the ring (QD_RING_INT3; the plain kernel issues one
-// step before it waits, as int2's), and in registers (_r) for layouts the ring does not take.
-#define INT3_KERNELS(NAME, RING, EARLY)                                                             \
+// Plain, routed and gate-up dp4a kernels of one kind with its own ring depth: NAME, NAME_sel,
+// NAME_gu (AHEAD: register steps ahead where RING is 0; EARLY: the plain kernel's ring steps
+// issued before it waits, matvec_q_body).
+#define RING_KIND_KERNELS(NAME, KIND, AHEAD, RING, EARLY)                                           \
     extern "C" __global__ void __launch_bounds__(512)                                               \
         NAME(const Mat w, const float* x, float* y, int split, int tchunks) {                       \
-        matvec_q_body<KIND_INT3, 4, true, 1, false, RING, EARLY>(w, x, nullptr, y, split, tchunks); \
+        matvec_q_body<KIND, 4, true, AHEAD, false, RING, EARLY>(w, x, nullptr, y, split, tchunks);  \
     }                                                                                               \
     extern "C" __global__ void __launch_bounds__(512) NAME##_sel(SEL_ARGS, int split, int tchunks) { \
         sel_entry(which0);                                                                          \
-        matvec_q_body<KIND_INT3, 4, true, 1, false, RING>(sel_mat(tab, routes, k, which0), SEL_X,   \
-                                                          SEL_U, SEL_Y, split, tchunks);            \
+        matvec_q_body<KIND, 4, true, AHEAD, false, RING>(sel_mat(tab, routes, k, which0), SEL_X,    \
+                                                         SEL_U, SEL_Y, split, tchunks);             \
     }                                                                                               \
     extern "C" __global__ void __launch_bounds__(512)                                               \
         NAME##_gu(const MatEntry* tab, const float* routes, int k, const float* x, float* y, int ys,  \
                   int split, int tchunks) {                                                         \
         sel_entry(0);                                                                               \
-        matvec_q_body<KIND_INT3, 4, true, 1, true, RING>(sel_mat(tab, routes, k, 0), x, nullptr,    \
-                                                         y + (size_t)blockIdx.y * ys, split,        \
-                                                         tchunks, sel_mat(tab, routes, k, 1));      \
+        matvec_q_body<KIND, 4, true, AHEAD, true, RING>(sel_mat(tab, routes, k, 0), x, nullptr,     \
+                                                        y + (size_t)blockIdx.y * ys, split,         \
+                                                        tchunks, sel_mat(tab, routes, k, 1));       \
     }
-INT3_KERNELS(matvec_qd_int3, QD_RING_INT3, 1)
-INT3_KERNELS(matvec_qd_int3_r, 0, 0)
+
+// int3 (kind 7) through the dp4a loop: int2's codes and staging, each code's high bit OR'ed in at
+// bit 2 (qd_hi3), the chunk's 8 bytes of high bits loaded beside its 16 of low bits. Through the
+// ring (QD_RING_INT3; the plain kernel issues one step before it waits, as int2's), and in
+// registers (_r) for layouts the ring does not take.
+RING_KIND_KERNELS(matvec_qd_int3, KIND_INT3, 1, QD_RING_INT3, 1)
+RING_KIND_KERNELS(matvec_qd_int3_r, KIND_INT3, 1, 0, 0)
 
 // int4k (kind 8) through int4's dp4a loop: each chunk's (scale, min) from its group's sub-scale
-// bytes and its row's pair (int4k_ab). Plain, routed and gate-up: through int4's ring (the row's
-// pair copied into the step where int4's mins go), and in registers (_r) where `ring_ok` refuses.
-#define INT4K_KERNELS(NAME, RING)                                                                   \
-    extern "C" __global__ void __launch_bounds__(512)                                               \
-        NAME(const Mat w, const float* x, float* y, int split, int tchunks) {                       \
-        matvec_q_body<KIND_INT4K, 4, true, 2, false, RING>(w, x, nullptr, y, split, tchunks);       \
-    }                                                                                               \
-    extern "C" __global__ void __launch_bounds__(512) NAME##_sel(SEL_ARGS, int split, int tchunks) { \
-        sel_entry(which0);                                                                          \
-        matvec_q_body<KIND_INT4K, 4, true, 2, false, RING>(sel_mat(tab, routes, k, which0), SEL_X,  \
-                                                           SEL_U, SEL_Y, split, tchunks);           \
-    }                                                                                               \
-    extern "C" __global__ void __launch_bounds__(512)                                               \
-        NAME##_gu(const MatEntry* tab, const float* routes, int k, const float* x, float* y, int ys,  \
-                  int split, int tchunks) {                                                         \
-        sel_entry(0);                                                                               \
-        matvec_q_body<KIND_INT4K, 4, true, 2, true, RING>(sel_mat(tab, routes, k, 0), x, nullptr,   \
-                                                          y + (size_t)blockIdx.y * ys, split,       \
-                                                          tchunks, sel_mat(tab, routes, k, 1));     \
-    }
-INT4K_KERNELS(matvec_qd_int4k, QD_RING_INT4)
-INT4K_KERNELS(matvec_qd_int4k_r, 0)
+// bytes and its row's pair (int4k_ab). Through int4's ring (the row's pair copied into the step
+// where int4's mins go), and in registers (_r) where `ring_ok` refuses.
+RING_KIND_KERNELS(matvec_qd_int4k, KIND_INT4K, 2, QD_RING_INT4, 0)
+RING_KIND_KERNELS(matvec_qd_int4k_r, KIND_INT4K, 2, 0, 0)
 
 // MXFP4 (kind 6) through the dp4a loop: the codes as signed doubled e2m1 bytes (qd_codes), each
 // chunk's E8M0 byte as its scale, no min, loads in registers (no ring). Plain and routed like the

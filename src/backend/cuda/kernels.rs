@@ -309,6 +309,27 @@ impl Kernels {
         };
         // mma.sync m16n8k16 with f16 inputs: sm_80 and later.
         let mma = major >= 8;
+        // A kind's plain, routed and gate-up dp4a kernels through its ring, then the same three
+        // with loads in registers (matvec_q.cu RING_KIND_KERNELS: NAME and NAME_r).
+        let ring_set = |name: &str, kind: i32, ring: usize| -> crate::Result<[QKernel; 6]> {
+            let k = |suffix: &str, ring| {
+                QKernel::new(
+                    ctx,
+                    f(&format!("{name}{suffix}"))?,
+                    kind,
+                    QFamily::Dp(QD_PARTS),
+                    ring,
+                )
+            };
+            Ok([
+                k("", ring)?,
+                k("_sel", ring)?,
+                k("_gu", ring)?,
+                k("_r", 0)?,
+                k("_r_sel", 0)?,
+                k("_r_gu", 0)?,
+            ])
+        };
         let mut kernels = Kernels {
             rms_norm: f("rms_norm")?,
             layer_norm: f("layer_norm")?,
@@ -348,32 +369,8 @@ impl Kernels {
                 QFamily::Dp(QD_PARTS),
                 0,
             )?,
-            matvec_qd_i3: {
-                let k =
-                    |name: &str, ring| QKernel::new(ctx, f(name)?, 7, QFamily::Dp(QD_PARTS), ring);
-                let r = qd_ring[3];
-                [
-                    k("matvec_qd_int3", r)?,
-                    k("matvec_qd_int3_sel", r)?,
-                    k("matvec_qd_int3_gu", r)?,
-                    k("matvec_qd_int3_r", 0)?,
-                    k("matvec_qd_int3_r_sel", 0)?,
-                    k("matvec_qd_int3_r_gu", 0)?,
-                ]
-            },
-            matvec_qd_i4k: {
-                let k =
-                    |name: &str, ring| QKernel::new(ctx, f(name)?, 8, QFamily::Dp(QD_PARTS), ring);
-                let r = qd_ring[1];
-                [
-                    k("matvec_qd_int4k", r)?,
-                    k("matvec_qd_int4k_sel", r)?,
-                    k("matvec_qd_int4k_gu", r)?,
-                    k("matvec_qd_int4k_r", 0)?,
-                    k("matvec_qd_int4k_r_sel", 0)?,
-                    k("matvec_qd_int4k_r_gu", 0)?,
-                ]
-            },
+            matvec_qd_i3: ring_set("matvec_qd_int3", 7, qd_ring[3])?,
+            matvec_qd_i4k: ring_set("matvec_qd_int4k", 8, qd_ring[1])?,
             matvec_q_i2k: [
                 QKernel::new(ctx, f("matvec_q_int2k")?, 9, QFamily::Scalar, 0)?,
                 QKernel::new(ctx, f("matvec_q_int2k_sel")?, 9, QFamily::Scalar, 0)?,
