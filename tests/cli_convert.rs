@@ -603,3 +603,112 @@ fn output_naming_a_directory_fails_before_any_work() {
     assert_eq!(stderr(&o).trim_end(), want(&shown));
     assert!(names_in(&dir).is_empty() && names_in(tmp.path()) == ["models"]);
 }
+
+/// Relative RMS error of variant `vi` of `file` against the fixture's f32 experts.
+fn variant_error(file: &HobFile, src: &BTreeMap<String, fx::Tensor>, vi: usize) -> f64 {
+    let (mut sse, mut ss) = (0f64, 0f64);
+    for l in 0..file.n_layers() {
+        for e in 0..file.n_experts() {
+            let x = file.expert(l, e, vi);
+            let p = format!("model.layers.{l}.block_sparse_moe.experts.{e}");
+            for (view, w) in [(x.gate(), "w1"), (x.up(), "w3"), (x.down(), "w2")] {
+                let want = &src[&format!("{p}.{w}.weight")].values;
+                for (a, b) in matrix_f32(view).iter().zip(want) {
+                    sse += ((a - b) as f64).powi(2);
+                    ss += (*b as f64).powi(2);
+                }
+            }
+        }
+    }
+    (sse / ss).sqrt()
+}
+
+/// ap8 (issue 54 item 1): one stored blob, read at every width as a prefix; each width's error
+/// near the separately quantized variant's, each view's checksum its own, and a CPU run with a
+/// view as HOBBIT's low tier.
+#[test]
+fn ap8_stores_one_blob_and_reads_every_width() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ap8.hob");
+    let summary = convert(&fx::fixture_dir(), &out, &["--experts", "ap8,int4,int2"]);
+    assert!(summary.contains("8.875"), "{summary}");
+    let src = fx::read_tensors(&fx::fixture_dir());
+    let file = HobFile::open(&out).unwrap();
+    let names: Vec<String> = file.variants().iter().map(|v| v.name()).collect();
+    assert_eq!(
+        names,
+        ["ap8", "int4/g64", "int2/g64", "ap8@2", "ap8@3", "ap8@4", "ap8@5", "ap8@6", "ap8@7"]
+    );
+    let err: Vec<f64> = (0..names.len())
+        .map(|vi| variant_error(&file, &src, vi))
+        .collect();
+    // Narrower views lose more; ap8@4 and ap8@2 stay near int4's and int2's own searches.
+    let by_width = [err[3], err[4], err[5], err[6], err[7], err[8], err[0]];
+    assert!(by_width.windows(2).all(|w| w[0] > w[1]), "{by_width:?}");
+    assert!(err[0] < 0.006, "ap8 at 8 bits: {}", err[0]);
+    assert!(
+        err[5] < 1.15 * err[1],
+        "ap8@4 {} vs int4 {}",
+        err[5],
+        err[1]
+    );
+    assert!(
+        err[3] < 1.15 * err[2],
+        "ap8@2 {} vs int2 {}",
+        err[3],
+        err[2]
+    );
+    file.verify().unwrap();
+
+    // A byte of the lowest plane is read by the whole blob alone; a byte of the top chunk by
+    // every view.
+    let layout = hob::format::ap8::ApLayout::new(64 * 128, 64).unwrap();
+    let offset = file.expert_record(1, 2, 0).offset as usize;
+    drop(file);
+    let bytes = std::fs::read(&out).unwrap();
+    for (at, clean, broken) in [
+        (layout.parts[2].planes[5] + 3, "ap8@7", "ap8"),
+        (layout.parts[1].top + 5, "int4/g64", "ap8@2"),
+    ] {
+        let mut b = bytes.clone();
+        b[offset + at] ^= 0x10;
+        let bad = tmp.path().join("bad.hob");
+        std::fs::write(&bad, &b).unwrap();
+        let f = HobFile::open(&bad).unwrap();
+        let v = |n: &str| f.variants().iter().position(|v| v.name() == n).unwrap();
+        f.verify_expert(1, 2, v(clean)).unwrap();
+        let e = f.verify_expert(1, 2, v(broken)).unwrap_err().to_string();
+        assert!(
+            e.contains("checksum") && e.contains(&format!("variant {broken})")),
+            "{e}"
+        );
+    }
+
+    let text = tmp.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "To be, or not to be, that is the question. ".repeat(40),
+    )
+    .unwrap();
+    let o = hob(&[
+        "perplexity",
+        "-m",
+        out.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "64",
+        "--device",
+        "cpu",
+        "--expert-variant",
+        "ap8",
+        "--low",
+        "ap8@3",
+    ]);
+    assert_ok(&o);
+    let all = format!("{}{}", stdout(&o), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        all.contains("Final estimate") && all.contains("(ap8@3)"),
+        "{all}"
+    );
+}

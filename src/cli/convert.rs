@@ -24,6 +24,12 @@ pub fn parse_variants(list: &str, group_size: Option<u32>) -> crate::Result<Vec<
     for name in list.split(',').map(str::trim) {
         let v = Variant::parse(name, group_size)
             .map_err(|e| Error::Invalid(format!("--experts: {e}")))?;
+        if v.is_view() {
+            return Err(Error::Invalid(format!(
+                "--experts {name}: a width is how ap8 is read (--expert-variant {name}); \
+                 store ap8 and every width 2..=8 can be read from it"
+            )));
+        }
         if out.contains(&v) {
             return Err(Error::Invalid(format!(
                 "--experts: variant '{v}' is listed twice"
@@ -63,6 +69,9 @@ pub fn quantize_expert(
     layout: &ExpertLayout,
     w: &ExpertWeights,
 ) -> (Vec<u8>, ErrorStats) {
+    if variant.kind == VariantKind::Ap8 {
+        return ap8_expert(variant, layout, w);
+    }
     let mut blob = vec![0u8; layout.size];
     let mut stats = ErrorStats::default();
     let raw = w
@@ -83,6 +92,29 @@ pub fn quantize_expert(
             dst.copy_from_slice(&quant::quantize_matrix(variant, m, src));
         }
         stats.add(&quant::measure_error(variant, m, dst, src));
+    }
+    (blob, stats)
+}
+
+/// An ap8 blob and its error at width 8 (the parent: every narrower view reads fewer bits).
+fn ap8_expert(variant: Variant, layout: &ExpertLayout, w: &ExpertWeights) -> (Vec<u8>, ErrorStats) {
+    let n = layout.gate.rows * layout.gate.cols;
+    let g = variant.group_size as usize;
+    let blob = quant::quantize_ap8_expert(g, n, [&w.gate, &w.up, &w.down]);
+    let mut stats = ErrorStats::default();
+    for (part, (m, src)) in [
+        (&layout.gate, &w.gate),
+        (&layout.up, &w.up),
+        (&layout.down, &w.down),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let view = crate::format::MatrixView {
+            part: part as u8,
+            ..m.view(variant, &blob)
+        };
+        stats.add(&quant::measure_view(quant::Matrix::from_view(view), src));
     }
     (blob, stats)
 }

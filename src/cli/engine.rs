@@ -43,8 +43,9 @@ pub struct ModelArgs {
     /// them). `hob bench` takes a comma list (-t 1,2,4): one set of rows per count.
     #[arg(short = 't', long = "threads", value_name = "N", value_delimiter = ',', value_parser = parse_threads, help_heading = DEVICE)]
     pub threads: Vec<usize>,
-    /// Expert variant to compute with (the high precision of HOBBIT's scorer): f16, bf16,
-    /// int8, int4 or int2 (default: the profile's high_variant, else the file's first).
+    /// Expert variant to compute with (the high precision of HOBBIT's scorer): a stored one
+    /// (f16, int8, int4, ...) or a width of an ap8 file (ap8@2 .. ap8@7, ap8 for all 8 bits;
+    /// CPU only for now). Default: the profile's high_variant, else the file's first.
     #[arg(
         long = "expert-variant",
         visible_alias = "high",

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use serde_json::{json, Value};
 
 use super::out::outln;
-use crate::format::{HobFile, MatrixView};
+use crate::format::{HobFile, MatrixView, VariantKind};
 
 /// Code counts of one variant: each code alone, and each code after the one before it in the
 /// same matrix (the context an order-1 coder would use).
@@ -107,7 +107,8 @@ pub fn report(file: &HobFile) -> Vec<Value> {
     let mut out = Vec::new();
     for (vi, v) in file.variants().iter().enumerate() {
         let bits = v.kind.bits() as usize;
-        if v.kind.is_float() || !matches!(bits, 2 | 3 | 4 | 8) {
+        // ap8's planes are not a code array (its top chunk would be int2's: a later measure).
+        if v.kind.is_float() || v.kind == VariantKind::Ap8 || !matches!(bits, 2 | 3 | 4 | 8) {
             continue;
         }
         let levels = 1usize << bits;

@@ -80,8 +80,8 @@ pub struct ConvertArgs {
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
     /// Expert variants to store, comma-separated: f16, bf16, int8, int4, int4k, int3, int2, int2k,
-    /// mxfp4
-    /// (optionally with a group size, e.g. int4/g32; int3's a multiple of 64). Default: f16,int4; from a GGUF, the width that holds
+    /// mxfp4, ap8 (one 8-bit copy read at any width 2..8: --expert-variant ap8@4)
+    /// (optionally with a group size, e.g. int4/g32; int3's and ap8's a multiple of 64). Default: f16,int4; from a GGUF, the width that holds
     /// most of its expert blocks and one below (int4,int2 for Q4_K/Q4_0 and narrower,
     /// int8,int4 for Q5-Q8, f16,int4 for float).
     #[arg(long)]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use memmap2::Mmap;
 
 use super::reader::{expert_name, ExpertRecord, Parsed};
-use super::{FormatError, Variant, BLOB_ALIGN};
+use super::{ap8, FormatError, Variant, BLOB_ALIGN};
 
 /// The expert blobs of one mapped file and which of them have passed their checksum. Shared
 /// (an `Arc`) with threads that copy blobs out of the map (the expert loader).
@@ -31,10 +31,13 @@ pub struct BlobChecks {
 
 impl BlobChecks {
     pub(crate) fn new(path: &Path, map: Arc<Mmap>, p: &Parsed) -> BlobChecks {
+        // A view shares its stored blob's offset: a range is checked as the whole blob.
+        let nv = p.variants.len().max(1);
         let mut by_offset: Vec<(u64, usize)> = p
             .records
             .iter()
             .enumerate()
+            .filter(|(i, _)| i % nv < p.n_stored)
             .map(|(i, r)| (r.offset, i))
             .collect();
         by_offset.sort_unstable();
@@ -117,16 +120,25 @@ impl BlobChecks {
             return Ok(());
         }
         let r = self.records[i];
+        let nv = self.variants.len();
+        let variant = self.variants[i % nv];
         // parse() proved every record in bounds of the map.
         let data = &self.map[r.offset as usize..(r.offset + r.size) as usize];
-        let computed = crc(data);
-        if computed != r.crc32c {
-            let nv = self.variants.len();
-            let (le, v) = (i / nv, i % nv);
-            let name = expert_name(le / self.n_experts, le % self.n_experts, &self.variants[v]);
+        // An ap8 view's checksum is in its blob's header and covers what follows the header.
+        let (stored, computed) = match variant.is_view() {
+            true => {
+                let at = 4 * usize::from(variant.width - ap8::MIN_WIDTH);
+                let stored = u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes"));
+                (stored, crc(&data[ap8::HEADER..]))
+            }
+            false => (r.crc32c, crc(data)),
+        };
+        if computed != stored {
+            let le = i / nv;
+            let name = expert_name(le / self.n_experts, le % self.n_experts, &variant);
             return Err(FormatError::Checksum {
                 what: name,
-                stored: r.crc32c,
+                stored,
                 computed,
             }
             .in_file(&self.path));

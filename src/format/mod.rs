@@ -8,6 +8,7 @@
 //! - `open`: a model file is a regular file (a directory, a FIFO, a device refused by name).
 //! - `writer`: streaming, atomic writer (`HobWriter`).
 
+pub mod ap8;
 mod checked;
 mod cursor;
 pub mod gguf;

@@ -13,8 +13,8 @@ use super::cursor::Cursor;
 use super::header::{self, HEADER_SIZE};
 use super::open::{open_regular, GGUF_MAGIC};
 use super::{
-    align_up, ExpertLayout, FormatError, MatrixLayout, Metadata, TensorType, Variant, VariantKind,
-    BLOB_ALIGN,
+    align_up, ap8, ExpertLayout, FormatError, MatrixLayout, Metadata, TensorType, Variant,
+    VariantKind, BLOB_ALIGN,
 };
 
 pub use super::header::reseal;
@@ -83,6 +83,9 @@ pub struct MatrixView<'a> {
     pub codes: &'a [u8],
     pub scales: &'a [u8],
     pub mins: &'a [u8],
+    /// Which matrix of its expert this is (0 gate, 1 up, 2 down): an ap8 view's `codes` are
+    /// the whole prefix, whose pieces for each matrix are interleaved (format::ap8).
+    pub part: u8,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -95,18 +98,21 @@ pub struct ExpertView<'a> {
 
 impl<'a> ExpertView<'a> {
     pub fn gate(&self) -> MatrixView<'a> {
-        self.matrix(self.layout.gate_offset, &self.layout.gate)
+        self.matrix(self.layout.gate_offset, &self.layout.gate, 0)
     }
     pub fn up(&self) -> MatrixView<'a> {
-        self.matrix(self.layout.up_offset, &self.layout.up)
+        self.matrix(self.layout.up_offset, &self.layout.up, 1)
     }
     pub fn down(&self) -> MatrixView<'a> {
-        self.matrix(self.layout.down_offset, &self.layout.down)
+        self.matrix(self.layout.down_offset, &self.layout.down, 2)
     }
 
-    fn matrix(&self, offset: usize, m: &MatrixLayout) -> MatrixView<'a> {
+    fn matrix(&self, offset: usize, m: &MatrixLayout, part: u8) -> MatrixView<'a> {
         // parse() checked data.len() == layout.size, which contains every matrix.
-        m.view(self.variant, &self.data[offset..offset + m.size])
+        MatrixView {
+            part,
+            ..m.view(self.variant, &self.data[offset..offset + m.size])
+        }
     }
 }
 
@@ -121,7 +127,11 @@ pub struct Parsed {
     pub n_experts: usize,
     pub hidden: usize,
     pub ffn: usize,
+    /// The stored variants (the expert table's, in its order), then a view for each width under
+    /// 8 of every ap8 variant (`Variant::is_view`: its records the stored blob's prefixes).
     pub variants: Vec<Variant>,
+    /// How many of `variants` the expert table lists.
+    pub n_stored: usize,
     /// One per variant.
     pub layouts: Vec<ExpertLayout>,
     /// Index `(layer * n_experts + expert) * n_variants + variant`.
@@ -178,7 +188,8 @@ impl Parsed {
         }
         for layer in 0..self.n_layers {
             for expert in 0..self.n_experts {
-                for (v, variant) in self.variants.iter().enumerate() {
+                // A view's bytes are its stored blob's.
+                for (v, variant) in self.variants[..self.n_stored].iter().enumerate() {
                     let r = self.records[self.record_index(layer, expert, v)];
                     let data = &bytes[r.offset as usize..(r.offset + r.size) as usize];
                     check_crc(&expert_name(layer, expert, variant), r.crc32c, data)?;
@@ -293,12 +304,52 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, FormatError> {
         hidden: 0,
         ffn: 0,
         variants: Vec::new(),
+        n_stored: 0,
         layouts: Vec::new(),
         records: Vec::new(),
     };
     parse_expert_table(expert_bytes, &mut parsed)?;
     check_placement(&parsed)?;
+    add_views(&mut parsed)?;
     Ok(parsed)
+}
+
+/// After the stored variants, a view of every ap8 variant at each width 2..=7: records with the
+/// stored blob's offset and the width's prefix as size (their checksums are in the blob's header,
+/// checked by BlobChecks).
+fn add_views(p: &mut Parsed) -> Result<(), FormatError> {
+    let stored = p.variants.clone();
+    p.n_stored = stored.len();
+    let views: Vec<(usize, Variant)> = stored
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.kind == VariantKind::Ap8)
+        .flat_map(|(i, v)| (ap8::MIN_WIDTH..ap8::MAX_WIDTH).map(move |k| (i, v.at_width(k))))
+        .collect();
+    if views.is_empty() {
+        return Ok(());
+    }
+    for (_, v) in &views {
+        let layout = v
+            .expert_layout(p.hidden, p.ffn)
+            .map_err(|e| invalid(format!("expert variant {v}"), e))?;
+        p.layouts.push(layout);
+        p.variants.push(*v);
+    }
+    let (ns, nv) = (stored.len(), p.variants.len());
+    let old = std::mem::take(&mut p.records);
+    p.records.reserve_exact(old.len() / ns * nv);
+    for cell in old.chunks_exact(ns) {
+        p.records.extend_from_slice(cell);
+        for (j, &(i, _)) in views.iter().enumerate() {
+            p.records.push(ExpertRecord {
+                size: p.layouts[ns + j].size as u64,
+                crc32c: 0,
+                ..cell[i]
+            });
+        }
+    }
+    Ok(())
 }
 
 fn parse_tensor_table(bytes: &[u8], count: u64) -> Result<Vec<TensorInfo>, FormatError> {
@@ -388,8 +439,7 @@ fn parse_expert_table(bytes: &[u8], p: &mut Parsed) -> Result<(), FormatError> {
             code,
             what: what.clone(),
         })?;
-        let variant = Variant { kind, group_size };
-        variant.check().map_err(|e| invalid(&what, e))?;
+        let variant = Variant::new(kind, group_size).map_err(|e| invalid(&what, e))?;
         if r0 != 0 || r1 != 0 {
             return Err(invalid(format!("{what} reserved fields"), "must be zero"));
         }

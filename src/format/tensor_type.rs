@@ -41,6 +41,7 @@ impl TensorType {
                             | VariantKind::Int3
                             | VariantKind::Int4k
                             | VariantKind::Int2k
+                            | VariantKind::Ap8
                     )
             })
             .ok_or_else(|| format!("unknown dtype code {code} ({known})"))?;
@@ -84,7 +85,11 @@ impl TensorType {
             format!("unknown type '{s}' (known: f32, f16, bf16, int8, int4, int2; e.g. int4/g32)")
         })?;
         Ok(match v.kind {
-            VariantKind::Mxfp4 | VariantKind::Int3 | VariantKind::Int4k | VariantKind::Int2k => {
+            VariantKind::Mxfp4
+            | VariantKind::Int3
+            | VariantKind::Int4k
+            | VariantKind::Int2k
+            | VariantKind::Ap8 => {
                 return Err(format!(
                     "'{s}': {} is an expert variant, not a dense type (known: f32, f16, bf16, \
                      int8, int4, int2)",

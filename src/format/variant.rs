@@ -4,6 +4,8 @@
 use std::fmt;
 use std::ops::Range;
 
+use super::ap8;
+
 /// Alignment of each sub-array (codes, scales, mins) inside a stored matrix, and of each matrix
 /// inside an expert blob: enough for 16-byte vector loads and 64-byte cache lines.
 pub const SUBARRAY_ALIGN: usize = 64;
@@ -102,13 +104,17 @@ pub enum VariantKind {
     /// one byte a group in the scales array, a (u4) in its low nibble and b (i4, -8..7) in its
     /// high one; s = f16(d a), m = f16(dm b) (Q2_K-style sub-scales: 2.5 + 32 / cols bits).
     Int2k,
+    /// Any-precision (format::ap8): an 8-bit parent code a weight as bit planes, most
+    /// significant first, read at any width 2..=8 as a prefix of the expert's blob (a view:
+    /// `Variant::width`). Groups are multiples of 64.
+    Ap8,
     /// OCP MXFP4 (gpt-oss's experts): 4-bit e2m1 codes two per byte (element 2i in the low
     /// nibble), times 2^(e - 127) for one E8M0 byte e per 32 values (the group size is 32).
     Mxfp4,
 }
 
 impl VariantKind {
-    pub const ALL: [VariantKind; 9] = [
+    pub const ALL: [VariantKind; 10] = [
         VariantKind::F16,
         VariantKind::Bf16,
         VariantKind::Int8,
@@ -117,6 +123,7 @@ impl VariantKind {
         VariantKind::Int3,
         VariantKind::Int2,
         VariantKind::Int2k,
+        VariantKind::Ap8,
         VariantKind::Mxfp4,
     ];
 
@@ -131,6 +138,7 @@ impl VariantKind {
             VariantKind::Int3 => 7,
             VariantKind::Int4k => 8,
             VariantKind::Int2k => 9,
+            VariantKind::Ap8 => 10,
         }
     }
 
@@ -148,6 +156,7 @@ impl VariantKind {
             VariantKind::Int3 => "int3",
             VariantKind::Int2 => "int2",
             VariantKind::Int2k => "int2k",
+            VariantKind::Ap8 => "ap8",
             VariantKind::Mxfp4 => "mxfp4",
         }
     }
@@ -156,7 +165,7 @@ impl VariantKind {
     pub fn bits(self) -> u32 {
         match self {
             VariantKind::F16 | VariantKind::Bf16 => 16,
-            VariantKind::Int8 => 8,
+            VariantKind::Int8 | VariantKind::Ap8 => 8,
             VariantKind::Int4 | VariantKind::Int4k | VariantKind::Mxfp4 => 4,
             VariantKind::Int3 => 3,
             VariantKind::Int2 | VariantKind::Int2k => 2,
@@ -204,9 +213,9 @@ impl VariantKind {
         matches!(self, VariantKind::Int4k | VariantKind::Int2k)
     }
 
-    /// The multiple every group size must be: int3's 64-value blocks, else 16.
+    /// The multiple every group size must be: int3's 64-value blocks and ap8's, else 16.
     pub fn group_multiple(self) -> u32 {
-        if self == VariantKind::Int3 {
+        if matches!(self, VariantKind::Int3 | VariantKind::Ap8) {
             64
         } else {
             16
@@ -223,11 +232,15 @@ impl VariantKind {
     }
 }
 
-/// An expert variant: encoding plus group size (0 for float variants).
+/// An expert variant: encoding plus group size (0 for float variants), and for ap8 the width a
+/// view reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub kind: VariantKind,
     pub group_size: u32,
+    /// Bits a code is read with: ap8's 2..=8 (8: the whole stored blob, the variant a file
+    /// lists; 2..=7: the views a reader adds, each a prefix of it); 0 for every other kind.
+    pub width: u8,
 }
 
 /// Where the sub-arrays of one stored matrix lie, relative to the matrix start.
@@ -257,6 +270,7 @@ impl MatrixLayout {
             codes: &data[self.codes.clone()],
             scales: &data[self.scales.clone()],
             mins: &data[self.mins.clone()],
+            part: 0,
         }
     }
 }
@@ -279,22 +293,56 @@ pub struct ExpertLayout {
 
 impl Variant {
     pub fn new(kind: VariantKind, group_size: u32) -> Result<Variant, String> {
-        let v = Variant { kind, group_size };
+        let width = if kind == VariantKind::Ap8 {
+            ap8::MAX_WIDTH
+        } else {
+            0
+        };
+        let v = Variant {
+            kind,
+            group_size,
+            width,
+        };
         v.check()?;
         Ok(v)
     }
 
-    /// Parse "f16", "bf16", "int8", "int4", "int4k", "int3", "int2", optionally with a group size: "int4/g32".
+    /// This ap8 variant read at width `k` (2..=8).
+    pub fn at_width(self, k: u8) -> Variant {
+        debug_assert!(
+            self.kind == VariantKind::Ap8 && (ap8::MIN_WIDTH..=ap8::MAX_WIDTH).contains(&k)
+        );
+        Variant { width: k, ..self }
+    }
+
+    /// A view reading part of a stored blob (ap8 at a width under 8).
+    pub fn is_view(&self) -> bool {
+        self.kind == VariantKind::Ap8 && self.width < ap8::MAX_WIDTH
+    }
+
+    /// Parse "f16", "bf16", "int8", "int4", "int4k", "int3", "int2", "ap8", optionally with a
+    /// group size: "int4/g32"; an ap8 view names its width: "ap8@4", "ap8/g128@4".
     /// `default_group` (from --group-size) replaces the kind's default when given.
     pub fn parse(s: &str, default_group: Option<u32>) -> Result<Variant, String> {
-        let (name, group) = match s.split_once("/g") {
+        let (s_kind, width) = match s.split_once('@') {
+            Some((n, w)) => {
+                let w: u8 = w
+                    .parse()
+                    .ok()
+                    .filter(|w| (ap8::MIN_WIDTH..=ap8::MAX_WIDTH).contains(w))
+                    .ok_or_else(|| format!("variant '{s}': a width is 2..=8 bits"))?;
+                (n, Some(w))
+            }
+            None => (s, None),
+        };
+        let (name, group) = match s_kind.split_once("/g") {
             Some((n, g)) => {
                 let g: u32 = g
                     .parse()
                     .map_err(|_| format!("bad group size in variant '{s}'"))?;
                 (n, Some(g))
             }
-            None => (s, None),
+            None => (s_kind, None),
         };
         let known: Vec<&str> = VariantKind::ALL.iter().map(|k| k.name()).collect();
         let kind = VariantKind::ALL
@@ -325,7 +373,12 @@ impl Variant {
         } else {
             group.or(default_group).unwrap_or(kind.default_group_size())
         };
-        Variant::new(kind, group_size)
+        let v = Variant::new(kind, group_size)?;
+        match width {
+            Some(w) if kind == VariantKind::Ap8 => Ok(v.at_width(w)),
+            Some(_) => Err(format!("variant '{s}': only ap8 is read at a width")),
+            None => Ok(v),
+        }
     }
 
     /// Validate the group size: quantized variants need a multiple of 16 in 16..=4096.
@@ -361,9 +414,19 @@ impl Variant {
         Ok(())
     }
 
-    /// "f16", "int4/g64".
+    /// "f16", "int4/g64"; ap8: "ap8", "ap8@4" (group 64), "ap8/g128@4".
     pub fn name(&self) -> String {
-        if self.kind.is_float() || self.kind.fixed_group_size().is_some() {
+        if self.kind == VariantKind::Ap8 {
+            let group = match self.group_size {
+                64 => String::new(),
+                g => format!("/g{g}"),
+            };
+            let width = match self.is_view() {
+                true => format!("@{}", self.width),
+                false => String::new(),
+            };
+            format!("ap8{group}{width}")
+        } else if self.kind.is_float() || self.kind.fixed_group_size().is_some() {
             self.kind.name().to_string()
         } else {
             format!("{}/g{}", self.kind.name(), self.group_size)
@@ -375,6 +438,13 @@ impl Variant {
     pub fn matrix_layout(&self, rows: usize, cols: usize) -> Result<MatrixLayout, String> {
         let overflow = || format!("matrix [{rows}, {cols}] is too large");
         let n = rows.checked_mul(cols).ok_or_else(overflow)?;
+        if self.kind == VariantKind::Ap8 {
+            return Err(
+                "ap8 stores whole experts (bit planes across their three matrices), \
+                        not single matrices"
+                    .into(),
+            );
+        }
         if self.kind.is_float() {
             let len = n.checked_mul(2).ok_or_else(overflow)?;
             let size = align_up(len, SUBARRAY_ALIGN).ok_or_else(overflow)?;
@@ -428,6 +498,9 @@ impl Variant {
 
     /// Layout of one expert (gate, up, down) with model dims `hidden` and expert FFN `ffn`.
     pub fn expert_layout(&self, hidden: usize, ffn: usize) -> Result<ExpertLayout, String> {
+        if self.kind == VariantKind::Ap8 {
+            return self.ap8_expert_layout(hidden, ffn);
+        }
         let gate = self.matrix_layout(ffn, hidden)?;
         let up = self.matrix_layout(ffn, hidden)?;
         let down = self.matrix_layout(hidden, ffn)?;
@@ -448,8 +521,48 @@ impl Variant {
         })
     }
 
-    /// Stored bits per weight of a [rows, cols] matrix, scales and mins included (padding not).
+    /// An ap8 view's expert: every matrix reads the whole prefix (its `codes`), from the blob
+    /// start; which of the three it is comes with the view (`MatrixView::part`).
+    fn ap8_expert_layout(&self, hidden: usize, ffn: usize) -> Result<ExpertLayout, String> {
+        let g = self.group_size as usize;
+        if !hidden.is_multiple_of(g) || !ffn.is_multiple_of(g) {
+            return Err(format!(
+                "{}: hidden {hidden} and ffn {ffn} must both be multiples of the group size {g}",
+                self.name()
+            ));
+        }
+        let n = hidden
+            .checked_mul(ffn)
+            .ok_or_else(|| format!("expert [{hidden}, {ffn}] is too large"))?;
+        let ap = ap8::ApLayout::new(n, self.group_size as usize)?;
+        let size = ap.prefix(self.width);
+        let m = |rows, cols| MatrixLayout {
+            rows,
+            cols,
+            codes: 0..size,
+            scales: size..size,
+            mins: size..size,
+            size,
+        };
+        Ok(ExpertLayout {
+            gate_offset: 0,
+            gate: m(ffn, hidden),
+            up_offset: 0,
+            up: m(ffn, hidden),
+            down_offset: 0,
+            down: m(hidden, ffn),
+            size,
+            padded_size: align_up(size, BLOB_ALIGN).ok_or("ap8 expert too large")?,
+        })
+    }
+
+    /// Stored bits per weight of a [rows, cols] matrix, scales and mins included (padding not);
+    /// an ap8 view: the bits it reads.
     pub fn bits_per_weight(&self, rows: usize, cols: usize) -> f64 {
+        if self.kind == VariantKind::Ap8 {
+            let tables = ap8::CORRECTED.iter().filter(|&&c| c <= self.width).count();
+            return self.width as f64 + (32 + 8 * tables) as f64 / self.group_size as f64;
+        }
         let bits = self.kind.bits() as f64;
         if self.kind.is_float() || rows == 0 || cols == 0 {
             return bits;
@@ -481,7 +594,8 @@ mod tests {
             Variant::parse("int4", None).unwrap(),
             Variant {
                 kind: VariantKind::Int4,
-                group_size: 64
+                group_size: 64,
+                width: 0
             }
         );
         assert_eq!(
@@ -533,6 +647,28 @@ mod tests {
             (0..48, 64..76, 128..140)
         );
         assert_eq!(k2.bits_per_weight(768, 2048), 2.515625);
+        let ap = Variant::parse("ap8", None).unwrap();
+        assert_eq!((ap.group_size, ap.width, ap.name()), (64, 8, "ap8".into()));
+        let v4 = Variant::parse("ap8@4", None).unwrap();
+        assert_eq!(
+            (v4.width, v4.name(), v4.is_view()),
+            (4, "ap8@4".into(), true)
+        );
+        assert_eq!(
+            Variant::parse("ap8/g128@2", None).unwrap().name(),
+            "ap8/g128@2"
+        );
+        assert!(Variant::parse("ap8@9", None).unwrap_err().contains("2..=8"));
+        assert!(Variant::parse("int4@2", None)
+            .unwrap_err()
+            .contains("only ap8"));
+        assert!(ap.matrix_layout(64, 64).is_err());
+        assert!(ap.expert_layout(64, 96).unwrap_err().contains("multiples"));
+        let (full, two) = (ap.expert_layout(64, 128).unwrap(), ap.at_width(2));
+        let part = two.expert_layout(64, 128).unwrap();
+        assert!(part.size < full.size && full.gate.codes == (0..full.size));
+        assert_eq!(ap.bits_per_weight(64, 128), 8.875);
+        assert_eq!(two.bits_per_weight(64, 128), 2.625);
         assert!(Variant::parse("int4/g10", None).is_err());
         assert!(Variant::parse("f16/g64", None).is_err());
     }

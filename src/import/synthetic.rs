@@ -321,6 +321,18 @@ pub fn expert_blob(
     layer: usize,
     expert: usize,
 ) -> Vec<u8> {
+    if variant.kind == VariantKind::Ap8 {
+        let key = stream(
+            seed,
+            &[
+                TAG_EXPERT,
+                layer as u64,
+                expert as u64,
+                variant.kind.code() as u64,
+            ],
+        );
+        return ap8_blob(variant, layout, key);
+    }
     let mut blob = vec![0u8; layout.size];
     for (mi, (offset, m)) in [
         (layout.gate_offset, &layout.gate),
@@ -342,6 +354,31 @@ pub fn expert_blob(
             ],
         );
         fill_matrix(variant, m, &mut blob[offset..offset + m.size], key);
+    }
+    blob
+}
+
+/// An ap8 blob: random codes and correction bytes under one parent pair whose 256 levels have
+/// sd WEIGHT_SD, and the header's prefix checksums.
+fn ap8_blob(variant: Variant, layout: &ExpertLayout, key: u64) -> Vec<u8> {
+    use crate::format::ap8;
+    let n = layout.gate.rows * layout.gate.cols;
+    let g = variant.group_size as usize;
+    let ap = ap8::ApLayout::new(n, g).expect("the writer checked the shape");
+    let mut blob = vec![0u8; layout.size];
+    fill_par(&mut blob[ap8::HEADER..], key, fill_bytes);
+    let s8 = half::f16::from_f32(WEIGHT_SD * (12.0f32 / (256.0 * 256.0 - 1.0)).sqrt());
+    let m8 = half::f16::from_f32(-127.5 * s8.to_f32());
+    for p in &ap.parts {
+        for gi in 0..n / g {
+            blob[p.s8 + 2 * gi..p.s8 + 2 * gi + 2].copy_from_slice(&s8.to_le_bytes());
+            blob[p.m8 + 2 * gi..p.m8 + 2 * gi + 2].copy_from_slice(&m8.to_le_bytes());
+        }
+    }
+    for k in ap8::MIN_WIDTH..ap8::MAX_WIDTH {
+        let crc = crc32c::crc32c(&blob[ap8::HEADER..ap.prefix(k)]);
+        let at = 4 * usize::from(k - ap8::MIN_WIDTH);
+        blob[at..at + 4].copy_from_slice(&crc.to_le_bytes());
     }
     blob
 }
@@ -368,6 +405,7 @@ fn fill_matrix(variant: Variant, m: &MatrixLayout, buf: &mut [u8], key: u64) {
         | VariantKind::Int3
         | VariantKind::Int2
         | VariantKind::Mxfp4 => fill_par(codes, codes_key, fill_bytes),
+        VariantKind::Ap8 => unreachable!("ap8 blobs: ap8_blob"),
     }
     if variant.kind.is_float() {
         return;

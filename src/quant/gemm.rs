@@ -35,6 +35,11 @@ impl Matrix<'_> {
                 v.matmul_rows(x, t, 0..v.rows, &mut out[at.start * t..at.end * t], scratch)
             });
         }
+        if self.kind.is_planes() {
+            return super::planes::with_rows(self, rows, |v, at| {
+                v.matmul_rows(x, t, 0..v.rows, &mut out[at.start * t..at.end * t], scratch)
+            });
+        }
         #[cfg(target_arch = "x86_64")]
         if super::x86::Level::detected().is_some_and(|l| l >= super::x86::Level::Avx512) {
             use super::x86::TileRows;

@@ -12,6 +12,7 @@
 
 mod gemm;
 pub mod mxfp4;
+mod planes;
 mod quantize;
 mod scalar;
 mod subscales;
@@ -26,7 +27,8 @@ mod tests;
 
 use crate::format::{DType, MatrixView, TensorType, TensorView, VariantKind};
 
-pub use quantize::{measure_error, quantize_matrix};
+pub use planes::quantize_expert as quantize_ap8_expert;
+pub use quantize::{measure_error, measure_view, quantize_matrix};
 pub(crate) use scalar::int3_block;
 
 /// Storage of a row-major matrix the CPU multiplies with.
@@ -44,6 +46,12 @@ pub enum WeightKind {
     /// int2 codes under 4-bit multiples of a row's (scale, min) pair (VariantKind::Int2k).
     Int2k,
     Mxfp4,
+    /// Matrix `part` (0 gate, 1 up, 2 down) of an ap8 expert read at `width` bits (quant::planes):
+    /// `codes` is the blob's prefix for that width.
+    Ap8 {
+        width: u8,
+        part: u8,
+    },
 }
 
 impl WeightKind {
@@ -58,6 +66,10 @@ impl WeightKind {
             VariantKind::Int2 => WeightKind::Int2,
             VariantKind::Int2k => WeightKind::Int2k,
             VariantKind::Mxfp4 => WeightKind::Mxfp4,
+            VariantKind::Ap8 => WeightKind::Ap8 {
+                width: crate::format::ap8::MAX_WIDTH,
+                part: 0,
+            },
         }
     }
 
@@ -75,6 +87,7 @@ impl WeightKind {
             WeightKind::F32 => 32,
             WeightKind::F16 | WeightKind::Bf16 => 16,
             WeightKind::Int8 => 8,
+            WeightKind::Ap8 { width, .. } => usize::from(width),
             WeightKind::Int4 | WeightKind::Int4k | WeightKind::Mxfp4 => 4,
             WeightKind::Int3 => 3,
             WeightKind::Int2 | WeightKind::Int2k => 2,
@@ -91,6 +104,7 @@ impl WeightKind {
                 | WeightKind::Int2
                 | WeightKind::Int2k
                 | WeightKind::Mxfp4
+                | WeightKind::Ap8 { .. }
         )
     }
 
@@ -117,6 +131,11 @@ impl WeightKind {
     /// int4k and int2k (quant::subscales).
     pub fn is_sub_scaled(self) -> bool {
         matches!(self, WeightKind::Int4k | WeightKind::Int2k)
+    }
+
+    /// An ap8 view (quant::planes).
+    pub fn is_planes(self) -> bool {
+        matches!(self, WeightKind::Ap8 { .. })
     }
 }
 
@@ -172,8 +191,15 @@ impl<'a> Matrix<'a> {
     }
 
     pub fn from_view(view: MatrixView<'a>) -> Matrix<'a> {
+        let kind = match view.variant.kind {
+            VariantKind::Ap8 => WeightKind::Ap8 {
+                width: view.variant.width,
+                part: view.part,
+            },
+            k => WeightKind::from_variant(k),
+        };
         let m = Matrix {
-            kind: WeightKind::from_variant(view.variant.kind),
+            kind,
             group_size: view.variant.group_size as usize,
             rows: view.rows,
             cols: view.cols,
@@ -202,6 +228,21 @@ impl<'a> Matrix<'a> {
     /// The slices are at least as long as the shape needs. The reader validated the file, so a
     /// failure here is a bug in the caller; the SIMD kernels rely on it for in-bounds loads.
     fn check(&self) {
+        if let WeightKind::Ap8 { width, part } = self.kind {
+            assert!(
+                (2..=8).contains(&width) && part < 3,
+                "ap8 width {width}, part {part}"
+            );
+            assert!(
+                self.codes.len() >= planes::prefix_len(self),
+                "ap8 [{}, {}] g{}: {} bytes of prefix",
+                self.rows,
+                self.cols,
+                self.group_size,
+                self.codes.len()
+            );
+            return;
+        }
         let n = self
             .rows
             .checked_mul(self.cols)
@@ -277,6 +318,9 @@ impl<'a> Matrix<'a> {
         if self.kind.is_sub_scaled() {
             return subscales::with_rows(self, r..r + 1, |m, _| m.row_to_f32(0, out));
         }
+        if self.kind.is_planes() {
+            return planes::with_rows(self, r..r + 1, |m, _| m.row_to_f32(0, out));
+        }
         scalar::row_to_f32(self, r, out);
     }
 
@@ -301,6 +345,11 @@ impl<'a> Matrix<'a> {
         }
         if self.kind.is_sub_scaled() {
             return subscales::with_rows(self, rows, |m, at| {
+                m.matvec_rows(x, 0..m.rows, &mut out[at])
+            });
+        }
+        if self.kind.is_planes() {
+            return planes::with_rows(self, rows, |m, at| {
                 m.matvec_rows(x, 0..m.rows, &mut out[at])
             });
         }
@@ -344,6 +393,11 @@ impl<'a> Matrix<'a> {
                 m.matvec_rows_x86(level, x, 0..m.rows, &mut out[at])
             });
         }
+        if self.kind.is_planes() {
+            return planes::with_rows(self, rows, |m, at| {
+                m.matvec_rows_x86(level, x, 0..m.rows, &mut out[at])
+            });
+        }
         let mut sums = GroupSums::new();
         // The integer kernel sums its own rounded x per group.
         let xsums = if x86::packed_vnni_takes(level, self) {
@@ -378,6 +432,11 @@ impl<'a> Matrix<'a> {
         }
         if self.kind.is_sub_scaled() {
             return subscales::with_rows(self, rows, |m, at| {
+                m.matvec_rows_scalar(x, 0..m.rows, &mut out[at])
+            });
+        }
+        if self.kind.is_planes() {
+            return planes::with_rows(self, rows, |m, at| {
                 m.matvec_rows_scalar(x, 0..m.rows, &mut out[at])
             });
         }

@@ -40,7 +40,7 @@ pub(super) unsafe fn matvec_rows(
             WeightKind::F32 => dot_f32(codes, x),
             WeightKind::F16 => dot_f16(codes, x),
             WeightKind::Bf16 => dot_bf16(codes, x),
-            WeightKind::Mxfp4 | WeightKind::Int4k | WeightKind::Int2k => {
+            WeightKind::Mxfp4 | WeightKind::Int4k | WeightKind::Int2k | WeightKind::Ap8 { .. } => {
                 unreachable!("handled above")
             }
             WeightKind::Int8 => dot_int8(codes, &m.scales[side], m.group_size, x),

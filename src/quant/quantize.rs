@@ -117,6 +117,7 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
         VariantKind::Int4k | VariantKind::Int2k => {
             subscaled_rows(variant.kind, layout.cols, src, codes, (scales, mins))
         }
+        VariantKind::Ap8 => unreachable!("ap8 quantizes whole experts: quant::planes"),
         VariantKind::Int4 | VariantKind::Int3 | VariantKind::Int2 => {
             let g = variant.group_size as usize;
             let bits = variant.kind.bits() as usize;
@@ -293,16 +294,16 @@ impl Lanes {
 
 /// Scratch for the per-element passes of one group. Each pass is a plain map over the group (which
 /// the compiler vectorizes); the sums over them follow in `Lanes`.
-struct Scratch {
-    q: Vec<f32>,
+pub(super) struct Scratch {
+    pub(super) q: Vec<f32>,
     a: Vec<f32>,
     b: Vec<f32>,
     /// Each value's weight in the asymmetric search's error (all 1 for int8's).
-    wt: Vec<f32>,
+    pub(super) wt: Vec<f32>,
 }
 
 impl Scratch {
-    fn new(g: usize) -> Scratch {
+    pub(super) fn new(g: usize) -> Scratch {
         Scratch {
             q: vec![0.0; g],
             a: vec![0.0; g],
@@ -383,9 +384,9 @@ fn quantize_group_int8(w: &[f32], sc: &mut Scratch, codes: &mut [u8]) -> f16 {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct AsymParams {
-    scale: f16,
-    min: f16,
+pub(super) struct AsymParams {
+    pub(super) scale: f16,
+    pub(super) min: f16,
 }
 
 /// The (scale, min) with the least squared error over the shrink grid and each grid point's
@@ -471,7 +472,7 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
 /// Each value's error weight into `sc.wt`: av + |w| (av the group's RMS; squared for int4): the
 /// larger weights matter more, as llama.cpp's k-quants weigh them without an importance matrix.
 /// The demo model's perplexity chose the forms (benches/results/2026-12-02-cpu-weighted-quant.md).
-fn weigh(w: &[f32], squared: bool, sc: &mut Scratch) {
+pub(super) fn weigh(w: &[f32], squared: bool, sc: &mut Scratch) {
     let mut sq = Lanes::new();
     for (a, &v) in sc.a.iter_mut().zip(w) {
         *a = v * v;
@@ -489,7 +490,7 @@ const REFINE_ROUNDS: usize = 4;
 
 /// The (scale, min) minimising sum wt (s q + m - w)^2 for the codes in `sc.q` (sk: sum wt,
 /// skw: sum wt w); None where the codes do not determine a positive scale.
-fn refit(w: &[f32], sk: f32, skw: f32, sc: &mut Scratch) -> Option<AsymParams> {
+pub(super) fn refit(w: &[f32], sk: f32, skw: f32, sc: &mut Scratch) -> Option<AsymParams> {
     for ((a, b), (&q, &k)) in
         sc.a.iter_mut()
             .zip(sc.b.iter_mut())
@@ -621,13 +622,15 @@ pub fn measure_error(
         mins: &stored[layout.mins.clone()],
     };
     m.check();
+    measure_view(m, src)
+}
+
+/// Measure the error of a stored matrix against the f32 source (`rows * cols` values).
+pub fn measure_view(m: Matrix, src: &[f32]) -> ErrorStats {
+    assert_eq!(src.len(), m.rows * m.cols, "source length vs matrix shape");
     let mut stats = ErrorStats::default();
-    let mut row = vec![0.0f32; layout.cols];
-    for (r, s) in src
-        .chunks_exact(layout.cols.max(1))
-        .enumerate()
-        .take(layout.rows)
-    {
+    let mut row = vec![0.0f32; m.cols];
+    for (r, s) in src.chunks_exact(m.cols.max(1)).enumerate().take(m.rows) {
         m.row_to_f32(r, &mut row);
         for (&a, &b) in row.iter().zip(s) {
             let d = a as f64 - b as f64;

@@ -51,7 +51,11 @@ pub(super) fn code_at(kind: WeightKind, codes: &[u8], i: usize) -> f32 {
         WeightKind::Int8 => codes[i] as i8 as f32,
         WeightKind::Int4 | WeightKind::Int4k => ((codes[i / 2] >> (4 * (i % 2))) & 0x0f) as f32,
         WeightKind::Int2 | WeightKind::Int2k => ((codes[i / 4] >> (2 * (i % 4))) & 0x03) as f32,
-        WeightKind::F32 | WeightKind::F16 | WeightKind::Bf16 | WeightKind::Mxfp4 => {
+        WeightKind::F32
+        | WeightKind::F16
+        | WeightKind::Bf16
+        | WeightKind::Mxfp4
+        | WeightKind::Ap8 { .. } => {
             unreachable!("not an integer code kind")
         }
     }
@@ -94,6 +98,7 @@ pub(super) fn row_to_f32(m: &Matrix, r: usize, out: &mut [f32]) {
         },
         WeightKind::Mxfp4 => unreachable!("mxfp4 rows: quant::mxfp4"),
         WeightKind::Int4k | WeightKind::Int2k => unreachable!("sub-scaled rows: quant::subscales"),
+        WeightKind::Ap8 { .. } => unreachable!("ap8 rows: quant::planes"),
         WeightKind::Int3 => {
             let gpr = m.groups_per_row();
             let mut q = [0u8; 64];
@@ -176,6 +181,7 @@ fn dot_row(m: &Matrix, r: usize, x: &[f32], xsums: &[f32]) -> f32 {
         WeightKind::Bf16 => dense(bf16_at),
         WeightKind::Mxfp4 => unreachable!("mxfp4 rows: quant::mxfp4"),
         WeightKind::Int4k | WeightKind::Int2k => unreachable!("sub-scaled rows: quant::subscales"),
+        WeightKind::Ap8 { .. } => unreachable!("ap8 rows: quant::planes"),
         WeightKind::Int8 | WeightKind::Int4 | WeightKind::Int3 | WeightKind::Int2 => {
             let gs = m.group_size;
             let gpr = m.groups_per_row();

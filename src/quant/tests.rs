@@ -4,6 +4,7 @@ use super::*;
 use crate::format::{MatrixLayout, Variant, VariantKind};
 
 mod batched;
+mod planes;
 mod quantizers;
 
 /// splitmix64: a tiny deterministic generator, enough for test data.
@@ -63,6 +64,7 @@ fn view<'a>(v: Variant, l: &MatrixLayout, bytes: &'a [u8]) -> Matrix<'a> {
         codes: &bytes[l.codes.clone()],
         scales: &bytes[l.scales.clone()],
         mins: &bytes[l.mins.clone()],
+        part: 0,
     })
 }
 
@@ -94,6 +96,7 @@ fn stored(
         WeightKind::Int2 => VariantKind::Int2,
         WeightKind::Int2k => VariantKind::Int2k,
         WeightKind::Mxfp4 => VariantKind::Mxfp4,
+        WeightKind::Ap8 { .. } => unreachable!("ap8 stores experts: tests/planes.rs"),
     };
     let v = variant(vk, g);
     let l = v.matrix_layout(rows, cols).unwrap();

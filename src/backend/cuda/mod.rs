@@ -134,6 +134,8 @@ fn kind_code(kind: WeightKind) -> i32 {
         WeightKind::Int3 => 7,
         WeightKind::Int4k => 8,
         WeightKind::Int2k => 9,
+        // The CUDA engine refuses ap8 views before it uploads anything (cli::engine).
+        WeightKind::Ap8 { .. } => 10,
     }
 }
 

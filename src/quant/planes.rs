@@ -1,0 +1,222 @@
+//! ap8, the any-precision variant (format::ap8): its quantizer, and the CPU's reading of a view.
+//!
+//! The CPU multiplies with a view of width k by expanding a block of rows into a matrix its
+//! kernels take, with each group's (scale, min) from `ap8::group_params`: int2 (width 2: the top
+//! chunk's bytes are int2 codes as they are), int4 (width 4: nibbles from the top chunk and two
+//! planes) or f32 values (the other widths).
+
+use std::ops::Range;
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::quantize::{refit, weigh, Scratch};
+use super::scalar::f16_at;
+use super::{Matrix, WeightKind};
+use crate::format::ap8::{self, ApLayout, PartLayout};
+
+/// Rows expanded per block (64 rows of 4096 f32 values: 1 MiB).
+const BLOCK_ROWS: usize = 64;
+
+/// The layout and part of an ap8 view's matrix, and its width.
+fn geometry(m: &Matrix) -> (PartLayout, u8) {
+    let WeightKind::Ap8 { width, part } = m.kind else {
+        unreachable!("planes::geometry on {:?}", m.kind)
+    };
+    let layout = ApLayout::new(m.rows * m.cols, m.group_size).expect("checked by the reader");
+    (layout.parts[usize::from(part)], width)
+}
+
+/// Bytes an ap8 view's `codes` must hold (its prefix).
+pub(super) fn prefix_len(m: &Matrix) -> usize {
+    let WeightKind::Ap8 { width, .. } = m.kind else {
+        return 0;
+    };
+    ApLayout::new(m.rows * m.cols, m.group_size).map_or(usize::MAX, |l| l.prefix(width))
+}
+
+/// Code `i` of a part at width `k`: the top two bits, then planes 5, 4, ... as lower bits.
+#[inline]
+fn code(bytes: &[u8], p: &PartLayout, k: u8, i: usize) -> u8 {
+    let mut q = (bytes[p.top + i / 4] >> (2 * (i % 4))) & 3;
+    for &at in &p.planes[..usize::from(k) - 2] {
+        q = (q << 1) | ((bytes[at + i / 8] >> (i % 8)) & 1);
+    }
+    q
+}
+
+/// Group `gi`'s (scale, min) at width `k`.
+fn params(bytes: &[u8], p: &PartLayout, k: u8, gi: usize) -> (f16, f16) {
+    let s8 = f16::from_f32(f16_at(&bytes[p.s8..], gi));
+    let m8 = f16::from_f32(f16_at(&bytes[p.m8..], gi));
+    let c = match k {
+        2..=4 => bytes[p.corr[usize::from(k) - 2] + gi],
+        _ => 0,
+    };
+    ap8::group_params(k, s8, m8, c)
+}
+
+/// `f(view, at)` for each block of `rows`: `view` the block as an int2, int4 or f32 matrix (its
+/// row 0 the block's first), `at` the block's place in a per-row output of `rows`.
+pub(super) fn with_rows(m: &Matrix, rows: Range<usize>, mut f: impl FnMut(&Matrix, Range<usize>)) {
+    let (p, k) = geometry(m);
+    let (cols, g) = (m.cols, m.group_size);
+    let gpr = cols / g;
+    let n = BLOCK_ROWS.min(rows.len());
+    let (mut scales, mut mins) = (vec![0u16; n * gpr], vec![0u16; n * gpr]);
+    let mut codes = vec![0u8; if k == 4 { n * cols / 2 } else { 0 }];
+    let mut values = vec![0f32; if k == 2 || k == 4 { 0 } else { n * cols }];
+    let mut start = rows.start;
+    while start < rows.end {
+        let end = (start + BLOCK_ROWS).min(rows.end);
+        let nr = end - start;
+        for (j, r) in (start..end).enumerate() {
+            for c in 0..gpr {
+                let (s, mn) = params(m.codes, &p, k, r * gpr + c);
+                scales[j * gpr + c] = s.to_bits();
+                mins[j * gpr + c] = mn.to_bits();
+            }
+        }
+        let view = match k {
+            2 => Matrix {
+                kind: WeightKind::Int2,
+                group_size: g,
+                rows: nr,
+                cols,
+                codes: &m.codes[p.top + start * cols / 4..p.top + end * cols / 4],
+                scales: bytemuck::cast_slice(&scales[..nr * gpr]),
+                mins: bytemuck::cast_slice(&mins[..nr * gpr]),
+            },
+            4 => {
+                let base = start * cols;
+                for (b, out) in codes[..nr * cols / 2].iter_mut().enumerate() {
+                    let i = base + 2 * b;
+                    *out = code(m.codes, &p, 4, i) | (code(m.codes, &p, 4, i + 1) << 4);
+                }
+                Matrix {
+                    kind: WeightKind::Int4,
+                    group_size: g,
+                    rows: nr,
+                    cols,
+                    codes: &codes[..nr * cols / 2],
+                    scales: bytemuck::cast_slice(&scales[..nr * gpr]),
+                    mins: bytemuck::cast_slice(&mins[..nr * gpr]),
+                }
+            }
+            _ => {
+                let base = start * cols;
+                for (e, v) in values[..nr * cols].iter_mut().enumerate() {
+                    let gi = e / g;
+                    let s = f16::from_bits(scales[gi]).to_f32();
+                    let mn = f16::from_bits(mins[gi]).to_f32();
+                    *v = s * f32::from(code(m.codes, &p, k, base + e)) + mn;
+                }
+                Matrix::dense(
+                    crate::format::DType::F32,
+                    nr,
+                    cols,
+                    bytemuck::cast_slice(&values[..nr * cols]),
+                )
+            }
+        };
+        f(&view, start - rows.start..end - rows.start);
+        start = end;
+    }
+}
+
+/// One ap8 expert blob from its three matrices' values (gate and up [ffn, hidden], down
+/// [hidden, ffn]): each group's parent over its [min, max], codes round((w - m8) / s8), the
+/// correction byte of widths 2..=4 nearest to a weighted least-squares refit of that width's
+/// codes and then the best of its neighbours within 1, and the header's prefix checksums.
+pub fn quantize_expert(group: usize, n: usize, parts: [&[f32]; 3]) -> Vec<u8> {
+    let layout = ApLayout::new(n, group).expect("the writer checked the shape");
+    let mut blob = vec![0u8; layout.prefix(ap8::MAX_WIDTH)];
+    for (p, src) in layout.parts.iter().zip(parts) {
+        assert_eq!(src.len(), n, "ap8 part length");
+        // Per group: s8, m8, three correction bytes, 64 codes per 64 values.
+        let groups: Vec<(f16, f16, [u8; 3], Vec<u8>)> = src
+            .par_chunks(group)
+            .map_init(|| Scratch::new(group), |sc, w| quantize_group(w, sc))
+            .collect();
+        for (gi, (s8, m8, corr, q)) in groups.iter().enumerate() {
+            blob[p.s8 + 2 * gi..p.s8 + 2 * gi + 2].copy_from_slice(&s8.to_le_bytes());
+            blob[p.m8 + 2 * gi..p.m8 + 2 * gi + 2].copy_from_slice(&m8.to_le_bytes());
+            for (t, &c) in corr.iter().enumerate() {
+                blob[p.corr[t] + gi] = c;
+            }
+            for (e, &q) in q.iter().enumerate() {
+                let i = gi * group + e;
+                blob[p.top + i / 4] |= (q >> 6) << (2 * (i % 4));
+                for (t, &at) in p.planes.iter().enumerate() {
+                    blob[at + i / 8] |= ((q >> (5 - t)) & 1) << (i % 8);
+                }
+            }
+        }
+    }
+    for k in ap8::MIN_WIDTH..ap8::MAX_WIDTH {
+        let crc = crc32c::crc32c(&blob[ap8::HEADER..layout.prefix(k)]);
+        let at = 4 * usize::from(k - ap8::MIN_WIDTH);
+        blob[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+    }
+    blob
+}
+
+/// One group: its parent pair, correction bytes for widths 2..=4 and 8-bit codes.
+fn quantize_group(w: &[f32], sc: &mut Scratch) -> (f16, f16, [u8; 3], Vec<u8>) {
+    let lo = w.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+    let hi = w.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+    let s8 = f16::from_f32((hi - lo) / 255.0);
+    let m8 = f16::from_f32(lo);
+    let (s, m) = (s8.to_f32(), m8.to_f32());
+    let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+    let q: Vec<u8> = w
+        .iter()
+        .map(|&v| ((v - m) * inv).round_ties_even().clamp(0.0, 255.0) as u8)
+        .collect();
+    let mut corr = [0u8; 3];
+    for (t, &k) in ap8::CORRECTED.iter().enumerate() {
+        corr[t] = correction_for(w, &q, s8, m8, k, sc);
+    }
+    (s8, m8, corr, q)
+}
+
+/// The correction byte of width `k` with the least weighted error for the group's codes.
+fn correction_for(w: &[f32], q8: &[u8], s8: f16, m8: f16, k: u8, sc: &mut Scratch) -> u8 {
+    let shift = ap8::MAX_WIDTH - k;
+    for (q, &c) in sc.q.iter_mut().zip(q8) {
+        *q = f32::from(c >> shift);
+    }
+    weigh(w, k >= 4, sc);
+    let (mid_s, mid_m) = ap8::group_params(k, s8, m8, 0);
+    let (mid_s, mid_m) = (mid_s.to_f32(), mid_m.to_f32());
+    let sk: f32 = sc.wt.iter().sum();
+    let skw: f32 = sc.wt.iter().zip(w).map(|(k, v)| k * v).sum();
+    // The refit as a starting point; midpoint (a, b) = (0, 0) when the codes do not fix one.
+    let (a0, b0) = match (mid_s > 0.0, refit(w, sk, skw, sc)) {
+        (true, Some(p)) => (
+            ((p.scale.to_f32() / mid_s - 1.0) * 96.0).round() as i32,
+            ((p.min.to_f32() - mid_m) / mid_s * 24.0).round() as i32,
+        ),
+        _ => (0, 0),
+    };
+    let err = |c: u8| -> f32 {
+        let (s, m) = ap8::group_params(k, s8, m8, c);
+        let (s, m) = (s.to_f32(), m.to_f32());
+        w.iter()
+            .zip(&sc.q)
+            .zip(&sc.wt)
+            .map(|((&v, &q), &wt)| wt * (s * q + m - v) * (s * q + m - v))
+            .sum()
+    };
+    let mut best = (err(0), 0u8);
+    for a in (a0 - 1).clamp(-8, 7)..=(a0 + 1).clamp(-8, 7) {
+        for b in (b0 - 1).clamp(-8, 7)..=(b0 + 1).clamp(-8, 7) {
+            let c = ap8::correction_byte(a as i8, b as i8);
+            let e = err(c);
+            if e < best.0 {
+                best = (e, c);
+            }
+        }
+    }
+    best.1
+}

@@ -1,0 +1,120 @@
+//! ap8 (quant::planes): every width's kernels against the dequantize-then-multiply reference,
+//! and a hand-built group that pins the byte layout of formats/hob.md.
+
+use half::f16;
+
+use super::{check_kernels, Rng};
+use crate::format::ap8::{self, ApLayout};
+use crate::quant::{quantize_ap8_expert, Matrix, WeightKind};
+
+/// Matrix `part` of an ap8 blob read at `width` (gate and up [ffn, hidden], down [hidden, ffn]).
+fn part<'a>(blob: &'a [u8], (hidden, ffn): (usize, usize), width: u8, part: u8) -> Matrix<'a> {
+    let (rows, cols) = if part == 2 {
+        (hidden, ffn)
+    } else {
+        (ffn, hidden)
+    };
+    let prefix = ApLayout::new(hidden * ffn, 64).unwrap().prefix(width);
+    Matrix {
+        kind: WeightKind::Ap8 { width, part },
+        group_size: 64,
+        rows,
+        cols,
+        codes: &blob[..prefix],
+        scales: &[],
+        mins: &[],
+    }
+}
+
+#[test]
+fn every_width_matches_the_reference_and_narrows_gracefully() {
+    let mut rng = Rng(54);
+    let (hidden, ffn) = (128, 192);
+    let n = hidden * ffn;
+    let src: Vec<Vec<f32>> = (0..3).map(|_| rng.normals(n)).collect();
+    let blob = quantize_ap8_expert(64, n, [&src[0], &src[1], &src[2]]);
+    let mut last = f64::INFINITY;
+    for width in ap8::MIN_WIDTH..=ap8::MAX_WIDTH {
+        let (mut sse, mut ss) = (0f64, 0f64);
+        for p in 0..3u8 {
+            let m = part(&blob, (hidden, ffn), width, p);
+            let x = rng.normals(m.cols);
+            check_kernels(&m, &x);
+            for (a, b) in m.to_f32().iter().zip(&src[usize::from(p)]) {
+                sse += f64::from(a - b).powi(2);
+                ss += f64::from(*b).powi(2);
+            }
+            // A prefill product is the matvec's, token by token.
+            let xs = rng.normals(3 * m.cols);
+            let mut batched = vec![0.0; 3 * m.rows];
+            m.matmul_rows(&xs, 3, 0..m.rows, &mut batched, &mut Vec::new());
+            for t in 0..3 {
+                let mut one = vec![0.0; m.rows];
+                m.matvec_rows_scalar(&xs[t * m.cols..(t + 1) * m.cols], 0..m.rows, &mut one);
+                for (r, &o) in one.iter().enumerate() {
+                    let b = batched[r * 3 + t];
+                    assert!(
+                        (o - b).abs() <= 1e-4 * (1.0 + o.abs()),
+                        "w{width} row {r}: {o} {b}"
+                    );
+                }
+            }
+        }
+        let rel = (sse / ss).sqrt();
+        // Normal values: the separate widths' errors are 0.34 / 0.17 / 0.085 at 2 / 3 / 4 bits.
+        let bound = [0.37, 0.19, 0.095, 0.05, 0.025, 0.013, 0.0065][usize::from(width - 2)];
+        assert!(
+            rel < bound && rel < last,
+            "width {width}: relative RMS {rel}"
+        );
+        last = rel;
+    }
+    // The header holds each narrower view's checksum of what follows it.
+    let l = ApLayout::new(n, 64).unwrap();
+    for k in 2..8u8 {
+        let at = 4 * usize::from(k - 2);
+        let crc = u32::from_le_bytes(blob[at..at + 4].try_into().unwrap());
+        assert_eq!(
+            crc,
+            crc32c::crc32c(&blob[ap8::HEADER..l.prefix(k)]),
+            "width {k}"
+        );
+    }
+}
+
+/// One value placed by hand: the up matrix's row 3, column 5, parent code 181 = 0b10_110101.
+#[test]
+fn known_ap8_value_pins_its_bytes() {
+    let (hidden, ffn) = (64, 64);
+    let l = ApLayout::new(hidden * ffn, 64).unwrap();
+    let mut blob = vec![0u8; l.prefix(8)];
+    let p = l.parts[1];
+    // Group 3 (row 3: one group a row) of the up matrix: s8 1.0, m8 -2.0.
+    blob[p.s8 + 6..p.s8 + 8].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
+    blob[p.m8 + 6..p.m8 + 8].copy_from_slice(&f16::from_f32(-2.0).to_le_bytes());
+    // Width 2's correction: a = 1 (low nibble), b = -2 (high nibble 0xe).
+    blob[p.corr[0] + 3] = 0xe1;
+    let i = 3 * 64 + 5;
+    blob[p.top + i / 4] |= 0b10 << (2 * (i % 4));
+    for (t, bit) in [1u8, 1, 0, 1, 0, 1].into_iter().enumerate() {
+        blob[p.planes[t] + i / 8] |= bit << (i % 8);
+    }
+    let value = |width: u8| {
+        let m = part(&blob, (hidden, ffn), width, 1);
+        let mut row = vec![0.0; 64];
+        m.row_to_f32(3, &mut row);
+        row[5]
+    };
+    let f = |v: f32| f16::from_f32(v).to_f32();
+    assert_eq!(value(8), 181.0 - 2.0);
+    // Width 4: code 11, buckets of 16 codes, scale 16, min -2 + 7.5 (no correction).
+    assert_eq!(value(4), 11.0 * 16.0 + 5.5);
+    // Width 3: code 5 = 0b101, buckets of 32.
+    assert_eq!(value(3), 5.0 * 32.0 + (-2.0 + 15.5));
+    // Width 2: code 2, scale 64 (1 + 1/96), min (-2 + 31.5) - 2 * 64 / 24, each rounded to f16.
+    let s = f(64.0 * (1.0 + 1.0 / 96.0));
+    assert_eq!(value(2), s * 2.0 + f(29.5 + -2.0 * 64.0 / 24.0));
+    // The other matrices and rows read nothing of it.
+    let gate = part(&blob, (hidden, ffn), 8, 0).to_f32();
+    assert!(gate.iter().all(|&v| v == 0.0));
+}
