@@ -35,12 +35,44 @@ pub(super) fn prefix_len(m: &Matrix) -> usize {
     ApLayout::new(m.rows * m.cols, m.group_size).map_or(usize::MAX, |l| l.prefix(width))
 }
 
-/// Code `i` of a part at width `k`: the top two bits, then planes 5, 4, ... as lower bits.
+/// Bit i of a byte as byte i of a u64 (0 or 1).
+const SPREAD1: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut i = 0;
+        while i < 8 {
+            t[b] |= (((b >> i) & 1) as u64) << (8 * i);
+            i += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// The four 2-bit codes of a byte (int2's order) as bytes 0..4 of a u64.
+const SPREAD2: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut i = 0;
+        while i < 4 {
+            t[b] |= (((b >> (2 * i)) & 3) as u64) << (8 * i);
+            i += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// Codes `i..i + 8` of a part at width `k` (i a multiple of 8), one a byte of the result: the
+/// top two bits, then planes 5, 4, ... as lower bits (no carries cross bytes: every code < 256).
 #[inline]
-fn code(bytes: &[u8], p: &PartLayout, k: u8, i: usize) -> u8 {
-    let mut q = (bytes[p.top + i / 4] >> (2 * (i % 4))) & 3;
+fn codes8(bytes: &[u8], p: &PartLayout, k: u8, i: usize) -> u64 {
+    let top = &bytes[p.top + i / 4..p.top + i / 4 + 2];
+    let mut q = SPREAD2[usize::from(top[0])] | (SPREAD2[usize::from(top[1])] << 32);
     for &at in &p.planes[..usize::from(k) - 2] {
-        q = (q << 1) | ((bytes[at + i / 8] >> (i % 8)) & 1);
+        q = (q << 1) | SPREAD1[usize::from(bytes[at + i / 8])];
     }
     q
 }
@@ -89,9 +121,13 @@ pub(super) fn with_rows(m: &Matrix, rows: Range<usize>, mut f: impl FnMut(&Matri
             },
             4 => {
                 let base = start * cols;
-                for (b, out) in codes[..nr * cols / 2].iter_mut().enumerate() {
-                    let i = base + 2 * b;
-                    *out = code(m.codes, &p, 4, i) | (code(m.codes, &p, 4, i + 1) << 4);
+                for (b, out) in codes[..nr * cols / 2].chunks_exact_mut(4).enumerate() {
+                    // Eight codes, a byte each, to four bytes of nibble pairs.
+                    let q = codes8(m.codes, &p, 4, base + 8 * b);
+                    let pairs = (q | (q >> 4)) & 0x00ff_00ff_00ff_00ff;
+                    for (j, o) in out.iter_mut().enumerate() {
+                        *o = (pairs >> (16 * j)) as u8;
+                    }
                 }
                 Matrix {
                     kind: WeightKind::Int4,
@@ -105,11 +141,15 @@ pub(super) fn with_rows(m: &Matrix, rows: Range<usize>, mut f: impl FnMut(&Matri
             }
             _ => {
                 let base = start * cols;
-                for (e, v) in values[..nr * cols].iter_mut().enumerate() {
-                    let gi = e / g;
+                for (gi, vg) in values[..nr * cols].chunks_exact_mut(g).enumerate() {
                     let s = f16::from_bits(scales[gi]).to_f32();
                     let mn = f16::from_bits(mins[gi]).to_f32();
-                    *v = s * f32::from(code(m.codes, &p, k, base + e)) + mn;
+                    for (j, v8) in vg.chunks_exact_mut(8).enumerate() {
+                        let q = codes8(m.codes, &p, k, base + gi * g + 8 * j).to_le_bytes();
+                        for (v, &q) in v8.iter_mut().zip(&q) {
+                            *v = s * f32::from(q) + mn;
+                        }
+                    }
                 }
                 Matrix::dense(
                     crate::format::DType::F32,
