@@ -25,6 +25,10 @@
 #                                        its f16 run; then the synthetic shape with the routing replayed under
 #                                        jetson-orin-nx-16g (int4 high) and rtx4060ti-16g (int8 high), each low
 #                                        tier at the same cache -> $OUT/int3.md
+#   bash tools/families_gpu.sh lowbits   issue 54: train the router model (as `trace`, BUDGET seconds), fit T1/T2 to
+#                                        67/30/3, and KL against its f16 run (CPU, every route in its scored
+#                                        precision) for int8/int4/int4k/int3/int2/int2k, ap8's widths and HOBBIT
+#                                        pairs of each -> $OUT/lowbits.md
 #   bash tools/families_gpu.sh phi-trace train tools/train_router.py --layout phimoe (16 experts, top-2 by its
 #                                        sparsemixer), fit T1/T2 to 67/30/3, record its Hamlet trace
 #                                        -> /tmp/phir-trace.jsonl and $OUT/phi-trace.env (PTRACE, PT1, PT2)
@@ -234,6 +238,28 @@ int3)
     hobrow "rtx4060ti-16g int8+$lo" --platform rtx4060ti-16g "${rt[@]}" --expert-variant int8 --low "$lo" --expert-cache "$c8"
   done
   { echo; echo "## Replayed routing, expert caches $c4 GiB (Orin NX) and $c8 GiB (16 GB)"; echo; cat "$out/qwen3.md"; } >> "$h"
+  cat "$h" ;;
+lowbits)
+  h="$out/lowbits.md"; w=/tmp/q3r; q=/tmp/q3r-low.hob; t=/tmp/q3r-low.log
+  [ -f "$w/config.json" ] || python3 tools/train_router.py "$w" --data .gpu/shakes --budget "${BUDGET:-150}" > "$t" 2>&1 \
+    || { tail "$t"; exit 1; }
+  cp tests/fixtures/mistral/tokenizer.json "$w/"
+  "$hob" convert --from "$w" --experts f16,int8,int4,int4k,int3,int2,int2k,ap8 -o "$q" --no-progress >> "$t" 2>&1 || exit 1
+  "$hob" calibrate -m "$q" -f .gpu/hamlet-60k.txt --split 67/30/3 --expert-variant f16 --low int4 >> "$t" 2>&1 || exit 1
+  t1=$(grep "^fitted" "$t" | sed 's/.*T1 = \([0-9.]*\),.*/\1/'); t2=$(grep "^fitted" "$t" | sed 's/.*T2 = \([0-9.]*\) .*/\1/')
+  pp=(-f .gpu/hamlet-60k.txt -c 512 --chunks 20 --device cpu -t "$(nproc)")
+  "$hob" perplexity -m "$q" "${pp[@]}" --expert-variant f16 --low none --kl-divergence-base /tmp/q3r-low.kld >> "$t" 2>&1
+  { echo "## KL against f16, the trained router's model (CPU; Hamlet, 20 chunks of 512; pairs at T1 $t1, T2 $t2)"
+    echo '```'; } > "$h"
+  for row in int8 ap8 int4 int4k ap8@4 int3 ap8@3 int2 int2k ap8@2 f16:int4 f16:int4k int8:int2 int8:int2k \
+      ap8:ap8@2 ap8:ap8@3 int4:int2 int4k:int2k; do
+    hi=${row%%:*}; lo=none; th=()
+    [ "$row" != "$hi" ] && { lo=${row##*:}; th=(--t1 "$t1" --t2 "$t2"); }
+    echo "== $row" >> "$h"
+    "$hob" perplexity -m "$q" "${pp[@]}" --expert-variant "$hi" --low "$lo" "${th[@]}" \
+      --kl-divergence-base /tmp/q3r-low.kld --kl-divergence 2>&1 | grep -E "Final|Mean KL|Same top|Routes" >> "$h"
+  done
+  echo '```' >> "$h"; grep -E "best|^fitted|loss" "$t" | tail -4 >> "$h"
   cat "$h" ;;
 phi-trace)
   [ -f .gpu/shakes/train.bin ] && [ -f .gpu/hamlet-60k.txt ] \
@@ -509,5 +535,5 @@ deepseek)
     llrow "$round: Q4_K_M, all layers on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
   done
   mv "$out/qwen3.md" "$out/deepseek.md"; cat "$out/deepseek.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|int3|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac
