@@ -348,6 +348,10 @@ impl<'a> Matrix<'a> {
                 m.matvec_rows(x, 0..m.rows, &mut out[at])
             });
         }
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(level)) = (self.kind.is_planes(), x86::Level::detected()) {
+            return self.matvec_rows_x86(level, x, rows, out);
+        }
         if self.kind.is_planes() {
             return planes::with_rows(self, rows, |m, at| {
                 m.matvec_rows(x, 0..m.rows, &mut out[at])
@@ -394,6 +398,11 @@ impl<'a> Matrix<'a> {
             });
         }
         if self.kind.is_planes() {
+            if level >= x86::Level::Avx512 && x86::has_bmi2() {
+                // SAFETY: AVX-512F, F16C and BMI2 are present (level and the check above); `check`
+                // and `check_call` established the prefix's length and x's and out's.
+                return unsafe { x86::ap8_rows(self, x, rows, out) };
+            }
             return planes::with_rows(self, rows, |m, at| {
                 m.matvec_rows_x86(level, x, 0..m.rows, &mut out[at])
             });

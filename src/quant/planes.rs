@@ -3,7 +3,8 @@
 //! The CPU multiplies with a view of width k by expanding a block of rows into a matrix its
 //! kernels take, with each group's (scale, min) from `ap8::group_params`: int2 (width 2: the top
 //! chunk's bytes are int2 codes as they are), int4 (width 4: nibbles from the top chunk and two
-//! planes) or f32 values (the other widths).
+//! planes) or f32 values (the other widths). Decode on AVX-512 reads the planes directly instead
+//! (x86/planes.rs: 2-4x faster, benches/results/2026-12-04-cpu-issue54-ap8.md).
 
 use std::ops::Range;
 
@@ -19,7 +20,7 @@ use crate::format::ap8::{self, ApLayout, PartLayout};
 const BLOCK_ROWS: usize = 64;
 
 /// The layout and part of an ap8 view's matrix, and its width.
-fn geometry(m: &Matrix) -> (PartLayout, u8) {
+pub(super) fn geometry(m: &Matrix) -> (PartLayout, u8) {
     let WeightKind::Ap8 { width, part } = m.kind else {
         unreachable!("planes::geometry on {:?}", m.kind)
     };

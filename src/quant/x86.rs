@@ -27,9 +27,13 @@ use std::sync::OnceLock;
 
 use super::{scalar, Matrix, WeightKind};
 
+mod planes;
 mod tile;
 mod vnni;
 
+#[cfg(test)]
+pub(super) use planes::ap8_params;
+pub(super) use planes::ap8_rows;
 pub(super) use tile::{dequant_rows_512, matmul_f32_512, TileRows};
 pub(super) use vnni::packed_vnni_rows;
 
@@ -37,6 +41,11 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
+}
+
+/// BMI2 (`pext`: the ap8 kernel's top bits), present on every AVX-512 CPU but checked all the same.
+pub(super) fn has_bmi2() -> bool {
+    is_x86_feature_detected!("bmi2")
 }
 
 /// The kernels `matvec_rows` may take, each level adding CPU features to the one before: the

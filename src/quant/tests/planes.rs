@@ -118,3 +118,41 @@ fn known_ap8_value_pins_its_bytes() {
     let gate = part(&blob, (hidden, ffn), 8, 0).to_f32();
     assert!(gate.iter().all(|&v| v == 0.0));
 }
+
+/// The AVX-512 tables are `ap8::group_params`, bit for bit: random parents (normal, subnormal,
+/// large) and every correction byte, at every width.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn simd_group_params_are_the_scalar_ones() {
+    use crate::quant::x86::Level;
+    if Level::detected().is_none_or(|l| l < Level::Avx512) {
+        return;
+    }
+    let mut rng = Rng(8);
+    let n = 256 + 5;
+    let pick = |r: &mut Rng| match r.next_u64() % 4 {
+        0 => f16::from_bits(r.next_u64() as u16 & 0x03ff), // subnormal
+        1 => f16::from_f32((r.normal() * 3000.0).abs()),
+        _ => f16::from_f32(r.normal().abs() * 0.01),
+    };
+    let s8: Vec<u8> = (0..n).flat_map(|_| pick(&mut rng).to_le_bytes()).collect();
+    let m8: Vec<u8> = (0..n)
+        .flat_map(|_| f16::from_f32(-rng.normal()).to_le_bytes())
+        .collect();
+    let corr: Vec<u8> = (0..n).map(|i| i as u8).collect();
+    for k in 2..=8u8 {
+        let c = (2..=4).contains(&k).then_some(&corr[..]);
+        let (mut s, mut m) = (vec![0f32; n], vec![0f32; n]);
+        // SAFETY: AVX-512F and F16C (checked above); every slice holds n groups.
+        unsafe { crate::quant::x86::ap8_params(k, (&s8, &m8, c), &mut s, &mut m) };
+        for j in 0..n {
+            let f = |b: &[u8]| f16::from_le_bytes([b[2 * j], b[2 * j + 1]]);
+            let (ws, wm) = ap8::group_params(k, f(&s8), f(&m8), c.map_or(0, |c| c[j]));
+            assert_eq!(
+                (s[j].to_bits(), m[j].to_bits()),
+                (ws.to_f32().to_bits(), wm.to_f32().to_bits()),
+                "k {k} group {j}"
+            );
+        }
+    }
+}
