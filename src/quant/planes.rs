@@ -12,7 +12,6 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::quantize::{refit, weigh, Scratch};
-use super::scalar::f16_at;
 use super::{Matrix, WeightKind};
 use crate::format::ap8::{self, ApLayout, PartLayout};
 
@@ -78,15 +77,23 @@ fn codes8(bytes: &[u8], p: &PartLayout, k: u8, i: usize) -> u64 {
     q
 }
 
-/// Group `gi`'s (scale, min) at width `k`.
-fn params(bytes: &[u8], p: &PartLayout, k: u8, gi: usize) -> (f16, f16) {
-    let s8 = f16::from_f32(f16_at(&bytes[p.s8..], gi));
-    let m8 = f16::from_f32(f16_at(&bytes[p.m8..], gi));
-    let c = match k {
-        2..=4 => bytes[p.corr[usize::from(k) - 2] + gi],
-        _ => 0,
+/// The parent pairs (f16 bytes) and, for the corrected widths, the correction bytes of a run of
+/// groups, each slice starting at its first group.
+pub(super) type Tables<'a> = (&'a [u8], &'a [u8], Option<&'a [u8]>);
+
+/// Group `j` of `t`'s (scale, min) at width `k`.
+pub(super) fn table_at(k: u8, (s8, m8, corr): Tables, j: usize) -> (f16, f16) {
+    let f = |b: &[u8]| f16::from_le_bytes([b[2 * j], b[2 * j + 1]]);
+    ap8::group_params(k, f(s8), f(m8), corr.map_or(0, |c| c[j]))
+}
+
+/// A part's tables at width `k` (its corrections where `k` has them).
+pub(super) fn part_tables<'a>(bytes: &'a [u8], p: &PartLayout, k: u8) -> Tables<'a> {
+    let corr = match k {
+        2..=4 => Some(&bytes[p.corr[usize::from(k) - 2]..]),
+        _ => None,
     };
-    ap8::group_params(k, s8, m8, c)
+    (&bytes[p.s8..], &bytes[p.m8..], corr)
 }
 
 /// `f(view, at)` for each block of `rows`: `view` the block as an int2, int4 or f32 matrix (its
@@ -99,13 +106,14 @@ pub(super) fn with_rows(m: &Matrix, rows: Range<usize>, mut f: impl FnMut(&Matri
     let (mut scales, mut mins) = (vec![0u16; n * gpr], vec![0u16; n * gpr]);
     let mut codes = vec![0u8; if k == 4 { n * cols / 2 } else { 0 }];
     let mut values = vec![0f32; if k == 2 || k == 4 { 0 } else { n * cols }];
+    let tables = part_tables(m.codes, &p, k);
     let mut start = rows.start;
     while start < rows.end {
         let end = (start + BLOCK_ROWS).min(rows.end);
         let nr = end - start;
         for (j, r) in (start..end).enumerate() {
             for c in 0..gpr {
-                let (s, mn) = params(m.codes, &p, k, r * gpr + c);
+                let (s, mn) = table_at(k, tables, r * gpr + c);
                 scales[j * gpr + c] = s.to_bits();
                 mins[j * gpr + c] = mn.to_bits();
             }

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::format::ap8;
-use crate::quant::planes::geometry;
+use crate::quant::planes::{geometry, part_tables, table_at, Tables};
 
 /// Every (scale, min) of `n` groups at width `k` from their parent pairs (f16 bytes `s8`, `m8`)
 /// and, for the corrected widths, their correction bytes: `ap8::group_params`, 16 groups at a
@@ -15,12 +15,8 @@ use crate::quant::planes::geometry;
 /// # Safety
 /// AVX-512F and F16C; `s8`, `m8` hold 2 n bytes, `corr` n bytes where given, `s`, `m` n values.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(in crate::quant) unsafe fn ap8_params(
-    k: u8,
-    (s8, m8, corr): (&[u8], &[u8], Option<&[u8]>),
-    s: &mut [f32],
-    m: &mut [f32],
-) {
+pub(in crate::quant) unsafe fn ap8_params(k: u8, tables: Tables, s: &mut [f32], m: &mut [f32]) {
+    let (s8, m8, corr) = tables;
     let n = s.len();
     let h = (1u32 << (ap8::MAX_WIDTH - k.min(ap8::MAX_WIDTH))) as f32;
     let mut i = 0;
@@ -56,8 +52,7 @@ pub(in crate::quant) unsafe fn ap8_params(
         i += 16;
     }
     for j in i..n {
-        let f = |b: &[u8]| half::f16::from_le_bytes([b[2 * j], b[2 * j + 1]]);
-        let (a, b) = ap8::group_params(k, f(s8), f(m8), corr.map_or(0, |c| c[j]));
+        let (a, b) = table_at(k, tables, j);
         (s[j], m[j]) = (a.to_f32(), b.to_f32());
     }
 }
@@ -81,12 +76,9 @@ pub(in crate::quant) unsafe fn ap8_rows(
     group_sums(x, g, &mut xsums);
     // Every group of the rows at once: a row of ap8 often holds fewer than 16 groups.
     let (g0, ng) = (rows.start * gpr, rows.len() * gpr);
-    let corr = match k {
-        2..=4 => Some(&m.codes[p.corr[usize::from(k) - 2] + g0..]),
-        _ => None,
-    };
+    let (s8, m8, corr) = part_tables(m.codes, &p, k);
     let (mut sv, mut mv) = (vec![0f32; ng], vec![0f32; ng]);
-    let tables = (&m.codes[p.s8 + 2 * g0..], &m.codes[p.m8 + 2 * g0..], corr);
+    let tables = (&s8[2 * g0..], &m8[2 * g0..], corr.map(|c| &c[g0..]));
     ap8_params(k, tables, &mut sv, &mut mv);
     let b = m.codes.as_ptr();
     // Lane weights of the top chunk's two bits, then of each plane read.
