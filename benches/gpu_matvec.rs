@@ -19,8 +19,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::CompileOptions;
 use hob::backend::cpu::CpuBackend;
 use hob::backend::cuda::{self, q_smem, DevMat, Gpu, QFamily, QKernel, SlotArgs, SLOTS_MAX_K};
-use hob::format::{DType, Variant};
-use hob::quant::Matrix;
+use hob::format::{ap8, DType, Variant};
+use hob::quant::{Matrix, WeightKind};
 
 const SHAPES: [(usize, usize); 2] = [(14336, 4096), (4096, 14336)];
 const ITERS: usize = 100;
@@ -174,7 +174,8 @@ fn main() {
     // GPU_MATVEC_KINDS=int2,int4: only those kinds (a quicker A/B of one kernel).
     let only = std::env::var("GPU_MATVEC_KINDS").ok();
     for kind in [
-        "f16", "bf16", "int8", "int4", "int4k", "int3", "int2", "int2k", "mxfp4",
+        "f16", "bf16", "int8", "int4", "int4k", "int3", "int2", "int2k", "mxfp4", "ap8@2", "ap8@3",
+        "ap8@4", "ap8@8",
     ] {
         if only
             .as_deref()
@@ -659,7 +660,11 @@ impl TestMat {
         }
         let base = cuda::ptr(&dev, &gpu.stream);
         let m = viewer(&host);
-        let bytes = m.codes.len() + m.scales.len() + m.mins.len();
+        let bytes = match m.kind {
+            // One matrix of an ap8 expert's prefix: a third of it, less the header.
+            WeightKind::Ap8 { .. } => (m.codes.len() - ap8::HEADER) / 3,
+            _ => m.codes.len() + m.scales.len() + m.mins.len(),
+        };
         let off = |s: &[u8]| {
             if s.is_empty() {
                 0
@@ -719,6 +724,31 @@ fn layout(kind: &str, rows: usize, cols: usize, random_scales: bool) -> (Vec<u8>
             .flat_map(|_| (0x2000u16 | (rnd() as u16 & 0x3ff)).to_le_bytes())
             .collect();
         return (bytes, Box::new(move |b| Matrix::dense(dt, rows, cols, b)));
+    }
+    if let Some(w) = kind.strip_prefix("ap8@") {
+        // The gate of an expert of rows x cols matrices: random planes under parent scales and
+        // mins of 2^-7, random corrections.
+        let width: u8 = w.parse().expect("ap8 width");
+        let l = ap8::ApLayout::new(rows * cols, 64).expect("ap8 layout");
+        let mut bytes: Vec<u8> = (0..l.prefix(8)).map(|_| rnd() as u8).collect();
+        for at in l.parts.iter().flat_map(|p| [p.s8, p.m8]) {
+            for c in bytes[at..at + 2 * rows * cols / 64].chunks_exact_mut(2) {
+                c.copy_from_slice(&0x2000u16.to_le_bytes());
+            }
+        }
+        let end = l.prefix(width);
+        return (
+            bytes,
+            Box::new(move |b| Matrix {
+                kind: WeightKind::Ap8 { width, part: 0 },
+                group_size: 64,
+                rows,
+                cols,
+                codes: &b[..end],
+                scales: &[],
+                mins: &[],
+            }),
+        );
     }
     let v = Variant::parse(kind, None).expect("variant");
     let l = v.matrix_layout(rows, cols).expect("layout");

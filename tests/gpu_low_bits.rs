@@ -1,5 +1,5 @@
-//! int3, int4k and int2k experts on the CUDA backend (matvec_q.cu matvec_qd_int3,
-//! matvec_qd_int4k and matvec_q_int2k, _sel, _gu; issue 54). The fixtures' 64-wide rows are not 16-byte rows in int3 (24 bytes), so
+//! int3, int4k, int2k and ap8 experts on the CUDA backend (matvec_q.cu matvec_qd_int3,
+//! matvec_qd_int4k and matvec_q_int2k, _sel, _gu; ap8.cu; issue 54). The fixtures' 64-wide rows are not 16-byte rows in int3 (24 bytes), so
 //! they take matvec_any; these tests use OLMoE's shapes (2048 x 1024 experts, 16-byte rows) from
 //! `hob convert --synthetic`, one layer: the device-routed kernels against the CPU, against the
 //! host-routed forms bit for bit, and offloading that changes speed, never results. Ignored
@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::gpu::{cpu_session, engine_session, exact_offload, gpu};
+use common::gpu::{cpu_session_at, engine_session, exact_offload, gpu};
 use common::{argmax, hob, nmse};
 use hob::experts::engine::EngineConfig;
 use hob::format::HobFile;
@@ -44,9 +44,23 @@ fn int2k_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
     experts_match_the_cpu_and_offload_exactly("int2k,int2");
 }
 
+/// Every width of ap8 (the stored variant 0, its views ap8@2..@7 after it; and groups of 128),
+/// its planes read by ap8.cu's kernels: the CPU's logits, and offloading that changes nothing.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn ap8_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
+    experts_at_match_the_cpu_and_offload_exactly("ap8", &[0, 1, 2, 3, 4, 5, 6]);
+    experts_at_match_the_cpu_and_offload_exactly("ap8/g128", &[2]);
+}
+
 /// `experts` (a high and a low variant) on the GPU: against the CPU, host- against
 /// device-routed, both gate-up forms, and a quarter cache against the all-resident run.
 fn experts_match_the_cpu_and_offload_exactly(experts: &str) {
+    experts_at_match_the_cpu_and_offload_exactly(experts, &[0])
+}
+
+/// The same for each variant `v` of the file (the offloaded run's low copy: another variant).
+fn experts_at_match_the_cpu_and_offload_exactly(experts: &str, vs: &[usize]) {
     let g = gpu();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("olmoe.hob");
@@ -66,9 +80,20 @@ fn experts_match_the_cpu_and_offload_exactly(experts: &str) {
     assert!(ok, "convert: {err}");
     let file = HobFile::open(&path).unwrap();
     let model = Model::load(&file).unwrap();
+    for &v in vs {
+        variant_matches_the_cpu_and_offloads_exactly(&g, &file, &model, v);
+    }
+}
+
+fn variant_matches_the_cpu_and_offloads_exactly(
+    g: &std::sync::Arc<hob::backend::cuda::Gpu>,
+    file: &HobFile,
+    model: &Model<'_>,
+    v: usize,
+) {
     let prompt: Vec<u32> = [17u32, 4093, 512, 30001, 9, 777].to_vec();
     // The CPU's greedy tokens, then every session fed those.
-    let mut cpu = cpu_session(&file, &model);
+    let mut cpu = cpu_session_at(file, model, v);
     let first = cpu.forward(&prompt, Logits::All).unwrap().to_vec();
     let vocab = cpu.config().vocab;
     let mut ids = vec![argmax(&first[first.len() - vocab..])];
@@ -78,11 +103,12 @@ fn experts_match_the_cpu_and_offload_exactly(experts: &str) {
     }
     let (c_all, c_steps) = forced(&mut *cpu, &prompt, &ids);
 
-    let mut gs = engine_session(&g, &model, EngineConfig::simple(0, None));
+    let name = file.variants()[v].to_string();
+    let mut gs = engine_session(g, model, EngineConfig::simple(v, None));
     let (g_all, g_steps) = forced(&mut *gs, &prompt, &ids);
     let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
     println!(
-        "{experts} experts: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}; {}",
+        "{name} experts: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}; {}",
         gs.describe()
     );
     // x rounded to 16 bits of each chunk's largest value (the dp4a kernels; the CPU's VNNI
@@ -93,10 +119,10 @@ fn experts_match_the_cpu_and_offload_exactly(experts: &str) {
     // Host routing: the routed kernels on a table of slots, then one expert at a time (matvec):
     // the device-routed bits.
     for slots in [true, false] {
-        let mut c = EngineConfig::simple(0, None);
+        let mut c = EngineConfig::simple(v, None);
         c.tuning.device_routing = false;
         c.tuning.routed_slots = slots;
-        let mut hs = engine_session(&g, &model, c);
+        let mut hs = engine_session(g, model, c);
         let (h_all, h_steps) = forced(&mut *hs, &prompt, &ids);
         assert_eq!(hs.expert_stats().device_routed, 0);
         assert!(
@@ -107,16 +133,18 @@ fn experts_match_the_cpu_and_offload_exactly(experts: &str) {
     }
     // The gate-up launch and the routed gate and up with swiglu: the same bits.
     g.set_routed_gu(false);
-    let mut us = engine_session(&g, &model, EngineConfig::simple(0, None));
+    let mut us = engine_session(g, model, EngineConfig::simple(v, None));
     let (u_all, u_steps) = forced(&mut *us, &prompt, &ids);
     g.set_routed_gu(true);
     assert!(u_all == g_all && u_steps == g_steps, "gate-up forms differ");
 
     // A quarter cache with prefetch, the high and the low variant, all high: the all-resident
     // logits.
-    let mut c = exact_offload(&file, file.n_layers() * file.n_experts() / 4);
+    let mut c = exact_offload(file, file.n_layers() * file.n_experts() / 4);
+    c.plan.high = v;
+    c.plan.low = Some(if v == 1 { 0 } else { 1 });
     c.prefetch = 2;
-    let mut q = engine_session(&g, &model, c);
+    let mut q = engine_session(g, model, c);
     let (q_all, q_steps) = forced(&mut *q, &prompt, &ids);
     let st = q.expert_stats();
     println!(

@@ -61,7 +61,16 @@ pub fn exact_offload(file: &HobFile, slots: usize) -> EngineConfig {
 }
 
 pub fn cpu_session<'a>(file: &'a HobFile, model: &'a Model<'a>) -> Box<dyn Session + 'a> {
+    cpu_session_at(file, model, 0)
+}
+
+/// A CPU session reading the experts of variant `v`.
+pub fn cpu_session_at<'a>(
+    file: &'a HobFile,
+    model: &'a Model<'a>,
+    v: usize,
+) -> Box<dyn Session + 'a> {
     let backend = CpuBackend::new(2).unwrap();
-    let experts = DirectExperts::new(file, 0).unwrap();
+    let experts = DirectExperts::new(file, v).unwrap();
     Box::new(Bound::new(model, backend, Box::new(experts), 128, "cpu".into()).unwrap())
 }

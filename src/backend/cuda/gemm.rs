@@ -76,7 +76,15 @@ impl Gpu {
                 while r0 < rows {
                     let n = tile_rows.min(rows - r0);
                     let (r0i, ni) = (r0 as i32, n as i32);
-                    if words {
+                    if w.is_ap8() {
+                        // A 16-value unit a thread (ap8.cu dequant_ap8_h).
+                        let grid = LaunchConfig {
+                            grid_dim: (blocks(cols / 16, 128), n as u32, 1),
+                            block_dim: (128, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        launch!(self, self.kernels.dequant_ap8_h, grid; wm, tile, r0i, ni)?;
+                    } else if words {
                         let grid = LaunchConfig {
                             grid_dim: (blocks(wm.chunk_bytes() as usize / 4, 128), n as u32, 1),
                             block_dim: (128, 1, 1),

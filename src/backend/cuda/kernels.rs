@@ -52,6 +52,11 @@ pub struct Kernels {
     /// f32 products: where the dp4a forms below do not apply.
     pub matvec_mx: CudaFunction,
     pub matvec_mx_sel: CudaFunction,
+    /// ap8 views (ap8.cu): plain, routed like matvec_mxfp4_sel (each table entry at its own
+    /// width), and prefill's f16 row tiles; the planes read directly, f32 products.
+    pub matvec_ap8: CudaFunction,
+    pub matvec_ap8_sel: CudaFunction,
+    pub dequant_ap8_h: CudaFunction,
     /// MXFP4 through the dp4a loop (matvec_q.cu matvec_qd_mxfp4, _sel): x staged as 16-bit
     /// integers like the integer kinds' matvec_qd_*.
     pub matvec_qd_mx: QKernel,
@@ -247,6 +252,7 @@ impl Kernels {
         include_str!("../../../cuda/matvec_float.cu"),
         include_str!("../../../cuda/moe.cu"),
         include_str!("../../../cuda/mxfp4.cu"),
+        include_str!("../../../cuda/ap8.cu"),
         include_str!("../../../cuda/matvec_q_stage.cu"),
         include_str!("../../../cuda/matvec_q.cu"),
         include_str!("../../../cuda/matvec_qm.cu"),
@@ -361,6 +367,9 @@ impl Kernels {
             matvec: floats("matvec")?,
             matvec_mx: f("matvec_mxfp4")?,
             matvec_mx_sel: f("matvec_mxfp4_sel")?,
+            matvec_ap8: f("matvec_ap8")?,
+            matvec_ap8_sel: f("matvec_ap8_sel")?,
+            dequant_ap8_h: f("dequant_ap8_h")?,
             matvec_qd_mx: QKernel::new(ctx, f("matvec_qd_mxfp4")?, 6, QFamily::Dp(QD_PARTS), 0)?,
             matvec_qd_mx_sel: QKernel::new(
                 ctx,

@@ -30,6 +30,17 @@ fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)
     })
 }
 
+/// The ap8 kernels read x as float4s (and take no shared memory).
+fn ap8_smem(w: &DevMat, x: u64) -> crate::Result<u32> {
+    if !x.is_multiple_of(16) || w.group <= 0 || w.cols % w.group != 0 {
+        return Err(Error::Invalid(format!(
+            "CUDA: an ap8 product of {} columns in groups of {} needs a 16-byte aligned input",
+            w.cols, w.group
+        )));
+    }
+    Ok(0)
+}
+
 /// One token's routed experts on the device: the table of their matrices (`tab`, [experts][gate,
 /// up, down] DevMat), their routes (`routes`: k expert ranks, then k weights) and k.
 #[derive(Clone, Copy, Debug)]
@@ -43,6 +54,15 @@ impl Gpu {
     /// y[rows] = W · x for one token (pointers to device memory).
     pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
         let w = *w;
+        if w.is_ap8() {
+            // A warp a row, 8 rows a block (ap8.cu matvec_ap8).
+            let smem = ap8_smem(&w, x)?;
+            let c = LaunchConfig {
+                shared_mem_bytes: smem,
+                ..cfg(blocks(w.rows as usize, 8), 256)
+            };
+            return launch!(self, self.kernels.matvec_ap8, c; w, x, y);
+        }
         if w.vectorizable() && x.is_multiple_of(16) {
             if w.is_mxfp4() {
                 if self.qd_mxfp4() && self.matvec_int(&w, &self.kernels.matvec_qd_mx, x, y)? {
@@ -153,6 +173,17 @@ impl Gpu {
         (y, ys): (u64, usize),
     ) -> crate::Result<()> {
         let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
+        if w.is_ap8() && !glu {
+            // A warp a row, 8 rows a block (ap8.cu matvec_ap8_sel); split, tchunks unused.
+            let c = LaunchConfig {
+                grid_dim: (blocks(w.rows.max(0) as usize, 8), ny as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: ap8_smem(w, x)?,
+            };
+            let z = 0i32;
+            let f = &self.kernels.matvec_ap8_sel;
+            return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
+        }
         // MXFP4: the dp4a kernel where it has a plan, else a warp a row.
         let dp_mx = (w.is_mxfp4() && self.qd_mxfp4() && w.vectorizable())
             .then(|| self.routed_plan(w, &self.kernels.matvec_qd_mx_sel))
@@ -410,6 +441,9 @@ impl Gpu {
     /// Whether decode's routed-expert kernels take matrices like `w`: a vectorizable layout
     /// (and for integer kinds, a plan for matvec_sel).
     pub fn sel_supports(&self, w: &DevMat) -> bool {
+        if w.is_ap8() {
+            return true;
+        }
         if !w.vectorizable() {
             return false;
         }

@@ -134,7 +134,6 @@ fn kind_code(kind: WeightKind) -> i32 {
         WeightKind::Int3 => 7,
         WeightKind::Int4k => 8,
         WeightKind::Int2k => 9,
-        // The CUDA engine refuses ap8 views before it uploads anything (cli::engine).
         WeightKind::Ap8 { .. } => 10,
     }
 }
@@ -243,7 +242,13 @@ impl SlotArgs {
 
 impl DevMat {
     /// Describe a matrix whose codes, scales and mins start at the given device addresses.
+    /// An ap8 view's matrix: `codes` the blob's start, and in place of `row_bytes` its width
+    /// and part (width | part << 8, as cuda/ap8.cu `ap8_part` reads them).
     pub fn new(m: &Matrix<'_>, codes: u64, scales: u64, mins: u64) -> DevMat {
+        let row_bytes = match m.kind {
+            WeightKind::Ap8 { width, part } => i32::from(width) | i32::from(part) << 8,
+            _ => m.row_bytes() as i32,
+        };
         DevMat {
             codes,
             scales,
@@ -251,7 +256,7 @@ impl DevMat {
             rows: m.rows as i32,
             cols: m.cols as i32,
             group: m.group_size as i32,
-            row_bytes: m.row_bytes() as i32,
+            row_bytes,
             kind: kind_code(m.kind),
             _pad: 0,
         }
@@ -284,6 +289,11 @@ impl DevMat {
         self.kind == 9
     }
 
+    /// An ap8 view (cuda/ap8.cu): its own plain, routed and prefill kernels.
+    pub fn is_ap8(&self) -> bool {
+        self.kind == 10
+    }
+
     /// Multiplied and routed by the integer matvec loops (matvec_q.cu): int8, int4, int2
     /// (`is_int`), int3, int4k or int2k.
     pub fn is_packed_int(&self) -> bool {
@@ -292,7 +302,7 @@ impl DevMat {
 
     /// The 16-byte vector kernel applies (the other layouts take matvec_any).
     pub fn vectorizable(&self) -> bool {
-        self.row_bytes % 16 == 0 && self.codes.is_multiple_of(16)
+        !self.is_ap8() && self.row_bytes % 16 == 0 && self.codes.is_multiple_of(16)
     }
 
     /// Bytes of a row's 16-byte chunks, as the integer kernels and their plans walk them: the

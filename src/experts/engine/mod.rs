@@ -40,7 +40,7 @@ use crate::experts::io::open_reader;
 use crate::experts::scheduler::Scheduler;
 use crate::experts::trace::TraceWriter;
 use crate::experts::{LayerPlan, PrecisionPlan};
-use crate::format::{HobFile, VariantKind};
+use crate::format::HobFile;
 use crate::model::{
     Batch, CopierSetup, ExpertAct, ExpertDevice, ExpertExecutor, Model, MoeBlock, OnDevice, Route,
 };
@@ -106,16 +106,6 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         }
         let total = file.n_layers() * file.n_experts();
         let used: Vec<usize> = std::iter::once(plan.high).chain(plan.low).collect();
-        if let Some(&v) = used
-            .iter()
-            .find(|&&v| file.variants()[v].kind == VariantKind::Ap8)
-        {
-            return Err(crate::Error::Invalid(format!(
-                "{}: the GPU engine does not read ap8 experts yet; run them with --device cpu, \
-                 or pick another stored variant with --expert-variant / --low",
-                file.variants()[v]
-            )));
-        }
         let (high_slots, low_slots) = Self::pool_sizes(model, dev, &cfg, &plan)?;
         let counters = Arc::new(LoadCounters::default());
         let loader = Self::start_loader(file, dev, &cfg, &used, counters.clone())?;

@@ -1,0 +1,227 @@
+// ap8 (kind 10, formats/hob.md; src/format/ap8.rs): an expert's three matrices as the bit planes
+// of one 8-bit parent, read at width k (2..8) from a prefix of the blob: the parent's top two bits
+// (int2's packing), then one plane a width, most significant first. A Mat of kind 10 is one
+// matrix of such a blob: codes the blob's start, group the group size, row_bytes k | part << 8
+// (DevMat::new; part 0 gate, 1 up, 2 down). Products read the k planes directly: a lane builds 8
+// codes at a time as bytes from the top bits and the planes, then multiplies them as floats.
+
+#define KIND_AP8 10
+
+// Where one matrix's pieces lie (ApLayout in src/format/ap8.rs: every piece 64-byte aligned).
+struct Ap8Part {
+    const half_bits* s8;
+    const half_bits* m8;
+    const u8* corr;  // width k's correction bytes (k <= 4), else null
+    const u8* top;   // the codes' top two bits: element e at bits 2 (e % 4) of byte e / 4
+    const u8* planes[6];  // parent bits 5..0 (read from width 3..8 on): element e at bit e % 8 of byte e / 8
+    int k;
+};
+
+__device__ __forceinline__ size_t ap8_al(size_t n) { return (n + 63) & ~(size_t)63; }
+
+__device__ __forceinline__ Ap8Part ap8_part(const Mat& w) {
+    const size_t n = (size_t)w.rows * w.cols, G = n / w.group;
+    const int k = w.row_bytes & 0xff, p = (w.row_bytes >> 8) & 3;
+    // Segment 2 (width 2): per matrix s8, m8, width 2's corrections, the top bits; segments 3
+    // and 4: per matrix a correction array and a plane; segments 5..8: a plane per matrix.
+    const size_t s2 = 2 * ap8_al(2 * G) + ap8_al(G) + ap8_al(n / 4);
+    const size_t s34 = ap8_al(G) + ap8_al(n / 8), s5 = ap8_al(n / 8);
+    const size_t base = 64 + p * s2, end2 = 64 + 3 * s2;
+    Ap8Part a;
+    a.s8 = reinterpret_cast<const half_bits*>(w.codes + base);
+    a.m8 = reinterpret_cast<const half_bits*>(w.codes + base + ap8_al(2 * G));
+    a.top = w.codes + base + 2 * ap8_al(2 * G) + ap8_al(G);
+    a.corr = k == 2   ? w.codes + base + 2 * ap8_al(2 * G)
+             : k <= 4 ? w.codes + end2 + (size_t)(k - 3) * 3 * s34 + p * s34
+                      : nullptr;
+#pragma unroll
+    for (int j = 0; j < 6; j++)
+        a.planes[j] = w.codes + (j < 2 ? end2 + (size_t)j * 3 * s34 + p * s34 + ap8_al(G)
+                                       : end2 + 6 * s34 + (size_t)(j - 2) * 3 * s5 + p * s5);
+    a.k = k;
+    return a;
+}
+
+// Group g's stored table: its parent pair (s8 | m8 << 16) and, for the corrected widths, its
+// correction byte.
+__device__ __forceinline__ uint2 ap8_table(const Ap8Part& a, size_t g) {
+    const u32 sm = (u32)__ldg(a.s8 + g) | ((u32)__ldg(a.m8 + g) << 16);
+    return make_uint2(sm, a.k <= 4 ? (u32)__ldg(a.corr + g) : 0u);
+}
+
+// A group's (scale, min) at width k from its table: format::ap8::group_params, each f32 step in
+// its order (no contraction), rounded to f16 as it does.
+__device__ __forceinline__ float2 ap8_params(uint2 t, int k) {
+    const float s8 = h2f((half_bits)(t.x & 0xffffu)), m8 = h2f((half_bits)(t.x >> 16));
+    if (k >= 8) return make_float2(s8, m8);
+    const float h = (float)(1 << (8 - k));
+    const float s = __fmul_rn(s8, h);
+    const float m = __fadd_rn(m8, __fmul_rn(s8, (h - 1.f) * 0.5f));
+    if (k > 4) return make_float2(h2f(f2h(s)), h2f(f2h(m)));
+    const float ca = (float)((int)(signed char)(u8)(t.y << 4) >> 4);
+    const float cb = (float)((int)(signed char)(u8)t.y >> 4);
+    return make_float2(h2f(f2h(__fmul_rn(s, __fadd_rn(1.f, __fdiv_rn(ca, 96.f))))),
+                       h2f(f2h(__fadd_rn(m, __fdiv_rn(__fmul_rn(cb, s), 24.f)))));
+}
+
+// The raw bits of unit u (elements 16u .. 16u + 15 of the matrix): a word of top bits and a
+// u16 of each plane the width reads.
+struct Ap8Unit {
+    u32 top;
+    u32 pl[6];
+};
+
+__device__ __forceinline__ Ap8Unit ap8_load(const Ap8Part& a, size_t u) {
+    Ap8Unit b;
+    b.top = __ldg(reinterpret_cast<const u32*>(a.top) + u);
+#pragma unroll
+    for (int j = 0; j < 6; j++)
+        b.pl[j] = j < a.k - 2 ? (u32)__ldg(reinterpret_cast<const unsigned short*>(a.planes[j]) + u) : 0u;
+    return b;
+}
+
+// Bits 0..3 of v to bit 0 of bytes 0..3 (the products land on distinct bits: no carries).
+__device__ __forceinline__ u32 ap8_spread1(u32 v) { return ((v & 15u) * 0x00204081u) & 0x01010101u; }
+// The four 2-bit fields of byte v to bytes 0..3.
+__device__ __forceinline__ u32 ap8_spread2(u32 v) {
+    return (v | (v << 6) | (v << 12) | (v << 18)) & 0x03030303u;
+}
+
+// Codes 4i .. 4i + 3 of a unit at width k, as bytes.
+__device__ __forceinline__ u32 ap8_word(const Ap8Unit& b, int k, int i) {
+    u32 w = ap8_spread2((b.top >> (8 * i)) & 0xffu) << (k - 2);
+#pragma unroll
+    for (int j = 0; j < 6; j++)
+        if (j < k - 2) w |= ap8_spread1(b.pl[j] >> (4 * i)) << (k - 3 - j);
+    return w;
+}
+
+// Byte j of v as a float (exact: under 2^23's exponent, less 2^23).
+__device__ __forceinline__ float ap8_byte(u32 v, int j) {
+    return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440u + j)) - 8388608.f;
+}
+
+// Row r's product with x, summed across the warp. Passes of 32 groups: a lane computes one
+// group's (scale, min); then the pass's 16-value units a lane at a time (DEPTH in flight, loaded
+// with the tables), each unit's codes times x and its sum of x under its group's pair, shuffled
+// from the lane that computed it. With `wait`: pdl_wait() once the first loads are out (x is the kernel
+// before's output).
+template <int DEPTH = 4>
+__device__ __forceinline__ float ap8_row_dot(const Mat& w, const Ap8Part& a, int r,
+                                             const float* __restrict__ x, int lane,
+                                             bool wait) {
+    const int gpr = w.cols / w.group, upg = w.group >> 4;
+    const int ushift = (upg & (upg - 1)) == 0 ? __ffs(upg) - 1 : -1;
+    const size_t g0 = (size_t)r * gpr, u0 = (size_t)r * (w.cols >> 4);
+    float acc = 0.f;
+    for (int gb = 0; gb < gpr; gb += 32) {
+        const int ng = min(32, gpr - gb), nu = ng * upg;
+        const size_t ub = u0 + (size_t)gb * upg;
+        // The pass's first DEPTH units a lane and its group's table in one round trip.
+        uint2 t = make_uint2(0u, 0u);
+        if (lane < ng) t = ap8_table(a, g0 + gb + lane);
+        Ap8Unit b[DEPTH];
+#pragma unroll
+        for (int d = 0; d < DEPTH; d++)
+            if (lane + 32 * d < nu) b[d] = ap8_load(a, ub + lane + 32 * d);
+        if (wait) {
+            pdl_wait();
+            wait = false;
+        }
+        const float2 sm = lane < ng ? ap8_params(t, a.k) : make_float2(0.f, 0.f);
+        for (int i0 = 0; i0 < nu; i0 += 32 * DEPTH) {
+            if (i0 > 0) {
+#pragma unroll
+                for (int d = 0; d < DEPTH; d++)
+                    if (i0 + lane + 32 * d < nu) b[d] = ap8_load(a, ub + i0 + lane + 32 * d);
+            }
+#pragma unroll
+            for (int d = 0; d < DEPTH; d++) {
+                const int u = i0 + lane + 32 * d;
+                const int gi = ushift >= 0 ? u >> ushift : u / upg;
+                const float s = __shfl_sync(0xffffffffu, sm.x, gi & 31);
+                const float m = __shfl_sync(0xffffffffu, sm.y, gi & 31);
+                if (u >= nu) continue;
+                const float4* xv = reinterpret_cast<const float4*>(x + (size_t)(gb * upg + u) * 16);
+                float qx = 0.f, sx = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const u32 q = ap8_word(b[d], a.k, i);
+                    const float4 xq = xv[i];
+                    qx = __fmaf_rn(ap8_byte(q, 0), xq.x, qx);
+                    qx = __fmaf_rn(ap8_byte(q, 1), xq.y, qx);
+                    qx = __fmaf_rn(ap8_byte(q, 2), xq.z, qx);
+                    qx = __fmaf_rn(ap8_byte(q, 3), xq.w, qx);
+                    sx += (xq.x + xq.y) + (xq.z + xq.w);
+                }
+                acc = __fmaf_rn(s, qx, __fmaf_rn(m, sx, acc));
+            }
+        }
+    }
+    if (wait) pdl_wait();
+    return warp_sum(acc);
+}
+
+// y = W x: a warp a row, 8 rows a block; x 16-byte aligned.
+extern "C" __global__ void matvec_ap8(const Mat w, const float* x, float* y) {
+    pdl_trigger();
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= w.rows) {
+        pdl_wait();
+        return;
+    }
+    const Ap8Part a = ap8_part(w);
+    const float v = ap8_row_dot(w, a, r, x, lane, true);
+    if (lane == 0) y[r] = v;
+}
+
+// The routed experts of one token (matvec_mxfp4_sel's contract: moe.cu sel_mat and "Ordering";
+// glu refused by the launcher, split and tchunks unused). The table's matrices may differ in
+// width (a high and a low view of one file): each entry carries its own.
+extern "C" __global__ void matvec_ap8_sel(SEL_ARGS, int split, int tchunks) {
+    if (which0 == 0) {
+        pdl_wait();
+        pdl_trigger();
+    }
+    const Mat w = sel_mat(tab, routes, k, which0);
+    const float* xin = SEL_X;
+    float* yout = SEL_Y;
+    const Ap8Part a = ap8_part(w);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    bool wait = which0 > 0;
+    for (int r = blockIdx.x * warps + warp; r < w.rows; r += gridDim.x * warps) {
+        // Waits (after its first loads) where which0 > 0: x is the kernel before's output.
+        const float v = ap8_row_dot(w, a, r, xin, lane, wait);
+        wait = false;
+        if (lane == 0) yout[r] = v;
+    }
+    if (wait) pdl_wait();
+}
+
+// out[r * cols + c] = f16(W[r0 + r, c]) for r < nrows (prefill's row tiles for cuBLAS): a thread
+// a 16-value unit, each value s q + m in f32. Grid (ceil(cols / 16 / block), nrows).
+extern "C" __global__ void dequant_ap8_h(const Mat w, half_bits* __restrict__ out, int r0,
+                                         int nrows) {
+    PDL_ENTRY();
+    const int uc = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y, n = w.cols >> 4;
+    if (uc >= n || r >= nrows) return;
+    const Ap8Part a = ap8_part(w);
+    const size_t u = (size_t)(r0 + r) * n + uc;
+    const Ap8Unit b = ap8_load(a, u);
+    const float2 sm =
+        ap8_params(ap8_table(a, (size_t)(r0 + r) * (w.cols / w.group) + uc / (w.group >> 4)), a.k);
+    uint4* o = reinterpret_cast<uint4*>(out + (size_t)r * w.cols + 16 * uc);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        u32 v[4];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const u32 q = ap8_word(b, a.k, 2 * h + i);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                v[2 * i + j] = (u32)f2h(__fmaf_rn(sm.x, ap8_byte(q, 2 * j), sm.y)) |
+                               ((u32)f2h(__fmaf_rn(sm.x, ap8_byte(q, 2 * j + 1), sm.y)) << 16);
+        }
+        o[h] = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+}
