@@ -2,10 +2,10 @@
 // of one 8-bit parent, read at width k (2..8) from a prefix of the blob: the parent's top two bits
 // (int2's packing), then one plane a width, most significant first. A Mat of kind 10 is one
 // matrix of such a blob: codes the blob's start, group the group size, row_bytes k | part << 8
-// (DevMat::new; part 0 gate, 1 up, 2 down). Products read the k planes directly: a lane builds 8
-// codes at a time as bytes from the top bits and the planes, then multiplies them as floats.
-
-#define KIND_AP8 10
+// (DevMat::new; part 0 gate, 1 up, 2 down). Products read the k planes directly: a lane builds 16
+// codes at a time as bytes from the top bits and the planes, then multiplies them as floats
+// (exact products, f32 sums: within 1e-10 of the CPU). 7-24% of the copy bandwidth on the H200
+// (benches/results/2026-12-04-h200-issue54-ap8-gpu.md): far below the integer kinds' dp4a loops.
 
 // Where one matrix's pieces lie (ApLayout in src/format/ap8.rs: every piece 64-byte aligned).
 struct Ap8Part {
@@ -71,12 +71,13 @@ struct Ap8Unit {
     u32 pl[6];
 };
 
+template <int K>
 __device__ __forceinline__ Ap8Unit ap8_load(const Ap8Part& a, size_t u) {
     Ap8Unit b;
     b.top = __ldg(reinterpret_cast<const u32*>(a.top) + u);
 #pragma unroll
-    for (int j = 0; j < 6; j++)
-        b.pl[j] = j < a.k - 2 ? (u32)__ldg(reinterpret_cast<const unsigned short*>(a.planes[j]) + u) : 0u;
+    for (int j = 0; j < K - 2; j++)
+        b.pl[j] = __ldg(reinterpret_cast<const unsigned short*>(a.planes[j]) + u);
     return b;
 }
 
@@ -87,14 +88,26 @@ __device__ __forceinline__ u32 ap8_spread2(u32 v) {
     return (v | (v << 6) | (v << 12) | (v << 18)) & 0x03030303u;
 }
 
-// Codes 4i .. 4i + 3 of a unit at width k, as bytes.
-__device__ __forceinline__ u32 ap8_word(const Ap8Unit& b, int k, int i) {
-    u32 w = ap8_spread2((b.top >> (8 * i)) & 0xffu) << (k - 2);
+// Codes 4i .. 4i + 3 of a unit at width K, as bytes.
+template <int K>
+__device__ __forceinline__ u32 ap8_word(const Ap8Unit& b, int i) {
+    u32 w = ap8_spread2((b.top >> (8 * i)) & 0xffu) << (K - 2);
 #pragma unroll
-    for (int j = 0; j < 6; j++)
-        if (j < k - 2) w |= ap8_spread1(b.pl[j] >> (4 * i)) << (k - 3 - j);
+    for (int j = 0; j < K - 2; j++) w |= ap8_spread1(b.pl[j] >> (4 * i)) << (K - 3 - j);
     return w;
 }
+
+// F<K>(args...) for the width k of a view (2..8).
+#define AP8_WIDTHS(F, k, ...)                  \
+    switch (k) {                               \
+        case 2: return F<2>(__VA_ARGS__);      \
+        case 3: return F<3>(__VA_ARGS__);      \
+        case 4: return F<4>(__VA_ARGS__);      \
+        case 5: return F<5>(__VA_ARGS__);      \
+        case 6: return F<6>(__VA_ARGS__);      \
+        case 7: return F<7>(__VA_ARGS__);      \
+        default: return F<8>(__VA_ARGS__);     \
+    }
 
 // Byte j of v as a float (exact: under 2^23's exponent, less 2^23).
 __device__ __forceinline__ float ap8_byte(u32 v, int j) {
@@ -106,8 +119,8 @@ __device__ __forceinline__ float ap8_byte(u32 v, int j) {
 // with the tables), each unit's codes times x and its sum of x under its group's pair, shuffled
 // from the lane that computed it. With `wait`: pdl_wait() once the first loads are out (x is the kernel
 // before's output).
-template <int DEPTH = 4>
-__device__ __forceinline__ float ap8_row_dot(const Mat& w, const Ap8Part& a, int r,
+template <int K, int DEPTH = 2>
+__device__ __forceinline__ float ap8_row_dot_k(const Mat& w, const Ap8Part& a, int r,
                                              const float* __restrict__ x, int lane,
                                              bool wait) {
     const int gpr = w.cols / w.group, upg = w.group >> 4;
@@ -123,17 +136,17 @@ __device__ __forceinline__ float ap8_row_dot(const Mat& w, const Ap8Part& a, int
         Ap8Unit b[DEPTH];
 #pragma unroll
         for (int d = 0; d < DEPTH; d++)
-            if (lane + 32 * d < nu) b[d] = ap8_load(a, ub + lane + 32 * d);
+            if (lane + 32 * d < nu) b[d] = ap8_load<K>(a, ub + lane + 32 * d);
         if (wait) {
             pdl_wait();
             wait = false;
         }
-        const float2 sm = lane < ng ? ap8_params(t, a.k) : make_float2(0.f, 0.f);
+        const float2 sm = lane < ng ? ap8_params(t, K) : make_float2(0.f, 0.f);
         for (int i0 = 0; i0 < nu; i0 += 32 * DEPTH) {
             if (i0 > 0) {
 #pragma unroll
                 for (int d = 0; d < DEPTH; d++)
-                    if (i0 + lane + 32 * d < nu) b[d] = ap8_load(a, ub + i0 + lane + 32 * d);
+                    if (i0 + lane + 32 * d < nu) b[d] = ap8_load<K>(a, ub + i0 + lane + 32 * d);
             }
 #pragma unroll
             for (int d = 0; d < DEPTH; d++) {
@@ -146,7 +159,7 @@ __device__ __forceinline__ float ap8_row_dot(const Mat& w, const Ap8Part& a, int
                 float qx = 0.f, sx = 0.f;
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const u32 q = ap8_word(b[d], a.k, i);
+                    const u32 q = ap8_word<K>(b[d], i);
                     const float4 xq = xv[i];
                     qx = __fmaf_rn(ap8_byte(q, 0), xq.x, qx);
                     qx = __fmaf_rn(ap8_byte(q, 1), xq.y, qx);
@@ -160,6 +173,11 @@ __device__ __forceinline__ float ap8_row_dot(const Mat& w, const Ap8Part& a, int
     }
     if (wait) pdl_wait();
     return warp_sum(acc);
+}
+
+__device__ __forceinline__ float ap8_row_dot(const Mat& w, const Ap8Part& a, int r,
+                                           const float* __restrict__ x, int lane, bool wait) {
+    AP8_WIDTHS(ap8_row_dot_k, a.k, w, a, r, x, lane, wait)
 }
 
 // y = W x: a warp a row, 8 rows a block; x 16-byte aligned.
@@ -198,25 +216,16 @@ extern "C" __global__ void matvec_ap8_sel(SEL_ARGS, int split, int tchunks) {
     if (wait) pdl_wait();
 }
 
-// out[r * cols + c] = f16(W[r0 + r, c]) for r < nrows (prefill's row tiles for cuBLAS): a thread
-// a 16-value unit, each value s q + m in f32. Grid (ceil(cols / 16 / block), nrows).
-extern "C" __global__ void dequant_ap8_h(const Mat w, half_bits* __restrict__ out, int r0,
-                                         int nrows) {
-    PDL_ENTRY();
-    const int uc = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y, n = w.cols >> 4;
-    if (uc >= n || r >= nrows) return;
-    const Ap8Part a = ap8_part(w);
-    const size_t u = (size_t)(r0 + r) * n + uc;
-    const Ap8Unit b = ap8_load(a, u);
-    const float2 sm =
-        ap8_params(ap8_table(a, (size_t)(r0 + r) * (w.cols / w.group) + uc / (w.group >> 4)), a.k);
-    uint4* o = reinterpret_cast<uint4*>(out + (size_t)r * w.cols + 16 * uc);
+// Unit u of a view of width K as 16 f16 values s q + m (f32 arithmetic) at o.
+template <int K>
+__device__ __forceinline__ void ap8_unit_h(const Ap8Part& a, size_t u, float2 sm, uint4* o) {
+    const Ap8Unit b = ap8_load<K>(a, u);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         u32 v[4];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const u32 q = ap8_word(b, a.k, 2 * h + i);
+            const u32 q = ap8_word<K>(b, 2 * h + i);
 #pragma unroll
             for (int j = 0; j < 2; j++)
                 v[2 * i + j] = (u32)f2h(__fmaf_rn(sm.x, ap8_byte(q, 2 * j), sm.y)) |
@@ -224,4 +233,19 @@ extern "C" __global__ void dequant_ap8_h(const Mat w, half_bits* __restrict__ ou
         }
         o[h] = make_uint4(v[0], v[1], v[2], v[3]);
     }
+}
+
+// out[r * cols + c] = f16(W[r0 + r, c]) for r < nrows (prefill's row tiles for cuBLAS): a thread
+// a 16-value unit. Grid (ceil(cols / 16 / block), nrows).
+extern "C" __global__ void dequant_ap8_h(const Mat w, half_bits* __restrict__ out, int r0,
+                                         int nrows) {
+    PDL_ENTRY();
+    const int uc = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y, n = w.cols >> 4;
+    if (uc >= n || r >= nrows) return;
+    const Ap8Part a = ap8_part(w);
+    const size_t u = (size_t)(r0 + r) * n + uc;
+    const float2 sm =
+        ap8_params(ap8_table(a, (size_t)(r0 + r) * (w.cols / w.group) + uc / (w.group >> 4)), a.k);
+    uint4* o = reinterpret_cast<uint4*>(out + (size_t)r * w.cols + 16 * uc);
+    AP8_WIDTHS(ap8_unit_h, a.k, a, u, sm, o)
 }

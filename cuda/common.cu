@@ -14,7 +14,7 @@
 // "scales" are E8M0 bytes, one per 32 values), 7 int3 (a row: int2's codes of the low two bits,
 // cols / 4 bytes, then the high bits, cols / 8 bytes: formats/hob.md), 8 int4k (int4's codes;
 // 8-bit sub-scales under a row's f16 pair: int4k_sm), 9 int2k (int2's codes; 4-bit sub-scales:
-// int2k_sm).
+// int2k_sm), 10 ap8 (a view of an expert's bit planes at one width: ap8.cu).
 
 // No headers: NVRTC needs no include path. f16 values travel as their 16-bit patterns.
 
@@ -28,6 +28,7 @@
 #define KIND_INT3 7
 #define KIND_INT4K 8
 #define KIND_INT2K 9
+#define KIND_AP8 10
 
 typedef unsigned char u8;
 typedef unsigned int u32;

@@ -30,15 +30,15 @@ fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)
     })
 }
 
-/// The ap8 kernels read x as float4s (and take no shared memory).
-fn ap8_smem(w: &DevMat, x: u64) -> crate::Result<u32> {
+/// The ap8 kernels read x as float4s, a group's columns at a time.
+fn ap8_input(w: &DevMat, x: u64) -> crate::Result<()> {
     if !x.is_multiple_of(16) || w.group <= 0 || w.cols % w.group != 0 {
         return Err(Error::Invalid(format!(
             "CUDA: an ap8 product of {} columns in groups of {} needs a 16-byte aligned input",
             w.cols, w.group
         )));
     }
-    Ok(0)
+    Ok(())
 }
 
 /// One token's routed experts on the device: the table of their matrices (`tab`, [experts][gate,
@@ -56,11 +56,8 @@ impl Gpu {
         let w = *w;
         if w.is_ap8() {
             // A warp a row, 8 rows a block (ap8.cu matvec_ap8).
-            let smem = ap8_smem(&w, x)?;
-            let c = LaunchConfig {
-                shared_mem_bytes: smem,
-                ..cfg(blocks(w.rows as usize, 8), 256)
-            };
+            ap8_input(&w, x)?;
+            let c = cfg(blocks(w.rows as usize, 8), 256);
             return launch!(self, self.kernels.matvec_ap8, c; w, x, y);
         }
         if w.vectorizable() && x.is_multiple_of(16) {
@@ -175,10 +172,11 @@ impl Gpu {
         let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
         if w.is_ap8() && !glu {
             // A warp a row, 8 rows a block (ap8.cu matvec_ap8_sel); split, tchunks unused.
+            ap8_input(w, x)?;
             let c = LaunchConfig {
                 grid_dim: (blocks(w.rows.max(0) as usize, 8), ny as u32, 1),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: ap8_smem(w, x)?,
+                shared_mem_bytes: 0,
             };
             let z = 0i32;
             let f = &self.kernels.matvec_ap8_sel;
