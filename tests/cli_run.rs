@@ -524,7 +524,8 @@ fn gguf_as_model_says_how_to_convert() {
 }
 
 /// A profile's high/low pair that the file does not store (f16 + int4 for rtx4090-24g) gives way
-/// to the file's own variants, with a note; a flag naming a missing variant is still an error.
+/// to the file's own variants (an ap8 file's at two widths), with a note; a flag naming a
+/// missing variant is still an error.
 #[test]
 fn a_profile_pair_the_file_lacks_falls_back_to_its_variants() {
     let (_dir, path) = convert_fixture("int8,int2");
@@ -554,6 +555,15 @@ fn a_profile_pair_the_file_lacks_falls_back_to_its_variants() {
     assert!(
         !ok && stderr.contains("--expert-variant f16:")
             && stderr.contains("stores only int8/g64, int2/g64"),
+        "{stderr}"
+    );
+    // An ap8 file runs its measured pair of widths instead of its first two views.
+    let (_dir8, path8) = convert_fixture("ap8");
+    let mut ap8 = args.to_vec();
+    ap8[2] = path8.to_str().unwrap();
+    let (ok, _stdout, stderr) = hob(&ap8);
+    assert!(
+        ok && stderr.contains("profile's f16 + int4; using its ap8@5 high, ap8@3 low"),
         "{stderr}"
     );
 }

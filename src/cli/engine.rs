@@ -279,9 +279,9 @@ impl ModelArgs {
             .expert_variant
             .clone()
             .or_else(|| platform.and_then(|p| p.high_variant.clone()));
-        // A profile's pair that the file does not store gives way to the file's own order (its
-        // first variant high, the next low): a .hob from a Q4_K_M GGUF holds int4 + int2, not
-        // the f16 + int4 a 24 GB profile names. A flag's choice must exist.
+        // A profile's pair that the file does not store gives way to the file's own
+        // (`fallback_pair`): a .hob from a Q4_K_M GGUF holds int4 + int2, not the f16 + int4 a
+        // 24 GB profile names. A flag's choice must exist.
         let profile_pair_missing = platform.is_some_and(|p| {
             let stored = |n: &Option<String>| {
                 n.as_ref()
@@ -289,8 +289,9 @@ impl ModelArgs {
             };
             !stored(&p.high_variant) || !stored(&p.low_variant)
         });
+        let fallback = fallback_pair(file);
         let high = match &high_name {
-            Some(_) if self.expert_variant.is_none() && profile_pair_missing => 0,
+            Some(_) if self.expert_variant.is_none() && profile_pair_missing => fallback.0,
             Some(n) => self.find_variant(file, n, "--expert-variant")?,
             None => 0,
         };
@@ -300,9 +301,10 @@ impl ModelArgs {
             .or_else(|| platform.and_then(|p| p.low_variant.clone()))
             .filter(|n| n != "none");
         let low = match &low_name {
-            Some(_) if self.low.is_none() && profile_pair_missing => {
-                (0..file.variants().len()).find(|&i| i != high)
-            }
+            Some(_) if self.low.is_none() && profile_pair_missing => fallback
+                .1
+                .filter(|&l| l != high)
+                .or_else(|| (0..file.variants().len()).find(|&i| i != high)),
             Some(n) => Some(self.find_variant(file, n, "--low")?),
             None => None,
         };
@@ -599,4 +601,23 @@ pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> 
         }
     }
     Ok(tok)
+}
+
+/// Widths of the pair an ap8 file runs where a profile's pair is missing: ap8@5 + ap8@3 offloads
+/// 1.6-2.4x faster than int8 + int2 at lower KL (benches/results/2026-12-04-h200-issue54-ap8-gpu.md).
+const AP8_PAIR: (u8, u8) = (5, 3);
+
+/// The high and low variants a file runs when the profile's pair is not in it: an ap8 variant
+/// at `AP8_PAIR`'s widths, else the file's first variant high and the next low.
+fn fallback_pair(file: &HobFile) -> (usize, Option<usize>) {
+    let v = file.variants();
+    let at =
+        |stored: &crate::format::Variant, k: u8| v.iter().position(|x| *x == stored.at_width(k));
+    let ap8 = v
+        .iter()
+        .find(|x| x.kind == crate::format::VariantKind::Ap8 && !x.is_view());
+    match ap8.and_then(|a| Some((at(a, AP8_PAIR.0)?, at(a, AP8_PAIR.1)?))) {
+        Some((h, l)) => (h, Some(l)),
+        None => (0, (v.len() > 1).then_some(1)),
+    }
 }
