@@ -398,6 +398,11 @@ impl<'a> Matrix<'a> {
             });
         }
         if self.kind.is_planes() {
+            if level >= x86::Level::Avx512Vnni {
+                // SAFETY: AVX-512F, BW, VL, VNNI and F16C are present (level); `check` and
+                // `check_call` established the prefix's length and x's and out's.
+                return unsafe { x86::ap8_vnni_rows(self, x, rows, out) };
+            }
             if level >= x86::Level::Avx512 && x86::has_bmi2() {
                 // SAFETY: AVX-512F, F16C and BMI2 are present (level and the check above); `check`
                 // and `check_call` established the prefix's length and x's and out's.

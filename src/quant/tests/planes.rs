@@ -82,6 +82,33 @@ fn every_width_matches_the_reference_and_narrows_gracefully() {
     }
 }
 
+/// Rows long enough for the integer kernel's whole 256-column blocks and its windows of 16 groups
+/// (1088 columns: 4 blocks and a part, 17 groups), and rows of one block and a part (320).
+#[test]
+fn long_rows_match_the_reference_at_every_width() {
+    let mut rng = Rng(541);
+    let (hidden, ffn) = (1088, 320);
+    let n = hidden * ffn;
+    let src: Vec<Vec<f32>> = (0..3).map(|_| rng.normals(n)).collect();
+    let blob = quantize_ap8_expert(64, n, [&src[0], &src[1], &src[2]]);
+    for width in ap8::MIN_WIDTH..=ap8::MAX_WIDTH {
+        for p in [0u8, 2] {
+            let m = part(&blob, (hidden, ffn), width, p);
+            // Groups of x far apart in size: each group's own rounding of x.
+            let mut x = rng.normals(m.cols);
+            for (i, v) in x.iter_mut().enumerate() {
+                *v *= [1.0, 1e-3, 40.0][(i / 64) % 3];
+            }
+            check_kernels(&m, &x);
+            // An odd run of rows (the kernel takes rows two at a time): as the whole product.
+            let (mut all, mut some) = (vec![0.0; m.rows], vec![0.0; 5]);
+            m.matvec_rows(&x, 0..m.rows, &mut all);
+            m.matvec_rows(&x, 3..8, &mut some);
+            assert_eq!(some, all[3..8], "width {width} part {p}");
+        }
+    }
+}
+
 /// One value placed by hand: the up matrix's row 3, column 5, parent code 181 = 0b10_110101.
 #[test]
 fn known_ap8_value_pins_its_bytes() {

@@ -1,7 +1,10 @@
-//! ap8 views on AVX-512 (quant::planes): bit-serial. Each group's codes are built as f32 lanes from
-//! the bit masks of their planes (the top chunk's two bits by `pext`), one masked add a plane per
-//! 16 lanes, then multiplied with x times the group's scale; the group's min times its sum of x is
-//! added per group. The same contract as the other kernels of x86.rs.
+//! ap8 views on AVX-512 (quant::planes). With VNNI (`ap8_vnni_rows`): codes built as bytes in
+//! int2's field order and multiplied with x rounded to 16-bit integers, as the int2 kernel does.
+//! Without (`ap8_rows`): bit-serial, each group's codes built as f32 lanes from the bit masks of
+//! their planes (the top chunk's two bits by `pext`), one masked add a plane per 16 lanes, then
+//! multiplied with x times the group's scale; the group's min times its sum of x is added per
+//! group. The same contract as the other kernels of x86.rs
+//! (benches/results/2026-12-04-cpu-issue54-ap8.md).
 
 use super::*;
 use crate::format::ap8;
@@ -118,4 +121,195 @@ pub(in crate::quant) unsafe fn ap8_rows(
         let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
         *o = _mm512_reduce_add_ps(sum) + macc;
     }
+}
+
+/// `v` shifted by `n` bits in each 16-bit lane: right where n > 0, left where n < 0 (n in -7..=7;
+/// a constant wherever the caller's width is one, so the match folds away).
+macro_rules! shift16 {
+    ($v:expr, $n:expr) => {
+        match $n {
+            0 => $v,
+            1 => _mm512_srli_epi16::<1>($v),
+            2 => _mm512_srli_epi16::<2>($v),
+            3 => _mm512_srli_epi16::<3>($v),
+            4 => _mm512_srli_epi16::<4>($v),
+            5 => _mm512_srli_epi16::<5>($v),
+            6 => _mm512_srli_epi16::<6>($v),
+            7 => _mm512_srli_epi16::<7>($v),
+            -1 => _mm512_slli_epi16::<1>($v),
+            -2 => _mm512_slli_epi16::<2>($v),
+            -3 => _mm512_slli_epi16::<3>($v),
+            -4 => _mm512_slli_epi16::<4>($v),
+            -5 => _mm512_slli_epi16::<5>($v),
+            -6 => _mm512_slli_epi16::<6>($v),
+            _ => _mm512_slli_epi16::<7>($v),
+        }
+    };
+}
+
+/// out[i] = dot(row rows.start + i, x) for an ap8 view on AVX-512 VNNI: x rounded to 16-bit
+/// integers per group as for int2 (`vnni::QuantX`: four field planes a block of 256 columns), a
+/// block's codes built as bytes in int2's field order (byte p of field f: column 4 p + f) from
+/// the top bits (int2's packing, so a field is a shift and a mask) and each plane (a byte of 8
+/// columns spread over the two bytes of 4 columns it covers, then a bit a field), and multiplied
+/// with x's hi and lo planes in `vpdpbusd`, as `packed_vnni_rows` does for int2.
+///
+/// # Safety
+/// AVX-512F, BW, VL and VNNI, and F16C; the matrix is an ap8 view whose prefix holds its width's
+/// pieces (`Matrix::check`), x has `cols` values and out one a row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn ap8_vnni_rows(
+    m: &Matrix,
+    x: &[f32],
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let (p, k) = geometry(m);
+    let gpr = m.cols / m.group_size;
+    let (g0, ng) = (rows.start * gpr, rows.len() * gpr);
+    let (s8, m8, corr) = part_tables(m.codes, &p, k);
+    let (mut sv, mut mv) = (vec![0f32; ng], vec![0f32; ng]);
+    let tables = (&s8[2 * g0..], &m8[2 * g0..], corr.map(|c| &c[g0..]));
+    ap8_params(k, tables, &mut sv, &mut mv);
+    let start = rows.start;
+    super::vnni::with_rounded_x(x, m.group_size, 2, |q| {
+        // Two rows at a time (x's planes loaded once for both), each row's sums as alone.
+        let mut pairs = out.chunks_exact_mut(2);
+        for (i, o) in pairs.by_ref().enumerate() {
+            let rr = RowsAt::new(m, &p, [2 * i, 2 * i + 1], start, (&sv, &mv));
+            o.copy_from_slice(&ap8_vnni_dispatch(k, rr, q));
+        }
+        if let [o] = pairs.into_remainder() {
+            let rr = RowsAt::new(m, &p, [rows.len() - 1], start, (&sv, &mv));
+            *o = ap8_vnni_dispatch(k, rr, q)[0];
+        }
+    });
+}
+
+/// R rows of an ap8 view for `ap8_vnni_row`: each row's first byte of top bits and of each
+/// plane, and its groups' scales and mins.
+struct RowsAt<'a, const R: usize> {
+    top: [*const u8; R],
+    planes: [[*const u8; 6]; R],
+    s: [&'a [f32]; R],
+    mn: [&'a [f32]; R],
+}
+
+impl<'a, const R: usize> RowsAt<'a, R> {
+    /// Rows `start + i` for each i of `at`, whose tables are `sv[i * gpr..]`, `mv[i * gpr..]`.
+    fn new(
+        m: &Matrix,
+        p: &crate::format::ap8::PartLayout,
+        at: [usize; R],
+        start: usize,
+        (sv, mv): (&'a [f32], &'a [f32]),
+    ) -> Self {
+        let gpr = m.cols / m.group_size;
+        let b = m.codes.as_ptr();
+        let e0 = at.map(|i| (start + i) * m.cols);
+        RowsAt {
+            top: e0.map(|e| b.wrapping_add(p.top + e / 4)),
+            // (The planes past the width lie past the view: their pointers are never read.)
+            planes: e0.map(|e| p.planes.map(|pl| b.wrapping_add(pl + e / 8))),
+            s: at.map(|i| &sv[i * gpr..(i + 1) * gpr]),
+            mn: at.map(|i| &mv[i * gpr..(i + 1) * gpr]),
+        }
+    }
+}
+
+/// `ap8_vnni_row` at the view's width.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn ap8_vnni_dispatch<const R: usize>(
+    k: u8,
+    rr: RowsAt<'_, R>,
+    q: &super::vnni::QuantX,
+) -> [f32; R] {
+    match k {
+        2 => ap8_vnni_row::<R, 2>(rr, q),
+        3 => ap8_vnni_row::<R, 3>(rr, q),
+        4 => ap8_vnni_row::<R, 4>(rr, q),
+        5 => ap8_vnni_row::<R, 5>(rr, q),
+        6 => ap8_vnni_row::<R, 6>(rr, q),
+        7 => ap8_vnni_row::<R, 7>(rr, q),
+        _ => ap8_vnni_row::<R, 8>(rr, q),
+    }
+}
+
+/// R rows of `ap8_vnni_rows` at width K.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn ap8_vnni_row<const R: usize, const K: i32>(
+    rr: RowsAt<'_, R>,
+    q: &super::vnni::QuantX,
+) -> [f32; R] {
+    let (gs, groups) = (q.gs, q.f.len());
+    let cols = groups * gs;
+    let xplanes = q.planes.as_ptr();
+    let zero = _mm512_setzero_si512();
+    let nib = _mm512_set1_epi16(0x0f0f);
+    // Field f's top bits at bits K - 2 and K - 1 of its byte; plane t's at bit K - 3 - t.
+    let top_mask = _mm512_set1_epi8((3 << (K - 2)) as i8);
+    let mut bit = [zero; 6];
+    for (t, bt) in bit.iter_mut().enumerate().take(K as usize - 2) {
+        *bt = _mm512_set1_epi8((1i32 << (K - 3 - t as i32)) as i8);
+    }
+    let mut acc = [_mm512_setzero_ps(); R];
+    let (mut g0, mut b0) = (0, 0);
+    while g0 < groups {
+        let n = (groups - g0).min(16);
+        let lanes: u16 = if n == 16 { !0 } else { (1 << n) - 1 };
+        let fx = _mm512_maskz_loadu_ps(lanes, q.f.as_ptr().add(g0));
+        let sums = _mm512_maskz_loadu_ps(lanes, q.sums.as_ptr().add(g0));
+        let mut sfx = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            sfx[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, rr.s[r].as_ptr().add(g0)), fx);
+            let mf = _mm512_maskz_loadu_ps(lanes, rr.mn[r].as_ptr().add(g0));
+            acc[r] = _mm512_fmadd_ps(mf, sums, acc[r]);
+        }
+        let loads = (n * gs).div_ceil(256);
+        for (j, idx) in q.lanes.iter().enumerate().take(loads) {
+            let bl = b0 + j;
+            let xp = xplanes.add(bl * 512);
+            let (mut xhi, mut xlo) = ([zero; 4], [zero; 4]);
+            for f in 0..4 {
+                xhi[f] = _mm512_loadu_si512(xp.add(64 * f) as *const _);
+                xlo[f] = _mm512_loadu_si512(xp.add(64 * (4 + f)) as *const _);
+            }
+            let lanes = _mm512_loadu_si512(idx.as_ptr() as *const _);
+            // A last part of a block: only its columns' bytes (rows are whole groups of 64).
+            let c = (cols - bl * 256).min(256);
+            let (keep, pkeep) = if c == 256 {
+                (!0u64, !0u32)
+            } else {
+                ((1u64 << (c / 4)) - 1, (1u32 << (c / 8)) - 1)
+            };
+            for r in 0..R {
+                let v = _mm512_maskz_loadu_epi8(keep, rr.top[r].add(bl * 64) as *const i8);
+                // Each plane's byte of 8 columns to the two bytes of 4 (low nibble: field f at
+                // bit f).
+                let mut h = [zero; 6];
+                for (t, ht) in h.iter_mut().enumerate().take(K as usize - 2) {
+                    let pl = rr.planes[r][t].add(bl * 32) as *const i8;
+                    let w = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(pkeep, pl));
+                    *ht = _mm512_ternarylogic_epi32::<0xA8>(w, _mm512_slli_epi16::<4>(w), nib);
+                }
+                let (mut ah, mut al) = (zero, zero);
+                for f in 0..4i32 {
+                    let mut cf = _mm512_and_si512(shift16!(v, 2 * f - (K - 2)), top_mask);
+                    for (t, ht) in h.iter().enumerate().take(K as usize - 2) {
+                        let sh = shift16!(*ht, f - (K - 3 - t as i32));
+                        cf = _mm512_ternarylogic_epi32::<0xF8>(cf, sh, bit[t]);
+                    }
+                    ah = _mm512_dpbusd_epi32(ah, cf, xhi[f as usize]);
+                    al = _mm512_dpbusd_epi32(al, cf, xlo[f as usize]);
+                }
+                let t = _mm512_add_epi32(_mm512_slli_epi32::<8>(ah), al);
+                let sf = _mm512_permutexvar_ps(lanes, sfx[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), sf, acc[r]);
+            }
+        }
+        b0 += loads;
+        g0 += n;
+    }
+    acc.map(|a| _mm512_reduce_add_ps(a))
 }

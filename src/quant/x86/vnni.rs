@@ -40,18 +40,18 @@ fn pow2_at_least(t: f32) -> f32 {
 /// made from, so a thread's later calls on the same input (the other row blocks of one product)
 /// reuse it.
 #[derive(Default)]
-struct QuantX {
+pub(super) struct QuantX {
     x: Vec<f32>,
-    gs: usize,
+    pub(super) gs: usize,
     bits: usize,
-    planes: Vec<i8>,
-    f: Vec<f32>,
+    pub(super) planes: Vec<i8>,
+    pub(super) f: Vec<f32>,
     /// Per group, the sum of the rounded x (f[g] * sum q): the min term's sums, so that a row's
     /// error is its dequantized weights times x's rounding.
-    sums: Vec<f32>,
+    pub(super) sums: Vec<f32>,
     /// Per load of a 16-group window, each lane's group in the window (`make_lanes`), and the
     /// (gs, bits) they are for: built once, not per call (a call is a block of rows).
-    lanes: Vec<[i32; 16]>,
+    pub(super) lanes: Vec<[i32; 16]>,
     lanes_for: (usize, usize),
 }
 
@@ -170,6 +170,26 @@ impl QuantX {
             self.sums.push(f * _mm512_reduce_add_epi32(sum) as f32);
         }
     }
+}
+
+/// `f` on x rounded for codes of `bits` as `packed_vnni_rows` takes it, with each load's lanes:
+/// for ap8's kernel (x86/planes.rs), which builds codes in int2's field order itself.
+///
+/// # Safety
+/// The CPU has AVX-512F and BW.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(super) unsafe fn with_rounded_x<T>(
+    x: &[f32],
+    gs: usize,
+    bits: usize,
+    f: impl FnOnce(&QuantX) -> T,
+) -> T {
+    QUANT_X.with(|cell| {
+        let mut q = cell.borrow_mut();
+        q.make(x, gs, bits);
+        q.make_lanes(gs, bits, 512 / bits);
+        f(&q)
+    })
 }
 
 /// int8, int4 and int2 by integer dot products (AVX-512 VNNI), for matrices `packed_vnni_takes`. x is
