@@ -2,9 +2,9 @@
 //!
 //! The CPU multiplies with a view of width k by expanding a block of rows into a matrix its
 //! kernels take, with each group's (scale, min) from `ap8::group_params`: int2 (width 2: the top
-//! chunk's bytes are int2 codes as they are), int4 (width 4: nibbles from the top chunk and two
-//! planes) or f32 values (the other widths). Decode on AVX-512 reads the planes directly instead
-//! (x86/planes.rs: 2-4x faster, benches/results/2026-12-04-cpu-issue54-ap8.md).
+//! chunk's bytes are int2 codes as they are), int4 (widths 3 and 4: nibbles from the top chunk
+//! and the planes) or f32 values (the other widths). Decode on AVX-512 reads the planes directly
+//! instead (x86/planes.rs, benches/results/2026-12-04-cpu-issue54-ap8.md).
 
 use std::ops::Range;
 
@@ -96,16 +96,17 @@ pub(super) fn part_tables<'a>(bytes: &'a [u8], p: &PartLayout, k: u8) -> Tables<
     (&bytes[p.s8..], &bytes[p.m8..], corr)
 }
 
-/// `f(view, at)` for each block of `rows`: `view` the block as an int2, int4 or f32 matrix (its
-/// row 0 the block's first), `at` the block's place in a per-row output of `rows`.
+/// `f(view, at)` for each block of `rows`: `view` the block as an int2 (width 2), int4 (3 and 4)
+/// or f32 matrix (its row 0 the block's first), `at` the block's place in a per-row output of
+/// `rows`.
 pub(super) fn with_rows(m: &Matrix, rows: Range<usize>, mut f: impl FnMut(&Matrix, Range<usize>)) {
     let (p, k) = geometry(m);
     let (cols, g) = (m.cols, m.group_size);
     let gpr = cols / g;
     let n = BLOCK_ROWS.min(rows.len());
     let (mut scales, mut mins) = (vec![0u16; n * gpr], vec![0u16; n * gpr]);
-    let mut codes = vec![0u8; if k == 4 { n * cols / 2 } else { 0 }];
-    let mut values = vec![0f32; if k == 2 || k == 4 { 0 } else { n * cols }];
+    let mut codes = vec![0u8; if k == 3 || k == 4 { n * cols / 2 } else { 0 }];
+    let mut values = vec![0f32; if k <= 4 { 0 } else { n * cols }];
     let tables = part_tables(m.codes, &p, k);
     let mut start = rows.start;
     while start < rows.end {
@@ -128,11 +129,11 @@ pub(super) fn with_rows(m: &Matrix, rows: Range<usize>, mut f: impl FnMut(&Matri
                 scales: bytemuck::cast_slice(&scales[..nr * gpr]),
                 mins: bytemuck::cast_slice(&mins[..nr * gpr]),
             },
-            4 => {
+            3 | 4 => {
                 let base = start * cols;
                 for (b, out) in codes[..nr * cols / 2].chunks_exact_mut(4).enumerate() {
-                    // Eight codes, a byte each, to four bytes of nibble pairs.
-                    let q = codes8(m.codes, &p, 4, base + 8 * b);
+                    // Eight codes, a byte each, to four bytes of nibble pairs (width 3's below 8).
+                    let q = codes8(m.codes, &p, k, base + 8 * b);
                     let pairs = (q | (q >> 4)) & 0x00ff_00ff_00ff_00ff;
                     for (j, o) in out.iter_mut().enumerate() {
                         *o = (pairs >> (16 * j)) as u8;
