@@ -247,6 +247,22 @@ fn main() {
                     ));
                 }
             }
+            if kind.starts_with("ap8") {
+                // x read from global memory, a block for every 8 rows: the form before x staged.
+                let f = &gpu.kernels.matvec_ap8;
+                variants.push((
+                    "global x".into(),
+                    1e-10,
+                    Box::new(move |m: &DevMat| {
+                        let c = LaunchConfig {
+                            grid_dim: ((m.rows as u32).div_ceil(8), 1, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        launch(gpu, f, c, m, xp, yp, (0, 0));
+                    }),
+                ));
+            }
             if kind == "mxfp4" {
                 // The exact warp-a-row kernel the dp4a one replaced where it has a plan.
                 variants.push((
@@ -255,10 +271,10 @@ fn main() {
                     Box::new(|m: &DevMat| gpu.matvec_mxfp4_rows(m, xp, yp).expect("matvec")),
                 ));
             }
-            let floor = if kind.starts_with("int") {
-                cpu_floor(name_kind(kind))
-            } else {
-                0.0
+            let floor = match kind {
+                k if k.starts_with("int") => cpu_floor(name_kind(kind)),
+                k if k.starts_with("ap8") => cpu_floor(10),
+                _ => 0.0,
             };
             for (name, bound, run) in &variants {
                 let bound = bound.max(floor);
@@ -598,7 +614,8 @@ fn launch(
         (&split) as *const i32 as *mut std::ffi::c_void,
         (&tchunks) as *const i32 as *mut std::ffi::c_void,
     ];
-    // SAFETY: the arguments match the kernel's signature (matvec_q_*, matvec_qm_*); m describes
+    // SAFETY: the arguments match the kernel's signature (matvec_q_*, matvec_qm_*; matvec_ap8
+    // reads the first four, split its `staged`); m describes
     // a live device matrix, x holds m.cols floats and y m.rows, and the configuration is one the
     // kernel supports (block a multiple of 32 * split, shared memory as qsmem computes it).
     // Launched as hob launches (dependent launch where the GPU has it): the kernels wait before
@@ -914,11 +931,11 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
     failed
 }
 
-/// The NMSE the CPU reference itself may add for a kind (code 3 int8, 4 int4, 5 int2): where its
-/// int4 and int2 kernels round x to 16 bits per group (AVX-512 VNNI, hob::quant::packed_rounds_x),
+/// The NMSE the CPU reference itself may add for a kind (code 3 int8, 4 int4, 5 int2, 10 ap8):
+/// where its kernels round x to 16 bits per group (AVX-512 VNNI, hob::quant::packed_rounds_x),
 /// an exact GPU kernel meets the bound of a 16-bit x, 1e-8, as tests/gpu_backend.rs takes it.
 fn cpu_floor(code: i32) -> f64 {
-    if matches!(code, 4 | 5 | 7 | 8 | 9) && hob::quant::packed_rounds_x() {
+    if matches!(code, 4 | 5 | 7 | 8 | 9 | 10) && hob::quant::packed_rounds_x() {
         1e-8
     } else {
         0.0

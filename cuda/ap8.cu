@@ -4,7 +4,8 @@
 // matrix of such a blob: codes the blob's start, group the group size, row_bytes k | part << 8
 // (DevMat::new; part 0 gate, 1 up, 2 down). Products read the k planes directly: a lane builds 16
 // codes at a time as bytes from the top bits and the planes, then multiplies them as floats
-// (exact products, f32 sums: within 1e-10 of the CPU). 7-24% of the copy bandwidth on the H200
+// (exact products, f32 sums: within 1e-10 of the CPU's exact form), on x staged in shared memory
+// where it fits. 13-26% of the copy bandwidth on the H200
 // (benches/results/2026-12-04-h200-issue54-ap8-gpu.md): far below the integer kinds' dp4a loops.
 
 // Where one matrix's pieces lie (ApLayout in src/format/ap8.rs: every piece 64-byte aligned).
@@ -114,12 +115,27 @@ __device__ __forceinline__ float ap8_byte(u32 v, int j) {
     return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440u + j)) - 8388608.f;
 }
 
+// x staged in shared memory for all of a block's rows (the staged kernels' dynamic shared
+// memory, whole passes of 512 columns): unit u's word i (columns 16 u + 4 i .. + 3) at float4
+// (u >> 5) * 128 + i * 32 + (u & 31), so that a warp's loads of 32 consecutive units are
+// consecutive. (Read from global memory, a lane's x lies 64 bytes from the next lane's.)
+extern __shared__ float4 ap8_xs[];
+
+__device__ __forceinline__ void ap8_stage_x(const float* __restrict__ x, int cols) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int j = threadIdx.x; j < (cols >> 2); j += blockDim.x) {
+        const int u = j >> 2, i = j & 3;
+        ap8_xs[(u >> 5) * 128 + i * 32 + (u & 31)] = x4[j];
+    }
+    __syncthreads();
+}
+
 // Row r's product with x, summed across the warp. Passes of 32 groups: a lane computes one
 // group's (scale, min); then the pass's 16-value units a lane at a time (DEPTH in flight, loaded
 // with the tables), each unit's codes times x and its sum of x under its group's pair, shuffled
 // from the lane that computed it. With `wait`: pdl_wait() once the first loads are out (x is the kernel
-// before's output).
-template <int K, int DEPTH = 2>
+// before's output). STAGED: x from ap8_xs (x unused, wait false).
+template <int K, bool STAGED = false, int DEPTH = 2>
 __device__ __forceinline__ float ap8_row_dot_k(const Mat& w, const Ap8Part& a, int r,
                                              const float* __restrict__ x, int lane,
                                              bool wait) {
@@ -155,12 +171,13 @@ __device__ __forceinline__ float ap8_row_dot_k(const Mat& w, const Ap8Part& a, i
                 const float s = __shfl_sync(0xffffffffu, sm.x, gi & 31);
                 const float m = __shfl_sync(0xffffffffu, sm.y, gi & 31);
                 if (u >= nu) continue;
-                const float4* xv = reinterpret_cast<const float4*>(x + (size_t)(gb * upg + u) * 16);
+                const int ug = gb * upg + u;
+                const float4* xv = reinterpret_cast<const float4*>(x + (size_t)ug * 16);
                 float qx = 0.f, sx = 0.f;
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const u32 q = ap8_word<K>(b[d], i);
-                    const float4 xq = xv[i];
+                    const float4 xq = STAGED ? ap8_xs[(ug >> 5) * 128 + i * 32 + (ug & 31)] : xv[i];
                     qx = __fmaf_rn(ap8_byte(q, 0), xq.x, qx);
                     qx = __fmaf_rn(ap8_byte(q, 1), xq.y, qx);
                     qx = __fmaf_rn(ap8_byte(q, 2), xq.z, qx);
@@ -180,9 +197,38 @@ __device__ __forceinline__ float ap8_row_dot(const Mat& w, const Ap8Part& a, int
     AP8_WIDTHS(ap8_row_dot_k, a.k, w, a, r, x, lane, wait)
 }
 
-// y = W x: a warp a row, 8 rows a block; x 16-byte aligned.
-extern "C" __global__ void matvec_ap8(const Mat w, const float* x, float* y) {
+template <int K>
+__device__ __forceinline__ float ap8_row_dot_xs_k(const Mat& w, const Ap8Part& a, int r,
+                                                int lane) {
+    return ap8_row_dot_k<K, true>(w, a, r, nullptr, lane, false);
+}
+
+// ap8_row_dot with x staged (ap8_stage_x).
+__device__ __forceinline__ float ap8_row_dot_xs(const Mat& w, const Ap8Part& a, int r, int lane) {
+    AP8_WIDTHS(ap8_row_dot_xs_k, a.k, w, a, r, lane)
+}
+
+// A block's rows (a warp a row, blockIdx.x * warps + warp, then gridDim.x * warps on) on x staged.
+__device__ __forceinline__ void ap8_rows_xs(const Mat& w, const float* __restrict__ x,
+                                            float* __restrict__ y) {
+    ap8_stage_x(x, w.cols);
+    const Ap8Part a = ap8_part(w);
+    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    for (int r = blockIdx.x * warps + (threadIdx.x >> 5); r < w.rows; r += gridDim.x * warps) {
+        const float v = ap8_row_dot_xs(w, a, r, lane);
+        if (lane == 0) y[r] = v;
+    }
+}
+
+// y = W x: a warp a row, 8 rows a block; x 16-byte aligned. staged: x in shared memory (its
+// size from ap8_stage_x), the blocks walking the rows.
+extern "C" __global__ void matvec_ap8(const Mat w, const float* x, float* y, int staged) {
     pdl_trigger();
+    if (staged) {
+        pdl_wait();
+        ap8_rows_xs(w, x, y);
+        return;
+    }
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= w.rows) {
         pdl_wait();
@@ -194,8 +240,9 @@ extern "C" __global__ void matvec_ap8(const Mat w, const float* x, float* y) {
 }
 
 // The routed experts of one token (matvec_mxfp4_sel's contract: moe.cu sel_mat and "Ordering";
-// glu refused by the launcher, split and tchunks unused). The table's matrices may differ in
-// width (a high and a low view of one file): each entry carries its own.
+// glu refused by the launcher, tchunks unused; split: x staged, as matvec_ap8's staged). The
+// table's matrices may differ in width (a high and a low view of one file): each entry carries
+// its own.
 extern "C" __global__ void matvec_ap8_sel(SEL_ARGS, int split, int tchunks) {
     if (which0 == 0) {
         pdl_wait();
@@ -204,6 +251,11 @@ extern "C" __global__ void matvec_ap8_sel(SEL_ARGS, int split, int tchunks) {
     const Mat w = sel_mat(tab, routes, k, which0);
     const float* xin = SEL_X;
     float* yout = SEL_Y;
+    if (split) {
+        if (which0 > 0) pdl_wait();
+        ap8_rows_xs(w, xin, yout);
+        return;
+    }
     const Ap8Part a = ap8_part(w);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     bool wait = which0 > 0;

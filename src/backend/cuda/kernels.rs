@@ -119,6 +119,8 @@ pub struct Kernels {
     /// limit less the kernels' static shared memory): room for the router's rows and the norm's
     /// weights beside x.
     pub route_norm_smem: usize,
+    /// Dynamic shared memory the ap8 kernels may take (x staged: `Gpu::ap8_staged`).
+    pub ap8_smem: usize,
     pub moe_gate_up: [CudaFunction; 3],
     pub moe_down: [CudaFunction; 3],
     pub route_topk: CudaFunction,
@@ -421,6 +423,7 @@ impl Kernels {
             moe_route_norm: floats("moe_route_norm")?,
             moe_route_norm_wide: floats("moe_route_norm_wide")?,
             route_norm_smem: 0,
+            ap8_smem: 0,
             moe_gate_up: floats("moe_gate_up")?,
             moe_down: floats("moe_down")?,
             route_topk: f("route_topk")?,
@@ -437,7 +440,25 @@ impl Kernels {
         };
         kernels.names = names.take();
         kernels.route_norm_smem = kernels.opt_in_route_norm(ctx)?;
+        kernels.ap8_smem = kernels.opt_in_ap8(ctx)?;
         Ok(kernels)
+    }
+
+    /// The ap8 kernels stage x in shared memory (ap8.cu ap8_stage_x): opt in to what the device
+    /// allows; returns it.
+    fn opt_in_ap8(&self, ctx: &Arc<CudaContext>) -> crate::Result<usize> {
+        let optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(cuda_err)?
+            .max(0);
+        for f in [&self.matvec_ap8, &self.matvec_ap8_sel] {
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                optin,
+            )
+            .map_err(cuda_err)?;
+        }
+        Ok(optin as usize)
     }
 
     /// moe_route_norm may copy the router's rows into shared memory (moe.cu

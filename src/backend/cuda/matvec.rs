@@ -51,14 +51,33 @@ pub struct Routed {
 }
 
 impl Gpu {
+    /// An ap8 product's launch over `rows` rows, `per` products a launch: x staged in shared
+    /// memory (ap8.cu ap8_stage_x; whole passes of 512 columns) where it fits, by about two
+    /// blocks an SM walking the rows, else a block for every 8 rows reading x from global memory.
+    /// The grid's x size, the bytes of shared memory and the kernel's `staged` flag.
+    fn ap8_staged(&self, w: &DevMat, per: usize) -> (u32, u32, i32) {
+        let (rows, cols) = (w.rows.max(0) as usize, w.cols.max(0) as usize);
+        let bytes = cols.div_ceil(512) * 2048;
+        let all = blocks(rows, 8);
+        if bytes > self.kernels.ap8_smem {
+            return (all, 0, 0);
+        }
+        let walkers = (2 * self.q_limits.sm_count).div_ceil(per.max(1)).max(1) as u32;
+        (all.min(walkers), bytes as u32, 1)
+    }
+
     /// y[rows] = W · x for one token (pointers to device memory).
     pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
         let w = *w;
         if w.is_ap8() {
             // A warp a row, 8 rows a block (ap8.cu matvec_ap8).
             ap8_input(&w, x)?;
-            let c = cfg(blocks(w.rows as usize, 8), 256);
-            return launch!(self, self.kernels.matvec_ap8, c; w, x, y);
+            let (grid, smem, staged) = self.ap8_staged(&w, 1);
+            let c = LaunchConfig {
+                shared_mem_bytes: smem,
+                ..cfg(grid, 256)
+            };
+            return launch!(self, self.kernels.matvec_ap8, c; w, x, y, staged);
         }
         if w.vectorizable() && x.is_multiple_of(16) {
             if w.is_mxfp4() {
@@ -171,16 +190,18 @@ impl Gpu {
     ) -> crate::Result<()> {
         let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
         if w.is_ap8() && !glu {
-            // A warp a row, 8 rows a block (ap8.cu matvec_ap8_sel); split, tchunks unused.
+            // A warp a row, 8 rows a block (ap8.cu matvec_ap8_sel; split: staged), tchunks
+            // unused.
             ap8_input(w, x)?;
+            let (grid, smem, staged) = self.ap8_staged(w, ny);
             let c = LaunchConfig {
-                grid_dim: (blocks(w.rows.max(0) as usize, 8), ny as u32, 1),
+                grid_dim: (grid, ny as u32, 1),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: smem,
             };
             let z = 0i32;
             let f = &self.kernels.matvec_ap8_sel;
-            return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
+            return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, staged, z);
         }
         // MXFP4: the dp4a kernel where it has a plan, else a warp a row.
         let dp_mx = (w.is_mxfp4() && self.qd_mxfp4() && w.vectorizable())
