@@ -60,6 +60,27 @@ pub(in crate::quant) unsafe fn ap8_params(k: u8, tables: Tables, s: &mut [f32], 
     }
 }
 
+/// Every (scale, min) of `rows` at width `k`, row by row (`ap8_params`): all of the rows' groups
+/// at once, as a row of ap8 often holds fewer than 16 groups.
+///
+/// # Safety
+/// AVX-512F and F16C; `m` is an ap8 view of part `p` whose prefix holds its width's tables.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn rows_params(
+    m: &Matrix,
+    p: &crate::format::ap8::PartLayout,
+    k: u8,
+    rows: &Range<usize>,
+) -> (Vec<f32>, Vec<f32>) {
+    let gpr = m.cols / m.group_size;
+    let (g0, ng) = (rows.start * gpr, rows.len() * gpr);
+    let (s8, m8, corr) = part_tables(m.codes, p, k);
+    let (mut sv, mut mv) = (vec![0f32; ng], vec![0f32; ng]);
+    let tables = (&s8[2 * g0..], &m8[2 * g0..], corr.map(|c| &c[g0..]));
+    ap8_params(k, tables, &mut sv, &mut mv);
+    (sv, mv)
+}
+
 /// out[i] = dot(row rows.start + i, x) for an ap8 view.
 ///
 /// # Safety
@@ -77,12 +98,7 @@ pub(in crate::quant) unsafe fn ap8_rows(
     let gpr = cols / g;
     let mut xsums = vec![0f32; gpr];
     group_sums(x, g, &mut xsums);
-    // Every group of the rows at once: a row of ap8 often holds fewer than 16 groups.
-    let (g0, ng) = (rows.start * gpr, rows.len() * gpr);
-    let (s8, m8, corr) = part_tables(m.codes, &p, k);
-    let (mut sv, mut mv) = (vec![0f32; ng], vec![0f32; ng]);
-    let tables = (&s8[2 * g0..], &m8[2 * g0..], corr.map(|c| &c[g0..]));
-    ap8_params(k, tables, &mut sv, &mut mv);
+    let (sv, mv) = rows_params(m, &p, k, &rows);
     let b = m.codes.as_ptr();
     // Lane weights of the top chunk's two bits, then of each plane read.
     let wt: Vec<__m512> = (0..k)
@@ -165,12 +181,7 @@ pub(in crate::quant) unsafe fn ap8_vnni_rows(
     out: &mut [f32],
 ) {
     let (p, k) = geometry(m);
-    let gpr = m.cols / m.group_size;
-    let (g0, ng) = (rows.start * gpr, rows.len() * gpr);
-    let (s8, m8, corr) = part_tables(m.codes, &p, k);
-    let (mut sv, mut mv) = (vec![0f32; ng], vec![0f32; ng]);
-    let tables = (&s8[2 * g0..], &m8[2 * g0..], corr.map(|c| &c[g0..]));
-    ap8_params(k, tables, &mut sv, &mut mv);
+    let (sv, mv) = rows_params(m, &p, k, &rows);
     let start = rows.start;
     super::vnni::with_rounded_x(x, m.group_size, 2, |q| {
         // Two rows at a time (x's planes loaded once for both), each row's sums as alone.
