@@ -65,8 +65,20 @@ fn is_zero(n: &usize) -> bool {
 impl TraceHeader {
     /// The shape and byte-count checks shared by the reader and the writer.
     fn check(&self) -> Result<(), String> {
-        if self.layers == 0 || self.experts == 0 {
-            return Err("layers and experts must be at least 1".into());
+        // A model's own bounds (model::config::limits): the simulator and replay allocate
+        // layers x experts entries.
+        use crate::model::config::limits::{EXPERTS, LAYERS};
+        if !(LAYERS.0..=LAYERS.1).contains(&self.layers) {
+            return Err(format!(
+                "layers {} must be in {}..={}",
+                self.layers, LAYERS.0, LAYERS.1
+            ));
+        }
+        if !(EXPERTS.0..=EXPERTS.1).contains(&self.experts) {
+            return Err(format!(
+                "experts {} must be in {}..={}",
+                self.experts, EXPERTS.0, EXPERTS.1
+            ));
         }
         if self.top_k == 0 || self.top_k > self.experts {
             return Err(format!(
@@ -698,6 +710,14 @@ pub(crate) mod tests {
         );
         let e = read_err(r#"{"model":"m"}"#);
         assert!(e.contains(":1:") && e.contains("not a hob trace"), "{e}");
+        // A shape no model has (the fuzzer's: the simulator would allocate layers x experts).
+        let e = read_err(&HEAD.replace(r#""layers":2"#, r#""layers":666666666666662"#));
+        assert!(
+            e.contains(":1:") && e.contains("layers 666666666666662 must be in 1..=1024"),
+            "{e}"
+        );
+        let e = read_err(&HEAD.replace(r#""experts":4"#, r#""experts":5000"#));
+        assert!(e.contains("experts 5000 must be in 1..=4096"), "{e}");
         let e = read_err(&rec(
             r#"{"seq":0,"tok":0,"layer":0,"routes":[[1,0.5,"high"],"#,
         ));
