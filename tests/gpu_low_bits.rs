@@ -53,6 +53,56 @@ fn ap8_experts_on_the_gpu_match_the_cpu_and_offload_exactly() {
     experts_at_match_the_cpu_and_offload_exactly("ap8/g128", &[2]);
 }
 
+/// Issue 54: where both pools hold widths of one ap8 blob (ap8@5 high, ap8@3 low), a high load
+/// whose low copy is cached copies it slot to slot and loads only the missing planes: fewer
+/// bytes over the link, the same logits as loading the whole blob (device and mapped slots).
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn ap8_high_loads_complete_cached_low_copies_with_the_same_logits() {
+    let g = gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("olmoe.hob");
+    let p = path.to_str().unwrap();
+    let args = ["convert", "--synthetic", "olmoe-1b-7b", "--layers", "1"];
+    let (ok, _, err) = hob(&[&args[..], &["--experts", "ap8", "--no-progress", "-o", p]].concat());
+    assert!(ok, "convert: {err}");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let idx = |name: &str| {
+        let names: Vec<String> = file.variants().iter().map(|v| v.to_string()).collect();
+        names.iter().position(|n| n == name).unwrap()
+    };
+    let prompt: Vec<u32> = [17u32, 4093, 512, 30001, 9, 777].to_vec();
+    let ids: Vec<u32> = (0..24).map(|i| (i * 7919 + 13) % 30000).collect();
+    for mapped in [false, true] {
+        let run = |upgrade: bool| {
+            let mut c = exact_offload(&file, file.n_experts() / 4);
+            c.plan.high = idx("ap8@5");
+            c.plan.low = Some(idx("ap8@3"));
+            c.plan.thresholds = hob::experts::Thresholds { t1: 0.5, t2: 1.0 };
+            c.budget = hob::experts::engine::Budget::Bytes(
+                file.n_experts() / 4 * file.expert_layout(c.plan.high).padded_size,
+            );
+            c.low_share = 0.4;
+            c.substitute_low = false;
+            c.mapped = mapped;
+            c.tuning.upgrade_planes = upgrade;
+            let mut s = engine_session(&g, &model, c);
+            let got = forced(&mut *s, &prompt, &ids);
+            (got, s.expert_stats())
+        };
+        let (whole, ws) = run(false);
+        let (planes, ps) = run(true);
+        println!(
+            "mapped {mapped}: {} upgrades ({} bytes taken slot to slot); loaded {} bytes, {} without",
+            ps.upgraded, ps.upgrade_bytes, ps.bytes_loaded, ws.bytes_loaded
+        );
+        assert!(ps.upgraded > 0 && ws.upgraded == 0);
+        assert_eq!(ps.bytes_loaded + ps.upgrade_bytes, ws.bytes_loaded);
+        assert!(planes == whole, "loading missing planes changed the logits");
+    }
+}
+
 /// `experts` (a high and a low variant) on the GPU: against the CPU, host- against
 /// device-routed, both gate-up forms, and a quarter cache against the all-resident run.
 fn experts_match_the_cpu_and_offload_exactly(experts: &str) {

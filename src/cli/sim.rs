@@ -16,7 +16,7 @@ use clap::Args;
 use rayon::prelude::*;
 use serde_json::json;
 
-use crate::experts::cache::{pool_slots, simulate, HobbitWeights, Policy, SimResult};
+use crate::experts::cache::{pool_slots, simulate, widths_nest, HobbitWeights, Policy, SimResult};
 use crate::experts::Trace;
 use crate::Error;
 
@@ -319,6 +319,14 @@ fn print_table(args: &SimArgs, trace: &Trace, cols: &[Column], o: &Outcome) {
             } else {
                 ""
             }
+        );
+    }
+    if let Some(low) = h.low.as_deref().filter(|l| widths_nest(&h.high, l)) {
+        outln!(
+            "{} and {low} are widths of one ap8 blob: a high miss whose low copy is cached loads \
+             only the missing planes ({:.3} of a high load)",
+            h.high,
+            1.0 - low_cost
         );
     }
     outln!("cells: miss penalty (high miss = 1) (hit rate, change vs lru)");

@@ -546,7 +546,11 @@ pub struct SimResult {
     pub skips: u64,
     /// Misses that found no slot (pool empty or fully protected): loaded, used, not kept.
     pub uncached: u64,
-    /// high_misses + low_misses × low_bytes / high_bytes.
+    /// High misses whose low copy was cached: where high and low are widths of one ap8 blob,
+    /// the engine loads only their missing planes.
+    pub low_cached_misses: u64,
+    /// high_misses + low_misses × low_bytes / high_bytes, with the low-cached high misses at
+    /// (high_bytes - low_bytes) / high_bytes where the widths nest.
     pub penalty: f64,
 }
 
@@ -611,6 +615,9 @@ pub fn simulate(
                         plan.push((key, PoolKind::Low, true, Precision::Low));
                     } else {
                         res.high_misses += 1;
+                        if cache.lookup(PoolKind::Low, key).is_some() {
+                            res.low_cached_misses += 1;
+                        }
                         plan.push((key, PoolKind::High, false, Precision::High));
                     }
                 }
@@ -650,9 +657,28 @@ pub fn simulate(
         }
         cache.clear_protection();
     }
+    let low_cost = h.low_bytes as f64 / h.high_bytes as f64;
+    let upgraded = match &h.low {
+        Some(low) if widths_nest(&h.high, low) => res.low_cached_misses as f64,
+        _ => 0.0,
+    };
     res.penalty =
-        res.high_misses as f64 + res.low_misses as f64 * h.low_bytes as f64 / h.high_bytes as f64;
+        res.high_misses as f64 - upgraded * low_cost + res.low_misses as f64 * low_cost;
     res
+}
+
+/// Whether variants `high` and `low` (names) are widths of one ap8 blob, the low one narrower.
+pub fn widths_nest(high: &str, low: &str) -> bool {
+    use crate::format::{Variant, VariantKind};
+    match (Variant::parse(high, None), Variant::parse(low, None)) {
+        (Ok(h), Ok(l)) => {
+            h.kind == VariantKind::Ap8
+                && l.kind == VariantKind::Ap8
+                && h.group_size == l.group_size
+                && l.width < h.width
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -48,6 +48,9 @@ pub trait ChunkCopier: Send + 'static {
     /// `src` (page-locked pages of the mapped file) copied by DMA to device address `dst`.
     /// Returns the time the emulated link is busy with it when the device paces the copies.
     fn copy_direct(&mut self, src: &[u8], dst: u64) -> crate::Result<Option<Duration>>;
+    /// `len` bytes from one slot to another (`from`, `to`: device addresses, or host addresses
+    /// of a mapped arena), in order with the copies before and after it; no link is crossed.
+    fn copy_within(&mut self, from: u64, to: u64, len: usize, mapped: bool) -> crate::Result<()>;
     /// An event after every copy queued so far.
     fn fence(&mut self) -> crate::Result<Self::Event>;
 }

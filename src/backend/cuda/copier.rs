@@ -155,6 +155,27 @@ impl ChunkCopier for CudaCopier {
         Ok(paced)
     }
 
+    fn copy_within(&mut self, from: u64, to: u64, len: usize, mapped: bool) -> crate::Result<()> {
+        if mapped {
+            // SAFETY: both ranges lie inside slots of live mapped arenas, different slots (the
+            // engine copies a narrower copy into another pool's slot); the source has landed and
+            // is not rewritten before this job ends (later loads queue behind it), and no kernel
+            // reads the destination (the job waited for the compute that did).
+            unsafe {
+                std::ptr::copy_nonoverlapping(from as usize as *const u8, to as usize as *mut u8, len)
+            };
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both ranges lie inside slots of the device arenas, different slots; the copy
+        // stream orders this after the source's load and before any later load into either.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(to, from, len, self.copy.cu_stream())
+                .map_err(cuda_err)?;
+        }
+        Ok(())
+    }
+
     fn fence(&mut self) -> crate::Result<CudaEvent> {
         self.bind()?;
         blocking_event(&self.copy)

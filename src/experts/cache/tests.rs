@@ -298,6 +298,7 @@ fn simulate_tiny_trace_by_hand() {
             substitutions: 0,
             skips: 1,
             uncached: 0,
+            low_cached_misses: 1,
             penalty: 4.75,
         }
     );
@@ -316,6 +317,7 @@ fn simulate_tiny_trace_by_hand() {
             substitutions: 1,
             skips: 1,
             uncached: 0,
+            low_cached_misses: 0,
             penalty: 3.5,
         }
     );
@@ -324,6 +326,14 @@ fn simulate_tiny_trace_by_hand() {
     let r = simulate(&t, Policy::Lru, 0, 0, false);
     assert_eq!((r.high_misses, r.low_misses, r.uncached), (6, 3, 9));
     assert_eq!(r.penalty, 6.75);
+    // Two widths of one ap8 blob: s0t1 L0's (0,1), a high miss with its low copy cached, loads
+    // only its missing planes (1 - 1/4 of a high load).
+    let mut t = tiny_trace();
+    t.header.high = "ap8@5".into();
+    t.header.low = Some("ap8@3".into());
+    assert_eq!(simulate(&t, Policy::Lru, 2, 1, false).penalty, 4.5);
+    assert!(widths_nest("ap8", "ap8@2") && !widths_nest("ap8@3", "ap8@5"));
+    assert!(!widths_nest("ap8/g128@5", "ap8@3") && !widths_nest("int8", "int2"));
 }
 
 // ----- property test against a naive reference -----

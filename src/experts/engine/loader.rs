@@ -31,11 +31,22 @@ const CRC_PIECE: usize = 1 << 20;
 /// overshoot, not an idle link).
 const PACE_SLACK: Duration = Duration::from_micros(500);
 
-/// One load: file bytes `src` to `dst` (a device address, or a host address of a mapped arena).
+/// Bytes a load takes from another slot before its file bytes: a narrower copy of the same ap8
+/// blob (format::ap8: width k is a prefix), whose missing planes the file bytes then add.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotCopy {
+    pub from: u64,
+    pub to: u64,
+    pub len: usize,
+}
+
+/// One load: file bytes `src` to `dst` (a device address, or a host address of a mapped arena),
+/// after `prefix` where it is set.
 pub struct LoadJob<E> {
     pub src: Range<usize>,
     pub dst: u64,
     pub mapped: bool,
+    pub prefix: Option<SlotCopy>,
     /// Compute that may still read the destination's previous contents.
     pub after: E,
     /// Set by the engine to drop the rest of a prefetch proven wrong: the job's next chunk
@@ -158,8 +169,15 @@ impl<C: ChunkCopier> Worker for Loader<C> {
             return Err(Error::Cancelled("prefetch proven wrong"));
         }
         let started = Instant::now();
+        // The slot-to-slot copy crosses no link: kept out of the link's busy time.
+        let mut within = Duration::ZERO;
         if i == 0 {
             self.copier.after(&job.after, job.mapped)?;
+            if let Some(c) = job.prefix {
+                let t = Instant::now();
+                self.copier.copy_within(c.from, c.to, c.len, job.mapped)?;
+                within = t.elapsed();
+            }
         }
         let (src, dst) = job.chunk(i);
         let len = src.len();
@@ -188,7 +206,7 @@ impl<C: ChunkCopier> Worker for Loader<C> {
         }
         self.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
         // Paced on the device: the link is busy for the chunk's crossing time.
-        let busy = paced.unwrap_or_else(|| started.elapsed());
+        let busy = paced.unwrap_or_else(|| started.elapsed().saturating_sub(within));
         self.counters
             .nanos
             .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
@@ -269,6 +287,7 @@ fn fill(
 
 #[cfg(test)]
 mod tests {
+    use super::super::slots::nested_prefix;
     use super::*;
     use crate::experts::scheduler::{Priority, Scheduler};
     use crate::format::{
@@ -323,6 +342,21 @@ mod tests {
                 .map_err(|_| Error::Loader("poisoned".into()))?;
             mem[dst as usize..dst as usize + src.len()].copy_from_slice(src);
             Ok(None)
+        }
+        fn copy_within(
+            &mut self,
+            from: u64,
+            to: u64,
+            len: usize,
+            _mapped: bool,
+        ) -> crate::Result<()> {
+            let mut mem = self
+                .0
+                .lock()
+                .map_err(|_| Error::Loader("poisoned".into()))?;
+            let from = from as usize;
+            mem.copy_within(from..from + len, to as usize);
+            Ok(())
         }
         fn fence(&mut self) -> crate::Result<Done> {
             Ok(Done)
@@ -385,6 +419,7 @@ mod tests {
                 src: r.start + part * BLOB_ALIGN..r.end,
                 dst: 0,
                 mapped: false,
+                prefix: None,
                 after: Done,
                 abort: None,
             };
@@ -402,6 +437,86 @@ mod tests {
             );
         }
         assert!(!checks.is_verified(checks.index(0, 1, 0).unwrap()));
+        loader.shutdown().unwrap();
+    }
+
+    /// Issue 54: a high load whose low copy (a narrower width of the same ap8 blob) is in
+    /// another slot takes that copy's bytes slot to slot and reads only the rest of the file:
+    /// the slot ends up byte for byte the high view's blob. Variants that do not nest (the low
+    /// wider, another kind) take nothing.
+    #[test]
+    fn a_high_load_completes_a_narrower_ap8_copy_with_the_missing_planes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ap.hob");
+        let shape = ExpertShape {
+            n_layers: 1,
+            n_experts: 2,
+            hidden: 64,
+            ffn: 128,
+        };
+        let variants = [
+            Variant::parse("ap8", None).unwrap(),
+            Variant::parse("int8", Some(64)).unwrap(),
+        ];
+        let mut w = HobWriter::create(&path, &Metadata::new(), &[], shape, &variants).unwrap();
+        for (v, var) in variants.iter().enumerate() {
+            let size = var.expert_layout(64, 128).unwrap().size;
+            for e in 0..2 {
+                let blob: Vec<u8> = (0..size).map(|i| (i * 13 + e * 5 + v) as u8).collect();
+                w.write_expert(0, e, v, &blob).unwrap();
+            }
+        }
+        w.finish().unwrap();
+        let file = HobFile::open(&path).unwrap();
+        let idx = |name: &str| {
+            let names: Vec<String> = file.variants().iter().map(|v| v.to_string()).collect();
+            names.iter().position(|n| n == name).unwrap()
+        };
+        let (hi, lo) = (idx("ap8@5"), idx("ap8@3"));
+        let lo_size = file.expert_layout(lo).size;
+        let cut = nested_prefix(&file, hi, lo).unwrap();
+        assert_eq!(cut, lo_size / BLOB_ALIGN * BLOB_ALIGN);
+        assert!(cut > 0);
+        assert_eq!(nested_prefix(&file, lo, hi), None);
+        assert_eq!(nested_prefix(&file, hi, idx("int8/g64")), None);
+
+        let mem = Arc::new(std::sync::Mutex::new(vec![0u8; 1 << 20]));
+        let counters = Arc::new(LoadCounters::default());
+        let loader = Loader::new(
+            HostCopier(mem.clone()),
+            file.shared_map(),
+            false,
+            (None, None),
+            counters.clone(),
+        )
+        .unwrap();
+        let loader = Scheduler::spawn(loader).unwrap();
+        let (low_slot, high_slot) = (0u64, 1u64 << 19);
+        let low = file.blob_range(0, 1, lo, false);
+        let job = |src: Range<usize>, dst, prefix| LoadJob {
+            src,
+            dst,
+            mapped: false,
+            prefix,
+            after: Done,
+            abort: None,
+        };
+        let run = |j| loader.submit(j, Priority::Demand).unwrap().wait().unwrap();
+        run(job(low.clone(), low_slot, None));
+        let high = file.blob_range(0, 1, hi, false);
+        let copy = SlotCopy {
+            from: low_slot,
+            to: high_slot,
+            len: cut,
+        };
+        let rest = high.start + cut..high.end;
+        run(job(rest.clone(), high_slot + cut as u64, Some(copy)));
+        let mem = mem.lock().unwrap();
+        let at = high_slot as usize;
+        assert_eq!(&mem[at..at + high.len()], &file.shared_map()[high.clone()]);
+        let moved = counters.bytes.load(Ordering::Relaxed) as usize;
+        assert_eq!(moved, low.len() + rest.len());
+        drop(mem);
         loader.shutdown().unwrap();
     }
 
@@ -466,6 +581,7 @@ mod tests {
             src: file.blob_range(0, e, 0, true),
             dst: 0,
             mapped: false,
+            prefix: None,
             after: Done,
             abort: None,
         };

@@ -131,6 +131,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
                 disk: cfg.tier == Tier::Disk,
                 host_waits: cfg.cpu_experts.is_some(),
                 pace: cfg.pace_bytes_per_s,
+                upgrade_planes: cfg.tuning.upgrade_planes,
             },
         )?;
         let prefetch = match cfg.prefetch {

@@ -79,7 +79,7 @@ impl<D: ExpertDevice> Engine<'_, D> {
         key: (usize, usize),
         run: &mut Run,
     ) -> crate::Result<bool> {
-        let load_s = self.slots.pool(kind).slot_bytes as f64 / self.slots.load_bandwidth();
+        let load_s = self.slots.load_bytes(kind, key) as f64 / self.slots.load_bandwidth();
         let Some(c) = self.coop.as_mut() else {
             return Ok(false);
         };

@@ -7,11 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::loader::{landed, Done, LoadCounters, LoadJob, Loader, CHUNK, CHUNKS_IN_FLIGHT};
+use super::loader::{
+    landed, Done, LoadCounters, LoadJob, Loader, SlotCopy, CHUNK, CHUNKS_IN_FLIGHT,
+};
 use crate::experts::cache::{ExpertCache, Insertion, PoolKind};
 use crate::experts::scheduler::{Priority, Scheduler, Ticket};
 use crate::experts::ExpertKey;
-use crate::format::{ExpertView, HobFile, BLOB_ALIGN};
+use crate::format::{ExpertView, HobFile, VariantKind, BLOB_ALIGN};
 use crate::model::{ArenaBase, ChunkCopier, DeviceEvent, ExpertDevice};
 use crate::Error;
 
@@ -63,6 +65,24 @@ pub struct Slots<'f, D: ExpertDevice> {
     gpu_waits: Vec<(D::Event, D::Event)>,
     /// Time spent waiting for loads since the last reset.
     pub wait: Duration,
+    /// Both pools hold widths of one ap8 blob: a high load whose low copy is cached takes this
+    /// many bytes from it and loads only the rest (`nested_prefix`).
+    nested: Option<usize>,
+    /// High loads that completed a cached low copy's planes, and the bytes they took from it,
+    /// since the last reset.
+    pub upgrades: (u64, u64),
+}
+
+/// Bytes of an expert's high-variant blob that its low-variant copy holds, when both variants
+/// are widths of one ap8 blob and the low one is narrower: its prefix, cut to BLOB_ALIGN so that
+/// the rest is read from an aligned file offset (O_DIRECT). None otherwise, or under one page.
+pub fn nested_prefix(file: &HobFile, high: usize, low: usize) -> Option<usize> {
+    let v = file.variants();
+    let ap8 = |i: usize| v.get(i).is_some_and(|v| v.kind == VariantKind::Ap8);
+    let (hs, ls) = (file.expert_layout(high).size, file.expert_layout(low).size);
+    let same = file.blob_range(0, 0, high, false).start == file.blob_range(0, 0, low, false).start;
+    let cut = ls / BLOB_ALIGN * BLOB_ALIGN;
+    (ap8(high) && ap8(low) && same && ls < hs && cut > 0).then_some(cut)
 }
 
 /// How the slots are laid out and filled.
@@ -77,6 +97,9 @@ pub struct SlotsSetup<'f, C: ChunkCopier> {
     pub disk: bool,
     pub host_waits: bool,
     pub pace: Option<f64>,
+    /// A high load whose low copy is cached loads only its missing planes, where the pools'
+    /// variants nest (`nested_prefix`).
+    pub upgrade_planes: bool,
 }
 
 impl<'f, D: ExpertDevice> Slots<'f, D> {
@@ -118,6 +141,11 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
             link_due: Instant::now(),
             gpu_waits: Vec::new(),
             wait: Duration::ZERO,
+            nested: match s.pools {
+                [Some((h, _)), Some((l, _))] if s.upgrade_planes => nested_prefix(s.file, h, l),
+                _ => None,
+            },
+            upgrades: (0, 0),
         })
     }
 
@@ -184,7 +212,23 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
         Ok(Some(ins))
     }
 
-    /// Queue the load of `key` into slot `s` of pool `kind`.
+    /// A high load of `key` can take this many bytes from its low copy in this low slot: the
+    /// pools nest and the copy has landed (its bytes are on the copy stream, or written, before
+    /// the load's).
+    fn upgrade_from(&self, kind: PoolKind, key: ExpertKey) -> Option<(usize, usize)> {
+        let cut = self.nested.filter(|_| kind == PoolKind::High)?;
+        let ls = self.cache.lookup(PoolKind::Low, key)?;
+        self.slot_landed(PoolKind::Low, ls).then_some((ls, cut))
+    }
+
+    /// Bytes a load of `key` into pool `kind` moves over the link now.
+    pub fn load_bytes(&self, kind: PoolKind, key: ExpertKey) -> usize {
+        let full = self.pool(kind).slot_bytes;
+        full - self.upgrade_from(kind, key).map_or(0, |u| u.1)
+    }
+
+    /// Queue the load of `key` into slot `s` of pool `kind` (where the low pool holds a
+    /// narrower copy of the same ap8 blob, only its missing planes cross the link).
     pub fn submit(
         &mut self,
         dev: &D,
@@ -193,15 +237,28 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
         priority: Priority,
     ) -> crate::Result<()> {
         let mapped = self.mapped;
+        let addr = |p: &Pool<'f, D>, s: usize| {
+            let base = if mapped { p.base.host as u64 } else { p.base.device };
+            base + (s * p.slot_bytes) as u64
+        };
         let pool = self.pool(kind);
         let layout = self.file.expert_layout(pool.variant);
         let offsets = [layout.up_offset, layout.down_offset];
-        let src = self.file.blob_range(key.0, key.1, pool.variant, self.disk);
-        let dst = if mapped {
-            (pool.base.host + s * pool.slot_bytes) as u64
-        } else {
-            pool.base.device + (s * pool.slot_bytes) as u64
-        };
+        let mut src = self.file.blob_range(key.0, key.1, pool.variant, self.disk);
+        let mut dst = addr(pool, s);
+        let mut prefix = None;
+        if let Some((ls, cut)) = self.upgrade_from(kind, key) {
+            let from = addr(self.pool(PoolKind::Low), ls);
+            prefix = Some(SlotCopy {
+                from,
+                to: dst,
+                len: cut,
+            });
+            src.start += cut;
+            dst += cut as u64;
+            self.upgrades.0 += 1;
+            self.upgrades.1 += cut as u64;
+        }
         let now = Instant::now();
         let due = self.link_due.max(now)
             + Duration::from_secs_f64(src.len() as f64 / self.load_bandwidth());
@@ -210,7 +267,7 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
         // rounded up to BLOB_ALIGN (file offsets stay aligned for O_DIRECT reads), so part i
         // landed means matrix i is whole.
         let mut cuts = vec![src.start];
-        if mapped {
+        if mapped && prefix.is_none() {
             for off in offsets {
                 let at = (src.start + off).next_multiple_of(BLOB_ALIGN);
                 if at > *cuts.last().unwrap_or(&src.start) && at < src.end {
@@ -230,6 +287,7 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
                 src: w[0]..w[1],
                 dst: dst + (w[0] - src.start) as u64,
                 mapped,
+                prefix: prefix.take(),
                 after: dev.record_event(false)?,
                 abort: abort.clone(),
             };

@@ -18,6 +18,10 @@ pub struct ExpertStats {
     pub bytes_loaded: u64,
     /// Bytes read from the slow tier (the SSD) rather than host memory.
     pub bytes_from_disk: u64,
+    /// High loads that completed a cached low copy's planes (nested ap8 widths), and the bytes
+    /// they took from it slot to slot instead of over the link.
+    pub upgraded: u64,
+    pub upgrade_bytes: u64,
     /// Wall time spent waiting for loads, in seconds.
     pub load_seconds: f64,
     /// Wall time the compute thread spent waiting for CPU-computed experts, in seconds.
@@ -125,6 +129,8 @@ impl ExpertStats {
             (&mut self.cpu_computed, s.cpu_computed),
             (&mut self.bytes_loaded, s.bytes_loaded),
             (&mut self.bytes_from_disk, s.bytes_from_disk),
+            (&mut self.upgraded, s.upgraded),
+            (&mut self.upgrade_bytes, s.upgrade_bytes),
             (&mut self.cpu_passes, s.cpu_passes),
             (&mut self.cpu_pass_threads, s.cpu_pass_threads),
             (&mut self.prefetch_issued, s.prefetch_issued),
@@ -211,6 +217,14 @@ impl ExpertStats {
             100.0 * s.prefetch_used as f64 / issued,
             100.0 * s.prefetch_cancelled as f64 / issued
         )?;
+        if s.upgraded > 0 {
+            writeln!(
+                out,
+                "  high loads completing a cached low copy's planes {:.2} ({:.1} MB taken from it, not loaded)",
+                s.upgraded as f64 / n,
+                s.upgrade_bytes as f64 / n / 1e6
+            )?;
+        }
         let rate = |bytes: u64, secs: f64| {
             if secs > 0.0 {
                 format!("{:.1} GB/s", bytes as f64 / secs / 1e9)
@@ -389,6 +403,8 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
             cpu_computed: c.cpu_computed,
             bytes_loaded: load(&lc.bytes, c.base.0),
             bytes_from_disk: load(&lc.disk_bytes, c.base.1),
+            upgraded: self.slots.upgrades.0,
+            upgrade_bytes: self.slots.upgrades.1,
             load_seconds: secs(self.slots.wait),
             cpu_wait_seconds: self.coop.as_ref().map_or(0.0, |c| secs(c.wait)),
             cpu_gaps: self
@@ -437,6 +453,7 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
         self.routing.tokens = 0;
         self.routing.account = std::time::Duration::ZERO;
         self.slots.wait = std::time::Duration::ZERO;
+        self.slots.upgrades = (0, 0);
         if let Some(c) = self.coop.as_mut() {
             c.reset();
         }
