@@ -149,6 +149,11 @@ fn calibrate_input_errors_are_clear() {
             "-c/--ctx-size 4096: the context length of ",
         ),
         (vec!["--low", "int2"], "--low int2"),
+        (
+            vec!["--widths"],
+            "stores no ap8 variant (its variants: f16)",
+        ),
+        (vec!["--bits", "5"], "--widths"),
     ];
     for (extra, needle) in cases {
         let mut args = vec!["calibrate", "-m", m, "-f", t];
@@ -162,6 +167,88 @@ fn calibrate_input_errors_are_clear() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
     assert!(!out.exists());
+}
+
+/// Issue 54: `--widths` on an ap8 file runs each pair over the text with the fitted T1/T2 and
+/// picks the least KL within the default pair's bits (ap8@5 + ap8@3, added to the list); the
+/// profile it writes runs that pair. A pair's KL is what `hob perplexity --kl-baseline` reports
+/// for it.
+#[test]
+fn ap8_width_bands_are_fitted_within_the_default_pairs_bits() {
+    let (dir, model) = convert_fixture("ap8");
+    let text = text(dir.path());
+    let profile = dir.path().join("w.toml");
+    let m = model.to_str().unwrap();
+    let args = [
+        "calibrate",
+        "-m",
+        m,
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "64",
+    ];
+    let (ok, out, stderr) = hob(&[
+        &args[..],
+        &["--widths", "8:3,6:3,4:2", "--platform", "jetson-orin-32g"],
+        &["-o", profile.to_str().unwrap()],
+    ]
+    .concat());
+    assert!(ok, "{stderr}");
+    // (high, low, bits, KL) of each row.
+    let rows: Vec<(u8, u8, f64, f64)> = out
+        .lines()
+        .filter(|l| l.starts_with("| @"))
+        .map(|l| {
+            let c: Vec<&str> = l.split('|').map(str::trim).collect();
+            let w = |s: &str| s.trim_start_matches('@').parse::<u8>().unwrap();
+            (
+                w(c[1]),
+                w(c[2]),
+                c[4].parse().unwrap(),
+                c[5].parse().unwrap(),
+            )
+        })
+        .collect();
+    let pairs: Vec<(u8, u8)> = rows.iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(pairs, [(8, 3), (6, 3), (4, 2), (5, 3)], "{out}");
+    let budget = rows[3].2;
+    let best = rows
+        .iter()
+        .filter(|r| r.2 <= budget)
+        .min_by(|a, b| a.3.total_cmp(&b.3))
+        .unwrap();
+    let (h, l) = (format!("ap8@{}", best.0), format!("ap8@{}", best.1));
+    assert!(
+        out.contains(&format!("fitted widths: {h} high + {l} low")),
+        "{out}"
+    );
+    let p = Platform::load(&profile).unwrap();
+    assert_eq!((p.high_variant, p.low_variant), (Some(h), Some(l)));
+
+    // The 8:3 row's KL, from perplexity's own comparison at the fitted thresholds.
+    let t1 = number_after(&out, "fitted: T1 = ").to_string();
+    let t2 = number_after(&out, ", T2 = ").to_string();
+    let ppl = perplexity(
+        &model,
+        &text,
+        &[
+            "--expert-variant",
+            "ap8",
+            "--low",
+            "ap8@3",
+            "--t1",
+            &t1,
+            "--t2",
+            &t2,
+        ],
+    );
+    let kl = number_after(&ppl, "Mean KL(baseline || tested): ");
+    assert!(
+        (kl - rows[0].3).abs() <= 2e-3 * kl,
+        "{kl} vs {}:\n{out}\n{ppl}",
+        rows[0].3
+    );
 }
 
 /// `--kl-divergence-base FILE` writes one run's logits, `--kl-divergence` compares another

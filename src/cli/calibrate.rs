@@ -43,10 +43,21 @@ pub struct CalibrateArgs {
     /// Use at most this many chunks (default: all).
     #[arg(long = "chunks")]
     pub chunks: Option<usize>,
-    /// Write the --platform profile with the fitted t1/t2 (and the --high/--low flags, if
-    /// given) to this .toml file, named "<profile>-calibrated"; load it with --platform FILE.
+    /// Write the --platform profile with the fitted t1/t2 (and the --high/--low flags, or the
+    /// fitted --widths, if given) to this .toml file, named "<profile>-calibrated"; load it with
+    /// --platform FILE.
     #[arg(short = 'o', long = "output")]
     pub output: Option<PathBuf>,
+    /// ap8 files: also fit the widths of the high and low tiers. Each pair HIGH:LOW runs over
+    /// the text with the fitted T1/T2; its KL against the stored width (all high) and the bits
+    /// a routed weight reads are printed, and the least KL within --bits wins (default pairs:
+    /// high 8, 6, 5, 4 with low 4, 3, 2 below it). Costs a pass over the text per pair.
+    #[arg(long, value_name = "H:L,...", num_args = 0..=1, default_missing_value = "")]
+    pub widths: Option<String>,
+    /// With --widths: the most bits a routed weight may read on average (default: what ap8@5 +
+    /// ap8@3, the engine's pair for ap8 files, reads on the text).
+    #[arg(long, value_name = "B", requires = "widths")]
+    pub bits: Option<f64>,
 }
 
 /// Target shares of all selected routes, as fractions summing to 1.
@@ -303,7 +314,12 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
             cfg.top_k
         )));
     }
-    let rec = record(args, (&file, &model), platform.as_ref())?;
+    let widths = match &args.widths {
+        Some(list) => Some(super::calibrate_widths::plan(&file, list, args.bits)?),
+        None => None,
+    };
+    let text = chunks(args, (&file, &model), widths.is_some())?;
+    let rec = record(args, (&file, &model), platform.as_ref(), &text)?;
     let mut all = LayerScores::default();
     for l in &rec.layers {
         all.merge(l);
@@ -357,23 +373,37 @@ pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
         "(shares of an all-high run; a dynamic run's routing shifts downstream of low or skipped \
          experts: `hob perplexity --low ... --kl-baseline` reports the split it used)"
     );
+    let pair = match &widths {
+        Some(wp) => Some(super::calibrate_widths::fit(
+            args,
+            (&file, &model, &text.tok),
+            (&text.tokens, text.n_ctx, text.n_chunk),
+            (wp, th),
+        )?),
+        None => None,
+    };
     if let (Some(out), Some(p)) = (&args.output, platform) {
-        write_profile(args, (out, p), (th, split, got), &rec)?;
+        write_profile(args, (out, p), (th, split, got), (&rec, pair))?;
     }
     Ok(())
 }
 
-/// Run the model over the text's chunks, all experts high, recording every route's score.
-fn record(
+/// The text's tokens and its chunks.
+struct Text {
+    tok: crate::generate::Tokenizer,
+    tokens: Vec<u32>,
+    n_ctx: usize,
+    n_chunk: usize,
+}
+
+/// Tokenize the text and cut it into chunks (`scored`: chunks whose second half is scored, as
+/// perplexity scores, need 4 tokens at least).
+fn chunks(
     args: &CalibrateArgs,
     (file, model): (&crate::format::HobFile, &Model<'_>),
-    platform: Option<&crate::platform::Platform>,
-) -> crate::Result<Recorded> {
+    scored: bool,
+) -> crate::Result<Text> {
     let cfg = &model.cfg;
-    let mut plan = args.model.plan(file, platform)?;
-    plan.low = None;
-    plan.thresholds = Thresholds::ALL_HIGH;
-    plan.renormalize_skips = false;
     let tok = tokenizer(file, cfg)?;
     let tokens = read_tokens(&args.file, &tok, cfg.add_bos)?;
     let n_ctx = chunk_ctx(
@@ -382,9 +412,11 @@ fn record(
         512,
         cfg.context_length,
     )?;
-    if n_ctx < 2 {
+    let least = if scored { 4 } else { 2 };
+    if n_ctx < least {
+        let with = if scored { " with --widths" } else { "" };
         return Err(Error::Invalid(format!(
-            "--ctx-size {n_ctx}: must be at least 2"
+            "--ctx-size {n_ctx}: must be at least {least}{with}"
         )));
     }
     if tokens.len() < n_ctx {
@@ -398,6 +430,27 @@ fn record(
     if let Some(c) = args.chunks {
         n_chunk = n_chunk.min(c.max(1));
     }
+    Ok(Text {
+        tok,
+        tokens,
+        n_ctx,
+        n_chunk,
+    })
+}
+
+/// Run the model over the text's chunks, all experts high, recording every route's score.
+fn record(
+    args: &CalibrateArgs,
+    (file, model): (&crate::format::HobFile, &Model<'_>),
+    platform: Option<&crate::platform::Platform>,
+    text: &Text,
+) -> crate::Result<Recorded> {
+    let cfg = &model.cfg;
+    let mut plan = args.model.plan(file, platform)?;
+    plan.low = None;
+    plan.thresholds = Thresholds::ALL_HIGH;
+    plan.renormalize_skips = false;
+    let (tok, tokens, n_ctx, n_chunk) = (&text.tok, &text.tokens, text.n_ctx, text.n_chunk);
     let high = file.variants()[plan.high].to_string();
     let layers = Rc::new(RefCell::new(Vec::new()));
     let recorder = Recorder {
@@ -446,7 +499,7 @@ fn write_profile(
     args: &CalibrateArgs,
     (out, mut p): (&std::path::Path, crate::platform::Platform),
     (th, split, got): (Thresholds, Split, Split),
-    rec: &Recorded,
+    (rec, pair): (&Recorded, Option<(String, String)>),
 ) -> crate::Result<()> {
     let from = p.name.clone();
     p.name = format!("{from}-calibrated");
@@ -457,6 +510,9 @@ fn write_profile(
     }
     if let Some(l) = &args.model.low {
         p.low_variant = Some(l.clone());
+    }
+    if let Some((h, l)) = pair {
+        (p.high_variant, p.low_variant) = (Some(h), Some(l));
     }
     let header = vec![
         format!(

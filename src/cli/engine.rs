@@ -308,7 +308,9 @@ impl ModelArgs {
             Some(n) => Some(self.find_variant(file, n, "--low")?),
             None => None,
         };
-        if let (true, Some(p)) = (profile_pair_missing, platform) {
+        // Said where the file's own pair stands in, not where both flags chose.
+        let fell_back = self.expert_variant.is_none() || self.low.is_none();
+        if let (true, Some(p)) = (profile_pair_missing && fell_back, platform) {
             let name = |i: Option<usize>| i.map_or("none".into(), |i| file.variants()[i].name());
             eprintln!(
                 "hob: {} does not store the {} profile's {} + {}; using its {} high, {} low \
@@ -605,7 +607,7 @@ pub fn tokenizer(file: &HobFile, cfg: &ModelConfig) -> crate::Result<Tokenizer> 
 
 /// Widths of the pair an ap8 file runs where a profile's pair is missing: ap8@5 + ap8@3 offloads
 /// 1.6-2.4x faster than int8 + int2 at lower KL (benches/results/2026-12-04-h200-issue54-ap8-gpu.md).
-const AP8_PAIR: (u8, u8) = (5, 3);
+pub(crate) const AP8_PAIR: (u8, u8) = (5, 3);
 
 /// The high and low variants a file runs when the profile's pair is not in it: an ap8 variant
 /// at `AP8_PAIR`'s widths, else the file's first variant high and the next low.

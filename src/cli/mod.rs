@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 
 pub mod bench;
 pub mod calibrate;
+mod calibrate_widths;
 mod chat;
 pub mod compat;
 pub mod convert;

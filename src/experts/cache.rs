@@ -662,8 +662,7 @@ pub fn simulate(
         Some(low) if widths_nest(&h.high, low) => res.low_cached_misses as f64,
         _ => 0.0,
     };
-    res.penalty =
-        res.high_misses as f64 - upgraded * low_cost + res.low_misses as f64 * low_cost;
+    res.penalty = res.high_misses as f64 - upgraded * low_cost + res.low_misses as f64 * low_cost;
     res
 }
 

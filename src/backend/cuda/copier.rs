@@ -162,7 +162,11 @@ impl ChunkCopier for CudaCopier {
             // is not rewritten before this job ends (later loads queue behind it), and no kernel
             // reads the destination (the job waited for the compute that did).
             unsafe {
-                std::ptr::copy_nonoverlapping(from as usize as *const u8, to as usize as *mut u8, len)
+                std::ptr::copy_nonoverlapping(
+                    from as usize as *const u8,
+                    to as usize as *mut u8,
+                    len,
+                )
             };
             return Ok(());
         }

@@ -238,7 +238,11 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
     ) -> crate::Result<()> {
         let mapped = self.mapped;
         let addr = |p: &Pool<'f, D>, s: usize| {
-            let base = if mapped { p.base.host as u64 } else { p.base.device };
+            let base = if mapped {
+                p.base.host as u64
+            } else {
+                p.base.device
+            };
             base + (s * p.slot_bytes) as u64
         };
         let pool = self.pool(kind);
