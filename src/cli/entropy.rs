@@ -5,6 +5,7 @@ use rayon::prelude::*;
 use serde_json::{json, Value};
 
 use super::out::outln;
+use crate::format::ap8::{self, ApLayout};
 use crate::format::{HobFile, MatrixView, VariantKind};
 
 /// Code counts of one variant: each code alone, and each code after the one before it in the
@@ -102,12 +103,16 @@ impl Counts {
 }
 
 /// Per integer variant: the order-0 and order-1 entropy of its codes and what a coder reaching
-/// them would save of the variant's bytes (scales and mins kept as they are).
+/// them would save of the variant's bytes (scales and mins kept as they are). A stored ap8
+/// variant: a row per width (`ap8_widths`).
 pub fn report(file: &HobFile) -> Vec<Value> {
     let mut out = Vec::new();
     for (vi, v) in file.variants().iter().enumerate() {
         let bits = v.kind.bits() as usize;
-        // ap8's planes are not a code array (its top chunk would be int2's: a later measure).
+        if v.kind == VariantKind::Ap8 && !v.is_view() {
+            out.extend(ap8_widths(file, vi));
+            continue;
+        }
         if v.kind.is_float() || v.kind == VariantKind::Ap8 || !matches!(bits, 2 | 3 | 4 | 8) {
             continue;
         }
@@ -147,20 +152,86 @@ pub fn report(file: &HobFile) -> Vec<Value> {
     out
 }
 
+/// A stored ap8 variant `vi`: the entropy of the codes each width reads (`q8 >> (8 - k)`, the top
+/// two bits and k - 2 planes; order 0, from the parent codes' histogram) and what a coder of that
+/// view would save of the bytes it reads (its tables kept as they are).
+fn ap8_widths(file: &HobFile, vi: usize) -> Vec<Value> {
+    let v = file.variants()[vi];
+    let gate = &file.expert_layout(vi).gate;
+    let n = gate.rows * gate.cols;
+    let Ok(layout) = ApLayout::new(n, v.group_size as usize) else {
+        return Vec::new();
+    };
+    let keys: Vec<(usize, usize)> = (0..file.n_layers())
+        .flat_map(|l| (0..file.n_experts()).map(move |e| (l, e)))
+        .collect();
+    let hist = keys
+        .par_iter()
+        .map(|&(l, e)| {
+            let blob = file.expert(l, e, vi).data;
+            let mut h = vec![0u64; 256];
+            for p in &layout.parts {
+                parent_codes(blob, p, n, &mut h);
+            }
+            h
+        })
+        .reduce(
+            || vec![0u64; 256],
+            |a, b| a.iter().zip(&b).map(|(x, y)| x + y).collect(),
+        );
+    (ap8::MIN_WIDTH..=ap8::MAX_WIDTH)
+        .map(|k| {
+            let mut top = vec![0u64; 1 << k];
+            for (q, &c) in hist.iter().enumerate() {
+                top[q >> (8 - k)] += c;
+            }
+            let mut c = Counts::new(1 << k);
+            c.single = top;
+            let h0 = c.entropies().0;
+            let code_bytes = (3 * n * usize::from(k) / 8) as f64;
+            let saves = code_bytes * (1.0 - h0 / f64::from(k)) / layout.prefix(k) as f64;
+            json!({
+                "variant": v.at_width(k).name(),
+                "bits": k,
+                "order0_bits": h0,
+                "saves_order0": saves,
+            })
+        })
+        .collect()
+}
+
+/// Add the 8-bit parent codes of one matrix (`p`, `n` values) of an ap8 blob to `hist`.
+fn parent_codes(blob: &[u8], p: &ap8::PartLayout, n: usize, hist: &mut [u64]) {
+    let top = &blob[p.top..p.top + n / 4];
+    let planes: Vec<&[u8]> = p.planes.iter().map(|&at| &blob[at..at + n / 8]).collect();
+    for (i, &t) in top.iter().enumerate() {
+        for j in 0..4 {
+            let e = 4 * i + j;
+            let mut q = ((t >> (2 * j)) & 3) << 6;
+            for (b, plane) in planes.iter().enumerate() {
+                q |= ((plane[e / 8] >> (e % 8)) & 1) << (5 - b);
+            }
+            hist[q as usize] += 1;
+        }
+    }
+}
+
 /// The table `hob inspect --entropy` prints.
 pub fn print(rows: &[Value]) {
     outln!(
         "code entropy (bits a code; what a coder reaching it would save of the variant's bytes):"
     );
     for r in rows {
+        let order1 = match (r["order1_bits"].as_f64(), r["saves_order1"].as_f64()) {
+            (Some(h), Some(s)) => format!(", order 1 {h:.3} (saves {:.1}%)", 100.0 * s),
+            _ => String::new(),
+        };
         outln!(
-            "  {:<10} {} bits: order 0 {:.3} (saves {:.1}%), order 1 {:.3} (saves {:.1}%)",
+            "  {:<10} {} bits: order 0 {:.3} (saves {:.1}%){order1}",
             r["variant"].as_str().unwrap_or(""),
             r["bits"],
             r["order0_bits"].as_f64().unwrap_or(0.0),
             100.0 * r["saves_order0"].as_f64().unwrap_or(0.0),
-            r["order1_bits"].as_f64().unwrap_or(0.0),
-            100.0 * r["saves_order1"].as_f64().unwrap_or(0.0),
         );
     }
 }
@@ -168,6 +239,24 @@ pub fn print(rows: &[Value]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An ap8 matrix whose element e holds parent code e: every code read back once.
+    #[test]
+    fn ap8_parent_codes_are_read_from_the_top_bits_and_the_planes() {
+        let n = 256;
+        let layout = ApLayout::new(n, 64).unwrap();
+        let mut blob = vec![0u8; layout.prefix(8)];
+        let p = &layout.parts[1];
+        for e in 0..n {
+            blob[p.top + e / 4] |= ((e >> 6) as u8 & 3) << (2 * (e % 4));
+            for b in 0..6 {
+                blob[p.planes[b] + e / 8] |= ((e >> (5 - b)) as u8 & 1) << (e % 8);
+            }
+        }
+        let mut hist = vec![0u64; 256];
+        parent_codes(&blob, p, n, &mut hist);
+        assert_eq!(hist, vec![1u64; 256]);
+    }
 
     #[test]
     fn uniform_codes_have_full_entropy_and_constant_codes_none() {
