@@ -212,23 +212,32 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
         Ok(Some(ins))
     }
 
-    /// A high load of `key` can take this many bytes from its low copy in this low slot: the
-    /// pools nest and the copy has landed (its bytes are on the copy stream, or written, before
-    /// the load's).
-    fn upgrade_from(&self, kind: PoolKind, key: ExpertKey) -> Option<(usize, usize)> {
-        let cut = self.nested.filter(|_| kind == PoolKind::High)?;
+    /// A high demand load of `key` can take this many bytes from its low copy in this low slot:
+    /// the pools nest and the copy has landed (its bytes are on the copy stream, or written,
+    /// before the load's). Demand loads only: a later load into the low slot (FIFO behind a
+    /// demand job) cannot overtake it, as a demand load would overtake a queued prefetch.
+    fn upgrade_from(
+        &self,
+        kind: PoolKind,
+        key: ExpertKey,
+        priority: Priority,
+    ) -> Option<(usize, usize)> {
+        let demand = kind == PoolKind::High && priority == Priority::Demand;
+        let cut = self.nested.filter(|_| demand)?;
         let ls = self.cache.lookup(PoolKind::Low, key)?;
         self.slot_landed(PoolKind::Low, ls).then_some((ls, cut))
     }
 
-    /// Bytes a load of `key` into pool `kind` moves over the link now.
+    /// Bytes a demand load of `key` into pool `kind` moves over the link now.
     pub fn load_bytes(&self, kind: PoolKind, key: ExpertKey) -> usize {
         let full = self.pool(kind).slot_bytes;
-        full - self.upgrade_from(kind, key).map_or(0, |u| u.1)
+        full - self
+            .upgrade_from(kind, key, Priority::Demand)
+            .map_or(0, |u| u.1)
     }
 
-    /// Queue the load of `key` into slot `s` of pool `kind` (where the low pool holds a
-    /// narrower copy of the same ap8 blob, only its missing planes cross the link).
+    /// Queue the load of `key` into slot `s` of pool `kind` (a demand load where the low pool
+    /// holds a narrower copy of the same ap8 blob: only its missing planes cross the link).
     pub fn submit(
         &mut self,
         dev: &D,
@@ -251,7 +260,7 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
         let mut src = self.file.blob_range(key.0, key.1, pool.variant, self.disk);
         let mut dst = addr(pool, s);
         let mut prefix = None;
-        if let Some((ls, cut)) = self.upgrade_from(kind, key) {
+        if let Some((ls, cut)) = self.upgrade_from(kind, key, priority) {
             let from = addr(self.pool(PoolKind::Low), ls);
             prefix = Some(SlotCopy {
                 from,
