@@ -51,7 +51,8 @@ pub struct CalibrateArgs {
     /// ap8 files: also fit the widths of the high and low tiers. Each pair HIGH:LOW runs over
     /// the text with the fitted T1/T2; its KL against the stored width (all high) and the bits
     /// a routed weight reads are printed, and the least KL within --bits wins (default pairs:
-    /// high 8, 6, 5, 4 with low 4, 3, 2 below it). Costs a pass over the text per pair.
+    /// high 8, 6, 5, 4 with low 4, 3, 2 below it). Costs a pass over the text per pair, on the
+    /// GPU where one is usable (--device).
     #[arg(long, value_name = "H:L,...", num_args = 0..=1, default_missing_value = "")]
     pub widths: Option<String>,
     /// With --widths: the most bits a routed weight may read on average (default: what ap8@5 +
@@ -286,9 +287,11 @@ struct Recorded {
 
 pub fn run(args: &CalibrateArgs) -> crate::Result<()> {
     let split = Split::parse(&args.split)?;
-    if args.model.device == Device::Cuda {
+    if args.model.device == Device::Cuda && args.widths.is_none() {
         return Err(Error::Invalid(
-            "hob calibrate computes on the CPU: drop --device cuda".into(),
+            "hob calibrate records route scores on the CPU: drop --device cuda (it applies to \
+             the passes of --widths)"
+                .into(),
         ));
     }
     let platform = args.model.platform()?;

@@ -9,11 +9,12 @@
 
 use super::calibrate::CalibrateArgs;
 use super::engine::{Device, ModelArgs};
+use super::kl_file::{Reader, Shape, Writer};
 use super::out::outln;
 use super::perplexity::{route_split, KlStats};
 use crate::experts::Thresholds;
 use crate::format::{HobFile, Variant, VariantKind};
-use crate::generate::{Generator, Tokenizer};
+use crate::generate::Tokenizer;
 use crate::model::Model;
 use crate::Error;
 
@@ -121,10 +122,11 @@ pub fn fit(
 ) -> crate::Result<(String, String)> {
     let name = |k: u8| wp.stored.at_width(k).to_string();
     let platform = args.model.platform()?;
+    // Once for all the passes (Auto: the GPU where one is usable).
+    let device = args.model.resolve_device()?;
     let with = |high: u8, low: Option<u8>| -> ModelArgs {
         let mut a = args.model.clone();
-        // calibrate computes on the CPU (checked before): not detected again for every pair.
-        a.device = Device::Cpu;
+        a.device = device;
         a.expert_variant = Some(name(high));
         a.low = Some(low.map_or("none".into(), name));
         (a.t1, a.t2, a.renorm_skips) = match low {
@@ -133,62 +135,77 @@ pub fn fit(
         };
         a
     };
-    let mut base = with(8, None).generator(file, model, n_ctx)?;
-    let mut runs = Vec::with_capacity(wp.pairs.len());
-    let mut gens: Vec<Generator<'_>> = Vec::with_capacity(wp.pairs.len());
-    for &(h, l) in &wp.pairs {
-        gens.push(with(h, Some(l)).generator(file, model, n_ctx)?);
-        runs.push(PairRun {
-            pair: (h, l),
-            kl: KlStats::default(),
-            split: [0.0; 3],
-            bits: 0.0,
-        });
+    let (vocab, first) = (model.cfg.vocab, n_ctx / 2);
+    let shape = Shape {
+        vocab,
+        ctx: n_ctx,
+        chunks: n_chunk,
+        scored: n_ctx - 1 - first,
+    };
+    let chunk = |i: usize| {
+        let mut c = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
+        if let (true, Some(bos)) = (model.cfg.add_bos, tok.bos_id()) {
+            c[0] = bos;
+        }
+        c
+    };
+    // One pass at a time (a GPU holds one session's cache), each pair's logits against the
+    // stored width's, kept in a logits file (perplexity's --kl-divergence-base format).
+    let dir = tempfile::tempdir().map_err(|e| Error::io("a temporary directory", "create", e))?;
+    let base_path = dir.path().join("base.kld");
+    let started = std::time::Instant::now();
+    {
+        let mut base = with(8, None).generator(file, model, n_ctx)?;
+        let mut w = Writer::create(&base_path, shape)?;
+        let mut logits = Vec::new();
+        for i in 0..n_chunk {
+            let c = chunk(i);
+            base.score(&c, first, None, &mut logits)?;
+            w.chunk(&c, &logits[..shape.scored * vocab])?;
+        }
+        w.finish()?;
     }
     eprintln!(
-        "calibrate: width bands, {} pairs over {n_chunk} chunks against {}",
+        "calibrate: width bands, {} pairs over {n_chunk} chunks against {} on the {}: ETA {:.1} \
+         min",
         wp.pairs.len(),
-        name(8)
+        name(8),
+        if device == Device::Cuda { "GPU" } else { "CPU" },
+        started.elapsed().as_secs_f64() * wp.pairs.len() as f64 / 60.0
     );
-    let (vocab, first) = (model.cfg.vocab, n_ctx / 2);
-    let scored = n_ctx - 1 - first;
-    let (mut base_logits, mut logits) = (Vec::new(), Vec::new());
-    let started = std::time::Instant::now();
-    for i in 0..n_chunk {
-        let mut chunk = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
-        if let (true, Some(bos)) = (model.cfg.add_bos, tok.bos_id()) {
-            chunk[0] = bos;
-        }
-        base.score(&chunk, first, None, &mut base_logits)?;
-        for (g, r) in gens.iter_mut().zip(&mut runs) {
-            g.score(&chunk, first, None, &mut logits)?;
-            for j in 0..scored {
+    let (rows, cols) = (model.cfg.ffn, model.cfg.hidden);
+    let bpw = |k: u8| wp.stored.at_width(k).bits_per_weight(rows, cols);
+    let mut runs = Vec::with_capacity(wp.pairs.len());
+    for &(h, l) in &wp.pairs {
+        let a = with(h, Some(l));
+        let mut g = a.generator(file, model, n_ctx)?;
+        let mut base = Reader::open(&base_path, shape)?;
+        let (mut base_logits, mut logits) = (Vec::new(), Vec::new());
+        let mut kl = KlStats::default();
+        for i in 0..n_chunk {
+            let c = chunk(i);
+            base.chunk(&c, &mut base_logits)?;
+            g.score(&c, first, None, &mut logits)?;
+            for j in 0..shape.scored {
                 let row = j * vocab..(j + 1) * vocab;
-                r.kl.add(&base_logits[row.clone()], &logits[row]);
+                kl.add(&base_logits[row.clone()], &logits[row]);
             }
         }
-        if i == 0 {
-            let pass = started.elapsed().as_secs_f64();
-            eprintln!(
-                "calibrate: {pass:.2} s per chunk for every pair, ETA {:.1} min",
-                pass * n_chunk as f64 / 60.0
-            );
-        }
-    }
-    let (rows, cols) = (model.cfg.ffn, model.cfg.hidden);
-    for (g, r) in gens.iter_mut().zip(&mut runs) {
-        let a = with(r.pair.0, Some(r.pair.1));
         let plan = a.plan(file, platform.as_ref())?;
-        r.split = route_split(&g.session().expert_stats(), &plan).unwrap_or([1.0, 0.0, 0.0]);
-        let bpw = |k: u8| wp.stored.at_width(k).bits_per_weight(rows, cols);
-        r.bits = r.split[0] * bpw(r.pair.0) + r.split[1] * bpw(r.pair.1);
+        let split = route_split(&g.session().expert_stats(), &plan).unwrap_or([1.0, 0.0, 0.0]);
+        runs.push(PairRun {
+            pair: (h, l),
+            kl,
+            split,
+            bits: split[0] * bpw(h) + split[1] * bpw(l),
+        });
     }
     let budget = args.bits.unwrap_or_else(|| {
         runs.iter()
             .find(|r| r.pair == BUDGET_PAIR)
             .map_or(f64::INFINITY, |r| r.bits)
     });
-    print_table(&runs, &name(8), th, n_chunk * scored);
+    print_table(&runs, &name(8), th, n_chunk * shape.scored);
     let best = runs
         .iter()
         .filter(|r| r.bits <= budget + 1e-9)
