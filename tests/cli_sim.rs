@@ -154,6 +154,37 @@ fn json_output() {
     assert_eq!(v["columns"][0]["high_slots"], 2);
     assert_eq!(v["rows"][1]["config"], "hobbit(0,0,0,1)");
     assert_eq!(v["tokens"], 3);
+    assert_eq!(lru["low_cached_misses"], 1);
+}
+
+/// Issue 54: a trace of two widths of one ap8 blob prices a high miss whose low copy is cached
+/// at the missing planes (1 - low / high of a load), and says so.
+#[test]
+fn nested_ap8_widths_price_low_cached_high_misses_at_their_missing_planes() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = TRACE.replacen(
+        r#""high":"f16","low":"int4""#,
+        r#""high":"ap8@5","low":"ap8@3""#,
+        1,
+    );
+    let t = write(dir.path(), "t.jsonl", &nested);
+    let args = [
+        "sim",
+        "--trace",
+        &t,
+        "--high-slots",
+        "2",
+        "--low-slots",
+        "1",
+    ];
+    let out = stdout_of(&[&args[..], &["--policies", "lru"]].concat());
+    assert!(
+        out.contains("ap8@5 and ap8@3 are widths of one ap8 blob")
+            && out.contains("(0.750 of a high load)"),
+        "{out}"
+    );
+    // The unit test's trace: 4.75, less a quarter for the one high miss with its low copy cached.
+    assert_eq!(row(&out, "lru"), ["lru", "4.50 (22.2% hit)"]);
 }
 
 #[test]
