@@ -45,8 +45,8 @@ pub struct Tuning {
     /// A low-precision route whose high copy is cached runs in high precision (low precision is
     /// for misses; off to compare with a fixed per-route choice).
     pub upgrade_low: bool,
-    /// A high-precision load whose low copy is cached, both widths of one ap8 blob, copies the
-    /// low copy's planes slot to slot and loads only the missing ones (off: the whole blob).
+    /// A high-precision demand load whose low copy is cached, both widths of one ap8 blob, copies
+    /// the low copy's planes slot to slot and loads only the missing ones (off: the whole blob).
     pub upgrade_planes: bool,
     /// A load whose loader thread makes no progress this long is an error (a disk or device
     /// that stopped answering), not a hang.

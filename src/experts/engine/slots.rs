@@ -65,8 +65,8 @@ pub struct Slots<'f, D: ExpertDevice> {
     gpu_waits: Vec<(D::Event, D::Event)>,
     /// Time spent waiting for loads since the last reset.
     pub wait: Duration,
-    /// Both pools hold widths of one ap8 blob: a high load whose low copy is cached takes this
-    /// many bytes from it and loads only the rest (`nested_prefix`).
+    /// Both pools hold widths of one ap8 blob: a high demand load whose low copy is cached takes
+    /// this many bytes from it and loads only the rest (`nested_prefix`).
     nested: Option<usize>,
     /// High loads that completed a cached low copy's planes, and the bytes they took from it,
     /// since the last reset.
@@ -97,8 +97,8 @@ pub struct SlotsSetup<'f, C: ChunkCopier> {
     pub disk: bool,
     pub host_waits: bool,
     pub pace: Option<f64>,
-    /// A high load whose low copy is cached loads only its missing planes, where the pools'
-    /// variants nest (`nested_prefix`).
+    /// A high demand load whose low copy is cached loads only its missing planes, where the
+    /// pools' variants nest (`nested_prefix`).
     pub upgrade_planes: bool,
 }
 
