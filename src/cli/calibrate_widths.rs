@@ -129,10 +129,9 @@ pub fn fit(
         a.device = device;
         a.expert_variant = Some(name(high));
         a.low = Some(low.map_or("none".into(), name));
-        (a.t1, a.t2, a.renorm_skips) = match low {
-            Some(_) => (Some(th.t1), Some(th.t2), false),
-            None => (Some(1.0), Some(1.0), false),
-        };
+        // The stored width alone: every route high, nothing skipped.
+        let t = low.map_or(Thresholds::ALL_HIGH, |_| th);
+        (a.t1, a.t2, a.renorm_skips) = (Some(t.t1), Some(t.t2), false);
         a
     };
     let (vocab, first) = (model.cfg.vocab, n_ctx / 2);
