@@ -52,11 +52,15 @@ pub struct Kernels {
     /// f32 products: where the dp4a forms below do not apply.
     pub matvec_mx: CudaFunction,
     pub matvec_mx_sel: CudaFunction,
-    /// ap8 views (ap8.cu): plain, routed like matvec_mxfp4_sel (each table entry at its own
-    /// width), and prefill's f16 row tiles; the planes read directly, f32 products.
+    /// ap8 views (ap8.cu): the f32 form, plain and routed (the gpu_matvec bench's comparison for
+    /// the dp4a form below), and prefill's f16 row tiles.
     pub matvec_ap8: CudaFunction,
     pub matvec_ap8_sel: CudaFunction,
     pub dequant_ap8_h: CudaFunction,
+    /// ap8's decode products (ap8.cu matvec_ap8d, _sel: dp4a on x as 16-bit integers), plain and
+    /// routed like matvec_mxfp4_sel (each table entry at its own width).
+    pub matvec_ap8d: CudaFunction,
+    pub matvec_ap8d_sel: CudaFunction,
     /// MXFP4 through the dp4a loop (matvec_q.cu matvec_qd_mxfp4, _sel): x staged as 16-bit
     /// integers like the integer kinds' matvec_qd_*.
     pub matvec_qd_mx: QKernel,
@@ -254,9 +258,9 @@ impl Kernels {
         include_str!("../../../cuda/matvec_float.cu"),
         include_str!("../../../cuda/moe.cu"),
         include_str!("../../../cuda/mxfp4.cu"),
-        include_str!("../../../cuda/ap8.cu"),
         include_str!("../../../cuda/matvec_q_stage.cu"),
         include_str!("../../../cuda/matvec_q.cu"),
+        include_str!("../../../cuda/ap8.cu"),
         include_str!("../../../cuda/matvec_qm.cu"),
         include_str!("../../../cuda/dequant.cu"),
         include_str!("../../../cuda/link.cu"),
@@ -372,6 +376,8 @@ impl Kernels {
             matvec_ap8: f("matvec_ap8")?,
             matvec_ap8_sel: f("matvec_ap8_sel")?,
             dequant_ap8_h: f("dequant_ap8_h")?,
+            matvec_ap8d: f("matvec_ap8d")?,
+            matvec_ap8d_sel: f("matvec_ap8d_sel")?,
             matvec_qd_mx: QKernel::new(ctx, f("matvec_qd_mxfp4")?, 6, QFamily::Dp(QD_PARTS), 0)?,
             matvec_qd_mx_sel: QKernel::new(
                 ctx,
@@ -451,7 +457,12 @@ impl Kernels {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(cuda_err)?
             .max(0);
-        for f in [&self.matvec_ap8, &self.matvec_ap8_sel] {
+        for f in [
+            &self.matvec_ap8,
+            &self.matvec_ap8_sel,
+            &self.matvec_ap8d,
+            &self.matvec_ap8d_sel,
+        ] {
             f.set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 optin,

@@ -30,11 +30,13 @@ fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)
     })
 }
 
-/// The ap8 kernels read x as float4s, a group's columns at a time.
+/// The ap8 kernels take x in 32-column chunks, whole within groups of 64 columns or more (a
+/// step spans 16 groups at most: ap8.cu ap8d_load).
 fn ap8_input(w: &DevMat, x: u64) -> crate::Result<()> {
-    if !x.is_multiple_of(16) || w.group <= 0 || w.cols % w.group != 0 {
+    if !x.is_multiple_of(16) || w.group < 64 || w.group % 64 != 0 || w.cols % w.group != 0 {
         return Err(Error::Invalid(format!(
-            "CUDA: an ap8 product of {} columns in groups of {} needs a 16-byte aligned input",
+            "CUDA: an ap8 product of {} columns in groups of {} needs groups of a multiple of 64 \
+             that divide the row, and a 16-byte aligned input",
             w.cols, w.group
         )));
     }
@@ -51,33 +53,34 @@ pub struct Routed {
 }
 
 impl Gpu {
-    /// An ap8 product's launch over `rows` rows, `per` products a launch: x staged in shared
-    /// memory (ap8.cu ap8_stage_x; whole passes of 512 columns) where it fits, by about two
-    /// blocks an SM walking the rows, else a block for every 8 rows reading x from global memory.
-    /// The grid's x size, the bytes of shared memory and the kernel's `staged` flag.
-    fn ap8_staged(&self, w: &DevMat, per: usize) -> (u32, u32, i32) {
-        let (rows, cols) = (w.rows.max(0) as usize, w.cols.max(0) as usize);
-        let bytes = cols.div_ceil(512) * 2048;
-        let all = blocks(rows, 8);
+    /// An ap8 product's launch over `rows` rows, `per` products a launch (ap8.cu matvec_ap8d):
+    /// about three blocks of 256 an SM walking the rows, each with x staged in shared memory
+    /// (ap8d_stage: 72 bytes a 32-column chunk, the planes in whole 32-chunk runs). The grid's
+    /// x size and the bytes of shared memory, or an error where x does not fit.
+    fn ap8_launch(&self, w: &DevMat, per: usize) -> crate::Result<(u32, u32)> {
+        let (rows, chunks) = (w.rows.max(0) as usize, w.cols.max(0) as usize / 32);
+        let bytes = chunks.div_ceil(32) * 2048 + chunks * 8;
         if bytes > self.kernels.ap8_smem {
-            return (all, 0, 0);
+            return Err(Error::Invalid(format!(
+                "CUDA: an ap8 product of {} columns stages {bytes} bytes of x; the GPU gives a block {}",
+                w.cols, self.kernels.ap8_smem
+            )));
         }
-        let walkers = (2 * self.q_limits.sm_count).div_ceil(per.max(1)).max(1) as u32;
-        (all.min(walkers), bytes as u32, 1)
+        let walkers = (3 * self.q_limits.sm_count).div_ceil(per.max(1)).max(1) as u32;
+        Ok((blocks(rows, 16).min(walkers), bytes as u32))
     }
 
     /// y[rows] = W · x for one token (pointers to device memory).
     pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
         let w = *w;
         if w.is_ap8() {
-            // A warp a row, 8 rows a block (ap8.cu matvec_ap8).
             ap8_input(&w, x)?;
-            let (grid, smem, staged) = self.ap8_staged(&w, 1);
+            let (grid, smem) = self.ap8_launch(&w, 1)?;
             let c = LaunchConfig {
                 shared_mem_bytes: smem,
                 ..cfg(grid, 256)
             };
-            return launch!(self, self.kernels.matvec_ap8, c; w, x, y, staged);
+            return launch!(self, self.kernels.matvec_ap8d, c; w, x, y);
         }
         if w.vectorizable() && x.is_multiple_of(16) {
             if w.is_mxfp4() {
@@ -190,18 +193,17 @@ impl Gpu {
     ) -> crate::Result<()> {
         let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
         if w.is_ap8() && !glu {
-            // A warp a row, 8 rows a block (ap8.cu matvec_ap8_sel; split: staged), tchunks
-            // unused.
+            // ap8.cu matvec_ap8d_sel; split and tchunks unused.
             ap8_input(w, x)?;
-            let (grid, smem, staged) = self.ap8_staged(w, ny);
+            let (grid, smem) = self.ap8_launch(w, ny)?;
             let c = LaunchConfig {
                 grid_dim: (grid, ny as u32, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: smem,
             };
             let z = 0i32;
-            let f = &self.kernels.matvec_ap8_sel;
-            return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, staged, z);
+            let f = &self.kernels.matvec_ap8d_sel;
+            return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
         }
         // MXFP4: the dp4a kernel where it has a plan, else a warp a row.
         let dp_mx = (w.is_mxfp4() && self.qd_mxfp4() && w.vectorizable())
