@@ -196,11 +196,11 @@ fn main() {
             let xd = upload(gpu, &x);
             let y = gpu.alloc::<f32>(rows, "y").expect("alloc");
             let (xp, yp) = (cuda::ptr(&xd, &gpu.stream), cuda::ptr(&y, &gpu.stream));
-            let hob_bound = if kind.starts_with("int") || kind == "mxfp4" {
-                gpu.q_kernels(&t.mats[0]).0.shape.nmse_bound()
-            } else if kind.starts_with("ap8") {
-                // x as 16-bit integers (ap8.cu matvec_ap8d).
+            let hob_bound = if kind.starts_with("ap8") || kind == "int2k" {
+                // x as 16-bit integers (matvec_c32.cu's loop).
                 1e-8
+            } else if kind.starts_with("int") || kind == "mxfp4" {
+                gpu.q_kernels(&t.mats[0]).0.shape.nmse_bound()
             } else {
                 1e-10
             };
@@ -233,6 +233,17 @@ fn main() {
                         }),
                     ));
                 }
+            }
+            if kind == "int2k" {
+                // int2's scalar loop: the form matvec_int2k_c32 replaced.
+                let q = &gpu.kernels.matvec_q_i2k[0];
+                variants.push((
+                    "scalar".into(),
+                    q.shape.nmse_bound(),
+                    Box::new(move |m: &DevMat| {
+                        assert!(gpu.matvec_int(m, q, xp, yp).expect("matvec"));
+                    }),
+                ));
             }
             if kind == "int3" || kind == "int4k" {
                 // Loads in registers: the form the ring replaced where it takes the layout.
@@ -682,7 +693,7 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
         }
         let got = download(gpu, &y, m.rows as usize);
         let e = nmse(&got, &want);
-        let bound = if m.is_ap8() {
+        let bound = if m.is_ap8() || m.is_int2k() {
             1e-8
         } else if m.row_bytes % 16 == 0 {
             gpu.q_kernels(m).0.shape.nmse_bound()
@@ -743,7 +754,8 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
             Some(tc),
         );
     }
-    // ap8's dp4a form: ragged row tiles, rows of 2 to 448 chunks, one partial step.
+    // matvec_c32.cu's loop (ap8, int2k): ragged row tiles, rows of 2 to 448 chunks, one partial
+    // step.
     for (kind, rows, cols) in [
         ("ap8@3", 1001, 4096),
         ("ap8@2", 3, 64),
@@ -752,6 +764,10 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
         ("ap8@4", 70, 192),
         ("ap8@6", 9, 1088),
         ("ap8@7", 130, 2048),
+        ("int2k", 1001, 4096),
+        ("int2k", 3, 64),
+        ("int2k", 70, 14336),
+        ("int2k", 9, 96),
     ] {
         let t = TestMat::new(gpu, kind, rows, cols, true, 0);
         check(
@@ -761,7 +777,7 @@ fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
             None,
         );
     }
-    for kind in ["int8", "int4", "int2", "ap8@3"] {
+    for kind in ["int8", "int4", "int2", "ap8@3", "int2k"] {
         let t = TestMat::new(gpu, kind, 1001, 4096, true, 0);
         let x = random(4096, 13);
         for (what, f) in [

@@ -4,8 +4,8 @@
 // matrix of such a blob: codes the blob's start, group the group size, row_bytes k | part << 8
 // (DevMat::new; part 0 gate, 1 up, 2 down).
 //
-// Decode runs the dp4a form (matvec_ap8d, _sel, below): codes built as bytes from the planes'
-// natural bit order, times x staged as 16-bit integers. The f32 form before it (matvec_ap8, _sel:
+// Decode runs the dp4a form (matvec_ap8d, _sel, below, on matvec_c32.cu's loop): codes built as
+// bytes from the planes' natural bit order, times x staged as 16-bit integers. The f32 form before it (matvec_ap8, _sel:
 // a lane builds 16 codes and multiplies them as floats, exact products; 13-26% of the copy
 // bandwidth on the H200, benches/results/2026-12-04-h200-issue54-ap8-gpu.md) stays as the
 // gpu_matvec bench's comparison until the dp4a form is measured on a device.
@@ -271,115 +271,21 @@ extern "C" __global__ void matvec_ap8_sel(SEL_ARGS, int split, int tchunks) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The dp4a form (decode): x staged once a block as 16-bit integers, the codes of 32 columns built
-// as bytes straight from the planes' natural bit order and multiplied four at a time.
-//
-// A lane takes a 32-column chunk of R rows (R = 2 or 4, the launch's `rpw`), the warp 32 chunks
-// of them a step. A chunk's codes are eight words: word j holds columns j + 8b in byte b, the
-// order in which (plane >> j) & 0x01010101 takes a plane's bits out of its 32-bit word (one shift
-// and one AND a plane and word); the top bits come into the same order by two byte permutes. x's
-// chunk c is staged in that order as xq = round(x * 2^-e) (16 bits: e puts the chunk's largest |x|
-// in [2^14, 2^15), matvec_q_stage.cu's qdstage rule), in two byte planes (high signed, low
-// unsigned) beside (2^e, the chunk's f32 sum of x); a word meets each plane in one dp4a (exact
-// integer sums), the chunk's sum is one float times 2^e, then the group's scale and min. The only
-// approximation is x's rounding to 16 bits of its chunk's largest |x|, as the integer kinds'.
-// Groups (multiples of 64 columns) hold whole chunks.
-
-// Staged x: chunk c's 64 bytes of planes as four 16-byte words (q: high words 0-3, 4-7, low
-// words 0-3, 4-7) at uint4 ap8d_xat(c, q), a warp's 32 chunks consecutive (no bank conflicts);
-// then (2^e, sum) a chunk. Shared memory: ap8d_smem (Gpu::ap8_launch computes the same).
-__device__ __forceinline__ int ap8d_xat(int c, int q) { return ((c >> 5) * 4 + q) * 32 + (c & 31); }
-__device__ __forceinline__ float2* ap8d_sums(uint4* xq, int cols) {
-    return reinterpret_cast<float2*>(xq + (((cols >> 5) + 31) >> 5) * 128);
-}
-
-// Stage x (cols columns, a multiple of 32) for the dp4a kernels: a thread a word of a chunk (8
-// adjacent lanes a chunk). Block-wide; ends with a barrier.
-__device__ void ap8d_stage(const float* __restrict__ x, int cols, uint4* xq) {
-    const int nch = cols >> 5, nw = nch * 8;
-    u32* xw = reinterpret_cast<u32*>(xq);
-    float2* xsx = ap8d_sums(xq, cols);
-    for (int m0 = 0; m0 < nw; m0 += blockDim.x) {
-        const int m = m0 + threadIdx.x;
-        const bool in = m < nw;
-        const int c = m >> 3, j = m & 7;
-        float v[4];
-#pragma unroll
-        for (int b = 0; b < 4; b++) v[b] = in ? __ldg(x + 32 * c + j + 8 * b) : 0.f;
-        float am = fmax_nan(fmax_nan(fabsf(v[0]), fabsf(v[1])), fmax_nan(fabsf(v[2]), fabsf(v[3])));
-        float sum = (v[0] + v[1]) + (v[2] + v[3]);
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) {
-            am = fmax_nan(am, __shfl_xor_sync(0xffffffffu, am, o));
-            sum += __shfl_xor_sync(0xffffffffu, sum, o);  // a + b == b + a: one sum in all 8 lanes
-        }
-        if (!in) continue;
-        const int E = (int)(__float_as_uint(am) >> 23);
-        const bool bad = E == 255;
-        // |x| < 2^(E - 126): x * 2^(141 - E) < 2^15 (qdstage's rule at 16 bits).
-        const int ep = max(E, 14);
-        const float mz = bad ? 0.f : __uint_as_float((u32)(268 - ep) << 23);
-        const float xs = bad ? __uint_as_float(0x7fc00000u) : ldexp2(1.0f, ep - 141);
-        const u32 t01 = __vmaxs2(pack_s16_rn(v[0] * mz, v[1] * mz), 0x80018001u);
-        const u32 t23 = __vmaxs2(pack_s16_rn(v[2] * mz, v[3] * mz), 0x80018001u);
-        xw[ap8d_xat(c, j >> 2) * 4 + (j & 3)] = __byte_perm(t01, t23, 0x7531);  // high bytes
-        xw[ap8d_xat(c, 2 + (j >> 2)) * 4 + (j & 3)] = __byte_perm(t01, t23, 0x6420);
-        if (j == 0) xsx[c] = make_float2(xs, sum);
-    }
-    __syncthreads();
-}
-
-// Streamed loads of the planes (read once: skip L1).
-__device__ __forceinline__ uint2 ap8_ld2(const uint2* p) {
-    uint2 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ u32 ap8_ld1(const u32* p) {
-    u32 v;
-    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
-// One step's loads of a lane: its chunk of R rows (top bits, the width's planes) and R / 2 group
-// tables (table i of lane l: row 2 i + l / 16, the step's group l % 16; a step spans at most 16).
-template <int R>
-struct Ap8DBuf {
-    uint2 top[R];
-    u32 pl[R][6];
-    uint2 tab[R / 2];
-};
+// The dp4a form (decode; matvec_c32.cu's loop, C32_PLANES order): a chunk's words built straight
+// from the planes' natural bit order (one shift and one AND a plane and word), the top bits
+// brought into the same order by two byte permutes. Groups (multiples of 64 columns) hold whole
+// chunks; a step's 32 chunks span at most 16 groups, whose tables load with the chunks (R / 2 a
+// lane: table i of lane l is row 2 i + l / 16's group l % 16 of the step), their (scale, min)
+// computed by the lane that loaded them and shuffled to the chunks' lanes.
 
 // The group of column col: a shift where the group is a power of two.
 __device__ __forceinline__ int ap8d_group(int col, int group, int gsh) {
     return gsh >= 0 ? col >> gsh : col / group;
 }
 
-template <int K, int R>
-__device__ __forceinline__ void ap8d_load(const Mat& w, const Ap8Part& a, int t, int s, int lane,
-                                          int gsh, Ap8DBuf<R>& b) {
-    const int nch = w.cols >> 5, gpr = w.cols / w.group, c = s * 32 + lane;
-    const bool in = c < nch;
-#pragma unroll
-    for (int ri = 0; ri < R; ri++) {
-        const size_t u = (size_t)min(t * R + ri, w.rows - 1) * nch + c;
-        b.top[ri] = in ? ap8_ld2(reinterpret_cast<const uint2*>(a.top) + u) : make_uint2(0u, 0u);
-#pragma unroll
-        for (int p = 0; p < K - 2; p++)
-            b.pl[ri][p] = in ? ap8_ld1(reinterpret_cast<const u32*>(a.planes[p]) + u) : 0u;
-    }
-    const int g = ap8d_group(s * 1024, w.group, gsh) + (lane & 15);
-    const bool gin = g <= ap8d_group(min(s * 1024 + 1023, w.cols - 1), w.group, gsh);
-#pragma unroll
-    for (int i = 0; i < R / 2; i++) {
-        const int r = min(t * R + 2 * i + (lane >> 4), w.rows - 1);
-        b.tab[i] = gin ? ap8_table(a, (size_t)r * gpr + g) : make_uint2(0u, 0u);
-    }
-}
-
-// Word j of a step: the K-bit codes of columns j + 8b at byte b, from the rearranged top bits
+// Word j of a chunk: the K-bit codes of columns j + 8b at byte b, from the rearranged top bits
 // (tp: words 0-3 of A, 4-7 of B) and the K - 2 planes.
-template <int K, int R>
+template <int K>
 __device__ __forceinline__ u32 ap8d_word(u32 tp, const u32 (&pl)[6], int j) {
     const int sh = 2 * (j & 3) - (K - 2);
     u32 w = (sh >= 0 ? tp >> sh : tp << -sh) & (0x03030303u << (K - 2));
@@ -391,132 +297,104 @@ __device__ __forceinline__ u32 ap8d_word(u32 tp, const u32 (&pl)[6], int j) {
     return w;
 }
 
-__device__ __forceinline__ u32 ap8d_xw(const uint4& a, const uint4& b, int j) {
-    const uint4& v = j < 4 ? a : b;
-    const int i = j & 3;
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
+template <int K>
+struct Ap8C32 {
+    Ap8Part a;
+    int gsh;
 
-// Step s of a tile: each row's chunk products, added into acc under their groups' pairs.
-template <int K, int R>
-__device__ __forceinline__ void ap8d_step(const Mat& w, const Ap8DBuf<R>& b, int s, int lane,
-                                          int gsh, const uint4* xq, float (&acc)[R]) {
-    const int nch = w.cols >> 5, c = s * 32 + lane;
-    const bool in = c < nch;
-    float2 sm[R / 2];
-#pragma unroll
-    for (int i = 0; i < R / 2; i++) sm[i] = ap8_params(b.tab[i], K);
-    const int gl = in ? ap8d_group(c * 32, w.group, gsh) - ap8d_group(s * 1024, w.group, gsh) : 0;
-    uint4 xh0, xh1, xl0, xl1;
-    float2 xe = make_float2(0.f, 0.f);
-    if (in) {
-        xh0 = xq[ap8d_xat(c, 0)];
-        xh1 = xq[ap8d_xat(c, 1)];
-        xl0 = xq[ap8d_xat(c, 2)];
-        xl1 = xq[ap8d_xat(c, 3)];
-        xe = ap8d_sums(const_cast<uint4*>(xq), w.cols)[c];
-    }
-#pragma unroll
-    for (int ri = 0; ri < R; ri++) {
-        const float sc = __shfl_sync(0xffffffffu, sm[ri >> 1].x, (ri & 1) * 16 + gl);
-        const float mn = __shfl_sync(0xffffffffu, sm[ri >> 1].y, (ri & 1) * 16 + gl);
-        if (!in) continue;
-        const u32 A = __byte_perm(b.top[ri].x, b.top[ri].y, 0x6420);
-        const u32 B = __byte_perm(b.top[ri].x, b.top[ri].y, 0x7531);
-        int hi = 0, lo = 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const u32 q = ap8d_word<K, R>(j < 4 ? A : B, b.pl[ri], j);
-            hi = qd_dot<KIND_INT4, true>(q, ap8d_xw(xh0, xh1, j), hi);
-            lo = qd_dot<KIND_INT4, false>(q, ap8d_xw(xl0, xl1, j), lo);
-        }
-        const float v = __int2float_rn(hi * 256 + lo) * xe.x;
-        acc[ri] = __fmaf_rn(sc, v, __fmaf_rn(mn, xe.y, acc[ri]));
-    }
-}
+    __device__ __forceinline__ explicit Ap8C32(const Mat& w)
+        : a(ap8_part(w)), gsh((w.group & (w.group - 1)) == 0 ? __ffs(w.group) - 1 : -1) {}
 
-// A warp's tiles of R rows (tile0, tile0 + tstride, ...), its step's loads one step ahead;
-// `stage` (block-wide: every warp calls it once) runs once the first step's loads are out.
-template <int K, int R, typename F>
-__device__ __forceinline__ void ap8d_rows(const Mat& w, float* __restrict__ y, int tile0,
-                                          int tstride, const uint4* xq, F&& stage) {
-    const Ap8Part a = ap8_part(w);
-    const int lane = threadIdx.x & 31, nch = w.cols >> 5, ns = (nch + 31) >> 5;
-    const int gsh = (w.group & (w.group - 1)) == 0 ? __ffs(w.group) - 1 : -1;
-    const int ntiles = (w.rows + R - 1) / R;
-    int t = tile0, s = 0;
-    Ap8DBuf<R> cur;
-    if (t < ntiles) ap8d_load<K, R>(w, a, t, s, lane, gsh, cur);
-    stage();
-    float acc[R];
-#pragma unroll
-    for (int ri = 0; ri < R; ri++) acc[ri] = 0.f;
-    while (t < ntiles) {
-        int nt = t, nsn = s + 1;
-        if (nsn == ns) {
-            nsn = 0;
-            nt += tstride;
-        }
-        Ap8DBuf<R> nxt;
-        if (nt < ntiles) ap8d_load<K, R>(w, a, nt, nsn, lane, gsh, nxt);
-        ap8d_step<K, R>(w, cur, s, lane, gsh, xq, acc);
-        if (nsn == 0) {
-            const float v = qreduce<R>(acc, lane);
-            const int r = t * R + lane / (32 / R);
-            if (lane % (32 / R) == 0 && r < w.rows) y[r] = v;
-#pragma unroll
-            for (int ri = 0; ri < R; ri++) acc[ri] = 0.f;
-        }
-        cur = nxt;
-        t = nt;
-        s = nsn;
-    }
-}
+    template <int R>
+    struct Buf {
+        uint2 top[R];
+        u32 pl[R][6];
+        uint2 tab[R / 2];
+    };
 
-// Rows a warp at width K: 4 at widths 2-4 (more bytes in flight a lane, x read once for more
-// rows), 2 above (registers).
+    template <int R>
+    __device__ __forceinline__ void load(const Mat& w, int t, int s, int lane, Buf<R>& b) const {
+        const int nch = w.cols >> 5, gpr = w.cols / w.group, c = s * 32 + lane;
+        const bool in = c < nch;
+#pragma unroll
+        for (int ri = 0; ri < R; ri++) {
+            const size_t u = (size_t)min(t * R + ri, w.rows - 1) * nch + c;
+            b.top[ri] = in ? c32_ld2(reinterpret_cast<const uint2*>(a.top) + u) : make_uint2(0u, 0u);
+#pragma unroll
+            for (int p = 0; p < K - 2; p++)
+                b.pl[ri][p] = in ? c32_ld1(reinterpret_cast<const u32*>(a.planes[p]) + u) : 0u;
+        }
+        const int g = ap8d_group(s * 1024, w.group, gsh) + (lane & 15);
+        const bool gin = g <= ap8d_group(min(s * 1024 + 1023, w.cols - 1), w.group, gsh);
+#pragma unroll
+        for (int i = 0; i < R / 2; i++) {
+            const int r = min(t * R + 2 * i + (lane >> 4), w.rows - 1);
+            b.tab[i] = gin ? ap8_table(a, (size_t)r * gpr + g) : make_uint2(0u, 0u);
+        }
+    }
+
+    template <int R>
+    __device__ __forceinline__ void step(const Mat& w, const Buf<R>& b, int s, int lane,
+                                         const uint4* xq, float (&acc)[R]) const {
+        const int c = s * 32 + lane;
+        const bool in = c < (w.cols >> 5);
+        float2 sm[R / 2];
+#pragma unroll
+        for (int i = 0; i < R / 2; i++) sm[i] = ap8_params(b.tab[i], K);
+        const int gl = in ? ap8d_group(c * 32, w.group, gsh) - ap8d_group(s * 1024, w.group, gsh) : 0;
+        const C32X x = c32_x(xq, w.cols, c, in);
+#pragma unroll
+        for (int ri = 0; ri < R; ri++) {
+            const float sc = __shfl_sync(0xffffffffu, sm[ri >> 1].x, (ri & 1) * 16 + gl);
+            const float mn = __shfl_sync(0xffffffffu, sm[ri >> 1].y, (ri & 1) * 16 + gl);
+            if (!in) continue;
+            const u32 A = __byte_perm(b.top[ri].x, b.top[ri].y, 0x6420);
+            const u32 B = __byte_perm(b.top[ri].x, b.top[ri].y, 0x7531);
+            int hi = 0, lo = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) c32_dot(ap8d_word<K>(j < 4 ? A : B, b.pl[ri], j), x, j, hi, lo);
+            const float v = __int2float_rn(hi * 256 + lo) * x.e.x;
+            acc[ri] = __fmaf_rn(sc, v, __fmaf_rn(mn, x.e.w, acc[ri]));
+        }
+    }
+};
+
+// A warp's tiles at width K: 4 rows at widths 2-4 (more bytes in flight a lane, x read once for
+// more rows), 2 above (registers).
 template <int K, typename F>
-__device__ __forceinline__ void ap8d_rows_k(const Mat& w, float* y, int warp, const uint4* xq,
-                                            F&& stage) {
-    const int warps = blockDim.x >> 5;
-    ap8d_rows<K, K <= 4 ? 4 : 2>(w, y, blockIdx.x * warps + warp, gridDim.x * warps, xq, stage);
+__device__ __forceinline__ void ap8d_rows_k(const Mat& w, float* y, const uint4* xq, F&& stage) {
+    c32_rows<K <= 4 ? 4 : 2>(Ap8C32<K>(w), w, y, C32_TILES, xq, stage);
 }
 
-// Blocks an SM the kernels' registers allow (80 registers on sm_90; ptxas spills there on sm_8x).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define AP8D_BLOCKS 2
-#else
-#define AP8D_BLOCKS 3
-#endif
-
-// y = W x (the dp4a form): blocks of 256 walking tiles of rows (ap8d_rows_k); x 16-byte aligned,
-// cols a multiple of the group (64 columns or more); dynamic shared memory as ap8d_sums places.
-extern "C" __global__ void __launch_bounds__(256, AP8D_BLOCKS) matvec_ap8d(const Mat w, const float* x, float* y) {
+// y = W x (the dp4a form); x 16-byte aligned, cols a multiple of the group (64 columns or more);
+// dynamic shared memory as c32_stage places x (Gpu::c32_launch).
+extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS)
+    matvec_ap8d(const Mat w, const float* x, float* y) {
     pdl_trigger();
-    uint4* xq = reinterpret_cast<uint4*>(ap8_xs);
+    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
     auto stage = [&] {
         pdl_wait();
-        ap8d_stage(x, w.cols, xq);
+        c32_stage<C32_PLANES>(x, w.cols, xq);
     };
-    AP8_WIDTHS(ap8d_rows_k, w.row_bytes & 0xff, w, y, threadIdx.x >> 5, xq, stage)
+    AP8_WIDTHS(ap8d_rows_k, w.row_bytes & 0xff, w, y, xq, stage)
 }
 
 // The routed experts of one token (matvec_mxfp4_sel's contract: moe.cu sel_mat and "Ordering";
-// glu refused by the launcher; split and tchunks unused).
-extern "C" __global__ void __launch_bounds__(256, AP8D_BLOCKS) matvec_ap8d_sel(SEL_ARGS, int split, int tchunks) {
+// glu refused by the launcher; split and tchunks unused). The table's matrices may differ in
+// width (a high and a low view of one file): each entry carries its own.
+extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS) matvec_ap8d_sel(SEL_ARGS, int split, int tchunks) {
     if (which0 == 0) {
         pdl_wait();
         pdl_trigger();
     }
     const Mat w = sel_mat(tab, routes, k, which0);
     const float* xin = SEL_X;
-    float* yout = SEL_Y;
-    uint4* xq = reinterpret_cast<uint4*>(ap8_xs);
+    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
     auto stage = [&] {
         if (which0 > 0) pdl_wait();
-        ap8d_stage(xin, w.cols, xq);
+        c32_stage<C32_PLANES>(xin, w.cols, xq);
     };
-    AP8_WIDTHS(ap8d_rows_k, w.row_bytes & 0xff, w, yout, threadIdx.x >> 5, xq, stage)
+    AP8_WIDTHS(ap8d_rows_k, w.row_bytes & 0xff, w, SEL_Y, xq, stage)
 }
 
 // Unit u of a view of width K as 16 f16 values s q + m (f32 arithmetic) at o.

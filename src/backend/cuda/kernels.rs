@@ -61,6 +61,10 @@ pub struct Kernels {
     /// routed like matvec_mxfp4_sel (each table entry at its own width).
     pub matvec_ap8d: CudaFunction,
     pub matvec_ap8d_sel: CudaFunction,
+    /// int2k's decode products on matvec_c32.cu's loop (matvec_int2k_c32, _sel), where
+    /// `Gpu::c32_int2k` takes the layout.
+    pub matvec_i2k_c32: CudaFunction,
+    pub matvec_i2k_c32_sel: CudaFunction,
     /// MXFP4 through the dp4a loop (matvec_q.cu matvec_qd_mxfp4, _sel): x staged as 16-bit
     /// integers like the integer kinds' matvec_qd_*.
     pub matvec_qd_mx: QKernel,
@@ -123,7 +127,8 @@ pub struct Kernels {
     /// limit less the kernels' static shared memory): room for the router's rows and the norm's
     /// weights beside x.
     pub route_norm_smem: usize,
-    /// Dynamic shared memory the ap8 kernels may take (x staged: `Gpu::ap8_staged`).
+    /// Dynamic shared memory the ap8 and matvec_c32.cu kernels may take (x staged:
+    /// `Gpu::c32_launch`).
     pub ap8_smem: usize,
     pub moe_gate_up: [CudaFunction; 3],
     pub moe_down: [CudaFunction; 3],
@@ -260,6 +265,7 @@ impl Kernels {
         include_str!("../../../cuda/mxfp4.cu"),
         include_str!("../../../cuda/matvec_q_stage.cu"),
         include_str!("../../../cuda/matvec_q.cu"),
+        include_str!("../../../cuda/matvec_c32.cu"),
         include_str!("../../../cuda/ap8.cu"),
         include_str!("../../../cuda/matvec_qm.cu"),
         include_str!("../../../cuda/dequant.cu"),
@@ -378,6 +384,8 @@ impl Kernels {
             dequant_ap8_h: f("dequant_ap8_h")?,
             matvec_ap8d: f("matvec_ap8d")?,
             matvec_ap8d_sel: f("matvec_ap8d_sel")?,
+            matvec_i2k_c32: f("matvec_int2k_c32")?,
+            matvec_i2k_c32_sel: f("matvec_int2k_c32_sel")?,
             matvec_qd_mx: QKernel::new(ctx, f("matvec_qd_mxfp4")?, 6, QFamily::Dp(QD_PARTS), 0)?,
             matvec_qd_mx_sel: QKernel::new(
                 ctx,
@@ -450,7 +458,7 @@ impl Kernels {
         Ok(kernels)
     }
 
-    /// The ap8 kernels stage x in shared memory (ap8.cu ap8_stage_x): opt in to what the device
+    /// The ap8 and matvec_c32.cu kernels stage x in shared memory: opt in to what the device
     /// allows; returns it.
     fn opt_in_ap8(&self, ctx: &Arc<CudaContext>) -> crate::Result<usize> {
         let optin = ctx
@@ -462,6 +470,8 @@ impl Kernels {
             &self.matvec_ap8_sel,
             &self.matvec_ap8d,
             &self.matvec_ap8d_sel,
+            &self.matvec_i2k_c32,
+            &self.matvec_i2k_c32_sel,
         ] {
             f.set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -53,16 +53,16 @@ pub struct Routed {
 }
 
 impl Gpu {
-    /// An ap8 product's launch over `rows` rows, `per` products a launch (ap8.cu matvec_ap8d):
+    /// A launch of matvec_c32.cu's loop (ap8, int2k) over `w`'s rows, `per` products a launch:
     /// about three blocks of 256 an SM walking the rows, each with x staged in shared memory
-    /// (ap8d_stage: 72 bytes a 32-column chunk, the planes in whole 32-chunk runs). The grid's
-    /// x size and the bytes of shared memory, or an error where x does not fit.
-    fn ap8_launch(&self, w: &DevMat, per: usize) -> crate::Result<(u32, u32)> {
+    /// (c32_stage: 80 bytes a 32-column chunk, the planes in whole 32-chunk runs). The grid's x
+    /// size and the bytes of shared memory, or an error where x does not fit.
+    fn c32_launch(&self, w: &DevMat, per: usize) -> crate::Result<(u32, u32)> {
         let (rows, chunks) = (w.rows.max(0) as usize, w.cols.max(0) as usize / 32);
-        let bytes = chunks.div_ceil(32) * 2048 + chunks * 8;
+        let bytes = chunks.div_ceil(32) * 2048 + chunks * 16;
         if bytes > self.kernels.ap8_smem {
             return Err(Error::Invalid(format!(
-                "CUDA: an ap8 product of {} columns stages {bytes} bytes of x; the GPU gives a block {}",
+                "CUDA: a product of {} columns stages {bytes} bytes of x; the GPU gives a block {}",
                 w.cols, self.kernels.ap8_smem
             )));
         }
@@ -70,17 +70,37 @@ impl Gpu {
         Ok((blocks(rows, 16).min(walkers), bytes as u32))
     }
 
+    /// Whether int2k's `w` runs on matvec_c32.cu's loop: 32-column chunks (rows of 8-byte
+    /// multiples), groups of 16, x 16-byte aligned; else int2's scalar loop.
+    pub fn c32_int2k(&self, w: &DevMat, x: u64) -> bool {
+        w.is_int2k()
+            && w.group == 16
+            && w.cols > 0
+            && w.cols % 32 == 0
+            && w.codes.is_multiple_of(8)
+            && x.is_multiple_of(16)
+            && self.c32_launch(w, 1).is_ok()
+    }
+
     /// y[rows] = W · x for one token (pointers to device memory).
     pub fn matvec(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
         let w = *w;
-        if w.is_ap8() {
-            ap8_input(&w, x)?;
-            let (grid, smem) = self.ap8_launch(&w, 1)?;
+        if w.is_ap8() || self.c32_int2k(&w, x) {
+            // matvec_c32.cu's loop: ap8.cu matvec_ap8d, matvec_int2k_c32.
+            if w.is_ap8() {
+                ap8_input(&w, x)?;
+            }
+            let (grid, smem) = self.c32_launch(&w, 1)?;
             let c = LaunchConfig {
                 shared_mem_bytes: smem,
                 ..cfg(grid, 256)
             };
-            return launch!(self, self.kernels.matvec_ap8d, c; w, x, y);
+            let f = if w.is_ap8() {
+                &self.kernels.matvec_ap8d
+            } else {
+                &self.kernels.matvec_i2k_c32
+            };
+            return launch!(self, f, c; w, x, y);
         }
         if w.vectorizable() && x.is_multiple_of(16) {
             if w.is_mxfp4() {
@@ -192,17 +212,24 @@ impl Gpu {
         (y, ys): (u64, usize),
     ) -> crate::Result<()> {
         let (ki, xsi, ysi, glui) = (k as i32, xs as i32, ys as i32, i32::from(glu));
-        if w.is_ap8() && !glu {
-            // ap8.cu matvec_ap8d_sel; split and tchunks unused.
-            ap8_input(w, x)?;
-            let (grid, smem) = self.ap8_launch(w, ny)?;
+        if (w.is_ap8() || self.c32_int2k(w, x)) && !glu {
+            // matvec_c32.cu's loop (ap8.cu matvec_ap8d_sel, matvec_int2k_c32_sel); split and
+            // tchunks unused.
+            if w.is_ap8() {
+                ap8_input(w, x)?;
+            }
+            let (grid, smem) = self.c32_launch(w, ny)?;
             let c = LaunchConfig {
                 grid_dim: (grid, ny as u32, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: smem,
             };
             let z = 0i32;
-            let f = &self.kernels.matvec_ap8d_sel;
+            let f = if w.is_ap8() {
+                &self.kernels.matvec_ap8d_sel
+            } else {
+                &self.kernels.matvec_i2k_c32_sel
+            };
             return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
         }
         // MXFP4: the dp4a kernel where it has a plan, else a warp a row.

@@ -1,0 +1,252 @@
+// Decode products on 32-column chunks in the dp4a form, for layouts whose codes are not whole
+// 16-byte chunks of one group: ap8's bit planes (ap8.cu) and int2k's 16-value groups (below).
+//
+// A lane takes a 32-column chunk of R rows, the warp 32 chunks of them a step, the next step's
+// loads issued before the current one is computed; blocks of 256, about three an SM, walk tiles of
+// R rows a warp (c32_rows). A chunk's codes are eight words of four byte codes each, in an order
+// the layout's bits give cheaply (C32_PLANES: word j holds columns j + 8b in byte b, the order in
+// which (plane >> j) & 0x01010101 takes a 32-bit plane word apart; C32_INT2: columns 16 (j / 4) +
+// j % 4 + 4b, int2's (w >> 2j) & 0x03030303). x's chunk c is staged in the same order as
+// xq = round(x * 2^-e) (16 bits: e puts the chunk's largest |x| in [2^14, 2^15), matvec_q_stage.cu's
+// qdstage rule), in two byte planes (high signed, low unsigned), beside (2^e, the sums of x over
+// each 16-column half, over the chunk); a word meets each plane in one dp4a (exact integer sums),
+// a group's sum becomes one float times 2^e, then its scale and min. The only approximation is x's
+// rounding to 16 bits of its chunk's largest |x|, as the integer kinds' (NMSE 1e-8).
+// tools/c32_emulate.py runs this lane by lane on the CPU.
+
+#define C32_PLANES 0
+#define C32_INT2 1
+
+// Staged x: chunk c's 64 bytes of planes as four 16-byte words (q: high words 0-3, 4-7, low words
+// 0-3, 4-7) at uint4 c32_xat(c, q), a warp's 32 chunks consecutive (no bank conflicts); then a
+// float4 a chunk (c32_sums: 2^e, the two halves' sums, the chunk's sum). Shared memory: 80 bytes a
+// chunk, the planes in whole runs of 32 chunks (Gpu::c32_launch).
+__device__ __forceinline__ int c32_xat(int c, int q) { return ((c >> 5) * 4 + q) * 32 + (c & 31); }
+__device__ __forceinline__ const float4* c32_sums(const uint4* xq, int cols) {
+    return reinterpret_cast<const float4*>(xq + (((cols >> 5) + 31) >> 5) * 128);
+}
+
+// The column of byte b of word j in a chunk.
+template <int ORDER>
+__device__ __forceinline__ int c32_col(int j, int b) {
+    return ORDER == C32_PLANES ? j + 8 * b : 16 * (j >> 2) + (j & 3) + 4 * b;
+}
+
+// Stage x (cols columns, a multiple of 32): a thread a word of a chunk (8 adjacent lanes a
+// chunk). Block-wide; ends with a barrier.
+template <int ORDER>
+__device__ void c32_stage(const float* __restrict__ x, int cols, uint4* xq) {
+    const int nch = cols >> 5, nw = nch * 8;
+    u32* xw = reinterpret_cast<u32*>(xq);
+    float4* xsx = const_cast<float4*>(c32_sums(xq, cols));
+    for (int m0 = 0; m0 < nw; m0 += blockDim.x) {
+        const int m = m0 + threadIdx.x;
+        const bool in = m < nw;
+        const int c = m >> 3, j = m & 7;
+        float v[4];
+#pragma unroll
+        for (int b = 0; b < 4; b++) v[b] = in ? __ldg(x + 32 * c + c32_col<ORDER>(j, b)) : 0.f;
+        float am = fmax_nan(fmax_nan(fabsf(v[0]), fabsf(v[1])), fmax_nan(fabsf(v[2]), fabsf(v[3])));
+        // The halves' parts of this word: bytes 0-1 and 2-3 (planes), or all four in half j / 4.
+        const float p01 = v[0] + v[1], p23 = v[2] + v[3], p = p01 + p23;
+        float h0 = ORDER == C32_PLANES ? p01 : (j < 4 ? p : 0.f);
+        float h1 = ORDER == C32_PLANES ? p23 : (j < 4 ? 0.f : p);
+        float sum = p;
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) {
+            am = fmax_nan(am, __shfl_xor_sync(0xffffffffu, am, o));
+            // a + b == b + a: the same sums in all 8 lanes.
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            h0 += __shfl_xor_sync(0xffffffffu, h0, o);
+            h1 += __shfl_xor_sync(0xffffffffu, h1, o);
+        }
+        if (!in) continue;
+        const int E = (int)(__float_as_uint(am) >> 23);
+        const bool bad = E == 255;
+        // |x| < 2^(E - 126): x * 2^(141 - E) < 2^15 (qdstage's rule at 16 bits).
+        const int ep = max(E, 14);
+        const float mz = bad ? 0.f : __uint_as_float((u32)(268 - ep) << 23);
+        const float xs = bad ? __uint_as_float(0x7fc00000u) : ldexp2(1.0f, ep - 141);
+        const u32 t01 = __vmaxs2(pack_s16_rn(v[0] * mz, v[1] * mz), 0x80018001u);
+        const u32 t23 = __vmaxs2(pack_s16_rn(v[2] * mz, v[3] * mz), 0x80018001u);
+        xw[c32_xat(c, j >> 2) * 4 + (j & 3)] = __byte_perm(t01, t23, 0x7531);  // high bytes
+        xw[c32_xat(c, 2 + (j >> 2)) * 4 + (j & 3)] = __byte_perm(t01, t23, 0x6420);
+        if (j == 0) xsx[c] = make_float4(xs, h0, h1, sum);
+    }
+    __syncthreads();
+}
+
+extern __shared__ float4 c32_smem[];
+
+// A lane's staged x for chunk c: the high and low planes' eight words, and its float4.
+struct C32X {
+    uint4 h0, h1, l0, l1;
+    float4 e;
+};
+__device__ __forceinline__ C32X c32_x(const uint4* xq, int cols, int c, bool in) {
+    C32X x;
+    if (in) {
+        x.h0 = xq[c32_xat(c, 0)];
+        x.h1 = xq[c32_xat(c, 1)];
+        x.l0 = xq[c32_xat(c, 2)];
+        x.l1 = xq[c32_xat(c, 3)];
+        x.e = c32_sums(xq, cols)[c];
+    }
+    return x;
+}
+__device__ __forceinline__ u32 c32_word(const uint4& a, const uint4& b, int j) {
+    const uint4& v = j < 4 ? a : b;
+    const int i = j & 3;
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+// Word j's codes q times both x planes, added into hi and lo.
+__device__ __forceinline__ void c32_dot(u32 q, const C32X& x, int j, int& hi, int& lo) {
+    hi = qd_dot<KIND_INT4, true>(q, c32_word(x.h0, x.h1, j), hi);
+    lo = qd_dot<KIND_INT4, false>(q, c32_word(x.l0, x.l1, j), lo);
+}
+
+// Streamed loads of codes read once (skip L1).
+__device__ __forceinline__ uint2 c32_ld2(const uint2* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u32 c32_ld1(const u32* p) {
+    u32 v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// A warp's tiles of R rows (tile0, tile0 + tstride, ...) of the layout L (L::Buf<R>; L::load of
+// step s of tile t, L::step adding each row's products into acc), its loads one step ahead;
+// `stage` (block-wide: every warp calls it once) runs once the first step's loads are out.
+template <int R, typename L, typename F>
+__device__ __forceinline__ void c32_rows(const L& l, const Mat& w, float* __restrict__ y,
+                                         int tile0, int tstride, const uint4* xq, F&& stage) {
+    const int lane = threadIdx.x & 31, ns = ((w.cols >> 5) + 31) >> 5;
+    const int ntiles = (w.rows + R - 1) / R;
+    int t = tile0, s = 0;
+    typename L::template Buf<R> cur;
+    if (t < ntiles) l.template load<R>(w, t, s, lane, cur);
+    stage();
+    float acc[R];
+#pragma unroll
+    for (int ri = 0; ri < R; ri++) acc[ri] = 0.f;
+    while (t < ntiles) {
+        int nt = t, nsn = s + 1;
+        if (nsn == ns) {
+            nsn = 0;
+            nt += tstride;
+        }
+        typename L::template Buf<R> nxt;
+        if (nt < ntiles) l.template load<R>(w, nt, nsn, lane, nxt);
+        l.template step<R>(w, cur, s, lane, xq, acc);
+        if (nsn == 0) {
+            const float v = qreduce<R>(acc, lane);
+            const int r = t * R + lane / (32 / R);
+            if (lane % (32 / R) == 0 && r < w.rows) y[r] = v;
+#pragma unroll
+            for (int ri = 0; ri < R; ri++) acc[ri] = 0.f;
+        }
+        cur = nxt;
+        t = nt;
+        s = nsn;
+    }
+}
+
+// Blocks an SM the kernels' registers allow (80 registers on sm_90; ptxas spills there on sm_8x).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define C32_BLOCKS 2
+#else
+#define C32_BLOCKS 3
+#endif
+
+// The warp's first tile and the tiles' stride in a launch (blocks walking the rows).
+#define C32_TILES (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)), (gridDim.x * (blockDim.x >> 5))
+
+// ---------------------------------------------------------------------------------------------
+// int2k (kind 9): int2's codes (a row's 8 bytes a chunk, element e at bits 2 (e % 16) of word
+// e / 16) in groups of 16, each group's (scale, min) from its sub-scale byte and the row's pair
+// (int2k_sm). A chunk is two groups: words 0-3 the first (C32_INT2's order), 4-7 the second.
+struct Int2kC32 {
+    template <int R>
+    struct Buf {
+        uint2 code[R];
+        u32 ab[R];  // the chunk's two sub-scale bytes
+        u32 dm[R];  // the row's pair
+    };
+
+    template <int R>
+    __device__ __forceinline__ void load(const Mat& w, int t, int s, int lane, Buf<R>& b) const {
+        const int c = s * 32 + lane;
+        const bool in = c < (w.cols >> 5);
+#pragma unroll
+        for (int ri = 0; ri < R; ri++) {
+            const int r = min(t * R + ri, w.rows - 1);
+            const u8* row = w.codes + (size_t)r * w.row_bytes;
+            b.code[ri] = in ? c32_ld2(reinterpret_cast<const uint2*>(row) + c) : make_uint2(0u, 0u);
+            const size_t g = (size_t)r * (w.cols >> 4) + 2 * c;
+            b.ab[ri] = in ? (u32)__ldg(reinterpret_cast<const unsigned short*>(
+                                reinterpret_cast<const u8*>(w.scales) + g))
+                          : 0u;
+            b.dm[ri] = __ldg(reinterpret_cast<const u32*>(w.mins) + r);
+        }
+    }
+
+    template <int R>
+    __device__ __forceinline__ void step(const Mat& w, const Buf<R>& b, int s, int lane,
+                                         const uint4* xq, float (&acc)[R]) const {
+        const int c = s * 32 + lane;
+        const bool in = c < (w.cols >> 5);
+        if (!in) return;
+        const C32X x = c32_x(xq, w.cols, c, true);
+#pragma unroll
+        for (int ri = 0; ri < R; ri++) {
+            int hi[2] = {0, 0}, lo[2] = {0, 0};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const u32 src = j < 4 ? b.code[ri].x : b.code[ri].y;
+                c32_dot((src >> (2 * (j & 3))) & 0x03030303u, x, j, hi[j >> 2], lo[j >> 2]);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                // int2k_sm's arithmetic on the group's byte (a low nibble, b signed high).
+                const u32 v = (b.ab[ri] >> (8 * h)) & 0xffu;
+                const u32 sm = int4k_ab((v & 15u) | ((u32)(u8)((signed char)v >> 4) << 8), b.dm[ri]);
+                const float sc = h2f((half_bits)(sm & 0xffffu)), mn = h2f((half_bits)(sm >> 16));
+                const float q = __int2float_rn(hi[h] * 256 + lo[h]) * x.e.x;
+                acc[ri] = __fmaf_rn(sc, q, __fmaf_rn(mn, h == 0 ? x.e.y : x.e.z, acc[ri]));
+            }
+        }
+    }
+};
+
+// y = W x for int2k (cols % 32 == 0, rows 8-byte aligned: Gpu::c32_int2k); x 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS)
+    matvec_int2k_c32(const Mat w, const float* x, float* y) {
+    pdl_trigger();
+    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
+    auto stage = [&] {
+        pdl_wait();
+        c32_stage<C32_INT2>(x, w.cols, xq);
+    };
+    c32_rows<4>(Int2kC32(), w, y, C32_TILES, xq, stage);
+}
+
+// The routed experts of one token (matvec_mxfp4_sel's contract: moe.cu sel_mat and "Ordering";
+// glu refused by the launcher; split and tchunks unused).
+extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS)
+    matvec_int2k_c32_sel(SEL_ARGS, int split, int tchunks) {
+    if (which0 == 0) {
+        pdl_wait();
+        pdl_trigger();
+    }
+    const Mat w = sel_mat(tab, routes, k, which0);
+    const float* xin = SEL_X;
+    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
+    auto stage = [&] {
+        if (which0 > 0) pdl_wait();
+        c32_stage<C32_INT2>(xin, w.cols, xq);
+    };
+    c32_rows<4>(Int2kC32(), w, SEL_Y, C32_TILES, xq, stage);
+}

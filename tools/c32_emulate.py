@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Emulates cuda/matvec_c32.cu's loop (c32_stage, c32_rows) with its two layouts, ap8's planes (ap8.cu Ap8C32) and
+int2k (Int2kC32), lane by lane in integers, on a machine without a GPU. Each product is checked against the direct
+product of the codes with x as the kernel rounds it: the index, layout and bit work must be exact (NMSE ~1e-15;
+x's 16-bit rounding itself costs ~1e-9 against f32 x). Random codes, group tables and x; shapes with ragged row
+tiles, partial steps, and ap8 groups of 64, 128 and 192. The groups' (scale, min) arithmetic from the stored tables
+(ap8_params, int2k_sm) is the kernels' existing code, not emulated here.
+
+    python3 tools/c32_emulate.py        (needs numpy; exit status 1 if any product is off)
+"""
+import sys
+
+import numpy as np
+
+rng = np.random.default_rng(1)
+M32 = 0xFFFFFFFF
+
+
+def byte_perm(x, y, s):
+    b = [(x >> (8 * i)) & 0xFF for i in range(4)] + [(y >> (8 * i)) & 0xFF for i in range(4)]
+    return sum(b[(s >> (4 * i)) & 7] << (8 * i) for i in range(4))
+
+
+def shr(v, s):
+    return (v >> s) & M32 if s >= 0 else (v << -s) & M32
+
+
+def dp4a(a, b, signed_b):
+    t = 0
+    for i in range(4):
+        ca, xb = (a >> (8 * i)) & 0xFF, (b >> (8 * i)) & 0xFF
+        t += ca * (xb - 256 if signed_b and xb >= 128 else xb)
+    return t
+
+
+def word32(arr, byte_off):
+    return sum(int(arr[byte_off + i]) << (8 * i) for i in range(4))
+
+
+def col(order, j, b):  # c32_col
+    return j + 8 * b if order == 0 else 16 * (j >> 2) + (j & 3) + 4 * b
+
+
+def stage(x, order):
+    """c32_stage: per chunk the two byte planes' words, (2^e, half sums, sum), and x as rounded."""
+    nch = len(x) // 32
+    xw, xsx, xr = {}, {}, np.zeros(len(x))
+    for c in range(nch):
+        v = x[32 * c:32 * c + 32]
+        E = (int(np.float32(np.abs(v).max()).view(np.uint32)) >> 23) & 0xFF
+        ep = max(E, 14)
+        mz, xs = np.float32(2.0 ** (141 - ep)), 2.0 ** (ep - 141)
+        xsx[c] = (xs, float(v[:16].sum()), float(v[16:].sum()), float(v.sum()))
+        for j in range(8):
+            q = [int(np.clip(np.rint(np.float32(v[col(order, j, b)]) * mz), -32767, 32767)) for b in range(4)]
+            xw[(c, 0, j)] = sum(((qq >> 8) & 0xFF) << (8 * b) for b, qq in enumerate(q))
+            xw[(c, 1, j)] = sum((qq & 0xFF) << (8 * b) for b, qq in enumerate(q))
+            for b in range(4):
+                xr[32 * c + col(order, j, b)] = q[b] * xs
+    return xw, xsx, xr
+
+
+def rows_loop(rows, cols, R, load, step):
+    """c32_rows: tiles of R rows, steps of 32 chunks; acc per (row, lane), summed at the tile's end."""
+    nch = cols >> 5
+    ns = (nch + 31) >> 5
+    got = np.zeros(rows)
+    for t in range((rows + R - 1) // R):
+        acc = np.zeros((R, 32))
+        for s in range(ns):
+            bufs = [load(t, s, lane) for lane in range(32)]
+            for lane in range(32):
+                step(bufs, t, s, lane, acc)
+        for ri in range(R):
+            if t * R + ri < rows:
+                got[t * R + ri] = acc[ri].sum()
+    return got
+
+
+def ap8(rows, cols, K, group):
+    n, R = rows * cols, 4 if K <= 4 else 2
+    q8 = rng.integers(0, 256, n)
+    top = np.zeros(n // 4, dtype=np.int64)
+    planes = np.zeros((6, n // 8), dtype=np.int64)
+    for e in range(n):
+        top[e // 4] |= (int(q8[e]) >> 6) << (2 * (e % 4))
+        for p in range(6):
+            planes[p, e // 8] |= ((int(q8[e]) >> (5 - p)) & 1) << (e % 8)
+    s_g = rng.standard_normal(n // group) * 0.01
+    m_g = rng.standard_normal(n // group) * 0.01
+    x = rng.standard_normal(cols).astype(np.float32)
+    xw, xsx, xr = stage(x, 0)
+    nch, gpr = cols >> 5, cols // group
+    gsh = group.bit_length() - 1 if group & (group - 1) == 0 else -1
+    grp = lambda c: c >> gsh if gsh >= 0 else c // group
+
+    def load(t, s, lane):
+        c = s * 32 + lane
+        tops, pls = [], []
+        for ri in range(R):
+            u = min(t * R + ri, rows - 1) * nch + c
+            ok = c < nch
+            tops.append((word32(top, 8 * u), word32(top, 8 * u + 4)) if ok else (0, 0))
+            pls.append([word32(planes[p], 4 * u) if ok else 0 for p in range(6)])
+        g = grp(s * 1024) + (lane & 15)
+        gin = g <= grp(min(s * 1024 + 1023, cols - 1))
+        tabs = []
+        for i in range(R // 2):
+            r = min(t * R + 2 * i + (lane >> 4), rows - 1)
+            tabs.append((s_g[r * gpr + g], m_g[r * gpr + g]) if gin else (0.0, 0.0))
+        return tops, pls, tabs
+
+    def step(bufs, t, s, lane, acc):
+        c = s * 32 + lane
+        gl = grp(c * 32) - grp(s * 1024) if c < nch else 0
+        for ri in range(R):
+            sc, mn = bufs[(ri & 1) * 16 + gl][2][ri >> 1]
+            if c >= nch:
+                continue
+            tx, ty = bufs[lane][0][ri]
+            A, B = byte_perm(tx, ty, 0x6420), byte_perm(tx, ty, 0x7531)
+            hi = lo = 0
+            for j in range(8):
+                w = shr(A if j < 4 else B, 2 * (j & 3) - (K - 2)) & ((0x03030303 << (K - 2)) & M32)
+                for p in range(K - 2):
+                    tb = K - 3 - p
+                    w |= shr(bufs[lane][1][ri][p], j - tb) & ((0x01010101 << tb) & M32)
+                hi += dp4a(w, xw[(c, 0, j)], True)
+                lo += dp4a(w, xw[(c, 1, j)], False)
+            acc[ri, lane] += sc * (hi * 256 + lo) * xsx[c][0] + mn * xsx[c][3]
+
+    got = rows_loop(rows, cols, R, load, step)
+    code = (q8 >> (8 - K)).reshape(rows, cols)
+    gi = (np.arange(n) // group).reshape(rows, cols)
+    want = ((s_g[gi] * code + m_g[gi]) * xr).sum(1) + (m_g[gi] * (x - xr)).sum(1)
+    return f"ap8@{K} [{rows}, {cols}] g{group}", got, want
+
+
+def int2k(rows, cols):
+    n, R, rb = rows * cols, 4, cols // 4
+    q = rng.integers(0, 4, n)
+    codes = np.zeros(n // 4, dtype=np.int64)
+    for e in range(n):
+        codes[e // 4] |= int(q[e]) << (2 * (e % 4))
+    s_g = rng.standard_normal(n // 16) * 0.01
+    m_g = rng.standard_normal(n // 16) * 0.01
+    x = rng.standard_normal(cols).astype(np.float32)
+    xw, xsx, xr = stage(x, 1)
+    nch = cols >> 5
+
+    def load(t, s, lane):
+        c = s * 32 + lane
+        out = []
+        for ri in range(R):
+            r = min(t * R + ri, rows - 1)
+            ok = c < nch
+            out.append(((word32(codes, r * rb + 8 * c), word32(codes, r * rb + 8 * c + 4)) if ok else (0, 0),
+                        r * (cols // 16) + 2 * c))
+        return out
+
+    def step(bufs, t, s, lane, acc):
+        c = s * 32 + lane
+        if c >= nch:
+            return
+        for ri in range(R):
+            (tx, ty), g = bufs[lane][ri]
+            hi, lo = [0, 0], [0, 0]
+            for j in range(8):
+                w = ((tx if j < 4 else ty) >> (2 * (j & 3))) & 0x03030303
+                hi[j >> 2] += dp4a(w, xw[(c, 0, j)], True)
+                lo[j >> 2] += dp4a(w, xw[(c, 1, j)], False)
+            for h in range(2):
+                acc[ri, lane] += s_g[g + h] * (hi[h] * 256 + lo[h]) * xsx[c][0] + m_g[g + h] * xsx[c][1 + h]
+
+    got = rows_loop(rows, cols, R, load, step)
+    gi = (np.arange(n) // 16).reshape(rows, cols)
+    want = ((s_g[gi] * q.reshape(rows, cols) + m_g[gi]) * xr).sum(1) + (m_g[gi] * (x - xr)).sum(1)
+    return f"int2k [{rows}, {cols}]", got, want
+
+
+worst = 0.0
+cases = [ap8(3, 64, 2, 64), ap8(5, 192, 3, 64), ap8(4, 1088, 5, 64), ap8(3, 2048, 8, 128), ap8(7, 1152, 4, 192),
+         ap8(2, 768, 6, 64), ap8(3, 320, 7, 64), ap8(6, 4096, 3, 64),
+         int2k(3, 64), int2k(5, 96), int2k(6, 1088), int2k(9, 4096)]
+for name, got, want in cases:
+    e = ((got - want) ** 2).sum() / (want ** 2).sum()
+    worst = max(worst, e)
+    print(f"{name}: NMSE {e:.2e}")
+print(f"worst {worst:.2e}")
+sys.exit(0 if worst < 1e-12 else 1)
