@@ -1,26 +1,26 @@
 // Multi-head latent attention (DeepSeek-V2) in its absorbed form: the cache row of a token is
-// [RMSNorm(latent), RoPE key] (lora + rope values, stored as key and as value), and each head's
-// query is mapped into the latent (k_b) before attention and its output out of it (v_b) after
-// (src/model/ops.rs Backend::mla_inputs, mla_values: the host's arithmetic).
+// [RMSNorm(latent), RoPE key] (lora + rope values, cached once: attention reads it as key and
+// as value, CudaKv::values), and each head's query is mapped into the latent (k_b) before
+// attention and its output out of it (v_b) after (src/model/ops.rs Backend::mla_inputs,
+// mla_values: the host's arithmetic).
 
 // The cache rows and the queries' RoPE parts of t tokens: block (tok, 0) takes token tok's ckv
 // ([lora + rope] at ckv + tok * lw): RMSNorm of the latent by kvn into row, RoPE of the key part
-// (pairs i, i + rope / 2), the row also as f16 at kc and vc (the cache rows of the new
+// (pairs i, i + rope / 2), the row also as f16 at kc (the cache rows of the new
 // positions); block (tok, 1) rotates each head's q_rope (q: [t, heads, nope + rope]) into the
 // last rope values of qo's head ([t, heads, lora + rope]). posp as rope_kv (one token: the
-// position from the device, kc and vc the layer's rows from position 0). blockDim: rms_block(lora).
+// position from the device, kc the layer's rows from position 0). blockDim: rms_block(lora).
 extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __restrict__ ckv,
                                     float* __restrict__ qo, float* __restrict__ row,
                                     const float* __restrict__ kvn, float eps,
                                     const float* __restrict__ inv_freq, int heads, int nope,
                                     int rope, int lora, int start_pos, half_bits* __restrict__ kc,
-                                    half_bits* __restrict__ vc, const int* __restrict__ posp) {
+                                    const int* __restrict__ posp) {
     PDL_ENTRY();
     const int lw = lora + rope, half = rope / 2, tok = blockIdx.x;
     if (posp) {
         start_pos = *posp;
         kc += (size_t)start_pos * lw;
-        vc += (size_t)start_pos * lw;
     }
     const float pos = (float)(start_pos + tok);
     if (blockIdx.y == 1) {
@@ -51,7 +51,6 @@ extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __
     for (int i = threadIdx.x; i < lw; i += blockDim.x) {
         const half_bits v = f2h(r[i]);
         kc[(size_t)tok * lw + i] = v;
-        vc[(size_t)tok * lw + i] = v;
     }
 }
 

@@ -325,7 +325,7 @@ fn norm_rope_add_and_attention_match_the_cpu() {
         };
         let mut got = Vec::new();
         for fused in [true, false] {
-            let mut kvc = b.alloc_kv(1, 8, kvw).unwrap();
+            let mut kvc = b.alloc_kv(1, 8, kvw, false).unwrap();
             let (qd, kd, mut vd) = (to_gpu(&b, &q), to_gpu(&b, &k), to_gpu(&b, &v));
             let (mut qo, mut ko) = (b.alloc(tt * qw).unwrap(), b.alloc(tt * kvw).unwrap());
             let out = [&mut qo, &mut ko, &mut vd];
@@ -368,8 +368,8 @@ fn norm_rope_add_and_attention_match_the_cpu() {
         let sink_logits: Vec<f32> = random(nh, 77).iter().map(|v| 2.0 * v).collect();
         b.make_resident_vector(&sink_logits).unwrap();
         let sinks = window.map(|_| &sink_logits[..]);
-        let mut ckv = cpu.alloc_kv(layers, ctx, kvd).unwrap();
-        let mut gkv = b.alloc_kv(layers, ctx, kvd).unwrap();
+        let mut ckv = cpu.alloc_kv(layers, ctx, kvd, false).unwrap();
+        let mut gkv = b.alloc_kv(layers, ctx, kvd, false).unwrap();
         let mut start = 0;
         for (step, tt) in steps.into_iter().enumerate() {
             let seed = 10 * step as u64;

@@ -585,6 +585,12 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+
+    /// Whether attention reads each cached row as key and value: MLA's [latent, RoPE key] rows
+    /// (the absorbed form), cached once.
+    pub fn values_are_keys(&self) -> bool {
+        self.mla.is_some()
+    }
 }
 
 #[cfg(test)]

@@ -227,7 +227,12 @@ impl<'f> Model<'f> {
         Ok(RunState {
             ctx,
             pos: 0,
-            kv: backend.alloc_kv(self.cfg.n_layers, ctx, self.cfg.kv_dim())?,
+            kv: backend.alloc_kv(
+                self.cfg.n_layers,
+                ctx,
+                self.cfg.kv_dim(),
+                self.cfg.values_are_keys(),
+            )?,
             buf: None,
             router: Vec::new(),
             routes: Vec::new(),

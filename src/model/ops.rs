@@ -131,8 +131,16 @@ pub trait Backend {
 
     /// A zeroed buffer of `n` values.
     fn alloc(&self, n: usize) -> crate::Result<Self::Buf>;
-    /// A KV cache of `layers` x `ctx` positions x `kv_dim`.
-    fn alloc_kv(&self, layers: usize, ctx: usize, kv_dim: usize) -> crate::Result<Self::Kv>;
+    /// A KV cache of `layers` x `ctx` positions x `kv_dim`. `values_are_keys`: attention reads
+    /// each cached row as both key and value (MLA's latent rows), so one copy is stored and
+    /// `kv_write` keeps its keys only.
+    fn alloc_kv(
+        &self,
+        layers: usize,
+        ctx: usize,
+        kv_dim: usize,
+        values_are_keys: bool,
+    ) -> crate::Result<Self::Kv>;
     /// dst[..src.len()] = src.
     fn upload(&self, src: &[f32], dst: &mut Self::Buf) -> crate::Result<()>;
     /// dst = rows `tokens` of `table` as f32 ([tokens.len(), table.cols]); `host` is scratch
@@ -278,7 +286,7 @@ pub trait Backend {
 
     /// Multi-head latent attention's inputs (DeepSeek-V2, absorbed form) for `step`'s t tokens:
     /// from q ([t, heads * (nope + rope)]) and ckv ([t, kv_lora + rope]), the cache row
-    /// [RMSNorm(ckv latent) * norm, RoPE(ckv rope)] as key and value, into `row` (room for
+    /// [RMSNorm(ckv latent) * norm, RoPE(ckv rope)], read as key and value, into `row` (room for
     /// [t, kv_lora + rope]) and the cache; q_out [t, heads * (kv_lora + rope)] each head's
     /// [k_b_h · q_nope_h, RoPE(q_rope_h)], k_b [heads * kv_lora, nope]. The default works through
     /// host copies.

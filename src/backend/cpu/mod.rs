@@ -209,7 +209,9 @@ pub struct CpuKv {
     ctx: usize,
     kv_dim: usize,
     k: Vec<f32>,
+    /// Empty where the values are the keys (`alloc_kv`).
     v: Vec<f32>,
+    values_are_keys: bool,
 }
 
 impl Backend for CpuBackend {
@@ -221,13 +223,20 @@ impl Backend for CpuBackend {
         Ok(vec![0.0; n])
     }
 
-    fn alloc_kv(&self, layers: usize, ctx: usize, kv_dim: usize) -> crate::Result<CpuKv> {
+    fn alloc_kv(
+        &self,
+        layers: usize,
+        ctx: usize,
+        kv_dim: usize,
+        values_are_keys: bool,
+    ) -> crate::Result<CpuKv> {
         let n = layers * ctx * kv_dim;
         Ok(CpuKv {
             ctx,
             kv_dim,
             k: vec![0.0; n],
-            v: vec![0.0; n],
+            v: vec![0.0; if values_are_keys { 0 } else { n }],
+            values_are_keys,
         })
     }
 
@@ -308,7 +317,9 @@ impl Backend for CpuBackend {
         let d = kv.kv_dim;
         let at = (layer * kv.ctx + start) * d;
         kv.k[at..at + t * d].copy_from_slice(&k[..t * d]);
-        kv.v[at..at + t * d].copy_from_slice(&v[..t * d]);
+        if !kv.values_are_keys {
+            kv.v[at..at + t * d].copy_from_slice(&v[..t * d]);
+        }
         Ok(())
     }
 
@@ -327,7 +338,11 @@ impl Backend for CpuBackend {
             shape,
             &q[..shape.t * qd],
             &kv.k[seen.clone()],
-            &kv.v[seen],
+            if kv.values_are_keys {
+                &kv.k[seen]
+            } else {
+                &kv.v[seen]
+            },
             &mut out[..shape.t * qd],
         );
         Ok(())

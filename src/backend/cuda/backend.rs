@@ -9,7 +9,10 @@ pub struct CudaKv {
     pub(super) ctx: usize,
     pub(super) kv_dim: usize,
     pub(super) k: CudaSlice<u16>,
+    /// One unused value where the values are the keys (`alloc_kv`): `rows` and `attention` read
+    /// the keys' rows as values.
     pub(super) v: CudaSlice<u16>,
+    pub(super) values_are_keys: bool,
 }
 
 impl CudaKv {
@@ -29,7 +32,19 @@ impl CudaKv {
             )));
         }
         let at = ((layer * self.ctx + start) * self.kv_dim * 2) as u64;
-        Ok((ptr(&self.k, s) + at, ptr(&self.v, s) + at))
+        Ok((ptr(&self.k, s) + at, self.values(s) + at))
+    }
+
+    /// The device address of the values' cache (the keys' where they are the same rows).
+    pub(super) fn values(&self, s: &CudaStream) -> u64 {
+        ptr(
+            if self.values_are_keys {
+                &self.k
+            } else {
+                &self.v
+            },
+            s,
+        )
     }
 }
 
@@ -98,13 +113,22 @@ impl Backend for CudaBackend {
         self.gpu.alloc(n, "activations")
     }
 
-    fn alloc_kv(&self, layers: usize, ctx: usize, kv_dim: usize) -> crate::Result<CudaKv> {
+    fn alloc_kv(
+        &self,
+        layers: usize,
+        ctx: usize,
+        kv_dim: usize,
+        values_are_keys: bool,
+    ) -> crate::Result<CudaKv> {
         let n = layers * ctx * kv_dim;
         Ok(CudaKv {
             ctx,
             kv_dim,
             k: self.gpu.alloc(n, "the KV cache")?,
-            v: self.gpu.alloc(n, "the KV cache")?,
+            v: self
+                .gpu
+                .alloc(if values_are_keys { 1 } else { n }, "the KV cache")?,
+            values_are_keys,
         })
     }
 
@@ -316,6 +340,9 @@ impl Backend for CudaBackend {
         // to_half: four values a thread.
         let c = cfg(blocks(n.div_ceil(4), 256), 256);
         launch!(self.gpu, self.gpu.kernels.to_half, c; kp, kd, ni)?;
+        if kv.values_are_keys {
+            return Ok(());
+        }
         launch!(self.gpu, self.gpu.kernels.to_half, c; vp, vd, ni)
     }
 
@@ -359,7 +386,7 @@ impl Backend for CudaBackend {
         check_len("attention output", out.len(), shape.t * qd)?;
         let base = (layer * kv.ctx * kv.kv_dim * 2) as u64;
         let s = &self.gpu.stream;
-        let (kp, vp) = (ptr(&kv.k, s) + base, ptr(&kv.v, s) + base);
+        let (kp, vp) = (ptr(&kv.k, s) + base, kv.values(s) + base);
         let (qp, op) = (self.p(q), self.p(out));
         let (nh, nkv, hd, sp) = (
             shape.n_heads as i32,

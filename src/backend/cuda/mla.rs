@@ -50,7 +50,8 @@ impl CudaBackend {
                 kv.kv_dim, m.kv_lora, m.rope
             )));
         }
-        let (kd, vd, posp) = self.kv_target(kv, step.layer, step.start, t)?;
+        // The cache keeps MLA's rows once (the values are the keys: alloc_kv).
+        let (kd, _, posp) = self.kv_target(kv, step.layer, step.start, t)?;
         let (qp, cp, qop, rp) = (self.p(q), self.p(ckv), self.p(q_out), self.p(row));
         let (np, fp) = (self.vector(w.kv_norm)?, self.vector(step.inv_freq)?);
         let (hi, ni, ri, li) = (heads as i32, m.nope as i32, m.rope as i32, m.kv_lora as i32);
@@ -61,7 +62,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let f = &self.gpu.kernels.mla_rows;
-        launch!(self.gpu, f, c; qp, cp, qop, rp, np, eps, fp, hi, ni, ri, li, si, kd, vd, posp)?;
+        launch!(self.gpu, f, c; qp, cp, qop, rp, np, eps, fp, hi, ni, ri, li, si, kd, posp)?;
         let k_b = self.mla_f32(w.k_b)?;
         self.mla_matvec(k_b, (qp, qw), (qop, lw), (heads, m.kv_lora, m.nope), t)
     }

@@ -159,9 +159,10 @@ impl EngineConfig {
     }
 }
 
-/// The KV cache of `ctx` positions in f16, bytes.
+/// The KV cache of `ctx` positions in f16, bytes (keys and values; MLA's rows once).
 pub fn kv_bytes(m: &ModelConfig, ctx: usize) -> usize {
-    m.n_layers * ctx * m.kv_dim() * 2 * 2
+    let copies = if m.values_are_keys() { 1 } else { 2 };
+    m.n_layers * ctx * m.kv_dim() * 2 * copies
 }
 
 /// The forward pass's activation buffers for a prompt chunk of up to 512 tokens, bytes.
