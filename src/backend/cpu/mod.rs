@@ -408,4 +408,32 @@ mod tests {
         assert_eq!(attend(Some(1)), vec![5.0, 6.0, 5.0, 6.0]);
         assert_eq!(attend(Some(3)), attend(None));
     }
+
+    #[test]
+    fn a_cache_whose_values_are_its_keys_stores_them_once() {
+        // MLA's rows: attention over a cache that keeps the keys only equals attention over
+        // one that stores the same rows as keys and as values.
+        let b = CpuBackend::new(1).unwrap();
+        let shape = AttentionShape {
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 2,
+            start_pos: 0,
+            t: 3,
+            window: None,
+            sinks: None,
+        };
+        let rows = vec![1.0, 0.0, 0.5, 1.0, 1.0, 1.0];
+        let q = vec![1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0];
+        let mut attended = Vec::new();
+        for once in [false, true] {
+            let mut kv = b.alloc_kv(2, 4, 2, once).unwrap();
+            assert_eq!(kv.v.len(), if once { 0 } else { 16 });
+            b.kv_write(&mut kv, (1, 0), 3, &rows, &rows).unwrap();
+            let mut out = vec![0.0; 12];
+            b.attention(shape, &q, &kv, 1, &mut out).unwrap();
+            attended.push(out);
+        }
+        assert_eq!(attended[0], attended[1]);
+    }
 }
