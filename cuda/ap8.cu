@@ -319,7 +319,7 @@ struct Ap8C32 {
 #pragma unroll
         for (int ri = 0; ri < R; ri++) {
             const size_t u = (size_t)min(t * R + ri, w.rows - 1) * nch + c;
-            b.top[ri] = in ? c32_ld2(reinterpret_cast<const uint2*>(a.top) + u) : make_uint2(0u, 0u);
+            b.top[ri] = in ? qld2(reinterpret_cast<const uint2*>(a.top) + u) : make_uint2(0u, 0u);
 #pragma unroll
             for (int p = 0; p < K - 2; p++)
                 b.pl[ri][p] = in ? c32_ld1(reinterpret_cast<const u32*>(a.planes[p]) + u) : 0u;

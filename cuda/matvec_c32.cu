@@ -105,12 +105,7 @@ __device__ __forceinline__ void c32_dot(u32 q, const C32X& x, int j, int& hi, in
     lo = qd_dot<KIND_INT4, false>(q, c32_word(x.l0, x.l1, j), lo);
 }
 
-// Streamed loads of codes read once (skip L1).
-__device__ __forceinline__ uint2 c32_ld2(const uint2* p) {
-    uint2 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-}
+// A streamed 4-byte load of codes read once (skip L1; 8 bytes: matvec_q.cu's qld2).
 __device__ __forceinline__ u32 c32_ld1(const u32* p) {
     u32 v;
     asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
@@ -184,7 +179,7 @@ struct Int2kC32 {
         for (int ri = 0; ri < R; ri++) {
             const int r = min(t * R + ri, w.rows - 1);
             const u8* row = w.codes + (size_t)r * w.row_bytes;
-            b.code[ri] = in ? c32_ld2(reinterpret_cast<const uint2*>(row) + c) : make_uint2(0u, 0u);
+            b.code[ri] = in ? qld2(reinterpret_cast<const uint2*>(row) + c) : make_uint2(0u, 0u);
             const size_t g = (size_t)r * (w.cols >> 4) + 2 * c;
             b.ab[ri] = in ? (u32)__ldg(reinterpret_cast<const unsigned short*>(
                                 reinterpret_cast<const u8*>(w.scales) + g))
