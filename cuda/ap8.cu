@@ -367,34 +367,22 @@ __device__ __forceinline__ void ap8d_rows_k(const Mat& w, float* y, const uint4*
 }
 
 // y = W x (the dp4a form); x 16-byte aligned, cols a multiple of the group (64 columns or more);
-// dynamic shared memory as c32_stage places x (Gpu::c32_launch).
+// dynamic shared memory as c32_stage places x (Gpu::c32_launch). Each matrix at its own width.
+struct Ap8dRows {
+    template <typename F>
+    __device__ __forceinline__ void operator()(const Mat& w, float* y, const uint4* xq, F& stage) const {
+        AP8_WIDTHS(ap8d_rows_k, w.row_bytes & 0xff, w, y, xq, stage)
+    }
+};
 extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS)
     matvec_ap8d(const Mat w, const float* x, float* y) {
-    pdl_trigger();
-    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
-    auto stage = [&] {
-        pdl_wait();
-        c32_stage<C32_PLANES>(x, w.cols, xq);
-    };
-    AP8_WIDTHS(ap8d_rows_k, w.row_bytes & 0xff, w, y, xq, stage)
+    c32_plain<C32_PLANES>(w, x, y, Ap8dRows());
 }
 
-// The routed experts of one token (matvec_mxfp4_sel's contract: moe.cu sel_mat and "Ordering";
-// glu refused by the launcher; split and tchunks unused). The table's matrices may differ in
-// width (a high and a low view of one file): each entry carries its own.
+// The routed experts of one token (c32_routed; split and tchunks unused). The table's matrices
+// may differ in width (a high and a low view of one file).
 extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS) matvec_ap8d_sel(SEL_ARGS, int split, int tchunks) {
-    if (which0 == 0) {
-        pdl_wait();
-        pdl_trigger();
-    }
-    const Mat w = sel_mat(tab, routes, k, which0);
-    const float* xin = SEL_X;
-    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
-    auto stage = [&] {
-        if (which0 > 0) pdl_wait();
-        c32_stage<C32_PLANES>(xin, w.cols, xq);
-    };
-    AP8_WIDTHS(ap8d_rows_k, w.row_bytes & 0xff, w, SEL_Y, xq, stage)
+    c32_routed<C32_PLANES>(tab, routes, k, which0, x, xs, glu, y, ys, Ap8dRows());
 }
 
 // Unit u of a view of width K as 16 f16 values s q + m (f32 arithmetic) at o.

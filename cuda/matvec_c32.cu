@@ -19,8 +19,8 @@
 
 // Staged x: chunk c's 64 bytes of planes as four 16-byte words (q: high words 0-3, 4-7, low words
 // 0-3, 4-7) at uint4 c32_xat(c, q), a warp's 32 chunks consecutive (no bank conflicts); then a
-// float4 a chunk (c32_sums: 2^e, the two halves' sums, the chunk's sum). Shared memory: 80 bytes a
-// chunk, the planes in whole runs of 32 chunks (Gpu::c32_launch).
+// float4 a chunk (c32_sums: 2^e, the two halves' sums (C32_INT2; else 0), the chunk's sum).
+// Shared memory: 80 bytes a chunk, the planes in whole runs of 32 chunks (Gpu::c32_launch).
 __device__ __forceinline__ int c32_xat(int c, int q) { return ((c >> 5) * 4 + q) * 32 + (c & 31); }
 __device__ __forceinline__ const float4* c32_sums(const uint4* xq, int cols) {
     return reinterpret_cast<const float4*>(xq + (((cols >> 5) + 31) >> 5) * 128);
@@ -47,19 +47,20 @@ __device__ void c32_stage(const float* __restrict__ x, int cols, uint4* xq) {
 #pragma unroll
         for (int b = 0; b < 4; b++) v[b] = in ? __ldg(x + 32 * c + c32_col<ORDER>(j, b)) : 0.f;
         float am = fmax_nan(fmax_nan(fabsf(v[0]), fabsf(v[1])), fmax_nan(fabsf(v[2]), fabsf(v[3])));
-        // The halves' parts of this word: bytes 0-1 and 2-3 (planes), or all four in half j / 4.
-        const float p01 = v[0] + v[1], p23 = v[2] + v[3], p = p01 + p23;
-        float h0 = ORDER == C32_PLANES ? p01 : (j < 4 ? p : 0.f);
-        float h1 = ORDER == C32_PLANES ? p23 : (j < 4 ? 0.f : p);
-        float sum = p;
+        // C32_INT2's groups take the halves' sums (a word lies in half j / 4); ap8's the chunk's.
+        const float p = (v[0] + v[1]) + (v[2] + v[3]);
+        float sum = p, h0 = j < 4 ? p : 0.f, h1 = j < 4 ? 0.f : p;
 #pragma unroll
         for (int o = 1; o < 8; o <<= 1) {
             am = fmax_nan(am, __shfl_xor_sync(0xffffffffu, am, o));
             // a + b == b + a: the same sums in all 8 lanes.
             sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            h0 += __shfl_xor_sync(0xffffffffu, h0, o);
-            h1 += __shfl_xor_sync(0xffffffffu, h1, o);
+            if (ORDER == C32_INT2) {
+                h0 += __shfl_xor_sync(0xffffffffu, h0, o);
+                h1 += __shfl_xor_sync(0xffffffffu, h1, o);
+            }
         }
+        if (ORDER != C32_INT2) h0 = h1 = 0.f;
         if (!in) continue;
         const int E = (int)(__float_as_uint(am) >> 23);
         const bool bad = E == 255;
@@ -159,6 +160,36 @@ __device__ __forceinline__ void c32_rows(const L& l, const Mat& w, float* __rest
 // The warp's first tile and the tiles' stride in a launch (blocks walking the rows).
 #define C32_TILES (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)), (gridDim.x * (blockDim.x >> 5))
 
+// The kernels' entries: `run(w, y, xq, stage)` walks the rows (c32_rows), `stage` staging x in
+// ORDER once the rows' first loads are out. Plain: x is the kernel before's output (waited for
+// in stage). Routed (matvec_mxfp4_sel's contract: moe.cu sel_mat and "Ordering"; glu refused by
+// the launcher): entry which0 of the routes' table, its own x and y.
+template <int ORDER, typename Run>
+__device__ __forceinline__ void c32_plain(const Mat& w, const float* x, float* y, Run&& run) {
+    pdl_trigger();
+    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
+    auto stage = [&] {
+        pdl_wait();
+        c32_stage<ORDER>(x, w.cols, xq);
+    };
+    run(w, y, xq, stage);
+}
+template <int ORDER, typename Run>
+__device__ __forceinline__ void c32_routed(SEL_ARGS, Run&& run) {
+    if (which0 == 0) {
+        pdl_wait();
+        pdl_trigger();
+    }
+    const Mat w = sel_mat(tab, routes, k, which0);
+    const float* xin = SEL_X;
+    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
+    auto stage = [&] {
+        if (which0 > 0) pdl_wait();
+        c32_stage<ORDER>(xin, w.cols, xq);
+    };
+    run(w, SEL_Y, xq, stage);
+}
+
 // ---------------------------------------------------------------------------------------------
 // int2k (kind 9): int2's codes (a row's 8 bytes a chunk, element e at bits 2 (e % 16) of word
 // e / 16) in groups of 16, each group's (scale, min) from its sub-scale byte and the row's pair
@@ -217,31 +248,20 @@ struct Int2kC32 {
 };
 
 // y = W x for int2k (cols % 32 == 0, rows 8-byte aligned: Gpu::c32_int2k); x 16-byte aligned.
+// Int2kC32 on c32_rows, 4 rows a warp.
+struct Int2kRows {
+    template <typename F>
+    __device__ __forceinline__ void operator()(const Mat& w, float* y, const uint4* xq, F& stage) const {
+        c32_rows<4>(Int2kC32(), w, y, C32_TILES, xq, stage);
+    }
+};
 extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS)
     matvec_int2k_c32(const Mat w, const float* x, float* y) {
-    pdl_trigger();
-    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
-    auto stage = [&] {
-        pdl_wait();
-        c32_stage<C32_INT2>(x, w.cols, xq);
-    };
-    c32_rows<4>(Int2kC32(), w, y, C32_TILES, xq, stage);
+    c32_plain<C32_INT2>(w, x, y, Int2kRows());
 }
 
-// The routed experts of one token (matvec_mxfp4_sel's contract: moe.cu sel_mat and "Ordering";
-// glu refused by the launcher; split and tchunks unused).
+// The routed experts of one token (c32_routed; split and tchunks unused).
 extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS)
     matvec_int2k_c32_sel(SEL_ARGS, int split, int tchunks) {
-    if (which0 == 0) {
-        pdl_wait();
-        pdl_trigger();
-    }
-    const Mat w = sel_mat(tab, routes, k, which0);
-    const float* xin = SEL_X;
-    uint4* xq = reinterpret_cast<uint4*>(c32_smem);
-    auto stage = [&] {
-        if (which0 > 0) pdl_wait();
-        c32_stage<C32_INT2>(xin, w.cols, xq);
-    };
-    c32_rows<4>(Int2kC32(), w, SEL_Y, C32_TILES, xq, stage);
+    c32_routed<C32_INT2>(tab, routes, k, which0, x, xs, glu, y, ys, Int2kRows());
 }
