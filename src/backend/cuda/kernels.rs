@@ -652,6 +652,8 @@ mod tests {
             "matvec_qm_body",
             "gather_rows_body",
             "attention_body",
+            "c32_plain",
+            "c32_routed",
         ];
         for f in waiting {
             let at = SOURCE
