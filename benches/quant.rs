@@ -141,9 +141,11 @@ fn main() {
         row("f32", 32.0, None, f32_gate, f32_down, bytes.len());
     }
 
-    for name in ["f16", "bf16", "int8", "int4", "int2", "mxfp4"]
-        .into_iter()
-        .filter(|n| wanted(n))
+    for name in [
+        "f16", "bf16", "int8", "int4", "int4/g32", "int4k", "int3", "int2", "int2k", "mxfp4",
+    ]
+    .into_iter()
+    .filter(|n| wanted(n))
     {
         let v = Variant::parse(name, None).expect("known variant");
         let gate_layout = v.matrix_layout(FFN, HIDDEN).expect("layout");
@@ -151,24 +153,27 @@ fn main() {
         let mut stored = Vec::new();
         let tq = timed(|| stored = quantize_matrix(v, &gate_layout, &src));
         let qrate = n as f64 / tq.as_secs_f64() / 1e6;
-        // Both shapes have columns that are multiples of the group size, so the sequence of
-        // groups (and therefore the bytes) of a [FFN, HIDDEN] matrix is also a valid [HIDDEN, FFN].
-        assert_eq!(
-            gate_layout,
-            hob::format::MatrixLayout {
+        // The down matrix reuses the gate's bytes where the layouts agree (the sequence of groups
+        // of a [FFN, HIDDEN] matrix is also a valid [HIDDEN, FFN] one); kinds with a pair a row
+        // (int4k, int2k) quantize it for its own shape.
+        let same = gate_layout
+            == hob::format::MatrixLayout {
                 rows: FFN,
                 cols: HIDDEN,
                 ..down_layout.clone()
-            }
-        );
-        let view = |l: &hob::format::MatrixLayout| Matrix::from_view(l.view(v, &stored));
+            };
+        let down_stored = if same {
+            Vec::new()
+        } else {
+            quantize_matrix(v, &down_layout, &src)
+        };
         let bpw = v.bits_per_weight(FFN, HIDDEN);
         row(
             &v.name(),
             bpw,
             Some(qrate),
-            view(&gate_layout),
-            view(&down_layout),
+            Matrix::from_view(gate_layout.view(v, &stored)),
+            Matrix::from_view(down_layout.view(v, if same { &stored } else { &down_stored })),
             gate_layout.size,
         );
     }

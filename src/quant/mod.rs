@@ -343,14 +343,17 @@ impl<'a> Matrix<'a> {
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::matvec_rows(self, x, rows, out);
         }
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(level)) = (
+            self.kind.is_planes() || self.kind.is_sub_scaled(),
+            x86::Level::detected(),
+        ) {
+            return self.matvec_rows_x86(level, x, rows, out);
+        }
         if self.kind.is_sub_scaled() {
             return subscales::with_rows(self, rows, |m, at| {
                 m.matvec_rows(x, 0..m.rows, &mut out[at])
             });
-        }
-        #[cfg(target_arch = "x86_64")]
-        if let (true, Some(level)) = (self.kind.is_planes(), x86::Level::detected()) {
-            return self.matvec_rows_x86(level, x, rows, out);
         }
         if self.kind.is_planes() {
             return planes::with_rows(self, rows, |m, at| {
@@ -392,7 +395,9 @@ impl<'a> Matrix<'a> {
         if self.kind == WeightKind::Mxfp4 {
             return mxfp4::matvec_rows_x86(level, self, x, rows, out);
         }
-        if self.kind.is_sub_scaled() {
+        // int4k and int2k on VNNI scale their groups' bytes in the kernel (`packed_vnni_rows`);
+        // below it, blocks of rows viewed as int4/g32 (int2/g16) with expanded parameters.
+        if self.kind.is_sub_scaled() && !x86::packed_vnni_takes(level, self) {
             return subscales::with_rows(self, rows, |m, at| {
                 m.matvec_rows_x86(level, x, 0..m.rows, &mut out[at])
             });

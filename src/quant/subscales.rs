@@ -1,8 +1,9 @@
 //! int4k and int2k (VariantKind::Int4k, Int2k): int4 codes in groups of 32 (int2: of 16) whose
-//! scale and min are 8-bit (4-bit) multiples of their row's f16 pair. The CPU kernels are int4's
-//! and int2's: a block of rows at a time is viewed as int4/g32 (int2/g16) with each group's
-//! (scale, min) expanded to the f16 values the format defines (f16(d a), f16(dm b): the products
-//! are exact in f32, so every reader rounds the same value once).
+//! scale and min are 8-bit (4-bit) multiples of their row's f16 pair. Each group's (scale, min)
+//! is the f16 value the format defines, f16(d a) and f16(dm b): the products are exact in f32, so
+//! every reader rounds the same value once. On AVX-512 VNNI the integer kernel makes them from the
+//! bytes as it goes (x86/vnni.rs `sub_scales`); the other kernels are int4's and int2's, a block
+//! of rows at a time viewed as int4/g32 (int2/g16) with the parameters expanded first (`with_rows`).
 
 use std::ops::Range;
 

@@ -1,5 +1,6 @@
-//! int8, int4, int2 and MXFP4 on AVX-512 VNNI: x rounded to 16-bit integers per group, codes and
-//! x's bytes multiplied in `vpdpbusd` (benches/results/2026-11-28-h100-cpu-int4-vnni.md). The same
+//! int8, int4, int3, int2, int4k, int2k and MXFP4 on AVX-512 VNNI: x rounded to 16-bit integers
+//! per group, codes and x's bytes multiplied in `vpdpbusd`
+//! (benches/results/2026-11-28-h100-cpu-int4-vnni.md, 2026-12-05-cpu-int4k-int2k-vnni.md). The same
 //! contract as the other kernels of x86.rs (the caller checks the CPU's features and the slices'
 //! lengths).
 
@@ -225,8 +226,11 @@ pub(in crate::quant) unsafe fn packed_vnni_rows(
         let side = |v: &[u8], r: usize| v[r * gpr * sb..(r + 1) * gpr * sb].as_ptr();
         let scales = |r: usize| side(m.scales, r);
         // int8 and MXFP4 have no mins: their offset terms take the scales (`dot_packed_vnni`).
+        // int4k and int2k: the row's f16 pair (d, dm), which the kernel scales their bytes by.
+        let sub = m.kind.is_sub_scaled();
         let mins = |r: usize| match (bits, m.kind) {
             (8, _) | (_, WeightKind::Mxfp4) => scales(r),
+            _ if sub => m.mins[4 * r..4 * r + 4].as_ptr(),
             _ => side(m.mins, r),
         };
         let mx = m.kind == WeightKind::Mxfp4;
@@ -236,10 +240,12 @@ pub(in crate::quant) unsafe fn packed_vnni_rows(
                 [scales(r), scales(r + 1)],
                 [mins(r), mins(r + 1)],
             );
-            dot_kind(rows, q, idx, (bits, mx, i3))
+            dot_kind(rows, q, idx, (bits, mx, i3, sub))
         };
-        let dot1 =
-            |r: usize| dot_kind(([codes(r)], [scales(r)], [mins(r)]), q, idx, (bits, mx, i3));
+        let dot1 = |r: usize| {
+            let row = ([codes(r)], [scales(r)], [mins(r)]);
+            dot_kind(row, q, idx, (bits, mx, i3, sub))
+        };
         let start = rows.start;
         let mut pairs = out.chunks_exact_mut(2);
         for (p, o) in pairs.by_ref().enumerate() {
@@ -251,22 +257,97 @@ pub(in crate::quant) unsafe fn packed_vnni_rows(
     });
 }
 
-/// `dot_packed_vnni` in the form for codes of `bits` (MXFP4's where `mx`, int3's where `i3`).
+/// `dot_packed_vnni` in the form for codes of `bits` (MXFP4's where `mx`, int3's where `i3`,
+/// int4k's and int2k's where `sub`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_kind<const R: usize>(
     rows: ([*const u8; R], [*const u8; R], [*const u8; R]),
     q: &QuantX,
     idx: &[[i32; 16]],
-    (bits, mx, i3): (usize, bool, bool),
+    (bits, mx, i3, sub): (usize, bool, bool, bool),
 ) -> [f32; R] {
-    match (bits, mx, i3) {
-        (8, _, _) => dot_packed_vnni::<R, 1, false, false>(rows, q, idx),
-        (4, false, _) => dot_packed_vnni::<R, 2, false, false>(rows, q, idx),
-        (4, true, _) => dot_packed_vnni::<R, 2, true, false>(rows, q, idx),
-        (_, _, false) => dot_packed_vnni::<R, 4, false, false>(rows, q, idx),
-        _ => dot_packed_vnni::<R, 4, false, true>(rows, q, idx),
+    match (bits, mx, i3, sub) {
+        (8, ..) => dot_packed_vnni::<R, 1, false, false, false>(rows, q, idx),
+        (4, true, ..) => dot_packed_vnni::<R, 2, true, false, false>(rows, q, idx),
+        (4, _, _, false) => dot_packed_vnni::<R, 2, false, false, false>(rows, q, idx),
+        (4, ..) => dot_packed_vnni::<R, 2, false, false, true>(rows, q, idx),
+        (_, _, true, _) => dot_packed_vnni::<R, 4, false, true, false>(rows, q, idx),
+        (_, _, _, false) => dot_packed_vnni::<R, 4, false, false, false>(rows, q, idx),
+        _ => dot_packed_vnni::<R, 4, false, false, true>(rows, q, idx),
     }
+}
+
+const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+/// v rounded to f16 and back: the format's f16(d a), f16(dm b) (the products are exact in f32,
+/// and `vcvtps2ph` rounds to nearest even as `half` does).
+#[target_feature(enable = "avx512f,avx512vl,f16c")]
+#[inline]
+unsafe fn round_f16(v: __m512) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<RNE>(v))
+}
+
+/// A row's group parameters before its windows (quant::subscales), from its f16 pair (d, dm) at
+/// `pair`. int4k (F = 2): d and dm, broadcast. int2k (F = 4): its 16 possible scales f16(d a),
+/// a = 0..15, and 16 mins f16(dm b) by b's nibble (b = -8..7), looked up per group.
+#[target_feature(enable = "avx512f,avx512vl,f16c")]
+#[inline]
+unsafe fn sub_row<const F: usize>(pair: *const u8) -> [__m512; 2] {
+    let p = pair as *const i16;
+    let d = _mm512_cvtph_ps(_mm256_set1_epi16(p.read_unaligned()));
+    let dm = _mm512_cvtph_ps(_mm256_set1_epi16(p.add(1).read_unaligned()));
+    if F == 2 {
+        return [d, dm];
+    }
+    let a = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let b = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+    [
+        round_f16(_mm512_mul_ps(_mm512_cvtepi32_ps(a), d)),
+        round_f16(_mm512_mul_ps(_mm512_cvtepi32_ps(b), dm)),
+    ]
+}
+
+/// A window's group parameters of an int4k (F = 2) or int2k (F = 4) row: each group's (a, b)
+/// bytes in `lanes`, with the row's `sub_row`, as the format defines them (f16(d a), f16(dm b)).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn sub_scales<const F: usize>(ab: *const u8, row: [__m512; 2], lanes: u16) -> [__m512; 2] {
+    if F == 4 {
+        // A byte a group: a in the low nibble, b's in the high one; both looked up.
+        let v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, ab as *const i8));
+        let a = _mm512_and_si512(v, _mm512_set1_epi32(15));
+        return [
+            _mm512_permutexvar_ps(a, row[0]),
+            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), row[1]),
+        ];
+    }
+    // Two bytes a group: a (u8), then b (i8).
+    let v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, ab as *const i16));
+    let a = _mm512_and_si512(v, _mm512_set1_epi32(0xff));
+    let b = _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(v));
+    [
+        round_f16(_mm512_mul_ps(_mm512_cvtepi32_ps(a), row[0])),
+        round_f16(_mm512_mul_ps(_mm512_cvtepi32_ps(b), row[1])),
+    ]
+}
+
+/// MXFP4's scales 2^(e - 128) from exponent bytes e, built as f32 bits: (e - 1) << 23 from
+/// e = 2, the subnormals 2^-127 and 2^-128 below; 0 outside `lanes`. (vscalefps gave the same
+/// values, but the window's unused lanes (e = 0) came out subnormal, and on Intel cores each
+/// subnormal result or operand takes a microcode assist: 2x the decode time of rows whose groups
+/// do not fill their last window, 2026-12-05-cpu-int4k-int2k-vnni.md.)
+#[target_feature(enable = "avx512f,avx512vl")]
+#[inline]
+unsafe fn mx_scales(e: __m512i, lanes: u16) -> __m512 {
+    let one = _mm512_set1_epi32(1);
+    let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, one));
+    let tiny = _mm512_sllv_epi32(_mm512_set1_epi32(1 << 21), e);
+    let big = _mm512_cmpgt_epu32_mask(e, one);
+    _mm512_maskz_mov_ps(
+        lanes,
+        _mm512_castsi512_ps(_mm512_mask_blend_epi32(big, tiny, normal)),
+    )
 }
 
 /// MXFP4's doubled e2m1 values plus 12, by code: unsigned bytes for `vpdpbusd` (the excess 12
@@ -288,10 +369,17 @@ const MX_PLUS_12: [i8; 16] = {
 /// up as their doubled values + 12. Both vectorized per window of 16 groups, into the same
 /// accumulator. `scales` and `mins` point at f16 values (at exponent bytes for MXFP4). `I3` (F = 4):
 /// int3 rows, whose first cols / 4 bytes are int2's fields and the rest each code's high bit
-/// (formats' `int3_hi_bit`), put in at bit 2 of its field's byte.
+/// (formats' `int3_hi_bit`), put in at bit 2 of its field's byte. `SUB`: int4k (F = 2) and int2k
+/// (F = 4) rows, `scales` at each group's (a, b) bytes and `mins` at the row's pair (`sub_scales`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool, const I3: bool>(
+unsafe fn dot_packed_vnni<
+    const R: usize,
+    const F: usize,
+    const MX: bool,
+    const I3: bool,
+    const SUB: bool,
+>(
     (codes, scales, mins): ([*const u8; R], [*const u8; R], [*const u8; R]),
     q: &QuantX,
     idx: &[[i32; 16]],
@@ -315,6 +403,14 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool, const 
     ));
     let four = _mm512_set1_epi8(4);
     let mut acc = [_mm512_setzero_ps(); R];
+    // SUB: each row's parameters, made once.
+    let sub = mins.map(|p| {
+        if SUB {
+            sub_row::<F>(p)
+        } else {
+            [_mm512_setzero_ps(); 2]
+        }
+    });
     let (mut g0, mut b0) = (0, 0);
     while g0 < groups {
         let n = (groups - g0).min(16);
@@ -326,14 +422,18 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool, const 
         let mut sfx = [_mm512_setzero_ps(); R];
         let sums = _mm512_maskz_loadu_ps(lanes, q.sums.as_ptr().add(g0));
         for r in 0..R {
+            if SUB {
+                let [sf, mf] = sub_scales::<F>(scales[r].add(g0 * (4 / F)), sub[r], lanes);
+                sfx[r] = _mm512_mul_ps(sf, fx);
+                acc[r] = _mm512_fmadd_ps(mf, sums, acc[r]);
+                continue;
+            }
             let sf = if MX {
-                // 2^(e - 128) by vscalefps (exact, subnormal at e = 0 and 1).
                 let e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(
                     lanes,
                     scales[r].add(g0) as *const i8,
                 ));
-                let p = _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(128)));
-                _mm512_scalef_ps(_mm512_set1_ps(1.0), p)
+                mx_scales(e, lanes)
             } else {
                 _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
                     lanes,
@@ -421,7 +521,12 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool, const 
                     al = _mm512_dpbusd_epi32(al, c, lo[k]);
                 }
                 let t = _mm512_add_epi32(_mm512_slli_epi32::<8>(ah), al);
-                let f = _mm512_permutexvar_ps(lanes, sfx[r]);
+                // (int2k: a lane's 16 columns are its group, lane g of the window.)
+                let f = if SUB && F == 4 {
+                    sfx[r]
+                } else {
+                    _mm512_permutexvar_ps(lanes, sfx[r])
+                };
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), f, acc[r]);
             }
         }
@@ -429,4 +534,37 @@ unsafe fn dot_packed_vnni<const R: usize, const F: usize, const MX: bool, const 
         g0 += n;
     }
     acc.map(|a| _mm512_reduce_add_ps(a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every exponent byte gives 2^(e - 128) exactly (the subnormals at e = 0 and 1 included),
+    /// and lanes outside the mask give 0.
+    #[test]
+    fn mx_scales_are_the_powers_of_two() {
+        if Level::detected() != Some(Level::Avx512Vnni) {
+            return;
+        }
+        for base in (0..256).step_by(16) {
+            let e: Vec<i32> = (base..base + 16).collect();
+            for lanes in [!0u16, 0x00ff, 0x8001] {
+                let mut got = [0f32; 16];
+                // SAFETY: AVX-512F and VL are present (Avx512Vnni detected); e holds 16 values.
+                unsafe {
+                    let v = _mm512_loadu_si512(e.as_ptr() as *const _);
+                    _mm512_storeu_ps(got.as_mut_ptr(), mx_scales(v, lanes));
+                }
+                for (i, (&g, &e)) in got.iter().zip(&e).enumerate() {
+                    let want = if lanes >> i & 1 == 1 {
+                        2f64.powi(e - 128) as f32
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(g.to_bits(), want.to_bits(), "e = {e}, lane {i}");
+                }
+            }
+        }
+    }
 }
