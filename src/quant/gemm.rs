@@ -46,9 +46,16 @@ impl Matrix<'_> {
             let w = if self.kind == super::WeightKind::F16 && k.is_multiple_of(16) {
                 let rb = self.row_bytes();
                 TileRows::F16(&self.codes[rows.start * rb..rows.end * rb])
-            } else if matches!(self.kind, super::WeightKind::Int8 | super::WeightKind::Int4) {
+            } else if matches!(
+                self.kind,
+                super::WeightKind::Int8
+                    | super::WeightKind::Int4
+                    | super::WeightKind::Int3
+                    | super::WeightKind::Int2
+                    | super::WeightKind::Mxfp4
+            ) {
                 scratch.resize(n * k, 0.0);
-                // SAFETY: AVX-512F and VL (detected); an int8 or int4 matrix whose rows in
+                // SAFETY: AVX-512F and VL (detected); an int8, int4, int3, int2 or MXFP4 matrix whose rows in
                 // `rows` lie in its slices (asserted above), scratch n * k.
                 unsafe { super::x86::dequant_rows_512(self, rows.clone(), scratch) };
                 TileRows::F32(scratch)

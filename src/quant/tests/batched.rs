@@ -74,12 +74,26 @@ fn avx512_dequantization_is_the_scalar_one() {
     }
     let mut rng = Rng(43);
     let (rows, cols) = (5, 256);
-    for kind in [WeightKind::Int8, WeightKind::Int4] {
-        for g in [16u32, 64, 256] {
+    for kind in [
+        WeightKind::Int8,
+        WeightKind::Int4,
+        WeightKind::Int3,
+        WeightKind::Int2,
+        WeightKind::Mxfp4,
+    ] {
+        for g in [16u32, 32, 64, 256] {
+            let fits = match kind {
+                WeightKind::Mxfp4 => g == 32,
+                WeightKind::Int3 => g % 64 == 0,
+                _ => true,
+            };
+            if !fits {
+                continue;
+            }
             let (bytes, vl) = stored(kind, g, rows, cols, &rng.normals(rows * cols));
             let m = as_matrix(&bytes, &vl, rows, cols);
             let mut fast = vec![0.0f32; rows * cols];
-            // SAFETY: AVX-512F and VL (detected); an int8 or int4 matrix of whole rows, and
+            // SAFETY: AVX-512F and VL (detected); a matrix of a kind it takes, whole rows, and
             // fast holds rows x cols.
             unsafe { dequant_rows_512(&m, 0..rows, &mut fast) };
             let slow = m.to_f32();

@@ -205,35 +205,81 @@ unsafe fn tile<const F16: bool, const RN: usize, const TN: usize>(
     }
 }
 
-/// Rows `rows` of an int8 or int4 matrix dequantized into `out` (cols values a row), 16 columns
-/// at a time: the values of `scalar::row_to_f32` (s * q + m, rounded twice as there).
+/// Rows `rows` of an int8, int4, int3, int2 or MXFP4 matrix dequantized into `out` (cols values
+/// a row), 16 columns at a time: the values of `row_to_f32` (s * q + m, rounded twice as there;
+/// MXFP4 its doubled e2m1 value times half its scale).
 ///
 /// # Safety
-/// The CPU has AVX-512F and VL; m is int8 or int4 with whole rows in its slices, and
+/// The CPU has AVX-512F and VL; m is one of those kinds with whole rows in its slices, and
 /// out.len() == rows.len() * m.cols.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 pub(in crate::quant) unsafe fn dequant_rows_512(m: &Matrix, rows: Range<usize>, out: &mut [f32]) {
     let (rb, gpr, gs) = (m.row_bytes(), m.groups_per_row(), m.group_size);
-    let int4 = m.kind == WeightKind::Int4;
     let low = _mm_set1_epi8(0x0f);
+    // int2 (and int3's low bits): 16 columns are a 32-bit word, column i in bits 2i (byte i / 4,
+    // field i % 4).
+    let fields = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    // int3's high bits: column i of a 16-column quarter w of a 64-column block in bit
+    // 8 (i / 4) + i % 4 + 4 (w % 2) of its 32-bit word (formats' `int3_hi_bit`).
+    let hi_bits = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    let (one, three) = (_mm512_set1_epi32(1), _mm512_set1_epi32(3));
+    let mx = {
+        let mut t = [0f32; 16];
+        for (v, &c) in t.iter_mut().zip(crate::quant::mxfp4::E2M1_X2.iter()) {
+            *v = f32::from(c);
+        }
+        _mm512_loadu_ps(t.as_ptr())
+    };
     for (r, row) in rows.zip(out.chunks_exact_mut(m.cols)) {
         let codes = m.codes[r * rb..(r + 1) * rb].as_ptr();
         for (gi, group) in row.chunks_exact_mut(gs).enumerate() {
             let g = r * gpr + gi;
-            let s = _mm512_set1_ps(scalar::f16_at(m.scales, g));
-            let mn = _mm512_set1_ps(if int4 { scalar::f16_at(m.mins, g) } else { 0.0 });
+            let s = _mm512_set1_ps(match m.kind {
+                WeightKind::Mxfp4 => crate::quant::mxfp4::half_scale(m.scales[g]),
+                _ => scalar::f16_at(m.scales, g),
+            });
+            let mn = _mm512_set1_ps(if m.kind.has_mins() {
+                scalar::f16_at(m.mins, g)
+            } else {
+                0.0
+            });
             for (j, o) in group.chunks_exact_mut(16).enumerate() {
                 let c = gi * gs + 16 * j;
-                let q = if int4 {
+                let nibbles = || {
                     // Column 2k in the low nibble of byte k: nibbles interleaved back in order.
                     let b = _mm_loadl_epi64(codes.add(c / 2) as *const __m128i);
                     let lo = _mm_and_si128(b, low);
                     let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), low);
                     _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))
-                } else {
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128(codes.add(c) as *const __m128i))
                 };
-                let v = _mm512_add_ps(_mm512_mul_ps(s, _mm512_cvtepi32_ps(q)), mn);
+                let fields2 = || {
+                    let w = (codes.add(c / 4) as *const i32).read_unaligned();
+                    _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(w), fields), three)
+                };
+                let v = match m.kind {
+                    WeightKind::Mxfp4 => {
+                        _mm512_storeu_ps(
+                            o.as_mut_ptr(),
+                            _mm512_mul_ps(_mm512_permutexvar_ps(nibbles(), mx), s),
+                        );
+                        continue;
+                    }
+                    WeightKind::Int4 => nibbles(),
+                    WeightKind::Int2 => fields2(),
+                    WeightKind::Int3 => {
+                        let (b, w) = (c / 64, (c % 64) / 16);
+                        let hp = codes.add(m.cols / 4 + 8 * b + 4 * (w / 2)) as *const i32;
+                        let shift =
+                            _mm512_add_epi32(hi_bits, _mm512_set1_epi32(4 * (w as i32 % 2)));
+                        let h = _mm512_and_si512(
+                            _mm512_srlv_epi32(_mm512_set1_epi32(hp.read_unaligned()), shift),
+                            one,
+                        );
+                        _mm512_or_si512(fields2(), _mm512_slli_epi32::<2>(h))
+                    }
+                    _ => _mm512_cvtepi8_epi32(_mm_loadu_si128(codes.add(c) as *const __m128i)),
+                };
+                let v = _mm512_add_ps(_mm512_mul_ps(s, _mm512_cvtepi32_ps(v)), mn);
                 _mm512_storeu_ps(o.as_mut_ptr(), v);
             }
         }
