@@ -384,24 +384,11 @@ unsafe fn dot_packed_vnni<
     q: &QuantX,
     idx: &[[i32; 16]],
 ) -> [f32; R] {
-    let mask = _mm512_set1_epi8(match F {
-        1 => 0x80u8 as i8,
-        2 => 0x0f,
-        _ => 0x03,
-    });
     let zero = _mm512_setzero_si512();
-    let mx_table = _mm512_broadcast_i32x4(_mm_loadu_si128(MX_PLUS_12.as_ptr() as *const __m128i));
     let (gs, groups) = (q.gs, q.f.len());
     let (cols, block) = (groups * gs, 64 * F);
     let planes = q.planes.as_ptr();
     let ahead = if F == 1 { VNNI_AHEAD_INT8 } else { VNNI_AHEAD };
-    // I3: a 16-byte lane of codes (64 columns) takes its block's 8 high bytes twice, then byte q
-    // of the lane the high byte 4 (q / 8) + q % 4, nibble (q / 4) % 2 (a lane's four fields).
-    let hi_qwords = _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3);
-    let hi_pick = _mm512_broadcast_i32x4(_mm_setr_epi8(
-        0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7,
-    ));
-    let four = _mm512_set1_epi8(4);
     let mut acc = [_mm512_setzero_ps(); R];
     // SUB: each row's parameters, made once.
     let sub = mins.map(|p| {
@@ -414,44 +401,15 @@ unsafe fn dot_packed_vnni<
     let (mut g0, mut b0) = (0, 0);
     while g0 < groups {
         let n = (groups - g0).min(16);
-        // The window's scales times x's factors, one lane a group.
         // Masked loads straight into registers (an array written lane by lane and read back
         // whole stalled on store forwarding, once per window: rows of 576 columns are 9 loads).
         let lanes: u16 = if n == 16 { !0 } else { (1 << n) - 1 };
         let fx = _mm512_maskz_loadu_ps(lanes, q.f.as_ptr().add(g0));
-        let mut sfx = [_mm512_setzero_ps(); R];
         let sums = _mm512_maskz_loadu_ps(lanes, q.sums.as_ptr().add(g0));
+        let mut sfx = [_mm512_setzero_ps(); R];
         for r in 0..R {
-            if SUB {
-                let [sf, mf] = sub_scales::<F>(scales[r].add(g0 * (4 / F)), sub[r], lanes);
-                sfx[r] = _mm512_mul_ps(sf, fx);
-                acc[r] = _mm512_fmadd_ps(mf, sums, acc[r]);
-                continue;
-            }
-            let sf = if MX {
-                let e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(
-                    lanes,
-                    scales[r].add(g0) as *const i8,
-                ));
-                mx_scales(e, lanes)
-            } else {
-                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
-                    lanes,
-                    scales[r].cast::<i16>().add(g0),
-                ))
-            };
-            sfx[r] = _mm512_mul_ps(sf, fx);
-            acc[r] = if F == 1 {
-                _mm512_fnmadd_ps(_mm512_mul_ps(sf, _mm512_set1_ps(128.0)), sums, acc[r])
-            } else if MX {
-                _mm512_fnmadd_ps(_mm512_mul_ps(sf, _mm512_set1_ps(12.0)), sums, acc[r])
-            } else {
-                let mf = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
-                    lanes,
-                    mins[r].cast::<i16>().add(g0),
-                ));
-                _mm512_fmadd_ps(mf, sums, acc[r])
-            };
+            let row = (scales[r], mins[r], sub[r]);
+            sfx[r] = window_row::<F, MX, SUB>(row, (g0, lanes), (fx, sums), &mut acc[r]);
         }
         let loads = (n * gs).div_ceil(block);
         for (j, lanes) in idx.iter().enumerate().take(loads) {
@@ -476,51 +434,11 @@ unsafe fn dot_packed_vnni<
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
                 let v = _mm512_maskz_loadu_epi8(keep, p as *const i8);
                 let h = if I3 {
-                    let hp = codes[r].add(cols / 4 + b * 32);
-                    // (A last part of a block: its high bytes only, half its low ones.)
-                    let hkeep = if keep == !0 {
-                        !0u32
-                    } else {
-                        (1u32 << ((cols - b * block) / 8)) - 1
-                    };
-                    let h = _mm256_maskz_loadu_epi8(hkeep, hp as *const i8);
-                    let h = _mm512_permutexvar_epi64(hi_qwords, _mm512_castsi256_si512(h));
-                    let h = _mm512_shuffle_epi8(h, hi_pick);
-                    _mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, h, _mm512_srli_epi16::<4>(h))
+                    int3_high(codes[r].add(cols / 4 + b * 32), keep, cols - b * block)
                 } else {
                     zero
                 };
-                let (mut ah, mut al) = (zero, zero);
-                for k in 0..F {
-                    // Field k of every byte (shifting 16-bit lanes brings in the next byte's
-                    // bits above the field, which the mask removes).
-                    let c = match (k, F) {
-                        // int8: the signed byte w as the unsigned w + 128.
-                        (0, 1) => _mm512_xor_si512(v, mask),
-                        (0, _) => _mm512_and_si512(v, mask),
-                        (1, 2) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
-                        (1, _) => _mm512_and_si512(_mm512_srli_epi16::<2>(v), mask),
-                        (2, _) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
-                        _ => _mm512_and_si512(_mm512_srli_epi16::<6>(v), mask),
-                    };
-                    let c = if MX {
-                        _mm512_shuffle_epi8(mx_table, c)
-                    } else if I3 {
-                        // The high bit j of each byte's nibble to bit 2, or'ed in.
-                        let hb = match k {
-                            0 => _mm512_slli_epi16::<2>(h),
-                            1 => _mm512_slli_epi16::<1>(h),
-                            2 => h,
-                            _ => _mm512_srli_epi16::<1>(h),
-                        };
-                        _mm512_or_si512(c, _mm512_and_si512(hb, four))
-                    } else {
-                        c
-                    };
-                    ah = _mm512_dpbusd_epi32(ah, c, hi[k]);
-                    al = _mm512_dpbusd_epi32(al, c, lo[k]);
-                }
-                let t = _mm512_add_epi32(_mm512_slli_epi32::<8>(ah), al);
+                let t = block_dot::<F, MX, I3>(v, h, (&hi, &lo));
                 // (int2k: a lane's 16 columns are its group, lane g of the window.)
                 let f = if SUB && F == 4 {
                     sfx[r]
@@ -534,6 +452,114 @@ unsafe fn dot_packed_vnni<
         g0 += n;
     }
     acc.map(|a| _mm512_reduce_add_ps(a))
+}
+
+/// One row's part of a window of `lanes` groups from g0 (`dot_packed_vnni`): its scales times x's
+/// factors `fx`, one lane a group (returned), and its other term with x's `sums` added to `acc`.
+/// `row`: the row's scales, its mins and its `sub_row` (SUB).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn window_row<const F: usize, const MX: bool, const SUB: bool>(
+    (scales, mins, sub): (*const u8, *const u8, [__m512; 2]),
+    (g0, lanes): (usize, u16),
+    (fx, sums): (__m512, __m512),
+    acc: &mut __m512,
+) -> __m512 {
+    if SUB {
+        let [sf, mf] = sub_scales::<F>(scales.add(g0 * (4 / F)), sub, lanes);
+        *acc = _mm512_fmadd_ps(mf, sums, *acc);
+        return _mm512_mul_ps(sf, fx);
+    }
+    let sf = if MX {
+        let e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, scales.add(g0) as *const i8));
+        mx_scales(e, lanes)
+    } else {
+        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+            lanes,
+            scales.cast::<i16>().add(g0),
+        ))
+    };
+    *acc = if F == 1 {
+        _mm512_fnmadd_ps(_mm512_mul_ps(sf, _mm512_set1_ps(128.0)), sums, *acc)
+    } else if MX {
+        _mm512_fnmadd_ps(_mm512_mul_ps(sf, _mm512_set1_ps(12.0)), sums, *acc)
+    } else {
+        let mf = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, mins.cast::<i16>().add(g0)));
+        _mm512_fmadd_ps(mf, sums, *acc)
+    };
+    _mm512_mul_ps(sf, fx)
+}
+
+/// An int3 row's high bits for one 64-byte load of its low codes (256 columns), from `hp`, its
+/// block's 32 high bytes; `left` columns remain in the row. A 16-byte lane of codes (64 columns)
+/// takes its block's 8 high bytes twice, then byte q of the lane the high byte 4 (q / 8) + q % 4,
+/// nibble (q / 4) % 2 (a lane's four fields).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn int3_high(hp: *const u8, keep: u64, left: usize) -> __m512i {
+    // (A last part of a block: its high bytes only, half its low ones.)
+    let hkeep = if keep == !0 {
+        !0u32
+    } else {
+        (1u32 << (left / 8)) - 1
+    };
+    let hi_qwords = _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3);
+    let hi_pick = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7,
+    ));
+    let h = _mm256_maskz_loadu_epi8(hkeep, hp as *const i8);
+    let h = _mm512_permutexvar_epi64(hi_qwords, _mm512_castsi256_si512(h));
+    let h = _mm512_shuffle_epi8(h, hi_pick);
+    _mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, h, _mm512_srli_epi16::<4>(h))
+}
+
+/// One 64-byte load of codes `v` against x's F hi and lo planes: each field k's codes as
+/// unsigned bytes (int8's plus 128, MXFP4's looked up, int3's high bits `h` put in) through
+/// `vpdpbusd`, the integer sums 256 hi + lo per 32-bit lane (4 F columns of one group).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn block_dot<const F: usize, const MX: bool, const I3: bool>(
+    v: __m512i,
+    h: __m512i,
+    (hi, lo): (&[__m512i; F], &[__m512i; F]),
+) -> __m512i {
+    let mask = _mm512_set1_epi8(match F {
+        1 => 0x80u8 as i8,
+        2 => 0x0f,
+        _ => 0x03,
+    });
+    let (mut ah, mut al) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    for k in 0..F {
+        // Field k of every byte (shifting 16-bit lanes brings in the next byte's bits above
+        // the field, which the mask removes).
+        let c = match (k, F) {
+            // int8: the signed byte w as the unsigned w + 128.
+            (0, 1) => _mm512_xor_si512(v, mask),
+            (0, _) => _mm512_and_si512(v, mask),
+            (1, 2) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
+            (1, _) => _mm512_and_si512(_mm512_srli_epi16::<2>(v), mask),
+            (2, _) => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
+            _ => _mm512_and_si512(_mm512_srli_epi16::<6>(v), mask),
+        };
+        let c = if MX {
+            let table = _mm_loadu_si128(MX_PLUS_12.as_ptr() as *const __m128i);
+            _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), c)
+        } else if I3 {
+            // The high bit j of each byte's nibble to bit 2, or'ed in.
+            let hb = match k {
+                0 => _mm512_slli_epi16::<2>(h),
+                1 => _mm512_slli_epi16::<1>(h),
+                2 => h,
+                _ => _mm512_srli_epi16::<1>(h),
+            };
+            _mm512_or_si512(c, _mm512_and_si512(hb, _mm512_set1_epi8(4)))
+        } else {
+            c
+        };
+        ah = _mm512_dpbusd_epi32(ah, c, hi[k]);
+        al = _mm512_dpbusd_epi32(al, c, lo[k]);
+    }
+    _mm512_add_epi32(_mm512_slli_epi32::<8>(ah), al)
 }
 
 #[cfg(test)]
