@@ -193,7 +193,7 @@ fn yarn(f: &Fields) -> Result<(Option<(Yarn, f32)>, JsonMap), ImportError> {
 
 /// Every dense tensor, in the order convert writes them.
 pub fn dense_tensors(s: &MixtralSpec, e: &DeepseekExtras) -> Vec<DenseTensor> {
-    let (h, heads, m) = (s.hidden, s.n_heads, e.mla);
+    let h = s.hidden;
     let t =
         |hob: String, hf: String, shape: Vec<usize>, role| DenseTensor::new(hob, hf, shape, role);
     let (mat, vec) = (TensorRole::Matrix, TensorRole::Norm);
@@ -203,7 +203,6 @@ pub fn dense_tensors(s: &MixtralSpec, e: &DeepseekExtras) -> Vec<DenseTensor> {
         vec![s.vocab, h],
         mat,
     )];
-    let qw = m.nope + m.rope;
     for l in 0..s.n_layers {
         let b = |k: &str| keys::blk(l, k);
         let hf = |n: &str| format!("model.layers.{l}.{n}");
@@ -213,131 +212,14 @@ pub fn dense_tensors(s: &MixtralSpec, e: &DeepseekExtras) -> Vec<DenseTensor> {
             vec![h],
             vec,
         ));
-        let q_rope = Lanes::Interleaved {
-            block: qw,
-            offset: m.nope,
-            len: m.rope,
-        };
-        if m.q_lora > 0 {
-            out.push(t(
-                b(keys::ATTN_Q_A),
-                hf("self_attn.q_a_proj.weight"),
-                vec![m.q_lora, h],
-                mat,
-            ));
-            out.push(t(
-                b(keys::ATTN_Q_A_NORM),
-                hf("self_attn.q_a_layernorm.weight"),
-                vec![m.q_lora],
-                vec,
-            ));
-            let mut q = t(
-                b(keys::ATTN_Q_B),
-                hf("self_attn.q_b_proj.weight"),
-                vec![heads * qw, m.q_lora],
-                mat,
-            );
-            if e.interleaved {
-                q.lanes = q_rope;
-            }
-            out.push(q);
-        } else {
-            let mut q = t(
-                b(keys::ATTN_Q),
-                hf("self_attn.q_proj.weight"),
-                vec![heads * qw, h],
-                mat,
-            );
-            if e.interleaved {
-                q.lanes = q_rope;
-            }
-            out.push(q);
-        }
-        let kw = m.kv_lora + m.rope;
-        let mut kv_a = t(
-            b(keys::ATTN_KV_A_MQA),
-            hf("self_attn.kv_a_proj_with_mqa.weight"),
-            vec![kw, h],
-            mat,
-        );
-        if e.interleaved {
-            kv_a.lanes = Lanes::Interleaved {
-                block: kw,
-                offset: m.kv_lora,
-                len: m.rope,
-            };
-        }
-        out.push(kv_a);
-        out.push(t(
-            b(keys::ATTN_KV_A_NORM),
-            hf("self_attn.kv_a_layernorm.weight"),
-            vec![m.kv_lora],
-            vec,
-        ));
-        for (name, values, shape) in [
-            (keys::ATTN_K_B, false, vec![heads * m.kv_lora, m.nope]),
-            (keys::ATTN_V_B, true, vec![heads * m.v, m.kv_lora]),
-        ] {
-            let mut kv_b = t(b(name), hf("self_attn.kv_b_proj.weight"), shape, mat);
-            kv_b.lanes = Lanes::KvB {
-                heads,
-                nope: m.nope,
-                v: m.v,
-                rank: m.kv_lora,
-                values,
-            };
-            out.push(kv_b);
-        }
-        out.push(t(
-            b(keys::ATTN_OUTPUT),
-            hf("self_attn.o_proj.weight"),
-            vec![h, heads * m.v],
-            mat,
-        ));
+        attention_tensors(l, s, e, &mut out);
         out.push(t(
             b(keys::FFN_NORM),
             hf("post_attention_layernorm.weight"),
             vec![h],
             vec,
         ));
-        let mlp = |prefix: &str, f: usize| {
-            let names = [
-                (keys::FFN_GATE, "gate_proj"),
-                (keys::FFN_UP, "up_proj"),
-                (keys::FFN_DOWN, "down_proj"),
-            ];
-            names.map(|(k, n)| {
-                let hob = match prefix {
-                    "mlp" => b(k),
-                    _ => b(&k.replace(".weight", "_shexp.weight")),
-                };
-                let shape = if n == "down_proj" {
-                    vec![h, f]
-                } else {
-                    vec![f, h]
-                };
-                t(hob, hf(&format!("{prefix}.{n}.weight")), shape, mat)
-            })
-        };
-        if l < e.moe.dense_layers {
-            out.extend(mlp("mlp", e.moe.dense_ffn));
-        } else {
-            out.push(t(
-                b(keys::FFN_GATE_INP),
-                hf("mlp.gate.weight"),
-                vec![s.n_experts, h],
-                TensorRole::Router,
-            ));
-            out.extend(mlp("mlp.shared_experts", e.moe.shared_ffn));
-            if e.sigmoid {
-                out.push(t(
-                    b(keys::FFN_EXP_PROBS_B),
-                    hf("mlp.gate.e_score_correction_bias"),
-                    vec![s.n_experts],
-                    vec,
-                ));
-            }
-        }
+        ffn_tensors(l, s, e, &mut out);
     }
     out.push(t(
         keys::OUTPUT_NORM.into(),
@@ -354,6 +236,147 @@ pub fn dense_tensors(s: &MixtralSpec, e: &DeepseekExtras) -> Vec<DenseTensor> {
         ));
     }
     out
+}
+
+/// Layer `l`'s multi-head latent attention tensors (after its input norm), into `out`.
+fn attention_tensors(l: usize, s: &MixtralSpec, e: &DeepseekExtras, out: &mut Vec<DenseTensor>) {
+    let (h, heads, m) = (s.hidden, s.n_heads, e.mla);
+    let t =
+        |hob: String, hf: String, shape: Vec<usize>, role| DenseTensor::new(hob, hf, shape, role);
+    let (mat, vec) = (TensorRole::Matrix, TensorRole::Norm);
+    let qw = m.nope + m.rope;
+    let b = |k: &str| keys::blk(l, k);
+    let hf = |n: &str| format!("model.layers.{l}.{n}");
+    let q_rope = Lanes::Interleaved {
+        block: qw,
+        offset: m.nope,
+        len: m.rope,
+    };
+    if m.q_lora > 0 {
+        out.push(t(
+            b(keys::ATTN_Q_A),
+            hf("self_attn.q_a_proj.weight"),
+            vec![m.q_lora, h],
+            mat,
+        ));
+        out.push(t(
+            b(keys::ATTN_Q_A_NORM),
+            hf("self_attn.q_a_layernorm.weight"),
+            vec![m.q_lora],
+            vec,
+        ));
+        let mut q = t(
+            b(keys::ATTN_Q_B),
+            hf("self_attn.q_b_proj.weight"),
+            vec![heads * qw, m.q_lora],
+            mat,
+        );
+        if e.interleaved {
+            q.lanes = q_rope;
+        }
+        out.push(q);
+    } else {
+        let mut q = t(
+            b(keys::ATTN_Q),
+            hf("self_attn.q_proj.weight"),
+            vec![heads * qw, h],
+            mat,
+        );
+        if e.interleaved {
+            q.lanes = q_rope;
+        }
+        out.push(q);
+    }
+    let kw = m.kv_lora + m.rope;
+    let mut kv_a = t(
+        b(keys::ATTN_KV_A_MQA),
+        hf("self_attn.kv_a_proj_with_mqa.weight"),
+        vec![kw, h],
+        mat,
+    );
+    if e.interleaved {
+        kv_a.lanes = Lanes::Interleaved {
+            block: kw,
+            offset: m.kv_lora,
+            len: m.rope,
+        };
+    }
+    out.push(kv_a);
+    out.push(t(
+        b(keys::ATTN_KV_A_NORM),
+        hf("self_attn.kv_a_layernorm.weight"),
+        vec![m.kv_lora],
+        vec,
+    ));
+    for (name, values, shape) in [
+        (keys::ATTN_K_B, false, vec![heads * m.kv_lora, m.nope]),
+        (keys::ATTN_V_B, true, vec![heads * m.v, m.kv_lora]),
+    ] {
+        let mut kv_b = t(b(name), hf("self_attn.kv_b_proj.weight"), shape, mat);
+        kv_b.lanes = Lanes::KvB {
+            heads,
+            nope: m.nope,
+            v: m.v,
+            rank: m.kv_lora,
+            values,
+        };
+        out.push(kv_b);
+    }
+    out.push(t(
+        b(keys::ATTN_OUTPUT),
+        hf("self_attn.o_proj.weight"),
+        vec![h, heads * m.v],
+        mat,
+    ));
+}
+
+/// Layer `l`'s feed-forward tensors (after its post-attention norm): a dense MLP in the first
+/// layers, else the router, the shared experts and the score-correction bias, into `out`.
+fn ffn_tensors(l: usize, s: &MixtralSpec, e: &DeepseekExtras, out: &mut Vec<DenseTensor>) {
+    let h = s.hidden;
+    let t =
+        |hob: String, hf: String, shape: Vec<usize>, role| DenseTensor::new(hob, hf, shape, role);
+    let (mat, vec) = (TensorRole::Matrix, TensorRole::Norm);
+    let b = |k: &str| keys::blk(l, k);
+    let hf = |n: &str| format!("model.layers.{l}.{n}");
+    let mlp = |prefix: &str, f: usize| {
+        let names = [
+            (keys::FFN_GATE, "gate_proj"),
+            (keys::FFN_UP, "up_proj"),
+            (keys::FFN_DOWN, "down_proj"),
+        ];
+        names.map(|(k, n)| {
+            let hob = match prefix {
+                "mlp" => b(k),
+                _ => b(&k.replace(".weight", "_shexp.weight")),
+            };
+            let shape = if n == "down_proj" {
+                vec![h, f]
+            } else {
+                vec![f, h]
+            };
+            t(hob, hf(&format!("{prefix}.{n}.weight")), shape, mat)
+        })
+    };
+    if l < e.moe.dense_layers {
+        out.extend(mlp("mlp", e.moe.dense_ffn));
+    } else {
+        out.push(t(
+            b(keys::FFN_GATE_INP),
+            hf("mlp.gate.weight"),
+            vec![s.n_experts, h],
+            TensorRole::Router,
+        ));
+        out.extend(mlp("mlp.shared_experts", e.moe.shared_ffn));
+        if e.sigmoid {
+            out.push(t(
+                b(keys::FFN_EXP_PROBS_B),
+                hf("mlp.gate.e_score_correction_bias"),
+                vec![s.n_experts],
+                vec,
+            ));
+        }
+    }
 }
 
 /// The `{arch}.*` keys DeepSeek-V2 adds (and its value length: the latent's).
