@@ -218,13 +218,9 @@ fn fresh_seed() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// One request; None when its client went away.
-fn run_job(
-    l: &mut Loaded<'_>,
-    job: &Job,
-    metrics: &Metrics,
-) -> Result<Option<(Finish, Usage)>, ApiError> {
-    let r = &job.request;
+/// A request's prompt ids, its tool plan and its sampler (constrained to the tools' grammar where
+/// the plan has one), once the prompt is known to fit the context.
+fn prepare(l: &mut Loaded<'_>, r: &Request) -> Result<(Vec<u32>, ToolPlan, Sampler), ApiError> {
     let (ids, plan) = prompt_ids(l, r)?;
     let ctx = l.gen.session().ctx();
     if ids.len() >= ctx {
@@ -250,6 +246,17 @@ fn run_job(
         })?;
         sampler.constrain(c);
     }
+    Ok((ids, plan, sampler))
+}
+
+/// One request; None when its client went away.
+fn run_job(
+    l: &mut Loaded<'_>,
+    job: &Job,
+    metrics: &Metrics,
+) -> Result<Option<(Finish, Usage)>, ApiError> {
+    let r = &job.request;
+    let (ids, plan, mut sampler) = prepare(l, r)?;
     if job.events.send(Event::Started).is_err() {
         return Ok(None);
     }
