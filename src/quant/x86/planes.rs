@@ -197,6 +197,10 @@ pub(in crate::quant) unsafe fn ap8_vnni_rows(
     });
 }
 
+/// How far ahead of the top bits being multiplied `ap8_vnni_row` prefetches, in bytes (each
+/// plane half as far: a plane holds a bit a code where the top holds two).
+const AP8_AHEAD: usize = 4096;
+
 /// R rows of an ap8 view for `ap8_vnni_row`: each row's first byte of top bits and of each
 /// plane, and its groups' scales and mins.
 struct RowsAt<'a, const R: usize> {
@@ -295,7 +299,15 @@ unsafe fn ap8_vnni_row<const R: usize, const K: i32>(
                 ((1u64 << (c / 4)) - 1, (1u32 << (c / 8)) - 1)
             };
             for r in 0..R {
-                let v = _mm512_maskz_loadu_epi8(keep, rr.top[r].add(bl * 64) as *const i8);
+                // Each stream a few KB ahead, as the integer kernels do (`vnni::VNNI_AHEAD`): the
+                // hardware prefetchers alone leave a thread short of the read rate.
+                let top = rr.top[r].add(bl * 64);
+                _mm_prefetch::<_MM_HINT_T0>(top.wrapping_add(AP8_AHEAD) as *const i8);
+                for pl in rr.planes[r].iter().take(K as usize - 2) {
+                    let at = pl.wrapping_add(bl * 32 + AP8_AHEAD / 2);
+                    _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
+                }
+                let v = _mm512_maskz_loadu_epi8(keep, top as *const i8);
                 // Each plane's byte of 8 columns to the two bytes of 4 (low nibble: field f at
                 // bit f).
                 let mut h = [zero; 6];
