@@ -61,24 +61,24 @@ pub(in crate::quant) unsafe fn ap8_params(k: u8, tables: Tables, s: &mut [f32], 
 }
 
 /// Every (scale, min) of `rows` at width `k`, row by row (`ap8_params`): all of the rows' groups
-/// at once, as a row of ap8 often holds fewer than 16 groups.
+/// at once, as a row of ap8 often holds fewer than 16 groups. Into `sv`, `mv` (resized).
 ///
 /// # Safety
 /// AVX-512F and F16C; `m` is an ap8 view of part `p` whose prefix holds its width's tables.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn rows_params(
     m: &Matrix,
-    p: &crate::format::ap8::PartLayout,
-    k: u8,
+    (p, k): (&crate::format::ap8::PartLayout, u8),
     rows: &Range<usize>,
-) -> (Vec<f32>, Vec<f32>) {
+    (sv, mv): (&mut Vec<f32>, &mut Vec<f32>),
+) {
     let gpr = m.cols / m.group_size;
     let (g0, ng) = (rows.start * gpr, rows.len() * gpr);
     let (s8, m8, corr) = part_tables(m.codes, p, k);
-    let (mut sv, mut mv) = (vec![0f32; ng], vec![0f32; ng]);
+    sv.resize(ng, 0.0);
+    mv.resize(ng, 0.0);
     let tables = (&s8[2 * g0..], &m8[2 * g0..], corr.map(|c| &c[g0..]));
-    ap8_params(k, tables, &mut sv, &mut mv);
-    (sv, mv)
+    ap8_params(k, tables, sv, mv);
 }
 
 /// out[i] = dot(row rows.start + i, x) for an ap8 view.
@@ -98,7 +98,8 @@ pub(in crate::quant) unsafe fn ap8_rows(
     let gpr = cols / g;
     let mut xsums = vec![0f32; gpr];
     group_sums(x, g, &mut xsums);
-    let (sv, mv) = rows_params(m, &p, k, &rows);
+    let (mut sv, mut mv) = (Vec::new(), Vec::new());
+    rows_params(m, (&p, k), &rows, (&mut sv, &mut mv));
     let b = m.codes.as_ptr();
     // Lane weights of the top chunk's two bits, then of each plane read.
     let wt: Vec<__m512> = (0..k)
@@ -181,21 +182,30 @@ pub(in crate::quant) unsafe fn ap8_vnni_rows(
     out: &mut [f32],
 ) {
     let (p, k) = geometry(m);
-    let (sv, mv) = rows_params(m, &p, k, &rows);
-    let start = rows.start;
     super::vnni::with_rounded_x(x, m.group_size, 2, |q| {
-        // Two rows at a time (x's planes loaded once for both), each row's sums as alone.
-        let mut pairs = out.chunks_exact_mut(2);
-        for (i, o) in pairs.by_ref().enumerate() {
-            let rr = RowsAt::new(m, &p, [2 * i, 2 * i + 1], start, (&sv, &mv));
-            o.copy_from_slice(&ap8_vnni_dispatch(k, rr, q));
-        }
-        if let [o] = pairs.into_remainder() {
-            let rr = RowsAt::new(m, &p, [rows.len() - 1], start, (&sv, &mv));
-            *o = ap8_vnni_dispatch(k, rr, q)[0];
+        // Blocks of rows whose (scale, min) tables stay in L1 (all of a thread's rows at once
+        // were megabytes written and read back: 2026-12-05-cpu-int4k-int2k-vnni.md).
+        let (mut sv, mut mv) = (Vec::new(), Vec::new());
+        for (b, out) in out.chunks_mut(PARAM_ROWS).enumerate() {
+            let start = rows.start + b * PARAM_ROWS;
+            rows_params(m, (&p, k), &(start..start + out.len()), (&mut sv, &mut mv));
+            // Two rows at a time (x's planes loaded once for both), each row's sums as alone.
+            let n = out.len();
+            let mut pairs = out.chunks_exact_mut(2);
+            for (i, o) in pairs.by_ref().enumerate() {
+                let rr = RowsAt::new(m, &p, [2 * i, 2 * i + 1], start, (&sv, &mv));
+                o.copy_from_slice(&ap8_vnni_dispatch(k, rr, q));
+            }
+            if let [o] = pairs.into_remainder() {
+                let rr = RowsAt::new(m, &p, [n - 1], start, (&sv, &mv));
+                *o = ap8_vnni_dispatch(k, rr, q)[0];
+            }
         }
     });
 }
+
+/// Rows whose tables `ap8_vnni_rows` makes at once (an even number: rows go in pairs).
+const PARAM_ROWS: usize = 16;
 
 /// How far ahead of the top bits being multiplied `ap8_vnni_row` prefetches, in bytes (each
 /// plane half as far: a plane holds a bit a code where the top holds two).
