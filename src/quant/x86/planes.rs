@@ -96,16 +96,22 @@ pub(in crate::quant) unsafe fn ap8_rows(
     let (p, k) = geometry(m);
     let (cols, g) = (m.cols, m.group_size);
     let gpr = cols / g;
+    let (rows_start, rows_end) = (rows.start, rows.end);
     let mut xsums = vec![0f32; gpr];
     group_sums(x, g, &mut xsums);
     let (mut sv, mut mv) = (Vec::new(), Vec::new());
-    rows_params(m, (&p, k), &rows, (&mut sv, &mut mv));
     let b = m.codes.as_ptr();
     // Lane weights of the top chunk's two bits, then of each plane read.
     let wt: Vec<__m512> = (0..k)
         .map(|j| _mm512_set1_ps((1u32 << (k - 1 - j)) as f32))
         .collect();
-    for (i, (o, r)) in out.iter_mut().zip(rows).enumerate() {
+    for (o, r) in out.iter_mut().zip(rows) {
+        // The tables of the next PARAM_ROWS rows (`ap8_vnni_rows`).
+        let i = (r - rows_start) % PARAM_ROWS;
+        if i == 0 {
+            let end = (r + PARAM_ROWS).min(rows_end);
+            rows_params(m, (&p, k), &(r..end), (&mut sv, &mut mv));
+        }
         let (sv, mv) = (&sv[i * gpr..(i + 1) * gpr], &mv[i * gpr..(i + 1) * gpr]);
         let mut acc = [_mm512_setzero_ps(); 4];
         let mut macc = 0f32;
