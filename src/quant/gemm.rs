@@ -35,6 +35,20 @@ impl Matrix<'_> {
                 v.matmul_rows(x, t, 0..v.rows, &mut out[at.start * t..at.end * t], scratch)
             });
         }
+        #[cfg(target_arch = "x86_64")]
+        if self.kind.is_planes()
+            && super::x86::Level::detected().is_some_and(|l| l >= super::x86::Level::Avx512)
+        {
+            scratch.resize(n * k, 0.0);
+            // SAFETY: AVX-512F and F16C (detected); an ap8 view whose rows in `rows` lie in its
+            // prefix (asserted above and by `check`), scratch n * k.
+            unsafe { super::x86::ap8_dequant_rows_512(self, rows, scratch) };
+            // SAFETY: as below: w is n rows of k values, x is t * k and out n * t.
+            unsafe {
+                super::x86::matmul_f32_512(super::x86::TileRows::F32(scratch), x, (n, k, t), out)
+            };
+            return;
+        }
         if self.kind.is_planes() {
             return super::planes::with_rows(self, rows, |v, at| {
                 v.matmul_rows(x, t, 0..v.rows, &mut out[at.start * t..at.end * t], scratch)

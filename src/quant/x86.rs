@@ -33,7 +33,7 @@ mod vnni;
 
 #[cfg(test)]
 pub(super) use planes::ap8_params;
-pub(super) use planes::{ap8_rows, ap8_vnni_rows};
+pub(super) use planes::{ap8_dequant_rows_512, ap8_rows, ap8_vnni_rows};
 pub(super) use tile::{dequant_rows_512, matmul_f32_512, TileRows};
 pub(super) use vnni::packed_vnni_rows;
 

@@ -183,3 +183,35 @@ fn simd_group_params_are_the_scalar_ones() {
         }
     }
 }
+
+/// Prefill's AVX-512 dequantization of an ap8 view gives `row_to_f32`'s values bit for bit, at
+/// every width, from any first row (its tables are made 16 rows at a time).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_dequantization_of_every_width_is_the_scalar_one() {
+    use crate::quant::x86::{ap8_dequant_rows_512, Level};
+    if Level::detected().is_none_or(|l| l < Level::Avx512) {
+        eprintln!("no AVX-512: nothing to compare");
+        return;
+    }
+    let mut rng = Rng(542);
+    let (hidden, ffn) = (192, 320);
+    let n = hidden * ffn;
+    let src: Vec<Vec<f32>> = (0..3).map(|_| rng.normals(n)).collect();
+    let blob = quantize_ap8_expert(64, n, [&src[0], &src[1], &src[2]]);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for width in ap8::MIN_WIDTH..=ap8::MAX_WIDTH {
+        for p in [0u8, 2] {
+            let m = part(&blob, (hidden, ffn), width, p);
+            let slow = m.to_f32();
+            for rows in [0..m.rows, 3..40] {
+                let mut fast = vec![0f32; rows.len() * m.cols];
+                // SAFETY: AVX-512F and F16C (detected); an ap8 view whose prefix holds its width,
+                // fast holds the rows' values.
+                unsafe { ap8_dequant_rows_512(&m, rows.clone(), &mut fast) };
+                let want = &slow[rows.start * m.cols..rows.end * m.cols];
+                assert_eq!(bits(&fast), bits(want), "width {width} part {p} rows {rows:?}");
+            }
+        }
+    }
+}

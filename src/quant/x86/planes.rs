@@ -146,6 +146,55 @@ pub(in crate::quant) unsafe fn ap8_rows(
     }
 }
 
+/// Rows `rows` of an ap8 view dequantized into `out` (cols values a row), 16 columns at a time:
+/// each code from its top bits and planes (`codes8`'s order), times its group's scale plus its
+/// min, rounded as `row_to_f32` rounds (a product, then a sum), for prefill's tiles.
+///
+/// # Safety
+/// AVX-512F and F16C; the matrix is an ap8 view whose prefix holds its width's pieces
+/// (`Matrix::check`), out.len() == rows.len() * m.cols.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn ap8_dequant_rows_512(
+    m: &Matrix,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let (p, k) = geometry(m);
+    let (cols, g) = (m.cols, m.group_size);
+    let gpr = cols / g;
+    let b = m.codes.as_ptr();
+    let fields = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let bits = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let (one, three) = (_mm512_set1_epi32(1), _mm512_set1_epi32(3));
+    let planes = usize::from(k) - 2;
+    let (mut sv, mut mv) = (Vec::new(), Vec::new());
+    for (blk, out) in out.chunks_mut(PARAM_ROWS * cols).enumerate() {
+        let start = rows.start + blk * PARAM_ROWS;
+        let n = out.len() / cols;
+        rows_params(m, (&p, k), &(start..start + n), (&mut sv, &mut mv));
+        for (i, row) in out.chunks_exact_mut(cols).enumerate() {
+            let e0 = (start + i) * cols;
+            for (gi, group) in row.chunks_exact_mut(g).enumerate() {
+                let s = _mm512_set1_ps(sv[i * gpr + gi]);
+                let mn = _mm512_set1_ps(mv[i * gpr + gi]);
+                for (j, o) in group.chunks_exact_mut(16).enumerate() {
+                    let e = e0 + gi * g + 16 * j;
+                    let top = (b.add(p.top + e / 4) as *const i32).read_unaligned();
+                    let mut q =
+                        _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(top), fields), three);
+                    for &at in &p.planes[..planes] {
+                        let w = (b.add(at + e / 8) as *const u16).read_unaligned();
+                        let bit = _mm512_srlv_epi32(_mm512_set1_epi32(i32::from(w)), bits);
+                        q = _mm512_or_si512(_mm512_slli_epi32::<1>(q), _mm512_and_si512(bit, one));
+                    }
+                    let v = _mm512_add_ps(_mm512_mul_ps(s, _mm512_cvtepi32_ps(q)), mn);
+                    _mm512_storeu_ps(o.as_mut_ptr(), v);
+                }
+            }
+        }
+    }
+}
+
 /// `v` shifted by `n` bits in each 16-bit lane: right where n > 0, left where n < 0 (n in -7..=7;
 /// a constant wherever the caller's width is one, so the match folds away).
 macro_rules! shift16 {
