@@ -210,7 +210,11 @@ fn avx512_dequantization_of_every_width_is_the_scalar_one() {
                 // fast holds the rows' values.
                 unsafe { ap8_dequant_rows_512(&m, rows.clone(), &mut fast) };
                 let want = &slow[rows.start * m.cols..rows.end * m.cols];
-                assert_eq!(bits(&fast), bits(want), "width {width} part {p} rows {rows:?}");
+                assert_eq!(
+                    bits(&fast),
+                    bits(want),
+                    "width {width} part {p} rows {rows:?}"
+                );
             }
         }
     }
