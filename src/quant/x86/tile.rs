@@ -256,16 +256,10 @@ pub(in crate::quant) unsafe fn dequant_rows_512(m: &Matrix, rows: Range<usize>, 
                     let w = (codes.add(c / 4) as *const i32).read_unaligned();
                     _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(w), fields), three)
                 };
-                let v = match m.kind {
-                    WeightKind::Mxfp4 => {
-                        _mm512_storeu_ps(
-                            o.as_mut_ptr(),
-                            _mm512_mul_ps(_mm512_permutexvar_ps(nibbles(), mx), s),
-                        );
-                        continue;
-                    }
-                    WeightKind::Int4 => nibbles(),
-                    WeightKind::Int2 => fields2(),
+                let q = match m.kind {
+                    WeightKind::Mxfp4 => None,
+                    WeightKind::Int4 => Some(nibbles()),
+                    WeightKind::Int2 => Some(fields2()),
                     WeightKind::Int3 => {
                         let (b, w) = (c / 64, (c % 64) / 16);
                         let hp = codes.add(m.cols / 4 + 8 * b + 4 * (w / 2)) as *const i32;
@@ -275,11 +269,17 @@ pub(in crate::quant) unsafe fn dequant_rows_512(m: &Matrix, rows: Range<usize>, 
                             _mm512_srlv_epi32(_mm512_set1_epi32(hp.read_unaligned()), shift),
                             one,
                         );
-                        _mm512_or_si512(fields2(), _mm512_slli_epi32::<2>(h))
+                        Some(_mm512_or_si512(fields2(), _mm512_slli_epi32::<2>(h)))
                     }
-                    _ => _mm512_cvtepi8_epi32(_mm_loadu_si128(codes.add(c) as *const __m128i)),
+                    _ => Some(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                        codes.add(c) as *const __m128i
+                    ))),
                 };
-                let v = _mm512_add_ps(_mm512_mul_ps(s, _mm512_cvtepi32_ps(v)), mn);
+                let v = match q {
+                    Some(q) => _mm512_add_ps(_mm512_mul_ps(s, _mm512_cvtepi32_ps(q)), mn),
+                    // MXFP4: the doubled e2m1 value times half the scale (no min).
+                    None => _mm512_mul_ps(_mm512_permutexvar_ps(nibbles(), mx), s),
+                };
                 _mm512_storeu_ps(o.as_mut_ptr(), v);
             }
         }
