@@ -188,6 +188,45 @@ fn a_gguf_picks_the_variants_that_hold_its_blocks() {
     }
 }
 
+/// A GGUF's dense matrices in 4-bit blocks stay 4-bit by default (int4/g32 holds a Q4_0 block
+/// on its own grid), the wider ones int8: tiny-mixtral-q4_0.gguf is llama-quantize's `Q4_0` of
+/// tiny-mixtral.gguf with `--output-tensor-type q8_0 --token-embedding-type q8_0` (0.3.36 tree).
+#[test]
+fn a_gguf_keeps_its_4_bit_dense_matrices_in_4_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.hob");
+    let src = gguf("tiny-mixtral-q4_0");
+    let args = [
+        "convert",
+        "--from",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (ok, stdout, stderr) = hob(&args);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(
+            "--experts int4,int2 --dense int8 (int4/g32 for the 8 matrices in 4-bit blocks)"
+        ),
+        "{stdout}"
+    );
+    let file = HobFile::open(&out).unwrap();
+    let mut seen = 0;
+    for t in file.tensors() {
+        let want = if t.name.contains(".attn_") && t.shape.len() == 2 {
+            "int4/g32"
+        } else if t.name == "token_embd.weight" || t.name == "output.weight" {
+            "int8/g32"
+        } else {
+            continue; // norms and routers: f32
+        };
+        assert_eq!(t.dtype.to_string(), want, "{}", t.name);
+        seen += 1;
+    }
+    assert_eq!(seen, 10);
+}
+
 /// Phi-3.5-MoE as `phimoe`: LongRoPE's factors come from llama.cpp's `rope_factors_*` tensors,
 /// the original context from its key; the mscale is llama.cpp's `attn_factor` (its converter's
 /// sqrt(1 + ln(256 / 128) / ln(128)) for this fixture, not config.json's short/long_mscale), so

@@ -348,14 +348,28 @@ fn with_defaults(
         Some(v) => v,
         None => parse_variants(ckpt.default_experts(), group)?,
     };
+    let narrow = if dense.is_none() {
+        ckpt.default_dense_int4()
+    } else {
+        Vec::new()
+    };
+    let n_narrow = narrow.len();
     let plan = match dense {
         Some(p) => p,
-        None => parse_dense(ckpt.default_dense(), group)?,
+        None => parse_dense(ckpt.default_dense(), group)?.with_tensors(
+            narrow,
+            TensorType::parse("int4/g32", None).map_err(Error::Invalid)?,
+        ),
     };
     let from_gguf = args.from.as_deref().is_some_and(is_gguf);
     if from_gguf && (args.experts.is_none() || args.dense.is_none()) {
+        let also = if n_narrow > 0 {
+            format!(" (int4/g32 for the {n_narrow} matrices in 4-bit blocks)")
+        } else {
+            String::new()
+        };
         outln!(
-            "from the GGUF's block types: --experts {} --dense {}",
+            "from the GGUF's block types: --experts {} --dense {}{also}",
             args.experts.as_deref().unwrap_or(ckpt.default_experts()),
             args.dense
                 .as_deref()

@@ -44,6 +44,8 @@ pub struct DensePlan {
     /// Matrices of no listed class; None: the checkpoint's own dtype.
     default: Option<TensorType>,
     classes: Vec<(DenseClass, TensorType)>,
+    /// Single matrices by hob name, before their class (a GGUF's 4-bit ones by default).
+    tensors: Vec<(String, TensorType)>,
 }
 
 impl DensePlan {
@@ -52,7 +54,14 @@ impl DensePlan {
         DensePlan {
             default: Some(ty),
             classes: Vec::new(),
+            tensors: Vec::new(),
         }
+    }
+
+    /// This plan with the matrices named in `names` stored in `ty` whatever their class says.
+    pub fn with_tensors(mut self, names: Vec<String>, ty: TensorType) -> DensePlan {
+        self.tensors.extend(names.into_iter().map(|n| (n, ty)));
+        self
     }
 
     /// Parse `--dense`; integer types take `group` (from --group-size) unless they name one.
@@ -90,10 +99,14 @@ impl DensePlan {
     /// The type of the dense matrix `name`, `source` where the plan says nothing.
     pub fn matrix_type(&self, name: &str, source: DType) -> TensorType {
         let class = DenseClass::of(name);
-        self.classes
-            .iter()
-            .find(|k| Some(k.0) == class)
-            .map(|k| k.1)
+        let single = self.tensors.iter().find(|k| k.0 == name).map(|k| k.1);
+        single
+            .or_else(|| {
+                self.classes
+                    .iter()
+                    .find(|k| Some(k.0) == class)
+                    .map(|k| k.1)
+            })
             .or(self.default)
             .unwrap_or(TensorType::Float(source))
     }
@@ -101,7 +114,9 @@ impl DensePlan {
     /// Whether any matrix may be packed (quantized).
     pub fn quantizes(&self) -> bool {
         let packed = |t: &TensorType| matches!(t, TensorType::Packed(_));
-        self.default.iter().any(packed) || self.classes.iter().any(|k| packed(&k.1))
+        self.default.iter().any(packed)
+            || self.classes.iter().any(|k| packed(&k.1))
+            || self.tensors.iter().any(|k| packed(&k.1))
     }
 
     /// The .hob dense table: matrices as planned, norms, biases and routers in f32.

@@ -470,6 +470,21 @@ impl ConvertSource for GgufCheckpoint {
         gguf_defaults::default_dense(self.file.tensors())
     }
 
+    fn default_dense_int4(&self) -> Vec<String> {
+        if self.default_dense().is_none() {
+            return Vec::new();
+        }
+        self.dense
+            .iter()
+            .filter(|t| t.role == super::arch::TensorRole::Matrix && t.shape.len() == 2)
+            .filter(|t| {
+                let name = gguf_families::gguf_name(&self.arch, &t.hob_name);
+                gguf_defaults::narrow_dense(self.file.tensors(), &name)
+            })
+            .map(|t| t.hob_name.clone())
+            .collect()
+    }
+
     fn load_dense(&self, t: &DenseTensor) -> Result<Vec<f32>, ImportError> {
         let values = self.load(&gguf_families::gguf_name(&self.arch, &t.hob_name))?;
         // Partial rotary's q/k order and DeepSeek's de-interleaved RoPE rows are made here as

@@ -55,6 +55,16 @@ pub fn default_experts(tensors: &[GgufTensorInfo]) -> &'static str {
     }
 }
 
+/// Whether a dense tensor named `name` in the file is held in blocks of at most 4-bit codes (Q4_K,
+/// Q4_0, ...): the default stores it in int4/g32 beside `default_dense`'s int8, as llama.cpp
+/// reads it (Q4_K_M's attention in 4 bits, its Q6_K output head in 8); int8 doubled those bytes.
+pub fn narrow_dense(tensors: &[GgufTensorInfo], name: &str) -> bool {
+    tensors
+        .iter()
+        .find(|t| t.name == name)
+        .is_some_and(|t| !is_float(t.ggml_type) && fits_int4(t.ggml_type) && t.dims[0] % 32 == 0)
+}
+
 /// `--dense` for a file whose dense matrices are quantized: int8 (holds Q8_0 and Q5_0 blocks
 /// exactly, the K-quants within 0.5% RMS); None (the source dtype) when they are floats, or when
 /// a float matrix beside them has rows that 32-value groups do not divide.

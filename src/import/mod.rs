@@ -195,6 +195,11 @@ pub trait ConvertSource {
     fn default_dense(&self) -> Option<&'static str> {
         None
     }
+    /// The dense matrices (hob names) that the default stores in int4/g32 instead of
+    /// `default_dense`'s type: a GGUF's matrices in 4-bit blocks.
+    fn default_dense_int4(&self) -> Vec<String> {
+        Vec::new()
+    }
 
     /// The .hob dense table: matrices as `plan` says (else in the source dtype), norms and
     /// routers in f32.
