@@ -2,7 +2,7 @@
 //! so peak memory stays near one expert (all its variants) plus the largest dense tensor.
 
 use super::out::outln;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -188,7 +188,12 @@ fn install_interrupt_handler() -> crate::Result<()> {
                 } else {
                     ""
                 };
-                eprintln!("{newline}hob convert: interrupted{removed}");
+                // Not eprintln!: with stderr gone it panics, and this thread would die before
+                // exiting, leaving the convert running.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "{newline}hob convert: interrupted{removed}"
+                );
                 // 128 + the signal, as a shell reports a process the signal ended.
                 std::process::exit(128 + signal)
             })
