@@ -89,8 +89,9 @@ pub struct ConvertArgs {
     pub experts: Option<String>,
     /// Storage of dense matrices: f32, f16, bf16, int8 or int4 (a group size may follow:
     /// int4/g32), for all, per class (embed, attn, output, shared: `attn=int8,output=int4`) or
-    /// both (`f16,output=int8`). Default: the source dtype (f16 with --synthetic; int8 from a
-    /// GGUF whose matrices are quantized). Norms, biases and routers are always f32.
+    /// both (`f16,output=int8`). Default: the source dtype (f16 with --synthetic; from a GGUF
+    /// whose matrices are quantized, int4/g32 for those in 4-bit blocks and int8 for the rest).
+    /// Norms, biases and routers are always f32.
     #[arg(long)]
     pub dense: Option<String>,
     /// Group size of the quantized variants that do not name one (default 64; 32 from a GGUF,

@@ -55,14 +55,17 @@ pub fn default_experts(tensors: &[GgufTensorInfo]) -> &'static str {
     }
 }
 
-/// Whether a dense tensor named `name` in the file is held in blocks of at most 4-bit codes (Q4_K,
-/// Q4_0, ...): the default stores it in int4/g32 beside `default_dense`'s int8, as llama.cpp
-/// reads it (Q4_K_M's attention in 4 bits, its Q6_K output head in 8); int8 doubled those bytes.
+/// Whether a dense tensor named `name` in the file is in 4-bit blocks of 32-value (sub-)blocks,
+/// Q4_0, Q4_1 or Q4_K, which int4/g32 holds on their own grid: the default stores it so, beside
+/// `default_dense`'s int8, as llama.cpp reads it (Q4_K_M's attention in 4 bits, its Q6_K output
+/// head in 8); int8 doubled those bytes. (Q2_K's and Q3_K's 16-value sub-blocks stay int8.)
 pub fn narrow_dense(tensors: &[GgufTensorInfo], name: &str) -> bool {
-    tensors
-        .iter()
-        .find(|t| t.name == name)
-        .is_some_and(|t| !is_float(t.ggml_type) && fits_int4(t.ggml_type) && t.dims[0] % 32 == 0)
+    tensors.iter().find(|t| t.name == name).is_some_and(|t| {
+        matches!(
+            t.ggml_type,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K
+        ) && t.dims[0] % 32 == 0
+    })
 }
 
 /// `--dense` for a file whose dense matrices are quantized: int8 (holds Q8_0 and Q5_0 blocks
