@@ -151,6 +151,23 @@ fn q8_0_experts_become_int8_g32_exactly() {
     assert_eq!(row.split_whitespace().last(), Some("0.000000"), "{row}");
 }
 
+/// `hob convert --from NAME.gguf` with no --experts / --dense: (its folder, the .hob, stdout).
+fn convert_with_defaults(name: &str) -> (tempfile::TempDir, PathBuf, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.hob");
+    let src = gguf(name);
+    let args = [
+        "convert",
+        "--from",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (ok, stdout, stderr) = hob(&args);
+    assert!(ok, "{name}: {stdout}\n{stderr}");
+    (dir, out, stdout)
+}
+
 /// Without --experts / --dense, a GGUF's own block types choose: Q8_0 experts as int8 (the high
 /// precision) with int4 below, its quantized dense matrices as int8; an F16 file as from a
 /// directory.
@@ -162,18 +179,7 @@ fn a_gguf_picks_the_variants_that_hold_its_blocks() {
         // MXFP4 kept as it is, int2 below it.
         ("tiny-gpt-oss-mxfp4", "--experts mxfp4,int2 --dense f16"),
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("x.hob");
-        let src = gguf(name);
-        let args = [
-            "convert",
-            "--from",
-            src.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-        ];
-        let (ok, stdout, stderr) = hob(&args);
-        assert!(ok, "{name}: {stdout}\n{stderr}");
+        let (_dir, out, stdout) = convert_with_defaults(name);
         assert!(
             stdout.contains(&format!("from the GGUF's block types: {want}")),
             "{name}: {stdout}"
@@ -193,18 +199,7 @@ fn a_gguf_picks_the_variants_that_hold_its_blocks() {
 /// tiny-mixtral.gguf with `--output-tensor-type q8_0 --token-embedding-type q8_0` (0.3.36 tree).
 #[test]
 fn a_gguf_keeps_its_4_bit_dense_matrices_in_4_bits() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("x.hob");
-    let src = gguf("tiny-mixtral-q4_0");
-    let args = [
-        "convert",
-        "--from",
-        src.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    let (ok, stdout, stderr) = hob(&args);
-    assert!(ok, "{stdout}\n{stderr}");
+    let (_dir, out, stdout) = convert_with_defaults("tiny-mixtral-q4_0");
     assert!(
         stdout.contains(
             "--experts int4,int2 --dense int8 (int4/g32 for the 8 matrices in 4-bit blocks)"
