@@ -81,6 +81,8 @@ ncpu() { # share -> llama.cpp layers whose experts stay on the CPU
 # (Q4_K/Q6_K mix, ~4.9 bits).
 E_INT8=4866048; E_INT4=2654208; E_Q8=5013504; E_Q4KM=2890000
 D_F16=2.46e9; D_Q8=1.31e9; D_Q4KM=0.75e9; D_INT8=1.27e9
+# hob from a Q4_K_M GGUF with its defaults: the Q4_K matrices int4/g32, the Q6_K ones (output, some attn_v) int8.
+D_GGUF=1.15e9
 hobrow() { # label, args...
   local label="$1"; shift
   echo "== hob $label: $*" >> "$log"
@@ -318,7 +320,7 @@ gguf)
   if [ ! -f "$gm" ]; then
     /usr/bin/time -v "$hob" convert --from "$g-Q4_K_M.gguf" -o "$gm" --no-progress > /tmp/gguf-convert.log 2>&1
     grep -E "from the GGUF|wrote|Elapsed|Maximum resident" /tmp/gguf-convert.log > "$out/gguf-convert.txt"
-    "$hob" inspect -m "$gm" 2>&1 | head -40 >> "$out/gguf-convert.txt"
+    "$hob" inspect "$gm" 2>&1 | head -40 >> "$out/gguf-convert.txt"
   fi
   echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |" > "$out/qwen3.md"
   echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
@@ -327,7 +329,7 @@ gguf)
   llrow "resident Q4_K_M" "$g-Q4_K_M.gguf" "${r[@]}"
   for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
     name=${prof%%:*}; gib=${prof##*:}
-    f4=$(frac "$gib" $E_INT4 $D_INT8); fq4=$(frac "$gib" $E_Q4KM $D_Q4KM); c4=$(cache "$f4" $E_INT4)
+    f4=$(frac "$gib" $E_INT4 $D_GGUF); fq4=$(frac "$gib" $E_Q4KM $D_Q4KM); c4=$(cache "$f4" $E_INT4)
     echo "$name: hob int4 share $f4 ($c4 GiB); llama.cpp Q4_K_M share $fq4" >> "$out/qwen3.md"
     p=(--platform "$name" --cache-policy hobbit --prefetch 3 --expert-cache "$c4" "${r[@]}")
     model="$gm" hobrow "$name int4+int2 (the file's pair)" "${p[@]}"

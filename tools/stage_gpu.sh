@@ -14,8 +14,10 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 mkdir -p .git/info && grep -qx '.gpu/' .git/info/exclude 2>/dev/null || echo '.gpu/' >> .git/info/exclude
-# Everything staged before goes; scripts of your own at .gpu/*.sh (other than run.sh) stay.
-find .gpu -mindepth 1 -maxdepth 1 ! -name '*.sh' -exec rm -rf {} + 2>/dev/null || true
+# Everything staged before goes; scripts of your own at .gpu/*.sh (other than run.sh) stay, and so does
+# llama.cpp's packed source and saved build (tools/llamacpp_gpu.sh pack/save), which take minutes to remake.
+find .gpu -mindepth 1 -maxdepth 1 ! -name '*.sh' ! -name 'llama-src.tar.xz' ! -name 'gguf-py.tar.xz' \
+  ! -name 'llb.part*' -exec rm -rf {} + 2>/dev/null || true
 rm -f .gpu/run.sh && mkdir -p .gpu/tests .gpu/benches
 cargo build --release
 cp target/release/hob .gpu/hob
