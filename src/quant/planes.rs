@@ -244,8 +244,8 @@ fn correction_for(w: &[f32], q8: &[u8], s8: f16, m8: f16, k: u8, sc: &mut Scratc
     // The refit as a starting point; midpoint (a, b) = (0, 0) when the codes do not fix one.
     let (a0, b0) = match (mid_s > 0.0, refit(w, sk, skw, sc)) {
         (true, Some(p)) => (
-            ((p.scale.to_f32() / mid_s - 1.0) * 96.0).round() as i32,
-            ((p.min.to_f32() - mid_m) / mid_s * 24.0).round() as i32,
+            ((p.scale / mid_s - 1.0) * 96.0).round() as i32,
+            ((p.min - mid_m) / mid_s * 24.0).round() as i32,
         ),
         _ => (0, 0),
     };

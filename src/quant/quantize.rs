@@ -48,6 +48,23 @@ fn to_f16(v: f32) -> f16 {
     f16::from_f32(v.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()))
 }
 
+/// `to_f16(v).to_f32()` for finite v in plain arithmetic: `half`'s conversions pick F16C at run
+/// time behind a call each, and the (scale, min) searches make billions of them in a convert.
+#[inline]
+pub(super) fn f16_round(v: f32) -> f32 {
+    let a = v.abs().min(65504.0);
+    let r = if a < 1.0 / 16384.0 {
+        // Subnormal f16: multiples of 2^-24 (the scaling by powers of two is exact).
+        round_ne(a * 16_777_216.0) / 16_777_216.0
+    } else {
+        // 10 of f32's 23 mantissa bits, to nearest, ties to even (a carry into the exponent is
+        // the correctly rounded next binade).
+        let b = a.to_bits();
+        f32::from_bits((b + 0x0fff + ((b >> 13) & 1)) & !0x1fff)
+    };
+    r.copysign(v)
+}
+
 /// Groups quantized per parallel task: each group depends on its own values only, so the result
 /// does not depend on the split (a dense embedding is ~10^6 groups; an expert matrix ~10^4).
 const BLOCK_GROUPS: usize = 1024;
@@ -138,8 +155,8 @@ pub fn quantize_matrix(variant: Variant, layout: &MatrixLayout, src: &[f32]) -> 
                         .zip(scales.chunks_exact_mut(2).zip(mins.chunks_exact_mut(2)));
                     for ((w, c), (s, m)) in groups {
                         let p = search_asym(w, ((1 << bits) - 1) as f32, steps, step, &mut sc);
-                        s.copy_from_slice(&p.scale.to_le_bytes());
-                        m.copy_from_slice(&p.min.to_le_bytes());
+                        s.copy_from_slice(&f16::from_f32(p.scale).to_le_bytes());
+                        m.copy_from_slice(&f16::from_f32(p.min).to_le_bytes());
                         pack(&sc.q, bits, c);
                     }
                 });
@@ -182,8 +199,8 @@ fn subscaled_rows(
                 .map(|w| search_asym(w, nmax, steps, step, &mut sc))
                 .collect();
             let top = |f: fn(&AsymParams) -> f32| found.iter().map(f).fold(0.0f32, f32::max);
-            let d = to_f16(top(|p| p.scale.to_f32()) / amax).to_f32();
-            let m = to_f16(top(|p| p.min.to_f32().abs()) / bmax).to_f32();
+            let d = f16_round(top(|p| p.scale) / amax);
+            let m = f16_round(top(|p| p.min.abs()) / bmax);
             pair[..2].copy_from_slice(&to_f16(d).to_le_bytes());
             pair[2..].copy_from_slice(&to_f16(m).to_le_bytes());
             let near = |v: f32, step: f32, lo: f32, hi: f32| match step > 0.0 {
@@ -197,12 +214,12 @@ fn subscaled_rows(
             );
             for ((w, p), (c, ab)) in groups {
                 weigh(w, !int2, &mut sc);
-                let a0 = near(p.scale.to_f32(), d, 0.0, amax);
-                let b0 = near(p.min.to_f32(), m, -bmax - 1.0, bmax);
+                let a0 = near(p.scale, d, 0.0, amax);
+                let b0 = near(p.min, m, -bmax - 1.0, bmax);
                 let mut best = (f32::INFINITY, 0.0, 0.0);
                 for (da, db) in (-2..=2).flat_map(|i| (-2..=2).map(move |j| (i as f32, j as f32))) {
                     let (a, b) = (clamp(a0 + da, 0.0, amax), clamp(b0 + db, -bmax - 1.0, bmax));
-                    let (s, mn) = (to_f16(d * a).to_f32(), to_f16(m * b).to_f32());
+                    let (s, mn) = (f16_round(d * a), f16_round(m * b));
                     codes_into(w, s, mn, 0.0, nmax, &mut sc.q);
                     let e = sse(w, s, mn, &mut sc);
                     if e < best.0 {
@@ -210,14 +227,7 @@ fn subscaled_rows(
                     }
                 }
                 let (_, a, b) = best;
-                codes_into(
-                    w,
-                    to_f16(d * a).to_f32(),
-                    to_f16(m * b).to_f32(),
-                    0.0,
-                    nmax,
-                    &mut sc.q,
-                );
+                codes_into(w, f16_round(d * a), f16_round(m * b), 0.0, nmax, &mut sc.q);
                 pack(&sc.q, bits, c);
                 if int2 {
                     ab[0] = a as u8 | ((b as i8 as u8) << 4);
@@ -281,12 +291,13 @@ impl Lanes {
     fn new() -> Lanes {
         Lanes([0.0; 8])
     }
-    #[inline]
+    #[inline(always)]
     fn add(&mut self, v: &[f32]) {
         for (a, &b) in self.0.iter_mut().zip(v) {
             *a += b;
         }
     }
+    #[inline(always)]
     fn total(&self) -> f32 {
         self.0.iter().sum()
     }
@@ -315,6 +326,7 @@ impl Scratch {
 
 /// Codes of a group for scale `s` and min `m` (both f16-exact): round((w - m) / s) limited to
 /// [lo, hi]; all 0 when s is 0 (a constant or too-small group).
+#[inline(always)]
 fn codes_into(w: &[f32], s: f32, m: f32, lo: f32, hi: f32, q: &mut [f32]) {
     let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(w) {
@@ -324,6 +336,7 @@ fn codes_into(w: &[f32], s: f32, m: f32, lo: f32, hi: f32, q: &mut [f32]) {
 
 /// Squared error of the codes in `sc.q` under (s, m), as a reader dequantizes them, each value's
 /// weighted by `sc.wt`.
+#[inline(always)]
 fn sse(w: &[f32], s: f32, m: f32, sc: &mut Scratch) -> f32 {
     for (((e, &q), &v), &k) in sc.a.iter_mut().zip(&sc.q).zip(w).zip(&sc.wt) {
         let d = dequant(s, q, m) - v;
@@ -385,14 +398,50 @@ fn quantize_group_int8(w: &[f32], sc: &mut Scratch, codes: &mut [u8]) -> f16 {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct AsymParams {
-    pub(super) scale: f16,
-    pub(super) min: f16,
+    /// f16-exact (`f16_round`), as stored.
+    pub(super) scale: f32,
+    pub(super) min: f32,
+}
+
+/// `search_asym_inline` compiled for AVX2 where the CPU has it: its passes over a group run 8
+/// lanes wide instead of SSE2's 4 (a quarter less convert time). Rust contracts no float
+/// arithmetic, so both give the same bits (test `the_avx2_search_is_the_baseline_search`).
+pub(super) fn search_asym(
+    w: &[f32],
+    nmax: f32,
+    steps: usize,
+    step: f32,
+    sc: &mut Scratch,
+) -> AsymParams {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2(
+            w: &[f32],
+            nmax: f32,
+            steps: usize,
+            step: f32,
+            sc: &mut Scratch,
+        ) -> AsymParams {
+            search_asym_inline(w, nmax, steps, step, sc)
+        }
+        // SAFETY: the CPU has AVX2 (detected above); the function is otherwise safe.
+        return unsafe { avx2(w, nmax, steps, step, sc) };
+    }
+    search_asym_inline(w, nmax, steps, step, sc)
 }
 
 /// The (scale, min) with the least squared error over the shrink grid and each grid point's
 /// least-squares refit; leaves the winner's codes in `sc.q`. The first candidate is plain
 /// [min, max]; ties keep the earlier one.
-fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) -> AsymParams {
+#[inline(always)]
+pub(super) fn search_asym_inline(
+    w: &[f32],
+    nmax: f32,
+    steps: usize,
+    step: f32,
+    sc: &mut Scratch,
+) -> AsymParams {
     let (lo, hi) = w
         .iter()
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
@@ -409,14 +458,14 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
     let (sk, skw) = (sk.total(), skw.total());
     let range = hi - lo;
     let eval = |p: AsymParams, sc: &mut Scratch| {
-        codes_into(w, p.scale.to_f32(), p.min.to_f32(), 0.0, nmax, &mut sc.q);
-        sse(w, p.scale.to_f32(), p.min.to_f32(), sc)
+        codes_into(w, p.scale, p.min, 0.0, nmax, &mut sc.q);
+        sse(w, p.scale, p.min, sc)
     };
     let mut best = (
         f32::INFINITY,
         AsymParams {
-            scale: f16::ZERO,
-            min: to_f16(lo),
+            scale: 0.0,
+            min: f16_round(lo),
         },
     );
     // A group already on a grid of at most nmax + 1 levels (a llama.cpp Q4_K sub-block read
@@ -437,8 +486,8 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
     for k in 0..steps {
         let width = (1.0 - k as f32 * step) * range;
         let p = AsymParams {
-            scale: to_f16(width / nmax),
-            min: to_f16(lo + 0.5 * (range - width)),
+            scale: f16_round(width / nmax),
+            min: f16_round(lo + 0.5 * (range - width)),
         };
         let e = eval(p, sc);
         if e < best.0 {
@@ -459,7 +508,11 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
     // Below 4 bits, alternate codes and the least-squares (scale, min) from the best point while
     // it improves: KL -4% to -6% for int3 and int2 on shakespeare-moe; int4 gained nothing there
     // and lost 3% on the demo (benches/results/2026-12-04-cpu-issue54-kquants-shakespeare.md).
-    let rounds = if squared || steps == 0 { 0 } else { REFINE_ROUNDS };
+    let rounds = if squared || steps == 0 {
+        0
+    } else {
+        REFINE_ROUNDS
+    };
     for _ in 0..rounds {
         eval(best.1, sc);
         let Some(r) = refit(w, sk, skw, sc) else {
@@ -479,6 +532,7 @@ fn search_asym(w: &[f32], nmax: f32, steps: usize, step: f32, sc: &mut Scratch) 
 /// Each value's error weight into `sc.wt`: av + |w| (av the group's RMS; squared for int4): the
 /// larger weights matter more, as llama.cpp's k-quants weigh them without an importance matrix.
 /// The demo model's perplexity chose the forms (benches/results/2026-12-02-cpu-weighted-quant.md).
+#[inline(always)]
 pub(super) fn weigh(w: &[f32], squared: bool, sc: &mut Scratch) {
     let mut sq = Lanes::new();
     for (a, &v) in sc.a.iter_mut().zip(w) {
@@ -497,6 +551,7 @@ const REFINE_ROUNDS: usize = 4;
 
 /// The (scale, min) minimising sum wt (s q + m - w)^2 for the codes in `sc.q` (sk: sum wt,
 /// skw: sum wt w); None where the codes do not determine a positive scale.
+#[inline(always)]
 pub(super) fn refit(w: &[f32], sk: f32, skw: f32, sc: &mut Scratch) -> Option<AsymParams> {
     for ((a, b), (&q, &k)) in
         sc.a.iter_mut()
@@ -524,8 +579,8 @@ pub(super) fn refit(w: &[f32], sk: f32, skw: f32, sc: &mut Scratch) -> Option<As
     }
     let s = (sk * skqw - skq * skw) / det;
     (s > 0.0).then(|| AsymParams {
-        scale: to_f16(s),
-        min: to_f16((skw - s * skq) / sk),
+        scale: f16_round(s),
+        min: f16_round((skw - s * skq) / sk),
     })
 }
 
@@ -601,8 +656,8 @@ fn grid_candidates(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> Vec<AsymParams
     }
     (0..=(nmax - levels) as usize)
         .map(|j| AsymParams {
-            scale: to_f16(step),
-            min: to_f16(lo - j as f32 * step),
+            scale: f16_round(step),
+            min: f16_round(lo - j as f32 * step),
         })
         .collect()
 }

@@ -444,3 +444,76 @@ fn known_int2k_row_pins_its_bytes() {
     m.matvec_rows(&x, 0..1, &mut out);
     assert_eq!(out[0], row[1] + 2.0 * row[20]);
 }
+
+#[test]
+fn f16_round_is_halfs_rounding() {
+    let want = |v: f32| f16::from_f32(v.clamp(-65504.0, 65504.0)).to_f32();
+    let mut edges = vec![
+        0.0f32,
+        -0.0,
+        65504.0,
+        65519.9,
+        65520.0,
+        1e9,
+        -1e9,
+        f32::MIN_POSITIVE,
+    ];
+    for e in [-24i32, -15, -14, -1, 0, 15] {
+        let p = 2f32.powi(e);
+        // Powers of two, their halfway points to f16 neighbours and just either side.
+        for v in [
+            p,
+            p * (1.0 + 1.0 / 2048.0),
+            p * (1.0 + 3.0 / 2048.0),
+            p * 0.999_99,
+        ] {
+            edges.extend([
+                v,
+                -v,
+                f32::from_bits(v.to_bits() + 1),
+                f32::from_bits(v.to_bits() - 1),
+            ]);
+        }
+    }
+    let mut rng = Rng(5);
+    let random = (0..2_000_000).map(|_| {
+        let b = rng.next_u64() as u32;
+        // Exponents across f16's range and a little beyond (2^-30 .. 2^17).
+        f32::from_bits((b & 0x807f_ffff) | ((97 + (b >> 23) % 48) << 23))
+    });
+    for v in edges.into_iter().chain(random) {
+        let (got, w) = (super::super::quantize::f16_round(v), want(v));
+        assert_eq!(
+            got.to_bits(),
+            w.to_bits(),
+            "f16_round({v:e} = {:#x})",
+            v.to_bits()
+        );
+    }
+}
+
+#[test]
+fn the_avx2_search_is_the_baseline_search() {
+    use super::super::quantize::{search_asym, search_asym_inline, Scratch};
+    let mut rng = Rng(9);
+    for (nmax, steps, step, g) in [
+        (15.0, 16, 0.02, 32),
+        (7.0, 16, 0.025, 64),
+        (3.0, 16, 0.035, 16),
+    ] {
+        let (mut a, mut b) = (Scratch::new(g), Scratch::new(g));
+        for _ in 0..2000 {
+            let scale = 0.001 + (rng.next_u64() % 1000) as f32 * 1e-4;
+            let w: Vec<f32> = rng.normals(g).iter().map(|v| v * scale).collect();
+            let (p, q) = (
+                search_asym(&w, nmax, steps, step, &mut a),
+                search_asym_inline(&w, nmax, steps, step, &mut b),
+            );
+            assert_eq!(
+                (p.scale.to_bits(), p.min.to_bits()),
+                (q.scale.to_bits(), q.min.to_bits())
+            );
+            assert_eq!(a.q, b.q);
+        }
+    }
+}
