@@ -479,10 +479,10 @@ pub(super) fn search_asym_inline(
     // On its grid within 1% of a step (f16 rounding of scale and min): the search below cannot
     // do better by more than that rounding, and it was half of a Q4_K GGUF's convert time.
     let near_step = 0.01 * range / nmax;
-    let steps = match best.0 <= sk * near_step * near_step {
-        true => 0,
-        false => steps,
-    };
+    if best.0 <= sk * near_step * near_step {
+        eval(best.1, sc);
+        return best.1;
+    }
     for k in 0..steps {
         let width = (1.0 - k as f32 * step) * range;
         let p = AsymParams {
@@ -508,11 +508,7 @@ pub(super) fn search_asym_inline(
     // Below 4 bits, alternate codes and the least-squares (scale, min) from the best point while
     // it improves: KL -4% to -6% for int3 and int2 on shakespeare-moe; int4 gained nothing there
     // and lost 3% on the demo (benches/results/2026-12-04-cpu-issue54-kquants-shakespeare.md).
-    let rounds = if squared || steps == 0 {
-        0
-    } else {
-        REFINE_ROUNDS
-    };
+    let rounds = if squared { 0 } else { REFINE_ROUNDS };
     for _ in 0..rounds {
         eval(best.1, sc);
         let Some(r) = refit(w, sk, skw, sc) else {
