@@ -404,8 +404,9 @@ pub(super) struct AsymParams {
 }
 
 /// `search_asym_inline` compiled for AVX2 where the CPU has it: its passes over a group run 8
-/// lanes wide instead of SSE2's 4 (a quarter less convert time). Rust contracts no float
-/// arithmetic, so both give the same bits (test `the_avx2_search_is_the_baseline_search`).
+/// lanes wide instead of SSE2's 4 (benches/results/2026-12-05-cpu-issue51-convert-on-grid.md).
+/// Rust contracts no float arithmetic, so both give the same bits (test
+/// `the_avx2_search_is_the_baseline_search`).
 pub(super) fn search_asym(
     w: &[f32],
     nmax: f32,
