@@ -673,7 +673,7 @@ fn nmse(got: &[f32], want: &[f32]) -> f64 {
 /// where its kernels round x to 16 bits per group (AVX-512 VNNI, hob::quant::packed_rounds_x),
 /// an exact GPU kernel meets the bound of a 16-bit x, 1e-8, as tests/gpu_backend.rs takes it.
 fn cpu_floor(code: i32) -> f64 {
-    if matches!(code, 4 | 5 | 7 | 8 | 9 | 10) && hob::quant::packed_rounds_x() {
+    if matches!(code, 3 | 4 | 5 | 7 | 8 | 9 | 10) && hob::quant::packed_rounds_x() {
         1e-8
     } else {
         0.0
