@@ -13,6 +13,9 @@
 // a group's sum becomes one float times 2^e, then its scale and min. The only approximation is x's
 // rounding to 16 bits of its chunk's largest |x|, as the integer kinds' (NMSE 1e-8).
 // tools/c32_emulate.py runs this lane by lane on the CPU.
+// Rows are walked whole, a warp a tile: short, wide matrices (4096 x 14336) fill a third of the
+// H200's block slots and run slower than the forms this replaced; a column split is the next step
+// (benches/results/2026-12-05-h200-issue54-c32-kernels.md).
 
 #define C32_PLANES 0
 #define C32_INT2 1
