@@ -604,12 +604,22 @@ fn int8_grid_step(w: &[f32]) -> Option<f32> {
 
 /// Where the group's values sit on evenly spaced levels, at most nmax + 1 of them (nmax < 16):
 /// that step as the scale, with each placement of the lowest level among the codes as the min
-/// (the values are exact under any; f16 rounding of scale and min decides). Empty for values off
-/// any such grid (checked on five values first: sorting every group cost convert 35% more time).
-fn grid_candidates(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> Vec<AsymParams> {
+/// (the values are exact under any; f16 rounding of scale and min decides). Nothing for values
+/// off any such grid (checked on five values first: sorting every group cost convert 35% more
+/// time).
+fn grid_candidates(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> impl Iterator<Item = AsymParams> {
+    let (step, placements) = grid_step(w, (lo, hi), nmax).unwrap_or((0.0, 0));
+    (0..placements).map(move |j| AsymParams {
+        scale: f16_round(step),
+        min: f16_round(lo - j as f32 * step),
+    })
+}
+
+/// `grid_candidates`' grid: its step and how many placements of its lowest level the codes allow.
+pub(super) fn grid_step(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> Option<(f32, usize)> {
     let range = hi - lo;
     if range.is_nan() || range <= 0.0 || nmax >= 16.0 {
-        return Vec::new();
+        return None;
     }
     // On such a grid, (x - lo) / range is k / L with L <= 15, so times lcm(1..=15) an integer:
     // five values that are not almost surely reject continuous weights for a few multiplies.
@@ -619,44 +629,42 @@ fn grid_candidates(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> Vec<AsymParams
         (f - f.round_ties_even()).abs() > 0.1
     };
     if w.iter().take(5).any(|&x| off_grid(x)) {
-        return Vec::new();
+        return None;
     }
-    // One level's values are the same bits (scale * q - min of one q).
-    let mut seen = [0f32; 17];
+    // One level's values are the same bits (scale * q - min of one q). Each value is compared
+    // with all 16 slots without branching (the compiler vectorizes it); empty slots hold NaN bits.
+    let mut seen = [u32::MAX; 16];
     let mut n = 0;
     for &x in w {
-        if seen[..n].iter().all(|&y| y.to_bits() != x.to_bits()) {
+        let b = x.to_bits();
+        if !seen.iter().fold(false, |hit, &y| hit | (y == b)) {
             if n as f32 > nmax {
-                return Vec::new();
+                return None;
             }
-            seen[n] = x;
+            seen[n] = b;
             n += 1;
         }
     }
-    let seen = &mut seen[..n];
-    seen.sort_unstable_by(f32::total_cmp);
-    let gap = seen
-        .windows(2)
-        .map(|p| p[1] - p[0])
-        .fold(f32::INFINITY, f32::min);
+    let seen = seen.map(f32::from_bits);
+    let seen = &seen[..n];
+    // The least gap between two levels: the least |a - b| over all pairs is an adjacent pair's in
+    // sorted order, and rounding keeps that order, so this is the sorted scan's value.
+    let mut gap = f32::INFINITY;
+    for (i, &a) in seen.iter().enumerate() {
+        for &b in &seen[..i] {
+            gap = gap.min((a - b).abs());
+        }
+    }
     let levels = (range / gap).round();
     if !gap.is_finite() || levels > nmax {
-        return Vec::new();
+        return None;
     }
     let step = range / levels;
     let on_grid = seen.iter().all(|&x| {
         let k = (x - lo) / step;
         (k - k.round()).abs() <= 1e-3
     });
-    if !on_grid {
-        return Vec::new();
-    }
-    (0..=(nmax - levels) as usize)
-        .map(|j| AsymParams {
-            scale: f16_round(step),
-            min: f16_round(lo - j as f32 * step),
-        })
-        .collect()
+    on_grid.then_some((step, (nmax - levels) as usize + 1))
 }
 
 /// Measure the error of stored bytes against the f32 source.

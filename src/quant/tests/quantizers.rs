@@ -517,3 +517,75 @@ fn the_avx2_search_is_the_baseline_search() {
         }
     }
 }
+
+/// `grid_step` finds the least gap between levels over all pairs of distinct values; the form it
+/// replaced sorted them and took adjacent gaps. Both must give the same grid, bit for bit, on
+/// groups on grids of 2 to 16 levels, off-grid values, too many levels and signed zeros.
+#[test]
+fn the_grid_step_is_the_sorted_scans() {
+    use super::super::quantize::grid_step;
+    fn sorted_scan(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> Option<(f32, usize)> {
+        let range = hi - lo;
+        let per = 360_360.0 / f64::from(range);
+        let off = |x: f32| {
+            let f = f64::from(x - lo) * per;
+            (f - f.round_ties_even()).abs() > 0.1
+        };
+        if range.is_nan() || range <= 0.0 || w.iter().take(5).any(|&x| off(x)) {
+            return None;
+        }
+        let mut seen: Vec<f32> = Vec::new();
+        for &x in w {
+            if seen.iter().all(|y| y.to_bits() != x.to_bits()) {
+                if seen.len() as f32 > nmax {
+                    return None;
+                }
+                seen.push(x);
+            }
+        }
+        seen.sort_unstable_by(f32::total_cmp);
+        let gap = seen
+            .windows(2)
+            .map(|p| p[1] - p[0])
+            .fold(f32::INFINITY, f32::min);
+        let levels = (range / gap).round();
+        if !gap.is_finite() || levels > nmax {
+            return None;
+        }
+        let step = range / levels;
+        seen.iter()
+            .all(|&x| ((x - lo) / step - ((x - lo) / step).round()).abs() <= 1e-3)
+            .then_some((step, (nmax - levels) as usize + 1))
+    }
+    let mut rng = Rng(21);
+    let mut found = 0;
+    for case in 0..30_000 {
+        let nmax = [15.0, 7.0, 3.0][case % 3];
+        let g = [16, 32, 64][case / 3 % 3];
+        let levels = 1 + (rng.next_u64() % 17) as u32;
+        let scale = f16::from_f32(1e-4 + (rng.next_u64() % 4000) as f32 * 1e-6).to_f32();
+        let min = f16::from_f32((rng.next_u64() % 2000) as f32 * 1e-5 - 0.01).to_f32();
+        let mut w: Vec<f32> = (0..g)
+            .map(|_| scale * (rng.next_u64() % u64::from(levels)) as f32 - min)
+            .collect();
+        match case % 7 {
+            0 => w[(rng.next_u64() % g as u64) as usize] += scale * 0.37,
+            1 => {
+                w[0] = 0.0;
+                w[1] = -0.0;
+            }
+            _ => {}
+        }
+        let lo = w.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+        let hi = w.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+        let want = sorted_scan(&w, (lo, hi), nmax);
+        let got = grid_step(&w, (lo, hi), nmax);
+        assert_eq!(
+            got.map(|(s, n)| (s.to_bits(), n)),
+            want.map(|(s, n)| (s.to_bits(), n)),
+            "case {case}: {w:?}"
+        );
+        found += usize::from(got.is_some());
+    }
+    assert!(found > 5000, "only {found} groups on a grid");
+}
