@@ -632,7 +632,7 @@ pub(super) fn grid_step(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> Option<(f
         return None;
     }
     // One level's values are the same bits (scale * q - min of one q). Each value is compared
-    // with all 16 slots without branching (the compiler vectorizes it); empty slots hold NaN bits.
+    // with all 16 slots without an early exit; empty slots hold NaN bits (the input is finite).
     let mut seen = [u32::MAX; 16];
     let mut n = 0;
     for &x in w {
