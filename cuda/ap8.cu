@@ -359,30 +359,32 @@ struct Ap8C32 {
     }
 };
 
-// A warp's tiles at width K: 4 rows at widths 2-4 (more bytes in flight a lane, x read once for
+// The tiles at width K: 4 rows at widths 2-4 (more bytes in flight a lane, x read once for
 // more rows), 2 above (registers).
 template <int K, typename F>
-__device__ __forceinline__ void ap8d_rows_k(const Mat& w, float* y, const uint4* xq, F&& stage) {
-    c32_rows<K <= 4 ? 4 : 2>(Ap8C32<K>(w), w, y, C32_TILES, xq, stage);
+__device__ __forceinline__ void ap8d_rows_k(const Mat& w, float* y, const uint4* xq, int split,
+                                            F&& stage) {
+    c32_rows<K <= 4 ? 4 : 2>(Ap8C32<K>(w), w, y, split, xq, stage);
 }
 
 // y = W x (the dp4a form); x 16-byte aligned, cols a multiple of the group (64 columns or more);
 // dynamic shared memory as c32_stage places x (Gpu::c32_launch). Each matrix at its own width.
 struct Ap8dRows {
     template <typename F>
-    __device__ __forceinline__ void operator()(const Mat& w, float* y, const uint4* xq, F& stage) const {
-        AP8_WIDTHS(ap8d_rows_k, w.row_bytes & 0xff, w, y, xq, stage)
+    __device__ __forceinline__ void operator()(const Mat& w, float* y, const uint4* xq, int split,
+                                               F& stage) const {
+        AP8_WIDTHS(ap8d_rows_k, w.row_bytes & 0xff, w, y, xq, split, stage)
     }
 };
 extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS)
-    matvec_ap8d(const Mat w, const float* x, float* y) {
-    c32_plain<C32_PLANES>(w, x, y, Ap8dRows());
+    matvec_ap8d(const Mat w, const float* x, float* y, int split) {
+    c32_plain<C32_PLANES>(w, x, y, split, Ap8dRows());
 }
 
-// The routed experts of one token (c32_routed; split and tchunks unused). The table's matrices
-// may differ in width (a high and a low view of one file).
+// The routed experts of one token (c32_routed; tchunks unused). The table's matrices may differ in
+// width (a high and a low view of one file): the launcher's split suits each (Gpu::c32_split).
 extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS) matvec_ap8d_sel(SEL_ARGS, int split, int tchunks) {
-    c32_routed<C32_PLANES>(tab, routes, k, which0, x, xs, glu, y, ys, Ap8dRows());
+    c32_routed<C32_PLANES>(tab, routes, k, which0, x, xs, glu, y, ys, split, Ap8dRows());
 }
 
 // Unit u of a view of width K as 16 f16 values s q + m (f32 arithmetic) at o.

@@ -3,7 +3,7 @@
 //
 // A lane takes a 32-column chunk of R rows, the warp 32 chunks of them a step, the next step's
 // loads issued before the current one is computed; blocks of 256, about three an SM, walk tiles of
-// R rows a warp (c32_rows). A chunk's codes are eight words of four byte codes each, in an order
+// R rows (c32_rows). A chunk's codes are eight words of four byte codes each, in an order
 // the layout's bits give cheaply (C32_PLANES: word j holds columns j + 8b in byte b, the order in
 // which (plane >> j) & 0x01010101 takes a 32-bit plane word apart; C32_INT2: columns 16 (j / 4) +
 // j % 4 + 4b, int2's (w >> 2j) & 0x03030303). x's chunk c is staged in the same order as
@@ -13,9 +13,10 @@
 // a group's sum becomes one float times 2^e, then its scale and min. The only approximation is x's
 // rounding to 16 bits of its chunk's largest |x|, as the integer kinds' (NMSE 1e-8).
 // tools/c32_emulate.py runs this lane by lane on the CPU.
-// Rows are walked whole, a warp a tile: short, wide matrices (4096 x 14336) fill a third of the
-// H200's block slots and run slower than the forms this replaced; a column split is the next step
-// (benches/results/2026-12-05-h200-issue54-c32-kernels.md).
+// A tile is a team's of `split` warps (1, 2, 4 or 8: plan.rs c32_split), member m taking steps m,
+// m + split, ... of its rows, the team's sums added in member order: short, wide matrices
+// (4096 x 14336) walked a warp a tile filled a third of the block slots
+// (benches/results/2026-12-05-h100-issue54-c32-teams.md).
 
 #define C32_PLANES 0
 #define C32_INT2 1
@@ -116,15 +117,30 @@ __device__ __forceinline__ u32 c32_ld1(const u32* p) {
     return v;
 }
 
-// A warp's tiles of R rows (tile0, tile0 + tstride, ...) of the layout L (L::Buf<R>; L::load of
-// step s of tile t, L::step adding each row's products into acc), its loads one step ahead;
-// `stage` (block-wide: every warp calls it once) runs once the first step's loads are out.
+// A team's tiles of R rows of the layout L (L::Buf<R>; L::load of step s of tile t, L::step adding
+// each row's products into acc), a warp's loads one of its steps ahead; `stage` (block-wide: every
+// warp calls it once) runs once the first step's loads are out. Teams of `split` adjacent warps
+// (a power of two up to 8, at most the row's steps: each member has a step in every tile); a tile's
+// sums meet in shared memory (two buffers by tile parity: one named barrier a tile), member 0
+// adding them in member order. Teams walk tiles blockIdx.x * teams + team, then by all the teams.
+// Barriers 1-4 by literal ids (a register id makes ptxas reserve all 16 a block).
+__device__ __forceinline__ void c32_team_sync(int team, int split) {
+    const int n = 32 * split;
+    switch (team) {
+        case 0: asm volatile("bar.sync 1, %0;" ::"r"(n) : "memory"); break;
+        case 1: asm volatile("bar.sync 2, %0;" ::"r"(n) : "memory"); break;
+        case 2: asm volatile("bar.sync 3, %0;" ::"r"(n) : "memory"); break;
+        default: asm volatile("bar.sync 4, %0;" ::"r"(n) : "memory"); break;
+    }
+}
 template <int R, typename L, typename F>
 __device__ __forceinline__ void c32_rows(const L& l, const Mat& w, float* __restrict__ y,
-                                         int tile0, int tstride, const uint4* xq, F&& stage) {
-    const int lane = threadIdx.x & 31, ns = ((w.cols >> 5) + 31) >> 5;
-    const int ntiles = (w.rows + R - 1) / R;
-    int t = tile0, s = 0;
+                                         int split, const uint4* xq, F&& stage) {
+    __shared__ float part[2][8][R];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ns = ((w.cols >> 5) + 31) >> 5;
+    const int teams = (blockDim.x >> 5) / split, team = warp / split, m = warp % split;
+    const int tstride = gridDim.x * teams, ntiles = (w.rows + R - 1) / R;
+    int t = blockIdx.x * teams + team, s = m, parity = 0;
     typename L::template Buf<R> cur;
     if (t < ntiles) l.template load<R>(w, t, s, lane, cur);
     stage();
@@ -132,20 +148,32 @@ __device__ __forceinline__ void c32_rows(const L& l, const Mat& w, float* __rest
 #pragma unroll
     for (int ri = 0; ri < R; ri++) acc[ri] = 0.f;
     while (t < ntiles) {
-        int nt = t, nsn = s + 1;
-        if (nsn == ns) {
-            nsn = 0;
+        int nt = t, nsn = s + split;
+        if (nsn >= ns) {
+            nsn = m;
             nt += tstride;
         }
         typename L::template Buf<R> nxt;
         if (nt < ntiles) l.template load<R>(w, nt, nsn, lane, nxt);
         l.template step<R>(w, cur, s, lane, xq, acc);
-        if (nsn == 0) {
+        if (nt != t) {
             const float v = qreduce<R>(acc, lane);
-            const int r = t * R + lane / (32 / R);
-            if (lane % (32 / R) == 0 && r < w.rows) y[r] = v;
+            const int ri = lane / (32 / R), r = t * R + ri;
+            const bool out = lane % (32 / R) == 0;
+            if (split == 1) {
+                if (out && r < w.rows) y[r] = v;
+            } else {
+                if (out) part[parity][warp][ri] = v;
+                c32_team_sync(team, split);
+                if (m == 0 && out && r < w.rows) {
+                    float sum = v;
+                    for (int i = 1; i < split; i++) sum += part[parity][warp + i][ri];
+                    y[r] = sum;
+                }
+                parity ^= 1;
+            }
 #pragma unroll
-            for (int ri = 0; ri < R; ri++) acc[ri] = 0.f;
+            for (int i = 0; i < R; i++) acc[i] = 0.f;
         }
         cur = nxt;
         t = nt;
@@ -160,25 +188,23 @@ __device__ __forceinline__ void c32_rows(const L& l, const Mat& w, float* __rest
 #define C32_BLOCKS 3
 #endif
 
-// The warp's first tile and the tiles' stride in a launch (blocks walking the rows).
-#define C32_TILES (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)), (gridDim.x * (blockDim.x >> 5))
-
-// The kernels' entries: `run(w, y, xq, stage)` walks the rows (c32_rows), `stage` staging x in
+// The kernels' entries: `run(w, y, xq, split, stage)` walks the rows (c32_rows), `stage` staging x in
 // ORDER once the rows' first loads are out. Plain: x is the kernel before's output (waited for
 // in stage). Routed (matvec_mxfp4_sel's contract: moe.cu sel_mat and "Ordering"; glu refused by
 // the launcher): entry which0 of the routes' table, its own x and y.
 template <int ORDER, typename Run>
-__device__ __forceinline__ void c32_plain(const Mat& w, const float* x, float* y, Run&& run) {
+__device__ __forceinline__ void c32_plain(const Mat& w, const float* x, float* y, int split,
+                                          Run&& run) {
     pdl_trigger();
     uint4* xq = reinterpret_cast<uint4*>(c32_smem);
     auto stage = [&] {
         pdl_wait();
         c32_stage<ORDER>(x, w.cols, xq);
     };
-    run(w, y, xq, stage);
+    run(w, y, xq, max(split, 1), stage);
 }
 template <int ORDER, typename Run>
-__device__ __forceinline__ void c32_routed(SEL_ARGS, Run&& run) {
+__device__ __forceinline__ void c32_routed(SEL_ARGS, int split, Run&& run) {
     if (which0 == 0) {
         pdl_wait();
         pdl_trigger();
@@ -190,7 +216,7 @@ __device__ __forceinline__ void c32_routed(SEL_ARGS, Run&& run) {
         if (which0 > 0) pdl_wait();
         c32_stage<ORDER>(xin, w.cols, xq);
     };
-    run(w, SEL_Y, xq, stage);
+    run(w, SEL_Y, xq, max(split, 1), stage);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -254,17 +280,18 @@ struct Int2kC32 {
 // Int2kC32 on c32_rows, 4 rows a warp.
 struct Int2kRows {
     template <typename F>
-    __device__ __forceinline__ void operator()(const Mat& w, float* y, const uint4* xq, F& stage) const {
-        c32_rows<4>(Int2kC32(), w, y, C32_TILES, xq, stage);
+    __device__ __forceinline__ void operator()(const Mat& w, float* y, const uint4* xq, int split,
+                                               F& stage) const {
+        c32_rows<4>(Int2kC32(), w, y, split, xq, stage);
     }
 };
 extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS)
-    matvec_int2k_c32(const Mat w, const float* x, float* y) {
-    c32_plain<C32_INT2>(w, x, y, Int2kRows());
+    matvec_int2k_c32(const Mat w, const float* x, float* y, int split) {
+    c32_plain<C32_INT2>(w, x, y, split, Int2kRows());
 }
 
-// The routed experts of one token (c32_routed; split and tchunks unused).
+// The routed experts of one token (c32_routed; tchunks unused).
 extern "C" __global__ void __launch_bounds__(256, C32_BLOCKS)
     matvec_int2k_c32_sel(SEL_ARGS, int split, int tchunks) {
-    c32_routed<C32_INT2>(tab, routes, k, which0, x, xs, glu, y, ys, Int2kRows());
+    c32_routed<C32_INT2>(tab, routes, k, which0, x, xs, glu, y, ys, split, Int2kRows());
 }

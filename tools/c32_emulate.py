@@ -60,24 +60,28 @@ def stage(x, order):
     return xw, xsx, xr
 
 
-def rows_loop(rows, cols, R, load, step):
-    """c32_rows: tiles of R rows, steps of 32 chunks; acc per (row, lane), summed at the tile's end."""
+def rows_loop(rows, cols, R, load, step, split=1):
+    """c32_rows: tiles of R rows, steps of 32 chunks; a team of `split` warps a tile, member m taking steps m,
+    m + split, ...; acc per (member, row, lane), each member's summed at the tile's end, then added in member order."""
     nch = cols >> 5
     ns = (nch + 31) >> 5
     got = np.zeros(rows)
     for t in range((rows + R - 1) // R):
-        acc = np.zeros((R, 32))
-        for s in range(ns):
-            bufs = [load(t, s, lane) for lane in range(32)]
-            for lane in range(32):
-                step(bufs, t, s, lane, acc)
+        parts = []
+        for m in range(split):
+            acc = np.zeros((R, 32))
+            for s in range(m, max(ns, m + 1), split):
+                bufs = [load(t, s, lane) for lane in range(32)]
+                for lane in range(32):
+                    step(bufs, t, s, lane, acc)
+            parts.append(acc.sum(1))
         for ri in range(R):
             if t * R + ri < rows:
-                got[t * R + ri] = acc[ri].sum()
+                got[t * R + ri] = sum(p[ri] for p in parts)
     return got
 
 
-def ap8(rows, cols, K, group):
+def ap8(rows, cols, K, group, split=1):
     n, R = rows * cols, 4 if K <= 4 else 2
     q8 = rng.integers(0, 256, n)
     top = np.zeros(n // 4, dtype=np.int64)
@@ -129,14 +133,14 @@ def ap8(rows, cols, K, group):
                 lo += dp4a(w, xw[(c, 1, j)], False)
             acc[ri, lane] += sc * (hi * 256 + lo) * xsx[c][0] + mn * xsx[c][3]
 
-    got = rows_loop(rows, cols, R, load, step)
+    got = rows_loop(rows, cols, R, load, step, split)
     code = (q8 >> (8 - K)).reshape(rows, cols)
     gi = (np.arange(n) // group).reshape(rows, cols)
     want = ((s_g[gi] * code + m_g[gi]) * xr).sum(1) + (m_g[gi] * (x - xr)).sum(1)
-    return f"ap8@{K} [{rows}, {cols}] g{group}", got, want
+    return f"ap8@{K} [{rows}, {cols}] g{group} split {split}", got, want
 
 
-def int2k(rows, cols):
+def int2k(rows, cols, split=1):
     n, R, rb = rows * cols, 4, cols // 4
     q = rng.integers(0, 4, n)
     codes = np.zeros(n // 4, dtype=np.int64)
@@ -172,16 +176,18 @@ def int2k(rows, cols):
             for h in range(2):
                 acc[ri, lane] += s_g[g + h] * (hi[h] * 256 + lo[h]) * xsx[c][0] + m_g[g + h] * xsx[c][1 + h]
 
-    got = rows_loop(rows, cols, R, load, step)
+    got = rows_loop(rows, cols, R, load, step, split)
     gi = (np.arange(n) // 16).reshape(rows, cols)
     want = ((s_g[gi] * q.reshape(rows, cols) + m_g[gi]) * xr).sum(1) + (m_g[gi] * (x - xr)).sum(1)
-    return f"int2k [{rows}, {cols}]", got, want
+    return f"int2k [{rows}, {cols}] split {split}", got, want
 
 
 worst = 0.0
 cases = [ap8(3, 64, 2, 64), ap8(5, 192, 3, 64), ap8(4, 1088, 5, 64), ap8(3, 2048, 8, 128), ap8(7, 1152, 4, 192),
          ap8(2, 768, 6, 64), ap8(3, 320, 7, 64), ap8(6, 4096, 3, 64),
-         int2k(3, 64), int2k(5, 96), int2k(6, 1088), int2k(9, 4096)]
+         int2k(3, 64), int2k(5, 96), int2k(6, 1088), int2k(9, 4096),
+         # Teams: steps split between members, and members past the row's steps (3 steps, 8 members).
+         ap8(6, 4096, 3, 64, 2), ap8(3, 3072, 6, 64, 4), int2k(9, 4096, 4), int2k(5, 3072, 8)]
 for name, got, want in cases:
     e = ((got - want) ** 2).sum() / (want ** 2).sum()
     worst = max(worst, e)

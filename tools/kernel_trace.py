@@ -10,6 +10,8 @@ one launch of --marker (default: the least frequent kernel name, e.g. the output
 increment (how much later it ends than every kernel before it: with dependent launches a kernel starts early and
 waits, so its duration overstates it) and head start (how long before the kernel before it ended it started), and
 what the host's copies and driver calls (HOB_KTRACE_API) do in the idle gaps longer than --gap-us.
+--timeline N prints the kernels of the N-th token after the skip in order: start and end from the token's first
+start, and the gap each leaves after the latest end before it.
 """
 import argparse, collections, sys
 
@@ -20,6 +22,7 @@ def main():
     ap.add_argument("--skip", type=float, default=0.2)
     ap.add_argument("--marker")
     ap.add_argument("--gap-us", type=float, default=20.0)
+    ap.add_argument("--timeline", type=int, metavar="N")
     a = ap.parse_args()
     recs, other = [], []
     for line in open(a.trace):
@@ -84,6 +87,8 @@ def main():
     for n in sorted(inc, key=lambda n: -inc[n]):
         print(f"| {n[:60]} | {inc[n] / per / 1e3:.1f} | {100 * inc[n] / (t1 - t0):.1f}% | "
               f"{head[n] / counts[n] / 1e3:.2f} |")
+    if a.timeline is not None:
+        timeline(recs, marker, a.timeline)
     # Idle gaps between kernels and what the host did in them.
     gaps, last = [], recs[0][1]
     for s, e, n in recs[1:]:
@@ -117,6 +122,27 @@ def main():
     for n in sorted(agg, key=lambda n: agg[n][2] / agg[n][0]):
         c, d, f, l = agg[n]
         print(f"| {n[:60]} | {c / len(gaps):.2f} | {d / len(gaps) / 1e3:.1f} | {f / c / 1e3:.1f} | {l / c / 1e3:.1f} |")
+
+
+def timeline(recs, marker, n):
+    """The kernels from the n-th marker's end to the next one's, in start order."""
+    ends = [e for _, e, k in recs if k == marker]
+    if n + 1 >= len(ends):
+        return
+    lo, hi = ends[n], ends[n + 1]
+    tok = [r for r in recs if lo <= r[0] and r[1] <= hi]
+    if not tok:
+        return
+    t0, last = tok[0][0], lo
+    print()
+    print(f"Token {n}: {len(tok)} kernels, {(hi - lo) / 1e3:.1f} us from the head's end to the next one's")
+    print()
+    print("| # | kernel | start us | end us | duration us | gap before us |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for i, (s, e, k) in enumerate(tok):
+        print(f"| {i} | {k[:60]} | {(s - t0) / 1e3:.1f} | {(e - t0) / 1e3:.1f} | {(e - s) / 1e3:.2f} | "
+              f"{(s - last) / 1e3:.2f} |")
+        last = max(last, e)
 
 
 if __name__ == "__main__":

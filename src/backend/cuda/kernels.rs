@@ -459,51 +459,25 @@ impl Kernels {
     }
 
     /// The ap8 and matvec_c32.cu kernels stage x in shared memory: opt in to what the device
-    /// allows; returns it.
+    /// allows beside each kernel's own (c32_rows' team sums); returns what every one got.
     fn opt_in_ap8(&self, ctx: &Arc<CudaContext>) -> crate::Result<usize> {
-        let optin = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(cuda_err)?
-            .max(0);
-        for f in [
-            &self.matvec_ap8,
-            &self.matvec_ap8_sel,
-            &self.matvec_ap8d,
-            &self.matvec_ap8d_sel,
-            &self.matvec_i2k_c32,
-            &self.matvec_i2k_c32_sel,
-        ] {
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                optin,
-            )
-            .map_err(cuda_err)?;
-        }
-        Ok(optin as usize)
+        opt_in(
+            ctx,
+            &[
+                &self.matvec_ap8,
+                &self.matvec_ap8_sel,
+                &self.matvec_ap8d,
+                &self.matvec_ap8d_sel,
+                &self.matvec_i2k_c32,
+                &self.matvec_i2k_c32_sel,
+            ],
+        )
     }
 
     /// moe_route_norm may copy the router's rows into shared memory (moe.cu
     /// moe_route_norm_body): opt in to what the device allows; returns what every kind got.
     fn opt_in_route_norm(&self, ctx: &Arc<CudaContext>) -> crate::Result<usize> {
-        let optin = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(cuda_err)?
-            .max(0) as usize;
-        let mut smem = optin;
-        for f in &self.moe_route_norm {
-            let fixed = f
-                .get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-                .map_err(cuda_err)?
-                .max(0) as usize;
-            let dynamic = optin.saturating_sub(fixed);
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                dynamic as i32,
-            )
-            .map_err(cuda_err)?;
-            smem = smem.min(dynamic);
-        }
-        Ok(smem)
+        opt_in(ctx, &self.moe_route_norm.iter().collect::<Vec<_>>())
     }
 
     /// The kernels' PTX for compute capability major.minor: from the on-disk cache, or compiled
@@ -555,6 +529,30 @@ impl Kernels {
         };
         Ok(found)
     }
+}
+
+/// Opt each kernel in to the most dynamic shared memory the device allows a block beside the
+/// kernel's own static shared memory; returns the least any of them got.
+fn opt_in(ctx: &Arc<CudaContext>, fs: &[&CudaFunction]) -> crate::Result<usize> {
+    let optin = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_err(cuda_err)?
+        .max(0) as usize;
+    let mut smem = optin;
+    for f in fs {
+        let fixed = f
+            .get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .map_err(cuda_err)?
+            .max(0) as usize;
+        let dynamic = optin.saturating_sub(fixed);
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            dynamic as i32,
+        )
+        .map_err(cuda_err)?;
+        smem = smem.min(dynamic);
+    }
+    Ok(smem)
 }
 
 #[cfg(test)]

@@ -56,8 +56,9 @@ impl Gpu {
     /// A launch of matvec_c32.cu's loop (ap8, int2k) over `w`'s rows, `per` products a launch:
     /// about three blocks of 256 an SM walking the rows, each with x staged in shared memory
     /// (c32_stage: 80 bytes a 32-column chunk, the planes in whole 32-chunk runs). The grid's x
-    /// size and the bytes of shared memory, or an error where x does not fit.
-    fn c32_launch(&self, w: &DevMat, per: usize) -> crate::Result<(u32, u32)> {
+    /// size, the bytes of shared memory and the tiles' team (`c32_split`), or an error where x
+    /// does not fit.
+    fn c32_launch(&self, w: &DevMat, per: usize) -> crate::Result<(u32, u32, i32)> {
         let (rows, chunks) = (w.rows.max(0) as usize, w.cols.max(0) as usize / 32);
         let bytes = chunks.div_ceil(32) * 2048 + chunks * 16;
         if bytes > self.kernels.ap8_smem {
@@ -67,7 +68,12 @@ impl Gpu {
             )));
         }
         let walkers = (3 * self.q_limits.sm_count).div_ceil(per.max(1)).max(1) as u32;
-        Ok((blocks(rows, 16).min(walkers), bytes as u32))
+        let split = c32_split(w, self.q_limits.sm_count);
+        Ok((
+            blocks(rows * split, 16).min(walkers),
+            bytes as u32,
+            split as i32,
+        ))
     }
 
     /// Whether int2k's `w` runs on matvec_c32.cu's loop: 32-column chunks (rows of 8-byte
@@ -90,7 +96,7 @@ impl Gpu {
             if w.is_ap8() {
                 ap8_input(&w, x)?;
             }
-            let (grid, smem) = self.c32_launch(&w, 1)?;
+            let (grid, smem, split) = self.c32_launch(&w, 1)?;
             let c = LaunchConfig {
                 shared_mem_bytes: smem,
                 ..cfg(grid, 256)
@@ -100,7 +106,7 @@ impl Gpu {
             } else {
                 &self.kernels.matvec_i2k_c32
             };
-            return launch!(self, f, c; w, x, y);
+            return launch!(self, f, c; w, x, y, split);
         }
         if w.vectorizable() && x.is_multiple_of(16) {
             if w.is_mxfp4() {
@@ -218,7 +224,7 @@ impl Gpu {
             if w.is_ap8() {
                 ap8_input(w, x)?;
             }
-            let (grid, smem) = self.c32_launch(w, ny)?;
+            let (grid, smem, split) = self.c32_launch(w, ny)?;
             let c = LaunchConfig {
                 grid_dim: (grid, ny as u32, 1),
                 block_dim: (256, 1, 1),
@@ -230,7 +236,7 @@ impl Gpu {
             } else {
                 &self.kernels.matvec_i2k_c32_sel
             };
-            return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, z, z);
+            return launch!(self, f, c; tab, routes, ki, which0, x, xsi, glui, y, ysi, split, z);
         }
         // MXFP4: the dp4a kernel where it has a plan, else a warp a row.
         let dp_mx = (w.is_mxfp4() && self.qd_mxfp4() && w.vectorizable())

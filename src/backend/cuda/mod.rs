@@ -49,7 +49,7 @@ pub use gpu::Gpu;
 pub use kernels::{Kernels, QFamily, QKernel};
 pub use kv::CudaKv;
 pub use matvec::Routed;
-pub use plan::{q_plan, q_smem, ring_ok, QLimits, QPlan, QShape, QM_QUADS_PER_STEP};
+pub use plan::{c32_split, q_plan, q_smem, ring_ok, QLimits, QPlan, QShape, QM_QUADS_PER_STEP};
 pub use transfer::{PinnedFloats, QueuedRead};
 
 use backend::*;

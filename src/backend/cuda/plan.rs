@@ -236,6 +236,34 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
     })
 }
 
+/// Rows of fewer steps than this (a step: 32 chunks of 32 columns) keep a warp a tile on
+/// matvec_c32.cu's loop; wider ones (Mixtral's 14336 columns: 14 steps) split a tile's steps.
+const C32_SPLIT_STEPS: usize = 8;
+
+/// The team of warps a tile of matvec_c32.cu's loop takes for `w` (its `c32_rows`): 1 for rows
+/// of fewer than `C32_SPLIT_STEPS` steps, else the least power of two up to 8 that gives each
+/// of the ~3 blocks of 8 warps an SM (`Gpu::c32_launch`) a tile. It depends on the matrix and
+/// the GPU alone, so that a plain and a routed product of one matrix sum in one order.
+pub fn c32_split(w: &DevMat, sm_count: usize) -> usize {
+    let steps = (w.cols.max(0) as usize / 32).div_ceil(32);
+    if steps < C32_SPLIT_STEPS {
+        return 1;
+    }
+    // matvec_c32.cu's tile heights: ap8 above width 4 takes 2 rows a warp, the rest 4.
+    let r = if w.is_ap8() && (w.row_bytes & 0xff) > 4 {
+        2
+    } else {
+        4
+    };
+    let tiles = (w.rows.max(0) as usize).div_ceil(r).max(1);
+    let warps = 3 * sm_count * 8;
+    let mut split = 1;
+    while split < 8 && tiles * split < warps {
+        split *= 2;
+    }
+    split
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +313,36 @@ mod tests {
     /// A routed launch of small experts (Qwen3-MoE's 768 x 2048) gives every row tile of every
     /// matrix a block while the GPU holds them; of big ones (Mixtral's 14336 rows) it shares the
     /// cap out, as many blocks in all as the GPU holds, never fewer than one a matrix.
+    #[test]
+    fn c32_splits_only_wide_rows_and_fill_the_warps() {
+        let mat = |rows: i32, cols: i32, kind: i32, row_bytes: i32| DevMat {
+            codes: 0,
+            scales: 0,
+            mins: 0,
+            rows,
+            cols,
+            group: 16,
+            row_bytes,
+            kind,
+            _pad: 0,
+        };
+        // Qwen3's and Mixtral's tall shapes keep a warp a tile (their sums unchanged).
+        for (rows, cols) in [(768, 2048), (2048, 768), (14336, 4096), (4096, 4096)] {
+            assert_eq!(
+                c32_split(&mat(rows, cols, 9, cols / 4), 132),
+                1,
+                "{rows} x {cols}"
+            );
+        }
+        // Mixtral's down: 1024 tiles of 4 rows for 3168 warps (H200), 2048 of 2 at ap8@5.
+        assert_eq!(c32_split(&mat(4096, 14336, 9, 3584), 132), 4);
+        assert_eq!(c32_split(&mat(4096, 14336, 10, 3), 132), 4);
+        assert_eq!(c32_split(&mat(4096, 14336, 10, 5), 132), 2);
+        // Never past 8, and a tall wide matrix needs no team.
+        assert_eq!(c32_split(&mat(8, 32768, 9, 8192), 132), 8);
+        assert_eq!(c32_split(&mat(32768, 14336, 9, 3584), 132), 1);
+    }
+
     #[test]
     fn routed_grids_cover_small_experts_and_share_the_cap() {
         let k = QShape {
