@@ -531,12 +531,13 @@ fn norm_route_forms(n: usize, ne: usize, k: usize) {
         .all(|&(_, w)| f32::from_bits(w) < 0.99 && f32::from_bits(w) > 0.01));
 }
 
-/// Decode routing's warp form (moe.cu route_one_warp: the maximum and the exponentials
-/// across the lanes, the sum and the top k by lane 0, as moe_route runs it) against the
-/// one-thread form (route_one, as a prefill's route_topk runs it) on logits with ties,
-/// probabilities that underflow to zero and NaN: the same experts and weights, bit for bit, for 4
-/// to 32 experts and top 1 to 4, for each routing rule (renormalized softmax, the softmax's own
-/// weights, sparsemixer at k = 2, gpt-oss's top-k logits' softmax); and, without NaN, the CPU's routing's experts and weights.
+/// The routing kernels' forms against each other on logits with ties, probabilities that
+/// underflow to zero and NaN: moe_route (route_one_warp; gpt-oss's rule and sparsemixer by one
+/// thread, route_one) and route_topk (a warp a token: route_one_warp, gpt-oss's rule by
+/// route_topk_softmax_warp) give the same experts and weights, bit for bit, for 4 to 128 experts
+/// and top 1 to 4, for each routing rule (renormalized softmax, the softmax's own weights,
+/// sparsemixer at k = 2, gpt-oss's top-k logits' softmax); and, without NaN, the CPU's routing's
+/// experts and weights.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn warp_routing_matches_one_thread_routing() {
@@ -544,7 +545,7 @@ fn warp_routing_matches_one_thread_routing() {
     let b = CudaBackend::empty(g.clone()).unwrap();
     let p = |d: &cudarc::driver::CudaSlice<f32>| cuda::ptr(d, &g.stream);
     let (mut checked, mut tied) = (0, 0);
-    for ne in [4usize, 8, 16, 32] {
+    for ne in [4usize, 8, 16, 32, 128] {
         // An identity router: the logits are x, exactly.
         let bytes: Vec<u8> = (0..ne * ne)
             .flat_map(|i| f32::from(u8::from(i / ne == i % ne)).to_le_bytes())
@@ -596,7 +597,7 @@ fn warp_routing_matches_one_thread_routing() {
                 assert_eq!(
                     bits(&a),
                     bits(&c),
-                    "{routing:?} ne {ne} k {k} logits {logits:?}: warp {a:?} vs one thread {c:?}"
+                    "{routing:?} ne {ne} k {k} logits {logits:?}: moe_route {a:?} vs route_topk {c:?}"
                 );
                 // Against the CPU's routing (forward::route_softmax_topk, the path the model
                 // tests hold to transformers' logits): the same experts in the same order (ties

@@ -536,7 +536,8 @@ impl Gpu {
     ) -> crate::Result<()> {
         let (rule, reps) = route_rule(routing, k, ne)?;
         let (nei, ki, ti) = (ne as i32, k as i32, t as i32);
-        let c = cfg(blocks(t, 128), 128);
+        // A warp a token, 4 a block (moe.cu ROUTE_TOPK_WARPS).
+        let c = cfg(blocks(t, 4), 128);
         launch!(self, self.kernels.route_topk, c; logits, nei, ki, ti, rule, reps, routes)
     }
 
