@@ -120,8 +120,8 @@ __device__ __forceinline__ u32 c32_ld1(const u32* p) {
 // A team's tiles of R rows of the layout L (L::Buf<R>; L::load of step s of tile t, L::step adding
 // each row's products into acc), a warp's loads one of its steps ahead; `stage` (block-wide: every
 // warp calls it once) runs once the first step's loads are out. Teams of `split` adjacent warps
-// (a power of two up to 8, at most the row's steps: each member has a step in every tile); a tile's
-// sums meet in shared memory (two buffers by tile parity: one named barrier a tile), member 0
+// (1, 2, 4 or 8: a divisor of the block's 8 warps, or a team's barrier never fills; a member past
+// the row's steps adds zeros, as tools/c32_emulate.py checks); a tile's sums meet in shared memory (two buffers by tile parity: one named barrier a tile), member 0
 // adding them in member order. Teams walk tiles blockIdx.x * teams + team, then by all the teams.
 // Barriers 1-4 by literal ids (a register id makes ptxas reserve all 16 a block).
 __device__ __forceinline__ void c32_team_sync(int team, int split) {
