@@ -2,9 +2,9 @@
 
 use super::*;
 
-/// Decode's routed form of the integer kinds, as the engine launches it (Gpu::matvec_sel, k = 2
-/// experts): one launch for both experts' gate and up products (four 14336x4096 matrices), one for
-/// their down products (two 4096x14336) on plain x as decode runs it (after the `swiglu` launch,
+/// Decode's routed form of the integer kinds, as the engine launches it (Gpu::matvec_sel; by
+/// default k = 2 experts of Mixtral's shape): one launch for both experts' gate and up products
+/// (four 14336x4096 matrices), one for their down products (two 4096x14336) on plain x as decode runs it (after the `swiglu` launch,
 /// timed alone) and with each block staging SwiGLU itself (the form it replaced:
 /// benches/results/2026-11-24-h100-routed.md), and the four plain launches the gate and up launch
 /// replaces. Cold: each launch reads the next of several sets of matrices. The gate and up
@@ -17,8 +17,16 @@ pub(super) fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&s
         .and_then(|v| v.parse().ok())
         .filter(|&k| (1..=SLOTS_MAX_K).contains(&k))
         .unwrap_or(2);
-    let (ffn, dim) = (14336, 4096);
-    println!("Routed launches (k = {k} experts, decode's form: Gpu::matvec_sel):");
+    // GPU_MATVEC_ROUTED_SHAPE=768x2048: an expert's ffn x dim (Qwen3-30B-A3B's; default Mixtral's).
+    let (ffn, dim) = std::env::var("GPU_MATVEC_ROUTED_SHAPE")
+        .ok()
+        .and_then(|v| {
+            let (f, d) = v.split_once('x')?;
+            Some((f.parse().ok()?, d.parse().ok()?))
+        })
+        .filter(|&(f, d): &(usize, usize)| f > 0 && d > 0)
+        .unwrap_or((14336, 4096));
+    println!("Routed launches (k = {k} experts of {ffn} x {dim}, decode's form: Gpu::matvec_sel):");
     println!();
     println!("| kind | launch | bytes | cold µs | cold GB/s | cold share | warm µs | warm share |");
     println!("|---|---|---|---|---|---|---|---|");
