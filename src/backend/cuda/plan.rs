@@ -310,9 +310,8 @@ mod tests {
     /// Every plan gives the kernel the shared memory its layout needs, column tiles of whole warps
     /// of chunks, a split that divides the block's warps and leaves no warp without chunks, and no
     /// block without a tile.
-    /// A routed launch of small experts (Qwen3-MoE's 768 x 2048) gives every row tile of every
-    /// matrix a block while the GPU holds them; of big ones (Mixtral's 14336 rows) it shares the
-    /// cap out, as many blocks in all as the GPU holds, never fewer than one a matrix.
+    /// c32_split: tall shapes keep a warp a tile; wide rows take the least team that gives every
+    /// warp of the launch a tile, at most 8.
     #[test]
     fn c32_splits_only_wide_rows_and_fill_the_warps() {
         let mat = |rows: i32, cols: i32, kind: i32, row_bytes: i32| DevMat {
@@ -334,7 +333,7 @@ mod tests {
                 "{rows} x {cols}"
             );
         }
-        // Mixtral's down: 1024 tiles of 4 rows for 3168 warps (H200), 2048 of 2 at ap8@5.
+        // Mixtral's down: 1024 tiles of 4 rows for 3168 warps (132 SMs), 2048 of 2 at ap8@5.
         assert_eq!(c32_split(&mat(4096, 14336, 9, 3584), 132), 4);
         assert_eq!(c32_split(&mat(4096, 14336, 10, 3), 132), 4);
         assert_eq!(c32_split(&mat(4096, 14336, 10, 5), 132), 2);
@@ -343,6 +342,9 @@ mod tests {
         assert_eq!(c32_split(&mat(32768, 14336, 9, 3584), 132), 1);
     }
 
+    /// A routed launch of small experts (Qwen3-MoE's 768 x 2048) gives every row tile of every
+    /// matrix a block while the GPU holds them; of big ones (Mixtral's 14336 rows) it shares the
+    /// cap out, as many blocks in all as the GPU holds, never fewer than one a matrix.
     #[test]
     fn routed_grids_cover_small_experts_and_share_the_cap() {
         let k = QShape {
