@@ -751,11 +751,13 @@ MOE_KERNELS(bf16, KIND_BF16)
 // The routed experts of one host-routed decode layer (experts in cache slots), for the routed
 // kernels below and moe_gate_up/moe_down/moe_combine: a table of their matrices and their routes,
 // passed by value (stream-ordered, no host copy). Expert "indices" are ranks 0..n-1 in ascending
-// order of the real indices, so the kernels sum in the same order as for the real ones.
+// order of the real indices, so the kernels sum in the same order as for the real ones; the real
+// indices follow at routes + 2 * SLOTS_MAX_K, for the kernels that look up an expert's biases.
 #define SLOTS_MAX_K 8
 struct SlotArgs {
     MatEntry e[3 * SLOTS_MAX_K];
     float routes[2 * SLOTS_MAX_K];  // n ranks (int bits), then n weights
+    float ids[SLOTS_MAX_K];         // the real expert index of each rank (int bits)
     int n, pad;
 };
 
@@ -767,6 +769,7 @@ extern "C" __global__ void put_slots(const SlotArgs a, MatEntry* __restrict__ ta
     if (i < a.n) {
         routes[i] = a.routes[i];
         routes[a.n + i] = a.routes[a.n + i];
+        routes[2 * SLOTS_MAX_K + i] = a.ids[i];
     }
 }
 

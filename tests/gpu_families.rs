@@ -87,12 +87,15 @@ fn family_variants_on_the_gpu(family: &str, experts: &str) {
         let e = nmse(&steps, &g_steps);
         println!(
             "{family} {name} ({} of {total} slots): {} uses, {} misses, {} on the CPU, {} \
-             prefetched, decode NMSE vs all-resident {e:.2e}",
+             prefetched, {} layers through the routed kernels (+ {} beside CPU experts), decode \
+             NMSE vs all-resident {e:.2e}",
             total / 4,
             st.uses(),
             st.misses(),
             st.cpu_computed,
-            st.prefetch_issued
+            st.prefetch_issued,
+            st.slot_routed_layers,
+            st.slot_part_layers
         );
         assert!(
             st.misses() > 0,
@@ -179,7 +182,8 @@ fn glm4_moe_lite_on_the_gpu_matches_the_cpu_and_transformers() {
 
 /// gpt-oss's int4 experts routed on the device (its activation and biases in the routed
 /// kernels, the decode step replayed from a CUDA graph) give the host-routed quarter cache's
-/// logits bit for bit, and the CPU's within the integer kernels' bound.
+/// logits bit for bit, and the host-routed full cache's (the routed kernels on slots), and the
+/// CPU's within the integer kernels' bound.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn gpt_oss_int4_routed_on_the_device_matches_the_host_route() {
@@ -214,6 +218,25 @@ fn gpt_oss_int4_routed_on_the_device_matches_the_host_route() {
     assert!(st.misses() > 0 && st.device_routed == 0);
     assert_eq!(ids, g_ids);
     assert!(all == g_all && steps == g_steps, "logits differ");
+
+    // Host routing with every expert cached: each decode layer's experts through the routed
+    // kernels on a table of slots (a route's biases by its real index, `put_slots`' ids).
+    let mut c = EngineConfig::simple(0, None);
+    c.tuning.device_routing = false;
+    let mut hosted = engine_session(&g, &model, c);
+    let (h_all, h_ids, h_steps) = greedy(&mut *hosted, &r.input_ids, n);
+    let st = hosted.expert_stats();
+    println!(
+        "gpt-oss int4 host-routed: {} layers through the routed kernels",
+        st.slot_routed_layers
+    );
+    assert_eq!(st.device_routed, 0);
+    assert_eq!(st.slot_routed_layers, (n * file.n_layers()) as u64);
+    assert_eq!(h_ids, g_ids);
+    assert!(
+        h_all == g_all && h_steps == g_steps,
+        "routed slots: logits differ"
+    );
 }
 
 /// Packed dense matrices (`--dense int8`, issue 56) on the GPU: resident and under the engine's

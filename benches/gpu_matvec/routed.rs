@@ -58,7 +58,9 @@ pub(super) fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&s
                     "expert table",
                 )
                 .expect("alloc");
-            let rt = gpu.alloc::<f32>(2 * SLOTS_MAX_K, "routes").expect("alloc");
+            let rt = gpu
+                .alloc::<f32>(cuda::SLOT_ROUTES_LEN, "routes")
+                .expect("alloc");
             let (tp, rp) = (cuda::ptr(&tab, &gpu.stream), cuda::ptr(&rt, &gpu.stream));
             gpu.put_slots(&SlotArgs::new(&experts).expect("slots"), tp, rp)
                 .expect("put_slots");

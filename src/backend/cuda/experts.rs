@@ -9,6 +9,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 use super::copier::{register_file, CudaCopier, LinkClock};
 use super::{
     cuda_err, ptr, CudaBackend, DevMat, QGroup, QueuedRead, Routed, SlotArgs, SLOTS_MAX_K,
+    SLOT_ROUTES_LEN,
 };
 use crate::format::{ExpertView, MatrixLayout};
 use crate::model::experts::ExpertFfn;
@@ -411,7 +412,7 @@ impl ExpertDevice for CudaBackend {
             let table = 3 * SLOTS_MAX_K * std::mem::size_of::<DevMat>();
             w.routed = Some(RoutedWork {
                 tab: g.alloc(table, "the routed expert table")?,
-                routes: g.alloc(2 * SLOTS_MAX_K, "the routed expert table")?,
+                routes: g.alloc(SLOT_ROUTES_LEN, "the routed expert table")?,
                 work: g.alloc(SLOTS_MAX_K * (2 * f + h), "routed expert activations")?,
             });
         }
@@ -428,6 +429,18 @@ impl ExpertDevice for CudaBackend {
         gpu.put_slots(&args, tab, rp)?;
         let (gate, down) = (experts[0].2[0], experts[0].2[2]);
         let routed = Routed { tab, routes: rp, k };
+        if let Some(glu) = w.act.glu {
+            if gate.kind < 3 {
+                return Err(Error::Invalid(
+                    "CUDA: the routed kernels take biased experts in integer kinds or mxfp4 only"
+                        .into(),
+                ));
+            }
+            // Each rank's real index, for its biases (`put_slots`).
+            let ids = rp + (2 * SLOTS_MAX_K * 4) as u64;
+            self.routed_glu((&gate, &down), (routed, ids), xp, (g, dn), glu)?;
+            return gpu.moe_combine(op, dn, rp, (k, h), None).map(|_| ());
+        }
         if gate.kind < 3 {
             // Float kinds; the integer kinds and mxfp4 take the routed kernels.
             gpu.moe_gate_up(&gate, routed, xp, g)?;
@@ -542,9 +555,8 @@ impl CudaBackend {
         xs: &mut CudaSlice<f32>,
         x: &mut CudaSlice<f32>,
     ) -> crate::Result<bool> {
-        let (ne, k, (f, h)) = (r.n_experts, r.top_k, r.dims());
-        let (Some((act, [bg, bu, bd])), true) = (self.ffn_dev(block.ffn)?.glu, r.gate.kind >= 3)
-        else {
+        let (ne, k, h) = (r.n_experts, r.top_k, r.dims().1);
+        let (Some(glu), true) = (self.ffn_dev(block.ffn)?.glu, r.gate.kind >= 3) else {
             return Err(Error::Invalid(
                 "CUDA: device routing takes biased experts in integer kinds or mxfp4 only".into(),
             ));
@@ -562,15 +574,32 @@ impl CudaBackend {
         }
         gpu.route(dn, 1, ne, (k, block.routing), routes)?;
         let routed = Routed { tab, routes, k };
-        gpu.matvec_sel(&r.gate, routed, (0, 2 * k), (xsp, 0, false), (g, f))?;
-        gpu.expert_glu_routed((g, routes, k, f), (bg, bu), act)?;
-        gpu.matvec_sel(&r.down, routed, (2, k), (g, f, false), (dn, h))?;
-        gpu.add_routed_rows(dn, routes, bd, (k, h))?;
+        self.routed_glu((&r.gate, &r.down), (routed, routes), xsp, (g, dn), glu)?;
         let norm = match (block.next, block.norm_bias) {
             (Some(nw), None) => Some(((self.vector(nw)?, eps), xsp)),
             _ => None,
         };
         gpu.moe_combine(xp, dn, routes, (k, h), norm)
+    }
+
+    /// The k routed experts' products with gpt-oss's activation and biases: gate and up into
+    /// g ([2k, ffn]), expert_glu, down into dn ([k, hidden]) with its bias, each as the
+    /// one-expert path sums it (`ffn_step`), so that both give the same bits. `ids`: each
+    /// route's real expert index (f32 bits), where the bias tables are read.
+    fn routed_glu(
+        &self,
+        (gate, down): (&DevMat, &DevMat),
+        (routed, ids): (Routed, u64),
+        x: u64,
+        (g, dn): (u64, u64),
+        (act, [bg, bu, bd]): ((f32, f32), [u64; 3]),
+    ) -> crate::Result<()> {
+        let (gpu, k) = (&self.gpu, routed.k);
+        let (f, h) = (gate.rows as usize, gate.cols as usize);
+        gpu.matvec_sel(gate, routed, (0, 2 * k), (x, 0, false), (g, f))?;
+        gpu.expert_glu_routed((g, ids, k, f), (bg, bu), act)?;
+        gpu.matvec_sel(down, routed, (2, k), (g, f, false), (dn, h))?;
+        gpu.add_routed_rows(dn, ids, bd, (k, h))
     }
 
     /// Where layer `layer`'s device routing works: its routes, its slice of the expert table,

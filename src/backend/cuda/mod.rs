@@ -194,6 +194,8 @@ const ATP_ROWS: usize = 32;
 
 /// The most routed experts `Gpu::put_slots` takes (moe.cu SLOTS_MAX_K).
 pub const SLOTS_MAX_K: usize = 8;
+/// The floats of the routes buffer `put_slots` writes: ranks and weights, then real indices.
+pub const SLOT_ROUTES_LEN: usize = 3 * SLOTS_MAX_K;
 
 /// moe.cu `struct SlotArgs`: the routed experts of one host-routed decode layer, passed by
 /// value to `put_slots`.
@@ -204,14 +206,17 @@ pub struct SlotArgs {
     pub mats: [DevMat; 3 * SLOTS_MAX_K],
     /// n ranks (as f32 bits), then n weights.
     pub routes: [f32; 2 * SLOTS_MAX_K],
+    /// The real expert index of each rank (as f32 bits): `put_slots` writes them after the
+    /// routes' room, at routes + 2 * SLOTS_MAX_K, for the kernels that read biases by expert.
+    pub ids: [f32; SLOTS_MAX_K],
     pub n: i32,
     _pad: i32,
 }
 
 // SAFETY: #[repr(C)], plain integers and floats, laid out as moe.cu's `struct SlotArgs`
-// (48-byte entries, then 16 floats and two ints: 1224 bytes, checked below).
+// (48-byte entries, then 24 floats and two ints: 1256 bytes, checked below).
 unsafe impl DeviceRepr for SlotArgs {}
-const _: () = assert!(std::mem::size_of::<SlotArgs>() == 1224);
+const _: () = assert!(std::mem::size_of::<SlotArgs>() == 1256);
 
 impl SlotArgs {
     /// The table and routes of `experts` ((expert index, weight, its three matrices), at most
@@ -229,14 +234,16 @@ impl SlotArgs {
         let mut a = SlotArgs {
             mats: [experts[0].2[0]; 3 * SLOTS_MAX_K],
             routes: [0.0; 2 * SLOTS_MAX_K],
+            ids: [0.0; SLOTS_MAX_K],
             n: n as i32,
             _pad: 0,
         };
         for (rank, &j) in order.iter().enumerate() {
-            let (_, w, m) = experts[j];
+            let (e, w, m) = experts[j];
             a.mats[3 * rank..3 * rank + 3].copy_from_slice(&m);
             a.routes[rank] = f32::from_bits(rank as u32);
             a.routes[n + rank] = w;
+            a.ids[rank] = f32::from_bits(e as u32);
         }
         Ok(a)
     }

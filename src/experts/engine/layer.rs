@@ -42,13 +42,22 @@ pub(super) struct Run {
     pub(super) background: Option<crossbeam_channel::Receiver<CpuResult>>,
     pub(super) spawned: Instant,
     pub(super) cpu_span: Option<(Instant, Instant)>,
-    /// A decode layer whose experts all sit in slots of one pool: the routed kernels.
+    /// A decode layer whose experts (`slot_take`: per group) sit in slots of one pool: the
+    /// routed kernels compute them.
     pub(super) slot_mode: Option<PoolKind>,
+    pub(super) slot_take: Vec<bool>,
     pub(super) slot_list: Vec<(usize, f32, usize)>,
     /// Slot groups (index, first route row) computed after the CPU helpers' result.
     pub(super) deferred: Vec<(usize, usize)>,
     /// `out` is zeroed only once it is known that the routed kernels do not add into x.
     pub(super) defer_zero: bool,
+}
+
+impl Run {
+    /// Whether the routed kernels compute every expert of the layer.
+    fn slot_all(&self) -> bool {
+        self.slot_mode.is_some() && self.slot_take.iter().all(|&t| t)
+    }
 }
 
 /// The layer's input and outputs: xs, out, and the residual stream x that the routed kernels
@@ -89,6 +98,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             spawned: entered,
             cpu_span: None,
             slot_mode: None,
+            slot_take: Vec::new(),
             slot_list: Vec::new(),
             deferred: Vec::new(),
             defer_zero: decode && io.residual.is_some() && self.tuning.routed_slots,
@@ -115,7 +125,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         }
         self.account(dev, layer, &mut run, &mut io)?;
         self.layer_plan = lp;
-        Ok(run.slot_mode.is_some() && io.residual.is_some())
+        Ok(run.slot_all() && io.residual.is_some())
     }
 
     /// Plan: decide and group the layer's routes, count them, record them, and score the
@@ -183,9 +193,12 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             }
             let early = i == 0 && self.early(run);
             if i == 0 && !early && run.decode && run.placed == lp.groups.len() {
-                run.slot_mode = self.slot_pool(dev, &run.places);
+                if let Some((kind, take)) = self.slot_pool(dev, &run.places) {
+                    run.slot_mode = Some(kind);
+                    run.slot_take = take;
+                }
             }
-            if i == 0 && run.defer_zero && run.slot_mode.is_none() {
+            if i == 0 && run.defer_zero && !run.slot_all() {
                 dev.zero(io.out, run.n_out)?;
             }
             if early {
@@ -194,10 +207,12 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             }
             let g = &lp.groups[i];
             match run.places[i] {
+                Some(Place::Slot(kind, slot)) if run.slot_take.get(i) == Some(&true) => {
+                    self.take_slot(dev, kind, slot)?;
+                    run.slot_list.push((g.expert, g.rows[0].1, slot));
+                }
                 Some(Place::Slot(kind, slot))
-                    if run.background.is_some()
-                        && run.slot_mode.is_none()
-                        && !self.slots.slot_landed(kind, slot) =>
+                    if run.background.is_some() && !self.slots.slot_landed(kind, slot) =>
                 {
                     // Its load lands while the CPU helpers work: computed once their result is
                     // back, so this thread is not woken for it while they hold every core.
@@ -205,11 +220,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
                 }
                 Some(Place::Slot(kind, slot)) => {
                     self.take_slot(dev, kind, slot)?;
-                    if run.slot_mode.is_some() {
-                        run.slot_list.push((g.expert, g.rows[0].1, slot));
-                    } else {
-                        self.run_slot(dev, (layer, g), (kind, slot), (at, run.decode), io)?;
-                    }
+                    self.run_slot(dev, (layer, g), (kind, slot), (at, run.decode), io)?;
                 }
                 Some(Place::Cpu) | None => {}
             }
@@ -339,24 +350,53 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         loading && (ready || self.slots.mapped())
     }
 
-    /// The pool whose slots hold every expert of a decode layer placed as `places`, when the
-    /// routed kernels can compute them there; None otherwise (CPU experts, two pools, more
-    /// experts than the kernels take, or matrices they do not take).
-    fn slot_pool(&mut self, dev: &D, places: &[Option<Place>]) -> Option<PoolKind> {
-        if !self.tuning.routed_slots || places.is_empty() || places.len() > D::ROUTED_MAX_K {
+    /// The pool whose slots the routed kernels compute a decode layer's experts (placed as
+    /// `places`) from, and which groups they take: every group, where all sit in slots of one
+    /// pool; in a layer with experts on the CPU (added last, so not the all-device order
+    /// anyway), the groups whose loads have landed in the pool holding more of them, where
+    /// that is two or more. None otherwise (two pools without CPU experts, more experts than
+    /// the kernels take, or matrices they do not take).
+    fn slot_pool(&mut self, dev: &D, places: &[Option<Place>]) -> Option<(PoolKind, Vec<bool>)> {
+        if !self.tuning.routed_slots || places.is_empty() {
             return None;
         }
-        let Some(Place::Slot(kind, _)) = places[0] else {
-            return None;
+        let in_pool = |kind: PoolKind, landed: bool| -> Vec<bool> {
+            let slot = |p: &Option<Place>| match *p {
+                Some(Place::Slot(k, s)) => (k == kind).then_some(s),
+                _ => None,
+            };
+            let taken = |s: usize| !landed || self.slots.slot_landed(kind, s);
+            places.iter().map(|p| slot(p).is_some_and(taken)).collect()
         };
-        if !places
-            .iter()
-            .all(|p| matches!(p, Some(Place::Slot(k, _)) if *k == kind))
-        {
+        let count = |take: &[bool]| take.iter().filter(|&&t| t).count();
+        let mut pick = None;
+        for kind in [PoolKind::High, PoolKind::Low] {
+            let take = in_pool(kind, false);
+            if count(&take) == places.len() {
+                pick = Some((kind, take));
+            }
+        }
+        if pick.is_none() && places.contains(&Some(Place::Cpu)) {
+            let (high, low) = (in_pool(PoolKind::High, true), in_pool(PoolKind::Low, true));
+            pick = Some(if count(&low) > count(&high) {
+                (PoolKind::Low, low)
+            } else {
+                (PoolKind::High, high)
+            })
+            .filter(|(_, take)| count(take) >= 2);
+        }
+        let (kind, take) = pick?;
+        if count(&take) > D::ROUTED_MAX_K || !self.pool_routed(dev, kind) {
             return None;
         }
+        Some((kind, take))
+    }
+
+    /// Whether the routed kernels take the layout of pool `kind`'s experts (decided on first
+    /// use).
+    fn pool_routed(&mut self, dev: &D, kind: PoolKind) -> bool {
         if let Some(ok) = self.slot_kinds[kind as usize] {
-            return ok.then_some(kind);
+            return ok;
         }
         let ok = dev.routed_supports(&self.slots.expert(dev, kind, 0));
         if !ok {
@@ -365,7 +405,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             );
         }
         self.slot_kinds[kind as usize] = Some(ok);
-        ok.then_some(kind)
+        ok
     }
 
     /// A prefill layer whose groups all sit in slots of one pool: every expert at once, a
@@ -506,12 +546,17 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
                 .iter()
                 .map(|&(e, w, s)| (e, w, self.slots.expert(dev, kind, s)))
                 .collect();
+            // Into x directly only where no other expert adds to the layer's output.
             let target: &mut D::Buf = match io.residual.as_deref_mut() {
-                Some(x) => x,
-                None => &mut *io.out,
+                Some(x) if run.slot_all() => x,
+                _ => &mut *io.out,
             };
             dev.experts_routed(&mut self.work, &list, io.xs, target)?;
-            self.count.slot_layers += 1;
+            if run.slot_all() {
+                self.count.slot_layers += 1;
+            } else {
+                self.count.slot_part_layers += 1;
+            }
             for &(e, _, _) in &run.slot_list {
                 self.slots.cache.unprotect(kind, (layer, e));
             }

@@ -35,7 +35,7 @@ use prefetch::Prefetcher;
 use routing::DeviceRouting;
 use slots::{Slots, SlotsSetup};
 
-use crate::experts::cache::{pool_slots, ExpertCache};
+use crate::experts::cache::{pool_slots, ExpertCache, PoolKind};
 use crate::experts::io::open_reader;
 use crate::experts::scheduler::Scheduler;
 use crate::experts::trace::TraceWriter;
@@ -60,6 +60,7 @@ struct Counters {
     loaded_behind: u64,
     behind_chances: u64,
     slot_layers: u64,
+    slot_part_layers: u64,
     grouped_layers: u64,
     early_layers: u64,
     /// Loader counters (bytes, disk bytes, nanoseconds) at the last reset.
@@ -157,14 +158,18 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             None => None,
         };
         let (hidden, ffn) = file.expert_dims();
-        // The routed slots' and grouped prefill's kernels compute SwiGLU without biases: other
-        // experts (gpt-oss's) run one at a time there, and route on the device only in integer
-        // kinds (`ExpertDevice::routed_layer` takes their activation and biases).
+        // Grouped prefill computes SwiGLU without biases; the routed kernels take other experts
+        // (gpt-oss's: their activation and biases) in integer kinds and mxfp4 only, so a pool
+        // of float experts runs them one at a time and routes on the host.
+        let mut slot_kinds = [None; 2];
         if model.cfg.expert_act != ExpertAct::SiluGlu || model.cfg.arch.sinks_and_expert_biases() {
-            cfg.tuning.routed_slots = false;
             cfg.tuning.grouped_prefill = false;
             if file.variants()[plan.high].kind.is_float() {
                 cfg.tuning.device_routing = false;
+                slot_kinds[PoolKind::High as usize] = Some(false);
+            }
+            if plan.low.is_some_and(|l| file.variants()[l].kind.is_float()) {
+                slot_kinds[PoolKind::Low as usize] = Some(false);
             }
         }
         // (A trace that records the stacked gates' predictions needs each layer's gate input
@@ -197,7 +202,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             decoded: 0,
             layer_s: None,
             layer_started: None,
-            slot_kinds: [None; 2],
+            slot_kinds,
             tier: cfg.tier,
             direct,
             pace: cfg.pace_bytes_per_s,
@@ -304,7 +309,6 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
 
     /// Slots of each pool.
     pub fn slots(&self) -> (usize, usize) {
-        use crate::experts::cache::PoolKind;
         (
             self.slots.cache.capacity(PoolKind::High),
             self.slots.cache.capacity(PoolKind::Low),

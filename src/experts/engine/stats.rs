@@ -62,6 +62,9 @@ pub struct ExpertStats {
     pub device_account_seconds: f64,
     /// Host-routed decode layers whose experts ran through the routed kernels.
     pub slot_routed_layers: u64,
+    /// Decode layers with experts on the CPU whose cached experts ran through the routed
+    /// kernels.
+    pub slot_part_layers: u64,
     /// Prefill layers whose experts ran grouped (a launch a product for all of them).
     pub grouped_layers: u64,
     /// Decode layers whose cached experts were computed while their other experts' loads landed.
@@ -142,6 +145,7 @@ impl ExpertStats {
             (&mut self.cpu_bytes, s.cpu_bytes),
             (&mut self.device_routed, s.device_routed),
             (&mut self.slot_routed_layers, s.slot_routed_layers),
+            (&mut self.slot_part_layers, s.slot_part_layers),
             (&mut self.grouped_layers, s.grouped_layers),
             (&mut self.early_layers, s.early_layers),
         ];
@@ -291,6 +295,13 @@ impl ExpertStats {
                 s.slot_routed_layers as f64 / n
             )?;
         }
+        if s.slot_part_layers > 0 {
+            writeln!(
+                out,
+                "  layers with CPU experts whose cached ones ran through the routed kernels: {:.2} per token",
+                s.slot_part_layers as f64 / n
+            )?;
+        }
         if s.early_layers > 0 {
             writeln!(
                 out,
@@ -424,6 +435,7 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
             device_routed: self.routing.tokens + held,
             device_account_seconds: secs(self.routing.account),
             slot_routed_layers: c.slot_layers,
+            slot_part_layers: c.slot_part_layers,
             grouped_layers: c.grouped_layers,
             early_layers: c.early_layers,
             // The session fills in the backend's host times.
