@@ -130,14 +130,15 @@ def corr(w64, q, base, step, bits):
     return base + step * (alpha * t + beta)
 
 
-def s16_view(w, bits, sub_bits):
-    """Width `bits` of a parent with a range per 16 (f16 pairs, or quantized sub-scales); 'mid' and 'corr'."""
+def s16_view(w, bits, sub_bits, sg=16):
+    """Width `bits` of a parent with a range per `sg` values (f16 pairs, or quantized sub-scales); 'mid' and
+    'corr'."""
     rows = w.shape[0]
-    w16 = w.reshape(-1, 16)
+    w16 = w.reshape(-1, sg)
     if sub_bits is None:
         s8, m8 = parent(w16)
     else:
-        s8, m8 = parent_q(w, 16, sub_bits)
+        s8, m8 = parent_q(w, sg, sub_bits)
     q8 = codes(w16, s8, m8, 255)
     qk = np.floor(q8 / 2 ** (8 - bits))
     v_mid = mid(m8, s8, qk, bits)
@@ -197,6 +198,7 @@ def write(a):
         "sep64": lambda w: search(w.reshape(-1, 64), a.width).reshape(w.shape),
         "ap8": lambda w: ap8_g64(w, a.width),
         "s16q4": lambda w: s16_view(w, a.width, 4)[1],
+        "s32q8": lambda w: s16_view(w, a.width, 8, 32)[1],
     }[a.form]
     os.makedirs(a.write, exist_ok=True)
     for f in os.listdir(a.hf_dir):
@@ -217,7 +219,7 @@ def main():
     ap.add_argument("--synthetic", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--write")
-    ap.add_argument("--form", choices=["sep64", "ap8", "s16q4"], default="s16q4")
+    ap.add_argument("--form", choices=["sep64", "ap8", "s16q4", "s32q8"], default="s16q4")
     ap.add_argument("--width", type=int, default=2)
     a = ap.parse_args()
     if a.write:
@@ -225,7 +227,8 @@ def main():
     what, mats = matrices(a)
     mats = [m for m in mats if m.shape[1] % 64 == 0]
     print(f"{what}: {sum(m.size for m in mats)} values")
-    cols = ["sep g64", "sep g16", "ap8 g64", "s16 mid", "s16 corr", "s16q4 corr", "s16q6 corr"]
+    cols = ["sep g64", "sep g16", "ap8 g64", "s16 mid", "s16 corr", "s16q4 corr", "s16q6 corr", "s32q4 corr",
+            "s32q8 corr"]
     print("| width | " + " | ".join(cols) + " |")
     print("|---:|" + "---:|" * len(cols))
     for bits in (2, 3, 4, 5, 8):
@@ -239,6 +242,8 @@ def main():
             views["s16 mid"], views["s16 corr"] = s16_view(w, bits, None)
             views["s16q4 corr"] = s16_view(w, bits, 4)[1]
             views["s16q6 corr"] = s16_view(w, bits, 6)[1]
+            views["s32q4 corr"] = s16_view(w, bits, 4, 32)[1]
+            views["s32q8 corr"] = s16_view(w, bits, 8, 32)[1]
             for c in cols:
                 acc[c][0] += ((views[c] - w) ** 2).sum()
                 acc[c][1] += (w ** 2).sum()
