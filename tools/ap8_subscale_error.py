@@ -31,6 +31,8 @@ import os
 import numpy as np
 
 
+# f16 .. search: numpy versions of tools/anyprec_error.py's torch helpers (this study runs from the demo's venv,
+# which has numpy and no torch); the two must weigh and search alike.
 def f16(x):
     return x.astype(np.float16).astype(np.float32)
 
