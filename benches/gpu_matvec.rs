@@ -575,22 +575,24 @@ fn layout(kind: &str, rows: usize, cols: usize, random_scales: bool) -> (Vec<u8>
         return (bytes, Box::new(move |b| Matrix::dense(dt, rows, cols, b)));
     }
     if let Some(w) = kind.strip_prefix("ap8@") {
-        // The gate of an expert of rows x cols matrices: random planes under parent scales and
-        // mins of 2^-7, random corrections.
+        // The gate of an expert of rows x cols matrices (both multiples of 64): random planes
+        // under parent scales of 2^-7 and mins of -2^-7 (row pairs 2^-7, every 16's a = b = 1),
+        // random corrections.
         let width: u8 = w.parse().expect("ap8 width");
-        let l = ap8::ApLayout::new(rows * cols, 64).expect("ap8 layout");
+        let l = ap8::ApLayout::new(cols, rows).expect("ap8 layout");
         let mut bytes: Vec<u8> = (0..l.prefix(8)).map(|_| rnd() as u8).collect();
-        for at in l.parts.iter().flat_map(|p| [p.s8, p.m8]) {
-            for c in bytes[at..at + 2 * rows * cols / 64].chunks_exact_mut(2) {
+        for p in &l.parts {
+            for c in bytes[p.pairs..p.pairs + 4 * p.rows].chunks_exact_mut(2) {
                 c.copy_from_slice(&0x2000u16.to_le_bytes());
             }
+            bytes[p.subs..p.subs + p.rows * p.cols / ap8::SUB].fill(0x11);
         }
         let end = l.prefix(width);
         return (
             bytes,
             Box::new(move |b| Matrix {
                 kind: WeightKind::Ap8 { width, part: 0 },
-                group_size: 64,
+                group_size: ap8::SUB,
                 rows,
                 cols,
                 codes: &b[..end],

@@ -182,14 +182,16 @@ fn main() {
     // [HIDDEN, FFN]), each width's gate and down parts read from the blob's prefix.
     if wanted("ap8") {
         let mut blob = Vec::new();
-        let tq = timed(|| blob = hob::quant::quantize_ap8_expert(64, n, [&src, &src, &src]));
+        let tq = timed(|| {
+            blob = hob::quant::quantize_ap8_expert(HIDDEN, FFN, [&src, &src, &src]);
+        });
         let qrate = 3.0 * n as f64 / tq.as_secs_f64() / 1e6;
-        let layout = hob::format::ap8::ApLayout::new(n, 64).expect("ap8 layout");
+        let layout = hob::format::ap8::ApLayout::new(HIDDEN, FFN).expect("ap8 layout");
         for width in [2u8, 3, 4, 5, 8] {
             let prefix = layout.prefix(width);
             let part = |part: u8, rows: usize, cols: usize| Matrix {
                 kind: hob::quant::WeightKind::Ap8 { width, part },
-                group_size: 64,
+                group_size: hob::format::ap8::SUB,
                 rows,
                 cols,
                 codes: &blob[..prefix],

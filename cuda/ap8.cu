@@ -1,8 +1,9 @@
 // ap8 (kind 10, formats/hob.md; src/format/ap8.rs): an expert's three matrices as the bit planes
 // of one 8-bit parent, read at width k (2..8) from a prefix of the blob: the parent's top two bits
 // (int2's packing), then one plane a width, most significant first. A Mat of kind 10 is one
-// matrix of such a blob: codes the blob's start, group the group size, row_bytes k | part << 8
-// (DevMat::new; part 0 gate, 1 up, 2 down).
+// matrix of such a blob: codes the blob's start, group 16 (a parent range a 16, from its row's
+// pair and its byte; a correction byte a 64), row_bytes k | part << 8 (DevMat::new; part 0 gate,
+// 1 up, 2 down).
 //
 // Decode runs the dp4a form (matvec_ap8d, _sel, below, on matvec_c32.cu's loop): codes built as
 // bytes from the planes' natural bit order, times x staged as 16-bit integers. The f32 form before it (matvec_ap8, _sel:
@@ -12,31 +13,37 @@
 
 // Where one matrix's pieces lie (ApLayout in src/format/ap8.rs: every piece 64-byte aligned).
 struct Ap8Part {
-    const half_bits* s8;
-    const half_bits* m8;
-    const u8* corr;  // width k's correction bytes (k <= 4), else null
+    const u32* pairs;  // each row's (d | dm << 16), f16 bits
+    const u8* subs;    // a byte a 16: a (low nibble), b (high)
+    const u8* corr;  // width k's correction bytes (k <= 4, one a 64), else null
     const u8* top;   // the codes' top two bits: element e at bits 2 (e % 4) of byte e / 4
     const u8* planes[6];  // parent bits 5..0 (read from width 3..8 on): element e at bit e % 8 of byte e / 8
-    int k;
+    int k, gpr;  // the width; 16s a row
 };
 
 __device__ __forceinline__ size_t ap8_al(size_t n) { return (n + 63) & ~(size_t)63; }
 
 __device__ __forceinline__ Ap8Part ap8_part(const Mat& w) {
-    const size_t n = (size_t)w.rows * w.cols, G = n / w.group;
+    const size_t n = (size_t)w.rows * w.cols, G = n / 64;
     const int k = w.row_bytes & 0xff, p = (w.row_bytes >> 8) & 3;
-    // Segment 2 (width 2): per matrix s8, m8, width 2's corrections, the top bits; segments 3
-    // and 4: per matrix a correction array and a plane; segments 5..8: a plane per matrix.
-    const size_t s2 = 2 * ap8_al(2 * G) + ap8_al(G) + ap8_al(n / 4);
+    // The gate and up parts have ffn rows, down hidden: down is [hidden, ffn].
+    const size_t ffn = p == 2 ? w.cols : w.rows, hidden = p == 2 ? w.rows : w.cols;
+    // Segment 2 (width 2): per matrix its row pairs, a byte a 16, width 2's corrections, the
+    // top bits; segments 3 and 4: per matrix a correction array and a plane; segments 5..8: a
+    // plane per matrix.
+    const size_t s2f = ap8_al(4 * ffn) + ap8_al(n / 16) + ap8_al(G) + ap8_al(n / 4);
+    const size_t s2h = ap8_al(4 * hidden) + ap8_al(n / 16) + ap8_al(G) + ap8_al(n / 4);
     const size_t s34 = ap8_al(G) + ap8_al(n / 8), s5 = ap8_al(n / 8);
-    const size_t base = 64 + p * s2, end2 = 64 + 3 * s2;
+    const size_t base = 64 + p * s2f, end2 = 64 + 2 * s2f + s2h;
+    const size_t pr = ap8_al(4 * (size_t)w.rows);
     Ap8Part a;
-    a.s8 = reinterpret_cast<const half_bits*>(w.codes + base);
-    a.m8 = reinterpret_cast<const half_bits*>(w.codes + base + ap8_al(2 * G));
-    a.top = w.codes + base + 2 * ap8_al(2 * G) + ap8_al(G);
-    a.corr = k == 2   ? w.codes + base + 2 * ap8_al(2 * G)
+    a.pairs = reinterpret_cast<const u32*>(w.codes + base);
+    a.subs = w.codes + base + pr;
+    a.top = w.codes + base + pr + ap8_al(n / 16) + ap8_al(G);
+    a.corr = k == 2   ? w.codes + base + pr + ap8_al(n / 16)
              : k <= 4 ? w.codes + end2 + (size_t)(k - 3) * 3 * s34 + p * s34
                       : nullptr;
+    a.gpr = w.cols >> 4;
 #pragma unroll
     for (int j = 0; j < 6; j++)
         a.planes[j] = w.codes + (j < 2 ? end2 + (size_t)j * 3 * s34 + p * s34 + ap8_al(G)
@@ -45,11 +52,25 @@ __device__ __forceinline__ Ap8Part ap8_part(const Mat& w) {
     return a;
 }
 
-// Group g's stored table: its parent pair (s8 | m8 << 16) and, for the corrected widths, its
-// correction byte.
+// 16 g's table: its parent pair (s8 | m8 << 16: format::ap8::sub_pair, f16 of the f32 products)
+// and, for the corrected widths, its 64's correction byte.
+// From its row's pair pr, its byte sb and its correction byte.
+__device__ __forceinline__ uint2 ap8_table_of(u32 pr, u32 sb, u32 corr) {
+    const float d = h2f((half_bits)(pr & 0xffffu)), dm = h2f((half_bits)(pr >> 16));
+    const u32 s8 = f2h(__fmul_rn(d, (float)(sb & 15u)));
+    const u32 m8 = f2h(-__fmul_rn(dm, (float)(sb >> 4)));
+    return make_uint2(s8 | (m8 << 16), corr);
+}
 __device__ __forceinline__ uint2 ap8_table(const Ap8Part& a, size_t g) {
-    const u32 sm = (u32)__ldg(a.s8 + g) | ((u32)__ldg(a.m8 + g) << 16);
-    return make_uint2(sm, a.k <= 4 ? (u32)__ldg(a.corr + g) : 0u);
+    return ap8_table_of(__ldg(a.pairs + g / (size_t)a.gpr), __ldg(a.subs + g),
+                        a.k <= 4 ? (u32)__ldg(a.corr + (g >> 2)) : 0u);
+}
+
+// v / 3 rounded as f32 division rounds it, for an integer v in -8..7 (a product by 1/3 is off for
+// +-5 and +-7; one residual step mends it: checked for all 16 values in tools/c32_emulate.py).
+__device__ __forceinline__ float ap8_third(float v) {
+    const float q = __fmul_rn(v, 1.f / 3.f);
+    return __fmaf_rn(__fmaf_rn(-q, 3.f, v), 1.f / 3.f, q);
 }
 
 // A group's (scale, min) at width k from its table: format::ap8::group_params, each f32 step in
@@ -63,8 +84,42 @@ __device__ __forceinline__ float2 ap8_params(uint2 t, int k) {
     if (k > 4) return make_float2(h2f(f2h(s)), h2f(f2h(m)));
     const float ca = (float)((int)(signed char)(u8)(t.y << 4) >> 4);
     const float cb = (float)((int)(signed char)(u8)t.y >> 4);
-    return make_float2(h2f(f2h(__fmul_rn(s, __fadd_rn(1.f, __fdiv_rn(ca, 96.f))))),
-                       h2f(f2h(__fadd_rn(m, __fdiv_rn(__fmul_rn(cb, s), 24.f)))));
+    // a / 96 = (a / 3) 2^-5 and b / 24 = (b / 3) 2^-3, both exact scalings.
+    const float fa = __fmaf_rn(ap8_third(ca), 0.03125f, 1.f), fb = __fmul_rn(ap8_third(cb), 0.125f);
+    return make_float2(h2f(f2h(__fmul_rn(s, fa))), h2f(f2h(__fadd_rn(m, __fmul_rn(s, fb)))));
+}
+
+// ap8_params of both 16s of a chunk (pr: the row's pair; sc: their bytes, then their 64's
+// correction byte): what they share made once, and (s8 h) fa as s8 (h fa), (s8 h) fb as s8 (h fb),
+// the same f32 values (h is a power of two).
+template <int K>
+__device__ __forceinline__ void ap8_params2(u32 pr, u32 sc, float2& s0, float2& s1) {
+    const float d = h2f((half_bits)(pr & 0xffffu)), dm = -h2f((half_bits)(pr >> 16));
+    const float h = (float)(1 << (8 - K)), mid = (h - 1.f) * 0.5f;
+    float hfa = h, hfb = 0.f;
+    if (K <= 4) {
+        const u32 c = sc >> 16;
+        const float ca = (float)((int)(signed char)(u8)(c << 4) >> 4);
+        const float cb = (float)((int)(signed char)(u8)c >> 4);
+        hfa = __fmul_rn(h, __fmaf_rn(ap8_third(ca), 0.03125f, 1.f));
+        hfb = __fmul_rn(h, __fmul_rn(ap8_third(cb), 0.125f));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const u32 sb = (sc >> (8 * i)) & 0xffu;
+        const float s8 = h2f(f2h(__fmul_rn(d, (float)(sb & 15u))));
+        const float m8 = h2f(f2h(__fmul_rn(dm, (float)(sb >> 4))));
+        float2 r;
+        if (K >= 8) {
+            r = make_float2(s8, m8);
+        } else {
+            const float m = __fadd_rn(m8, __fmul_rn(s8, mid));
+            r = K > 4 ? make_float2(h2f(f2h(__fmul_rn(s8, h))), h2f(f2h(m)))
+                      : make_float2(h2f(f2h(__fmul_rn(s8, hfa))),
+                                    h2f(f2h(__fadd_rn(m, __fmul_rn(s8, hfb)))));
+        }
+        (i == 0 ? s0 : s1) = r;
+    }
 }
 
 // The raw bits of unit u (elements 16u .. 16u + 15 of the matrix): a word of top bits and a
@@ -273,15 +328,10 @@ extern "C" __global__ void matvec_ap8_sel(SEL_ARGS, int split, int tchunks) {
 // ---------------------------------------------------------------------------------------------
 // The dp4a form (decode; matvec_c32.cu's loop, C32_PLANES order): a chunk's words built straight
 // from the planes' natural bit order (one shift and one AND a plane and word), the top bits
-// brought into the same order by two byte permutes. Groups (multiples of 64 columns) hold whole
-// chunks; a step's 32 chunks span at most 16 groups, whose tables load with the chunks (R / 2 a
-// lane: table i of lane l is row 2 i + l / 16's group l % 16 of the step), their (scale, min)
-// computed by the lane that loaded them and shuffled to the chunks' lanes.
-
-// The group of column col: a shift where the group is a power of two.
-__device__ __forceinline__ int ap8d_group(int col, int group, int gsh) {
-    return gsh >= 0 ? col >> gsh : col / group;
-}
+// brought into the same order by two byte permutes. A chunk holds two 16s (bytes 0-1 of every
+// such word in the first, 2-3 in the second): two more byte permutes pair words j and j + 1 into
+// one word a 16 (C32_PLANES' staged order), each meets x once, and each half's sum takes its own
+// (scale, min). A lane loads its own chunk's two tables a row with its codes.
 
 // Word j of a chunk: the K-bit codes of columns j + 8b at byte b, from the rearranged top bits
 // (tp: words 0-3 of A, 4-7 of B) and the K - 2 planes.
@@ -300,36 +350,36 @@ __device__ __forceinline__ u32 ap8d_word(u32 tp, const u32 (&pl)[6], int j) {
 template <int K>
 struct Ap8C32 {
     Ap8Part a;
-    int gsh;
 
-    __device__ __forceinline__ explicit Ap8C32(const Mat& w)
-        : a(ap8_part(w)), gsh((w.group & (w.group - 1)) == 0 ? __ffs(w.group) - 1 : -1) {}
+    __device__ __forceinline__ explicit Ap8C32(const Mat& w) : a(ap8_part(w)) {}
 
     template <int R>
     struct Buf {
         uint2 top[R];
         u32 pl[R][6];
-        uint2 tab[R / 2];
+        // The chunk's two bytes (a 16's each) with its 64's correction byte at bits 16..23; the
+        // row's pair is read in `step` (an L1 hit after a tile's first step: fewer registers in
+        // flight), where the two tables are made.
+        u32 sc[R];
+        int r0;  // the tile's first row
     };
 
     template <int R>
     __device__ __forceinline__ void load(const Mat& w, int t, int s, int lane, Buf<R>& b) const {
-        const int nch = w.cols >> 5, gpr = w.cols / w.group, c = s * 32 + lane;
+        const int nch = w.cols >> 5, c = s * 32 + lane;
         const bool in = c < nch;
+        b.r0 = t * R;
 #pragma unroll
         for (int ri = 0; ri < R; ri++) {
-            const size_t u = (size_t)min(t * R + ri, w.rows - 1) * nch + c;
+            const size_t r = (size_t)min(t * R + ri, w.rows - 1), u = r * nch + c;
             b.top[ri] = in ? qld2(reinterpret_cast<const uint2*>(a.top) + u) : make_uint2(0u, 0u);
 #pragma unroll
             for (int p = 0; p < K - 2; p++)
                 b.pl[ri][p] = in ? c32_ld1(reinterpret_cast<const u32*>(a.planes[p]) + u) : 0u;
-        }
-        const int g = ap8d_group(s * 1024, w.group, gsh) + (lane & 15);
-        const bool gin = g <= ap8d_group(min(s * 1024 + 1023, w.cols - 1), w.group, gsh);
-#pragma unroll
-        for (int i = 0; i < R / 2; i++) {
-            const int r = min(t * R + 2 * i + (lane >> 4), w.rows - 1);
-            b.tab[i] = gin ? ap8_table(a, (size_t)r * gpr + g) : make_uint2(0u, 0u);
+            const size_t g = r * a.gpr + 2 * c;  // even: rows are whole 64s
+            b.sc[ri] = in ? (u32)__ldg(reinterpret_cast<const unsigned short*>(a.subs) + g / 2) |
+                                (K <= 4 ? (u32)__ldg(a.corr + (g >> 2)) << 16 : 0u)
+                          : 0u;
         }
     }
 
@@ -338,23 +388,26 @@ struct Ap8C32 {
                                          const uint4* xq, float (&acc)[R]) const {
         const int c = s * 32 + lane;
         const bool in = c < (w.cols >> 5);
-        float2 sm[R / 2];
-#pragma unroll
-        for (int i = 0; i < R / 2; i++) sm[i] = ap8_params(b.tab[i], K);
-        const int gl = in ? ap8d_group(c * 32, w.group, gsh) - ap8d_group(s * 1024, w.group, gsh) : 0;
         const C32X x = c32_x(xq, w.cols, c, in);
 #pragma unroll
         for (int ri = 0; ri < R; ri++) {
-            const float sc = __shfl_sync(0xffffffffu, sm[ri >> 1].x, (ri & 1) * 16 + gl);
-            const float mn = __shfl_sync(0xffffffffu, sm[ri >> 1].y, (ri & 1) * 16 + gl);
             if (!in) continue;
             const u32 A = __byte_perm(b.top[ri].x, b.top[ri].y, 0x6420);
             const u32 B = __byte_perm(b.top[ri].x, b.top[ri].y, 0x7531);
-            int hi = 0, lo = 0;
+            int hi0 = 0, lo0 = 0, hi1 = 0, lo1 = 0;
 #pragma unroll
-            for (int j = 0; j < 8; j++) c32_dot(ap8d_word<K>(j < 4 ? A : B, b.pl[ri], j), x, j, hi, lo);
-            const float v = __int2float_rn(hi * 256 + lo) * x.e.x;
-            acc[ri] = __fmaf_rn(sc, v, __fmaf_rn(mn, x.e.w, acc[ri]));
+            for (int j = 0; j < 8; j += 2) {
+                const u32 q0 = ap8d_word<K>(j < 4 ? A : B, b.pl[ri], j);
+                const u32 q1 = ap8d_word<K>(j < 4 ? A : B, b.pl[ri], j + 1);
+                c32_dot(__byte_perm(q0, q1, 0x5410), x, j, hi0, lo0);
+                c32_dot(__byte_perm(q0, q1, 0x7632), x, j + 1, hi1, lo1);
+            }
+            float2 s0, s1;
+            ap8_params2<K>(__ldg(a.pairs + min(b.r0 + ri, w.rows - 1)), b.sc[ri], s0, s1);
+            const float v0 = __int2float_rn(hi0 * 256 + lo0) * x.e.x;
+            const float v1 = __int2float_rn(hi1 * 256 + lo1) * x.e.x;
+            acc[ri] = __fmaf_rn(s0.x, v0, __fmaf_rn(s0.y, x.e.y, acc[ri]));
+            acc[ri] = __fmaf_rn(s1.x, v1, __fmaf_rn(s1.y, x.e.z, acc[ri]));
         }
     }
 };

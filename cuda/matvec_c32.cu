@@ -4,9 +4,11 @@
 // A lane takes a 32-column chunk of R rows, the warp 32 chunks of them a step, the next step's
 // loads issued before the current one is computed; blocks of 256, about three an SM, walk tiles of
 // R rows (c32_rows). A chunk's codes are eight words of four byte codes each, in an order
-// the layout's bits give cheaply (C32_PLANES: word j holds columns j + 8b in byte b, the order in
-// which (plane >> j) & 0x01010101 takes a 32-bit plane word apart; C32_INT2: columns 16 (j / 4) +
-// j % 4 + 4b, int2's (w >> 2j) & 0x03030303). x's chunk c is staged in the same order as
+// the layout's bits give cheaply (C32_PLANES: (plane >> j) & 0x01010101 takes a 32-bit plane word
+// apart into columns j + 8b, and two byte permutes pair words j and j + 1 into staged words j (columns
+// j + 8b' and j + 1 + 8b' of the first 16) and j + 1 (the same plus 16), so a word lies in one 16;
+// C32_INT2: columns 16 (j / 4) + j % 4 + 4b, int2's (w >> 2j) & 0x03030303). x's chunk c is staged
+// in the same order as
 // xq = round(x * 2^-e) (16 bits: e puts the chunk's largest |x| in [2^14, 2^15), matvec_q_stage.cu's
 // qdstage rule), in two byte planes (high signed, low unsigned), beside (2^e, the sums of x over
 // each 16-column half, over the chunk); a word meets each plane in one dp4a (exact integer sums),
@@ -23,7 +25,7 @@
 
 // Staged x: chunk c's 64 bytes of planes as four 16-byte words (q: high words 0-3, 4-7, low words
 // 0-3, 4-7) at uint4 c32_xat(c, q), a warp's 32 chunks consecutive (no bank conflicts); then a
-// float4 a chunk (c32_sums: 2^e, the two halves' sums (C32_INT2; else 0), the chunk's sum).
+// float4 a chunk (c32_sums: 2^e, the two 16-column halves' sums, the chunk's sum).
 // Shared memory: 80 bytes a chunk, the planes in whole runs of 32 chunks (Gpu::c32_launch).
 __device__ __forceinline__ int c32_xat(int c, int q) { return ((c >> 5) * 4 + q) * 32 + (c & 31); }
 __device__ __forceinline__ const float4* c32_sums(const uint4* xq, int cols) {
@@ -33,7 +35,8 @@ __device__ __forceinline__ const float4* c32_sums(const uint4* xq, int cols) {
 // The column of byte b of word j in a chunk.
 template <int ORDER>
 __device__ __forceinline__ int c32_col(int j, int b) {
-    return ORDER == C32_PLANES ? j + 8 * b : 16 * (j >> 2) + (j & 3) + 4 * b;
+    return ORDER == C32_PLANES ? 2 * (j >> 1) + (b >> 1) + 8 * (b & 1) + 16 * (j & 1)
+                               : 16 * (j >> 2) + (j & 3) + 4 * b;
 }
 
 // Stage x (cols columns, a multiple of 32): a thread a word of a chunk (8 adjacent lanes a
@@ -51,20 +54,19 @@ __device__ void c32_stage(const float* __restrict__ x, int cols, uint4* xq) {
 #pragma unroll
         for (int b = 0; b < 4; b++) v[b] = in ? __ldg(x + 32 * c + c32_col<ORDER>(j, b)) : 0.f;
         float am = fmax_nan(fmax_nan(fabsf(v[0]), fabsf(v[1])), fmax_nan(fabsf(v[2]), fabsf(v[3])));
-        // C32_INT2's groups take the halves' sums (a word lies in half j / 4); ap8's the chunk's.
+        // Each 16-column half's sum (a word lies in half j / 4, C32_INT2, or j % 2, C32_PLANES),
+        // and the chunk's.
         const float p = (v[0] + v[1]) + (v[2] + v[3]);
-        float sum = p, h0 = j < 4 ? p : 0.f, h1 = j < 4 ? 0.f : p;
+        const bool first = ORDER == C32_INT2 ? j < 4 : (j & 1) == 0;
+        float sum = p, h0 = first ? p : 0.f, h1 = first ? 0.f : p;
 #pragma unroll
         for (int o = 1; o < 8; o <<= 1) {
             am = fmax_nan(am, __shfl_xor_sync(0xffffffffu, am, o));
             // a + b == b + a: the same sums in all 8 lanes.
             sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (ORDER == C32_INT2) {
-                h0 += __shfl_xor_sync(0xffffffffu, h0, o);
-                h1 += __shfl_xor_sync(0xffffffffu, h1, o);
-            }
+            h0 += __shfl_xor_sync(0xffffffffu, h0, o);
+            h1 += __shfl_xor_sync(0xffffffffu, h1, o);
         }
-        if (ORDER != C32_INT2) h0 = h1 = 0.f;
         if (!in) continue;
         const int E = (int)(__float_as_uint(am) >> 23);
         const bool bad = E == 255;

@@ -623,7 +623,8 @@ fn ap8_stores_one_blob_and_reads_every_width() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ap8.hob");
     let summary = convert(&fx::fixture_dir(), &out, &["--experts", "ap8,int4,int2"]);
-    assert!(summary.contains("8.875"), "{summary}");
+    // 8.875 bits a weight and a row pair (32 bits) over the fixture's 64 columns.
+    assert!(summary.contains("9.375"), "{summary}");
     let src = fx::read_tensors(&fx::fixture_dir());
     let file = HobFile::open(&out).unwrap();
     let names: Vec<String> = file.variants().iter().map(|v| v.name()).collect();
@@ -654,7 +655,7 @@ fn ap8_stores_one_blob_and_reads_every_width() {
 
     // A byte of the lowest plane is read by the whole blob alone; a byte of the top chunk by
     // every view.
-    let layout = hob::format::ap8::ApLayout::new(64 * 128, 64).unwrap();
+    let layout = hob::format::ap8::ApLayout::new(64, 128).unwrap();
     let offset = file.expert_record(1, 2, 0).offset as usize;
     drop(file);
     let bytes = std::fs::read(&out).unwrap();

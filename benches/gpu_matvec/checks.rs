@@ -90,16 +90,16 @@ pub(super) fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
             Some(tc),
         );
     }
-    // matvec_c32.cu's loop (ap8, int2k): ragged row tiles, rows of 2 to 448 chunks, one partial
-    // step.
+    // matvec_c32.cu's loop (ap8, int2k): ragged row tiles (int2k; ap8's rows are whole 64s),
+    // rows of 2 to 448 chunks, one partial step.
     for (kind, rows, cols) in [
-        ("ap8@3", 1001, 4096),
-        ("ap8@2", 3, 64),
-        ("ap8@8", 333, 14336),
-        ("ap8@5", 4099, 768),
-        ("ap8@4", 70, 192),
-        ("ap8@6", 9, 1088),
-        ("ap8@7", 130, 2048),
+        ("ap8@3", 1024, 4096),
+        ("ap8@2", 64, 64),
+        ("ap8@8", 320, 14336),
+        ("ap8@5", 4096, 768),
+        ("ap8@4", 64, 192),
+        ("ap8@6", 64, 1088),
+        ("ap8@7", 128, 2048),
         ("int2k", 1001, 4096),
         ("int2k", 3, 64),
         ("int2k", 70, 14336),

@@ -98,9 +98,8 @@ pub fn quantize_expert(
 
 /// An ap8 blob and its error at width 8 (the parent: every narrower view reads fewer bits).
 fn ap8_expert(variant: Variant, layout: &ExpertLayout, w: &ExpertWeights) -> (Vec<u8>, ErrorStats) {
-    let n = layout.gate.rows * layout.gate.cols;
-    let g = variant.group_size as usize;
-    let blob = quant::quantize_ap8_expert(g, n, [&w.gate, &w.up, &w.down]);
+    let (hidden, ffn) = (layout.gate.cols, layout.gate.rows);
+    let blob = quant::quantize_ap8_expert(hidden, ffn, [&w.gate, &w.up, &w.down]);
     let mut stats = ErrorStats::default();
     for (part, (m, src)) in [
         (&layout.gate, &w.gate),

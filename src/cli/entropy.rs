@@ -159,7 +159,7 @@ fn ap8_widths(file: &HobFile, vi: usize) -> Vec<Value> {
     let v = file.variants()[vi];
     let gate = &file.expert_layout(vi).gate;
     let n = gate.rows * gate.cols;
-    let Ok(layout) = ApLayout::new(n, v.group_size as usize) else {
+    let Ok(layout) = ApLayout::new(gate.cols, gate.rows) else {
         return Vec::new();
     };
     let keys: Vec<(usize, usize)> = (0..file.n_layers())
@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn ap8_parent_codes_are_read_from_the_top_bits_and_the_planes() {
         let n = 256;
-        let layout = ApLayout::new(n, 64).unwrap();
+        let layout = ApLayout::new(64, 64).unwrap();
         let mut blob = vec![0u8; layout.prefix(8)];
         let p = &layout.parts[1];
         for e in 0..n {

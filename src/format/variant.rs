@@ -181,12 +181,12 @@ impl VariantKind {
         }
     }
 
-    /// A fixed group size (MXFP4's 32 values a block, int4k's groups of 32, int2k's of 16), else
-    /// None.
+    /// A fixed group size (MXFP4's 32 values a block, int4k's groups of 32, int2k's of 16, ap8's
+    /// parent ranges of 16), else None.
     pub fn fixed_group_size(self) -> Option<u32> {
         match self {
             VariantKind::Mxfp4 | VariantKind::Int4k => Some(32),
-            VariantKind::Int2k => Some(16),
+            VariantKind::Int2k | VariantKind::Ap8 => Some(16),
             _ => None,
         }
     }
@@ -213,9 +213,9 @@ impl VariantKind {
         matches!(self, VariantKind::Int4k | VariantKind::Int2k)
     }
 
-    /// The multiple every group size must be: int3's 64-value blocks and ap8's, else 16.
+    /// The multiple every group size must be: int3's 64-value blocks, else 16.
     pub fn group_multiple(self) -> u32 {
-        if matches!(self, VariantKind::Int3 | VariantKind::Ap8) {
+        if self == VariantKind::Int3 {
             64
         } else {
             16
@@ -321,7 +321,7 @@ impl Variant {
     }
 
     /// Parse "f16", "bf16", "int8", "int4", "int4k", "int3", "int2", "ap8", optionally with a
-    /// group size: "int4/g32"; an ap8 view names its width: "ap8@4", "ap8/g128@4".
+    /// group size: "int4/g32"; an ap8 view names its width: "ap8@4".
     /// `default_group` (from --group-size) replaces the kind's default when given.
     pub fn parse(s: &str, default_group: Option<u32>) -> Result<Variant, String> {
         let (s_kind, width) = match s.split_once('@') {
@@ -396,8 +396,13 @@ impl Variant {
             .fixed_group_size()
             .filter(|&f| f != self.group_size)
         {
+            // ap8 had one parent range a 64 values until 2026-12-05 (formats/hob.md).
+            let hint = match self.kind {
+                VariantKind::Ap8 => " (an ap8 file from before 2026-12-05: convert it again)",
+                _ => "",
+            };
             return Err(format!(
-                "{}: blocks of {fixed} values, found group size {}",
+                "{}: blocks of {fixed} values, found group size {}{hint}",
                 self.kind.name(),
                 self.group_size
             ));
@@ -414,18 +419,13 @@ impl Variant {
         Ok(())
     }
 
-    /// "f16", "int4/g64"; ap8: "ap8", "ap8@4" (group 64), "ap8/g128@4".
+    /// "f16", "int4/g64"; ap8: "ap8", "ap8@4".
     pub fn name(&self) -> String {
         if self.kind == VariantKind::Ap8 {
-            let group = match self.group_size {
-                64 => String::new(),
-                g => format!("/g{g}"),
-            };
-            let width = match self.is_view() {
-                true => format!("@{}", self.width),
-                false => String::new(),
-            };
-            format!("ap8{group}{width}")
+            match self.is_view() {
+                true => format!("ap8@{}", self.width),
+                false => "ap8".to_string(),
+            }
         } else if self.kind.is_float() || self.kind.fixed_group_size().is_some() {
             self.kind.name().to_string()
         } else {
@@ -524,17 +524,7 @@ impl Variant {
     /// An ap8 view's expert: every matrix reads the whole prefix (its `codes`), from the blob
     /// start; which of the three it is comes with the view (`MatrixView::part`).
     fn ap8_expert_layout(&self, hidden: usize, ffn: usize) -> Result<ExpertLayout, String> {
-        let g = self.group_size as usize;
-        if !hidden.is_multiple_of(g) || !ffn.is_multiple_of(g) {
-            return Err(format!(
-                "{}: hidden {hidden} and ffn {ffn} must both be multiples of the group size {g}",
-                self.name()
-            ));
-        }
-        let n = hidden
-            .checked_mul(ffn)
-            .ok_or_else(|| format!("expert [{hidden}, {ffn}] is too large"))?;
-        let ap = ap8::ApLayout::new(n, self.group_size as usize)?;
+        let ap = ap8::ApLayout::new(hidden, ffn)?;
         let size = ap.prefix(self.width);
         let m = |rows, cols| MatrixLayout {
             rows,
@@ -560,8 +550,10 @@ impl Variant {
     /// an ap8 view: the bits it reads.
     pub fn bits_per_weight(&self, rows: usize, cols: usize) -> f64 {
         if self.kind == VariantKind::Ap8 {
+            // A byte a 16, a correction byte a 64 for each corrected width read, a pair a row.
             let tables = ap8::CORRECTED.iter().filter(|&&c| c <= self.width).count();
-            return self.width as f64 + (32 + 8 * tables) as f64 / self.group_size as f64;
+            let pair = if cols == 0 { 0.0 } else { 32.0 / cols as f64 };
+            return self.width as f64 + 0.5 + (8 * tables) as f64 / 64.0 + pair;
         }
         let bits = self.kind.bits() as f64;
         if self.kind.is_float() || rows == 0 || cols == 0 {
@@ -648,16 +640,21 @@ mod tests {
         );
         assert_eq!(k2.bits_per_weight(768, 2048), 2.515625);
         let ap = Variant::parse("ap8", None).unwrap();
-        assert_eq!((ap.group_size, ap.width, ap.name()), (64, 8, "ap8".into()));
+        assert_eq!((ap.group_size, ap.width, ap.name()), (16, 8, "ap8".into()));
         let v4 = Variant::parse("ap8@4", None).unwrap();
         assert_eq!(
             (v4.width, v4.name(), v4.is_view()),
             (4, "ap8@4".into(), true)
         );
-        assert_eq!(
-            Variant::parse("ap8/g128@2", None).unwrap().name(),
-            "ap8/g128@2"
-        );
+        assert_eq!(Variant::parse("ap8/g16@2", None).unwrap().name(), "ap8@2");
+        assert!(Variant::parse("ap8/g64", None).is_err());
+        // A file of the earlier layout (a parent range a 64) says to convert it again.
+        let old = Variant {
+            kind: VariantKind::Ap8,
+            group_size: 64,
+            width: 8,
+        };
+        assert!(old.check().unwrap_err().contains("convert it again"));
         assert!(Variant::parse("ap8@9", None).unwrap_err().contains("2..=8"));
         assert!(Variant::parse("int4@2", None)
             .unwrap_err()
@@ -667,8 +664,8 @@ mod tests {
         let (full, two) = (ap.expert_layout(64, 128).unwrap(), ap.at_width(2));
         let part = two.expert_layout(64, 128).unwrap();
         assert!(part.size < full.size && full.gate.codes == (0..full.size));
-        assert_eq!(ap.bits_per_weight(64, 128), 8.875);
-        assert_eq!(two.bits_per_weight(64, 128), 2.625);
+        assert_eq!(ap.bits_per_weight(128, 2048), 8.890625);
+        assert_eq!(two.bits_per_weight(128, 2048), 2.640625);
         assert!(Variant::parse("int4/g10", None).is_err());
         assert!(Variant::parse("f16/g64", None).is_err());
     }

@@ -331,7 +331,7 @@ pub fn expert_blob(
                 variant.kind.code() as u64,
             ],
         );
-        return ap8_blob(variant, layout, key);
+        return ap8_blob(layout, key);
     }
     let mut blob = vec![0u8; layout.size];
     for (mi, (offset, m)) in [
@@ -358,22 +358,24 @@ pub fn expert_blob(
     blob
 }
 
-/// An ap8 blob: random codes and correction bytes under one parent pair whose 256 levels have
-/// sd WEIGHT_SD, and the header's prefix checksums.
-fn ap8_blob(variant: Variant, layout: &ExpertLayout, key: u64) -> Vec<u8> {
+/// An ap8 blob: random codes and correction bytes, every 16 under one parent pair (a = b = 15
+/// under its row's pair) whose 256 levels have sd WEIGHT_SD, and the header's prefix checksums.
+fn ap8_blob(layout: &ExpertLayout, key: u64) -> Vec<u8> {
     use crate::format::ap8;
-    let n = layout.gate.rows * layout.gate.cols;
-    let g = variant.group_size as usize;
-    let ap = ap8::ApLayout::new(n, g).expect("the writer checked the shape");
+    let (hidden, ffn) = (layout.gate.cols, layout.gate.rows);
+    let ap = ap8::ApLayout::new(hidden, ffn).expect("the writer checked the shape");
     let mut blob = vec![0u8; layout.size];
     fill_par(&mut blob[ap8::HEADER..], key, fill_bytes);
-    let s8 = half::f16::from_f32(WEIGHT_SD * (12.0f32 / (256.0 * 256.0 - 1.0)).sqrt());
-    let m8 = half::f16::from_f32(-127.5 * s8.to_f32());
+    let s8 = WEIGHT_SD * (12.0f32 / (256.0 * 256.0 - 1.0)).sqrt();
+    let d = half::f16::from_f32(s8 / 15.0);
+    let dm = half::f16::from_f32(127.5 * s8 / 15.0);
     for p in &ap.parts {
-        for gi in 0..n / g {
-            blob[p.s8 + 2 * gi..p.s8 + 2 * gi + 2].copy_from_slice(&s8.to_le_bytes());
-            blob[p.m8 + 2 * gi..p.m8 + 2 * gi + 2].copy_from_slice(&m8.to_le_bytes());
+        for r in 0..p.rows {
+            blob[p.pairs + 4 * r..p.pairs + 4 * r + 2].copy_from_slice(&d.to_le_bytes());
+            blob[p.pairs + 4 * r + 2..p.pairs + 4 * r + 4].copy_from_slice(&dm.to_le_bytes());
         }
+        let subs = p.rows * p.cols / ap8::SUB;
+        blob[p.subs..p.subs + subs].fill(0xff);
     }
     for k in ap8::MIN_WIDTH..ap8::MAX_WIDTH {
         let crc = crc32c::crc32c(&blob[ap8::HEADER..ap.prefix(k)]);

@@ -230,8 +230,9 @@ impl<'a> Matrix<'a> {
     fn check(&self) {
         if let WeightKind::Ap8 { width, part } = self.kind {
             assert!(
-                (2..=8).contains(&width) && part < 3,
-                "ap8 width {width}, part {part}"
+                (2..=8).contains(&width) && part < 3 && self.group_size == crate::format::ap8::SUB,
+                "ap8 width {width}, part {part}, g{}",
+                self.group_size
             );
             assert!(
                 self.codes.len() >= planes::prefix_len(self),

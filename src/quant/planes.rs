@@ -1,9 +1,9 @@
 //! ap8, the any-precision variant (format::ap8): its quantizer, and the CPU's reading of a view.
 //!
 //! The CPU multiplies with a view of width k by expanding a block of rows into a matrix its
-//! kernels take, with each group's (scale, min) from `ap8::group_params`: int2 (width 2: the top
-//! chunk's bytes are int2 codes as they are), int4 (widths 3 and 4: nibbles from the top chunk
-//! and the planes) or f32 values (the other widths). Decode on AVX-512 reads the planes directly
+//! kernels take, with each 16's (scale, min) from `ap8::group_params`: int2/g16 (width 2: the top
+//! chunk's bytes are int2 codes as they are), int4/g16 (widths 3 and 4: nibbles from the top
+//! chunk and the planes) or f32 values (the other widths). Decode on AVX-512 reads the planes directly
 //! instead (x86/planes.rs, benches/results/2026-12-04-cpu-issue54-ap8.md).
 
 use std::ops::Range;
@@ -11,28 +11,36 @@ use std::ops::Range;
 use half::f16;
 use rayon::prelude::*;
 
-use super::quantize::{refit, weigh, Scratch};
+use super::quantize::{weigh, Scratch};
 use super::{Matrix, WeightKind};
-use crate::format::ap8::{self, ApLayout, PartLayout};
+use crate::format::ap8::{self, ApLayout, PartLayout, CORR_GROUP, SUB};
 
 /// Rows expanded per block (64 rows of 4096 f32 values: 1 MiB).
 const BLOCK_ROWS: usize = 64;
+
+/// The expert layout an ap8 view's matrix belongs to (part 2, down, is [hidden, ffn]).
+fn layout_of(m: &Matrix, part: u8) -> Result<ApLayout, String> {
+    match part {
+        2 => ApLayout::new(m.rows, m.cols),
+        _ => ApLayout::new(m.cols, m.rows),
+    }
+}
 
 /// The layout and part of an ap8 view's matrix, and its width.
 pub(super) fn geometry(m: &Matrix) -> (PartLayout, u8) {
     let WeightKind::Ap8 { width, part } = m.kind else {
         unreachable!("planes::geometry on {:?}", m.kind)
     };
-    let layout = ApLayout::new(m.rows * m.cols, m.group_size).expect("checked by the reader");
+    let layout = layout_of(m, part).expect("checked by the reader");
     (layout.parts[usize::from(part)], width)
 }
 
 /// Bytes an ap8 view's `codes` must hold (its prefix).
 pub(super) fn prefix_len(m: &Matrix) -> usize {
-    let WeightKind::Ap8 { width, .. } = m.kind else {
+    let WeightKind::Ap8 { width, part } = m.kind else {
         return 0;
     };
-    ApLayout::new(m.rows * m.cols, m.group_size).map_or(usize::MAX, |l| l.prefix(width))
+    layout_of(m, part).map_or(usize::MAX, |l| l.prefix(width))
 }
 
 /// Bit i of a byte as byte i of a u64 (0 or 1).
@@ -77,23 +85,29 @@ fn codes8(bytes: &[u8], p: &PartLayout, k: u8, i: usize) -> u64 {
     q
 }
 
-/// The parent pairs (f16 bytes) and, for the corrected widths, the correction bytes of a run of
-/// groups, each slice starting at its first group.
-pub(super) type Tables<'a> = (&'a [u8], &'a [u8], Option<&'a [u8]>);
+/// A part's tables at one width: the blob (its prefix), the part's layout, and where the
+/// width's correction bytes start (the corrected widths).
+#[derive(Clone, Copy)]
+pub(super) struct Tables<'a> {
+    pub(super) bytes: &'a [u8],
+    pub(super) p: PartLayout,
+    pub(super) corr: Option<usize>,
+}
 
-/// Group `j` of `t`'s (scale, min) at width `k`.
-pub(super) fn table_at(k: u8, (s8, m8, corr): Tables, j: usize) -> (f16, f16) {
-    let f = |b: &[u8]| f16::from_le_bytes([b[2 * j], b[2 * j + 1]]);
-    ap8::group_params(k, f(s8), f(m8), corr.map_or(0, |c| c[j]))
+/// Sub-range `j`'s (scale, min) at width `k` (j counts the part's 16s in row order).
+pub(super) fn table_at(k: u8, t: Tables, j: usize) -> (f16, f16) {
+    let (s8, m8) = t.p.parent(t.bytes, j);
+    let c = t.corr.map_or(0, |c| t.bytes[c + j * SUB / CORR_GROUP]);
+    ap8::group_params(k, s8, m8, c)
 }
 
 /// A part's tables at width `k` (its corrections where `k` has them).
 pub(super) fn part_tables<'a>(bytes: &'a [u8], p: &PartLayout, k: u8) -> Tables<'a> {
     let corr = match k {
-        2..=4 => Some(&bytes[p.corr[usize::from(k) - 2]..]),
+        2..=4 => Some(p.corr[usize::from(k) - 2]),
         _ => None,
     };
-    (&bytes[p.s8..], &bytes[p.m8..], corr)
+    Tables { bytes, p: *p, corr }
 }
 
 /// `f(view, at)` for each block of `rows`: `view` the block as an int2 (width 2), int4 (3 and 4)
@@ -175,27 +189,29 @@ pub(super) fn with_rows(m: &Matrix, rows: Range<usize>, mut f: impl FnMut(&Matri
 }
 
 /// One ap8 expert blob from its three matrices' values (gate and up [ffn, hidden], down
-/// [hidden, ffn]): each group's parent over its [min, max], codes round((w - m8) / s8), the
-/// correction byte of widths 2..=4 nearest to a weighted least-squares refit of that width's
-/// codes and then the best of its neighbours within 1, and the header's prefix checksums.
-pub fn quantize_expert(group: usize, n: usize, parts: [&[f32]; 3]) -> Vec<u8> {
-    let layout = ApLayout::new(n, group).expect("the writer checked the shape");
+/// [hidden, ffn]): each row's pair and each 16's parent range over its [min, max] rounded
+/// outward (`sub_ranges`), codes round((w - m8) / s8), for each 64 and width 2..=4 the
+/// correction byte nearest to a weighted least-squares fit and then the best of its neighbours
+/// within 1, and the header's prefix checksums.
+pub fn quantize_expert(hidden: usize, ffn: usize, parts: [&[f32]; 3]) -> Vec<u8> {
+    let layout = ApLayout::new(hidden, ffn).expect("the writer checked the shape");
     let mut blob = vec![0u8; layout.prefix(ap8::MAX_WIDTH)];
     for (p, src) in layout.parts.iter().zip(parts) {
-        assert_eq!(src.len(), n, "ap8 part length");
-        // Per group: s8, m8, three correction bytes, 64 codes per 64 values.
-        let groups: Vec<(f16, f16, [u8; 3], Vec<u8>)> = src
-            .par_chunks(group)
-            .map_init(|| Scratch::new(group), |sc, w| quantize_group(w, sc))
+        assert_eq!(src.len(), p.rows * p.cols, "ap8 part length");
+        let rows: Vec<Row> = src
+            .par_chunks(p.cols)
+            .map_init(|| Scratch::new(CORR_GROUP), |sc, w| quantize_row(w, sc))
             .collect();
-        for (gi, (s8, m8, corr, q)) in groups.iter().enumerate() {
-            blob[p.s8 + 2 * gi..p.s8 + 2 * gi + 2].copy_from_slice(&s8.to_le_bytes());
-            blob[p.m8 + 2 * gi..p.m8 + 2 * gi + 2].copy_from_slice(&m8.to_le_bytes());
-            for (t, &c) in corr.iter().enumerate() {
-                blob[p.corr[t] + gi] = c;
+        for (r, row) in rows.iter().enumerate() {
+            blob[p.pairs + 4 * r..p.pairs + 4 * r + 2].copy_from_slice(&row.d.to_le_bytes());
+            blob[p.pairs + 4 * r + 2..p.pairs + 4 * r + 4].copy_from_slice(&row.dm.to_le_bytes());
+            let (j0, c0) = (r * p.cols / SUB, r * p.cols / CORR_GROUP);
+            blob[p.subs + j0..p.subs + j0 + row.subs.len()].copy_from_slice(&row.subs);
+            for (t, corr) in row.corr.iter().enumerate() {
+                blob[p.corr[t] + c0..p.corr[t] + c0 + corr.len()].copy_from_slice(corr);
             }
-            for (e, &q) in q.iter().enumerate() {
-                let i = gi * group + e;
+            for (e, &q) in row.q.iter().enumerate() {
+                let i = r * p.cols + e;
                 blob[p.top + i / 4] |= (q >> 6) << (2 * (i % 4));
                 for (t, &at) in p.planes.iter().enumerate() {
                     blob[at + i / 8] |= ((q >> (5 - t)) & 1) << (i % 8);
@@ -211,52 +227,149 @@ pub fn quantize_expert(group: usize, n: usize, parts: [&[f32]; 3]) -> Vec<u8> {
     blob
 }
 
-/// One group: its parent pair, correction bytes for widths 2..=4 and 8-bit codes.
-fn quantize_group(w: &[f32], sc: &mut Scratch) -> (f16, f16, [u8; 3], Vec<u8>) {
-    let lo = w.iter().fold(f32::INFINITY, |a, &v| a.min(v));
-    let hi = w.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
-    let s8 = f16::from_f32((hi - lo) / 255.0);
-    let m8 = f16::from_f32(lo);
-    let (s, m) = (s8.to_f32(), m8.to_f32());
-    let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
-    let q: Vec<u8> = w
-        .iter()
-        .map(|&v| ((v - m) * inv).round_ties_even().clamp(0.0, 255.0) as u8)
-        .collect();
-    let mut corr = [0u8; 3];
-    for (t, &k) in ap8::CORRECTED.iter().enumerate() {
-        corr[t] = correction_for(w, &q, s8, m8, k, sc);
-    }
-    (s8, m8, corr, q)
+/// One row's share of a blob: its pair, a byte a 16, correction bytes a 64 for widths 2..=4
+/// and its 8-bit codes.
+struct Row {
+    d: f16,
+    dm: f16,
+    subs: Vec<u8>,
+    corr: [Vec<u8>; 3],
+    q: Vec<u8>,
 }
 
-/// The correction byte of width `k` with the least weighted error for the group's codes.
-fn correction_for(w: &[f32], q8: &[u8], s8: f16, m8: f16, k: u8, sc: &mut Scratch) -> u8 {
+/// The smallest f16 at least `v` (v >= 0, finite).
+fn f16_up(v: f32) -> f16 {
+    let h = f16::from_f32(v);
+    if h.to_f32() >= v {
+        h
+    } else {
+        f16::from_bits(h.to_bits() + 1)
+    }
+}
+
+/// A row's pair and each 16's byte: mins as -dm b (b in 0..=15, dm from the row's most
+/// negative min), then steps as d a (a in 1..=15) reaching each 16's max from its min, both
+/// rounded outward so that the 256 levels cover the 16's values up to f16 rounding.
+fn sub_ranges(w: &[f32]) -> (f16, f16, Vec<u8>) {
+    let ranges: Vec<(f32, f32)> = w
+        .chunks_exact(SUB)
+        .map(|c| {
+            let lo = c.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+            let hi = c.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+            (lo, hi)
+        })
+        .collect();
+    let deepest = ranges.iter().fold(0f32, |a, &(lo, _)| a.max(-lo));
+    let dm = f16_up(deepest / 15.0);
+    let bs: Vec<u8> = ranges
+        .iter()
+        .map(|&(lo, _)| match dm.to_f32() > 0.0 {
+            true => (-lo / dm.to_f32()).ceil().clamp(0.0, 15.0) as u8,
+            false => 0,
+        })
+        .collect();
+    let step = |(_, hi): (f32, f32), b: u8| {
+        let (_, m8) = ap8::sub_pair(f16::ONE, dm, b << 4);
+        (hi - m8.to_f32()).max(0.0) / 255.0
+    };
+    let need: Vec<f32> = ranges.iter().zip(&bs).map(|(&r, &b)| step(r, b)).collect();
+    let d = f16_up(need.iter().fold(0f32, |a, &v| a.max(v)) / 15.0);
+    let subs = need
+        .iter()
+        .zip(&bs)
+        .map(|(&v, &b)| {
+            let a = match d.to_f32() > 0.0 {
+                true => (v / d.to_f32()).ceil().clamp(1.0, 15.0) as u8,
+                false => 1,
+            };
+            a | b << 4
+        })
+        .collect();
+    (d, dm, subs)
+}
+
+/// One row: its sub-ranges, codes and correction bytes.
+fn quantize_row(w: &[f32], sc: &mut Scratch) -> Row {
+    let (d, dm, subs) = sub_ranges(w);
+    let parents: Vec<(f16, f16)> = subs.iter().map(|&b| ap8::sub_pair(d, dm, b)).collect();
+    let mut q = vec![0u8; w.len()];
+    for ((c, qc), &(s8, m8)) in w
+        .chunks_exact(SUB)
+        .zip(q.chunks_exact_mut(SUB))
+        .zip(&parents)
+    {
+        let (s, m) = (s8.to_f32(), m8.to_f32());
+        let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+        for (o, &v) in qc.iter_mut().zip(c) {
+            *o = ((v - m) * inv).round_ties_even().clamp(0.0, 255.0) as u8;
+        }
+    }
+    let per = CORR_GROUP / SUB;
+    let corr = [2u8, 3, 4].map(|k| {
+        w.chunks_exact(CORR_GROUP)
+            .zip(q.chunks_exact(CORR_GROUP))
+            .zip(parents.chunks_exact(per))
+            .map(|((w, q), pp)| correction_for(w, q, pp, k, sc))
+            .collect()
+    });
+    Row {
+        d,
+        dm,
+        subs,
+        corr,
+        q,
+    }
+}
+
+/// The correction byte of width `k` with the least weighted error for a 64's codes, its four
+/// 16s under their own parents (`pp`): a weighted least-squares (a, b) to start, then its
+/// neighbours within 1.
+fn correction_for(w: &[f32], q8: &[u8], pp: &[(f16, f16)], k: u8, sc: &mut Scratch) -> u8 {
     let shift = ap8::MAX_WIDTH - k;
     for (q, &c) in sc.q.iter_mut().zip(q8) {
         *q = f32::from(c >> shift);
     }
     weigh(w, k >= 4, sc);
-    let (mid_s, mid_m) = ap8::group_params(k, s8, m8, 0);
-    let (mid_s, mid_m) = (mid_s.to_f32(), mid_m.to_f32());
-    let sk: f32 = sc.wt.iter().sum();
-    let skw: f32 = sc.wt.iter().zip(w).map(|(k, v)| k * v).sum();
-    // The refit as a starting point; midpoint (a, b) = (0, 0) when the codes do not fix one.
-    let (a0, b0) = match (mid_s > 0.0, refit(w, sk, skw, sc)) {
-        (true, Some(p)) => (
-            ((p.scale / mid_s - 1.0) * 96.0).round() as i32,
-            ((p.min - mid_m) / mid_s * 24.0).round() as i32,
+    // Residual from each 16's bucket midpoints, fitted as s (alpha q + beta) with s its width-k
+    // step: a = 96 alpha, b = 24 beta.
+    let params = |c: u8| -> Vec<(f32, f32)> {
+        pp.iter()
+            .map(|&(s8, m8)| {
+                let (s, m) = ap8::group_params(k, s8, m8, c);
+                (s.to_f32(), m.to_f32())
+            })
+            .collect()
+    };
+    let mid = params(0);
+    let (mut s11, mut s12, mut s22, mut r1, mut r2) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    for (i, (&v, (&q, &wt))) in w.iter().zip(sc.q.iter().zip(&sc.wt)).enumerate() {
+        let (s, m) = mid[i / SUB];
+        let (s, m) = (f64::from(s), f64::from(m));
+        let (t1, t2, r) = (s * f64::from(q), s, f64::from(v) - m - s * f64::from(q));
+        let wt = f64::from(wt);
+        s11 += wt * t1 * t1;
+        s12 += wt * t1 * t2;
+        s22 += wt * t2 * t2;
+        r1 += wt * t1 * r;
+        r2 += wt * t2 * r;
+    }
+    let det = s11 * s22 - s12 * s12;
+    let (a0, b0) = match det > 0.0 {
+        true => (
+            ((r1 * s22 - r2 * s12) / det * 96.0).round() as i32,
+            ((s11 * r2 - s12 * r1) / det * 24.0).round() as i32,
         ),
-        _ => (0, 0),
+        false => (0, 0),
     };
     let err = |c: u8| -> f32 {
-        let (s, m) = ap8::group_params(k, s8, m8, c);
-        let (s, m) = (s.to_f32(), m.to_f32());
-        w.iter()
-            .zip(&sc.q)
-            .zip(&sc.wt)
-            .map(|((&v, &q), &wt)| wt * (s * q + m - v) * (s * q + m - v))
-            .sum()
+        let sm = params(c);
+        let mut e = 0f32;
+        for (i, (&v, (&q, &wt))) in w.iter().zip(sc.q.iter().zip(&sc.wt)).enumerate() {
+            let (s, m) = sm[i / SUB];
+            let r = s * q + m - v;
+            e += wt * r * r;
+        }
+        e
     };
     let mut best = (err(0), 0u8);
     for a in (a0 - 1).clamp(-8, 7)..=(a0 + 1).clamp(-8, 7) {

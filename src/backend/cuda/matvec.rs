@@ -33,10 +33,10 @@ fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)
 /// The ap8 kernels take x in 32-column chunks, whole within groups of 64 columns or more (a
 /// step spans 16 groups at most: ap8.cu ap8d_load).
 fn ap8_input(w: &DevMat, x: u64) -> crate::Result<()> {
-    if !x.is_multiple_of(16) || w.group < 64 || w.group % 64 != 0 || w.cols % w.group != 0 {
+    if !x.is_multiple_of(16) || w.group != 16 || w.cols % 64 != 0 {
         return Err(Error::Invalid(format!(
-            "CUDA: an ap8 product of {} columns in groups of {} needs groups of a multiple of 64 \
-             that divide the row, and a 16-byte aligned input",
+            "CUDA: an ap8 product of {} columns in groups of {} needs parent ranges of 16, rows \
+             of whole 64s and a 16-byte aligned input",
             w.cols, w.group
         )));
     }

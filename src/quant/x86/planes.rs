@@ -8,60 +8,142 @@
 
 use super::*;
 use crate::format::ap8;
-use crate::quant::planes::{geometry, part_tables, table_at, Tables};
+use crate::quant::planes::{geometry, part_tables, Tables};
+use half::f16;
 
-/// Every (scale, min) of `n` groups at width `k` from their parent pairs (f16 bytes `s8`, `m8`)
-/// and, for the corrected widths, their correction bytes: `ap8::group_params`, 16 groups at a
-/// time with the same f32 operations in the same order, rounded to f16 as F16C rounds (to
-/// nearest, ties to even), as f32 values.
-///
-/// # Safety
-/// AVX-512F and F16C; `s8`, `m8` hold 2 n bytes, `corr` n bytes where given, `s`, `m` n values.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(in crate::quant) unsafe fn ap8_params(k: u8, tables: Tables, s: &mut [f32], m: &mut [f32]) {
-    let (s8, m8, corr) = tables;
-    let n = s.len();
-    let h = (1u32 << (ap8::MAX_WIDTH - k.min(ap8::MAX_WIDTH))) as f32;
-    let mut i = 0;
-    while i + 16 <= n {
-        let ps = _mm512_cvtph_ps(_mm256_loadu_si256(s8.as_ptr().add(2 * i) as *const __m256i));
-        let pm = _mm512_cvtph_ps(_mm256_loadu_si256(m8.as_ptr().add(2 * i) as *const __m256i));
-        let (vs, vm) = if k >= ap8::MAX_WIDTH {
-            (ps, pm)
-        } else {
-            let sm = _mm512_mul_ps(ps, _mm512_set1_ps(h));
-            let mm = _mm512_add_ps(pm, _mm512_mul_ps(ps, _mm512_set1_ps((h - 1.0) * 0.5)));
-            let (sm, mm) = match corr {
-                Some(c) => {
-                    let v =
-                        _mm512_cvtepi8_epi32(_mm_loadu_si128(c.as_ptr().add(i) as *const __m128i));
-                    let a = _mm512_cvtepi32_ps(_mm512_srai_epi32::<28>(_mm512_slli_epi32::<28>(v)));
-                    let b = _mm512_cvtepi32_ps(_mm512_srai_epi32::<4>(v));
-                    let one = _mm512_set1_ps(1.0);
-                    let t = _mm512_add_ps(one, _mm512_div_ps(a, _mm512_set1_ps(96.0)));
-                    let d = _mm512_div_ps(_mm512_mul_ps(b, sm), _mm512_set1_ps(24.0));
-                    (_mm512_mul_ps(sm, t), _mm512_add_ps(mm, d))
-                }
-                None => (sm, mm),
-            };
-            const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-            (
-                _mm512_cvtph_ps(_mm512_cvtps_ph::<RNE>(sm)),
-                _mm512_cvtph_ps(_mm512_cvtps_ph::<RNE>(mm)),
-            )
-        };
-        _mm512_storeu_ps(s.as_mut_ptr().add(i), vs);
-        _mm512_storeu_ps(m.as_mut_ptr().add(i), vm);
-        i += 16;
-    }
-    for j in i..n {
-        let (a, b) = table_at(k, tables, j);
-        (s[j], m[j]) = (a.to_f32(), b.to_f32());
+/// The constants of `params16` at width `k`.
+#[derive(Clone, Copy)]
+struct ParamK {
+    k: u8,
+    /// 2^(8 - k) and (h - 1) / 2: a parent's step and bucket midpoint at this width.
+    h: __m512,
+    mid: __m512,
+    /// A nibble's correction factors: `1 + a / 96` and `b / 24` for a, b read as i4.
+    fa: __m512,
+    fb: __m512,
+}
+
+impl ParamK {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn new(k: u8) -> Self {
+        let h = (1u32 << (ap8::MAX_WIDTH - k.min(ap8::MAX_WIDTH))) as f32;
+        // A nibble read as i4 (index 8..15 is -8..-1).
+        let i4 = _mm512_sub_ps(iota(), _mm512_maskz_mov_ps(0xff00, _mm512_set1_ps(16.0)));
+        ParamK {
+            k,
+            h: _mm512_set1_ps(h),
+            mid: _mm512_set1_ps((h - 1.0) * 0.5),
+            fa: _mm512_add_ps(_mm512_set1_ps(1.0), _mm512_div_ps(i4, _mm512_set1_ps(96.0))),
+            fb: _mm512_div_ps(i4, _mm512_set1_ps(24.0)),
+        }
     }
 }
 
-/// Every (scale, min) of `rows` at width `k`, row by row (`ap8_params`): all of the rows' groups
-/// at once, as a row of ap8 often holds fewer than 16 groups. Into `sv`, `mv` (resized).
+#[target_feature(enable = "avx512f")]
+unsafe fn iota() -> __m512 {
+    _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    )
+}
+
+/// f32 lanes rounded to f16 and back (round to nearest even).
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn round16(v: __m512) -> __m512 {
+    const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<RNE>(v))
+}
+
+/// Row `r`'s 16 possible parent scales `f16(d a)` and mins `f16(-(dm b))`, a and b in 0..16.
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn row_luts(t: &Tables, r: usize) -> (__m512, __m512) {
+    let at = t.p.pairs + 4 * r;
+    let f = |o: usize| f16::from_le_bytes([t.bytes[at + o], t.bytes[at + o + 1]]).to_f32();
+    let s = round16(_mm512_mul_ps(_mm512_set1_ps(f(0)), iota()));
+    // -(dm b) as (-dm) b: the same product, negated exactly.
+    let m = _mm512_mul_ps(_mm512_set1_ps(-f(2)), iota());
+    (s, round16(m))
+}
+
+/// Up to 16 of a row's (scale, min) from their parent bytes `v` (a 16's byte a lane), their
+/// row's `luts` and, at the corrected widths, their correction bytes `c` (a 64's byte a lane
+/// per four lanes): `ap8::group_params` of `ap8::sub_pair`, bit for bit.
+#[target_feature(enable = "avx512f,f16c")]
+#[inline]
+unsafe fn params16(
+    pk: &ParamK,
+    (lut_s, lut_m): (__m512, __m512),
+    v: __m512i,
+    c: Option<__m512i>,
+) -> (__m512, __m512) {
+    let fifteen = _mm512_set1_epi32(15);
+    let ps = _mm512_permutexvar_ps(_mm512_and_si512(v, fifteen), lut_s);
+    let pm = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), lut_m);
+    if pk.k >= ap8::MAX_WIDTH {
+        return (ps, pm);
+    }
+    let sm = _mm512_mul_ps(ps, pk.h);
+    let mm = _mm512_add_ps(pm, _mm512_mul_ps(ps, pk.mid));
+    let (sm, mm) = match c {
+        Some(cv) => {
+            let a = _mm512_permutexvar_ps(_mm512_and_si512(cv, fifteen), pk.fa);
+            let b = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(cv), pk.fb);
+            (
+                _mm512_mul_ps(sm, a),
+                _mm512_add_ps(mm, _mm512_mul_ps(sm, b)),
+            )
+        }
+        None => (sm, mm),
+    };
+    (round16(sm), round16(mm))
+}
+
+/// Every (scale, min) of the 16s `j0..j0 + s.len()` of a part at width `k` (`j0` a multiple of
+/// 4: rows start on whole 64s), by `params16`, up to 16 of a row's 16s at a time.
+///
+/// # Safety
+/// AVX-512F and F16C; `t.bytes` holds the part's tables at width `k` for those 16s.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(in crate::quant) unsafe fn ap8_params(
+    k: u8,
+    t: Tables,
+    j0: usize,
+    s: &mut [f32],
+    m: &mut [f32],
+) {
+    let n = s.len();
+    let spr = t.p.cols / ap8::SUB;
+    let pk = ParamK::new(k);
+    let spread = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let (mut row, mut luts) = (usize::MAX, (iota(), iota()));
+    let mut i = 0;
+    while i < n {
+        let j = j0 + i;
+        let r = j / spr;
+        let cnt = (n - i).min(16).min((r + 1) * spr - j);
+        if r != row {
+            luts = row_luts(&t, r);
+            row = r;
+        }
+        let mut sb = [0u8; 16];
+        sb[..cnt].copy_from_slice(&t.bytes[t.p.subs + j..t.p.subs + j + cnt]);
+        let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(sb.as_ptr() as *const __m128i));
+        let c = t.corr.map(|c| {
+            let (c0, nb) = (c + j * ap8::SUB / ap8::CORR_GROUP, cnt.div_ceil(4));
+            let mut cb = [0u8; 4];
+            cb[..nb].copy_from_slice(&t.bytes[c0..c0 + nb]);
+            let four = _mm_shuffle_epi8(_mm_cvtsi32_si128(i32::from_le_bytes(cb)), spread);
+            _mm512_cvtepu8_epi32(four)
+        });
+        let (vs, vm) = params16(&pk, luts, v, c);
+        let keep = ((1u32 << cnt) - 1) as __mmask16;
+        _mm512_mask_storeu_ps(s.as_mut_ptr().add(i), keep, vs);
+        _mm512_mask_storeu_ps(m.as_mut_ptr().add(i), keep, vm);
+        i += cnt;
+    }
+}
+
+/// Every (scale, min) of `rows` at width `k` (`ap8_params`): all of the rows' 16s at once. Into
+/// `sv`, `mv` (resized).
 ///
 /// # Safety
 /// AVX-512F and F16C; `m` is an ap8 view of part `p` whose prefix holds its width's tables.
@@ -74,11 +156,9 @@ unsafe fn rows_params(
 ) {
     let gpr = m.cols / m.group_size;
     let (g0, ng) = (rows.start * gpr, rows.len() * gpr);
-    let (s8, m8, corr) = part_tables(m.codes, p, k);
     sv.resize(ng, 0.0);
     mv.resize(ng, 0.0);
-    let tables = (&s8[2 * g0..], &m8[2 * g0..], corr.map(|c| &c[g0..]));
-    ap8_params(k, tables, sv, mv);
+    ap8_params(k, part_tables(m.codes, p, k), g0, sv, mv);
 }
 
 /// out[i] = dot(row rows.start + i, x) for an ap8 view.
@@ -106,7 +186,7 @@ pub(in crate::quant) unsafe fn ap8_rows(
         .map(|j| _mm512_set1_ps((1u32 << (k - 1 - j)) as f32))
         .collect();
     for (o, r) in out.iter_mut().zip(rows) {
-        // The tables of the next PARAM_ROWS rows (`ap8_vnni_rows`).
+        // The tables of the next PARAM_ROWS rows, made together (they stay in L1).
         let i = (r - rows_start) % PARAM_ROWS;
         if i == 0 {
             let end = (r + PARAM_ROWS).min(rows_end);
@@ -115,30 +195,31 @@ pub(in crate::quant) unsafe fn ap8_rows(
         let (sv, mv) = (&sv[i * gpr..(i + 1) * gpr], &mv[i * gpr..(i + 1) * gpr]);
         let mut acc = [_mm512_setzero_ps(); 4];
         let mut macc = 0f32;
-        for gi in 0..gpr {
-            let s = _mm512_set1_ps(sv[gi]);
-            for blk in (0..g).step_by(64) {
-                let (e, c) = (r * cols + gi * g + blk, gi * g + blk);
-                let t0 = (b.add(p.top + e / 4) as *const u64).read_unaligned();
-                let t1 = (b.add(p.top + e / 4 + 8) as *const u64).read_unaligned();
-                const HI: u64 = 0xaaaa_aaaa_aaaa_aaaa;
-                const LO: u64 = 0x5555_5555_5555_5555;
-                let mut masks = [0u64; 8];
-                masks[0] = _pext_u64(t0, HI) | (_pext_u64(t1, HI) << 32);
-                masks[1] = _pext_u64(t0, LO) | (_pext_u64(t1, LO) << 32);
-                for (t, mk) in masks[2..usize::from(k)].iter_mut().enumerate() {
-                    *mk = (b.add(p.planes[t] + e / 8) as *const u64).read_unaligned();
-                }
-                for (ci, a) in acc.iter_mut().enumerate() {
-                    let sh = 16 * ci;
-                    let mut q = _mm512_maskz_mov_ps((masks[0] >> sh) as __mmask16, wt[0]);
-                    for j in 1..usize::from(k) {
-                        q = _mm512_mask_add_ps(q, (masks[j] >> sh) as __mmask16, q, wt[j]);
-                    }
-                    let xv = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(c + sh)), s);
-                    *a = _mm512_fmadd_ps(q, xv, *a);
-                }
+        // Blocks of 64 columns (rows are whole 64s), each 16 under its own group's scale.
+        for c in (0..cols).step_by(64) {
+            let e = r * cols + c;
+            let t0 = (b.add(p.top + e / 4) as *const u64).read_unaligned();
+            let t1 = (b.add(p.top + e / 4 + 8) as *const u64).read_unaligned();
+            const HI: u64 = 0xaaaa_aaaa_aaaa_aaaa;
+            const LO: u64 = 0x5555_5555_5555_5555;
+            let mut masks = [0u64; 8];
+            masks[0] = _pext_u64(t0, HI) | (_pext_u64(t1, HI) << 32);
+            masks[1] = _pext_u64(t0, LO) | (_pext_u64(t1, LO) << 32);
+            for (t, mk) in masks[2..usize::from(k)].iter_mut().enumerate() {
+                *mk = (b.add(p.planes[t] + e / 8) as *const u64).read_unaligned();
             }
+            for (ci, a) in acc.iter_mut().enumerate() {
+                let sh = 16 * ci;
+                let s = _mm512_set1_ps(sv[(c + sh) / g]);
+                let mut q = _mm512_maskz_mov_ps((masks[0] >> sh) as __mmask16, wt[0]);
+                for j in 1..usize::from(k) {
+                    q = _mm512_mask_add_ps(q, (masks[j] >> sh) as __mmask16, q, wt[j]);
+                }
+                let xv = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(c + sh)), s);
+                *a = _mm512_fmadd_ps(q, xv, *a);
+            }
+        }
+        for gi in 0..gpr {
             macc += mv[gi] * xsums[gi];
         }
         let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
@@ -237,62 +318,52 @@ pub(in crate::quant) unsafe fn ap8_vnni_rows(
     out: &mut [f32],
 ) {
     let (p, k) = geometry(m);
+    let t = part_tables(m.codes, &p, k);
     super::vnni::with_rounded_x(x, m.group_size, 2, |q| {
-        // Blocks of rows whose (scale, min) tables stay in L1 (all of a thread's rows at once
-        // were megabytes written and read back: 2026-12-05-cpu-int4k-int2k-vnni.md).
-        let (mut sv, mut mv) = (Vec::new(), Vec::new());
-        for (b, out) in out.chunks_mut(PARAM_ROWS).enumerate() {
-            let start = rows.start + b * PARAM_ROWS;
-            rows_params(m, (&p, k), &(start..start + out.len()), (&mut sv, &mut mv));
-            // Two rows at a time (x's planes loaded once for both), each row's sums as alone.
-            let n = out.len();
-            let mut pairs = out.chunks_exact_mut(2);
-            for (i, o) in pairs.by_ref().enumerate() {
-                let rr = RowsAt::new(m, &p, [2 * i, 2 * i + 1], start, (&sv, &mv));
-                o.copy_from_slice(&ap8_vnni_dispatch(k, rr, q));
-            }
-            if let [o] = pairs.into_remainder() {
-                let rr = RowsAt::new(m, &p, [n - 1], start, (&sv, &mv));
-                *o = ap8_vnni_dispatch(k, rr, q)[0];
-            }
+        // Two rows at a time (x's planes loaded once for both), each row's sums as alone; each
+        // 16's (scale, min) made where its codes are multiplied.
+        let mut pairs = out.chunks_exact_mut(2);
+        for (i, o) in pairs.by_ref().enumerate() {
+            let r = rows.start + 2 * i;
+            o.copy_from_slice(&ap8_vnni_dispatch(k, RowsAt::new(m, &t, [r, r + 1]), q));
+        }
+        if let [o] = pairs.into_remainder() {
+            *o = ap8_vnni_dispatch(k, RowsAt::new(m, &t, [rows.end - 1]), q)[0];
         }
     });
 }
 
-/// Rows whose tables `ap8_vnni_rows` makes at once (an even number: rows go in pairs).
+/// Rows whose tables `ap8_rows` and `ap8_dequant_rows_512` make at once.
 const PARAM_ROWS: usize = 16;
 
 /// How far ahead of the top bits being multiplied `ap8_vnni_row` prefetches, in bytes (each
 /// plane half as far: a plane holds a bit a code where the top holds two).
 const AP8_AHEAD: usize = 4096;
 
-/// R rows of an ap8 view for `ap8_vnni_row`: each row's first byte of top bits and of each
-/// plane, and its groups' scales and mins.
-struct RowsAt<'a, const R: usize> {
+/// R rows of an ap8 view for `ap8_vnni_row`: each row's first byte of top bits, of each plane,
+/// of its 16s' parent bytes and of its 64s' correction bytes, and its parent candidates.
+struct RowsAt<const R: usize> {
     top: [*const u8; R],
     planes: [[*const u8; 6]; R],
-    s: [&'a [f32]; R],
-    mn: [&'a [f32]; R],
+    subs: [*const u8; R],
+    corr: Option<[*const u8; R]>,
+    luts: [(__m512, __m512); R],
 }
 
-impl<'a, const R: usize> RowsAt<'a, R> {
-    /// Rows `start + i` for each i of `at`, whose tables are `sv[i * gpr..]`, `mv[i * gpr..]`.
-    fn new(
-        m: &Matrix,
-        p: &crate::format::ap8::PartLayout,
-        at: [usize; R],
-        start: usize,
-        (sv, mv): (&'a [f32], &'a [f32]),
-    ) -> Self {
-        let gpr = m.cols / m.group_size;
+impl<const R: usize> RowsAt<R> {
+    /// Rows `at` of the view `m` whose tables are `t`.
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn new(m: &Matrix, t: &Tables, at: [usize; R]) -> Self {
         let b = m.codes.as_ptr();
-        let e0 = at.map(|i| (start + i) * m.cols);
+        let e0 = at.map(|r| r * m.cols);
+        let spr = m.cols / ap8::SUB;
         RowsAt {
-            top: e0.map(|e| b.wrapping_add(p.top + e / 4)),
+            top: e0.map(|e| b.wrapping_add(t.p.top + e / 4)),
             // (The planes past the width lie past the view: their pointers are never read.)
-            planes: e0.map(|e| p.planes.map(|pl| b.wrapping_add(pl + e / 8))),
-            s: at.map(|i| &sv[i * gpr..(i + 1) * gpr]),
-            mn: at.map(|i| &mv[i * gpr..(i + 1) * gpr]),
+            planes: e0.map(|e| t.p.planes.map(|pl| b.wrapping_add(pl + e / 8))),
+            subs: at.map(|r| b.wrapping_add(t.p.subs + r * spr)),
+            corr: t.corr.map(|c| at.map(|r| b.wrapping_add(c + r * spr / 4))),
+            luts: at.map(|r| row_luts(t, r)),
         }
     }
 }
@@ -301,7 +372,7 @@ impl<'a, const R: usize> RowsAt<'a, R> {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn ap8_vnni_dispatch<const R: usize>(
     k: u8,
-    rr: RowsAt<'_, R>,
+    rr: RowsAt<R>,
     q: &super::vnni::QuantX,
 ) -> [f32; R] {
     match k {
@@ -319,7 +390,7 @@ unsafe fn ap8_vnni_dispatch<const R: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn ap8_vnni_row<const R: usize, const K: i32>(
-    rr: RowsAt<'_, R>,
+    rr: RowsAt<R>,
     q: &super::vnni::QuantX,
 ) -> [f32; R] {
     let (gs, groups) = (q.gs, q.f.len());
@@ -333,6 +404,8 @@ unsafe fn ap8_vnni_row<const R: usize, const K: i32>(
     for (t, bt) in bit.iter_mut().enumerate().take(K as usize - 2) {
         *bt = _mm512_set1_epi8((1i32 << (K - 3 - t as i32)) as i8);
     }
+    let pk = ParamK::new(K as u8);
+    let spread = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     let mut acc = [_mm512_setzero_ps(); R];
     let (mut g0, mut b0) = (0, 0);
     while g0 < groups {
@@ -340,11 +413,18 @@ unsafe fn ap8_vnni_row<const R: usize, const K: i32>(
         let lanes: u16 = if n == 16 { !0 } else { (1 << n) - 1 };
         let fx = _mm512_maskz_loadu_ps(lanes, q.f.as_ptr().add(g0));
         let sums = _mm512_maskz_loadu_ps(lanes, q.sums.as_ptr().add(g0));
+        let cmask = (1u16 << n.div_ceil(4)) - 1;
         let mut sfx = [_mm512_setzero_ps(); R];
         for r in 0..R {
-            sfx[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, rr.s[r].as_ptr().add(g0)), fx);
-            let mf = _mm512_maskz_loadu_ps(lanes, rr.mn[r].as_ptr().add(g0));
-            acc[r] = _mm512_fmadd_ps(mf, sums, acc[r]);
+            let v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, rr.subs[r].add(g0) as _));
+            // A 64's correction byte to each of its four 16s.
+            let c = rr.corr.map(|c| {
+                let four = _mm_maskz_loadu_epi8(cmask, c[r].add(g0 / 4) as _);
+                _mm512_cvtepu8_epi32(_mm_shuffle_epi8(four, spread))
+            });
+            let (s, mn) = params16(&pk, rr.luts[r], v, c);
+            sfx[r] = _mm512_mul_ps(s, fx);
+            acc[r] = _mm512_fmadd_ps(mn, sums, acc[r]);
         }
         let loads = (n * gs).div_ceil(256);
         for (j, idx) in q.lanes.iter().enumerate().take(loads) {
