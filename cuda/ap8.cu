@@ -52,15 +52,15 @@ __device__ __forceinline__ Ap8Part ap8_part(const Mat& w) {
     return a;
 }
 
-// 16 g's table: its parent pair (s8 | m8 << 16: format::ap8::sub_pair, f16 of the f32 products)
-// and, for the corrected widths, its 64's correction byte.
-// From its row's pair pr, its byte sb and its correction byte.
+// A 16's table: its parent pair (s8 | m8 << 16: format::ap8::sub_pair, f16 of the f32 products)
+// from its row's pair pr and its byte sb, and, for the corrected widths, its 64's correction byte.
 __device__ __forceinline__ uint2 ap8_table_of(u32 pr, u32 sb, u32 corr) {
     const float d = h2f((half_bits)(pr & 0xffffu)), dm = h2f((half_bits)(pr >> 16));
     const u32 s8 = f2h(__fmul_rn(d, (float)(sb & 15u)));
     const u32 m8 = f2h(-__fmul_rn(dm, (float)(sb >> 4)));
     return make_uint2(s8 | (m8 << 16), corr);
 }
+// 16 g's table, read from the matrix.
 __device__ __forceinline__ uint2 ap8_table(const Ap8Part& a, size_t g) {
     return ap8_table_of(__ldg(a.pairs + g / (size_t)a.gpr), __ldg(a.subs + g),
                         a.k <= 4 ? (u32)__ldg(a.corr + (g >> 2)) : 0u);
@@ -87,39 +87,6 @@ __device__ __forceinline__ float2 ap8_params(uint2 t, int k) {
     // a / 96 = (a / 3) 2^-5 and b / 24 = (b / 3) 2^-3, both exact scalings.
     const float fa = __fmaf_rn(ap8_third(ca), 0.03125f, 1.f), fb = __fmul_rn(ap8_third(cb), 0.125f);
     return make_float2(h2f(f2h(__fmul_rn(s, fa))), h2f(f2h(__fadd_rn(m, __fmul_rn(s, fb)))));
-}
-
-// ap8_params of both 16s of a chunk (pr: the row's pair; sc: their bytes, then their 64's
-// correction byte): what they share made once, and (s8 h) fa as s8 (h fa), (s8 h) fb as s8 (h fb),
-// the same f32 values (h is a power of two).
-template <int K>
-__device__ __forceinline__ void ap8_params2(u32 pr, u32 sc, float2& s0, float2& s1) {
-    const float d = h2f((half_bits)(pr & 0xffffu)), dm = -h2f((half_bits)(pr >> 16));
-    const float h = (float)(1 << (8 - K)), mid = (h - 1.f) * 0.5f;
-    float hfa = h, hfb = 0.f;
-    if (K <= 4) {
-        const u32 c = sc >> 16;
-        const float ca = (float)((int)(signed char)(u8)(c << 4) >> 4);
-        const float cb = (float)((int)(signed char)(u8)c >> 4);
-        hfa = __fmul_rn(h, __fmaf_rn(ap8_third(ca), 0.03125f, 1.f));
-        hfb = __fmul_rn(h, __fmul_rn(ap8_third(cb), 0.125f));
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const u32 sb = (sc >> (8 * i)) & 0xffu;
-        const float s8 = h2f(f2h(__fmul_rn(d, (float)(sb & 15u))));
-        const float m8 = h2f(f2h(__fmul_rn(dm, (float)(sb >> 4))));
-        float2 r;
-        if (K >= 8) {
-            r = make_float2(s8, m8);
-        } else {
-            const float m = __fadd_rn(m8, __fmul_rn(s8, mid));
-            r = K > 4 ? make_float2(h2f(f2h(__fmul_rn(s8, h))), h2f(f2h(m)))
-                      : make_float2(h2f(f2h(__fmul_rn(s8, hfa))),
-                                    h2f(f2h(__fadd_rn(m, __fmul_rn(s8, hfb)))));
-        }
-        (i == 0 ? s0 : s1) = r;
-    }
 }
 
 // The raw bits of unit u (elements 16u .. 16u + 15 of the matrix): a word of top bits and a
@@ -402,8 +369,9 @@ struct Ap8C32 {
                 c32_dot(__byte_perm(q0, q1, 0x5410), x, j, hi0, lo0);
                 c32_dot(__byte_perm(q0, q1, 0x7632), x, j + 1, hi1, lo1);
             }
-            float2 s0, s1;
-            ap8_params2<K>(__ldg(a.pairs + min(b.r0 + ri, w.rows - 1)), b.sc[ri], s0, s1);
+            const u32 pr = __ldg(a.pairs + min(b.r0 + ri, w.rows - 1)), sc = b.sc[ri];
+            const float2 s0 = ap8_params(ap8_table_of(pr, sc & 0xffu, sc >> 16), K);
+            const float2 s1 = ap8_params(ap8_table_of(pr, (sc >> 8) & 0xffu, sc >> 16), K);
             const float v0 = __int2float_rn(hi0 * 256 + lo0) * x.e.x;
             const float v1 = __int2float_rn(hi1 * 256 + lo1) * x.e.x;
             acc[ri] = __fmaf_rn(s0.x, v0, __fmaf_rn(s0.y, x.e.y, acc[ri]));

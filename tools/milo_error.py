@@ -35,9 +35,9 @@ def int8_rows(x):
 
 
 def compensated(w, bits, g, rank, iters):
-    uv = np.zeros_like(w)
     if rank == 0:
         return q(w, bits, g)
+    uv = np.zeros_like(w)
     for _ in range(iters):
         qw = q(w - uv, bits, g)
         u, s, vh = np.linalg.svd(w - qw, full_matrices=False)
