@@ -114,7 +114,9 @@ pub(super) fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
         );
     }
     for kind in ["int8", "int4", "int2", "ap8@3", "int2k"] {
-        let t = TestMat::new(gpu, kind, 1001, 4096, true, 0);
+        // (ap8's rows come in whole 64s.)
+        let rows = if kind.starts_with("ap8") { 1024 } else { 1001 };
+        let t = TestMat::new(gpu, kind, rows, 4096, true, 0);
         let x = random(4096, 13);
         for (what, f) in [
             ("x * 2^50", 2f32.powi(50)),
@@ -122,11 +124,11 @@ pub(super) fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
             ("x * 0", 0.0),
         ] {
             let xs: Vec<f32> = x.iter().map(|v| v * f).collect();
-            check(format!("{kind} [1001, 4096] {what}"), &t, &xs, None);
+            check(format!("{kind} [{rows}, 4096] {what}"), &t, &xs, None);
         }
         let mut xs = x.clone();
         xs[77] = 1e20;
-        check(format!("{kind} [1001, 4096] one x of 1e20"), &t, &xs, None);
+        check(format!("{kind} [{rows}, 4096] one x of 1e20"), &t, &xs, None);
     }
     failed
 }

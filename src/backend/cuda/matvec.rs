@@ -67,7 +67,8 @@ impl Gpu {
                 w.cols, self.kernels.ap8_smem
             )));
         }
-        let walkers = (3 * self.q_limits.sm_count).div_ceil(per.max(1)).max(1) as u32;
+        // At most the ~3 blocks an SM holds at once: a few past them would wait a second wave.
+        let walkers = (3 * self.q_limits.sm_count / per.max(1)).max(1) as u32;
         let split = c32_split(w, self.q_limits.sm_count);
         Ok((
             blocks(rows * split, 16).min(walkers),
