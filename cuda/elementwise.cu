@@ -81,9 +81,11 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 
 // Pair `idx` of rotate-half RoPE on x ([rows, width], heads of 2 * half values; row i at
 // start_pos + i), in place; the rotated pair also stored as f16 at the same place of h when given.
+// With `bias` ([width]), each value first gets its column's bias (as add_rows adds it).
 __device__ __forceinline__ void rope_pair(float* __restrict__ x, const float* __restrict__ inv_freq,
                                           int width, int half, int start_pos, int idx,
-                                          half_bits* __restrict__ h) {
+                                          half_bits* __restrict__ h,
+                                          const float* __restrict__ bias = nullptr) {
     int heads = width / (2 * half);
     int i = idx % half;
     int hd = (idx / half) % heads;
@@ -94,6 +96,11 @@ __device__ __forceinline__ void rope_pair(float* __restrict__ x, const float* __
     const size_t at = (size_t)row * width + hd * 2 * half;
     float* p = x + at;
     float a = p[i], b = p[i + half];
+    if (bias) {
+        const float* bh = bias + hd * 2 * half;
+        a += bh[i];
+        b += bh[i + half];
+    }
     const float ra = a * c - b * s, rb = b * c + a * s;
     p[i] = ra;
     p[i + half] = rb;
@@ -117,12 +124,14 @@ extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__
 // `rope` rotates them, the rotated k and v stored as f16 at kc and vc ([t, kvw] each: the cache
 // rows of the new positions) as `to_half` stores them. With posp (one token), the position is
 // read from device memory and kc, vc are the layer's rows from position 0 (a recorded decode
-// step replays with each token's position).
+// step replays with each token's position). With biases bq, bk, bv (all or none), q, k and v
+// first get them in place, as three add_rows launches would.
 extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k,
-                                   const float* __restrict__ v, const float* __restrict__ inv_freq,
+                                   float* __restrict__ v, const float* __restrict__ inv_freq,
                                    int t, int qw, int kvw, int half, int start_pos,
                                    half_bits* __restrict__ kc, half_bits* __restrict__ vc,
-                                   const int* __restrict__ posp) {
+                                   const int* __restrict__ posp, const float* __restrict__ bq,
+                                   const float* __restrict__ bk, const float* __restrict__ bv) {
     PDL_ENTRY();
     if (posp) {
         start_pos = *posp;
@@ -132,11 +141,16 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k,
     const int nq = t * qw / 2, nk = t * kvw / 2, nv = t * kvw;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < nq) {
-        rope_pair(q, inv_freq, qw, half, start_pos, idx, nullptr);
+        rope_pair(q, inv_freq, qw, half, start_pos, idx, nullptr, bq);
     } else if ((idx -= nq) < nk) {
-        rope_pair(k, inv_freq, kvw, half, start_pos, idx, kc);
+        rope_pair(k, inv_freq, kvw, half, start_pos, idx, kc, bk);
     } else if ((idx -= nk) < nv) {
-        vc[idx] = f2h(v[idx]);
+        float val = v[idx];
+        if (bv) {
+            val += bv[idx % kvw];
+            v[idx] = val;
+        }
+        vc[idx] = f2h(val);
     }
 }
 

@@ -128,7 +128,12 @@ pub(super) fn checks(gpu: &Gpu, cpu: &CpuBackend) -> usize {
         }
         let mut xs = x.clone();
         xs[77] = 1e20;
-        check(format!("{kind} [{rows}, 4096] one x of 1e20"), &t, &xs, None);
+        check(
+            format!("{kind} [{rows}, 4096] one x of 1e20"),
+            &t,
+            &xs,
+            None,
+        );
     }
     failed
 }

@@ -155,7 +155,10 @@ pub(super) fn routed(gpu: &Gpu, bench: &BenchKernels, copy: f64, only: Option<&s
             ("SwiGLU launch alone (bytes: down's)", k * dn.bytes, &swiglu),
         ];
         // The launch plan the routed kernels take (the plain one's: the same sums).
-        println!("| {kind} | plan {:?} | | | | | | |", gpu.q_plan(&gu.mats[0]));
+        println!(
+            "| {kind} | plan {:?} | | | | | | |",
+            gpu.q_plan(&gu.mats[0])
+        );
         for (name, bytes, run) in rows {
             // (MXFP4 has no kernel staging SwiGLU: gpt-oss's activation runs in its own launch.)
             if kind == "mxfp4" && name.starts_with("down (SwiGLU staged)") {

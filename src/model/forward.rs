@@ -454,15 +454,19 @@ impl<'f> Model<'f> {
         }
         let (t, cfg) = (step.t, &self.cfg);
         backend.matmul_qkv(w, &b.xn, t, [&mut b.q, &mut b.k, &mut b.v])?;
+        let Some([qn, kn]) = &lw.qk_norm else {
+            let qkv = [&mut b.q, &mut b.k, &mut b.v];
+            match &lw.qkv_bias {
+                Some(bias) => backend.bias_rope_kv_write(qkv, bias, step, kv)?,
+                None => backend.rope_kv_write(qkv, step, kv)?,
+            }
+            return Ok(false);
+        };
         if let Some([bq, bk, bv]) = &lw.qkv_bias {
             backend.add_rows(&mut b.q, t, bq)?;
             backend.add_rows(&mut b.k, t, bk)?;
             backend.add_rows(&mut b.v, t, bv)?;
         }
-        let Some([qn, kn]) = &lw.qk_norm else {
-            backend.rope_kv_write([&mut b.q, &mut b.k, &mut b.v], step, kv)?;
-            return Ok(false);
-        };
         let out = [&mut b.att, &mut b.kn, &mut b.v];
         let norms = (&qn[..], &kn[..], cfg.rms_eps);
         backend.qk_norm_rope_kv((&b.q, &b.k), out, norms, step, kv)?;

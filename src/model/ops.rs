@@ -407,6 +407,22 @@ pub trait Backend {
         self.kv_write(kv, (step.layer, start), t, k, v)
     }
 
+    /// `bias` ([q's, k's, v's]) added to q, k and v's rows, then `rope_kv_write` (a backend may
+    /// fuse them).
+    fn bias_rope_kv_write(
+        &self,
+        [q, k, v]: [&mut Self::Buf; 3],
+        bias: &[Vec<f32>; 3],
+        step: &QkvStep<'_>,
+        kv: &mut Self::Kv,
+    ) -> crate::Result<()> {
+        let t = step.t;
+        self.add_rows(q, t, &bias[0])?;
+        self.add_rows(k, t, &bias[1])?;
+        self.add_rows(v, t, &bias[2])?;
+        self.rope_kv_write([q, k, v], step, kv)
+    }
+
     /// QK-norm then RoPE and the cache: RMSNorm of q and k (`qk`) by `norms` (weights of q's
     /// and k's norm, each a head or a whole row wide, and eps) into qo and ko, then
     /// `rope_kv_write` of qo, ko and v (a backend may fuse them: `qk_norm_then_rope_kv`).

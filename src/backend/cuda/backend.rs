@@ -497,32 +497,22 @@ impl Backend for CudaBackend {
     /// device (a recorded decode step replays with each token's).
     fn rope_kv_write(
         &self,
-        [q, k, v]: [&mut CudaSlice<f32>; 3],
+        qkv: [&mut CudaSlice<f32>; 3],
         step: &QkvStep<'_>,
         kv: &mut CudaKv,
     ) -> crate::Result<()> {
-        let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
-        let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
-        check_len("rope input", q.len(), t * q_width)?;
-        check_len("kv_write input", k.len().min(v.len()), t * kv_width)?;
-        if kv_width != kv.kv_dim {
-            return Err(Error::Invalid(format!(
-                "CUDA backend: keys of {kv_width} values for a cache of {}",
-                kv.kv_dim
-            )));
-        }
-        let (kd, vd, posp) = self.kv_target(kv, layer, start, t)?;
-        let (qp, kp, vp, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
-        let n = t * (q_width / 2 + kv_width / 2 + kv_width);
-        let (ti, qw, kw, hi, si) = (
-            t as i32,
-            q_width as i32,
-            kv_width as i32,
-            inv_freq.len() as i32,
-            start as i32,
-        );
-        let c = cfg(blocks(n, 256), 256);
-        launch!(self.gpu, self.gpu.kernels.rope_kv, c; qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd, posp)
+        self.rope_kv_launch(qkv, None, step, kv)
+    }
+
+    /// The biases in rope_kv's launch (not three add_rows launches before it).
+    fn bias_rope_kv_write(
+        &self,
+        qkv: [&mut CudaSlice<f32>; 3],
+        bias: &[Vec<f32>; 3],
+        step: &QkvStep<'_>,
+        kv: &mut CudaKv,
+    ) -> crate::Result<()> {
+        self.rope_kv_launch(qkv, Some(bias), step, kv)
     }
 
     /// Per-head QK-norm (norms of 2 * half values), RoPE and the KV store in one launch

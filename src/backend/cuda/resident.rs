@@ -248,4 +248,46 @@ impl CudaBackend {
         let scratch = self.p(&self.scratch);
         self.gpu.matmul(w, x, t, out, scratch, self.scratch_len)
     }
+
+    /// RoPE on q and k, k and v into the cache, in one launch (elementwise.cu rope_kv); with
+    /// `bias` ([q's, k's, v's]) q, k and v first get their biases in the same launch.
+    pub(super) fn rope_kv_launch(
+        &self,
+        [q, k, v]: [&mut CudaSlice<f32>; 3],
+        bias: Option<&[Vec<f32>; 3]>,
+        step: &QkvStep<'_>,
+        kv: &mut CudaKv,
+    ) -> crate::Result<()> {
+        let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
+        let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
+        check_len("rope input", q.len(), t * q_width)?;
+        check_len("kv_write input", k.len().min(v.len()), t * kv_width)?;
+        if kv_width != kv.kv_dim {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: keys of {kv_width} values for a cache of {}",
+                kv.kv_dim
+            )));
+        }
+        let (kd, vd, posp) = self.kv_target(kv, layer, start, t)?;
+        let (qp, kp, vp, fp) = (self.p(q), self.p(k), self.p(v), self.vector(inv_freq)?);
+        let n = t * (q_width / 2 + kv_width / 2 + kv_width);
+        let (ti, qw, kw, hi, si) = (
+            t as i32,
+            q_width as i32,
+            kv_width as i32,
+            inv_freq.len() as i32,
+            start as i32,
+        );
+        let [bq, bk, bv] = match bias {
+            Some([bq, bk, bv]) => {
+                check_len("q bias", bq.len(), q_width)?;
+                check_len("k bias", bk.len(), kv_width)?;
+                check_len("v bias", bv.len(), kv_width)?;
+                [self.vector(bq)?, self.vector(bk)?, self.vector(bv)?]
+            }
+            None => [0u64; 3],
+        };
+        let c = cfg(blocks(n, 256), 256);
+        launch!(self.gpu, self.gpu.kernels.rope_kv, c; qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd, posp, bq, bk, bv)
+    }
 }
