@@ -6,7 +6,10 @@
 //! `avg_ts`, `stddev_ts`, `samples_ts`, `n_prompt`, `n_gen`).
 //!
 //! The `limit t/s` column is the perfect-overlap bound (`Limit::overlap_tok_s`): nothing can beat
-//! it, so `% limit` stays at or below 100. The JSON carries both bounds.
+//! it on the card it describes, so `% limit` stays at or below 100 there. With `--platform P` on a
+//! faster GPU the limit is P's card while the rate is this device's: a row bound by device memory
+//! can pass 100% (gpt-oss-20b resident under rtx4060ti-16g on an H100: ~410%), and the projection
+//! column is the rate to set beside it. The JSON carries both bounds.
 //!
 //! Where a row has a projection onto its profile's memory (`super::projection`), the table gets
 //! one more column, last, named for the profile: `projected t/s (rtx4060ti-16g's memory)`; a
