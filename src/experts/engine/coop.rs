@@ -46,6 +46,9 @@ pub struct Cooperative {
     /// `ExpertStats::cpu_gaps`), and the last layer with background jobs: (layer, when its CPU
     /// work ended, when the layer returned).
     pub gaps: [Duration; 4],
+    /// The placing part of `gaps` in four: planning, placing the experts (their loads queued),
+    /// predicting the next layers, x's read-back and the hand-over.
+    pub placing: [Duration; 4],
     mark: Option<(usize, Instant, Instant)>,
     pass_base: PassStats,
     pub load_behind: bool,
@@ -62,6 +65,7 @@ impl Cooperative {
             busy: 0.0,
             wait: Duration::ZERO,
             gaps: [Duration::ZERO; 4],
+            placing: [Duration::ZERO; 4],
             mark: None,
             pass_base: PassStats::default(),
             load_behind,
@@ -173,7 +177,7 @@ impl Cooperative {
     pub fn mark_layer(
         &mut self,
         layer: usize,
-        (entered, spawned): (Instant, Instant),
+        (entered, marks, spawned): (Instant, [Instant; 3], Instant),
         span: Option<(Instant, Instant)>,
     ) {
         let Some((start, end)) = span else {
@@ -191,6 +195,16 @@ impl Cooperative {
                 for (g, p) in self.gaps.iter_mut().zip(parts) {
                     *g += p;
                 }
+                let [planned, placed, predicted] = marks;
+                let placing = [
+                    planned.saturating_duration_since(entered),
+                    placed.saturating_duration_since(planned),
+                    predicted.saturating_duration_since(placed),
+                    spawned.saturating_duration_since(predicted),
+                ];
+                for (g, p) in self.placing.iter_mut().zip(placing) {
+                    *g += p;
+                }
             }
         }
         self.mark = Some((layer, end, Instant::now()));
@@ -205,6 +219,7 @@ impl Cooperative {
         self.busy = 0.0;
         self.wait = Duration::ZERO;
         self.gaps = [Duration::ZERO; 4];
+        self.placing = [Duration::ZERO; 4];
         self.mark = None;
         self.pass_base = self.pool.pass_stats();
     }

@@ -30,6 +30,9 @@ pub(super) struct Run {
     /// The top-1 expert of a decode token (never substituted).
     pub(super) top1: Option<usize>,
     pub(super) entered: Instant,
+    /// Decode: when the layer was planned, its experts placed (loads queued), and the next
+    /// layers predicted (the parts of --stats' "placing").
+    pub(super) marks: [Instant; 3],
     pub(super) places: Vec<Option<Place>>,
     pub(super) placed: usize,
     /// Seconds the link and the CPU are busy with this layer's misses so far (cost model).
@@ -87,6 +90,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             n_out: batch.t * batch.hidden,
             top1: top1(batch),
             entered,
+            marks: [Instant::now(); 3],
             places: vec![None; lp.groups.len()],
             placed: 0,
             load_busy: self.slots.link_backlog(),
@@ -188,7 +192,9 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             if i == 0 && run.decode {
                 // Demand loads are queued; now prefetch behind them, and hand the CPU its
                 // experts while the loader and the device work.
+                run.marks[1] = Instant::now();
                 self.prefetch_after(dev, layer, io.xs)?;
+                run.marks[2] = Instant::now();
                 self.start_cpu(dev, scope, layer, run, (io.xs, &io.ffn))?;
             }
             let early = i == 0 && self.early(run);
@@ -615,7 +621,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             dev.add_host(&self.work, &run.cpu_out, io.out)?;
         }
         if let Some(c) = self.coop.as_mut() {
-            c.mark_layer(layer, (run.entered, run.spawned), run.cpu_span);
+            c.mark_layer(layer, (run.entered, run.marks, run.spawned), run.cpu_span);
         }
         if let Some(p) = self.prefetch.as_mut() {
             p.replayed = None;

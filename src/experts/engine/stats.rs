@@ -31,6 +31,10 @@ pub struct ExpertStats {
     /// the device's work between the layers, placing the next layer's experts, and the helper
     /// task starting.
     pub cpu_gaps: [f64; 4],
+    /// The placing part (`cpu_gaps[2]`) in four: planning, the experts placed (loads queued),
+    /// the next layers predicted (the stacked gates' product and its read-back), x's read-back and the
+    /// hand-over.
+    pub cpu_placing: [f64; 4],
     /// Cooperative decode: the CPU helpers' parallel passes, the helper threads that took part
     /// in them (summed over passes), and their ragged ends (seconds, summed).
     pub cpu_passes: u64,
@@ -124,6 +128,9 @@ impl ExpertStats {
             t.1 += v.1;
         }
         for (a, b) in self.cpu_gaps.iter_mut().zip(s.cpu_gaps) {
+            *a += b;
+        }
+        for (a, b) in self.cpu_placing.iter_mut().zip(s.cpu_placing) {
             *a += b;
         }
         let counts = [
@@ -254,6 +261,16 @@ impl ExpertStats {
                 ms(g[1]),
                 ms(g[2]),
                 ms(g[3])
+            )?;
+            let p = s.cpu_placing;
+            writeln!(
+                out,
+                "  placing {:.2} ms = planning {:.2} + experts placed, loads queued {:.2} + next layers predicted {:.2} + x read back and handed over {:.2}",
+                ms(g[2]),
+                ms(p[0]),
+                ms(p[1]),
+                ms(p[2]),
+                ms(p[3])
             )?;
         }
         if s.cpu_passes > 0 {
@@ -422,6 +439,10 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
                 .coop
                 .as_ref()
                 .map_or([0.0; 4], |c| c.gaps.map(|d| d.as_secs_f64())),
+            cpu_placing: self
+                .coop
+                .as_ref()
+                .map_or([0.0; 4], |c| c.placing.map(|d| d.as_secs_f64())),
             prefetch_issued: self.prefetch.as_ref().map_or(0, |p| p.issued),
             prefetch_used: c.prefetch_used,
             prefetch_cancelled: self.prefetch.as_ref().map_or(0, |p| p.cancelled),
