@@ -497,3 +497,36 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ExpertStats;
+
+    /// The CPU helpers' idle time is reported per token in its four parts, and the placing part
+    /// again in its own four; neither line without cooperative decode.
+    #[test]
+    fn idle_time_and_placing_are_reported_per_token_in_parts() {
+        let mut s = ExpertStats {
+            cpu_gaps: [0.002, 0.004, 0.008, 0.002],
+            cpu_placing: [0.001, 0.002, 0.004, 0.001],
+            ..ExpertStats::default()
+        };
+        let r = s.report(2, 0.1);
+        assert!(
+            r.contains("CPU experts idle between layers 8.00 ms = results back 1.00 + attention and routing 2.00 + placing 4.00 + task start 1.00"),
+            "{r}"
+        );
+        assert!(
+            r.contains("placing 4.00 ms = planning 0.50 + experts placed, loads queued 1.00 + next layers predicted 2.00 + x read back and handed over 0.50"),
+            "{r}"
+        );
+        let twice = {
+            let mut t = s.clone();
+            t.accumulate(&s);
+            t
+        };
+        assert_eq!(twice.cpu_placing, [0.002, 0.004, 0.008, 0.002]);
+        s.cpu_gaps = [0.0; 4];
+        assert!(!s.report(2, 0.1).contains("placing"));
+    }
+}
