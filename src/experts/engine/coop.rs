@@ -186,25 +186,13 @@ impl Cooperative {
         };
         if let Some((l, prev_end, prev_exit)) = self.mark {
             if l + 1 == layer {
-                let parts = [
-                    prev_exit.saturating_duration_since(prev_end),
-                    entered.saturating_duration_since(prev_exit),
-                    spawned.saturating_duration_since(entered),
-                    start.saturating_duration_since(spawned),
-                ];
-                for (g, p) in self.gaps.iter_mut().zip(parts) {
-                    *g += p;
-                }
                 let [planned, placed, predicted] = marks;
-                let placing = [
-                    planned.saturating_duration_since(entered),
-                    placed.saturating_duration_since(planned),
-                    predicted.saturating_duration_since(placed),
-                    spawned.saturating_duration_since(predicted),
-                ];
-                for (g, p) in self.placing.iter_mut().zip(placing) {
-                    *g += p;
-                }
+                add_spans(
+                    &mut self.gaps,
+                    [prev_end, prev_exit, entered, spawned, start],
+                );
+                let at = [entered, planned, placed, predicted, spawned];
+                add_spans(&mut self.placing, at);
             }
         }
         self.mark = Some((layer, end, Instant::now()));
@@ -222,6 +210,13 @@ impl Cooperative {
         self.placing = [Duration::ZERO; 4];
         self.mark = None;
         self.pass_base = self.pool.pass_stats();
+    }
+}
+
+/// Each of `acc` += the span between consecutive instants of `at` (zero where one runs back).
+fn add_spans(acc: &mut [Duration; 4], at: [Instant; 5]) {
+    for (g, w) in acc.iter_mut().zip(at.windows(2)) {
+        *g += w[1].saturating_duration_since(w[0]);
     }
 }
 
