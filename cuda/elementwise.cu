@@ -262,6 +262,15 @@ extern "C" __global__ void add_assign(float* __restrict__ x, const float* __rest
     if (i < n) x[i] += y[i];
 }
 
+// x[i] = (x[i] + y[i]) + b[i % n] for i < total: add_assign then add_rows in one launch (a
+// projection's residual add and its bias).
+extern "C" __global__ void add_assign_rows(float* __restrict__ x, const float* __restrict__ y,
+                                           const float* __restrict__ b, int n, int total) {
+    PDL_ENTRY();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) x[i] = (x[i] + y[i]) + b[i % n];
+}
+
 // silu(g) * u as the CPU computes it, g / (1 + exp(-g)) * u: the one expression every SwiGLU on
 // the GPU takes (the same roundings wherever it is inlined, so the fused forms give the swiglu
 // kernel's bits).

@@ -266,17 +266,24 @@ __device__ __forceinline__ void route_topk_softmax_warp(const float* l, int ne, 
 
 // Routes of t tokens: routes[i * k + j] = expert (int bits) and routes[t * k + i * k + j] =
 // weight. A warp a token (route_one_warp, route_topk_softmax_warp: route_one's results), blocks of
-// ROUTE_TOPK_WARPS warps; routers of more than ROUTE_WARP_NE experts by lane 0 alone.
+// ROUTE_TOPK_WARPS warps; routers of more than ROUTE_WARP_NE experts by lane 0 alone. With `bias`
+// ([ne]), each logit first gets its expert's bias in place (as add_bias_rows adds it).
 #define ROUTE_TOPK_WARPS 4
 #define ROUTE_WARP_NE 256
-extern "C" __global__ void route_topk(const float* __restrict__ logits, int ne, int k, int t,
-                                      int rule, float reps, float* __restrict__ routes) {
+extern "C" __global__ void route_topk(float* __restrict__ logits, int ne, int k, int t,
+                                      int rule, float reps, float* __restrict__ routes,
+                                      const float* __restrict__ bias) {
     __shared__ float p[ROUTE_TOPK_WARPS][ROUTE_WARP_NE];
     PDL_ENTRY();
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.x * ROUTE_TOPK_WARPS + w;
     if (i >= t) return;
-    const float* l = logits + (size_t)i * ne;
+    float* lb = logits + (size_t)i * ne;
+    if (bias) {
+        for (int e = lane; e < ne; e += 32) lb[e] += bias[e];
+        __syncwarp();
+    }
+    const float* l = lb;
     int* re = reinterpret_cast<int*>(routes) + (size_t)i * k;
     float* rw = routes + (size_t)t * k + (size_t)i * k;
     if (ne > ROUTE_WARP_NE) {

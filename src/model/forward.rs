@@ -637,12 +637,13 @@ impl<'f> Model<'f> {
                 })?;
                 let heads = (t, cfg.n_heads);
                 backend.mla_values(&b.q, (&m.v_b, &shape), heads, &mut b.att)?;
-                backend.matmul_add(&lw.wo, &b.att, t, &mut b.out, &mut b.x)?;
+                let io = (&mut b.out, &mut b.x);
+                backend.matmul_add_bias(&lw.wo, &b.att, t, io, lw.o_bias.as_deref())?;
             }
-            None => backend.matmul_add(&lw.wo, att, t, &mut b.out, &mut b.x)?,
-        }
-        if let Some(o) = &lw.o_bias {
-            backend.add_rows(&mut b.x, t, o)?;
+            None => {
+                let io = (&mut b.out, &mut b.x);
+                backend.matmul_add_bias(&lw.wo, att, t, io, lw.o_bias.as_deref())?;
+            }
         }
         Ok(())
     }

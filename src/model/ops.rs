@@ -465,6 +465,23 @@ pub trait Backend {
         self.add_assign(out, tmp, t * w.rows)
     }
 
+    /// `matmul_add`, then `bias` (if any) on out's t rows: a projection with its residual add
+    /// and its bias (a backend may fuse them).
+    fn matmul_add_bias(
+        &self,
+        w: &Matrix<'_>,
+        x: &Self::Buf,
+        t: usize,
+        (tmp, out): (&mut Self::Buf, &mut Self::Buf),
+        bias: Option<&[f32]>,
+    ) -> crate::Result<()> {
+        self.matmul_add(w, x, t, tmp, out)?;
+        match bias {
+            Some(b) => self.add_rows(out, t, b),
+            None => Ok(()),
+        }
+    }
+
     /// Routing of t tokens by `routing` from their router logits ([t, n_experts] in `logits`):
     /// `routes` ([t, k]) on the host.
     /// `host` is room the default uses for the logits.

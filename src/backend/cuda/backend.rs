@@ -583,6 +583,36 @@ impl Backend for CudaBackend {
         launch!(self.gpu, self.gpu.kernels.matvec_add[d.kind as usize], c; d, xp, yp, early)
     }
 
+    /// With a bias where the product is not fused with its add: the add and the bias in one
+    /// launch (add_assign_rows: the same sums as add_assign then add_rows).
+    fn matmul_add_bias(
+        &self,
+        w: &Matrix<'_>,
+        x: &CudaSlice<f32>,
+        t: usize,
+        (tmp, out): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        bias: Option<&[f32]>,
+    ) -> crate::Result<()> {
+        let Some(b) = bias else {
+            return self.matmul_add(w, x, t, tmp, out);
+        };
+        let d = *self.mat(w)?;
+        if t == 1 && d.kind < 3 && d.vectorizable() && self.p(x).is_multiple_of(16) {
+            self.matmul_add(w, x, t, tmp, out)?;
+            return self.add_rows(out, t, b);
+        }
+        // (As matmul_add: the next q, k, v launch is not the one before this.)
+        self.qkv_settled.store(false, Ordering::Relaxed);
+        self.matmul(w, x, t, tmp)?;
+        let n = t * w.rows;
+        check_len("bias", b.len(), w.rows)?;
+        check_len("add input", out.len().min(tmp.len()), n)?;
+        let (xp, yp, bp) = (self.p(out), self.p(tmp), self.vector(b)?);
+        let (wi, ni) = (w.rows as i32, n as i32);
+        let c = cfg(blocks(n, 256), 256);
+        launch!(self.gpu, self.gpu.kernels.add_assign_rows, c; xp, yp, bp, wi, ni)
+    }
+
     /// Routing on the device (Gpu::route, into the prefill tile's scratch), the routes copied
     /// to the host: the same routes as the engine's device-routed decode.
     fn route(

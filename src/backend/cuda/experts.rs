@@ -8,8 +8,8 @@ use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 
 use super::copier::{register_file, CudaCopier, LinkClock};
 use super::{
-    cuda_err, ptr, CudaBackend, DevMat, QGroup, QueuedRead, Routed, SlotArgs, SLOTS_MAX_K,
-    SLOT_ROUTES_LEN,
+    check_len, cuda_err, ptr, CudaBackend, DevMat, QGroup, QueuedRead, Routed, SlotArgs,
+    SLOTS_MAX_K, SLOT_ROUTES_LEN,
 };
 use crate::format::{ExpertView, MatrixLayout};
 use crate::model::experts::ExpertFfn;
@@ -569,10 +569,14 @@ impl CudaBackend {
         }
         // The router's logits in the down outputs' room (routed before those are written).
         self.matmul_dev(self.mat(block.router)?, xsp, 1, dn)?;
-        if let Some(b) = block.router_bias {
-            gpu.add_bias_rows(dn, self.vector(b)?, ne, ne)?;
-        }
-        gpu.route(dn, 1, ne, (k, block.routing), routes)?;
+        let bias = match block.router_bias {
+            Some(b) => {
+                check_len("router bias", b.len(), ne)?;
+                self.vector(b)?
+            }
+            None => 0,
+        };
+        gpu.route_biased(dn, (1, ne, bias), (k, block.routing), routes)?;
         let routed = Routed { tab, routes, k };
         self.routed_glu((&r.gate, &r.down), (routed, routes), xsp, (g, dn), glu)?;
         let norm = match (block.next, block.norm_bias) {

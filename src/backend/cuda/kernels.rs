@@ -26,6 +26,7 @@ pub struct Kernels {
     pub qk_norm_rope_kv: CudaFunction,
     pub rope: CudaFunction,
     pub add_assign: CudaFunction,
+    pub add_assign_rows: CudaFunction,
     pub swiglu: CudaFunction,
     /// gpt-oss's clamped SwiGLU with the expert's gate and up biases; the same for a token's
     /// routed experts, and their down biases.
@@ -357,6 +358,7 @@ impl Kernels {
             qk_norm_rope_kv: f("qk_norm_rope_kv")?,
             rope: f("rope")?,
             add_assign: f("add_assign")?,
+            add_assign_rows: f("add_assign_rows")?,
             swiglu: f("swiglu")?,
             expert_glu: f("expert_glu")?,
             expert_glu_routed: f("expert_glu_routed")?,

@@ -535,11 +535,23 @@ impl Gpu {
         (k, routing): (usize, Routing),
         routes: u64,
     ) -> crate::Result<()> {
+        self.route_biased(logits, (t, ne, 0), (k, routing), routes)
+    }
+
+    /// `route` with the router's bias ([ne] at `bias`; 0: none) added to the logits in place
+    /// first, in the same launch.
+    pub fn route_biased(
+        &self,
+        logits: u64,
+        (t, ne, bias): (usize, usize, u64),
+        (k, routing): (usize, Routing),
+        routes: u64,
+    ) -> crate::Result<()> {
         let (rule, reps) = route_rule(routing, k, ne)?;
         let (nei, ki, ti) = (ne as i32, k as i32, t as i32);
         // A warp a token, 4 a block (moe.cu ROUTE_TOPK_WARPS).
         let c = cfg(blocks(t, 4), 128);
-        launch!(self, self.kernels.route_topk, c; logits, nei, ki, ti, rule, reps, routes)
+        launch!(self, self.kernels.route_topk, c; logits, nei, ki, ti, rule, reps, routes, bias)
     }
 
     /// Write `a`'s table ([n][gate, up, down] at `tab`) and routes (n ranks then n weights at
