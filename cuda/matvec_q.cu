@@ -559,6 +559,24 @@ __device__ __forceinline__ void matvec_qd_lone_body(const Mat w, const float* x,
 }
 INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, matvec_qd_lone_body, 4, , __launch_bounds__(512))
 
+// Three products of one x in one launch (a decode token's k, v and q, Gpu::matvec3_int):
+// blockIdx.y = j takes w_j, y_j and split_j, each row summed as its plain kernel sums it with its
+// own plan (the same split and column tiles: the same bits); the grid's x is the largest plan's (a
+// block walks its matrix's tiles; past them it returns). Launched k and v first, so that their
+// few blocks are not queued behind q's.
+#define QD3_KERNEL(NAME, KIND)                                                                      \
+    extern "C" __global__ void __launch_bounds__(512)                                               \
+        NAME(const Mat w0, const Mat w1, const Mat w2, const float* x, float* y0, float* y1,        \
+             float* y2, int s0, int s1, int s2, int tchunks) {                                      \
+        const int j = blockIdx.y;                                                                   \
+        matvec_qd_body<KIND, 4>(j == 0 ? w0 : j == 1 ? w1 : w2, x, nullptr,                         \
+                                j == 0 ? y0 : j == 1 ? y1 : y2, j == 0 ? s0 : j == 1 ? s1 : s2,     \
+                                tchunks);                                                           \
+    }
+QD3_KERNEL(matvec_qd_int8_3, KIND_INT8)
+QD3_KERNEL(matvec_qd_int4_3, KIND_INT4)
+QD3_KERNEL(matvec_qd_int2_3, KIND_INT2)
+
 // Gate and up of a token's k routed experts with their SwiGLU, one launch (blockIdx.y = j: expert
 // routes[j], gate and up from the table as sel_mat reads them): y + j * ys = SwiGLU(gate x, up x),
 // the bits of the _sel launch of both (which0 0) and the swiglu launch (matvec_q_body's GU). The

@@ -189,6 +189,58 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
     println!("matmul worst NMSE {worst:.2e}");
 }
 
+/// One token's q, k and v from integer matrices in one launch (`matmul_qkv`: matvec_qd_*_3)
+/// give the three `matmul`s' bits: gpt-oss-20b's shapes (4096 and 512 rows of 2880), Qwen3's
+/// (4096 and 512 of 2048), and a layout the one launch does not take (int4/g32: three launches).
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn integer_qkv_in_one_launch_equals_three_products() {
+    let g = gpu();
+    for (c, &(kind, q_rows, kv_rows, cols)) in [
+        ("int8", 4096, 512, 2880),
+        ("int4", 4096, 512, 2048),
+        ("int2", 2048, 256, 2048),
+        ("int4/g32", 1024, 256, 512),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let seed = 40 + 3 * c as u64;
+        let rows = [q_rows, kv_rows, kv_rows];
+        let st: Vec<_> = (0..3)
+            .map(|i| stored(kind, rows[i], cols, seed + i as u64))
+            .collect();
+        let m: Vec<_> = (0..3)
+            .map(|i| matrix(&st[i].0, st[i].1, st[i].2, rows[i], cols))
+            .collect();
+        let mut b = CudaBackend::empty(g.clone()).unwrap();
+        for w in &m {
+            b.make_resident(w).unwrap();
+        }
+        let xd = to_gpu(&b, &random(cols, seed + 7));
+        let mut one: Vec<_> = rows.iter().map(|&r| b.alloc(r).unwrap()).collect();
+        let [q, k, v] = &mut one[..] else {
+            unreachable!()
+        };
+        b.matmul_qkv([&m[0], &m[1], &m[2]], &xd, 1, [q, k, v])
+            .unwrap();
+        for i in 0..3 {
+            let mut y = b.alloc(rows[i]).unwrap();
+            b.matmul(&m[i], &xd, 1, &mut y).unwrap();
+            let (got, want) = (from_gpu(&b, &one[i], rows[i]), from_gpu(&b, &y, rows[i]));
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, w)| a.to_bits() == w.to_bits());
+            assert!(
+                same,
+                "{kind} product {i} of q, k, v differs from its own matmul"
+            );
+        }
+        println!("q, k, v in one launch: {kind} [{q_rows} / {kv_rows}, {cols}] bit for bit");
+    }
+}
+
 /// A decode token embedded on the device (stage_token, then embed_staged, as a recorded step
 /// launches it) gives the host conversion's row bit for bit, for every storage kind a table may
 /// have, and the staged id is read at launch time (two tokens staged in turn).

@@ -424,6 +424,9 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let [q, k, v] = out;
         let Some(m) = self.one_token_floats(w, x, t, [&*q, &*k, &*v])? else {
+            if t == 1 && self.int_qkv(w, x, [&*q, &*k, &*v])? {
+                return Ok(());
+            }
             self.matmul(w[0], x, t, q)?;
             self.matmul(w[1], x, t, k)?;
             return self.matmul(w[2], x, t, v);

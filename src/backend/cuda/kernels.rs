@@ -110,6 +110,8 @@ pub struct Kernels {
     pub matvec_qd_sel: [QKernel; 3],
     /// Gate and up of the routed experts with their SwiGLU in one launch (matvec_qd_*_gu).
     pub matvec_qd_gu: [QKernel; 3],
+    /// Three products of one x in one launch, each as matvec_qd_* (matvec_qd_*_3).
+    pub matvec_qd3: [QKernel; 3],
     /// Float kinds by kind code: y += W x (matvec_add_*), and three matrices of one x
     /// (matvec3_*).
     pub matvec_add: [CudaFunction; 3],
@@ -431,6 +433,7 @@ impl Kernels {
             matvec_qd: qkernels("matvec_qd", "", QFamily::Dp(QD_PARTS))?,
             matvec_qd_sel: qkernels("matvec_qd", "_sel", QFamily::Dp(QD_PARTS))?,
             matvec_qd_gu: qkernels("matvec_qd", "_gu", QFamily::Dp(QD_PARTS))?,
+            matvec_qd3: qkernels("matvec_qd", "_3", QFamily::Dp(QD_PARTS))?,
             matvec_add: floats("matvec_add")?,
             matvec3: floats("matvec3")?,
             matvec3_rope: floats("matvec3_rope")?,

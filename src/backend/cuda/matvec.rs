@@ -131,6 +131,49 @@ impl Gpu {
         launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
     }
 
+    /// Three products of one token's x from integer matrices of one kind (a layer's q, k and v)
+    /// in one launch (matvec_q.cu matvec_qd_*_3), each row summed as `matvec` sums it (its own
+    /// plan's split and column tiles); false, nothing launched, where any of the three does not
+    /// take the plain dp4a kernel or their plans differ in block, shared memory or column tiles.
+    pub fn matvec3_int(&self, w: [&DevMat; 3], x: u64, y: [u64; 3]) -> crate::Result<bool> {
+        let kind = w[0].kind;
+        let same = w
+            .iter()
+            .all(|m| m.kind == kind && m.is_packed_int() && m.vectorizable());
+        if !same || !(3..=5).contains(&kind) || !x.is_multiple_of(16) {
+            return Ok(false);
+        }
+        let i = (kind - 3) as usize;
+        let plain = &self.kernels.matvec_qd[i];
+        if w.iter().any(|m| !std::ptr::eq(self.q_kernels(m).0, plain)) {
+            return Ok(false);
+        }
+        let mut plans = [None; 3];
+        for (p, m) in plans.iter_mut().zip(w) {
+            *p = self.q_plan_for(plain, m);
+        }
+        let [Some(pq), Some(pk), Some(pv)] = plans else {
+            return Ok(false);
+        };
+        if [pk, pv]
+            .iter()
+            .any(|p| p.block != pq.block || p.smem != pq.smem || p.tchunks != pq.tchunks)
+        {
+            return Ok(false);
+        }
+        let c = LaunchConfig {
+            grid_dim: (pq.grid.max(pk.grid).max(pv.grid), 3, 1),
+            block_dim: (pq.block, 1, 1),
+            shared_mem_bytes: pq.smem,
+        };
+        // k and v first (blockIdx.y 0 and 1): their few blocks then start before q's.
+        let (wq, wk, wv) = (*w[0], *w[1], *w[2]);
+        let (sq, sk, sv, tc) = (pq.split, pk.split, pv.split, pq.tchunks);
+        let f = &self.kernels.matvec_qd3[i].f;
+        launch!(self, f, c; wk, wv, wq, x, y[1], y[2], y[0], sk, sv, sq, tc)?;
+        Ok(true)
+    }
+
     /// y = W · x for MXFP4 through the exact warp-a-row kernel (mxfp4.cu matvec_mxfp4: every
     /// product exact, f32 sums), where the dp4a one has no plan; w vectorizable, x 16-byte
     /// aligned.

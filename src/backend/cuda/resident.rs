@@ -290,4 +290,21 @@ impl CudaBackend {
         let c = cfg(blocks(n, 256), 256);
         launch!(self.gpu, self.gpu.kernels.rope_kv, c; qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd, posp, bq, bk, bv)
     }
+
+    /// One token's q, k and v from integer matrices in one launch (Gpu::matvec3_int); false
+    /// where it does not apply (then three `matmul`s, the same sums).
+    pub(super) fn int_qkv(
+        &self,
+        w: [&Matrix<'_>; 3],
+        x: &CudaSlice<f32>,
+        out: [&CudaSlice<f32>; 3],
+    ) -> crate::Result<bool> {
+        let d = [*self.mat(w[0])?, *self.mat(w[1])?, *self.mat(w[2])?];
+        for (m, o) in w.iter().zip(&out) {
+            check_len("matmul input", x.len(), m.cols)?;
+            check_len("matmul output", o.len(), m.rows)?;
+        }
+        let y = out.map(|o| self.p(o));
+        self.gpu.matvec3_int([&d[0], &d[1], &d[2]], self.p(x), y)
+    }
 }
