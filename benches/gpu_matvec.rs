@@ -18,7 +18,9 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::CompileOptions;
 use hob::backend::cpu::CpuBackend;
-use hob::backend::cuda::{self, q_smem, DevMat, Gpu, QFamily, QKernel, SlotArgs, SLOTS_MAX_K};
+use hob::backend::cuda::{
+    self, q_smem, ring_ok, DevMat, Gpu, QFamily, QKernel, SlotArgs, SLOTS_MAX_K,
+};
 use hob::format::{ap8, DType, Variant};
 use hob::quant::{Matrix, WeightKind};
 
@@ -214,10 +216,14 @@ fn main() {
                 // before sm_80, or for other groups), the tensor-core one, the dp4a one.
                 let i = (name_kind(kind) - 3) as usize;
                 let prod = gpu.q_kernels(&t.mats[0]).0.f.cu_function();
-                let mut others = vec![
-                    ("scalar", &gpu.kernels.matvec_q[i]),
-                    ("dp4a", &gpu.kernels.matvec_qd[i]),
-                ];
+                let mut others = vec![("scalar", &gpu.kernels.matvec_q[i])];
+                // The ring's form only where it takes the layout.
+                if gpu.kernels.matvec_qd[i].shape.ring == 0 || ring_ok(&t.mats[0]) {
+                    others.push(("dp4a", &gpu.kernels.matvec_qd[i]));
+                }
+                if i > 0 {
+                    others.push(("registers", &gpu.kernels.matvec_qd_r[i - 1][0]));
+                }
                 if let Some(q) = &gpu.kernels.matvec_qm {
                     others.push(("mma", &q[i]));
                 }

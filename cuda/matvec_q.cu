@@ -617,6 +617,12 @@ QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
                                                         tchunks, sel_mat(tab, routes, k, 1));       \
     }
 
+// int4 and int2 with loads in registers (no ring), for layouts `ring_ok` refuses on GPUs whose
+// matvec_qd_* take a ring (rows of groups not a multiple of 8: Qwen3-MoE's and Phi-3.5-MoE's
+// down); before sm_90 matvec_qd_* themselves are this form.
+RING_KIND_KERNELS(matvec_qd_int4_r, KIND_INT4, 2, 0, 0)
+RING_KIND_KERNELS(matvec_qd_int2_r, KIND_INT2, 1, 0, 0)
+
 // int3 (kind 7) through the dp4a loop: int2's codes and staging, each code's high bit OR'ed in at
 // bit 2 (qd_hi3), the chunk's 8 bytes of high bits loaded beside its 16 of low bits. Through the
 // ring (QD_RING_INT3; the plain kernel issues one step before it waits, as int2's), and in

@@ -110,6 +110,9 @@ pub struct Kernels {
     pub matvec_qd_sel: [QKernel; 3],
     /// Gate and up of the routed experts with their SwiGLU in one launch (matvec_qd_*_gu).
     pub matvec_qd_gu: [QKernel; 3],
+    /// int4 and int2 through the dp4a loop with loads in registers (matvec_qd_int4_r, _r_sel,
+    /// _r_gu; int2 likewise), for layouts whose rows the ring does not take (`ring_ok`).
+    pub matvec_qd_r: [[QKernel; 3]; 2],
     /// Three products of one x in one launch, each as matvec_qd_* (matvec_qd_*_3).
     pub matvec_qd3: [QKernel; 3],
     /// Float kinds by kind code: y += W x (matvec_add_*), and three matrices of one x
@@ -351,6 +354,19 @@ impl Kernels {
                 k("_r_gu", 0)?,
             ])
         };
+        // A kind's plain, routed and gate-up dp4a kernels with loads in registers (NAME_r).
+        let reg_set = |name: &str, kind: i32| -> crate::Result<[QKernel; 3]> {
+            let k = |suffix: &str| {
+                QKernel::new(
+                    ctx,
+                    f(&format!("{name}{suffix}"))?,
+                    kind,
+                    QFamily::Dp(QD_PARTS),
+                    0,
+                )
+            };
+            Ok([k("")?, k("_sel")?, k("_gu")?])
+        };
         let mut kernels = Kernels {
             rms_norm: f("rms_norm")?,
             layer_norm: f("layer_norm")?,
@@ -434,6 +450,10 @@ impl Kernels {
             matvec_qd_sel: qkernels("matvec_qd", "_sel", QFamily::Dp(QD_PARTS))?,
             matvec_qd_gu: qkernels("matvec_qd", "_gu", QFamily::Dp(QD_PARTS))?,
             matvec_qd3: qkernels("matvec_qd", "_3", QFamily::Dp(QD_PARTS))?,
+            matvec_qd_r: [
+                reg_set("matvec_qd_int4_r", 4)?,
+                reg_set("matvec_qd_int2_r", 5)?,
+            ],
             matvec_add: floats("matvec_add")?,
             matvec3: floats("matvec3")?,
             matvec3_rope: floats("matvec3_rope")?,

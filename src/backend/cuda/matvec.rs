@@ -200,7 +200,8 @@ impl Gpu {
     }
 
     /// The integer matvec kernels for `w` (plain, selecting): for groups of whole 16-byte chunks
-    /// the dp4a ones (matvec_qd_*) where `qd_kinds` has the kind, else the tensor-core ones where
+    /// the dp4a ones (matvec_qd_*; where their ring does not take the layout, the same loop with
+    /// loads in registers, matvec_qd_*_r) where `qd_kinds` has the kind, else the tensor-core ones where
     /// the GPU has them and the groups are 1, 2 or a multiple of 4 chunks (cuda/matvec_qm.cu
     /// matvec_qm_body) and `qm_kinds` has the kind, else matvec_q_*.
     pub fn q_kernels(&self, w: &DevMat) -> (&QKernel, &QKernel) {
@@ -222,10 +223,22 @@ impl Gpu {
         if chunks && self.qd_kinds[i] && (ring == 0 || ring_ok(w)) {
             return (&self.kernels.matvec_qd[i], &self.kernels.matvec_qd_sel[i]);
         }
+        if let (true, true, Some(r)) = (chunks, self.qd_kinds[i], self.reg_set(w)) {
+            return (&r[0], &r[1]);
+        }
         let whole = chunks && (cpg <= 2 || cpg % 4 == 0);
         match (&self.kernels.matvec_qm, &self.kernels.matvec_qm_sel) {
             (Some(p), Some(s)) if whole && self.qm_kinds[i] => (&p[i], &s[i]),
             _ => (&self.kernels.matvec_q[i], &self.kernels.matvec_q_sel[i]),
+        }
+    }
+
+    /// The dp4a kernels with loads in registers (plain, routed, gate-up) of int4 or int2 for
+    /// `w`; None for the other kinds.
+    fn reg_set(&self, w: &DevMat) -> Option<&[QKernel; 3]> {
+        match w.kind {
+            4 | 5 => Some(&self.kernels.matvec_qd_r[(w.kind - 4) as usize]),
+            _ => None,
         }
     }
 
@@ -385,10 +398,13 @@ impl Gpu {
         } else {
             let i = (gate.kind - 3) as usize;
             let plain = self.q_kernels(gate).0;
-            if !std::ptr::eq(plain, &self.kernels.matvec_qd[i]) {
-                return None;
+            match self.reg_set(gate) {
+                _ if std::ptr::eq(plain, &self.kernels.matvec_qd[i]) => {
+                    &self.kernels.matvec_qd_gu[i]
+                }
+                Some(r) if std::ptr::eq(plain, &r[0]) => &r[2],
+                _ => return None,
             }
-            &self.kernels.matvec_qd_gu[i]
         };
         let p = self.routed_plan(gate, q)?;
         let whole = p.tchunks as usize == (gate.chunk_bytes().max(0) as usize / 16).max(1);
