@@ -8,9 +8,10 @@
 #define ATT_WIDE_J 18  // attention_wide: head_dim up to 576 (DeepSeek's MLA latent, 512 + 64)
 #define ATT_PREFETCH 128  // positions whose keys and values a block prefetches into L2
 
-template <int MAXJ>
-__device__ __forceinline__ void attention_body(const float* __restrict__ q,
-                                               const half_bits* __restrict__ kc,
+// `qrow(pos, h, kvh)`, called once the kernel before has finished, gives the head's q row (a decode
+// token's may first be computed there: attention_prep).
+template <int MAXJ, typename QRow>
+__device__ __forceinline__ void attention_body(QRow qrow, const half_bits* __restrict__ kc,
                                                const half_bits* __restrict__ vc,
                                                float* __restrict__ out, int n_heads,
                                                int n_kv_heads, int hd, int start_pos, int window,
@@ -42,12 +43,13 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q,
     int pos = (posp ? *posp : start_pos) + i;
     int first = window > 0 ? max(0, pos + 1 - window) : 0;
     float scale = 1.0f / sqrtf((float)hd);
+    const float* q = qrow(pos, h, kvh);
 
     float qv[MAXJ], acc[MAXJ];
 #pragma unroll
     for (int j = 0; j < MAXJ; j++) {
         int d = lane + 32 * j;
-        qv[j] = d < hd ? q[(size_t)i * q_dim + h * hd + d] : 0.f;
+        qv[j] = d < hd ? q[d] : 0.f;
         acc[j] = 0.f;
     }
     float m = NEG_INF, l = 0.f;
@@ -120,15 +122,82 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q,
         const half_bits *__restrict__ vc, float *__restrict__ out, int n_heads, int n_kv_heads, \
         int hd, int start_pos, int window, const int *__restrict__ posp,                        \
         const float *__restrict__ sinks
+#define ATTENTION_QROW \
+    [&](int, int h, int) { return q + (size_t)blockIdx.y * n_heads * hd + (size_t)h * hd; }
 extern "C" __global__ void attention(ATTENTION_ARGS) {
-    attention_body<ATT_MAX_J>(q, kc, vc, out, n_heads, n_kv_heads, hd, start_pos, window, posp,
-                              sinks);
+    attention_body<ATT_MAX_J>(ATTENTION_QROW, kc, vc, out, n_heads, n_kv_heads, hd, start_pos,
+                              window, posp, sinks);
 }
 // The same over heads up to 576 wide (more registers a thread; the CUDA backend picks it only
 // where head_dim is above 256).
 extern "C" __global__ void attention_wide(ATTENTION_ARGS) {
-    attention_body<ATT_WIDE_J>(q, kc, vc, out, n_heads, n_kv_heads, hd, start_pos, window, posp,
-                               sinks);
+    attention_body<ATT_WIDE_J>(ATTENTION_QROW, kc, vc, out, n_heads, n_kv_heads, hd, start_pos,
+                               window, posp, sinks);
+}
+
+// One decode token's attention from its raw q, k and v rows ([n_heads * hd], [kvw], [kvw]), the
+// launches before it in one (CudaBackend::attention_prep): each block (a q head) computes first,
+// warp 0 its q row, warp 1 its KV head's k row, warp 2 that v row, as the separate kernels would
+// (biases bq, bk, bv as add_rows; per-head RMSNorm by qn, kn as qk_norm_rope_kv; rope_pair's
+// rotation; q times q_scale as `scale`) and stores k and v as f16 at position *posp of kc, vc (the
+// layer's rows from position 0). Every block of a KV head stores the same bits there, and reads
+// them after its own store (__syncthreads), so no block waits for another. Null biases or norms:
+// none. hd <= 32 * ATT_MAX_J.
+extern "C" __global__ void attention_prep(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ bq, const float* __restrict__ bk, const float* __restrict__ bv,
+    const float* __restrict__ qn, const float* __restrict__ kn, float eps,
+    const float* __restrict__ inv_freq, float q_scale, half_bits* kc, half_bits* vc,
+    float* __restrict__ out, int n_heads, int n_kv_heads, int hd, int window,
+    const int* __restrict__ posp, const float* __restrict__ sinks) {
+    __shared__ float sq[32 * ATT_MAX_J], sk[32 * ATT_MAX_J];
+    auto qrow = [&](int pos, int h, int kvh) -> const float* {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, half = hd >> 1;
+        const size_t kv_at = (size_t)pos * n_kv_heads * hd + (size_t)kvh * hd;
+        if (warp < 2) {
+            const bool isq = warp == 0;
+            const int at = (isq ? h : kvh) * hd;
+            const float* src = (isq ? q : k) + at;
+            const float* b = isq ? bq : bk;
+            const float* w = isq ? qn : kn;
+            float* row = isq ? sq : sk;
+            float ss = 0.f;
+            for (int i = lane; i < hd; i += 32) {
+                const float x = b ? src[i] + b[at + i] : src[i];
+                row[i] = x;
+                ss += x * x;
+            }
+            const float inv = w ? 1.0f / sqrtf(warp_sum(ss) / (float)hd + eps) : 1.f;
+            __syncwarp();
+            // A lane takes pairs (i, i + half) whole: no other lane reads or writes them.
+            const float pf = (float)pos;
+            for (int i = lane; i < half; i += 32) {
+                float a = row[i], c = row[i + half];
+                if (w) {
+                    a = w[i] * (a * inv);
+                    c = w[i + half] * (c * inv);
+                }
+                float sn, cs;
+                sincosf(pf * inv_freq[i], &sn, &cs);
+                const float ra = a * cs - c * sn, rb = c * cs + a * sn;
+                if (isq) {
+                    sq[i] = ra * q_scale;
+                    sq[i + half] = rb * q_scale;
+                } else {
+                    kc[kv_at + i] = f2h(ra);
+                    kc[kv_at + i + half] = f2h(rb);
+                }
+            }
+        } else if (warp == 2) {
+            for (int d = lane; d < hd; d += 32) {
+                const float x = bv ? v[kvh * hd + d] + bv[kvh * hd + d] : v[kvh * hd + d];
+                vc[kv_at + d] = f2h(x);
+            }
+        }
+        __syncthreads();
+        return sq;
+    };
+    attention_body<ATT_MAX_J>(qrow, kc, vc, out, n_heads, n_kv_heads, hd, 0, window, posp, sinks);
 }
 
 // Prefill attention (t > 1 tokens; `attention` serves decode): a block takes ATP_ROWS (query,

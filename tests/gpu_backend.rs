@@ -19,7 +19,7 @@ use common::nmse;
 use hob::backend::cpu::CpuBackend;
 use hob::backend::cuda::{self, CudaBackend};
 use hob::format::{DType, Variant};
-use hob::model::ops::AttentionShape;
+use hob::model::ops::{AttentionShape, AttnPrep, QkvStep};
 use hob::model::routing::Routing;
 use hob::model::{Backend, MoeBlock, RouteOut};
 use hob::quant::{quantize_matrix, Matrix};
@@ -455,6 +455,106 @@ fn norm_rope_add_and_attention_match_the_cpu() {
             assert!(e <= 1e-6, "attention NMSE {e:e}");
             start += tt;
         }
+    }
+}
+
+/// A decode token's attention in one launch (attention_prep: biases, per-head QK-norm, RoPE,
+/// the cache rows, q's scale, attention) against the launches the forward pass makes otherwise
+/// (add_rows, qk_norm_rope_kv or rope_kv, scale, attention), over a cache of earlier positions:
+/// Qwen3's form (norms), gpt-oss's (biases, a scale, sinks and a window), both, and a plain one.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn attention_in_one_launch_equals_its_separate_launches() {
+    let mut b = CudaBackend::empty(gpu()).unwrap();
+    // (heads, kv heads, head_dim, biases, norms, q scale, window and sinks, position)
+    let cases = [
+        (8usize, 2usize, 32usize, false, true, 1.0f32, false, 9usize),
+        (32, 4, 128, false, true, 1.0, false, 40),
+        (8, 1, 64, true, false, 1.34, true, 37),
+        (8, 2, 64, true, true, 0.8, true, 5),
+        (4, 4, 16, false, false, 1.0, false, 3),
+    ];
+    for (nh, nkv, hd, biased, normed, q_scale, windowed, pos) in cases {
+        let (qw, kvw, ctx) = (nh * hd, nkv * hd, 64usize);
+        let freq: Vec<f32> = (0..hd / 2)
+            .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / hd as f32))
+            .collect();
+        let (qn, kn) = (random(hd, 6), random(hd, 7));
+        let bias = [random(qw, 11), random(kvw, 12), random(kvw, 13)];
+        let sinks = random(nh, 14);
+        for v in [&freq, &qn, &kn, &bias[0], &bias[1], &bias[2], &sinks] {
+            b.make_resident_vector(v).unwrap();
+        }
+        let (q, k, v) = (random(qw, 8), random(kvw, 9), random(kvw, 10));
+        let (pk, pv) = (random(pos * kvw, 15), random(pos * kvw, 16));
+        let step = QkvStep {
+            t: 1,
+            q_width: qw,
+            kv_width: kvw,
+            start: pos,
+            layer: 1,
+            inv_freq: &freq,
+        };
+        let shape = AttentionShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            start_pos: pos,
+            t: 1,
+            window: windowed.then_some(7),
+            sinks: windowed.then_some(&sinks[..]),
+        };
+        let prep = AttnPrep {
+            bias: biased.then_some(&bias),
+            norms: normed.then_some((&qn[..], &kn[..], 1e-6)),
+            q_scale,
+        };
+        let mut got = Vec::new();
+        for fused in [true, false] {
+            let mut kvc = b.alloc_kv(2, ctx, kvw, false).unwrap();
+            let (pkd, pvd) = (to_gpu(&b, &pk), to_gpu(&b, &pv));
+            b.kv_write(&mut kvc, (1, 0), pos, &pkd, &pvd).unwrap();
+            let (mut qd, mut kd, mut vd) = (to_gpu(&b, &q), to_gpu(&b, &k), to_gpu(&b, &v));
+            let mut out = b.alloc(qw).unwrap();
+            if fused {
+                b.fused_attention([&qd, &kd, &vd], &prep, &step, shape, &mut kvc, &mut out)
+                    .unwrap();
+            } else if normed {
+                if biased {
+                    b.add_rows(&mut qd, 1, &bias[0]).unwrap();
+                    b.add_rows(&mut kd, 1, &bias[1]).unwrap();
+                    b.add_rows(&mut vd, 1, &bias[2]).unwrap();
+                }
+                let (mut qo, mut ko) = (b.alloc(qw).unwrap(), b.alloc(kvw).unwrap());
+                let norms = (&qn[..], &kn[..], 1e-6);
+                b.qk_norm_rope_kv(
+                    (&qd, &kd),
+                    [&mut qo, &mut ko, &mut vd],
+                    norms,
+                    &step,
+                    &mut kvc,
+                )
+                .unwrap();
+                b.scale(&mut qo, qw, q_scale).unwrap();
+                b.attention(shape, &qo, &kvc, 1, &mut out).unwrap();
+            } else {
+                let qkv = [&mut qd, &mut kd, &mut vd];
+                match biased {
+                    true => b.bias_rope_kv_write(qkv, &bias, &step, &mut kvc).unwrap(),
+                    false => b.rope_kv_write(qkv, &step, &mut kvc).unwrap(),
+                }
+                b.scale(&mut qd, qw, q_scale).unwrap();
+                b.attention(shape, &qd, &kvc, 1, &mut out).unwrap();
+            }
+            got.push(from_gpu(&b, &out, qw));
+        }
+        let e = nmse(&got[0], &got[1]);
+        println!(
+            "attention in one launch {nh}/{nkv}x{hd} biases {biased} norms {normed} scale {q_scale} \
+             window {windowed} at {pos}: NMSE {e:.2e} vs separate (bits equal: {})",
+            got[0] == got[1]
+        );
+        assert!(e <= 1e-12, "NMSE {e:e}");
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::experts::{Batch, ExpertExecutor, ExpertFfn, MoeBlock, OnDevice};
 use super::ops::MlaInputs;
-use super::ops::{AttentionShape, Backend, DecodeStep, QkvStep, Route, RouteOut};
+use super::ops::{AttentionShape, AttnPrep, Backend, DecodeStep, QkvStep, Route, RouteOut};
 pub use super::routing::{route_softmax_top, route_softmax_topk};
 use super::weights::{LayerWeights, MlaWeights, Mlp, Weights};
 use super::{ModelConfig, ModelError};
@@ -602,33 +602,46 @@ impl<'f> Model<'f> {
             layer: l,
             inv_freq,
         };
-        let q_in_att = self.attention_inputs(b, lw, &step, kv, backend)?;
-        if q_scale != 1.0 {
-            backend.scale(
-                if q_in_att { &mut b.att } else { &mut b.q },
-                t * qd,
-                q_scale,
-            )?;
-        }
-        let (q, att) = match q_in_att {
-            true => (&b.att, &mut b.q),
-            false => (&b.q, &mut b.att),
+        let shape = AttentionShape {
+            n_heads: cfg.n_heads,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: cfg.head_dim,
+            start_pos: start,
+            t,
+            window: cfg.window(l),
+            sinks: lw.sinks.as_deref(),
         };
-        backend.attention(
-            AttentionShape {
-                n_heads: cfg.n_heads,
-                n_kv_heads: cfg.n_kv_heads,
-                head_dim: cfg.head_dim,
-                start_pos: start,
-                t,
-                window: cfg.window(l),
-                sinks: lw.sinks.as_deref(),
-            },
-            q,
-            kv,
-            l,
-            att,
-        )?;
+        let prep = AttnPrep {
+            bias: lw.qkv_bias.as_ref(),
+            norms: lw
+                .qk_norm
+                .as_ref()
+                .map(|[qn, kn]| (&qn[..], &kn[..], cfg.rms_eps)),
+            q_scale,
+        };
+        let w = [&lw.wq, &lw.wk, &lw.wv];
+        // Where q ends: b.att, or b.q where the QK-norm wrote q' into b.att.
+        let q_in_att = if lw.mla.is_none() && backend.fuses_attention(w, &prep, &step, &shape) {
+            backend.matmul_qkv(w, &b.xn, t, [&mut b.q, &mut b.k, &mut b.v])?;
+            backend.fused_attention([&b.q, &b.k, &b.v], &prep, &step, shape, kv, &mut b.att)?;
+            false
+        } else {
+            let q_in_att = self.attention_inputs(b, lw, &step, kv, backend)?;
+            if q_scale != 1.0 {
+                backend.scale(
+                    if q_in_att { &mut b.att } else { &mut b.q },
+                    t * qd,
+                    q_scale,
+                )?;
+            }
+            let (q, att) = match q_in_att {
+                true => (&b.att, &mut b.q),
+                false => (&b.q, &mut b.att),
+            };
+            backend.attention(shape, q, kv, l, att)?;
+            q_in_att
+        };
+        let att = if q_in_att { &b.q } else { &b.att };
         match &lw.mla {
             // MLA: each head's value out of the latent (b.q held the attention), into b.att.
             Some(m) => {

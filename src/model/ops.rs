@@ -84,6 +84,16 @@ pub struct QkvStep<'a> {
     pub inv_freq: &'a [f32],
 }
 
+/// What a decode token's raw q, k and v get before attention, for `Backend::fused_attention`:
+/// biases (q's, k's, v's), per-head QK-norm (q's and k's weights, a head wide, and eps), and q's
+/// scale after RoPE.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnPrep<'a> {
+    pub bias: Option<&'a [Vec<f32>; 3]>,
+    pub norms: Option<(&'a [f32], &'a [f32], f32)>,
+    pub q_scale: f32,
+}
+
 /// Where `Backend::norm_route` writes: the normalized input xn, the router logits ([t,
 /// n_experts]), the routes on the host ([t, k]) and room the default uses for the logits.
 pub struct RouteOut<'a, B: Backend + ?Sized> {
@@ -378,6 +388,34 @@ pub trait Backend {
         layer: usize,
         out: &mut Self::Buf,
     ) -> crate::Result<()>;
+
+    /// Whether `fused_attention` takes this step with q, k and v from `w` (never by default).
+    fn fuses_attention(
+        &self,
+        _w: [&Matrix<'_>; 3],
+        _prep: &AttnPrep<'_>,
+        _step: &QkvStep<'_>,
+        _shape: &AttentionShape<'_>,
+    ) -> bool {
+        false
+    }
+
+    /// One decode token's attention from its raw q, k and v (as `matmul_qkv` wrote them) in one
+    /// step, where `fuses_attention` says so: `prep`, RoPE, k and v into the cache, then
+    /// `attention` into out, with the results of those ops one by one.
+    fn fused_attention(
+        &self,
+        _qkv: [&Self::Buf; 3],
+        _prep: &AttnPrep<'_>,
+        _step: &QkvStep<'_>,
+        _shape: AttentionShape<'_>,
+        _kv: &mut Self::Kv,
+        _out: &mut Self::Buf,
+    ) -> crate::Result<()> {
+        Err(crate::Error::Invalid(
+            "fused_attention on a backend that does not fuse it".into(),
+        ))
+    }
 
     /// q, k and v of the same input: `matmul` three times (a backend may fuse them).
     fn matmul_qkv(

@@ -522,45 +522,37 @@ impl Backend for CudaBackend {
     /// (qk_norm_rope_kv); a whole-row norm as separate launches.
     fn qk_norm_rope_kv(
         &self,
-        (q, k): (&CudaSlice<f32>, &CudaSlice<f32>),
-        [qo, ko, v]: [&mut CudaSlice<f32>; 3],
-        (qn, kn, eps): (&[f32], &[f32], f32),
+        qk: (&CudaSlice<f32>, &CudaSlice<f32>),
+        out: [&mut CudaSlice<f32>; 3],
+        norms: (&[f32], &[f32], f32),
         step: &QkvStep<'_>,
         kv: &mut CudaKv,
     ) -> crate::Result<()> {
-        let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
-        let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
-        let hd = 2 * inv_freq.len();
-        let per_head = hd > 0
-            && qn.len() == hd
-            && kn.len() == hd
-            && q_width % hd == 0
-            && kv_width % hd == 0
-            && kv_width == kv.kv_dim;
-        if !per_head {
-            return qk_norm_then_rope_kv(self, (q, k), [qo, ko, v], (qn, kn, eps), step, kv);
-        }
-        check_len("qk_norm input", q.len().min(qo.len()), t * q_width)?;
-        check_len(
-            "qk_norm input",
-            [k.len(), ko.len(), v.len()].into_iter().min().unwrap_or(0),
-            t * kv_width,
-        )?;
-        let (kd, vd, posp) = self.kv_target(kv, layer, start, t)?;
-        let (qp, kp, vp, qop, kop) = (self.p(q), self.p(k), self.p(v), self.p(qo), self.p(ko));
-        let (qnp, knp, fp) = (self.vector(qn)?, self.vector(kn)?, self.vector(inv_freq)?);
-        let rows = t * (q_width + kv_width) / hd;
-        let n = rows * 32 + t * kv_width;
-        let (ti, qw, kw, hi, si) = (
-            t as i32,
-            q_width as i32,
-            kv_width as i32,
-            inv_freq.len() as i32,
-            start as i32,
-        );
-        let c = cfg(blocks(n, 256), 256);
-        let f = &self.gpu.kernels.qk_norm_rope_kv;
-        launch!(self.gpu, f, c; qp, kp, vp, qop, kop, qnp, knp, eps, fp, ti, qw, kw, hi, si, kd, vd, posp)
+        self.qk_norm_launch(qk, out, norms, step, kv)
+    }
+
+    /// One decode token where the q, k and v launch is not matvec3_rope's (which has RoPE
+    /// in it): attention_prep (CudaBackend::attention_prep_applies).
+    fn fuses_attention(
+        &self,
+        w: [&Matrix<'_>; 3],
+        prep: &AttnPrep<'_>,
+        step: &QkvStep<'_>,
+        shape: &AttentionShape<'_>,
+    ) -> bool {
+        self.attention_prep_applies(w, prep, step, shape)
+    }
+
+    fn fused_attention(
+        &self,
+        qkv: [&CudaSlice<f32>; 3],
+        prep: &AttnPrep<'_>,
+        step: &QkvStep<'_>,
+        shape: AttentionShape<'_>,
+        kv: &mut CudaKv,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        self.attention_prep(qkv, prep, step, shape, kv, out)
     }
 
     /// One token with float weights: the residual add inside the product (matvec_add_*).

@@ -41,6 +41,9 @@ pub struct Kernels {
     pub axpy: CudaFunction,
     pub attention: CudaFunction,
     /// The same for heads 257 to 576 wide (attention.cu attention_wide: MLA's latent).
+    /// One decode token's q/k/v preparation and attention in one launch (attention.cu
+    /// attention_prep).
+    pub attention_prep: CudaFunction,
     pub attention_wide: CudaFunction,
     /// MLA's cache rows and query RoPE parts, and each head's own product (mla.cu).
     pub mla_rows: CudaFunction,
@@ -391,6 +394,7 @@ impl Kernels {
             mla_rows: f("mla_rows")?,
             mla_matvec: f("mla_matvec")?,
             attention_wide: f("attention_wide")?,
+            attention_prep: f("attention_prep")?,
             attention_prefill: [
                 f("attention_prefill_1")?,
                 f("attention_prefill_2")?,

@@ -69,8 +69,8 @@ use cudarc::driver::{
 };
 
 use crate::model::ops::{
-    embed_rows, embed_via_host, qk_norm_then_rope_kv, AttentionShape, Backend, DecodeStep,
-    KernelTime, MlaInputs, MlaShape, QkvStep, Route, RouteOut, Telemetry,
+    embed_rows, embed_via_host, qk_norm_then_rope_kv, AttentionShape, AttnPrep, Backend,
+    DecodeStep, KernelTime, MlaInputs, MlaShape, QkvStep, Route, RouteOut, Telemetry,
 };
 use crate::model::Model;
 use crate::model::MoeBlock;

@@ -307,4 +307,141 @@ impl CudaBackend {
         let y = out.map(|o| self.p(o));
         self.gpu.matvec3_int([&d[0], &d[1], &d[2]], self.p(x), y)
     }
+
+    /// Backend::qk_norm_rope_kv: per-head QK-norm (norms of 2 * half values), RoPE and the KV
+    /// store in one launch (qk_norm_rope_kv); a whole-row norm as separate launches.
+    pub(super) fn qk_norm_launch(
+        &self,
+        (q, k): (&CudaSlice<f32>, &CudaSlice<f32>),
+        [qo, ko, v]: [&mut CudaSlice<f32>; 3],
+        (qn, kn, eps): (&[f32], &[f32], f32),
+        step: &QkvStep<'_>,
+        kv: &mut CudaKv,
+    ) -> crate::Result<()> {
+        let (t, q_width, kv_width) = (step.t, step.q_width, step.kv_width);
+        let (start, inv_freq, layer) = (step.start, step.inv_freq, step.layer);
+        let hd = 2 * inv_freq.len();
+        let per_head = hd > 0
+            && qn.len() == hd
+            && kn.len() == hd
+            && q_width % hd == 0
+            && kv_width % hd == 0
+            && kv_width == kv.kv_dim;
+        if !per_head {
+            return qk_norm_then_rope_kv(self, (q, k), [qo, ko, v], (qn, kn, eps), step, kv);
+        }
+        check_len("qk_norm input", q.len().min(qo.len()), t * q_width)?;
+        check_len(
+            "qk_norm input",
+            [k.len(), ko.len(), v.len()].into_iter().min().unwrap_or(0),
+            t * kv_width,
+        )?;
+        let (kd, vd, posp) = self.kv_target(kv, layer, start, t)?;
+        let (qp, kp, vp, qop, kop) = (self.p(q), self.p(k), self.p(v), self.p(qo), self.p(ko));
+        let (qnp, knp, fp) = (self.vector(qn)?, self.vector(kn)?, self.vector(inv_freq)?);
+        let rows = t * (q_width + kv_width) / hd;
+        let n = rows * 32 + t * kv_width;
+        let (ti, qw, kw, hi, si) = (
+            t as i32,
+            q_width as i32,
+            kv_width as i32,
+            inv_freq.len() as i32,
+            start as i32,
+        );
+        let c = cfg(blocks(n, 256), 256);
+        let f = &self.gpu.kernels.qk_norm_rope_kv;
+        launch!(self.gpu, f, c; qp, kp, vp, qop, kop, qnp, knp, eps, fp, ti, qw, kw, hi, si, kd, vd, posp)
+    }
+
+    /// Whether attention_prep takes this decode step: one token, heads up to 256 wide, RoPE over
+    /// whole heads, per-head QK-norm if any, and not the float q, k, v without biases or
+    /// norms that matvec3_rope rotates in its own launch.
+    pub(super) fn attention_prep_applies(
+        &self,
+        w: [&Matrix<'_>; 3],
+        prep: &AttnPrep<'_>,
+        step: &QkvStep<'_>,
+        shape: &AttentionShape<'_>,
+    ) -> bool {
+        let hd = shape.head_dim;
+        let floats = w.iter().all(|m| self.mat(m).is_ok_and(|d| d.kind < 3));
+        shape.t == 1
+            && step.t == 1
+            && hd > 0
+            && hd <= 256
+            && step.inv_freq.len() * 2 == hd
+            && shape.n_kv_heads > 0
+            && shape.n_heads.is_multiple_of(shape.n_kv_heads)
+            && step.q_width == shape.n_heads * hd
+            && step.kv_width == shape.n_kv_heads * hd
+            && prep
+                .norms
+                .is_none_or(|(qn, kn, _)| qn.len() == hd && kn.len() == hd)
+            && !(floats && prep.bias.is_none() && prep.norms.is_none())
+    }
+
+    /// One decode token's biases, QK-norm, RoPE, cache rows, q scale and attention in one
+    /// launch (attention.cu attention_prep), where attention_prep_applies.
+    pub(super) fn attention_prep(
+        &self,
+        [q, k, v]: [&CudaSlice<f32>; 3],
+        prep: &AttnPrep<'_>,
+        step: &QkvStep<'_>,
+        shape: AttentionShape<'_>,
+        kv: &mut CudaKv,
+        out: &mut CudaSlice<f32>,
+    ) -> crate::Result<()> {
+        let (qw, kw) = (step.q_width, step.kv_width);
+        check_len("attention q", q.len().min(out.len()), qw)?;
+        check_len("attention k, v", k.len().min(v.len()), kw)?;
+        if kw != kv.kv_dim {
+            return Err(Error::Invalid(format!(
+                "CUDA backend: keys of {kw} values for a cache of {}",
+                kv.kv_dim
+            )));
+        }
+        let (kd, vd, posp) = self.kv_target(kv, step.layer, step.start, 1)?;
+        let [bq, bk, bv] = match prep.bias {
+            Some([bq, bk, bv]) => {
+                check_len("q bias", bq.len(), qw)?;
+                check_len("k bias", bk.len(), kw)?;
+                check_len("v bias", bv.len(), kw)?;
+                [self.vector(bq)?, self.vector(bk)?, self.vector(bv)?]
+            }
+            None => [0u64; 3],
+        };
+        let (qn, kn, eps) = match prep.norms {
+            Some((qn, kn, eps)) => (self.vector(qn)?, self.vector(kn)?, eps),
+            None => (0u64, 0u64, 0f32),
+        };
+        let sinks = match shape.sinks {
+            Some(s) if s.len() == shape.n_heads => self.vector(s)?,
+            Some(s) => {
+                return Err(Error::Invalid(format!(
+                    "CUDA attention: {} sinks for {} heads",
+                    s.len(),
+                    shape.n_heads
+                )))
+            }
+            None => 0u64,
+        };
+        let (qp, kp, vp, op, fp) = (
+            self.p(q),
+            self.p(k),
+            self.p(v),
+            self.p(out),
+            self.vector(step.inv_freq)?,
+        );
+        let (nh, nkv, hd) = (
+            shape.n_heads as i32,
+            shape.n_kv_heads as i32,
+            shape.head_dim as i32,
+        );
+        let window = shape.window.map_or(0, |w| w as i32);
+        let scale = prep.q_scale;
+        // 16 warps share a head's positions, as the decode attention launch.
+        let c = cfg(shape.n_heads as u32, 512);
+        let f = &self.gpu.kernels.attention_prep;
+        launch!(self.gpu, f, c; qp, kp, vp, bq, bk, bv, qn, kn, eps, fp, scale, kd, vd, op, nh, nkv, hd, window, posp, sinks)
+    }
 }
