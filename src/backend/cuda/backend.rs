@@ -351,17 +351,7 @@ impl Backend for CudaBackend {
             shape.start_pos as i32,
         );
         let window = shape.window.map_or(0, |w| w as i32);
-        let sinks = match shape.sinks {
-            Some(s) if s.len() == shape.n_heads => self.vector(s)?,
-            Some(s) => {
-                return Err(Error::Invalid(format!(
-                    "CUDA attention: {} sinks for {} heads",
-                    s.len(),
-                    shape.n_heads
-                )))
-            }
-            None => 0u64,
-        };
+        let sinks = self.sinks_ptr(&shape)?;
         // Prefill: a block per ATP_ROWS (query, head) rows of one KV head (cuda/attention.cu
         // attention_prefill_*), for head_dim 32, 64 or 128 and groups that divide ATP_ROWS.
         let group = shape.n_heads / shape.n_kv_heads.max(1);

@@ -414,17 +414,7 @@ impl CudaBackend {
             Some((qn, kn, eps)) => (self.vector(qn)?, self.vector(kn)?, eps),
             None => (0u64, 0u64, 0f32),
         };
-        let sinks = match shape.sinks {
-            Some(s) if s.len() == shape.n_heads => self.vector(s)?,
-            Some(s) => {
-                return Err(Error::Invalid(format!(
-                    "CUDA attention: {} sinks for {} heads",
-                    s.len(),
-                    shape.n_heads
-                )))
-            }
-            None => 0u64,
-        };
+        let sinks = self.sinks_ptr(&shape)?;
         let (qp, kp, vp, op, fp) = (
             self.p(q),
             self.p(k),
@@ -443,5 +433,19 @@ impl CudaBackend {
         let c = cfg(shape.n_heads as u32, 512);
         let f = &self.gpu.kernels.attention_prep;
         launch!(self.gpu, f, c; qp, kp, vp, bq, bk, bv, qn, kn, eps, fp, scale, kd, vd, op, nh, nkv, hd, window, posp, sinks)
+    }
+
+    /// The device copy of an attention's per-head sinks (0: none); a count that is not the
+    /// heads' is an error.
+    pub(super) fn sinks_ptr(&self, shape: &AttentionShape<'_>) -> crate::Result<u64> {
+        match shape.sinks {
+            Some(s) if s.len() == shape.n_heads => self.vector(s),
+            Some(s) => Err(Error::Invalid(format!(
+                "CUDA attention: {} sinks for {} heads",
+                s.len(),
+                shape.n_heads
+            ))),
+            None => Ok(0u64),
+        }
     }
 }
