@@ -676,6 +676,7 @@ mod tests {
             "matvec_body",
             "matvec3_rope_body",
             "matvec_q_body",
+            "matvec_qd_body",
             "matvec_qm_body",
             "gather_rows_body",
             "attention_body",
@@ -687,10 +688,14 @@ mod tests {
                 .find(&format!("void {f}("))
                 .unwrap_or_else(|| panic!("{f} not found"));
             let body = block(SOURCE, at);
+            // (Or through another of these: matvec_qd_body is matvec_q_body's dp4a form.)
             assert!(
                 body.contains("pdl_wait()")
                     || body.contains("PDL_ENTRY()")
-                    || body.contains("row_dot<KIND, ROW_DEPTH, true>"),
+                    || body.contains("row_dot<KIND, ROW_DEPTH, true>")
+                    || waiting
+                        .iter()
+                        .any(|g| *g != f && body.contains(&format!("{g}<"))),
                 "{f} does not wait"
             );
         }
