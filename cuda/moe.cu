@@ -215,13 +215,36 @@ __device__ __noinline__ void route_top_warp(const float* p, float sum, int ne, i
         for (int j = 0; j < k; j++) rw[j] = rw[j] / total;
 }
 
+// route_topk_softmax by one warp, the same results: the finiteness by a vote, the top k logits
+// by route_top_warp (x / 1 is x: the same order and values), their softmax by lane 0 as the one
+// thread adds it. One thread's scan took ~20 us for gpt-oss-120b's 128 experts.
+__device__ __forceinline__ void route_topk_softmax_warp(const float* l, int ne, int k, int* re,
+                                                        float* rw, int lane) {
+    bool finite = true;
+    for (int e = lane; e < ne; e += 32) finite &= isfinite(l[e]);
+    if (!__all_sync(0xffffffffu, finite)) {
+        if (lane == 0) route_topk_softmax(l, ne, k, re, rw);
+        return;
+    }
+    route_top_warp(l, 1.f, ne, k, false, re, rw, lane);
+    if (lane != 0) return;
+    const float mx = rw[0];
+    float sum = 0.f;
+    for (int j = 0; j < k; j++) sum += expf(rw[j] - mx);
+    for (int j = 0; j < k; j++) rw[j] = expf(rw[j] - mx) / sum;
+}
+
 // route_one by one warp, the same results: the maximum and the exponentials across the lanes
 // (fmaxf's maximum does not depend on the order; each exponential is the same expf), their sum
 // (route_sum_warp) and the top k by lane 0 (k <= 2) or the warp (route_top_warp). l and p: shared
 // memory of ne floats (p may be l).
 __device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne, int k, int rule,
                                                float reps, int* re, float* rw, int lane) {
-    if (rule == RULE_SPARSEMIXER || rule == RULE_TOPK_SOFTMAX) {
+    if (rule == RULE_TOPK_SOFTMAX) {
+        route_topk_softmax_warp(l, ne, k, re, rw, lane);
+        return;
+    }
+    if (rule == RULE_SPARSEMIXER) {
         if (lane == 0) route_one(l, ne, k, rule, reps, re, rw);
         return;
     }
@@ -243,25 +266,6 @@ __device__ __forceinline__ void route_one_warp(const float* l, float* p, int ne,
         return;
     }
     route_top_warp(p, sum, ne, k, rule == RULE_SOFTMAX_RENORM, re, rw, lane);
-}
-
-// route_topk_softmax by one warp, the same results: the finiteness by a vote, the top k logits
-// by route_top_warp (x / 1 is x: the same order and values), their softmax by lane 0 as the one
-// thread adds it. One thread's scan took ~20 us for gpt-oss-120b's 128 experts.
-__device__ __forceinline__ void route_topk_softmax_warp(const float* l, int ne, int k, int* re,
-                                                        float* rw, int lane) {
-    bool finite = true;
-    for (int e = lane; e < ne; e += 32) finite &= isfinite(l[e]);
-    if (!__all_sync(0xffffffffu, finite)) {
-        if (lane == 0) route_topk_softmax(l, ne, k, re, rw);
-        return;
-    }
-    route_top_warp(l, 1.f, ne, k, false, re, rw, lane);
-    if (lane != 0) return;
-    const float mx = rw[0];
-    float sum = 0.f;
-    for (int j = 0; j < k; j++) sum += expf(rw[j] - mx);
-    for (int j = 0; j < k; j++) rw[j] = expf(rw[j] - mx) / sum;
 }
 
 // Routes of t tokens: routes[i * k + j] = expert (int bits) and routes[t * k + i * k + j] =
@@ -421,12 +425,13 @@ struct MatEntry {
 
 template <int KIND>
 __device__ __forceinline__ void moe_route_body(const Mat w, const float* __restrict__ x, int k,
-                                               int rule, float reps, float* __restrict__ routes) {
+                                               int rule, float reps, float* __restrict__ routes,
+                                               const float* __restrict__ bias = nullptr) {
     __shared__ float lg[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int r = warp; r < w.rows; r += warps) {
         const float v = row_dot<KIND, 16>(w, r, x, lane);
-        if (lane == 0) lg[r] = v;
+        if (lane == 0) lg[r] = bias ? v + bias[r] : v;
     }
     __syncthreads();
     if (warp == 0)
@@ -556,7 +561,8 @@ __device__ __forceinline__ bool route_regs_apply(const Mat& w, const float* x, c
 __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __restrict__ x,
                                                 const float* __restrict__ g, float eps,
                                                 float* __restrict__ xn, int k, int rule, float reps,
-                                                float* __restrict__ routes, float* sp) {
+                                                float* __restrict__ routes, float* sp,
+                                                const float* __restrict__ bias) {
     __shared__ float lg[ROUTE_REG_ROWS];
     const int t = threadIdx.x, nc = blockDim.x, warp = t >> 5, lane = t & 31;
     const uint4* rows = reinterpret_cast<const uint4*>(w.codes);
@@ -579,7 +585,7 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
         float acc = 0.f;
         for (int c = lane; c < nc; c += 32) acc += sp[warp * nc + c];
         acc = warp_sum(acc);
-        if (lane == 0) lg[warp] = acc;
+        if (lane == 0) lg[warp] = bias ? acc + bias[warp] : acc;
     }
     __syncthreads();
     if (warp == 0)
@@ -602,10 +608,11 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
                                                     const float* __restrict__ g, float eps,
                                                     float* __restrict__ xn, int k, int rule,
                                                     float reps, float* __restrict__ routes,
-                                                    int pre) {
+                                                    int pre, const float* __restrict__ bias) {
     extern __shared__ float4 xs4[];
     if (KIND == KIND_F32 && pre && route_regs_apply(w, x, g, xn)) {
-        route_norm_regs(w, x, g, eps, xn, k, rule, reps, routes, reinterpret_cast<float*>(xs4));
+        route_norm_regs(w, x, g, eps, xn, k, rule, reps, routes, reinterpret_cast<float*>(xs4),
+                        bias);
         return;
     }
     float* xs = reinterpret_cast<float*>(xs4);
@@ -635,7 +642,7 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
     rms_norm_row(x, g, xn, xs, w.cols, eps);
     if (!pre) {
         __syncthreads();
-        moe_route_body<KIND>(w, xs, k, rule, reps, routes);
+        moe_route_body<KIND>(w, xs, k, rule, reps, routes, bias);
         return;
     }
     __syncthreads();
@@ -647,7 +654,7 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         float acc = 0.f;
         for (int c = lane; c < nc; c += 32) acc += chunk_dot<KIND>(row[c], xs, c, w, r);
         acc = warp_sum(acc);
-        if (lane == 0) lg[r] = acc;
+        if (lane == 0) lg[r] = bias ? acc + bias[r] : acc;
     }
     __syncthreads();
     if (warp == 0)
@@ -668,7 +675,8 @@ __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const floa
                                                          float* __restrict__ xn, int k, int rule,
                                                          float reps, float* __restrict__ routes,
                                                          int rpb, float* __restrict__ lgs,
-                                                         unsigned* __restrict__ count) {
+                                                         unsigned* __restrict__ count,
+                                                         const float* __restrict__ bias) {
     extern __shared__ float4 xs4[];
     float* xs = reinterpret_cast<float*>(xs4);
     __shared__ float lg[256];
@@ -705,7 +713,7 @@ __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const floa
         for (int c = lane + 32 * ROUTE_WIDE_HELD; c < nc; c += 32)
             acc += chunk_dot<KIND>(__ldg(row + c), xs, c, w, r);
         acc = warp_sum(acc);
-        if (lane == 0) lgs[r] = acc;
+        if (lane == 0) lgs[r] = bias ? acc + bias[r] : acc;
     }
     __threadfence();
     __syncthreads();
@@ -730,16 +738,16 @@ __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const floa
     extern "C" __global__ void __launch_bounds__(1024)                                         \
         moe_route_norm_##SUFFIX(const Mat w, const float* x, const float* g, float eps,         \
                                 float* xn, int k, int rule, float reps, float* routes,         \
-                                int pre) {                                                     \
+                                int pre, const float* bias) {                                  \
         pdl_trigger();                                                                         \
-        moe_route_norm_body<KIND>(w, x, g, eps, xn, k, rule, reps, routes, pre);               \
+        moe_route_norm_body<KIND>(w, x, g, eps, xn, k, rule, reps, routes, pre, bias);         \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(1024) moe_route_norm_wide_##SUFFIX(           \
         const Mat w, const float* x, const float* g, float eps, float* xn, int k, int rule,    \
-        float reps, float* routes, int rpb, float* lgs, unsigned* count) {                     \
+        float reps, float* routes, int rpb, float* lgs, unsigned* count, const float* bias) {  \
         pdl_trigger();                                                                         \
         moe_route_norm_wide_body<KIND>(w, x, g, eps, xn, k, rule, reps, routes, rpb, lgs,      \
-                                       count);                                                 \
+                                       count, bias);                                           \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \
                                                     int k, const float* x, float* h) {         \

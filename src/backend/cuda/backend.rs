@@ -635,38 +635,38 @@ impl Backend for CudaBackend {
         let (norm, eps, router) = (block.norm, block.eps, block.router);
         let (n, ne, k) = (router.cols, router.rows, out.routes.len());
         let grouped = matches!(block.routing, Routing::Grouped { .. });
-        if block.norm_bias.is_some() || block.router_bias.is_some() || grouped {
-            match block.norm_bias {
-                Some(bias) => self.layer_norm(x, 0..t, (norm, bias), eps, out.xn)?,
-                None => self.rms_norm(x, 0..t, norm, eps, out.xn)?,
-            }
-            self.matmul(router, out.xn, t, out.logits)?;
-            if let Some(b) = block.router_bias {
-                self.add_rows(out.logits, t, b)?;
-            }
-            return self.route(out.logits, (t, ne, block.routing), out.routes, out.host);
-        }
-        if t == 1 && k <= self.scratch_len / 2 {
-            // One token: RMSNorm, the router and top-k in one launch (the same results as the
-            // three launches: moe_route_norm).
+        if t == 1 && block.norm_bias.is_none() && !grouped && k <= self.scratch_len / 2 {
+            // One token: RMSNorm, the router (and its bias) and top-k in one launch (the same
+            // results as the separate launches: moe_route_norm).
             check_len("norm_route input", x.len(), n)?;
             check_len("norm_route output", out.xn.len(), n)?;
             check_len("norm_route weights", norm.len(), n)?;
+            let bias = match block.router_bias {
+                Some(b) => {
+                    check_len("router bias", b.len(), ne)?;
+                    self.vector(b)?
+                }
+                None => 0,
+            };
             let scratch = self.p(&self.scratch);
             let rw = *self.mat(router)?;
             let g = (self.vector(norm)?, eps);
-            if self.gpu.moe_route_norm(
-                &rw,
-                (self.p(x), self.p(out.xn)),
-                g,
-                (k, block.routing),
-                scratch,
-            )? {
+            let (xp, xnp) = (self.p(x), self.p(out.xn));
+            if self
+                .gpu
+                .moe_route_norm(&rw, (xp, xnp), g, (k, block.routing), (bias, scratch))?
+            {
                 return self.routes_back(scratch, 1, ne, out.routes, out.host);
             }
         }
-        self.rms_norm(x, 0..t, norm, eps, out.xn)?;
+        match block.norm_bias {
+            Some(bias) => self.layer_norm(x, 0..t, (norm, bias), eps, out.xn)?,
+            None => self.rms_norm(x, 0..t, norm, eps, out.xn)?,
+        }
         self.matmul(router, out.xn, t, out.logits)?;
+        if let Some(b) = block.router_bias {
+            self.add_rows(out.logits, t, b)?;
+        }
         self.route(out.logits, (t, ne, block.routing), out.routes, out.host)
     }
 

@@ -506,7 +506,7 @@ impl ExpertDevice for CudaBackend {
             (xp, xsp),
             (self.vector(block.norm)?, eps),
             pick,
-            routes,
+            (0, routes),
         )? {
             self.rms_norm(x, 0..1, block.norm, eps, xs)?;
             gpu.moe_route(rw, xsp, pick, routes, dn)?;
@@ -563,12 +563,6 @@ impl CudaBackend {
         };
         let (routes, tab, g, dn) = self.routed_room(r, layer);
         let (gpu, xsp, xp, eps) = (&self.gpu, self.p(xs), self.p(x), block.eps);
-        match block.norm_bias {
-            Some(b) => self.layer_norm(x, 0..1, (block.norm, b), eps, xs)?,
-            None => self.rms_norm(x, 0..1, block.norm, eps, xs)?,
-        }
-        // The router's logits in the down outputs' room (routed before those are written).
-        self.matmul_dev(self.mat(block.router)?, xsp, 1, dn)?;
         let bias = match block.router_bias {
             Some(b) => {
                 check_len("router bias", b.len(), ne)?;
@@ -576,7 +570,25 @@ impl CudaBackend {
             }
             None => 0,
         };
-        gpu.route_biased(dn, (1, ne, bias), (k, block.routing), routes)?;
+        let rw = self.mat(block.router)?;
+        // The norm, the router, its bias and top-k in one launch where it applies.
+        let one = block.norm_bias.is_none()
+            && gpu.moe_route_norm(
+                rw,
+                (xp, xsp),
+                (self.vector(block.norm)?, eps),
+                (k, block.routing),
+                (bias, routes),
+            )?;
+        if !one {
+            match block.norm_bias {
+                Some(b) => self.layer_norm(x, 0..1, (block.norm, b), eps, xs)?,
+                None => self.rms_norm(x, 0..1, block.norm, eps, xs)?,
+            }
+            // The router's logits in the down outputs' room (routed before those are written).
+            self.matmul_dev(rw, xsp, 1, dn)?;
+            gpu.route_biased(dn, (1, ne, bias), (k, block.routing), routes)?;
+        }
         let routed = Routed { tab, routes, k };
         self.routed_glu((&r.gate, &r.down), (routed, routes), xsp, (g, dn), glu)?;
         let norm = match (block.next, block.norm_bias) {

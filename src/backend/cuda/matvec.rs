@@ -453,15 +453,16 @@ impl Gpu {
 
     /// The MoE block's RMSNorm and routing of one token in one launch (cuda/moe.cu
     /// moe_route_norm_*): xn = RMSNorm(x) * g as `rms_norm` writes it, and the routes as
-    /// `moe_route` computes them from xn. Ok(false), nothing launched, where that kernel does not
-    /// apply (the caller then launches the two).
+    /// `moe_route` computes them from xn; with `bias` (a device vector of w.rows, 0: none) each
+    /// logit first gets its expert's bias, as `route_topk` adds it. Ok(false), nothing launched,
+    /// where that kernel does not apply (the caller then launches the two).
     pub fn moe_route_norm(
         &self,
         w: &DevMat,
         (x, xn): (u64, u64),
         (g, eps): (u64, f32),
         (k, routing): (usize, Routing),
-        routes: u64,
+        (bias, routes): (u64, u64),
     ) -> crate::Result<bool> {
         let n = w.cols as usize;
         let (rule, reps) = route_rule(routing, k, w.rows.max(0) as usize)?;
@@ -470,15 +471,16 @@ impl Gpu {
         {
             return Ok(false);
         }
-        if w.rows as usize > ROUTE_WIDE_MIN {
-            return self.moe_route_norm_wide(w, (x, xn), (g, eps), (k, rule, reps), routes);
-        }
         // The router's rows and the norm's weights loaded before the kernel waits (into shared
-        // memory, or registers: moe.cu route_norm_regs), where they fit beside x.
+        // memory, or registers: moe.cu route_norm_regs), where they fit beside x; a router they
+        // do not fit (gpt-oss-20b's 32 x 2880 f32) is read by many blocks.
         let rows_bytes = w.rows as usize * w.row_bytes as usize;
-        let pre = self.router_preload.load(Ordering::Relaxed)
-            && n.is_multiple_of(4)
-            && 2 * n * 4 + rows_bytes <= self.kernels.route_norm_smem;
+        let fits = n.is_multiple_of(4) && 2 * n * 4 + rows_bytes <= self.kernels.route_norm_smem;
+        if w.rows as usize > ROUTE_WIDE_MIN || !fits {
+            let p = (k, rule, reps);
+            return self.moe_route_norm_wide(w, (x, xn), (g, eps), p, (bias, routes));
+        }
+        let pre = self.router_preload.load(Ordering::Relaxed) && fits;
         let c = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (rms_block(n), 1, 1),
@@ -487,7 +489,7 @@ impl Gpu {
         };
         let (wm, ki, prei) = (*w, k as i32, i32::from(pre));
         let f = &self.kernels.moe_route_norm[w.kind as usize];
-        launch!(self, f, c; wm, x, g, eps, xn, ki, rule, reps, routes, prei)?;
+        launch!(self, f, c; wm, x, g, eps, xn, ki, rule, reps, routes, prei, bias)?;
         Ok(true)
     }
 
@@ -499,7 +501,7 @@ impl Gpu {
         (x, xn): (u64, u64),
         (g, eps): (u64, f32),
         (k, rule, reps): (usize, i32, f32),
-        routes: u64,
+        (bias, routes): (u64, u64),
     ) -> crate::Result<bool> {
         let (n, rows) = (w.cols as usize, w.rows as usize);
         let block = rms_block(n);
@@ -515,7 +517,7 @@ impl Gpu {
         let count = lgs + (ROUTE_WIDE_MAX * 4) as u64;
         let (wm, ki, rpbi) = (*w, k as i32, rpb as i32);
         let f = &self.kernels.moe_route_norm_wide[w.kind as usize];
-        launch!(self, f, c; wm, x, g, eps, xn, ki, rule, reps, routes, rpbi, lgs, count)?;
+        launch!(self, f, c; wm, x, g, eps, xn, ki, rule, reps, routes, rpbi, lgs, count, bias)?;
         Ok(true)
     }
 
