@@ -641,13 +641,7 @@ impl Backend for CudaBackend {
             check_len("norm_route input", x.len(), n)?;
             check_len("norm_route output", out.xn.len(), n)?;
             check_len("norm_route weights", norm.len(), n)?;
-            let bias = match block.router_bias {
-                Some(b) => {
-                    check_len("router bias", b.len(), ne)?;
-                    self.vector(b)?
-                }
-                None => 0,
-            };
+            let bias = self.bias_ptr(block.router_bias, ne, "router bias")?;
             let scratch = self.p(&self.scratch);
             let rw = *self.mat(router)?;
             let g = (self.vector(norm)?, eps);

@@ -8,8 +8,8 @@ use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 
 use super::copier::{register_file, CudaCopier, LinkClock};
 use super::{
-    check_len, cuda_err, ptr, CudaBackend, DevMat, QGroup, QueuedRead, Routed, SlotArgs,
-    SLOTS_MAX_K, SLOT_ROUTES_LEN,
+    cuda_err, ptr, CudaBackend, DevMat, QGroup, QueuedRead, Routed, SlotArgs, SLOTS_MAX_K,
+    SLOT_ROUTES_LEN,
 };
 use crate::format::{ExpertView, MatrixLayout};
 use crate::model::experts::ExpertFfn;
@@ -563,13 +563,7 @@ impl CudaBackend {
         };
         let (routes, tab, g, dn) = self.routed_room(r, layer);
         let (gpu, xsp, xp, eps) = (&self.gpu, self.p(xs), self.p(x), block.eps);
-        let bias = match block.router_bias {
-            Some(b) => {
-                check_len("router bias", b.len(), ne)?;
-                self.vector(b)?
-            }
-            None => 0,
-        };
+        let bias = self.bias_ptr(block.router_bias, ne, "router bias")?;
         let rw = self.mat(block.router)?;
         // The norm, the router, its bias and top-k in one launch where it applies.
         let one = block.norm_bias.is_none()

@@ -278,15 +278,7 @@ impl CudaBackend {
             inv_freq.len() as i32,
             start as i32,
         );
-        let [bq, bk, bv] = match bias {
-            Some([bq, bk, bv]) => {
-                check_len("q bias", bq.len(), q_width)?;
-                check_len("k bias", bk.len(), kv_width)?;
-                check_len("v bias", bv.len(), kv_width)?;
-                [self.vector(bq)?, self.vector(bk)?, self.vector(bv)?]
-            }
-            None => [0u64; 3],
-        };
+        let [bq, bk, bv] = self.qkv_biases(bias, q_width, kv_width)?;
         let c = cfg(blocks(n, 256), 256);
         launch!(self.gpu, self.gpu.kernels.rope_kv, c; qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd, posp, bq, bk, bv)
     }
@@ -401,15 +393,7 @@ impl CudaBackend {
             )));
         }
         let (kd, vd, posp) = self.kv_target(kv, step.layer, step.start, 1)?;
-        let [bq, bk, bv] = match prep.bias {
-            Some([bq, bk, bv]) => {
-                check_len("q bias", bq.len(), qw)?;
-                check_len("k bias", bk.len(), kw)?;
-                check_len("v bias", bv.len(), kw)?;
-                [self.vector(bq)?, self.vector(bk)?, self.vector(bv)?]
-            }
-            None => [0u64; 3],
-        };
+        let [bq, bk, bv] = self.qkv_biases(prep.bias, qw, kw)?;
         let (qn, kn, eps) = match prep.norms {
             Some((qn, kn, eps)) => (self.vector(qn)?, self.vector(kn)?, eps),
             None => (0u64, 0u64, 0f32),
@@ -447,5 +431,31 @@ impl CudaBackend {
             ))),
             None => Ok(0u64),
         }
+    }
+
+    /// The device copy of an optional bias vector of `len` values (0: none), its length checked
+    /// (`what` names it in the error).
+    pub(super) fn bias_ptr(&self, b: Option<&[f32]>, len: usize, what: &str) -> crate::Result<u64> {
+        match b {
+            Some(b) => {
+                check_len(what, b.len(), len)?;
+                self.vector(b)
+            }
+            None => Ok(0),
+        }
+    }
+
+    /// q's, k's and v's biases on the device (zeros: none).
+    fn qkv_biases(
+        &self,
+        b: Option<&[Vec<f32>; 3]>,
+        qw: usize,
+        kw: usize,
+    ) -> crate::Result<[u64; 3]> {
+        Ok([
+            self.bias_ptr(b.map(|b| &b[0][..]), qw, "q bias")?,
+            self.bias_ptr(b.map(|b| &b[1][..]), kw, "k bias")?,
+            self.bias_ptr(b.map(|b| &b[2][..]), kw, "v bias")?,
+        ])
     }
 }
