@@ -665,53 +665,56 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
 // moe_route_norm for routers of many rows (Qwen3-MoE's 128 x 2048 f32: 1 MB), over many blocks:
 // one block reading them all took ~45 us a layer (benches/results/2026-12-02-h200-issue50-routed-grid.md).
 // Each block of rms_block(w.cols) threads normalizes x itself (the same bits; block 0 stores xn),
-// its first rpb warps take a row each (row_dot's order, the row held in registers from before the
-// wait where it fits) into lgs; the last block to finish (a fence, then a count the last block
-// puts back to 0) routes lgs with route_one_warp: the same routes as the one-block forms.
-#define ROUTE_WIDE_HELD 8
+// its first rpb warps take a row each (row_dot's order) into lgs; the last block to finish (a
+// fence, then a count the last block puts back to 0) routes lgs with route_one_warp: the same
+// routes as the one-block forms. With `pre` the block's rows are copied into shared memory (after
+// x: rpb * row_bytes, dynamic) before the wait (the router is a weight), so that no row load is
+// left behind it; without, they are requested into L2 and read after it. (Rows held in registers
+// instead capped a 1024-thread kernel's 64 registers and spilled.)
 template <int KIND>
 __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const float* __restrict__ x,
                                                          const float* __restrict__ g, float eps,
                                                          float* __restrict__ xn, int k, int rule,
                                                          float reps, float* __restrict__ routes,
-                                                         int rpb, float* __restrict__ lgs,
+                                                         int rpb, int pre, float* __restrict__ lgs,
                                                          unsigned* __restrict__ count,
                                                          const float* __restrict__ bias) {
     extern __shared__ float4 xs4[];
     float* xs = reinterpret_cast<float*>(xs4);
+    uint4* wsm = reinterpret_cast<uint4*>(xs4 + w.cols / 4);
     __shared__ float lg[256];
     __shared__ unsigned ticket;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r0 = blockIdx.x * rpb, r = r0 + warp, nc = w.row_bytes / 16;
-    const bool mine = warp < rpb && r < w.rows;
-    const uint4* row =
-        reinterpret_cast<const uint4*>(w.codes + (size_t)(mine ? r : 0) * w.row_bytes);
-    // The router is a weight: each lane's first ROUTE_WIDE_HELD chunks into registers and the
-    // block's rows into L2 before the wait.
-    uint4 v[ROUTE_WIDE_HELD];
-#pragma unroll
-    for (int i = 0; i < ROUTE_WIDE_HELD; i++) {
-        const int c = lane + 32 * i;
-        v[i] = mine && c < nc ? __ldg(row + c) : make_uint4(0, 0, 0, 0);
-    }
     const int nr = min(rpb, w.rows - r0);
-    if (nc > 32 * ROUTE_WIDE_HELD)
-        l2_prefetch_block(w.codes + (size_t)r0 * w.row_bytes, (size_t)nr * w.row_bytes);
+    const u8* rows = w.codes + (size_t)r0 * w.row_bytes;
+    if (pre) {
+        const uint4* src = reinterpret_cast<const uint4*>(rows);
+        const int total = nr * nc;
+#if __CUDA_ARCH__ >= 800
+        for (int c = threadIdx.x; c < total; c += blockDim.x) cp_async16(wsm + c, src + c);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+#else
+        for (int c = threadIdx.x; c < total; c += blockDim.x) wsm[c] = __ldg(src + c);
+#endif
+    } else {
+        l2_prefetch_block(rows, (size_t)nr * w.row_bytes);
+    }
     l2_prefetch_block(g, (size_t)w.cols * 4);
     pdl_wait();
     const bool first = blockIdx.x == 0;
     rms_norm_row(x, g, first ? xn : xs, first ? xs : nullptr, w.cols, eps);
+#if __CUDA_ARCH__ >= 800
+    if (pre) asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
     __syncthreads();
-    if (mine) {
+    if (warp < nr) {
         // row_dot's order: lane l adds chunks l, l + 32, ... in turn, then warp_sum.
+        const uint4* row = pre ? wsm + (size_t)warp * nc
+                               : reinterpret_cast<const uint4*>(rows + (size_t)warp * w.row_bytes);
         float acc = 0.f;
-#pragma unroll
-        for (int i = 0; i < ROUTE_WIDE_HELD; i++) {
-            const int c = lane + 32 * i;
-            if (c < nc) acc += chunk_dot<KIND>(v[i], xs, c, w, r);
-        }
-        for (int c = lane + 32 * ROUTE_WIDE_HELD; c < nc; c += 32)
-            acc += chunk_dot<KIND>(__ldg(row + c), xs, c, w, r);
+        for (int c = lane; c < nc; c += 32)
+            acc += chunk_dot<KIND>(pre ? row[c] : __ldg(row + c), xs, c, w, r);
         acc = warp_sum(acc);
         if (lane == 0) lgs[r] = bias ? acc + bias[r] : acc;
     }
@@ -744,9 +747,10 @@ __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const floa
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(1024) moe_route_norm_wide_##SUFFIX(           \
         const Mat w, const float* x, const float* g, float eps, float* xn, int k, int rule,    \
-        float reps, float* routes, int rpb, float* lgs, unsigned* count, const float* bias) {  \
+        float reps, float* routes, int rpb, int pre, float* lgs, unsigned* count,              \
+        const float* bias) {                                                                   \
         pdl_trigger();                                                                         \
-        moe_route_norm_wide_body<KIND>(w, x, g, eps, xn, k, rule, reps, routes, rpb, lgs,      \
+        moe_route_norm_wide_body<KIND>(w, x, g, eps, xn, k, rule, reps, routes, rpb, pre, lgs, \
                                        count, bias);                                           \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \

@@ -508,16 +508,20 @@ impl Gpu {
         let rpb = rows
             .div_ceil(self.q_limits.sm_count.max(1))
             .clamp(1, block as usize / 32);
+        // A block's rows copied in before the wait, beside x, within the 48 KB a launch gets
+        // without opting in.
+        let rows_bytes = rpb * w.row_bytes as usize;
+        let pre = self.router_preload.load(Ordering::Relaxed) && n * 4 + rows_bytes <= 48 << 10;
         let c = LaunchConfig {
             grid_dim: (rows.div_ceil(rpb) as u32, 1, 1),
             block_dim: (block, 1, 1),
-            shared_mem_bytes: (n * 4) as u32,
+            shared_mem_bytes: (n * 4 + if pre { rows_bytes } else { 0 }) as u32,
         };
         let lgs = ptr(&self.route_wide, &self.stream);
         let count = lgs + (ROUTE_WIDE_MAX * 4) as u64;
-        let (wm, ki, rpbi) = (*w, k as i32, rpb as i32);
+        let (wm, ki, rpbi, prei) = (*w, k as i32, rpb as i32, i32::from(pre));
         let f = &self.kernels.moe_route_norm_wide[w.kind as usize];
-        launch!(self, f, c; wm, x, g, eps, xn, ki, rule, reps, routes, rpbi, lgs, count, bias)?;
+        launch!(self, f, c; wm, x, g, eps, xn, ki, rule, reps, routes, rpbi, prei, lgs, count, bias)?;
         Ok(true)
     }
 
