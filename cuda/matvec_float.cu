@@ -77,7 +77,9 @@ __device__ __forceinline__ float any_chunk_dot(const uint4& v, u32 e, const floa
 constexpr int ROW_DEPTH = 8;
 // TRIG: pdl_trigger() right after that wait (a kernel whose dependents may then rely on everything
 // the kernel before it finished: matvec3_rope, see matvec_body's `early`).
-template <int KIND, int DEPTH = 4, bool WAIT = false, bool TRIG = false>
+// TAIL: the tail's chunks a lane at a time (default: up to 4).
+template <int KIND, int DEPTH = 4, bool WAIT = false, bool TRIG = false,
+          int TAIL = (DEPTH < 4 ? DEPTH : 4)>
 __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __restrict__ x,
                                          int lane) {
     const uint4* row = reinterpret_cast<const uint4*>(w.codes + (size_t)r * w.row_bytes);
@@ -105,7 +107,6 @@ __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __res
     }
     // The tail (fewer than DEPTH chunks a lane) loads TAIL at a time too: a short row (a small
     // expert's 768 columns) is all tail, and chunk by chunk it cost a round trip each.
-    constexpr int TAIL = DEPTH < 4 ? DEPTH : 4;
     for (; c < n; c += 32 * TAIL) {
         uint4 v[TAIL];
         u32 e[TAIL];
@@ -134,7 +135,9 @@ __device__ __forceinline__ float row_dot(const Mat& w, int r, const float* __res
 // ACC with `early`: y (the residual) is read before the wait, which holds where the q/k/v launch
 // of the layer (matvec3_rope) came between its last writer and this launch: that launch lets
 // later kernels start only after its own wait (Gpu's caller passes early only then).
-template <int KIND, bool ACC = false>
+// DEPTH: chunks a lane held before the wait; the deep residual forms (matvec_add_deep_*) hold a
+// whole row of up to 16 (4096 columns of f16), tail included.
+template <int KIND, bool ACC = false, int DEPTH = ROW_DEPTH>
 __device__ __forceinline__ void matvec_body(const Mat w, const float* __restrict__ x,
                                             float* __restrict__ y, int early = 0) {
     pdl_trigger();
@@ -142,7 +145,8 @@ __device__ __forceinline__ void matvec_body(const Mat w, const float* __restrict
     int lane = threadIdx.x & 31;
     if (r >= w.rows) return;
     const float y0 = ACC && early && lane == 0 ? __ldcg(y + r) : 0.f;
-    const float acc = row_dot<KIND, ROW_DEPTH, true>(w, r, x, lane);
+    constexpr int TAIL = DEPTH > ROW_DEPTH ? DEPTH : (DEPTH < 4 ? DEPTH : 4);
+    const float acc = row_dot<KIND, DEPTH, true, false, TAIL>(w, r, x, lane);
     if (lane == 0) y[r] = ACC ? (early ? y0 : y[r]) + acc : acc;
 }
 
@@ -154,6 +158,11 @@ extern "C" __global__ void matvec_bf16(const Mat w, const float* x, float* y) { 
 extern "C" __global__ void matvec_add_f32(const Mat w, const float* x, float* y, int early) { matvec_body<KIND_F32, true>(w, x, y, early); }
 extern "C" __global__ void matvec_add_f16(const Mat w, const float* x, float* y, int early) { matvec_body<KIND_F16, true>(w, x, y, early); }
 extern "C" __global__ void matvec_add_bf16(const Mat w, const float* x, float* y, int early) { matvec_body<KIND_BF16, true>(w, x, y, early); }
+// The same with a whole row held before the wait: more registers, so launched only where every
+// block is resident at once (CudaBackend::matmul_add; a second wave lost: benches/results/2026-12-06-h100-l2-prefetch.md).
+extern "C" __global__ void matvec_add_deep_f32(const Mat w, const float* x, float* y, int early) { matvec_body<KIND_F32, true, 2 * ROW_DEPTH>(w, x, y, early); }
+extern "C" __global__ void matvec_add_deep_f16(const Mat w, const float* x, float* y, int early) { matvec_body<KIND_F16, true, 2 * ROW_DEPTH>(w, x, y, early); }
+extern "C" __global__ void matvec_add_deep_bf16(const Mat w, const float* x, float* y, int early) { matvec_body<KIND_BF16, true, 2 * ROW_DEPTH>(w, x, y, early); }
 
 // Three products of one x in one launch (q, k and v): blockIdx.y picks the matrix; blocks past
 // its rows return.

@@ -564,8 +564,17 @@ impl Backend for CudaBackend {
         check_len("matmul input", x.len(), w.cols)?;
         check_len("matmul output", out.len(), w.rows)?;
         let yp = self.p(out);
-        let c = cfg(blocks(w.rows, 8), 256);
-        launch!(self.gpu, self.gpu.kernels.matvec_add[d.kind as usize], c; d, xp, yp, early)
+        let n = blocks(w.rows, 8);
+        let c = cfg(n, 256);
+        // The deep form only where one wave holds every block: a second wave of it lost
+        // (benches/results/2026-12-06-h100-l2-prefetch.md).
+        let (deep, regs) = &self.gpu.kernels.matvec_add_deep[d.kind as usize];
+        let f = if n as usize <= self.gpu.q_limits.wave_blocks(*regs, 256) {
+            deep
+        } else {
+            &self.gpu.kernels.matvec_add[d.kind as usize]
+        };
+        launch!(self.gpu, f, c; d, xp, yp, early)
     }
 
     /// With a bias where the product is not fused with its add: the add and the bias in one

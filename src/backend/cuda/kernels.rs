@@ -121,6 +121,9 @@ pub struct Kernels {
     /// Float kinds by kind code: y += W x (matvec_add_*), and three matrices of one x
     /// (matvec3_*).
     pub matvec_add: [CudaFunction; 3],
+    /// matvec_add with a whole row held before the wait (matvec_add_deep_*), and its registers
+    /// a thread: launched where one wave holds every block (Gpu::add_deep_wave).
+    pub matvec_add_deep: [(CudaFunction, usize); 3],
     pub matvec3: [CudaFunction; 3],
     /// matvec3 with RoPE and the KV store of one decode token (matvec3_rope_*).
     pub matvec3_rope: [CudaFunction; 3],
@@ -459,6 +462,14 @@ impl Kernels {
                 reg_set("matvec_qd_int2_r", 5)?,
             ],
             matvec_add: floats("matvec_add")?,
+            matvec_add_deep: {
+                let [a, b, c] = floats("matvec_add_deep")?;
+                let regs = |f: CudaFunction| -> crate::Result<(CudaFunction, usize)> {
+                    let n = f.num_regs().map_err(cuda_err)?.max(1) as usize;
+                    Ok((f, n))
+                };
+                [regs(a)?, regs(b)?, regs(c)?]
+            },
             matvec3: floats("matvec3")?,
             matvec3_rope: floats("matvec3_rope")?,
             rope_kv: f("rope_kv")?,
@@ -663,6 +674,15 @@ mod tests {
         assert!(required >= 4, "{required} required macros found");
     }
 
+    /// Whether `body` calls row_dot with its WAIT (the third template argument) set.
+    fn waits_in_row_dot(body: &str) -> bool {
+        body.match_indices("row_dot<").any(|(i, m)| {
+            let args = &body[i + m.len()..];
+            let args = &args[..args.find('>').unwrap_or(args.len())];
+            args.split(',').nth(2).map(str::trim) == Some("true")
+        })
+    }
+
     /// Under programmatic dependent launch (Gpu::launch_raw) a kernel may start while the one
     /// before it still runs, so every kernel must wait (common.cu pdl_wait) before it touches
     /// memory an earlier kernel writes or reads: in its own body, or in the device function that
@@ -692,7 +712,7 @@ mod tests {
             assert!(
                 body.contains("pdl_wait()")
                     || body.contains("PDL_ENTRY()")
-                    || body.contains("row_dot<KIND, ROW_DEPTH, true>")
+                    || waits_in_row_dot(body)
                     || waiting
                         .iter()
                         .any(|g| *g != f && body.contains(&format!("{g}<"))),

@@ -23,6 +23,18 @@ pub struct QLimits {
     pub threads_per_sm: usize,
 }
 
+impl QLimits {
+    /// Blocks of `block` threads at `regs` registers a thread that one wave holds on every SM
+    /// (registers are allocated a warp at a time in units of 256).
+    pub fn wave_blocks(&self, regs: usize, block: usize) -> usize {
+        let warps = block.div_ceil(32).max(1);
+        let per_warp = (regs.max(1) * 32).div_ceil(256) * 256;
+        let per_sm =
+            (self.regs_per_sm / (per_warp * warps)).min(self.threads_per_sm / (warps * 32));
+        per_sm * self.sm_count
+    }
+}
+
 /// The shape of an integer matvec kernel (matvec_qm.cu matvec_q_* or matvec_qm_*).
 #[derive(Clone, Copy, Debug)]
 pub struct QShape {
@@ -279,6 +291,15 @@ mod tests {
         regs_per_sm: 65536,
         threads_per_sm: 2048,
     };
+
+    /// One wave on the H100: 8 blocks of 256 threads an SM up to 32 registers, fewer above.
+    #[test]
+    fn a_wave_is_bounded_by_threads_and_registers() {
+        assert_eq!(H100.wave_blocks(32, 256), 8 * 132);
+        assert_eq!(H100.wave_blocks(64, 256), 4 * 132);
+        assert_eq!(H100.wave_blocks(65, 256), 3 * 132);
+        assert_eq!(H100.wave_blocks(128, 256), 2 * 132);
+    }
 
     /// The ring form takes exactly the layouts its copies can serve: groups of 1, 2 or 4 chunks, a
     /// multiple of 8 groups a row, 16-byte aligned scales and mins (int8 has no mins).
