@@ -125,6 +125,42 @@ impl fmt::Display for HobbitWeights {
     }
 }
 
+/// The priority terms of one token and layer (`ExpertCache::ranker`): the same arithmetic, in
+/// the same order, as Eq. 3 written out per key.
+struct Ranker {
+    policy: Policy,
+    /// T, and T times the layer count.
+    t: f64,
+    tl: f64,
+    /// The Hobbit policies' weights of R, F and H, and each layer's weighted FLD term.
+    eq3: Option<(f64, f64, f64, Vec<f64>)>,
+}
+
+impl Ranker {
+    fn priority(&self, c: &Counters, layer: usize) -> f64 {
+        let p_lru = c.last_use as f64 / self.tl;
+        match &self.eq3 {
+            Some((lru, lfu, lhu, fld)) => {
+                lru * p_lru
+                    + lfu * (c.uses as f64 / self.t)
+                    + lhu * (c.high_uses as f64 / self.t)
+                    + fld[layer]
+            }
+            None if self.policy == Policy::Lfu => c.uses as f64 / self.t,
+            None => p_lru,
+        }
+    }
+
+    /// (primary, secondary) eviction order: the smallest pair goes first.
+    fn order(&self, c: &Counters, layer: usize) -> (f64, u64) {
+        match self.policy {
+            Policy::Lru => (0.0, c.last_use),
+            Policy::Lfu => (c.uses as f64, c.last_use),
+            Policy::Hobbit(_) | Policy::HobbitBackward(_) => (self.priority(c, layer), 0),
+        }
+    }
+}
+
 /// Which entry an insertion into a full pool evicts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Policy {
@@ -343,47 +379,46 @@ impl ExpertCache {
     /// policies, R/(T·L) for Lru, F/T for Lfu (whose ties also go by R).
     pub fn priority(&self, key: ExpertKey) -> f64 {
         let c = self.counters(key);
-        let t = self.tokens.max(1) as f64;
-        let p_lru = c.last_use as f64 / (t * self.n_layers.max(1) as f64);
-        let p_lfu = c.uses as f64 / t;
-        let p_lhu = c.high_uses as f64 / t;
-        let eq3 = |w: &HobbitWeights, backward: bool| {
-            f64::from(w.lru) * p_lru
-                + f64::from(w.lfu) * p_lfu
-                + f64::from(w.lhu) * p_lhu
-                + f64::from(w.fld) * self.fld(key.0, backward)
-        };
-        match &self.policy {
-            Policy::Lru => p_lru,
-            Policy::Lfu => p_lfu,
-            Policy::Hobbit(w) => eq3(w, false),
-            Policy::HobbitBackward(w) => eq3(w, true),
-        }
+        self.ranker().priority(&c, key.0)
     }
 
-    /// (primary, secondary) eviction order: the smallest pair goes first.
-    fn order(&self, key: ExpertKey) -> (f64, u64) {
-        match self.policy {
-            Policy::Lru => (0.0, self.counters(key).last_use),
-            Policy::Lfu => {
-                let c = self.counters(key);
-                (f64::from(c.uses), c.last_use)
-            }
-            Policy::Hobbit(_) | Policy::HobbitBackward(_) => (self.priority(key), 0),
+    /// The policy's terms at this token and layer, computed once for a victim search.
+    fn ranker(&self) -> Ranker {
+        let t = self.tokens.max(1) as f64;
+        let eq3 = |w: &HobbitWeights, backward: bool| {
+            let fld = (0..self.n_layers)
+                .map(|l| f64::from(w.fld) * self.fld(l, backward))
+                .collect();
+            Some((f64::from(w.lru), f64::from(w.lfu), f64::from(w.lhu), fld))
+        };
+        Ranker {
+            policy: self.policy,
+            t,
+            tl: t * self.n_layers.max(1) as f64,
+            eq3: match &self.policy {
+                Policy::Hobbit(w) => eq3(w, false),
+                Policy::HobbitBackward(w) => eq3(w, true),
+                Policy::Lru | Policy::Lfu => None,
+            },
         }
     }
 
     /// The slot `insert` would evict in a full pool: lowest priority among unprotected
-    /// entries, ties to the lowest slot; None when every entry is protected.
+    /// entries, ties to the lowest slot; None when every entry is protected. A scan of every
+    /// slot, so its terms are made once (a miss at 128 experts x 48 layers visits thousands:
+    /// `cargo bench --bench expert_cache`).
     pub fn victim(&self, pool: PoolKind) -> Option<usize> {
         let p = &self.pools[pool.idx()];
+        let rank = self.ranker();
+        let ne = self.n_experts;
         let mut best: Option<(usize, (f64, u64))> = None;
         for (slot, key) in p.slots.iter().enumerate() {
-            let Some(key) = *key else { continue };
-            if p.protected[self.index(key)] > 0 {
+            let Some((layer, e)) = *key else { continue };
+            let i = layer * ne + e;
+            if p.protected[i] > 0 {
                 continue;
             }
-            let o = self.order(key);
+            let o = rank.order(&self.counters[i], layer);
             let better = match &best {
                 None => true,
                 Some((_, b)) => o.0.total_cmp(&b.0).then(o.1.cmp(&b.1)).is_lt(),
@@ -405,10 +440,12 @@ impl ExpertCache {
                 evicted: None,
             });
         }
-        let free = self.pools[pool.idx()]
-            .slots
-            .iter()
-            .position(Option::is_none);
+        let p = &self.pools[pool.idx()];
+        let free = if p.len < p.slots.len() {
+            p.slots.iter().position(Option::is_none)
+        } else {
+            None
+        };
         let slot = match free {
             Some(s) => s,
             None => self.victim(pool)?,
