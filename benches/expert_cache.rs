@@ -1,5 +1,5 @@
 //! The host's cost of the expert cache's bookkeeping at many experts: a decode token's per-layer
-//! uses, look-ups and, on a miss, an insertion into a full pool (whose victim search visits every
+//! uses, then look-ups and, on a miss, an insertion into a full pool (whose victim search visits every
 //! slot). `cargo bench --bench expert_cache` prints a markdown table: microseconds a miss and a
 //! layer, for gpt-oss-120b's and Qwen3-30B-A3B's expert counts at card-sized pools. Routes are a
 //! fixed pseudo-random sequence, skewed towards a few experts a layer as trained routers are.
@@ -47,14 +47,21 @@ fn run(
         for l in 0..layers {
             let t0 = Instant::now();
             c.set_layer(l);
-            for _ in 0..k {
-                let e = pick(&mut s);
-                let (pool, p) = if xorshift(&mut s).is_multiple_of(4) {
-                    (PoolKind::Low, Precision::Low)
-                } else {
-                    (PoolKind::High, Precision::High)
-                };
+            // As the engine plans a layer: every route's use first, then each one placed.
+            let routes: Vec<(usize, PoolKind, Precision)> = (0..k)
+                .map(|_| {
+                    let e = pick(&mut s);
+                    if xorshift(&mut s).is_multiple_of(4) {
+                        (e, PoolKind::Low, Precision::Low)
+                    } else {
+                        (e, PoolKind::High, Precision::High)
+                    }
+                })
+                .collect();
+            for &(e, _, p) in &routes {
                 c.record_use((l, e), p);
+            }
+            for &(e, pool, _) in &routes {
                 if c.lookup(pool, (l, e)).is_none() {
                     let m0 = Instant::now();
                     std::hint::black_box(c.insert(pool, (l, e)));
