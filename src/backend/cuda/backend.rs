@@ -566,8 +566,8 @@ impl Backend for CudaBackend {
         let yp = self.p(out);
         let n = blocks(w.rows, 8);
         let c = cfg(n, 256);
-        // The deep form only where one wave holds every block: a second wave of it lost
-        // (benches/results/2026-12-06-h100-l2-prefetch.md).
+        // The deep form only where one wave holds every block: where it needed two (Mixtral's
+        // 4096 rows) it lost (benches/results/2026-12-06-h100-l2-prefetch.md).
         let (deep, regs) = &self.gpu.kernels.matvec_add_deep[d.kind as usize];
         let f = if n as usize <= self.gpu.q_limits.wave_blocks(*regs, 256) {
             deep

@@ -122,7 +122,7 @@ pub struct Kernels {
     /// (matvec3_*).
     pub matvec_add: [CudaFunction; 3],
     /// matvec_add with a whole row held before the wait (matvec_add_deep_*), and its registers
-    /// a thread: launched where one wave holds every block (Gpu::add_deep_wave).
+    /// a thread: launched where one wave holds every block (QLimits::wave_blocks).
     pub matvec_add_deep: [(CudaFunction, usize); 3],
     pub matvec3: [CudaFunction; 3],
     /// matvec3 with RoPE and the KV store of one decode token (matvec3_rope_*).
