@@ -21,7 +21,7 @@ use hob::backend::cuda::{self, CudaBackend};
 use hob::format::{DType, Variant};
 use hob::model::ops::{AttentionShape, AttnPrep, QkvStep};
 use hob::model::routing::Routing;
-use hob::model::{Backend, MoeBlock, RouteOut};
+use hob::model::{Backend, MoeBlock, RouteOut, RouteReads};
 use hob::quant::{quantize_matrix, Matrix};
 
 use common::random::random;
@@ -621,6 +621,7 @@ fn norm_route_forms(n: usize, ne: usize, k: usize) {
             logits: &mut lg2,
             routes: &mut r2,
             host: &mut host,
+            reads: RouteReads::NONE,
         },
     )
     .unwrap();
@@ -636,6 +637,7 @@ fn norm_route_forms(n: usize, ne: usize, k: usize) {
             logits: &mut clg,
             routes: &mut cr,
             host: &mut host,
+            reads: RouteReads::NONE,
         },
     )
     .unwrap();
@@ -657,6 +659,7 @@ fn norm_route_forms(n: usize, ne: usize, k: usize) {
                 logits: &mut lg1,
                 routes: &mut r1,
                 host: &mut host,
+                reads: RouteReads::NONE,
             },
         )
         .unwrap();
@@ -681,6 +684,72 @@ fn norm_route_forms(n: usize, ne: usize, k: usize) {
     assert!(seen[0]
         .iter()
         .all(|&(_, w)| f32::from_bits(w) < 0.99 && f32::from_bits(w) > 0.01));
+    norm_route_reads(&mut b, &xd, &block, seen[0].clone());
+}
+
+/// A decode token's reads with its routes (the engine's stacked gates' product and xn, in one
+/// wait) give what the separate launch and read-backs give, bit for bit, and leave the routes
+/// as they are without them.
+fn norm_route_reads(
+    b: &mut CudaBackend,
+    xd: &cudarc::driver::CudaSlice<f32>,
+    block: &MoeBlock<'_>,
+    routes: Vec<(usize, u32)>,
+) {
+    let (n, ne) = (block.router.cols, block.router.rows);
+    let k = routes.len();
+    let rows = 3 * ne;
+    let bytes: Vec<u8> = random(rows * n, 11)
+        .iter()
+        .flat_map(|v| (0.02 * v).to_le_bytes())
+        .collect();
+    let stacked = Matrix::dense(DType::F32, rows, n, &bytes);
+    b.make_resident(&stacked).unwrap();
+    let none = hob::model::ops::Route {
+        expert: usize::MAX,
+        weight: f32::NAN,
+    };
+    let (mut xn, mut lg, mut prod) = (
+        b.alloc(n).unwrap(),
+        b.alloc(ne).unwrap(),
+        b.alloc(rows).unwrap(),
+    );
+    let (mut r, mut host) = (vec![none; k], Vec::new());
+    let (mut prod_host, mut xn_host) = (vec![0f32; rows], vec![0f32; n]);
+    let reads = RouteReads {
+        product: Some((stacked, &mut prod, &mut prod_host[..])),
+        xn: Some(&mut xn_host[..]),
+    };
+    let out = RouteOut {
+        xn: &mut xn,
+        logits: &mut lg,
+        routes: &mut r,
+        host: &mut host,
+        reads,
+    };
+    b.norm_route(xd, 1, block, out).unwrap();
+    let got: Vec<(usize, u32)> = r.iter().map(|r| (r.expert, r.weight.to_bits())).collect();
+    assert_eq!(got, routes, "routes read with the product and xn differ");
+    let apart = from_gpu(b, &xn, n);
+    assert!(
+        apart
+            .iter()
+            .zip(&xn_host)
+            .all(|(a, c)| a.to_bits() == c.to_bits()),
+        "xn"
+    );
+    let stacked = Matrix::dense(DType::F32, rows, n, &bytes);
+    let mut prod2 = b.alloc(rows).unwrap();
+    b.matmul(&stacked, &xn, 1, &mut prod2).unwrap();
+    let apart = from_gpu(b, &prod2, rows);
+    assert!(
+        apart
+            .iter()
+            .zip(&prod_host)
+            .all(|(a, c)| a.to_bits() == c.to_bits()),
+        "product"
+    );
+    println!("norm_route with its reads ({rows} product rows, xn of {n}): bit for bit");
 }
 
 /// The routing kernels' forms against each other on logits with ties, probabilities that

@@ -214,6 +214,12 @@ impl<'a, B: Backend> Replayed<'a, B> {
 }
 
 impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
+    fn route_reads(&mut self, layer: usize) -> crate::model::ops::RouteReads<'_, B> {
+        // The replayed predictions first: the inner executor then asks for no stacked product.
+        self.predict(layer, 1);
+        self.inner.route_reads(layer)
+    }
+
     fn begin_sequence(&mut self) -> crate::Result<()> {
         self.seq = Some(match self.seq {
             None => 0,

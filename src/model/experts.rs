@@ -3,7 +3,7 @@
 //! plug in.
 
 use super::config::ExpertAct;
-use super::ops::{Backend, Route};
+use super::ops::{Backend, Route, RouteReads};
 use super::routing::Routing;
 use super::weights::ExpertBiases;
 use crate::quant::Matrix;
@@ -152,6 +152,12 @@ pub trait ExpertExecutor<B: Backend> {
     /// (model layer, routes), possibly none. An executor that prefetches uses these instead of
     /// its own stacked gates (which predict the model's router, not the replayed one).
     fn replayed_predictions(&mut self, _layer: usize, _predicted: Vec<(usize, Vec<Route>)>) {}
+
+    /// A host-routed decode layer is about to be routed: what the executor wants read back with
+    /// its routes (its input to the next call, `forward_add`).
+    fn route_reads(&mut self, _layer: usize) -> RouteReads<'_, B> {
+        RouteReads::NONE
+    }
 
     /// Whether this decode token's every layer will take `forward_on_device` (asked once,
     /// before the first layer, so that the backend may record or replay the token's launches;

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::experts::{Batch, ExpertExecutor, ExpertFfn, MoeBlock, OnDevice};
 use super::ops::MlaInputs;
-use super::ops::{AttentionShape, AttnPrep, Backend, DecodeStep, QkvStep, Route, RouteOut};
+use super::ops::{
+    AttentionShape, AttnPrep, Backend, DecodeStep, QkvStep, Route, RouteOut, RouteReads,
+};
 pub use super::routing::{route_softmax_top, route_softmax_topk};
 use super::weights::{LayerWeights, MlaWeights, Mlp, Weights};
 use super::{ModelConfig, ModelError};
@@ -543,6 +545,10 @@ impl<'f> Model<'f> {
                 logits: &mut b.router,
                 routes: &mut routes[..t * k],
                 host: router,
+                reads: match t {
+                    1 => experts.route_reads(l),
+                    _ => RouteReads::NONE,
+                },
             };
             backend.norm_route(&b.x, t, &block, out)?;
             self.check_routes(l, &routes[..t * k])?;

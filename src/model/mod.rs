@@ -22,7 +22,7 @@ pub use config::{Architecture, ExpertAct, Mla, ModelConfig};
 pub use device::{ArenaBase, ChunkCopier, CopierSetup, DeviceEvent, ExpertDevice, SlotExpert};
 pub use experts::{Batch, ExpertExecutor, MoeBlock, OnDevice};
 pub use forward::{Logits, Model, RunState};
-pub use ops::{Backend, DecodeStep, KernelTime, QkvStep, Route, RouteOut, Telemetry};
+pub use ops::{Backend, DecodeStep, KernelTime, QkvStep, Route, RouteOut, RouteReads, Telemetry};
 
 use crate::format::FormatError;
 

@@ -95,12 +95,48 @@ pub struct AttnPrep<'a> {
 }
 
 /// Where `Backend::norm_route` writes: the normalized input xn, the router logits ([t,
-/// n_experts]), the routes on the host ([t, k]) and room the default uses for the logits.
+/// n_experts]), the routes on the host ([t, k]) and room the default uses for the logits; and
+/// what a decode token's expert executor wants read back with its routes.
 pub struct RouteOut<'a, B: Backend + ?Sized> {
     pub xn: &'a mut B::Buf,
     pub logits: &'a mut B::Buf,
     pub routes: &'a mut [Route],
     pub host: &'a mut Vec<f32>,
+    pub reads: RouteReads<'a, B>,
+}
+
+/// Results of one decode token's xn read back with its routes, in the same wait (the engine's
+/// stacked-gate prediction and its CPU experts' input; each read alone is a round trip).
+pub struct RouteReads<'a, B: Backend + ?Sized> {
+    /// A product of xn: the matrix, its device output ([rows]) and the host copy ([rows]).
+    pub product: Option<(Matrix<'a>, &'a mut B::Buf, &'a mut [f32])>,
+    /// The host copy of xn ([hidden]).
+    pub xn: Option<&'a mut [f32]>,
+}
+
+impl<B: Backend + ?Sized> RouteReads<'_, B> {
+    pub const NONE: Self = RouteReads {
+        product: None,
+        xn: None,
+    };
+
+    /// Whether anything is asked.
+    pub fn any(&self) -> bool {
+        self.product.is_some() || self.xn.is_some()
+    }
+
+    /// The reads one after another, each its own wait (a backend that cannot queue them with the
+    /// routes' read).
+    pub fn read_each(self, backend: &B, xn: &B::Buf) -> crate::Result<()> {
+        if let Some((m, dev, host)) = self.product {
+            backend.matmul(&m, xn, 1, dev)?;
+            backend.download(dev, host)?;
+        }
+        if let Some(host) = self.xn {
+            backend.download(xn, host)?;
+        }
+        Ok(())
+    }
 }
 
 /// MLA's shapes (`config::Mla`).
@@ -558,7 +594,8 @@ pub trait Backend {
             self.add_rows(out.logits, t, b)?;
         }
         let shape = (t, block.router.rows, block.routing);
-        self.route(out.logits, shape, out.routes, out.host)
+        self.route(out.logits, shape, out.routes, out.host)?;
+        out.reads.read_each(self, out.xn)
     }
 
     /// A decode token at position `pos` whose every op, through the output head, stays on the

@@ -659,7 +659,8 @@ impl Backend for CudaBackend {
                 .gpu
                 .moe_route_norm(&rw, (xp, xnp), g, (k, block.routing), (bias, scratch))?
             {
-                return self.routes_back(scratch, 1, ne, out.routes, out.host);
+                let reads = (out.reads, &*out.xn);
+                return self.routes_back_with(scratch, ne, (out.routes, out.host), reads);
             }
         }
         match block.norm_bias {
@@ -670,7 +671,8 @@ impl Backend for CudaBackend {
         if let Some(b) = block.router_bias {
             self.add_rows(out.logits, t, b)?;
         }
-        self.route(out.logits, (t, ne, block.routing), out.routes, out.host)
+        self.route(out.logits, (t, ne, block.routing), out.routes, out.host)?;
+        out.reads.read_each(self, out.xn)
     }
 
     fn decode_step(&self, key: u64, pos: usize) -> crate::Result<DecodeStep> {

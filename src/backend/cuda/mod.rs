@@ -70,7 +70,7 @@ use cudarc::driver::{
 
 use crate::model::ops::{
     embed_rows, embed_via_host, qk_norm_then_rope_kv, AttentionShape, AttnPrep, Backend,
-    DecodeStep, KernelTime, MlaInputs, MlaShape, QkvStep, Route, RouteOut, Telemetry,
+    DecodeStep, KernelTime, MlaInputs, MlaShape, QkvStep, Route, RouteOut, RouteReads, Telemetry,
 };
 use crate::model::Model;
 use crate::model::MoeBlock;

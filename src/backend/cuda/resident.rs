@@ -220,21 +220,36 @@ impl CudaBackend {
         let k = routes.len() / t.max(1);
         host.resize(2 * t * k, 0.0);
         self.gpu.download_f32(dev, &mut host[..2 * t * k])?;
-        let (ids, wts) = host.split_at(t * k);
-        for (r, (id, w)) in routes.iter_mut().zip(ids.iter().zip(wts)) {
-            let expert = id.to_bits() as usize;
-            // No expert found (the device's top-k saw only NaN: router logits not finite): a
-            // route in range with a NaN weight, which the forward pass refuses by layer
-            // (as the host's route_softmax_topk leaves it).
-            *r = if expert < n_experts {
-                Route { expert, weight: *w }
-            } else {
-                Route {
-                    expert: 0,
-                    weight: f32::NAN,
-                }
-            };
+        read_routes(host, n_experts, routes);
+        Ok(())
+    }
+
+    /// `routes_back` of one token, with `reads` of its xn: their product launched, and every
+    /// copy queued, before one wait.
+    pub(super) fn routes_back_with(
+        &self,
+        dev: u64,
+        n_experts: usize,
+        (routes, host): (&mut [Route], &mut Vec<f32>),
+        (reads, xn): (RouteReads<'_, Self>, &CudaSlice<f32>),
+    ) -> crate::Result<()> {
+        if !reads.any() {
+            return self.routes_back(dev, 1, n_experts, routes, host);
         }
+        let k = routes.len();
+        host.resize(2 * k, 0.0);
+        let mut parts: Vec<(u64, &mut [f32])> = vec![(dev, &mut host[..2 * k])];
+        if let Some((m, out, h)) = reads.product {
+            self.matmul(&m, xn, 1, out)?;
+            check_len("route_reads product", out.len(), h.len())?;
+            parts.push((self.p(out), h));
+        }
+        if let Some(h) = reads.xn {
+            check_len("route_reads xn", xn.len(), h.len())?;
+            parts.push((self.p(xn), h));
+        }
+        self.gpu.download_parts(&mut parts)?;
+        read_routes(host, n_experts, routes);
         Ok(())
     }
 
@@ -457,5 +472,24 @@ impl CudaBackend {
             self.bias_ptr(b.map(|b| &b[1][..]), kw, "k bias")?,
             self.bias_ptr(b.map(|b| &b[2][..]), kw, "v bias")?,
         ])
+    }
+}
+
+/// Routes from their read-back copy `host` ([t, k] indices as f32 bits, then weights).
+fn read_routes(host: &[f32], n_experts: usize, routes: &mut [Route]) {
+    let (ids, wts) = host[..2 * routes.len()].split_at(routes.len());
+    for (r, (id, w)) in routes.iter_mut().zip(ids.iter().zip(wts)) {
+        let expert = id.to_bits() as usize;
+        // No expert found (the device's top-k saw only NaN: router logits not finite): a
+        // route in range with a NaN weight, which the forward pass refuses by layer
+        // (as the host's route_softmax_topk leaves it).
+        *r = if expert < n_experts {
+            Route { expert, weight: *w }
+        } else {
+            Route {
+                expert: 0,
+                weight: f32::NAN,
+            }
+        };
     }
 }

@@ -66,22 +66,47 @@ impl Gpu {
         src: u64,
         dst: &mut [f32],
     ) -> crate::Result<()> {
+        self.download_parts_through(rb, &mut [(src, dst)])
+    }
+
+    /// Device-to-host copies of f32 values (each (device address, destination)) queued
+    /// together, and one wait for the compute stream: one round trip for them all.
+    pub fn download_parts(&self, parts: &mut [(u64, &mut [f32])]) -> crate::Result<()> {
+        self.timed_read(|| self.download_parts_through(&self.readback, parts))
+    }
+
+    /// download_parts through the page-locked buffer `rb` (grown to the parts' total length).
+    fn download_parts_through(
+        &self,
+        rb: &Mutex<Option<PinnedHostSlice<f32>>>,
+        parts: &mut [(u64, &mut [f32])],
+    ) -> crate::Result<()> {
+        let total: usize = parts.iter().map(|(_, d)| d.len()).sum();
         let mut rb = rb.lock().unwrap_or_else(|e| e.into_inner());
         let buf = match rb.take() {
-            Some(b) if b.len() >= dst.len() => rb.insert(b),
-            // SAFETY: page-locked host memory of dst.len() floats, written only by the copy
+            Some(b) if b.len() >= total => rb.insert(b),
+            // SAFETY: page-locked host memory of `total` floats, written only by the copies
             // below and read after the stream is synchronized.
-            _ => rb.insert(unsafe { self.alloc_readable::<f32>(dst.len()) }?),
+            _ => rb.insert(unsafe { self.alloc_readable::<f32>(total) }?),
         };
-        let host = &mut buf.as_mut_slice().map_err(cuda_err)?[..dst.len()];
-        // SAFETY: src addresses at least dst.len() floats, host holds as many; the stream is
-        // synchronized before host is read.
-        unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(host, src, self.stream.cu_stream())
-                .map_err(cuda_err)?;
+        let host = &mut buf.as_mut_slice().map_err(cuda_err)?[..total];
+        let mut rest = &mut host[..];
+        for (src, dst) in parts.iter() {
+            let (part, after) = rest.split_at_mut(dst.len());
+            // SAFETY: src addresses at least dst.len() floats, part holds as many; the stream
+            // is synchronized before part is read.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(part, *src, self.stream.cu_stream())
+                    .map_err(cuda_err)?;
+            }
+            rest = after;
         }
         self.sync()?;
-        dst.copy_from_slice(host);
+        let mut at = 0;
+        for (_, dst) in parts.iter_mut() {
+            dst.copy_from_slice(&host[at..at + dst.len()]);
+            at += dst.len();
+        }
         Ok(())
     }
 

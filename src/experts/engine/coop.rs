@@ -10,6 +10,7 @@ use super::helpers::{FfnJob, HelperPool, PassStats};
 use crate::experts::behind::LoadBehind;
 use crate::format::HobFile;
 use crate::model::experts::ExpertFfn;
+use crate::model::ExpertDevice;
 use crate::quant::Matrix;
 
 /// A variant's misses sent to the link in a row before one goes to the CPU to re-measure it (a
@@ -37,8 +38,9 @@ pub struct Cooperative {
     /// expert), and the misses per variant sent to the link since the CPU last computed one.
     cpu_s: Vec<Option<f64>>,
     since_cpu: Vec<u32>,
-    /// The current layer's input on the host.
+    /// The current layer's input on the host, and the layer it was read for.
     pub host_x: Vec<f32>,
+    x_layer: Option<usize>,
     /// Seconds the helpers computed and the engine waited for them, since the last reset.
     pub busy: f64,
     pub wait: Duration,
@@ -56,12 +58,41 @@ pub struct Cooperative {
 }
 
 impl Cooperative {
+    /// Room for decode layer `layer`'s input ([hidden]), which the backend reads back with the
+    /// layer's routes.
+    pub fn x_with_routes(&mut self, layer: usize, hidden: usize) -> &mut [f32] {
+        self.host_x.resize(hidden, 0.0);
+        self.x_layer = Some(layer);
+        &mut self.host_x
+    }
+
+    /// host_x = `xs`, layer `layer`'s input, unless it is there already.
+    pub fn read_x<D: ExpertDevice>(
+        &mut self,
+        dev: &D,
+        layer: usize,
+        (xs, hidden): (&D::Buf, usize),
+    ) -> crate::Result<()> {
+        if self.x_layer != Some(layer) {
+            self.host_x.resize(hidden, 0.0);
+            dev.download(xs, &mut self.host_x)?;
+            self.x_layer = Some(layer);
+        }
+        Ok(())
+    }
+
+    /// The layer has run: host_x is no longer its input's copy.
+    pub fn layer_done(&mut self) {
+        self.x_layer = None;
+    }
+
     pub fn new(threads: usize, variants: usize, load_behind: bool) -> crate::Result<Self> {
         Ok(Cooperative {
             pool: HelperPool::new(threads)?,
             cpu_s: vec![None; variants],
             since_cpu: vec![0; variants],
             host_x: Vec::new(),
+            x_layer: None,
             busy: 0.0,
             wait: Duration::ZERO,
             gaps: [Duration::ZERO; 4],

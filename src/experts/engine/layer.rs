@@ -121,13 +121,21 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             grouped_rows(&lp)
         };
         dev.begin_layer(&mut self.work, rows, (&idx, &wts), &io.ffn)?;
-        match self.coop.as_ref().map(|c| c.pool.clone()) {
+        let ran = match self.coop.as_ref().map(|c| c.pool.clone()) {
             Some(pool) => pool.in_place_scope(|scope| {
                 self.launch(dev, Some(scope), (layer, &lp), &mut run, &mut io)
-            })?,
-            None => self.launch(dev, None, (layer, &lp), &mut run, &mut io)?,
+            }),
+            None => self.launch(dev, None, (layer, &lp), &mut run, &mut io),
         }
-        self.account(dev, layer, &mut run, &mut io)?;
+        .and_then(|()| self.account(dev, layer, &mut run, &mut io));
+        // What was read back with this layer's routes is spent, used or not.
+        if let Some(c) = self.coop.as_mut() {
+            c.layer_done();
+        }
+        if let Some(p) = self.prefetch.as_mut() {
+            p.drop_route_reads();
+        }
+        ran?;
         self.layer_plan = lp;
         Ok(run.slot_all() && io.residual.is_some())
     }
@@ -317,8 +325,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         if run.cpu_jobs.is_empty() {
             return Ok(());
         }
-        c.host_x.resize(self.file.expert_dims().0, 0.0);
-        dev.download(xs, &mut c.host_x)?;
+        c.read_x(dev, layer, (xs, self.file.expert_dims().0))?;
         let jobs = std::mem::take(&mut run.cpu_jobs);
         // Each blob's checksum before its first use (a bit test after that).
         for j in &jobs {
@@ -587,8 +594,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             }
         }
         if let (false, Some(c)) = (run.cpu_jobs.is_empty(), self.coop.as_mut()) {
-            c.host_x.resize(self.file.expert_dims().0, 0.0);
-            dev.download(io.xs, &mut c.host_x)?;
+            c.read_x(dev, layer, (io.xs, self.file.expert_dims().0))?;
             c.run(self.file, (&run.cpu_jobs, &io.ffn), layer, &mut run.cpu_out)?;
             run.cpu_handed += run.cpu_jobs.len();
         }

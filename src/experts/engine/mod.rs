@@ -43,6 +43,7 @@ use crate::experts::{LayerPlan, PrecisionPlan};
 use crate::format::HobFile;
 use crate::model::{
     Batch, CopierSetup, ExpertAct, ExpertDevice, ExpertExecutor, Model, MoeBlock, OnDevice, Route,
+    RouteReads,
 };
 use crate::Error;
 
@@ -406,6 +407,14 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
             dev.add_assign(x, out, batch.t * batch.hidden)?;
         }
         Ok(())
+    }
+
+    fn route_reads(&mut self, layer: usize) -> RouteReads<'_, D> {
+        let hidden = self.file.expert_dims().0;
+        RouteReads {
+            product: self.prefetch.as_mut().and_then(|p| p.route_reads(layer)),
+            xn: self.coop.as_mut().map(|c| c.x_with_routes(layer, hidden)),
+        }
     }
 
     fn replayed_predictions(&mut self, _layer: usize, predicted: Vec<(usize, Vec<Route>)>) {

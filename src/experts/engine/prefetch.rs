@@ -24,6 +24,8 @@ pub struct Prefetcher<D: ExpertDevice> {
     /// A replayed routing's predictions for the layer about to run: taken instead of the
     /// stacked gates' (which predict the model's own router).
     pub replayed: Option<Vec<(usize, Vec<Route>)>>,
+    /// The layer whose stacked product `host` holds, read back with its routes (route_reads).
+    read_with_routes: Option<usize>,
     /// Prefetches issued, and dropped while loading because their layer did not route them.
     pub issued: u64,
     pub cancelled: u64,
@@ -53,6 +55,7 @@ impl<D: ExpertDevice> Prefetcher<D> {
             min_weight,
             upgrade_low: true,
             replayed: None,
+            read_with_routes: None,
             issued: 0,
             cancelled: 0,
         })
@@ -99,6 +102,28 @@ impl<D: ExpertDevice> Prefetcher<D> {
         }
     }
 
+    /// The stacked product at decode layer `layer` for the backend to compute and read back
+    /// with the layer's routes (its input is the routes' xn, which `predict` is given): the
+    /// matrix, its device output and host copy. None with a replayed routing's predictions.
+    pub fn route_reads(
+        &mut self,
+        layer: usize,
+    ) -> Option<(crate::quant::Matrix<'_>, &mut D::Buf, &mut [f32])> {
+        self.read_with_routes = None;
+        if self.replayed.is_some() {
+            return None;
+        }
+        let m = self.predictor.stacked(layer)?;
+        self.host.resize(m.rows, 0.0);
+        self.read_with_routes = Some(layer);
+        Some((m, &mut self.logits, &mut self.host[..]))
+    }
+
+    /// Forget a product read with routes that its layer did not use.
+    pub fn drop_route_reads(&mut self) {
+        self.read_with_routes = None;
+    }
+
     /// The predictions at `layer` from its gate input `xs` (or the replayed ones).
     fn predict(
         &mut self,
@@ -112,9 +137,11 @@ impl<D: ExpertDevice> Prefetcher<D> {
         let Some(m) = self.predictor.stacked(layer) else {
             return Ok(Vec::new());
         };
-        self.host.resize(m.rows, 0.0);
-        dev.matmul(&m, xs, 1, &mut self.logits)?;
-        dev.download(&self.logits, &mut self.host)?;
+        if self.read_with_routes.take() != Some(layer) {
+            self.host.resize(m.rows, 0.0);
+            dev.matmul(&m, xs, 1, &mut self.logits)?;
+            dev.download(&self.logits, &mut self.host)?;
+        }
         let logits = std::mem::take(&mut self.host);
         let out = self.predictor.predict(layer, &logits);
         self.host = logits;
