@@ -60,6 +60,10 @@ pub struct Slots<'f, D: ExpertDevice> {
     pace: Option<f64>,
     /// When the loader is expected to have finished everything queued so far.
     link_due: Instant,
+    /// Slots whose load may still be in flight (each submitted since it was last found landed
+    /// or taken): `link_busy` looks at these, not at every slot.
+    in_flight: Vec<(PoolKind, usize)>,
+    prune_at: usize,
     /// Loads the compute stream waits for on the device: (where the stream reached the wait,
     /// the load's last event), timed once both have completed.
     gpu_waits: Vec<(D::Event, D::Event)>,
@@ -72,6 +76,10 @@ pub struct Slots<'f, D: ExpertDevice> {
     /// since the last reset.
     pub upgrades: (u64, u64),
 }
+
+/// `in_flight` is pruned on a submit once it holds this many, or twice what the last pruning
+/// kept (where nothing asks `link_busy`).
+const IN_FLIGHT_PRUNE: usize = 256;
 
 /// Bytes of an expert's high-variant blob that its low-variant copy holds, when both variants
 /// are widths of one ap8 blob and the low one is narrower: its prefix, cut to BLOB_ALIGN so that
@@ -139,6 +147,8 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
             host_waits: s.host_waits,
             pace: s.pace,
             link_due: Instant::now(),
+            in_flight: Vec::new(),
+            prune_at: IN_FLIGHT_PRUNE,
             gpu_waits: Vec::new(),
             wait: Duration::ZERO,
             nested: match s.pools {
@@ -315,6 +325,10 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
         load.abort = abort;
         load.prefetched = priority == Priority::Prefetch;
         load.due = Some(due);
+        if self.in_flight.len() >= self.prune_at {
+            self.prune_in_flight();
+        }
+        self.in_flight.push((kind, s));
         Ok(())
     }
 
@@ -453,13 +467,21 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
     }
 
     /// A demand load or a prefetch is queued or in flight.
-    pub fn link_busy(&self) -> bool {
-        self.pools.iter().flatten().any(|p| {
-            p.loads
-                .iter()
-                .filter_map(|l| l.pending.as_ref())
-                .any(|t| !landed(t))
-        })
+    pub fn link_busy(&mut self) -> bool {
+        self.prune_in_flight();
+        !self.in_flight.is_empty()
+    }
+
+    /// Keep the slots of `in_flight` whose load is pending and has not landed.
+    fn prune_in_flight(&mut self) {
+        let pools = &self.pools;
+        self.in_flight.retain(|&(kind, s)| {
+            pools[kind as usize]
+                .as_ref()
+                .and_then(|p| p.loads[s].pending.as_ref())
+                .is_some_and(|t| !landed(t))
+        });
+        self.prune_at = (2 * self.in_flight.len()).max(IN_FLIGHT_PRUNE);
     }
 
     /// Seconds before a demand load queued now would take the link: the loads still queued, at
