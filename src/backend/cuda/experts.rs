@@ -22,8 +22,9 @@ use crate::Error;
 /// Slot memory of one pool.
 pub enum CudaArena {
     Device(CudaSlice<u8>),
-    /// Mapped page-locked host memory: (host allocation, device pointer of the same bytes).
-    Mapped(PinnedHostSlice<u8>, u64),
+    /// Mapped page-locked host memory: (host allocation, device pointer of the same bytes, the
+    /// offset of the arena's first page-aligned byte).
+    Mapped(PinnedHostSlice<u8>, u64, usize),
 }
 
 /// Buffers of one layer's expert products, for `cap` rows: gate and up products ([cap, ffn]),
@@ -131,11 +132,14 @@ impl ExpertDevice for CudaBackend {
                 self.gpu.alloc::<u8>(bytes, "the expert cache")?,
             ));
         }
+        // A page more than asked: the slots start on a page (O_DIRECT reads land in them), which
+        // a driver need not give a small page-locked allocation.
+        let page = crate::format::BLOB_ALIGN;
         // SAFETY: page-locked host memory mapped into the device's address space; the CPU writes
         // it only from the loader (into slots no kernel is reading) and never reads it.
         let host = unsafe {
             self.gpu.ctx.alloc_pinned_with_flags::<u8>(
-                bytes,
+                bytes + page,
                 cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
             )
         }
@@ -148,7 +152,8 @@ impl ExpertDevice for CudaBackend {
                 .result()
                 .map_err(cuda_err)?;
         }
-        Ok(CudaArena::Mapped(host, dptr))
+        let off = (hp as usize).next_multiple_of(page) - hp as usize;
+        Ok(CudaArena::Mapped(host, dptr, off))
     }
 
     fn arena_base(&self, arena: &CudaArena) -> ArenaBase {
@@ -157,9 +162,9 @@ impl ExpertDevice for CudaBackend {
                 device: ptr(a, &self.gpu.stream),
                 host: 0,
             },
-            CudaArena::Mapped(h, d) => ArenaBase {
-                device: *d,
-                host: h.as_ptr().map_or(0, |p| p as usize),
+            CudaArena::Mapped(h, d, off) => ArenaBase {
+                device: *d + *off as u64,
+                host: h.as_ptr().map_or(0, |p| p as usize + off),
             },
         }
     }
