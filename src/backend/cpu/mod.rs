@@ -376,6 +376,70 @@ mod tests {
         out
     }
 
+    /// The reads a decode token's expert executor asks with its routes (`RouteReads`) are the
+    /// product of xn and xn as the separate ops give them, and leave the routes as they are.
+    #[test]
+    fn reads_with_the_routes_are_the_separate_ops() {
+        use crate::format::DType;
+        use crate::model::experts::{ExpertFfn, MoeBlock};
+        use crate::model::ops::{Route, RouteOut, RouteReads};
+        use crate::model::routing::Routing;
+        let b = CpuBackend::new(2).unwrap();
+        let (n, ne, rows) = (8, 4, 6);
+        let f = |len: usize, m: f32| -> Vec<u8> {
+            (0..len)
+                .flat_map(|i| ((i * 7 % 11) as f32 * m - 0.3).to_le_bytes())
+                .collect()
+        };
+        let (rb, sb) = (f(ne * n, 0.05), f(rows * n, 0.03));
+        let router = Matrix::dense(DType::F32, ne, n, &rb);
+        let stacked = Matrix::dense(DType::F32, rows, n, &sb);
+        let norm = vec![1.0f32; n];
+        let block = MoeBlock {
+            norm: &norm,
+            router: &router,
+            next: None,
+            eps: 1e-5,
+            routing: Routing::Softmax { renormalize: true },
+            norm_bias: None,
+            router_bias: None,
+            ffn: &ExpertFfn::PLAIN,
+        };
+        let x: Vec<f32> = (0..n).map(|i| i as f32 - 3.5).collect();
+        let none = Route {
+            expert: 0,
+            weight: 0.0,
+        };
+        let run = |reads: bool| {
+            let (mut xn, mut lg, mut prod) = (vec![0.0; n], vec![0.0; ne], vec![0.0; rows]);
+            let (mut routes, mut host) = (vec![none; 2], Vec::new());
+            let (mut ph, mut xh) = (vec![0.0; rows], vec![0.0; n]);
+            let reads = match reads {
+                true => RouteReads {
+                    product: Some((stacked, &mut prod, &mut ph[..])),
+                    xn: Some(&mut xh[..]),
+                },
+                false => RouteReads::NONE,
+            };
+            let out = RouteOut {
+                xn: &mut xn,
+                logits: &mut lg,
+                routes: &mut routes,
+                host: &mut host,
+                reads,
+            };
+            b.norm_route(&x, 1, &block, out).unwrap();
+            (routes, xn, ph, xh)
+        };
+        let (r0, xn, _, _) = run(false);
+        let (r1, _, ph, xh) = run(true);
+        assert_eq!(r0, r1);
+        assert_eq!(xh, xn);
+        let mut prod = vec![0.0; rows];
+        b.matmul(&stacked, &xn, 1, &mut prod).unwrap();
+        assert_eq!(ph, prod);
+    }
+
     #[test]
     fn attention_is_softmax_weighted_values() {
         let out = attend(None);
