@@ -730,25 +730,11 @@ fn norm_route_reads(
     b.norm_route(xd, 1, block, out).unwrap();
     let got: Vec<(usize, u32)> = r.iter().map(|r| (r.expert, r.weight.to_bits())).collect();
     assert_eq!(got, routes, "routes read with the product and xn differ");
-    let apart = from_gpu(b, &xn, n);
-    assert!(
-        apart
-            .iter()
-            .zip(&xn_host)
-            .all(|(a, c)| a.to_bits() == c.to_bits()),
-        "xn"
-    );
-    let stacked = Matrix::dense(DType::F32, rows, n, &bytes);
+    let same = |a: &[f32], c: &[f32]| a.iter().zip(c).all(|(a, c)| a.to_bits() == c.to_bits());
+    assert!(same(&from_gpu(b, &xn, n), &xn_host), "xn");
     let mut prod2 = b.alloc(rows).unwrap();
     b.matmul(&stacked, &xn, 1, &mut prod2).unwrap();
-    let apart = from_gpu(b, &prod2, rows);
-    assert!(
-        apart
-            .iter()
-            .zip(&prod_host)
-            .all(|(a, c)| a.to_bits() == c.to_bits()),
-        "product"
-    );
+    assert!(same(&from_gpu(b, &prod2, rows), &prod_host), "product");
     println!("norm_route with its reads ({rows} product rows, xn of {n}): bit for bit");
 }
 
