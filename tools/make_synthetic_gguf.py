@@ -3,11 +3,17 @@
 
     python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b|phi-3.5-moe|
                                                                 gpt-oss-20b|gpt-oss-120b|glm-4.5-air|deepseek-v2-lite|glm-4.7-flash]
-                                                  [--mxfp4-experts]
+                                                  [--mxfp4-experts | --q4-k-m]
 
 --mxfp4-experts writes the routed experts as MXFP4 blocks (random codes, exponents around 2^-7, as gpt-oss ships
 them) instead of f16: `llama-quantize --allow-requantize OUT.gguf Q.gguf MXFP4_MOE` then keeps them and makes the
 rest Q8_0.
+
+--q4-k-m writes the file llama-quantize's Q4_K_M would make, without the f16 file and the quantization (a whole
+Qwen3-30B-A3B in f16, 61 GB, does not fit the device's disk beside its Q4_K_M): each matrix in the type
+llama.cpp's Q4_K_M rule gives it (src/llama-quant.cpp, models of other than 8 experts: Q4_K, ffn_down_exps and
+attn_v Q6_K in the layers its use_more_bits picks, the output head Q6_K; routers and norms f32), its blocks random
+codes and sub-block scales under fixed f16 super-block scales (values of sd ~0.02).
 
 Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors, phimoe
 with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out; gpt-oss
@@ -55,6 +61,38 @@ GLM_DENSE_FFN, GLM_DENSE_LAYERS, GLM_SHARED, GLM_ROPE_DIM = 10944, 1, 1, 64
 BIASES = {"phimoe"}
 
 
+# Block types written as random bytes: values per block, bytes per block, ggml type.
+BLOCKS = {"mxfp4": (32, 17, gguf.GGMLQuantizationType.MXFP4),
+          "q4_k": (256, 144, gguf.GGMLQuantizationType.Q4_K),
+          "q6_k": (256, 210, gguf.GGMLQuantizationType.Q6_K)}
+
+
+def use_more_bits(i, n):
+    """llama.cpp's choice of the layers whose ffn_down and attn_v get more bits in its _M types."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m_type(name, n_layers):
+    """The block type llama-quantize's Q4_K_M gives a 2-D or 3-D f16 tensor (models of other than 8 experts)."""
+    if name == "output.weight":
+        return "q6_k"
+    if name.startswith("blk.") and (name.endswith("ffn_down_exps.weight") or name.endswith("attn_v.weight")):
+        return "q6_k" if use_more_bits(int(name.split(".")[1]), n_layers) else "q4_k"
+    return "q4_k"
+
+
+def k_pools(rng):
+    """Pools of random Q4_K and Q6_K blocks (2^18 each): random codes and sub-block scales under fixed f16
+    super-block scales, so the values have sd ~0.02 (Q4_K: d * sc * q - dmin * m, sc, m in 0..63, q in 0..15;
+    Q6_K: d * scale * (q - 32), int8 scales)."""
+    nb = 1 << 18
+    q4 = rng.integers(0, 256, size=(nb, 144), dtype=np.uint8)
+    q4[:, 0:4] = np.frombuffer(np.array([1.5e-4, 1.1e-3], dtype=np.float16).tobytes(), dtype=np.uint8)
+    q6 = rng.integers(0, 256, size=(nb, 210), dtype=np.uint8)
+    q6[:, 208:210] = np.frombuffer(np.array([1.5e-5], dtype=np.float16).tobytes(), dtype=np.uint8)
+    return {"q4_k": q4.reshape(-1), "q6_k": q6.reshape(-1)}
+
+
 def deepseek2_layer(b, l, hidden, heads, ffn, experts, p):
     """One deepseek2 block's tensors, in llama.cpp's MLA layout (numpy shapes: ggml's reversed); p: the model's
     q_lora, nope, v, dense_ffn and shared (DeepSeek-V2-Lite's or GLM-4.7-Flash's)."""
@@ -93,6 +131,7 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--model", default="mixtral-8x7b", choices=sorted(MODELS))
     ap.add_argument("--mxfp4-experts", action="store_true")
+    ap.add_argument("--q4-k-m", action="store_true")
     a = ap.parse_args()
     arch, HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB, EXPERTS, TOP_K, total, base, eps, ctx, qk = MODELS[a.model]
     q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
@@ -102,6 +141,7 @@ def main():
     mxpool = rng.integers(0, 256, size=(1 << 20, 17), dtype=np.uint8)
     mxpool[:, 0] = rng.integers(119, 122, size=1 << 20, dtype=np.uint8)
     mxpool = mxpool.reshape(-1)
+    kpools = k_pools(rng) if a.q4_k_m else {}
 
     w = gguf.GGUFWriter(a.out, arch)
     # Not "phi-3" in the name: llama.cpp then sets attributes on Phi-3's special tokens, which this vocabulary lacks.
@@ -152,7 +192,9 @@ def main():
     w.add_expert_used_count(TOP_K)
     w.add_rope_dimension_count(GLM_ROPE_DIM if glm else DS_ROPE if ds else HEAD_DIM)
     w.add_vocab_size(VOCAB)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    if a.q4_k_m and (EXPERTS == 8 or arch in ("gpt-oss", "glm4moe", "deepseek2") or a.mxfp4_experts):
+        sys.exit("--q4-k-m: written for qwen3moe, olmoe and phimoe shapes (llama.cpp's rule differs for the others)")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if a.q4_k_m else gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
     w.add_token_list(["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, VOCAB)])
     w.add_token_scores([0.0] * VOCAB)
@@ -216,11 +258,14 @@ def main():
         specs += [("output_norm.bias", (HIDDEN,), np.float32), ("output.bias", (VOCAB,), np.float32)]
     if a.mxfp4_experts:
         specs = [(n, sh, "mxfp4" if n.endswith("_exps.weight") else dt) for n, sh, dt in specs]
+    if a.q4_k_m:
+        specs = [(n, sh, q4_k_m_type(n, a.layers) if dt == np.float16 else dt) for n, sh, dt in specs]
     for name, shape, dt in specs:
-        if dt == "mxfp4":
-            byte_shape = tuple(shape[:-1]) + (shape[-1] // 32 * 17,)
+        if dt in BLOCKS:
+            vals, nbytes, qtype = BLOCKS[dt]
+            byte_shape = tuple(shape[:-1]) + (shape[-1] // vals * nbytes,)
             w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
-                              raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+                              raw_dtype=qtype)
             continue
         w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
     w.write_header_to_file()
@@ -235,11 +280,13 @@ def main():
             np.ones(n, dtype=np.float32).tofile(fout)
         elif name.endswith(".bias"):
             np.zeros(n, dtype=np.float32).tofile(fout)
-        elif dt == "mxfp4":
-            done, nb = 0, n // 32 * 17
+        elif dt in BLOCKS:
+            vals, nbytes, _ = BLOCKS[dt]
+            bpool = mxpool if dt == "mxfp4" else kpools[dt]
+            done, nb = 0, n // vals * nbytes
             while done < nb:
-                k = min(nb - done, len(mxpool))
-                mxpool[:k].tofile(fout)
+                k = min(nb - done, len(bpool))
+                bpool[:k].tofile(fout)
                 done += k
         elif dt == np.float32:
             rng.standard_normal(n, dtype=np.float32).tofile(fout)
