@@ -16,6 +16,12 @@
 #                                        trained router's trace (hob's cache sees learned routing; llama.cpp's
 #                                        --n-cpu-moe split does not depend on it), the Orin NX row
 #                                        -> $OUT/qwen3.md
+#   TRACE=.. T1=.. T2=.. bash tools/families_gpu.sh whole
+#                                        the whole Qwen3-30B-A3B shape (48 layers): hob int4 (+ int2 low) beside
+#                                        llama.cpp's Q4_K_M written directly (make_synthetic_gguf.py --q4-k-m: the
+#                                        f16 file would not fit the disk), all on the GPU and under the 16 GB and
+#                                        12 GB profiles (hob's routing replayed, CPU experts; llama.cpp's fitting
+#                                        --n-cpu-moe and one more) -> $out/whole.md
 #   bash tools/families_gpu.sh dense     issue 56: the 16 GB and 12 GB int8+int4 rows with f16 dense weights and with
 #                                        --dense int8 (the expert cache gets the memory freed), uniform routing
 #                                        -> $OUT/dense.md
@@ -537,5 +543,29 @@ deepseek)
     llrow "$round: Q4_K_M, all layers on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
   done
   mv "$out/qwen3.md" "$out/deepseek.md"; cat "$out/deepseek.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
+whole)
+  [ -x $L/build/bin/llama-bench ] || { if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
+    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi; } >> "$log" 2>&1
+  wg=/tmp/qwen3-synthetic-48l-Q4_K_M.gguf; model=/tmp/qwen3-synthetic-48l.hob
+  [ -f "$wg" ] || PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$wg" --model qwen3-30b-a3b \
+    --layers 48 --q4-k-m > /dev/null 2>> "$log"
+  [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers 48 --experts int4,int2 -o "$model" --no-progress \
+    >> "$log" 2>&1
+  LAYERS=48; r=(-r 3 -p 512 -n 64)
+  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  hobrow "int4, all on the GPU (rtx4090-24g's cap)" --platform rtx4090-24g --expert-variant int4 --low none "${r[@]}"
+  llrow "Q4_K_M, all on the GPU" "$wg" "${r[@]}"
+  for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
+    name=${prof%%:*}; gib=${prof##*:}
+    c4=$(cache "$(frac "$gib" $E_INT4 $D_F16)" $E_INT4); n4=$(ncpu "$(frac "$gib" $E_Q4KM $D_Q4KM)")
+    echo "$name: hob --expert-cache $c4 GiB; llama.cpp --n-cpu-moe $n4 fits" >> "$out/qwen3.md"
+    p=(--platform "$name" --replay-trace "$TRACE" --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)"
+       --expert-cache "$c4" "${r[@]}")
+    hobrow "$name int4, CPU experts" "${p[@]}" --expert-variant int4 --low none
+    hobrow "$name int4+int2 T1 $T1 T2 $T2, CPU experts" "${p[@]}" --expert-variant int4 --low int2 --t1 "$T1" --t2 "$T2"
+    for n in $n4 $((n4 + 1)); do llrow "$name Q4_K_M n-cpu-moe $n" "$wg" --n-cpu-moe "$n" "${r[@]}"; done
+  done
+  mv "$out/qwen3.md" "$out/whole.md"; cat "$out/whole.md" ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|whole|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac
