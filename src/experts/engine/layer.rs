@@ -44,6 +44,9 @@ pub(super) struct Run {
     /// The CPU helpers' background task for this layer, when it was handed over, and its run.
     pub(super) background: Option<crossbeam_channel::Receiver<CpuResult>>,
     pub(super) spawned: Instant,
+    /// Decode: when the layer's placements, predictions and CPU hand-over were done and its
+    /// experts' launches began.
+    pub(super) launching: Option<Instant>,
     pub(super) cpu_span: Option<(Instant, Instant)>,
     /// A decode layer whose experts (`slot_take`: per group) sit in slots of one pool: the
     /// routed kernels compute them.
@@ -100,6 +103,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             cpu_out: Vec::new(),
             background: None,
             spawned: entered,
+            launching: None,
             cpu_span: None,
             slot_mode: None,
             slot_take: Vec::new(),
@@ -136,6 +140,11 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             p.drop_route_reads();
         }
         ran?;
+        if let Some(at) = run.launching {
+            self.count.host_layers += 1;
+            self.count.host_before += at.saturating_duration_since(entered);
+            self.count.host_in += entered.elapsed();
+        }
         self.layer_plan = lp;
         Ok(run.slot_all() && io.residual.is_some())
     }
@@ -204,6 +213,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
                 self.prefetch_after(dev, layer, io.xs)?;
                 run.marks[2] = Instant::now();
                 self.start_cpu(dev, scope, layer, run, (io.xs, &io.ffn))?;
+                run.launching = Some(Instant::now());
             }
             let early = i == 0 && self.early(run);
             if i == 0 && !early && run.decode && run.placed == lp.groups.len() {

@@ -73,6 +73,11 @@ pub struct ExpertStats {
     pub grouped_layers: u64,
     /// Decode layers whose cached experts were computed while their other experts' loads landed.
     pub early_layers: u64,
+    /// Host-routed decode layers, and the host's seconds in the engine for them: in all, and
+    /// before their experts' launches began (planning, placing, predicting, the CPU hand-over).
+    pub host_layers: u64,
+    pub host_layer_seconds: f64,
+    pub host_before_launch_seconds: f64,
     /// Host seconds submitting recorded decode steps (CUDA graph launches).
     pub graph_launch_seconds: f64,
     /// Host seconds reading results back (logits, device routes), waiting for the device
@@ -155,6 +160,7 @@ impl ExpertStats {
             (&mut self.slot_part_layers, s.slot_part_layers),
             (&mut self.grouped_layers, s.grouped_layers),
             (&mut self.early_layers, s.early_layers),
+            (&mut self.host_layers, s.host_layers),
         ];
         for (a, b) in counts {
             *a += b;
@@ -168,6 +174,11 @@ impl ExpertStats {
             (&mut self.device_account_seconds, s.device_account_seconds),
             (&mut self.graph_launch_seconds, s.graph_launch_seconds),
             (&mut self.read_back_seconds, s.read_back_seconds),
+            (&mut self.host_layer_seconds, s.host_layer_seconds),
+            (
+                &mut self.host_before_launch_seconds,
+                s.host_before_launch_seconds,
+            ),
         ];
         for (a, b) in seconds {
             *a += b;
@@ -326,6 +337,15 @@ impl ExpertStats {
                 s.early_layers as f64 / n
             )?;
         }
+        if s.host_layers > 0 {
+            let per = |secs: f64| 1e6 * secs / s.host_layers as f64;
+            writeln!(
+                out,
+                "  host in the engine per host-routed decode layer: {:.1} us, {:.1} us of it before the layer's experts are launched",
+                per(s.host_layer_seconds),
+                per(s.host_before_launch_seconds)
+            )?;
+        }
         for (d, (p, c)) in s.prediction.iter().enumerate() {
             if *p > 0 {
                 writeln!(
@@ -459,6 +479,9 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
             slot_part_layers: c.slot_part_layers,
             grouped_layers: c.grouped_layers,
             early_layers: c.early_layers,
+            host_layers: c.host_layers,
+            host_layer_seconds: secs(c.host_in),
+            host_before_launch_seconds: secs(c.host_before),
             // The session fills in the backend's host times.
             ..ExpertStats::default()
         }
@@ -528,5 +551,29 @@ mod tests {
         assert_eq!(twice.cpu_placing, [0.002, 0.004, 0.008, 0.002]);
         s.cpu_gaps = [0.0; 4];
         assert!(!s.report(2, 0.1).contains("placing"));
+    }
+
+    /// The host's time in the engine is reported per host-routed decode layer, and summed when
+    /// stats accumulate.
+    #[test]
+    fn host_time_is_reported_per_host_routed_layer() {
+        let s = ExpertStats {
+            host_layers: 96,
+            host_layer_seconds: 96.0 * 20e-6,
+            host_before_launch_seconds: 96.0 * 12e-6,
+            ..ExpertStats::default()
+        };
+        let r = s.report(2, 0.1);
+        assert!(
+            r.contains("host in the engine per host-routed decode layer: 20.0 us, 12.0 us of it before the layer's experts are launched"),
+            "{r}"
+        );
+        let mut twice = s.clone();
+        twice.accumulate(&s);
+        assert_eq!(twice.host_layers, 192);
+        assert!(twice.report(4, 0.1).contains("20.0 us, 12.0 us"));
+        assert!(!ExpertStats::default()
+            .report(2, 0.1)
+            .contains("host in the engine"));
     }
 }
