@@ -22,6 +22,10 @@
 #                                        f16 file would not fit the disk), all on the GPU and under the 16 GB and
 #                                        12 GB profiles (hob's routing replayed, CPU experts; llama.cpp's fitting
 #                                        --n-cpu-moe and one more) -> $out/whole.md
+#   bash tools/families_gpu.sh roundtrip the host's round trip of a host-routed decode layer: 8 layers, int4, resident
+#                                        (h100's profile: one graph) beside offloaded at ~all hits (the 16 GB
+#                                        profile's link, CPU experts), each plain (--stats) and under
+#                                        tools/kernel_trace.c with the driver calls -> $out/roundtrip.md
 #   bash tools/families_gpu.sh dense     issue 56: the 16 GB and 12 GB int8+int4 rows with f16 dense weights and with
 #                                        --dense int8 (the expert cache gets the memory freed), uniform routing
 #                                        -> $OUT/dense.md
@@ -543,6 +547,29 @@ deepseek)
     llrow "$round: Q4_K_M, all layers on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
   done
   mv "$out/qwen3.md" "$out/deepseek.md"; cat "$out/deepseek.md" ;;
+roundtrip)
+  bash tools/kernel_trace.sh build >> "$log" 2>&1 || exit 1
+  model=/tmp/qwen3-synthetic-${LAYERS}l-int4.hob
+  [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers "$LAYERS" --experts int4 -o "$model" --no-progress \
+    >> "$log" 2>&1
+  # The 16 GB card's link and memory cap, its memory figure the device's (no projection run in the trace).
+  sed -e 's/^name = .*/name = "rtx4060ti-16g-unprojected"/' -e 's/^memory_bandwidth_gbs = .*/memory_bandwidth_gbs = 3350/' \
+    platforms/rtx4060ti-16g.toml > /tmp/p16.toml
+  c4=$(cache "$(frac 16 $E_INT4 $D_F16)" $E_INT4)
+  b=(bench -m "$model" --expert-variant int4 --low none -p 0 -n 32 -r 1)
+  : > "$out/roundtrip.md"
+  for mode in resident offloaded; do
+    a=(--platform h100)
+    [ $mode = offloaded ] && a=(--platform /tmp/p16.toml --cache-policy hobbit --prefetch 3 --cpu-experts -t "$(nproc)"
+      --expert-cache "$c4" --stats)
+    "$hob" "${b[@]}" "${a[@]}" > /tmp/rt-$mode.txt 2>&1
+    HOB_KTRACE=/tmp/rt-$mode.csv HOB_KTRACE_API=1 LD_PRELOAD=$PWD/.gpu/libkernel_trace.so "$hob" "${b[@]}" "${a[@]}" \
+      >> "$log" 2>&1
+    { echo "## $mode"; grep -E "tg32:|hit rate|host per token|host in the engine" /tmp/rt-$mode.txt; echo '```'
+      python3 tools/kernel_trace.py /tmp/rt-$mode.csv --skip 0.3 --gap-us 8 | head -80
+      python3 tools/kernel_trace.py /tmp/rt-$mode.csv --skip 0.3 --timeline 12 | head -150; echo '```'; } >> "$out/roundtrip.md"
+  done
+  cat "$out/roundtrip.md" ;;
 whole)
   [ -x $L/build/bin/llama-bench ] || { if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
     else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi; } >> "$log" 2>&1
@@ -567,5 +594,5 @@ whole)
     for n in $n4 $((n4 + 1)); do llrow "$name Q4_K_M n-cpu-moe $n" "$wg" --n-cpu-moe "$n" "${r[@]}"; done
   done
   mv "$out/qwen3.md" "$out/whole.md"; cat "$out/whole.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|whole|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|whole|roundtrip|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac
