@@ -571,6 +571,8 @@ roundtrip)
   done
   cat "$out/roundtrip.md" ;;
 whole)
+  [ -n "${TRACE:-}" ] && [ -n "${T1:-}" ] && [ -n "${T2:-}" ] \
+    || { echo "whole: set TRACE, T1 and T2 from \`families_gpu.sh trace\` (its trace.env) first"; exit 2; }
   [ -x $L/build/bin/llama-bench ] || { if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
     else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi; } >> "$log" 2>&1
   wg=/tmp/qwen3-synthetic-48l-Q4_K_M.gguf; model=/tmp/qwen3-synthetic-48l.hob
