@@ -93,6 +93,11 @@ E_INT8=4866048; E_INT4=2654208; E_Q8=5013504; E_Q4KM=2890000
 D_F16=2.46e9; D_Q8=1.31e9; D_Q4KM=0.75e9; D_INT8=1.27e9
 # hob from a Q4_K_M GGUF with its defaults: the Q4_K matrices int4/g32, the Q6_K ones (output, some attn_v) int8.
 D_GGUF=1.15e9
+llama_ready() { # llama.cpp's binaries: restored from .gpu/llb.part* if saved there, else built (and saved)
+  [ -x $L/build/bin/llama-bench ] && return 0
+  if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
+  else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
+}
 hobrow() { # label, args...
   local label="$1"; shift
   echo "== hob $label: $*" >> "$log"
@@ -109,10 +114,7 @@ case "${1:-}" in
 prepare)
   {
     echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%F), $(nproc) CPU threads"
-    if [ ! -x $L/build/bin/llama-bench ]; then
-      if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
-      else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
-    fi
+    llama_ready
     t0=$(date +%s)
     [ -f "$g-f16.gguf" ] || PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$g-f16.gguf" \
       --model qwen3-30b-a3b --layers "$LAYERS" 2>/dev/null
@@ -376,10 +378,7 @@ gptoss)
   # Issue 53: gpt-oss-20b's shape ($LAYERS of its 24 layers), hob int4 experts + int8 dense beside llama.cpp's
   # Q4_K_M of the same shapes (tools/make_synthetic_gguf.py --model gpt-oss-20b), both all on the GPU,
   # alternated twice. The whole 24-layer model in int4 is 12.5 GB: it is resident on a 16 GB card too.
-  if [ ! -x $L/build/bin/llama-bench ]; then
-    if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
-    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
-  fi >> "$log" 2>&1
+  llama_ready >> "$log" 2>&1
   # GPTOSS_EXPERTS=mxfp4: the experts as gpt-oss ships them, beside llama.cpp's MXFP4_MOE (MXFP4 experts,
   # Q8_0 dense), under the rtx4060ti-16g profile (the whole model fits).
   ex="${GPTOSS_EXPERTS:-int4}"
@@ -414,10 +413,7 @@ glm|flash)
     preset=glm-4.5-air; gl="${GLM_LAYERS:-6}"; ne=128; eh=9732096; dh=7.4e9; el=10.6e6; dl=4.4e9; total=46
   fi
   model=/tmp/$preset-${gl}l.hob; gg=/tmp/$preset-${gl}l; nm=$((gl - 1))
-  if [ ! -x $L/build/bin/llama-bench ]; then
-    if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
-    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
-  fi >> "$log" 2>&1
+  llama_ready >> "$log" 2>&1
   [ -f "$model" ] || "$hob" convert --synthetic "$preset" --layers "$gl" --experts int4,int2 --dense int8 \
     -o "$model" --no-progress >> "$log" 2>&1
   if [ ! -f "$gg-Q4_K_M.gguf" ]; then
@@ -472,10 +468,7 @@ oss120)
   # padded) / 13219200 (ggml MXFP4); non-expert weights 2.13e9 values: hob int8 2.2e9 bytes, Q8_0 2.26e9.
   ol="${OSS_LAYERS:-6}"; eh=13221888; dh=2.2e9; el=13219200; dl=2.26e9
   model=/tmp/gpt-oss-120b-${ol}l.hob; gg=/tmp/gpt-oss-120b-${ol}l
-  if [ ! -x $L/build/bin/llama-bench ]; then
-    if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
-    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
-  fi >> "$log" 2>&1
+  llama_ready >> "$log" 2>&1
   t0=$(date +%s)
   [ -f "$model" ] || "$hob" convert --synthetic gpt-oss-120b --layers "$ol" --experts mxfp4,int2 --dense int8 \
     -o "$model" --no-progress >> "$log" 2>&1
@@ -526,10 +519,7 @@ deepseek)
   # DeepSeek-V2-Lite, all 27 layers (llama.cpp reads a 27-layer deepseek2 as the Lite shape, without q_lora):
   # hob int4 experts (26 x 64 x 4866048 bytes, 8.1e9) + int8 dense (1.3e9) fits a 16 GB card whole, as does
   # llama.cpp's Q4_K_M (~10.4e9): both all on the GPU under rtx4060ti-16g, alternated ROUNDS times.
-  if [ ! -x $L/build/bin/llama-bench ]; then
-    if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
-    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi
-  fi >> "$log" 2>&1
+  llama_ready >> "$log" 2>&1
   model=/tmp/dsv2-lite.hob; gg=/tmp/dsv2-lite
   [ -f "$model" ] || "$hob" convert --synthetic deepseek-v2-lite --experts int4 --dense int8 -o "$model" \
     --no-progress >> "$log" 2>&1
@@ -573,8 +563,7 @@ roundtrip)
 whole)
   [ -n "${TRACE:-}" ] && [ -n "${T1:-}" ] && [ -n "${T2:-}" ] \
     || { echo "whole: set TRACE, T1 and T2 from \`families_gpu.sh trace\` (its trace.env) first"; exit 2; }
-  [ -x $L/build/bin/llama-bench ] || { if ls .gpu/llb.part* > /dev/null 2>&1; then bash tools/llamacpp_gpu.sh restore
-    else bash tools/llamacpp_gpu.sh build && bash tools/llamacpp_gpu.sh save; fi; } >> "$log" 2>&1
+  llama_ready >> "$log" 2>&1
   wg=/tmp/qwen3-synthetic-48l-Q4_K_M.gguf; model=/tmp/qwen3-synthetic-48l.hob
   [ -f "$wg" ] || PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$wg" --model qwen3-30b-a3b \
     --layers 48 --q4-k-m > /dev/null 2>> "$log"

@@ -13,7 +13,8 @@ rest Q8_0.
 Qwen3-30B-A3B in f16, 61 GB, does not fit the device's disk beside its Q4_K_M): each matrix in the type
 llama.cpp's Q4_K_M rule gives it (src/llama-quant.cpp, models of other than 8 experts: Q4_K, ffn_down_exps and
 attn_v Q6_K in the layers its use_more_bits picks, the output head Q6_K; routers and norms f32), its blocks random
-codes and sub-block scales under fixed f16 super-block scales (values of sd ~0.02).
+codes and sub-block scales under fixed f16 super-block scales (dequantized by gguf-py: Q4_K values of sd
+~0.04, Q6_K ~0.02).
 
 Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors, phimoe
 with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out; gpt-oss
@@ -83,8 +84,8 @@ def q4_k_m_type(name, n_layers):
 
 def k_pools(rng):
     """Pools of random Q4_K and Q6_K blocks (2^18 each): random codes and sub-block scales under fixed f16
-    super-block scales, so the values have sd ~0.02 (Q4_K: d * sc * q - dmin * m, sc, m in 0..63, q in 0..15;
-    Q6_K: d * scale * (q - 32), int8 scales)."""
+    super-block scales (Q4_K: d * sc * q - dmin * m, sc, m in 0..63, q in 0..15, values of sd ~0.04; Q6_K:
+    d * scale * (q - 32), int8 scales, sd ~0.02; both dequantized by gguf-py)."""
     nb = 1 << 18
     q4 = rng.integers(0, 256, size=(nb, 144), dtype=np.uint8)
     q4[:, 0:4] = np.frombuffer(np.array([1.5e-4, 1.1e-3], dtype=np.float16).tobytes(), dtype=np.uint8)

@@ -64,8 +64,8 @@ struct Counters {
     slot_part_layers: u64,
     grouped_layers: u64,
     early_layers: u64,
-    /// Host-routed decode layers, and the host's time in the engine for them: in all, and up to
-    /// the point where the layer's experts start going to the device.
+    /// Host-routed decode layers, and the host's time in the engine for them: in all (a wait for
+    /// the layer's CPU experts included), and up to where its experts start going to the device.
     host_layers: u64,
     host_in: std::time::Duration,
     host_before: std::time::Duration,

@@ -73,8 +73,9 @@ pub struct ExpertStats {
     pub grouped_layers: u64,
     /// Decode layers whose cached experts were computed while their other experts' loads landed.
     pub early_layers: u64,
-    /// Host-routed decode layers, and the host's seconds in the engine for them: in all, and
-    /// before their experts' launches began (planning, placing, predicting, the CPU hand-over).
+    /// Host-routed decode layers, and the host's seconds in the engine for them: in all (a wait
+    /// for the layer's CPU experts included), and before their experts' launches began
+    /// (planning, placing, predicting, the CPU hand-over).
     pub host_layers: u64,
     pub host_layer_seconds: f64,
     pub host_before_launch_seconds: f64,
