@@ -253,6 +253,10 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
                 ));
             }
         }
+        // Without prefetch a partial cache decodes gated on the device; here host-routed.
+        let mut c = exact(slots);
+        c.tuning.gated_decode = false;
+        cases.push((format!("{slots} slots, host-routed (not gated)"), c));
     }
     let mut c = exact(total / 4);
     c.mapped = true;
@@ -303,6 +307,14 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
             st.early_layers
         );
         early += st.early_layers;
+        // Gated decode takes every decode token of a partial cache without prefetch.
+        let gated = name.contains("prefetch 0") && !name.starts_with(&format!("{total} "));
+        assert_eq!(
+            st.gated_tokens > 0,
+            gated,
+            "{name}: {} gated tokens",
+            st.gated_tokens
+        );
         assert_eq!(st.skipped + st.substituted, 0, "{name}");
         assert_eq!(ids, want_ids, "{name}: greedy tokens differ");
         assert!(

@@ -169,6 +169,8 @@ pub struct Replayed<'a, B: Backend> {
     seq: Option<usize>,
     taken: usize,
     routes: Vec<Route>,
+    /// The current decode token routes on the device with its replayed routes.
+    on_device: bool,
 }
 
 impl<'a, B: Backend> Replayed<'a, B> {
@@ -180,6 +182,7 @@ impl<'a, B: Backend> Replayed<'a, B> {
             seq: None,
             taken: 0,
             routes: Vec::new(),
+            on_device: false,
         }
     }
 
@@ -279,8 +282,36 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         self.inner.after_forward(backend)
     }
 
-    // decode_on_device and forward_on_device keep their defaults (false): the routing must
-    // come to the host to be replaced.
+    /// A decode token's replayed routes for every layer go to the inner executor, which may
+    /// route the token on the device with them (gated decode); else its routing comes to the
+    /// host to be replaced.
+    fn decode_on_device(&mut self, backend: &B) -> crate::Result<bool> {
+        let seq = *self.seq.get_or_insert(0);
+        let token = self.replay.starts[seq] + self.taken;
+        let mut all = Vec::new();
+        for l in 0..=self.last_layer {
+            all.extend_from_slice(self.replay.get(token, l)?);
+        }
+        self.on_device = self.inner.decode_replayed(backend, &all)?;
+        if self.on_device {
+            self.taken += 1;
+        }
+        Ok(self.on_device)
+    }
+
+    fn forward_on_device(
+        &mut self,
+        backend: &B,
+        layer: usize,
+        block: &crate::model::MoeBlock<'_>,
+        xs: &mut B::Buf,
+        x: &mut B::Buf,
+    ) -> crate::Result<crate::model::OnDevice> {
+        match self.on_device {
+            true => self.inner.forward_on_device(backend, layer, block, xs, x),
+            false => Ok(crate::model::OnDevice::No),
+        }
+    }
 }
 
 impl<B: Backend> ExpertReport for Replayed<'_, B> {

@@ -115,6 +115,8 @@ pub trait ExpertDevice: Backend {
     fn record_event(&self, timed: bool) -> crate::Result<Self::Event>;
     /// Later launches wait for `ev`.
     fn wait_event(&self, ev: &Self::Event) -> crate::Result<()>;
+    /// An event with nothing before it: what waits for it waits for nothing.
+    fn done_event(&self) -> crate::Result<Self::Event>;
     /// Wait on the host for every launch made so far.
     fn synchronize(&self) -> crate::Result<()>;
     /// Keep `m` on the device, so that `Backend::matmul` takes it (the stacked gates).
@@ -190,14 +192,46 @@ pub trait ExpertDevice: Backend {
         x: &Self::Buf,
         out: &mut Self::Buf,
     ) -> crate::Result<()>;
-    /// Every expert resident (`experts`: [layer][expert]) for decode routed on the device; None
-    /// where the routed kernels do not take their layout.
+    /// Every expert resident (`experts`: [layer][expert], `shape`: experts a layer and routes a
+    /// token) for decode routed on the device; None
+    /// where the routed kernels do not take their layout. `gated`: the table is a directory of
+    /// the cached experts instead (every expert absent until `gate_update` says otherwise; the
+    /// entries given are any slot's, of the right layout), and a decode layer with an absent
+    /// expert waits at its gate (gated decode, experts/engine/gated.rs).
     fn resident(
         &self,
         experts: &[Self::Expert],
-        n_experts: usize,
-        top_k: usize,
+        shape: (usize, usize),
+        gated: bool,
     ) -> crate::Result<Option<Self::Resident>>;
+    /// Gated decode: queue directory `changes` (table index, the expert now there or None:
+    /// absent); with `layer`, after the events `after` (the loads they need) on a stream of
+    /// their own, then open that layer's gate; without, between tokens, in order with the
+    /// compute stream.
+    fn gate_update(
+        &self,
+        r: &mut Self::Resident,
+        changes: &[(usize, Option<Self::Expert>)],
+        layer: Option<usize>,
+        after: &[&Self::Event],
+    ) -> crate::Result<()>;
+    /// Gated decode: the next token's routes replayed from a trace (per layer k expert indices
+    /// as f32 bits, then k weights) in place of the router's, or (None) the router's again.
+    fn gate_replay(&self, r: &mut Self::Resident, routes: Option<&[f32]>) -> crate::Result<()>;
+    /// Gated decode: every layer's mailbox emptied, before a token's launches.
+    fn gate_reset(&self, r: &mut Self::Resident) -> crate::Result<()>;
+    /// Gated decode: layer `layer`'s mailbox: None until the device has routed the layer, then
+    /// whether it found an absent expert (and waits at the gate), its routes in `routes` (k
+    /// expert indices as f32 bits, then k weights).
+    fn gate_mail(
+        &self,
+        r: &Self::Resident,
+        layer: usize,
+        routes: &mut [f32],
+    ) -> crate::Result<Option<bool>>;
+    /// Gated decode after a failure: every gate opened, so that the device's work ends (what it
+    /// computes is thrown away).
+    fn gate_open_all(&self, r: &Self::Resident) -> crate::Result<()>;
     /// One decode layer routed on the device (`ExpertExecutor::forward_on_device`'s contract):
     /// returns whether xs holds the `next` norm of x.
     fn routed_layer(

@@ -166,6 +166,14 @@ pub trait ExpertExecutor<B: Backend> {
         Ok(false)
     }
 
+    /// `decode_on_device` for a token whose routes are given (`routes`: [layers][k], replayed
+    /// from a trace): true where the executor routes it on the device with these in place of
+    /// the router's (its layers are then not called for their routes); false: nothing taken,
+    /// the token routes on the host.
+    fn decode_replayed(&mut self, _backend: &B, _routes: &[Route]) -> crate::Result<bool> {
+        Ok(false)
+    }
+
     /// Everything of one `Model::forward` call up to its logits is launched, and the logits are
     /// about to be read back: an executor may account the batch here.
     fn end_forward(&mut self, _backend: &B) -> crate::Result<()> {

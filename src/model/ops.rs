@@ -11,7 +11,7 @@ use super::routing::Routing;
 use crate::quant::Matrix;
 
 /// One routed expert of one token: which expert and its (renormalized) gate weight.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Route {
     pub expert: usize,
     pub weight: f32,

@@ -7,6 +7,7 @@
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 
 use super::copier::{register_file, CudaCopier, LinkClock};
+use super::gate::CudaGate;
 use super::{
     cuda_err, ptr, CudaBackend, DevMat, QGroup, QueuedRead, Routed, SlotArgs, SLOTS_MAX_K,
     SLOT_ROUTES_LEN,
@@ -79,6 +80,8 @@ pub struct CudaResident {
     top_k: usize,
     /// Where a token's routes land without a wait of their own (the logits' read waits).
     read: QueuedRead,
+    /// Gated decode: the table is a directory of the cached experts (gate.rs).
+    dir: Option<CudaGate>,
 }
 
 impl CudaResident {
@@ -214,6 +217,12 @@ impl ExpertDevice for CudaBackend {
 
     fn wait_event(&self, ev: &CudaEvent) -> crate::Result<()> {
         self.gpu.stream.wait(ev).map_err(cuda_err)
+    }
+
+    fn done_event(&self) -> crate::Result<CudaEvent> {
+        // Never recorded: a stream waiting for it waits for nothing (cuStreamWaitEvent).
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        self.gpu.ctx.new_event(flags).map_err(cuda_err)
     }
 
     fn synchronize(&self) -> crate::Result<()> {
@@ -459,8 +468,8 @@ impl ExpertDevice for CudaBackend {
     fn resident(
         &self,
         experts: &[[DevMat; 3]],
-        n_experts: usize,
-        top_k: usize,
+        (n_experts, top_k): (usize, usize),
+        gated: bool,
     ) -> crate::Result<Option<CudaResident>> {
         let Some(first) = experts.first() else {
             return Ok(None);
@@ -484,6 +493,10 @@ impl ExpertDevice for CudaBackend {
             n_experts,
             top_k,
             read: g.alloc_read(nl * 2 * k)?,
+            dir: match gated {
+                true => Some(CudaGate::new(self, nl, n_experts, k)?),
+                false => None,
+            },
         }))
     }
 
@@ -516,6 +529,9 @@ impl ExpertDevice for CudaBackend {
             self.rms_norm(x, 0..1, block.norm, eps, xs)?;
             gpu.moe_route(rw, xsp, pick, routes, dn)?;
         }
+        if let Some(g) = r.dir.as_ref() {
+            self.gate_layer(g, layer, routes)?;
+        }
         let routed = Routed { tab, routes, k };
         if r.gate.kind < 3 {
             // Float kinds: gate and up with SwiGLU in one launch, down with the weighted sum
@@ -545,6 +561,44 @@ impl ExpertDevice for CudaBackend {
             Error::Invalid("device routes: counted before they were read back".into())
         })
     }
+
+    fn gate_update(
+        &self,
+        r: &mut CudaResident,
+        changes: &[(usize, Option<[DevMat; 3]>)],
+        layer: Option<usize>,
+        after: &[&CudaEvent],
+    ) -> crate::Result<()> {
+        match r.dir.as_mut() {
+            Some(g) => g.update(self, &r.table, changes, layer, after),
+            None => Err(not_gated()),
+        }
+    }
+
+    fn gate_replay(&self, r: &mut CudaResident, routes: Option<&[f32]>) -> crate::Result<()> {
+        r.dir.as_mut().ok_or_else(not_gated)?.replay(self, routes)
+    }
+
+    fn gate_reset(&self, r: &mut CudaResident) -> crate::Result<()> {
+        r.dir.as_mut().ok_or_else(not_gated)?.reset()
+    }
+
+    fn gate_mail(
+        &self,
+        r: &CudaResident,
+        layer: usize,
+        routes: &mut [f32],
+    ) -> crate::Result<Option<bool>> {
+        r.dir.as_ref().ok_or_else(not_gated)?.mail(layer, routes)
+    }
+
+    fn gate_open_all(&self, r: &CudaResident) -> crate::Result<()> {
+        r.dir.as_ref().ok_or_else(not_gated)?.open_all()
+    }
+}
+
+fn not_gated() -> Error {
+    Error::Invalid("expert directory: asked of a table of resident experts".into())
 }
 
 impl CudaBackend {
@@ -587,6 +641,9 @@ impl CudaBackend {
             // The router's logits in the down outputs' room (routed before those are written).
             self.matmul_dev(rw, xsp, 1, dn)?;
             gpu.route_biased(dn, (1, ne, bias), (k, block.routing), routes)?;
+        }
+        if let Some(g) = r.dir.as_ref() {
+            self.gate_layer(g, layer, routes)?;
         }
         let routed = Routed { tab, routes, k };
         self.routed_glu((&r.gate, &r.down), (routed, routes), xsp, (g, dn), glu)?;

@@ -157,6 +157,9 @@ pub struct Kernels {
     pub dequant_words_h: CudaFunction,
     /// The emulated link's pacing on the copy stream.
     pub link_start: CudaFunction,
+    /// Gated decode (gate.cu): a layer's routes to the host, held on a miss; directory changes.
+    pub moe_gate: CudaFunction,
+    pub moe_gate_apply: CudaFunction,
     pub link_wait: CudaFunction,
     /// Where the PTX came from, for logs: "cache" or "nvrtc (0.21 s)".
     pub origin: String,
@@ -282,6 +285,7 @@ impl Kernels {
         include_str!("../../../cuda/matvec_qm.cu"),
         include_str!("../../../cuda/dequant.cu"),
         include_str!("../../../cuda/link.cu"),
+        include_str!("../../../cuda/gate.cu"),
     );
 
     /// NVRTC's options for a GPU of compute capability major.minor: its architecture and the
@@ -488,6 +492,8 @@ impl Kernels {
             dequant_rows_h: f("dequant_rows_h")?,
             dequant_words_h: f("dequant_words_h")?,
             link_start: f("link_start")?,
+            moe_gate: f("moe_gate")?,
+            moe_gate_apply: f("moe_gate_apply")?,
             link_wait: f("link_wait")?,
             origin,
             names: Vec::new(),

@@ -32,6 +32,7 @@ mod backend;
 mod clock;
 mod copier;
 mod experts;
+mod gate;
 mod gemm;
 mod gpu;
 mod kernels;
@@ -142,7 +143,7 @@ fn kind_code(kind: WeightKind) -> i32 {
 
 /// A matrix in device memory, as the kernels take it (`struct Mat` in cuda/common.cu).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct DevMat {
     pub codes: u64,
     pub scales: u64,

@@ -34,6 +34,9 @@ pub struct Tuning {
     /// Decode routes and computes on the device once every expert is resident in one precision
     /// (off: every layer's routes come to the host).
     pub device_routing: bool,
+    /// Decode with part of the experts cached routes on the device too, a layer held at its gate
+    /// for the host only on a miss (gated.rs; off: every layer's routes come to the host).
+    pub gated_decode: bool,
     /// A host-routed decode layer whose experts all sit in slots of one pool runs them through
     /// the routed kernels (off: one expert at a time; the same sums).
     pub routed_slots: bool,
@@ -57,6 +60,7 @@ impl Default for Tuning {
     fn default() -> Tuning {
         Tuning {
             device_routing: true,
+            gated_decode: true,
             routed_slots: true,
             grouped_prefill: true,
             preload: true,

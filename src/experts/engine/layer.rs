@@ -10,7 +10,7 @@ use super::Engine;
 use crate::experts::cache::PoolKind;
 use crate::experts::{Group, LayerPlan, Precision};
 use crate::model::experts::ExpertFfn;
-use crate::model::{Batch, ExpertDevice, SlotExpert};
+use crate::model::{Batch, ExpertDevice, Route, SlotExpert};
 use crate::Error;
 
 /// Where one group of a layer runs.
@@ -60,6 +60,40 @@ pub(super) struct Run {
 }
 
 impl Run {
+    /// A layer of `groups` groups about to be placed: (`decode`, `n_out` floats out), its top-1
+    /// expert, and the link's backlog in seconds.
+    pub(super) fn new(
+        (decode, n_out): (bool, usize),
+        top1: Option<usize>,
+        groups: usize,
+        load_busy: f64,
+    ) -> Run {
+        let entered = Instant::now();
+        Run {
+            decode,
+            n_out,
+            top1,
+            entered,
+            marks: [entered; 3],
+            places: vec![None; groups],
+            placed: 0,
+            load_busy,
+            cpu_busy: 0.0,
+            cpu_jobs: Vec::new(),
+            cpu_handed: 0,
+            cpu_out: Vec::new(),
+            background: None,
+            spawned: entered,
+            launching: None,
+            cpu_span: None,
+            slot_mode: None,
+            slot_take: Vec::new(),
+            slot_list: Vec::new(),
+            deferred: Vec::new(),
+            defer_zero: false,
+        }
+    }
+
     /// Whether the routed kernels compute every expert of the layer.
     fn slot_all(&self) -> bool {
         self.slot_mode.is_some() && self.slot_take.iter().all(|&t| t)
@@ -88,29 +122,14 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         let entered = Instant::now();
         let lp = self.plan_layer(dev, layer, batch)?;
         let decode = batch.t == 1;
-        let mut run = Run {
-            decode,
-            n_out: batch.t * batch.hidden,
-            top1: top1(batch),
-            entered,
-            marks: [Instant::now(); 3],
-            places: vec![None; lp.groups.len()],
-            placed: 0,
-            load_busy: self.slots.link_backlog(),
-            cpu_busy: 0.0,
-            cpu_jobs: Vec::new(),
-            cpu_handed: 0,
-            cpu_out: Vec::new(),
-            background: None,
-            spawned: entered,
-            launching: None,
-            cpu_span: None,
-            slot_mode: None,
-            slot_take: Vec::new(),
-            slot_list: Vec::new(),
-            deferred: Vec::new(),
-            defer_zero: decode && io.residual.is_some() && self.tuning.routed_slots,
-        };
+        let mut run = Run::new(
+            (decode, batch.t * batch.hidden),
+            top1_of(batch.routes),
+            lp.groups.len(),
+            self.slots.link_backlog(),
+        );
+        run.entered = entered;
+        run.defer_zero = decode && io.residual.is_some() && self.tuning.routed_slots;
         if !run.defer_zero || lp.groups.is_empty() {
             dev.zero(io.out, batch.t * batch.hidden)?;
         }
@@ -655,7 +674,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
 
     /// The cache's holds balance after layer `layer`: none left on its experts, no release of
     /// an unheld key (an error names the first; a bookkeeping bug, never the user's input).
-    fn check_holds(&self, layer: usize) -> crate::Result<()> {
+    pub(super) fn check_holds(&self, layer: usize) -> crate::Result<()> {
         let cache = &self.slots.cache;
         for kind in [PoolKind::High, PoolKind::Low] {
             for e in 0..self.file.n_experts() {
@@ -683,10 +702,10 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
     }
 }
 
-/// The top-1 expert of a decode batch (the highest weight, the lower index among equal ones).
-fn top1<B>(batch: &Batch<'_, B>) -> Option<usize> {
-    batch
-        .routes
+/// The top-1 expert of a decode token's routes (the highest weight, the lower index among
+/// equal ones).
+pub(super) fn top1_of(routes: &[Route]) -> Option<usize> {
+    routes
         .iter()
         .max_by(|a, b| a.weight.total_cmp(&b.weight).then(b.expert.cmp(&a.expert)))
         .map(|r| r.expert)

@@ -11,6 +11,7 @@
 
 mod config;
 mod coop;
+mod gated;
 mod helpers;
 mod layer;
 mod loader;
@@ -69,6 +70,12 @@ struct Counters {
     host_layers: u64,
     host_in: std::time::Duration,
     host_before: std::time::Duration,
+    /// Gated decode: tokens, layers held at their gate, the host's time placing those layers'
+    /// misses, and its time following the tokens (misses included).
+    gated_tokens: u64,
+    gated_stalls: u64,
+    gated_stall_host: std::time::Duration,
+    gated_follow: std::time::Duration,
     /// Loader counters (bytes, disk bytes, nanoseconds) at the last reset.
     base: (u64, u64, u64),
 }
@@ -184,8 +191,15 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             && plan.is_exact()
             && plan.low.is_none()
             && coop.is_none()
-            && high_slots == total
             && !cfg.trace.as_ref().is_some_and(TraceWriter::wants_inputs);
+        // Gated decode (gated.rs): a cache of part of the experts, in device memory, no
+        // prefetch (it would change the cache under layers already queued).
+        let gated = device_routing
+            && cfg.tuning.gated_decode
+            && high_slots < total
+            && !cfg.mapped
+            && prefetch.is_none();
+        let device_routing = device_routing && (high_slots == total || gated);
         let nv = file.variants().len();
         let mut me = Engine {
             file,
@@ -196,7 +210,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             slots,
             prefetch,
             coop,
-            routing: DeviceRouting::new(device_routing),
+            routing: DeviceRouting::new(device_routing, gated),
             work: dev.expert_work(hidden, ffn)?,
             trace: cfg.trace.take(),
             layer_plan: LayerPlan::default(),
@@ -430,9 +444,22 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
 
     fn decode_on_device(&mut self, dev: &D) -> crate::Result<bool> {
         self.routing.token = self.device_ready(dev)?;
+        if self.routing.token && self.routing.gated {
+            self.gate_begin(dev, None)?;
+            return Ok(true);
+        }
         // A replayed token skips forward_on_device: its routes are read back all the same.
         self.routing.pending |= self.routing.token;
         Ok(self.routing.token)
+    }
+
+    fn decode_replayed(&mut self, dev: &D, routes: &[Route]) -> crate::Result<bool> {
+        if !self.routing.gated || !self.device_ready(dev)? {
+            return Ok(false);
+        }
+        self.routing.token = true;
+        self.gate_begin(dev, Some(routes))?;
+        Ok(true)
     }
 
     fn forward_on_device(
@@ -450,7 +477,7 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
             return Ok(OnDevice::No);
         };
         let normed = dev.routed_layer(r, layer, block, xs, x)?;
-        if layer + 1 == self.file.n_layers() {
+        if layer + 1 == self.file.n_layers() && !self.routing.gated {
             // Read back in end_forward, once the output head is launched too.
             self.routing.pending = true;
         }
@@ -462,6 +489,9 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
     }
 
     fn end_forward(&mut self, dev: &D) -> crate::Result<()> {
+        if std::mem::take(&mut self.routing.follow) {
+            self.gate_follow(dev)?;
+        }
         // The last token's routes, while the device computes this one.
         self.count_held()?;
         if std::mem::take(&mut self.routing.pending) {

@@ -29,12 +29,18 @@ pub struct DeviceRouting<D: ExpertDevice> {
     /// Tokens that took this path, and the host time spent counting their routes.
     pub tokens: u64,
     pub account: Duration,
+    /// Gated decode (gated.rs): the table is a directory of a cache of part of the experts.
+    pub gated: bool,
+    /// A gated token is launched and waits to be followed (end_forward).
+    pub follow: bool,
 }
 
 impl<D: ExpertDevice> DeviceRouting<D> {
-    pub fn new(allowed: bool) -> Self {
+    pub fn new(allowed: bool, gated: bool) -> Self {
         DeviceRouting {
             allowed,
+            gated,
+            follow: false,
             resident: None,
             token: false,
             pending: false,
@@ -96,30 +102,42 @@ impl<D: ExpertDevice> super::Engine<'_, D> {
             return Ok(true);
         }
         let (nl, ne) = (self.file.n_layers(), self.file.n_experts());
-        if self.slots.cache.len(PoolKind::High) < nl * ne {
+        let gated = self.routing.gated;
+        if !gated && self.slots.cache.len(PoolKind::High) < nl * ne {
             return Ok(false);
         }
         for slot in 0..self.slots.cache.capacity(PoolKind::High) {
             self.slots.ready(dev, PoolKind::High, slot)?;
         }
-        let mut experts = Vec::with_capacity(nl * ne);
+        // Gated: an absent expert's entry is any slot's (never computed: the gate holds it).
+        let any = self.slots.expert(dev, PoolKind::High, 0);
+        let (mut experts, mut present) = (Vec::with_capacity(nl * ne), Vec::new());
         for l in 0..nl {
             for e in 0..ne {
-                let slot = self
-                    .slots
-                    .cache
-                    .lookup(PoolKind::High, (l, e))
-                    .ok_or_else(|| {
-                        Error::Invalid(format!(
+                match self.slots.cache.lookup(PoolKind::High, (l, e)) {
+                    Some(slot) => {
+                        let x = self.slots.expert(dev, PoolKind::High, slot);
+                        experts.push(x);
+                        present.push((l * ne + e, Some(x)));
+                    }
+                    None if gated => experts.push(any),
+                    None => {
+                        return Err(Error::Invalid(format!(
                             "expert cache: layer {l} expert {e} missing from a full cache"
-                        ))
-                    })?;
-                experts.push(self.slots.expert(dev, PoolKind::High, slot));
+                        )))
+                    }
+                }
             }
         }
-        match dev.resident(&experts, ne, self.top_k)? {
-            Some(r) => {
-                log::info!("every expert is resident: decode routes on the device");
+        match dev.resident(&experts, (ne, self.top_k), gated)? {
+            Some(mut r) => {
+                if gated {
+                    dev.gate_update(&mut r, &present, None, &[])?;
+                    self.slots.keep_claims();
+                    log::info!("decode routes on the device, held at a layer's gate on a miss");
+                } else {
+                    log::info!("every expert is resident: decode routes on the device");
+                }
                 self.routing.resident = Some(r);
                 Ok(true)
             }

@@ -75,6 +75,12 @@ pub struct Slots<'f, D: ExpertDevice> {
     /// High loads that completed a cached low copy's planes, and the bytes they took from it,
     /// since the last reset.
     pub upgrades: (u64, u64),
+    /// Gated decode: the experts the high pool placed or evicted since the device's directory
+    /// was last brought level (None: no directory is kept).
+    claims: Option<Vec<ExpertKey>>,
+    /// Gated decode: the compute stream holds at a gate, its earlier work done: a load waits
+    /// for nothing on it (an event recorded there now would follow the held token).
+    pub compute_free: bool,
 }
 
 /// `in_flight` is pruned on a submit once it holds this many, or twice what the last pruning
@@ -156,6 +162,8 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
                 _ => None,
             },
             upgrades: (0, 0),
+            claims: None,
+            compute_free: false,
         })
     }
 
@@ -215,6 +223,10 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
         let Some(ins) = self.cache.insert(kind, key) else {
             return Ok(None);
         };
+        if let (PoolKind::High, Some(c)) = (kind, self.claims.as_mut()) {
+            c.push(key);
+            c.extend(ins.evicted);
+        }
         if ins.evicted.is_some() {
             self.ready(dev, kind, ins.slot)?;
         }
@@ -311,7 +323,10 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
                 dst: dst + (w[0] - src.start) as u64,
                 mapped,
                 prefix: prefix.take(),
-                after: dev.record_event(false)?,
+                after: match self.compute_free {
+                    true => dev.done_event()?,
+                    false => dev.record_event(false)?,
+                },
                 abort: abort.clone(),
             };
             tickets.push(loader.submit(job, priority)?);
@@ -449,7 +464,33 @@ impl<'f, D: ExpertDevice> Slots<'f, D> {
         l.due = None;
         self.cache.unprotect(kind, key);
         self.cache.remove(kind, key);
+        if let (PoolKind::High, Some(c)) = (kind, self.claims.as_mut()) {
+            c.push(key);
+        }
         true
+    }
+
+    /// Gated decode: keep the experts the high pool places or evicts from now on.
+    pub fn keep_claims(&mut self) {
+        self.claims.get_or_insert_with(Vec::new);
+    }
+
+    /// Gated decode: the experts placed or evicted since the last call (in claim order).
+    pub fn take_claims(&mut self) -> Vec<ExpertKey> {
+        self.claims.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The events after the copies of slot `s`'s pending load (every part), for another stream
+    /// to wait for; the slot counts as ready from here on (that stream's wait comes before any
+    /// use of it).
+    pub fn load_events(&mut self, kind: PoolKind, s: usize) -> crate::Result<Vec<D::Event>> {
+        let load = &mut self.pool_mut(kind).loads[s];
+        let tickets: Vec<_> = load.parts.drain(..).chain(load.pending.take()).collect();
+        let mut events = Vec::with_capacity(tickets.len());
+        for t in tickets {
+            events.extend(t.wait()?);
+        }
+        Ok(events)
     }
 
     /// Seconds left until the pending load of slot `s` is expected to land (None: none pending,

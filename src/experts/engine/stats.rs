@@ -79,6 +79,13 @@ pub struct ExpertStats {
     pub host_layers: u64,
     pub host_layer_seconds: f64,
     pub host_before_launch_seconds: f64,
+    /// Gated decode tokens (routed on the device with part of the experts cached), the layers
+    /// held at their gate for a miss, the host's seconds placing those misses, and its seconds
+    /// following the tokens behind the device (those included).
+    pub gated_tokens: u64,
+    pub gated_stalls: u64,
+    pub gated_stall_seconds: f64,
+    pub gated_follow_seconds: f64,
     /// Host seconds submitting recorded decode steps (CUDA graph launches).
     pub graph_launch_seconds: f64,
     /// Host seconds reading results back (logits, device routes), waiting for the device
@@ -162,6 +169,8 @@ impl ExpertStats {
             (&mut self.grouped_layers, s.grouped_layers),
             (&mut self.early_layers, s.early_layers),
             (&mut self.host_layers, s.host_layers),
+            (&mut self.gated_tokens, s.gated_tokens),
+            (&mut self.gated_stalls, s.gated_stalls),
         ];
         for (a, b) in counts {
             *a += b;
@@ -176,6 +185,8 @@ impl ExpertStats {
             (&mut self.graph_launch_seconds, s.graph_launch_seconds),
             (&mut self.read_back_seconds, s.read_back_seconds),
             (&mut self.host_layer_seconds, s.host_layer_seconds),
+            (&mut self.gated_stall_seconds, s.gated_stall_seconds),
+            (&mut self.gated_follow_seconds, s.gated_follow_seconds),
             (
                 &mut self.host_before_launch_seconds,
                 s.host_before_launch_seconds,
@@ -307,6 +318,17 @@ impl ExpertStats {
                 "  routed on the device (every expert resident): {} of {tokens} tokens; counting their routes on the host took {:.1} us a token",
                 s.device_routed,
                 1e6 * s.device_account_seconds / s.device_routed as f64
+            )?;
+        }
+        if s.gated_tokens > 0 {
+            let per = |v: f64| v / s.gated_tokens as f64;
+            writeln!(
+                out,
+                "  gated on the device (part of the experts cached, a layer held for the host on a miss): {} of {tokens} tokens; {:.2} layers held a token, the host {:.1} us placing each; following a token took the host {:.1} us",
+                s.gated_tokens,
+                per(s.gated_stalls as f64),
+                1e6 * s.gated_stall_seconds / s.gated_stalls.max(1) as f64,
+                1e6 * per(s.gated_follow_seconds)
             )?;
         }
         if s.graph_launch_seconds > 0.0 || s.read_back_seconds > 0.0 {
@@ -483,6 +505,10 @@ impl<D: crate::model::ExpertDevice> ExpertReport for super::Engine<'_, D> {
             host_layers: c.host_layers,
             host_layer_seconds: secs(c.host_in),
             host_before_launch_seconds: secs(c.host_before),
+            gated_tokens: c.gated_tokens,
+            gated_stalls: c.gated_stalls,
+            gated_stall_seconds: secs(c.gated_stall_host),
+            gated_follow_seconds: secs(c.gated_follow),
             // The session fills in the backend's host times.
             ..ExpertStats::default()
         }

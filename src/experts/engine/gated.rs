@@ -1,0 +1,233 @@
+//! Gated decode: an offloaded decode token routed on the device, with no host round trip in a
+//! layer whose experts are all cached. The device keeps a directory of the cached experts (the
+//! resident table, with a presence flag per expert). Each layer's routes go to a mailbox the
+//! host reads behind the device; a layer with an absent expert holds the compute stream at its
+//! gate until the host has placed the miss (its load queued, the directory changed on the
+//! gate's stream after the load) and opened it. The host follows every layer as the host-routed
+//! path would count it (the cache's use counters, the trace), so the cache and its policy are
+//! the same; it only no longer stands between the layers.
+//!
+//! Taken for one precision without CPU experts or prefetch (a prefetch would change the cache
+//! under layers already queued), device slots, and the routed kernels' layouts.
+
+use std::time::{Duration, Instant};
+
+use super::layer::{top1_of, Place, Run};
+use super::Engine;
+use crate::experts::cache::PoolKind;
+use crate::model::{ExpertDevice, ModelError, Route};
+use crate::Error;
+
+/// How long the host waits for a layer's routes before it calls the device stuck.
+const MAIL_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl<D: ExpertDevice> Engine<'_, D> {
+    /// Before a gated token's launches: the directory brought level with the cache (what
+    /// changed since the last token: prefill's misses; the compute stream waits for their
+    /// loads first), the token's routes where they are `replayed` ([layers][k]), every mailbox
+    /// emptied; the token is followed in end_forward.
+    pub(super) fn gate_begin(&mut self, dev: &D, replayed: Option<&[Route]>) -> crate::Result<()> {
+        self.count_held()?;
+        let changes = self.directory_changes(dev, None)?;
+        let k = self.top_k;
+        let r = self
+            .routing
+            .resident
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("gated decode without its directory".into()))?;
+        if !changes.0.is_empty() {
+            dev.gate_update(r, &changes.0, None, &[])?;
+        }
+        let floats = replayed.map(|routes| {
+            let mut v = Vec::with_capacity(2 * routes.len());
+            for lr in routes.chunks(k.max(1)) {
+                v.extend(lr.iter().map(|r| f32::from_bits(r.expert as u32)));
+                v.extend(lr.iter().map(|r| r.weight));
+            }
+            v
+        });
+        dev.gate_replay(r, floats.as_deref())?;
+        dev.gate_reset(r)?;
+        self.routing.follow = true;
+        Ok(())
+    }
+
+    /// After a gated token's launches: follow it layer by layer, counting its routes and
+    /// placing the misses of the layers that wait; on a failure every gate is opened (the
+    /// token's work ends and is thrown away) before the error returns.
+    pub(super) fn gate_follow(&mut self, dev: &D) -> crate::Result<()> {
+        let followed = self.follow_layers(dev);
+        self.slots.compute_free = false;
+        if followed.is_err() {
+            if let Some(r) = self.routing.resident.as_ref() {
+                dev.gate_open_all(r)?;
+            }
+            dev.synchronize()?;
+        }
+        followed
+    }
+
+    fn follow_layers(&mut self, dev: &D) -> crate::Result<()> {
+        let (nl, ne, k) = (self.file.n_layers(), self.file.n_experts(), self.top_k);
+        let arrived = Instant::now();
+        self.decoded += 1;
+        self.count.gated_tokens += 1;
+        self.slots.cache.begin_token();
+        let high = self.slots.pool(PoolKind::High).variant;
+        let mut mail = vec![0.0f32; 2 * k];
+        let mut routes = vec![Route::default(); k];
+        let mut lp = std::mem::take(&mut self.layer_plan);
+        for l in 0..nl {
+            let miss = self.wait_mail(dev, l, &mut mail)?;
+            for (j, r) in routes.iter_mut().enumerate() {
+                let expert = mail[j].to_bits() as usize;
+                let weight = mail[k + j];
+                if expert >= ne || !weight.is_finite() {
+                    return Err(
+                        ModelError::non_finite(self.file.path(), Some(l), "router logits").into(),
+                    );
+                }
+                *r = Route { expert, weight };
+            }
+            self.slots.cache.set_layer(l);
+            self.plan.plan_layer(&routes, 1, &mut lp);
+            if let Some(tw) = self.trace.as_mut() {
+                tw.record_layer(l, &routes, &lp.decisions, 1, None)?;
+            }
+            for (r, dec) in routes.iter().zip(&lp.decisions) {
+                self.slots.cache.record_use((l, r.expert), *dec);
+            }
+            if miss {
+                let started = Instant::now();
+                self.gated_layer(dev, l, &routes, &lp)?;
+                self.count.gated_stalls += 1;
+                self.count.gated_stall_host += started.elapsed();
+                continue;
+            }
+            if let Some(r) = routes.iter().find(|r| {
+                self.slots
+                    .cache
+                    .lookup(PoolKind::High, (l, r.expert))
+                    .is_none()
+            }) {
+                return Err(Error::Invalid(format!(
+                    "expert directory: layer {l} expert {} ran on the device but is not cached (a bookkeeping bug)",
+                    r.expert
+                )));
+            }
+            self.count.hits[high] += k as u64;
+        }
+        self.layer_plan = lp;
+        self.count.gated_follow += arrived.elapsed();
+        Ok(())
+    }
+
+    /// Spin until layer `layer`'s routes are in its mailbox; whether the device waits.
+    fn wait_mail(&self, dev: &D, layer: usize, mail: &mut [f32]) -> crate::Result<bool> {
+        let r = self
+            .routing
+            .resident
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("gated decode without its directory".into()))?;
+        let started = Instant::now();
+        loop {
+            if let Some(miss) = dev.gate_mail(r, layer, mail)? {
+                return Ok(miss);
+            }
+            if started.elapsed() > MAIL_TIMEOUT {
+                return Err(Error::Invalid(format!(
+                    "{}: no routes from layer {layer} in {} s; the device stopped answering",
+                    dev.device_name(),
+                    MAIL_TIMEOUT.as_secs()
+                )));
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// A layer the device holds at its gate: every group placed as the host-routed path places
+    /// it (a hit, or a slot claimed by the policy with its load queued), the directory changed
+    /// after those loads and the gate opened, on the gate's stream.
+    fn gated_layer(
+        &mut self,
+        dev: &D,
+        layer: usize,
+        routes: &[Route],
+        lp: &crate::experts::LayerPlan,
+    ) -> crate::Result<()> {
+        let load_busy = self.slots.link_backlog();
+        let mut run = Run::new(
+            (true, self.file.expert_dims().0),
+            top1_of(routes),
+            lp.groups.len(),
+            load_busy,
+        );
+        self.slots.compute_free = true;
+        let mut placed = Vec::with_capacity(lp.groups.len());
+        for g in &lp.groups {
+            match self.place(dev, layer, g, &mut run)? {
+                Some(Place::Slot(kind, _)) => {
+                    self.slots.cache.protect(kind, (layer, g.expert));
+                    placed.push((kind, g.expert));
+                }
+                Some(Place::Cpu) => {
+                    return Err(Error::Invalid(
+                        "gated decode placed an expert on the CPU (it runs without CPU experts)"
+                            .into(),
+                    ))
+                }
+                None => {
+                    return Err(Error::Invalid(format!(
+                        "expert cache: no slot can be freed for layer {layer} expert {} ({} slots)",
+                        g.expert,
+                        self.slots.cache.capacity(PoolKind::High)
+                    )))
+                }
+            }
+        }
+        self.slots.compute_free = false;
+        let (changes, events) = self.directory_changes(dev, Some(layer))?;
+        let r = self
+            .routing
+            .resident
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("gated decode without its directory".into()))?;
+        let after: Vec<&D::Event> = events.iter().collect();
+        dev.gate_update(r, &changes, Some(layer), &after)?;
+        for (kind, e) in placed {
+            self.slots.cache.unprotect(kind, (layer, e));
+        }
+        self.check_holds(layer)
+    }
+
+    /// The directory's changes since it was last brought level: every expert the cache placed
+    /// or evicted since, present where it sits in a slot now. Between tokens (`layer` None) the
+    /// compute stream waits for their loads; for a gated layer the loads' events come back,
+    /// for the gate's stream to wait for.
+    #[allow(clippy::type_complexity)]
+    fn directory_changes(
+        &mut self,
+        dev: &D,
+        layer: Option<usize>,
+    ) -> crate::Result<(Vec<(usize, Option<D::Expert>)>, Vec<D::Event>)> {
+        let ne = self.file.n_experts();
+        let mut touched = self.slots.take_claims();
+        touched.sort_unstable();
+        touched.dedup();
+        let (mut changes, mut events) = (Vec::with_capacity(touched.len()), Vec::new());
+        for key in touched {
+            let at = match self.slots.cache.lookup(PoolKind::High, key) {
+                Some(s) => {
+                    match layer {
+                        None => self.slots.ready(dev, PoolKind::High, s)?,
+                        Some(_) => events.extend(self.slots.load_events(PoolKind::High, s)?),
+                    }
+                    Some(self.slots.expert(dev, PoolKind::High, s))
+                }
+                None => None,
+            };
+            changes.push((key.0 * ne + key.1, at));
+        }
+        Ok((changes, events))
+    }
+}
