@@ -230,8 +230,8 @@ pub trait ExpertDevice: Backend {
         routes: &mut [f32],
     ) -> crate::Result<Option<bool>>;
     /// Gated decode after a failure: every gate opened, so that the device's work ends (what it
-    /// computes is thrown away).
-    fn gate_open_all(&self, r: &Self::Resident) -> crate::Result<()>;
+    /// computes is thrown away); they close again before the next token.
+    fn gate_open_all(&self, r: &mut Self::Resident) -> crate::Result<()>;
     /// One decode layer routed on the device (`ExpertExecutor::forward_on_device`'s contract):
     /// returns whether xs holds the `next` norm of x.
     fn routed_layer(

@@ -580,7 +580,7 @@ impl ExpertDevice for CudaBackend {
     }
 
     fn gate_reset(&self, r: &mut CudaResident) -> crate::Result<()> {
-        r.dir.as_mut().ok_or_else(not_gated)?.reset()
+        r.dir.as_mut().ok_or_else(not_gated)?.reset(self)
     }
 
     fn gate_mail(
@@ -592,8 +592,8 @@ impl ExpertDevice for CudaBackend {
         r.dir.as_ref().ok_or_else(not_gated)?.mail(layer, routes)
     }
 
-    fn gate_open_all(&self, r: &CudaResident) -> crate::Result<()> {
-        r.dir.as_ref().ok_or_else(not_gated)?.open_all()
+    fn gate_open_all(&self, r: &mut CudaResident) -> crate::Result<()> {
+        r.dir.as_mut().ok_or_else(not_gated)?.open_all()
     }
 }
 

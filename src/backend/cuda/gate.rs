@@ -92,6 +92,8 @@ pub struct CudaGate {
     /// Replayed routes (hob bench --replay-trace): a flag word (1: replaying), then per layer 2k.
     replay: CudaSlice<f32>,
     replaying: bool,
+    /// Every gate was opened after a failure: they are closed again before the next token.
+    opened: bool,
     /// Per layer: a state word (0 empty, 1 all present, 2 a miss) and the 2k routes.
     mail: Mapped<f32>,
     /// Directory changes: a region per layer (REGION entries), then one for between tokens.
@@ -123,6 +125,7 @@ impl CudaGate {
             gates: g.alloc(n_layers, "the expert directory")?,
             replay: g.alloc(1 + n_layers * 2 * top_k, "replayed routes")?,
             replaying: false,
+            opened: false,
             mail: Mapped::new(b, n_layers * (2 * top_k + 1))?,
             updates: Mapped::new(b, entries)?,
             side: g.ctx.new_stream().map_err(cuda_err)?,
@@ -144,8 +147,24 @@ impl CudaGate {
         )
     }
 
-    /// Every mailbox emptied (before a token; no kernel writes them now).
-    pub(super) fn reset(&mut self) -> crate::Result<()> {
+    /// Every mailbox emptied (before a token; no kernel writes them now), and the gates closed
+    /// where a failure opened them all.
+    pub(super) fn reset(&mut self, b: &CudaBackend) -> crate::Result<()> {
+        if std::mem::take(&mut self.opened) {
+            let p = ptr(&self.gates, &b.gpu.stream);
+            // SAFETY: `gates` holds n_layers i32s; the memset is queued on the compute stream
+            // before the token's launches.
+            unsafe {
+                cudarc::driver::sys::cuMemsetD32Async(
+                    p,
+                    0,
+                    self.gates.len(),
+                    b.gpu.stream.cu_stream(),
+                )
+                .result()
+                .map_err(cuda_err)?;
+            }
+        }
         let stride = self.stride();
         for l in 0..self.gates.len() {
             self.mail.write(l * stride, 0.0);
@@ -258,7 +277,8 @@ impl CudaGate {
     }
 
     /// Open every gate (after a failure: what the device computes is thrown away).
-    pub(super) fn open_all(&self) -> crate::Result<()> {
+    pub(super) fn open_all(&mut self) -> crate::Result<()> {
+        self.opened = true;
         let p = ptr(&self.gates, &self.side);
         // SAFETY: `gates` holds n_layers i32s; the memset is queued on the gates' stream.
         unsafe {

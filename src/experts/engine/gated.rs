@@ -59,7 +59,7 @@ impl<D: ExpertDevice> Engine<'_, D> {
         let followed = self.follow_layers(dev);
         self.slots.compute_free = false;
         if followed.is_err() {
-            if let Some(r) = self.routing.resident.as_ref() {
+            if let Some(r) = self.routing.resident.as_mut() {
                 dev.gate_open_all(r)?;
             }
             dev.synchronize()?;

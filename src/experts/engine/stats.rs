@@ -580,6 +580,27 @@ mod tests {
         assert!(!s.report(2, 0.1).contains("placing"));
     }
 
+    /// Gated decode reports its tokens, the layers held a token and the host's time at them.
+    #[test]
+    fn gated_tokens_report_their_held_layers() {
+        let s = ExpertStats {
+            gated_tokens: 4,
+            gated_stalls: 6,
+            gated_stall_seconds: 6.0 * 150e-6,
+            gated_follow_seconds: 4.0 * 2e-3,
+            ..ExpertStats::default()
+        };
+        let r = s.report(4, 0.1);
+        assert!(
+            r.contains("4 of 4 tokens; 1.50 layers held a token, the host 150.0 us placing each; following a token took the host 2000.0 us"),
+            "{r}"
+        );
+        let mut twice = s.clone();
+        twice.accumulate(&s);
+        assert_eq!((twice.gated_tokens, twice.gated_stalls), (8, 12));
+        assert!(!ExpertStats::default().report(4, 0.1).contains("gated"));
+    }
+
     /// The host's time in the engine is reported per host-routed decode layer, and summed when
     /// stats accumulate.
     #[test]
