@@ -3,7 +3,7 @@
 // MatEntry, each entry the expert's slot while cached, some slot's matrices otherwise) and a
 // presence flag per expert. A layer whose k experts are all present runs on with no host round
 // trip; a layer with a miss holds the compute stream in moe_gate until the host has placed the
-// miss (its load on the copy stream, or the CPU) and moe_gate_apply has opened the gate.
+// miss (its load on the copy stream) and moe_gate_apply has opened the gate.
 
 // After the layer's routes (route_topk's k indices, then k weights): they go to the host's
 // mailbox (page-locked, mapped: [0] a state, then the 2k routes; the state 1 all present, 2 a
@@ -27,10 +27,13 @@ extern "C" __global__ void moe_gate(float* routes, const int* present, int k, in
             const int e = __float_as_int(r);
             miss = e < 0 || e >= n_experts || __ldcg(present + e) == 0;
         }
+        // Each writer's routes (and replayed routes) visible to the host and the device before
+        // the state word says they are there.
+        __threadfence_system();
     }
     miss = __any_sync(0xffffffffu, miss);
+    __syncwarp();
     if (t != 0) return;
-    __threadfence_system();
     reinterpret_cast<volatile float*>(mail)[0] = __int_as_float(miss ? 2 : 1);
     __threadfence_system();
     if (!miss) return;
@@ -64,9 +67,8 @@ extern "C" __global__ void moe_gate_apply(const GateEntry* __restrict__ u, int n
         }
         present[at] = u[i].present;
     }
+    // Every thread's changes visible device-wide before the gate opens.
+    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0 && gate) {
-        __threadfence();
-        *reinterpret_cast<volatile int*>(gate) = 1;
-    }
+    if (threadIdx.x == 0 && gate) *reinterpret_cast<volatile int*>(gate) = 1;
 }

@@ -252,11 +252,13 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
                     c,
                 ));
             }
+            // Gated decode (a partial cache without prefetch: routed on the device, held at a
+            // layer's gate on a miss).
+            let mut c = exact(slots);
+            c.policy = *policy;
+            c.tuning.gated_decode = true;
+            cases.push((format!("{slots} slots, policy {pi}, gated"), c));
         }
-        // Without prefetch a partial cache decodes gated on the device; here host-routed.
-        let mut c = exact(slots);
-        c.tuning.gated_decode = false;
-        cases.push((format!("{slots} slots, host-routed (not gated)"), c));
     }
     let mut c = exact(total / 4);
     c.mapped = true;
@@ -307,8 +309,8 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
             st.early_layers
         );
         early += st.early_layers;
-        // Gated decode takes every decode token of a partial cache without prefetch.
-        let gated = name.contains("prefetch 0") && !name.starts_with(&format!("{total} "));
+        // Gated decode takes every decode token of a partial cache where it is on.
+        let gated = name.ends_with("gated") && !name.starts_with(&format!("{total} "));
         assert_eq!(
             st.gated_tokens > 0,
             gated,

@@ -35,7 +35,8 @@ pub struct Tuning {
     /// (off: every layer's routes come to the host).
     pub device_routing: bool,
     /// Decode with part of the experts cached routes on the device too, a layer held at its gate
-    /// for the host only on a miss (gated.rs; off: every layer's routes come to the host).
+    /// for the host only on a miss (gated.rs; off: every layer's routes come to the host). Off
+    /// until it has run on a GPU: tests/gpu_engine.rs switches it on.
     pub gated_decode: bool,
     /// A host-routed decode layer whose experts all sit in slots of one pool runs them through
     /// the routed kernels (off: one expert at a time; the same sums).
@@ -60,7 +61,7 @@ impl Default for Tuning {
     fn default() -> Tuning {
         Tuning {
             device_routing: true,
-            gated_decode: true,
+            gated_decode: false,
             routed_slots: true,
             grouped_prefill: true,
             preload: true,
