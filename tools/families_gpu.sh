@@ -22,6 +22,11 @@
 #                                        f16 file would not fit the disk), all on the GPU and under the 16 GB and
 #                                        12 GB profiles (hob's routing replayed, CPU experts; llama.cpp's fitting
 #                                        --n-cpu-moe and one more) -> $out/whole.md
+#   TRACE=.. bash tools/families_gpu.sh gated
+#                                        gated decode (int4, no CPU experts, no prefetch) beside the host-routed
+#                                        path (CPU experts, prefetch 3) and llama.cpp Q4_K_M at its fitting
+#                                        --n-cpu-moe, 48 layers under rtx4060ti-16g and rtx3060-12g, the trained
+#                                        router's routing replayed, two alternated rounds -> $out/gated.md
 #   bash tools/families_gpu.sh roundtrip the host's round trip of a host-routed decode layer: 8 layers, int4, resident
 #                                        (h100's profile: one graph) beside offloaded at ~all hits (the 16 GB
 #                                        profile's link, CPU experts), each plain (--stats) and under
@@ -585,5 +590,31 @@ whole)
     for n in $n4 $((n4 + 1)); do llrow "$name Q4_K_M n-cpu-moe $n" "$wg" --n-cpu-moe "$n" "${r[@]}"; done
   done
   mv "$out/qwen3.md" "$out/whole.md"; cat "$out/whole.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|whole|roundtrip|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
+gated)
+  # Gated decode (src/experts/engine/gated.rs) beside the host-routed path and llama.cpp, all 48 layers, the
+  # trained router's routing replayed on the device; two rounds, alternated.
+  [ -n "${TRACE:-}" ] || { echo "gated: set TRACE from \`families_gpu.sh trace\` (its trace.env) first"; exit 2; }
+  llama_ready >> "$log" 2>&1
+  wg=/tmp/qwen3-synthetic-48l-Q4_K_M.gguf; model=/tmp/qwen3-synthetic-48l-int4.hob
+  [ -f "$wg" ] || PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$wg" --model qwen3-30b-a3b \
+    --layers 48 --q4-k-m > /dev/null 2>> "$log"
+  [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers 48 --experts int4 -o "$model" --no-progress \
+    >> "$log" 2>&1
+  LAYERS=48; r=(-r 2 -p 512 -n 64)
+  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |" > "$out/qwen3.md"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  for round in 1 2; do
+    for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
+      name=${prof%%:*}; gib=${prof##*:}
+      c4=$(cache "$(frac "$gib" $E_INT4 $D_F16)" $E_INT4); n4=$(ncpu "$(frac "$gib" $E_Q4KM $D_Q4KM)")
+      p=(--platform "$name" --replay-trace "$TRACE" --cache-policy hobbit --expert-cache "$c4" --expert-variant int4
+         --low none "${r[@]}")
+      hobrow "$name int4 gated (no CPU experts, no prefetch), round $round" "${p[@]}" --prefetch 0
+      llrow "$name Q4_K_M n-cpu-moe $n4, round $round" "$wg" --n-cpu-moe "$n4" "${r[@]}"
+      hobrow "$name int4 host-routed (CPU experts, prefetch 3), round $round" "${p[@]}" --prefetch 3 --cpu-experts \
+        -t "$(nproc)"
+    done
+  done
+  mv "$out/qwen3.md" "$out/gated.md"; cat "$out/gated.md" ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|whole|gated|roundtrip|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac
