@@ -459,6 +459,69 @@ mod tests {
         assert_eq!(seen, want);
     }
 
+    /// Takes decode tokens on the device (their replayed routes, recorded), and records what the
+    /// host asks it to compute as Spy does.
+    struct DeviceSpy<'a>(Spy<'a>, &'a std::cell::RefCell<Vec<Vec<usize>>>);
+
+    impl ExpertExecutor<CpuBackend> for DeviceSpy<'_> {
+        fn forward(
+            &mut self,
+            b: &CpuBackend,
+            layer: usize,
+            batch: &Batch<'_, Vec<f32>>,
+            out: &mut Vec<f32>,
+        ) -> crate::Result<()> {
+            self.0.forward(b, layer, batch, out)
+        }
+
+        fn decode_replayed(&mut self, _b: &CpuBackend, routes: &[Route]) -> crate::Result<bool> {
+            self.1
+                .borrow_mut()
+                .push(routes.iter().map(|r| r.expert).collect());
+            Ok(true)
+        }
+    }
+
+    impl ExpertReport for DeviceSpy<'_> {
+        fn describe(&self) -> String {
+            "device spy".into()
+        }
+    }
+
+    /// A decode token routed on the device gets every layer's replayed routes at once, and
+    /// takes its trace token: the next host-routed token replays the one after it.
+    #[test]
+    fn a_device_routed_token_takes_every_layers_routes_and_its_trace_token() {
+        let (seen, device) = (std::cell::RefCell::new(Vec::new()), Default::default());
+        let replay = Replay::from_trace(Path::new("t"), trace(3, &[1, 3]), (8, 2)).unwrap();
+        let spy = DeviceSpy(Spy(&seen), &device);
+        let mut ex = Replayed::new(Box::new(spy), replay, 4);
+        let b = CpuBackend::new(1).unwrap();
+        let (xs, mut out) = (vec![0.0; 4], vec![0.0; 4]);
+        ex.begin_sequence().unwrap();
+        assert!(ex.decode_on_device(&b).unwrap());
+        for l in 0..4 {
+            let batch = Batch {
+                xs: &xs,
+                t: 1,
+                hidden: 2,
+                routes: &[],
+                ffn: crate::model::experts::ExpertFfn::PLAIN,
+            };
+            ex.forward(&b, l, &batch, &mut out).unwrap();
+        }
+        let pair = |seq: usize, tok: usize, l: usize| {
+            let e = (10 * seq + tok + l) % 8;
+            vec![(e + 1) % 8, e]
+        };
+        drop(ex);
+        // The trace's first sequence is one token long: the host's token runs into the next.
+        let all: Vec<usize> = (0..4).flat_map(|l| pair(0, 0, l % 3)).collect();
+        assert_eq!(device.into_inner(), vec![all]);
+        let want: Vec<_> = (0..4).map(|l| (l, 1, pair(1, 0, l % 3))).collect();
+        assert_eq!(seen.into_inner(), want);
+    }
+
     #[test]
     fn shape_mismatch_and_dense_layers_are_errors() {
         let e = Replay::from_trace(Path::new("t.jsonl"), trace(2, &[1]), (4, 2)).unwrap_err();
