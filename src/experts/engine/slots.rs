@@ -79,7 +79,9 @@ pub struct Slots<'f, D: ExpertDevice> {
     /// was last brought level (None: no directory is kept).
     claims: Option<Vec<ExpertKey>>,
     /// Gated decode: the compute stream holds at a gate, its earlier work done: a load waits
-    /// for nothing on it (an event recorded there now would follow the held token).
+    /// for nothing on it (an event recorded there now would follow the held token). A victim's
+    /// own load still lands first: gated decode queues demand loads only, in order on the
+    /// loader's one copy stream.
     pub compute_free: bool,
 }
 
