@@ -27,6 +27,14 @@ impl<D: ExpertDevice> Engine<'_, D> {
     /// loads first), the token's routes where they are `replayed` ([layers][k]), every mailbox
     /// emptied; the token is followed in end_forward.
     pub(super) fn gate_begin(&mut self, dev: &D, replayed: Option<&[Route]>) -> crate::Result<()> {
+        if std::mem::take(&mut self.routing.follow) {
+            // The last gated token failed before it was followed: its gates opened, its work
+            // ended, before this one.
+            if let Some(r) = self.routing.resident.as_mut() {
+                dev.gate_open_all(r)?;
+            }
+            dev.synchronize()?;
+        }
         self.count_held()?;
         let changes = self.directory_changes(dev, None)?;
         let k = self.top_k;
