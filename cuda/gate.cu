@@ -12,13 +12,18 @@
 // reads the directory the host may have just changed.
 // `replay` (a flag word, then this layer's 2k routes), where its flag is 1: the routes replayed
 // from a trace (hob bench --replay-trace) replace the router's, in `routes` too.
+// With CPU experts (`hidden` > 0): the layer's input xs follows the routes in the mailbox on a
+// miss, and the flag of the layer's CPU result (`extra_flag`, the word after it; moe_combine adds
+// the result where it is set) is cleared before the host can set it.
 extern "C" __global__ void moe_gate(float* routes, const int* present, int k, int n_experts,
                                     float* mail, int* gate, const float* replay_flag,
-                                    const float* replay) {
+                                    const float* replay, const float* xs, int hidden,
+                                    float* extra_flag) {
     pdl_wait();
     const int t = threadIdx.x;
     const bool replayed = __float_as_int(__ldcg(replay_flag)) == 1;
     int miss = 0;
+    if (t == 0 && extra_flag) *extra_flag = 0.f;
     if (t < 2 * k) {
         const float r = replayed ? __ldcg(replay + t) : __ldcg(routes + t);
         if (replayed) routes[t] = r;
@@ -32,6 +37,10 @@ extern "C" __global__ void moe_gate(float* routes, const int* present, int k, in
         __threadfence_system();
     }
     miss = __any_sync(0xffffffffu, miss);
+    if (miss && hidden > 0) {
+        for (int i = t; i < hidden; i += 32) mail[1 + 2 * k + i] = __ldcg(xs + i);
+        __threadfence_system();
+    }
     __syncwarp();
     if (t != 0) return;
     reinterpret_cast<volatile float*>(mail)[0] = __int_as_float(miss ? 2 : 1);

@@ -324,8 +324,12 @@ __device__ __forceinline__ void route_order(const int* re, int k, int* ord) {
 // x[:n] += sum_j w_j * d[j, :n] over the k routed experts of one token (routes as route_topk
 // writes them, t = 1), the experts taken in ascending index order and summed as a zeroed buffer
 // and axpy then add_assign would: the same roundings as the engine's per-expert path.
+// `extra` (gated decode's CPU experts, cuda/gate.cu): n values and a flag word after them; where
+// the flag is set they are added to the experts' sum before it meets x, as the host-routed path
+// adds its CPU result (add_host) before the residual add.
 extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __restrict__ d,
-                                       const float* __restrict__ routes, int k, int n) {
+                                       const float* __restrict__ routes, int k, int n,
+                                       const float* __restrict__ extra) {
     PDL_ENTRY();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -335,6 +339,7 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
         jb = next_route_up(re, k, jb);
         o = __fmaf_rn(routes[k + jb], d[(size_t)jb * n + i], o);
     }
+    if (extra && __ldcg(extra + n) != 0.f) o = o + __ldcg(extra + i);
     x[i] = x[i] + o;
 }
 
@@ -351,7 +356,7 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 extern "C" __global__ void __launch_bounds__(1024)
     moe_combine_norm(float* __restrict__ x, const float* __restrict__ d,
                      const float* __restrict__ routes, int k, int n, const float* __restrict__ g,
-                     float eps, float* __restrict__ xn) {
+                     float eps, float* __restrict__ xn, const float* __restrict__ extra) {
     __shared__ float rs[32];
     __shared__ int ord[16];
     pdl_trigger();
@@ -366,6 +371,8 @@ extern "C" __global__ void __launch_bounds__(1024)
         g0 = g4[i0];
     }
     pdl_wait();
+    // (extra: moe_combine's; 16-byte aligned.)
+    const bool add = extra && __ldcg(extra + n) != 0.f;
     __syncthreads();
     route_order(reinterpret_cast<int*>(rs), k, ord);
     __syncthreads();
@@ -386,6 +393,10 @@ extern "C" __global__ void __launch_bounds__(1024)
                     o.z = __fmaf_rn(wj, dv[q].z, o.z);
                     o.w = __fmaf_rn(wj, dv[q].w, o.w);
                 }
+        }
+        if (add) {
+            const float4 e = __ldcg(reinterpret_cast<const float4*>(extra) + i);
+            o = make_float4(o.x + e.x, o.y + e.y, o.z + e.z, o.w + e.w);
         }
         const float4 v = i == i0 ? x0 : x4[i];
         return make_float4(v.x + o.x, v.y + o.y, v.z + o.z, v.w + o.w);

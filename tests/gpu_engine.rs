@@ -488,6 +488,43 @@ fn dynamic_precision_on_the_gpu_matches_the_cpu() {
     assert_eq!(g_ids, c_ids);
 }
 
+/// Gated decode with CPU experts (int4 experts, a quarter cache, no prefetch): a held layer's
+/// misses computed on the CPU join the device's sum; decode is the all-resident int4 run's up to
+/// float rounding, prefill (host-routed) its bits.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn gated_decode_with_cpu_experts_matches_the_all_resident_run() {
+    let g = gpu();
+    let r = reference();
+    let (_dir, path) = convert_fixture("f16,int4");
+    let file = HobFile::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let total = file.n_layers() * file.n_experts();
+    let int4 = |slots: usize| {
+        let mut c = EngineConfig::simple(1, Some(slots * file.expert_layout(1).padded_size));
+        c.tuning.preload = false;
+        c
+    };
+    let mut resident = engine_session(&g, &model, int4(total));
+    let (want_all, want_ids, want_steps) = greedy(&mut *resident, &r.input_ids, 16);
+    drop(resident);
+    let mut c = int4(total / 4);
+    c.cpu_experts = Some(2);
+    c.tuning.gated_decode = true;
+    let mut s = engine_session(&g, &model, c);
+    let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
+    let st = s.expert_stats();
+    let e = nmse(&steps, &want_steps);
+    println!(
+        "gated with CPU experts: {} gated tokens, {} layers held, {} experts on the CPU, decode NMSE {e:.2e}",
+        st.gated_tokens, st.gated_stalls, st.cpu_computed
+    );
+    assert!(st.gated_tokens > 0 && st.cpu_computed > 0);
+    assert_eq!(all, want_all, "prefill never uses the CPU");
+    assert_eq!(ids, want_ids);
+    assert!(e <= 1e-10, "gated cooperative decode NMSE {e:e}");
+}
+
 /// Issue 49: one NaN on the hidden-state path on the GPU (a router weight, an output row) is an
 /// error naming the file and the layer, in prefill and in the device-routed decode (a one-token
 /// prompt), never a panic or an expert index out of range.

@@ -197,12 +197,13 @@ pub trait ExpertDevice: Backend {
     /// where the routed kernels do not take their layout. `gated`: the table is a directory of
     /// the cached experts instead (every expert absent until `gate_update` says otherwise; the
     /// entries given are any slot's, of the right layout), and a decode layer with an absent
-    /// expert waits at its gate (gated decode, experts/engine/gated.rs).
+    /// expert waits at its gate (gated decode, experts/engine/gated.rs); Some(hidden > 0): with
+    /// CPU experts (`gate_x`, `gate_cpu`).
     fn resident(
         &self,
         experts: &[Self::Expert],
         shape: (usize, usize),
-        gated: bool,
+        gated: Option<usize>,
     ) -> crate::Result<Option<Self::Resident>>;
     /// Gated decode: queue directory `changes` (table index, the expert now there or None:
     /// absent); with `layer`, after the events `after` (the loads they need) on a stream of
@@ -229,6 +230,19 @@ pub trait ExpertDevice: Backend {
         layer: usize,
         routes: &mut [f32],
     ) -> crate::Result<Option<bool>>;
+    /// Gated decode with CPU experts: layer `layer`'s input (its normalized x), in its mailbox
+    /// once the device has found a miss there.
+    fn gate_x(&self, r: &Self::Resident, layer: usize, x: &mut [f32]) -> crate::Result<()>;
+    /// Gated decode with CPU experts: before layer `layer`'s gate opens (`gate_update`), its
+    /// routes replaced by `routes` (the CPU's experts weighted 0) and the CPU's result `extra`
+    /// added to its experts' sum.
+    fn gate_cpu(
+        &self,
+        r: &mut Self::Resident,
+        layer: usize,
+        routes: &[f32],
+        extra: &[f32],
+    ) -> crate::Result<()>;
     /// Gated decode after a failure: every gate opened, so that the device's work ends (what it
     /// computes is thrown away); they close again before the next token.
     fn gate_open_all(&self, r: &mut Self::Resident) -> crate::Result<()>;

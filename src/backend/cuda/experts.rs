@@ -453,7 +453,7 @@ impl ExpertDevice for CudaBackend {
             // Each rank's real index, for its biases (`put_slots`).
             let ids = rp + (2 * SLOTS_MAX_K * 4) as u64;
             self.routed_glu((&gate, &down), (routed, ids), xp, (g, dn), glu)?;
-            return gpu.moe_combine(op, dn, rp, (k, h), None).map(|_| ());
+            return gpu.moe_combine(op, dn, rp, (k, h), None, 0).map(|_| ());
         }
         if gate.kind < 3 {
             // Float kinds; the integer kinds and mxfp4 take the routed kernels.
@@ -461,7 +461,7 @@ impl ExpertDevice for CudaBackend {
             gpu.moe_down(&down, routed, g, op)
         } else {
             gpu.routed_ffn((&gate, &down), routed, xp, (g, dn), (h, f))?;
-            gpu.moe_combine(op, dn, rp, (k, h), None).map(|_| ())
+            gpu.moe_combine(op, dn, rp, (k, h), None, 0).map(|_| ())
         }
     }
 
@@ -469,7 +469,7 @@ impl ExpertDevice for CudaBackend {
         &self,
         experts: &[[DevMat; 3]],
         (n_experts, top_k): (usize, usize),
-        gated: bool,
+        gated: Option<usize>,
     ) -> crate::Result<Option<CudaResident>> {
         let Some(first) = experts.first() else {
             return Ok(None);
@@ -494,8 +494,8 @@ impl ExpertDevice for CudaBackend {
             top_k,
             read: g.alloc_read(nl * 2 * k)?,
             dir: match gated {
-                true => Some(CudaGate::new(self, nl, n_experts, k)?),
-                false => None,
+                Some(x) => Some(CudaGate::new(self, (nl, n_experts, k), x)?),
+                None => None,
             },
         }))
     }
@@ -530,7 +530,7 @@ impl ExpertDevice for CudaBackend {
             gpu.moe_route(rw, xsp, pick, routes, dn)?;
         }
         if let Some(g) = r.dir.as_ref() {
-            self.gate_layer(g, layer, routes)?;
+            self.gate_layer(g, layer, routes, xsp)?;
         }
         let routed = Routed { tab, routes, k };
         if r.gate.kind < 3 {
@@ -548,7 +548,8 @@ impl ExpertDevice for CudaBackend {
             (Some(nw), None) => Some(((self.vector(nw)?, eps), xsp)),
             _ => None,
         };
-        gpu.moe_combine(xp, dn, routes, (k, h), norm)
+        let extra = r.dir.as_ref().map_or(0, |g| g.extra_ptr(self, layer));
+        gpu.moe_combine(xp, dn, routes, (k, h), norm, extra)
     }
 
     fn queue_routes(&self, r: &mut CudaResident) -> crate::Result<()> {
@@ -590,6 +591,24 @@ impl ExpertDevice for CudaBackend {
         routes: &mut [f32],
     ) -> crate::Result<Option<bool>> {
         r.dir.as_ref().ok_or_else(not_gated)?.mail(layer, routes)
+    }
+
+    fn gate_x(&self, r: &CudaResident, layer: usize, x: &mut [f32]) -> crate::Result<()> {
+        r.dir.as_ref().ok_or_else(not_gated)?.read_x(layer, x)
+    }
+
+    fn gate_cpu(
+        &self,
+        r: &mut CudaResident,
+        layer: usize,
+        routes: &[f32],
+        extra: &[f32],
+    ) -> crate::Result<()> {
+        let at = self.p(&r.routes) + (layer * 2 * r.top_k * 4) as u64;
+        r.dir
+            .as_mut()
+            .ok_or_else(not_gated)?
+            .cpu(layer, (routes, at), extra)
     }
 
     fn gate_open_all(&self, r: &mut CudaResident) -> crate::Result<()> {
@@ -643,7 +662,7 @@ impl CudaBackend {
             gpu.route_biased(dn, (1, ne, bias), (k, block.routing), routes)?;
         }
         if let Some(g) = r.dir.as_ref() {
-            self.gate_layer(g, layer, routes)?;
+            self.gate_layer(g, layer, routes, xsp)?;
         }
         let routed = Routed { tab, routes, k };
         self.routed_glu((&r.gate, &r.down), (routed, routes), xsp, (g, dn), glu)?;
@@ -651,7 +670,7 @@ impl CudaBackend {
             (Some(nw), None) => Some(((self.vector(nw)?, eps), xsp)),
             _ => None,
         };
-        gpu.moe_combine(xp, dn, routes, (k, h), norm)
+        gpu.moe_combine(xp, dn, routes, (k, h), norm, 0)
     }
 
     /// The k routed experts' products with gpt-oss's activation and biases: gate and up into

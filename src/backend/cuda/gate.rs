@@ -94,6 +94,12 @@ pub struct CudaGate {
     replaying: bool,
     /// Every gate was opened after a failure: they are closed again before the next token.
     opened: bool,
+    /// With CPU experts: the hidden size (a miss's x in the mailbox), the CPU results per layer
+    /// on the device (hidden + 4 floats: the values, a flag), and their staging (per layer the
+    /// 2k routes, the hidden values and the flag).
+    hidden: usize,
+    extra: CudaSlice<f32>,
+    stage: Mapped<f32>,
     /// Per layer: a state word (0 empty, 1 all present, 2 a miss) and the 2k routes.
     mail: Mapped<f32>,
     /// Directory changes: a region per layer (REGION entries), then one for between tokens.
@@ -110,14 +116,15 @@ fn region(top_k: usize) -> usize {
 }
 
 impl CudaGate {
+    /// For `n_layers` of `n_experts`, `top_k` routes a token; `hidden` > 0: with CPU experts.
     pub(super) fn new(
         b: &CudaBackend,
-        n_layers: usize,
-        n_experts: usize,
-        top_k: usize,
+        (n_layers, n_experts, top_k): (usize, usize, usize),
+        hidden: usize,
     ) -> crate::Result<CudaGate> {
         let g = &b.gpu;
         let entries = n_layers * region(top_k) + n_layers * n_experts;
+        let cpu = |n: usize| if hidden > 0 { n } else { 1 };
         Ok(CudaGate {
             n_experts,
             top_k,
@@ -126,7 +133,10 @@ impl CudaGate {
             replay: g.alloc(1 + n_layers * 2 * top_k, "replayed routes")?,
             replaying: false,
             opened: false,
-            mail: Mapped::new(b, n_layers * (2 * top_k + 1))?,
+            hidden,
+            extra: g.alloc(cpu(n_layers * (hidden + 4)), "CPU experts' results")?,
+            stage: Mapped::new(b, cpu(n_layers * (2 * top_k + hidden + 1)))?,
+            mail: Mapped::new(b, n_layers * (2 * top_k + 1 + hidden))?,
             updates: Mapped::new(b, entries)?,
             side: g.ctx.new_stream().map_err(cuda_err)?,
             apply: g.kernels.moe_gate_apply.clone(),
@@ -134,7 +144,72 @@ impl CudaGate {
     }
 
     fn stride(&self) -> usize {
-        2 * self.top_k + 1
+        2 * self.top_k + 1 + self.hidden
+    }
+
+    /// Layer `layer`'s CPU result on the device (0: no CPU experts).
+    pub(super) fn extra_ptr(&self, b: &CudaBackend, layer: usize) -> u64 {
+        match self.hidden {
+            0 => 0,
+            h => ptr(&self.extra, &b.gpu.stream) + (layer * (h + 4) * 4) as u64,
+        }
+    }
+
+    /// Layer `layer`'s input x from its mailbox (written with a miss's state).
+    pub(super) fn read_x(&self, layer: usize, x: &mut [f32]) -> crate::Result<()> {
+        if x.len() != self.hidden {
+            return Err(Error::Invalid(format!(
+                "expert directory: x of {} values asked, the mailbox holds {}",
+                x.len(),
+                self.hidden
+            )));
+        }
+        let at = layer * self.stride() + 1 + 2 * self.top_k;
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = self.mail.read(at + i);
+        }
+        Ok(())
+    }
+
+    /// Before layer `layer`'s gate opens, on the gates' stream: its routes (`routes`, to device
+    /// address `at`) and its CPU result `extra`, with the flag that makes moe_combine add it.
+    pub(super) fn cpu(
+        &mut self,
+        layer: usize,
+        (routes, at): (&[f32], u64),
+        extra: &[f32],
+    ) -> crate::Result<()> {
+        let (k2, h) = (2 * self.top_k, self.hidden);
+        if h == 0 || routes.len() != k2 || extra.len() != h {
+            return Err(Error::Invalid(format!(
+                "expert directory: a CPU result of {} values and {} routes for {h} and {k2}",
+                extra.len(),
+                routes.len()
+            )));
+        }
+        // (This layer's staging was last read by its copies in the token before, long done.)
+        let first = layer * (k2 + h + 1);
+        for (i, &v) in routes
+            .iter()
+            .chain(extra)
+            .chain([1.0f32].iter())
+            .enumerate()
+        {
+            self.stage.write(first + i, v);
+        }
+        let dev = ptr(&self.extra, &self.side) + (layer * (h + 4) * 4) as u64;
+        let copies = [(at, first, k2), (dev, first + k2, h + 1)];
+        for (dst, from, n) in copies {
+            // SAFETY: `from..from + n` lies inside the page-locked staging buffer (checked
+            // lengths above), written before this copy is queued and not again until it has
+            // run; dst addresses n floats of a live device buffer.
+            unsafe {
+                let src = std::slice::from_raw_parts((self.stage.host as *const f32).add(from), n);
+                cudarc::driver::result::memcpy_htod_async(dst, src, self.side.cu_stream())
+                    .map_err(cuda_err)?;
+            }
+        }
+        Ok(())
     }
 
     /// moe_gate's arguments for layer `layer`: (present, mailbox, gate) device addresses.
@@ -290,13 +365,23 @@ impl CudaGate {
 }
 
 impl CudaBackend {
-    /// moe_gate after layer `layer`'s routes (`routes`: k indices, then k weights).
-    pub(super) fn gate_layer(&self, g: &CudaGate, layer: usize, routes: u64) -> crate::Result<()> {
+    /// moe_gate after layer `layer`'s routes (`routes`: k indices, then k weights) from `xs`.
+    pub(super) fn gate_layer(
+        &self,
+        g: &CudaGate,
+        layer: usize,
+        routes: u64,
+        xs: u64,
+    ) -> crate::Result<()> {
         let (present, mail, gate) = g.layer_args(self, layer);
         let flag = ptr(&g.replay, &self.gpu.stream);
         let replay = flag + ((1 + layer * 2 * g.top_k) * 4) as u64;
-        let (k, ne) = (g.top_k as i32, g.n_experts as i32);
+        let (k, ne, h) = (g.top_k as i32, g.n_experts as i32, g.hidden as i32);
+        let extra = match g.extra_ptr(self, layer) {
+            0 => 0,
+            e => e + (g.hidden * 4) as u64,
+        };
         let c = super::gpu::cfg(1, 32);
-        launch!(self.gpu, self.gpu.kernels.moe_gate, c; routes, present, k, ne, mail, gate, flag, replay)
+        launch!(self.gpu, self.gpu.kernels.moe_gate, c; routes, present, k, ne, mail, gate, flag, replay, xs, h, extra)
     }
 }

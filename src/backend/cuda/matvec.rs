@@ -632,7 +632,8 @@ impl Gpu {
     /// where that kernel applies (n % 4 == 0, every pointer 16-byte aligned); returns whether xn
     /// was written (if not, the caller normalizes). With `norm`, it must follow `routed_ffn` of
     /// the same routes: that kernel reads the routes and x before it waits (cuda/moe.cu
-    /// moe_combine_norm).
+    /// moe_combine_norm). `extra` (0: none): n values and a flag after them, added to the
+    /// experts' sum where the flag is set (gated decode's CPU experts).
     pub fn moe_combine(
         &self,
         x: u64,
@@ -640,15 +641,16 @@ impl Gpu {
         routes: u64,
         (k, n): (usize, usize),
         norm: Option<((u64, f32), u64)>,
+        extra: u64,
     ) -> crate::Result<bool> {
         let (ki, ni) = (k as i32, n as i32);
         if let Some(((g, eps), xn)) = norm {
-            if n.is_multiple_of(4) && ((x | d | g | xn) & 15) == 0 && k <= 16 {
-                launch!(self, self.kernels.moe_combine_norm, cfg(1, rms_block(n)); x, d, routes, ki, ni, g, eps, xn)?;
+            if n.is_multiple_of(4) && ((x | d | g | xn | extra) & 15) == 0 && k <= 16 {
+                launch!(self, self.kernels.moe_combine_norm, cfg(1, rms_block(n)); x, d, routes, ki, ni, g, eps, xn, extra)?;
                 return Ok(true);
             }
         }
-        launch!(self, self.kernels.moe_combine, cfg(blocks(n, 256), 256); x, d, routes, ki, ni)?;
+        launch!(self, self.kernels.moe_combine, cfg(blocks(n, 256), 256); x, d, routes, ki, ni, extra)?;
         Ok(false)
     }
 

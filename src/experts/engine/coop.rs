@@ -82,6 +82,13 @@ impl Cooperative {
     }
 
     /// The layer has run: host_x is no longer its input's copy.
+    /// Layer `layer`'s input x, as the device sent it (gated decode's mailbox).
+    pub fn set_x(&mut self, layer: usize, x: &[f32]) {
+        self.host_x.clear();
+        self.host_x.extend_from_slice(x);
+        self.x_layer = Some(layer);
+    }
+
     pub fn layer_done(&mut self) {
         self.x_layer = None;
     }

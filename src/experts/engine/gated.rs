@@ -7,14 +7,18 @@
 //! path would count it (the cache's use counters, the trace), so the cache and its policy are
 //! the same; it only no longer stands between the layers.
 //!
-//! Taken for one precision without CPU experts or prefetch (a prefetch would change the cache
-//! under layers already queued), device slots, and the routed kernels' layouts.
+//! Taken for one precision without prefetch (a prefetch would change the cache under layers
+//! already queued), device slots, and the routed kernels' layouts; with CPU experts, a held
+//! layer's misses may be computed on the CPU from the x its mailbox brings (integer SwiGLU
+//! experts: their result joins the routed kernels' sum on the device).
 
 use std::time::{Duration, Instant};
 
+use super::coop::CpuJob;
 use super::layer::{top1_of, Place, Run};
 use super::Engine;
 use crate::experts::cache::PoolKind;
+use crate::model::experts::ExpertFfn;
 use crate::model::{ExpertDevice, ModelError, Route};
 use crate::Error;
 
@@ -178,11 +182,20 @@ impl<D: ExpertDevice> Engine<'_, D> {
                     self.slots.cache.protect(kind, (layer, g.expert));
                     placed.push((kind, g.expert));
                 }
-                Some(Place::Cpu) => {
-                    return Err(Error::Invalid(
-                        "gated decode placed an expert on the CPU (it runs without CPU experts)"
-                            .into(),
-                    ))
+                Some(Place::Cpu) => run.cpu_jobs.push(CpuJob {
+                    expert: g.expert,
+                    variant: self.variant_of(g.precision),
+                    weight: g.rows[0].1,
+                }),
+                // With CPU experts a miss no slot can take goes to the CPU.
+                None if self.coop.is_some() => {
+                    let v = self.variant_of(g.precision);
+                    self.count_cpu(v, &mut run.cpu_busy);
+                    run.cpu_jobs.push(CpuJob {
+                        expert: g.expert,
+                        variant: v,
+                        weight: g.rows[0].1,
+                    });
                 }
                 None => {
                     return Err(Error::Invalid(format!(
@@ -195,6 +208,9 @@ impl<D: ExpertDevice> Engine<'_, D> {
         }
         self.slots.compute_free = false;
         let (changes, events) = self.directory_changes(dev, Some(layer))?;
+        if !run.cpu_jobs.is_empty() {
+            self.gated_cpu(dev, layer, routes, &run.cpu_jobs)?;
+        }
         let r = self
             .routing
             .resident
@@ -206,6 +222,46 @@ impl<D: ExpertDevice> Engine<'_, D> {
             self.slots.cache.unprotect(kind, (layer, e));
         }
         self.check_holds(layer)
+    }
+
+    /// A held layer's experts placed on the CPU: computed now from the x its mailbox holds (the
+    /// device waits at the gate anyway), their routes weighted 0 on the device (the routed
+    /// kernels then add nothing for them) and their sum added to the layer's, before the gate
+    /// opens.
+    fn gated_cpu(
+        &mut self,
+        dev: &D,
+        layer: usize,
+        routes: &[Route],
+        jobs: &[CpuJob],
+    ) -> crate::Result<()> {
+        let hidden = self.file.expert_dims().0;
+        for j in jobs {
+            self.file.verify_expert(layer, j.expert, j.variant)?;
+        }
+        let (Some(c), Some(r)) = (self.coop.as_mut(), self.routing.resident.as_mut()) else {
+            return Err(Error::Invalid(
+                "gated decode placed an expert on the CPU without CPU experts".into(),
+            ));
+        };
+        let mut x = vec![0.0f32; hidden];
+        dev.gate_x(r, layer, &mut x)?;
+        c.set_x(layer, &x);
+        let mut out = Vec::new();
+        c.run(self.file, (jobs, &ExpertFfn::PLAIN), layer, &mut out)?;
+        c.layer_done();
+        out.resize(hidden, 0.0);
+        let on_cpu = |e: usize| jobs.iter().any(|j| j.expert == e);
+        let mut device: Vec<f32> = routes
+            .iter()
+            .map(|r| f32::from_bits(r.expert as u32))
+            .collect();
+        device.extend(
+            routes
+                .iter()
+                .map(|r| if on_cpu(r.expert) { 0.0 } else { r.weight }),
+        );
+        dev.gate_cpu(r, layer, &device, &out)
     }
 
     /// The directory's changes since it was last brought level: every expert the cache placed

@@ -162,11 +162,29 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             }
             _ => None,
         };
+        // Gated decode (gated.rs): a cache of part of the experts, in device memory, no
+        // prefetch (it would change the cache under layers already queued); with CPU experts,
+        // integer SwiGLU experts (their result joins the routed kernels' sum), and no load
+        // behind the CPU (a load the gate need not wait for would join the directory later).
+        let glu =
+            model.cfg.expert_act != ExpertAct::SiluGlu || model.cfg.arch.sinks_and_expert_biases();
+        let high_float = file.variants()[plan.high].kind.is_float();
+        let plain = !glu && !high_float;
+        let gated = cfg.tuning.gated_decode
+            && cfg.tuning.device_routing
+            && !(glu && high_float)
+            && plan.is_exact()
+            && plan.low.is_none()
+            && high_slots < total
+            && !cfg.mapped
+            && prefetch.is_none()
+            && (cfg.cpu_experts.is_none() || plain)
+            && !cfg.trace.as_ref().is_some_and(TraceWriter::wants_inputs);
         let coop = match cfg.cpu_experts {
             Some(threads) => Some(Cooperative::new(
                 threads,
                 file.variants().len(),
-                cfg.load_behind,
+                cfg.load_behind && !gated,
             )?),
             None => None,
         };
@@ -187,19 +205,13 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         }
         // (A trace that records the stacked gates' predictions needs each layer's gate input
         // on the host: such runs route on the host.)
-        let device_routing = cfg.tuning.device_routing
-            && plan.is_exact()
-            && plan.low.is_none()
-            && coop.is_none()
-            && !cfg.trace.as_ref().is_some_and(TraceWriter::wants_inputs);
-        // Gated decode (gated.rs): a cache of part of the experts, in device memory, no
-        // prefetch (it would change the cache under layers already queued).
-        let gated = device_routing
-            && cfg.tuning.gated_decode
-            && high_slots < total
-            && !cfg.mapped
-            && prefetch.is_none();
-        let device_routing = device_routing && (high_slots == total || gated);
+        let device_routing = gated
+            || (cfg.tuning.device_routing
+                && plan.is_exact()
+                && plan.low.is_none()
+                && coop.is_none()
+                && high_slots == total
+                && !cfg.trace.as_ref().is_some_and(TraceWriter::wants_inputs));
         let nv = file.variants().len();
         let mut me = Engine {
             file,

@@ -129,7 +129,9 @@ impl<D: ExpertDevice> super::Engine<'_, D> {
                 }
             }
         }
-        match dev.resident(&experts, (ne, self.top_k), gated)? {
+        // With CPU experts a miss's x comes to the host in its layer's mailbox.
+        let hidden = self.coop.as_ref().map_or(0, |_| self.file.expert_dims().0);
+        match dev.resident(&experts, (ne, self.top_k), gated.then_some(hidden))? {
             Some(mut r) => {
                 if gated {
                     dev.gate_update(&mut r, &present, None, &[])?;
