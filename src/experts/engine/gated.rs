@@ -101,14 +101,7 @@ impl<D: ExpertDevice> Engine<'_, D> {
                 }
                 *r = Route { expert, weight };
             }
-            self.slots.cache.set_layer(l);
-            self.plan.plan_layer(&routes, 1, &mut lp);
-            if let Some(tw) = self.trace.as_mut() {
-                tw.record_layer(l, &routes, &lp.decisions, 1, None)?;
-            }
-            for (r, dec) in routes.iter().zip(&lp.decisions) {
-                self.slots.cache.record_use((l, r.expert), *dec);
-            }
+            self.count_routed_layer(l, &routes, &mut lp)?;
             if miss {
                 let started = Instant::now();
                 self.gated_layer(dev, l, &routes, &lp)?;

@@ -201,19 +201,31 @@ impl<D: ExpertDevice> super::Engine<'_, D> {
                     weight: lr[k + j],
                 };
             }
-            self.slots.cache.set_layer(l);
-            self.plan.plan_layer(&routes, 1, &mut lp);
-            if let Some(tw) = self.trace.as_mut() {
-                tw.record_layer(l, &routes, &lp.decisions, 1, None)?;
-            }
-            for (r, dec) in routes.iter().zip(&lp.decisions) {
-                self.slots.cache.record_use((l, r.expert), *dec);
-            }
+            self.count_routed_layer(l, &routes, &mut lp)?;
             self.count.hits[high] += k as u64;
         }
         self.layer_plan = lp;
         self.routing.host = host;
         self.routing.counted(arrived);
+        Ok(())
+    }
+
+    /// One device-routed decode layer's routes counted as the host-routed path's plan step
+    /// counts them: the scorer's plan (into `lp`), the trace, the cache's use counters.
+    pub(super) fn count_routed_layer(
+        &mut self,
+        l: usize,
+        routes: &[Route],
+        lp: &mut crate::experts::LayerPlan,
+    ) -> crate::Result<()> {
+        self.slots.cache.set_layer(l);
+        self.plan.plan_layer(routes, 1, lp);
+        if let Some(tw) = self.trace.as_mut() {
+            tw.record_layer(l, routes, &lp.decisions, 1, None)?;
+        }
+        for (r, dec) in routes.iter().zip(&lp.decisions) {
+            self.slots.cache.record_use((l, r.expert), *dec);
+        }
         Ok(())
     }
 }
