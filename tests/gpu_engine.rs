@@ -508,21 +508,33 @@ fn gated_decode_with_cpu_experts_matches_the_all_resident_run() {
     let mut resident = engine_session(&g, &model, int4(total));
     let (want_all, want_ids, want_steps) = greedy(&mut *resident, &r.input_ids, 16);
     drop(resident);
-    let mut c = int4(total / 4);
-    c.cpu_experts = Some(2);
-    c.tuning.gated_decode = true;
-    let mut s = engine_session(&g, &model, c);
-    let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
-    let st = s.expert_stats();
-    let e = nmse(&steps, &want_steps);
+    let coop = |gated: bool| {
+        let mut c = int4(total / 4);
+        c.cpu_experts = Some(2);
+        c.load_behind = false;
+        c.tuning.gated_decode = gated;
+        let mut s = engine_session(&g, &model, c);
+        let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
+        (all, ids, nmse(&steps, &want_steps), s.expert_stats())
+    };
+    let (.., host_e, _) = coop(false);
+    let (all, ids, e, st) = coop(true);
     println!(
-        "gated with CPU experts: {} gated tokens, {} layers held, {} experts on the CPU, decode NMSE {e:.2e}",
+        "gated with CPU experts: {} gated tokens, {} layers held, {} experts on the CPU, decode NMSE {e:.2e} (host-routed {host_e:.2e})",
         st.gated_tokens, st.gated_stalls, st.cpu_computed
     );
     assert!(st.gated_tokens > 0 && st.cpu_computed > 0);
     assert_eq!(all, want_all, "prefill never uses the CPU");
     assert_eq!(ids, want_ids);
-    assert!(e <= 1e-10, "gated cooperative decode NMSE {e:e}");
+    // Float rounding; on an AVX-512 VNNI host the CPU's int4 kernel also rounds x to 15-16 bits a
+    // block (src/quant/x86/vnni.rs): 3.5e-8 on the H100's host, 2026-12-07. A CPU result lost
+    // or added twice would be ~1e-2.
+    let bound = if hob::quant::packed_rounds_x() {
+        1e-6
+    } else {
+        1e-10
+    };
+    assert!(e <= bound, "gated cooperative decode NMSE {e:e}");
 }
 
 /// Issue 49: one NaN on the hidden-state path on the GPU (a router weight, an output row) is an

@@ -72,8 +72,11 @@ fn family_variants_on_the_gpu(family: &str, experts: &str) {
         c.cpu_experts = cpu;
         c
     };
+    let mut gated = exact(0, None);
+    gated.tuning.gated_decode = true;
     for (name, cfg) in [
         ("quarter cache", exact(0, None)),
+        ("quarter cache, gated decode", gated),
         ("quarter cache, prefetch 2", exact(2, None)),
         (
             "quarter cache, cooperative CPU experts, prefetch 2",
@@ -87,15 +90,16 @@ fn family_variants_on_the_gpu(family: &str, experts: &str) {
         let e = nmse(&steps, &g_steps);
         println!(
             "{family} {name} ({} of {total} slots): {} uses, {} misses, {} on the CPU, {} \
-             prefetched, {} layers through the routed kernels (+ {} beside CPU experts), decode \
-             NMSE vs all-resident {e:.2e}",
+             prefetched, {} layers through the routed kernels (+ {} beside CPU experts), {} \
+             gated tokens, decode NMSE vs all-resident {e:.2e}",
             total / 4,
             st.uses(),
             st.misses(),
             st.cpu_computed,
             st.prefetch_issued,
             st.slot_routed_layers,
-            st.slot_part_layers
+            st.slot_part_layers,
+            st.gated_tokens
         );
         assert!(
             st.misses() > 0,

@@ -29,6 +29,8 @@ pub fn gpu_session<'a>(
     let slot = file.expert_layout(0).padded_size;
     let mut cfg = EngineConfig::simple(0, slots.map(|n| n * slot));
     cfg.tuning.preload = slots.is_none();
+    // Host-routed, for the tests that count its layers; gated decode has cases of its own.
+    cfg.tuning.gated_decode = false;
     engine_session(g, model, cfg)
 }
 
@@ -57,6 +59,8 @@ pub fn exact_offload(file: &HobFile, slots: usize) -> EngineConfig {
         renormalize_skips: false,
     };
     c.substitute_low = true;
+    // Host-routed; the gated cases switch it on.
+    c.tuning.gated_decode = false;
     c
 }
 

@@ -71,9 +71,15 @@ impl KernelClock {
         let end = self.record(stream)?;
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         pending.push((key(f), start, end));
-        // Bound the events alive at once: resolve (this waits for the stream) every 4096 launches.
+        // Bound the events alive at once: every 4096 launches, resolve those the stream has
+        // passed. Never wait for it here: a gated decode layer holds the stream until the host,
+        // still launching, follows the token (src/experts/engine/gated.rs).
         if pending.len() >= 4096 {
-            let done = std::mem::take(&mut *pending);
+            let mut passed = 0;
+            while passed < pending.len() && pending[passed].2.try_is_complete().map_err(cuda_err)? {
+                passed += 1;
+            }
+            let done: Vec<_> = pending.drain(..passed).collect();
             drop(pending);
             self.resolve(done)?;
         }
