@@ -15,10 +15,18 @@
 // With CPU experts (`hidden` > 0): the layer's input xs follows the routes in the mailbox on a
 // miss, and the flag of the layer's CPU result (`extra_flag`, the word after it; moe_combine adds
 // the result where it is set) is cleared before the host can set it.
+// A gate the host leaves shut GATE_TIMEOUT_NS (a host blocked elsewhere: a deadlock) is given
+// up: `abandoned` (mapped) gets layer + 1 and the token runs on; the host fails the token.
+#define GATE_TIMEOUT_NS 120000000000ull
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 extern "C" __global__ void moe_gate(float* routes, const int* present, int k, int n_experts,
                                     float* mail, int* gate, const float* replay_flag,
                                     const float* replay, const float* xs, int hidden,
-                                    float* extra_flag) {
+                                    float* extra_flag, int* abandoned, int layer) {
     pdl_wait();
     const int t = threadIdx.x;
     const bool replayed = __float_as_int(__ldcg(replay_flag)) == 1;
@@ -47,10 +55,16 @@ extern "C" __global__ void moe_gate(float* routes, const int* present, int k, in
     __threadfence_system();
     if (!miss) return;
     volatile int* g = gate;
+    const unsigned long long t0 = global_ns();
     while (*g == 0) {
 #if __CUDA_ARCH__ >= 700
         __nanosleep(200);
 #endif
+        if (global_ns() - t0 > GATE_TIMEOUT_NS) {
+            *reinterpret_cast<volatile int*>(abandoned) = layer + 1;
+            __threadfence_system();
+            return;
+        }
     }
     *g = 0;
     __threadfence();

@@ -102,12 +102,17 @@ pub struct CudaGate {
     stage: Mapped<f32>,
     /// Per layer: a state word (0 empty, 1 all present, 2 a miss) and the 2k routes.
     mail: Mapped<f32>,
+    /// Where moe_gate gave up a gate the host left shut too long: that layer + 1, else 0.
+    abandoned: Mapped<i32>,
     /// Directory changes: a region per layer (REGION entries), then one for between tokens.
     updates: Mapped<GateEntry>,
     /// The gates' stream: waits for a miss's loads, applies its changes, opens the gate.
     side: Arc<CudaStream>,
     apply: CudaFunction,
 }
+
+/// gate.cu's GATE_TIMEOUT_NS: how long a layer waits at its gate before it gives up.
+const GATE_TIMEOUT_S: u64 = 120;
 
 /// Directory changes one gated layer makes at most: per route its expert now, and the one it
 /// evicted.
@@ -137,6 +142,7 @@ impl CudaGate {
             extra: g.alloc(cpu(n_layers * (hidden + 4)), "CPU experts' results")?,
             stage: Mapped::new(b, cpu(n_layers * (2 * top_k + hidden + 1)))?,
             mail: Mapped::new(b, n_layers * (2 * top_k + 1 + hidden))?,
+            abandoned: Mapped::new(b, 1)?,
             updates: Mapped::new(b, entries)?,
             side: g.ctx.new_stream().map_err(cuda_err)?,
             apply: g.kernels.moe_gate_apply.clone(),
@@ -225,7 +231,14 @@ impl CudaGate {
     /// Every mailbox emptied (before a token; no kernel writes them now), and the gates closed
     /// where a failure opened them all.
     pub(super) fn reset(&mut self, b: &CudaBackend) -> crate::Result<()> {
-        if std::mem::take(&mut self.opened) {
+        // A gate given up may be opened late by the host: closed again like the rest.
+        let given_up = self.abandoned.read(0) != 0;
+        if given_up {
+            // Its late opening, on the gates' stream, lands before the gates close.
+            self.side.synchronize().map_err(cuda_err)?;
+            self.abandoned.write(0, 0);
+        }
+        if std::mem::take(&mut self.opened) || given_up {
             let p = ptr(&self.gates, &b.gpu.stream);
             // SAFETY: `gates` holds n_layers i32s; the memset is queued on the compute stream
             // before the token's launches.
@@ -250,6 +263,14 @@ impl CudaGate {
     /// Layer `layer`'s mailbox: None while empty, else whether the device found a miss, its
     /// routes copied into `routes` (2k).
     pub(super) fn mail(&self, layer: usize, routes: &mut [f32]) -> crate::Result<Option<bool>> {
+        let gave_up = self.abandoned.read(0);
+        if gave_up != 0 {
+            return Err(Error::Invalid(format!(
+                "expert directory: layer {} waited {GATE_TIMEOUT_S} s at its gate for the host, \
+                 which did not answer (blocked elsewhere); this token's output is lost",
+                gave_up - 1
+            )));
+        }
         let at = layer * self.stride();
         // moe_gate writes the routes, a system fence, then the state: the state first here.
         let state = self.mail.read(at).to_bits();
@@ -382,6 +403,7 @@ impl CudaBackend {
             e => e + (g.hidden * 4) as u64,
         };
         let c = super::gpu::cfg(1, 32);
-        launch!(self.gpu, self.gpu.kernels.moe_gate, c; routes, present, k, ne, mail, gate, flag, replay, xs, h, extra)
+        let (abandoned, l) = (g.abandoned.device, layer as i32);
+        launch!(self.gpu, self.gpu.kernels.moe_gate, c; routes, present, k, ne, mail, gate, flag, replay, xs, h, extra, abandoned, l)
     }
 }

@@ -122,6 +122,10 @@ impl<D: ExpertDevice> Engine<'_, D> {
             }
             self.count.hits[high] += k as u64;
         }
+        // A gate the device gave up after its mailbox was read (the last layer's) is an error too.
+        if let Some(last) = nl.checked_sub(1) {
+            self.wait_mail(dev, last, &mut mail)?;
+        }
         self.layer_plan = lp;
         self.count.gated_follow += arrived.elapsed();
         Ok(())
