@@ -23,7 +23,8 @@
 #                                        12 GB profiles (hob's routing replayed, CPU experts; llama.cpp's fitting
 #                                        --n-cpu-moe and one more) -> $out/whole.md
 #   TRACE=.. bash tools/families_gpu.sh gated
-#                                        gated decode (int4, no CPU experts, no prefetch) beside the host-routed
+#                                        gated decode (int4, no prefetch; without and with CPU experts: a build
+#                                        with Tuning::gated_decode on) beside the host-routed
 #                                        path (CPU experts, prefetch 3) and llama.cpp Q4_K_M at its fitting
 #                                        --n-cpu-moe, 48 layers under rtx4060ti-16g and rtx3060-12g, the trained
 #                                        router's routing replayed, two alternated rounds -> $out/gated.md
@@ -612,6 +613,8 @@ gated)
       hobrow "$name int4 gated (no CPU experts, no prefetch), round $round" "${p[@]}" --prefetch 0
       llrow "$name Q4_K_M n-cpu-moe $n4, round $round" "$wg" --n-cpu-moe "$n4" "${r[@]}"
       hobrow "$name int4 host-routed (CPU experts, prefetch 3), round $round" "${p[@]}" --prefetch 3 --cpu-experts \
+        -t "$(nproc)"
+      hobrow "$name int4 gated + CPU experts (no prefetch), round $round" "${p[@]}" --prefetch 0 --cpu-experts \
         -t "$(nproc)"
     done
   done
