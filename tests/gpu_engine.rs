@@ -488,9 +488,9 @@ fn dynamic_precision_on_the_gpu_matches_the_cpu() {
     assert_eq!(g_ids, c_ids);
 }
 
-/// Gated decode with CPU experts (int4 experts, a quarter cache, no prefetch): a held layer's
-/// misses computed on the CPU join the device's sum; decode is the all-resident int4 run's up to
-/// float rounding, prefill (host-routed) its bits.
+/// Gated decode with CPU experts (int4 experts, a quarter cache, no prefetch), with and without
+/// load-behind: a held layer's misses computed on the CPU join the device's sum; decode is the
+/// all-resident int4 run's up to the CPU kernel's rounding, prefill (host-routed) its bits.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn gated_decode_with_cpu_experts_matches_the_all_resident_run() {
@@ -508,24 +508,16 @@ fn gated_decode_with_cpu_experts_matches_the_all_resident_run() {
     let mut resident = engine_session(&g, &model, int4(total));
     let (want_all, want_ids, want_steps) = greedy(&mut *resident, &r.input_ids, 16);
     drop(resident);
-    let coop = |gated: bool| {
+    let coop = |gated: bool, behind: bool| {
         let mut c = int4(total / 4);
         c.cpu_experts = Some(2);
-        c.load_behind = false;
+        c.load_behind = behind;
         c.tuning.gated_decode = gated;
         let mut s = engine_session(&g, &model, c);
         let (all, ids, steps) = greedy(&mut *s, &r.input_ids, 16);
         (all, ids, nmse(&steps, &want_steps), s.expert_stats())
     };
-    let (.., host_e, _) = coop(false);
-    let (all, ids, e, st) = coop(true);
-    println!(
-        "gated with CPU experts: {} gated tokens, {} layers held, {} experts on the CPU, decode NMSE {e:.2e} (host-routed {host_e:.2e})",
-        st.gated_tokens, st.gated_stalls, st.cpu_computed
-    );
-    assert!(st.gated_tokens > 0 && st.cpu_computed > 0);
-    assert_eq!(all, want_all, "prefill never uses the CPU");
-    assert_eq!(ids, want_ids);
+    let (.., host_e, _) = coop(false, false);
     // Float rounding; on an AVX-512 VNNI host the CPU's int4 kernel also rounds x to 15-16 bits a
     // block (src/quant/x86/vnni.rs): 3.5e-8 on the H100's host, 2026-12-07. A CPU result lost
     // or added twice would be ~1e-2.
@@ -534,7 +526,21 @@ fn gated_decode_with_cpu_experts_matches_the_all_resident_run() {
     } else {
         1e-10
     };
-    assert!(e <= bound, "gated cooperative decode NMSE {e:e}");
+    for behind in [false, true] {
+        let (all, ids, e, st) = coop(true, behind);
+        println!(
+            "gated with CPU experts, load-behind {behind}: {} gated tokens, {} layers held, {} experts on the CPU, {} loaded behind them, decode NMSE {e:.2e} (host-routed {host_e:.2e})",
+            st.gated_tokens, st.gated_stalls, st.cpu_computed, st.loaded_behind
+        );
+        assert!(st.gated_tokens > 0 && st.cpu_computed > 0);
+        assert!(behind || st.loaded_behind == 0);
+        assert_eq!(all, want_all, "prefill never uses the CPU");
+        assert_eq!(ids, want_ids, "load-behind {behind}");
+        assert!(
+            e <= bound,
+            "gated cooperative decode NMSE {e:e} (load-behind {behind})"
+        );
+    }
 }
 
 /// Issue 49: one NaN on the hidden-state path on the GPU (a router weight, an output row) is an

@@ -10,7 +10,9 @@
 //! Taken for one precision without prefetch (a prefetch would change the cache under layers
 //! already queued), device slots, and the routed kernels' layouts; with CPU experts, a held
 //! layer's misses may be computed on the CPU from the x its mailbox brings (integer SwiGLU
-//! experts: their result joins the routed kernels' sum on the device).
+//! experts: their result joins the routed kernels' sum on the device), and loaded behind it:
+//! the gate does not wait for such a load, which joins the directory before the next token
+//! (no later layer of this token routes its expert).
 
 use std::time::{Duration, Instant};
 
@@ -121,6 +123,11 @@ impl<D: ExpertDevice> Engine<'_, D> {
                 )));
             }
             self.count.hits[high] += k as u64;
+            if let Some(c) = self.coop.as_mut() {
+                for r in &routes {
+                    c.behind.hit((l, r.expert), self.decoded);
+                }
+            }
         }
         // A gate the device gave up after its mailbox was read (the last layer's) is an error too.
         if let Some(last) = nl.checked_sub(1) {
@@ -204,6 +211,13 @@ impl<D: ExpertDevice> Engine<'_, D> {
             }
         }
         self.slots.compute_free = false;
+        // A CPU expert that is cached now was loaded behind the CPU: present from the next token.
+        for j in &run.cpu_jobs {
+            let key = (layer, j.expert);
+            if self.slots.cache.lookup(PoolKind::High, key).is_some() {
+                self.routing.behind.push(key);
+            }
+        }
         let (changes, events) = self.directory_changes(dev, Some(layer))?;
         if !run.cpu_jobs.is_empty() {
             self.gated_cpu(dev, layer, routes, &run.cpu_jobs)?;
@@ -263,8 +277,9 @@ impl<D: ExpertDevice> Engine<'_, D> {
 
     /// The directory's changes since it was last brought level: every expert the cache placed
     /// or evicted since, present where it sits in a slot now. Between tokens (`layer` None) the
-    /// compute stream waits for their loads; for a gated layer the loads' events come back,
-    /// for the gate's stream to wait for.
+    /// compute stream waits for their loads, those loaded behind the CPU included; for a gated
+    /// layer the loads' events come back, for the gate's stream to wait for, and the experts
+    /// loaded behind the CPU wait for the next token.
     #[allow(clippy::type_complexity)]
     fn directory_changes(
         &mut self,
@@ -273,6 +288,10 @@ impl<D: ExpertDevice> Engine<'_, D> {
     ) -> crate::Result<(Vec<(usize, Option<D::Expert>)>, Vec<D::Event>)> {
         let ne = self.file.n_experts();
         let mut touched = self.slots.take_claims();
+        match layer {
+            None => touched.append(&mut self.routing.behind),
+            Some(_) => touched.retain(|k| !self.routing.behind.contains(k)),
+        }
         touched.sort_unstable();
         touched.dedup();
         let (mut changes, mut events) = (Vec::with_capacity(touched.len()), Vec::new());

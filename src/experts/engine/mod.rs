@@ -164,8 +164,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         };
         // Gated decode (gated.rs): a cache of part of the experts, in device memory, no
         // prefetch (it would change the cache under layers already queued); with CPU experts,
-        // integer SwiGLU experts (their result joins the routed kernels' sum), and no load
-        // behind the CPU (a load the gate need not wait for would join the directory later).
+        // integer SwiGLU experts (their result joins the routed kernels' sum).
         let glu =
             model.cfg.expert_act != ExpertAct::SiluGlu || model.cfg.arch.sinks_and_expert_biases();
         let high_float = file.variants()[plan.high].kind.is_float();
@@ -184,7 +183,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             Some(threads) => Some(Cooperative::new(
                 threads,
                 file.variants().len(),
-                cfg.load_behind && !gated,
+                cfg.load_behind,
             )?),
             None => None,
         };

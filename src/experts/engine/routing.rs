@@ -33,6 +33,9 @@ pub struct DeviceRouting<D: ExpertDevice> {
     pub gated: bool,
     /// A gated token is launched and waits to be followed (end_forward).
     pub follow: bool,
+    /// Gated decode: experts loaded behind the CPU this token, present in the directory from
+    /// the next token on (no layer of this token routes them again).
+    pub behind: Vec<crate::experts::ExpertKey>,
 }
 
 impl<D: ExpertDevice> DeviceRouting<D> {
@@ -41,6 +44,7 @@ impl<D: ExpertDevice> DeviceRouting<D> {
             allowed,
             gated,
             follow: false,
+            behind: Vec::new(),
             resident: None,
             token: false,
             pending: false,
