@@ -22,12 +22,14 @@
 #                                        f16 file would not fit the disk), all on the GPU and under the 16 GB and
 #                                        12 GB profiles (hob's routing replayed, CPU experts; llama.cpp's fitting
 #                                        --n-cpu-moe and one more) -> $out/whole.md
-#   TRACE=.. bash tools/families_gpu.sh gated
+#   [TRACE=..] bash tools/families_gpu.sh gated
 #                                        gated decode (int4, no prefetch; without and with CPU experts: a build
 #                                        with Tuning::gated_decode on) beside the host-routed
 #                                        path (CPU experts, prefetch 3) and llama.cpp Q4_K_M at its fitting
 #                                        --n-cpu-moe, 48 layers under rtx4060ti-16g and rtx3060-12g, the trained
-#                                        router's routing replayed, two alternated rounds -> $out/gated.md
+#                                        router's routing replayed, two alternated rounds -> $out/gated.md.
+#                                        Without TRACE it runs `trace` itself, beside the llama.cpp build and
+#                                        the two 48-layer files; call it again after a cut-off call: it resumes
 #   bash tools/families_gpu.sh roundtrip the host's round trip of a host-routed decode layer: 8 layers, int4, resident
 #                                        (h100's profile: one graph) beside offloaded at ~all hits (the 16 GB
 #                                        profile's link, CPU experts), each plain (--stats) and under
@@ -593,31 +595,48 @@ whole)
   mv "$out/qwen3.md" "$out/whole.md"; cat "$out/whole.md" ;;
 gated)
   # Gated decode (src/experts/engine/gated.rs) beside the host-routed path and llama.cpp, all 48 layers, the
-  # trained router's routing replayed on the device; two rounds, alternated.
-  [ -n "${TRACE:-}" ] || { echo "gated: set TRACE from \`families_gpu.sh trace\` (its trace.env) first"; exit 2; }
-  llama_ready >> "$log" 2>&1
+  # trained router's routing replayed on the device; two rounds, alternated. Resumable: what a call cut off by
+  # the device tool's limit finished (files, the trace, rows: /tmp/gated) the next call on the machine skips.
+  R=/tmp/gated; mkdir -p $R
   wg=/tmp/qwen3-synthetic-48l-Q4_K_M.gguf; model=/tmp/qwen3-synthetic-48l-int4.hob
-  [ -f "$wg" ] || PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$wg" --model qwen3-30b-a3b \
-    --layers 48 --q4-k-m > /dev/null 2>> "$log"
-  [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers 48 --experts int4 -o "$model" --no-progress \
-    >> "$log" 2>&1
+  if [ -z "${TRACE:-}" ] || [ ! -f "$wg" ] || [ ! -f "$model" ]; then
+    # The llama.cpp build (CPU), the router's training (GPU) and the two files (disk) side by side.
+    llama_ready >> "$log" 2>&1 &
+    [ -n "${TRACE:-}" ] || [ -f /tmp/q3r-trace.jsonl ] || BUDGET=${BUDGET:-110} bash "$0" trace > $R/trace.log 2>&1 &
+    if [ ! -f "$wg" ]; then
+      mkdir -p $R/gg && tar xJf .gpu/gguf-py.tar.xz -C $R/gg
+      PYTHONPATH=$R/gg/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$wg.part" --model qwen3-30b-a3b \
+        --layers 48 --q4-k-m > /dev/null 2>> "$log" && mv "$wg.part" "$wg" &
+    fi
+    [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers 48 --experts int4 -o "$model" --no-progress \
+      >> "$log" 2>&1 &
+    wait
+  fi
+  TRACE=${TRACE:-/tmp/q3r-trace.jsonl}
+  [ -f "$TRACE" ] && [ -f "$wg" ] && [ -f "$model" ] || { echo "gated: no trace, GGUF or .hob (see $log)"; exit 1; }
   LAYERS=48; r=(-r 2 -p 512 -n 64)
-  echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |" > "$out/qwen3.md"
-  echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
+  [ -f $R/rows.md ] || {
+    echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |"
+    echo "|---|---|---|---|---|---|---|---|---|"; } > $R/rows.md
+  once() { # id, row function and its arguments: run unless done in an earlier call
+    local id=$1; shift; [ -f "$R/$id.done" ] && return 0
+    "$@"; cat "$out/qwen3.md" >> $R/rows.md; : > "$out/qwen3.md"; touch "$R/$id.done"
+  }
+  : > "$out/qwen3.md"
   for round in 1 2; do
     for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
       name=${prof%%:*}; gib=${prof##*:}
       c4=$(cache "$(frac "$gib" $E_INT4 $D_F16)" $E_INT4); n4=$(ncpu "$(frac "$gib" $E_Q4KM $D_Q4KM)")
       p=(--platform "$name" --replay-trace "$TRACE" --cache-policy hobbit --expert-cache "$c4" --expert-variant int4
          --low none "${r[@]}")
-      hobrow "$name int4 gated (no CPU experts, no prefetch), round $round" "${p[@]}" --prefetch 0
-      llrow "$name Q4_K_M n-cpu-moe $n4, round $round" "$wg" --n-cpu-moe "$n4" "${r[@]}"
-      hobrow "$name int4 host-routed (CPU experts, prefetch 3), round $round" "${p[@]}" --prefetch 3 --cpu-experts \
-        -t "$(nproc)"
-      hobrow "$name int4 gated + CPU experts (no prefetch), round $round" "${p[@]}" --prefetch 0 --cpu-experts \
-        -t "$(nproc)"
+      once "$round-$name-g" hobrow "$name int4 gated (no CPU experts, no prefetch), round $round" "${p[@]}" --prefetch 0
+      once "$round-$name-l" llrow "$name Q4_K_M n-cpu-moe $n4, round $round" "$wg" --n-cpu-moe "$n4" "${r[@]}"
+      once "$round-$name-h" hobrow "$name int4 host-routed (CPU experts, prefetch 3), round $round" "${p[@]}" \
+        --prefetch 3 --cpu-experts -t "$(nproc)"
+      once "$round-$name-gc" hobrow "$name int4 gated + CPU experts (no prefetch), round $round" "${p[@]}" \
+        --prefetch 0 --cpu-experts -t "$(nproc)"
     done
   done
-  mv "$out/qwen3.md" "$out/gated.md"; cat "$out/gated.md" ;;
+  cp $R/rows.md "$out/gated.md"; cat "$out/gated.md" ;;
 *) echo "usage: families_gpu.sh prepare|qwen3|whole|gated|roundtrip|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac
