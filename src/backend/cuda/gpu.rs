@@ -173,7 +173,7 @@ impl Gpu {
     /// # Safety
     /// `params` holds one pointer per kernel parameter, each to a live value of that parameter's
     /// type, and the kernel's memory accesses for these arguments stay inside live allocations.
-    /// Every kernel of cuda/moe.cu waits (pdl_wait) before it touches memory an earlier
+    /// Every kernel of cuda/moe.cu and route.cu waits (pdl_wait) before it touches memory an earlier
     /// kernel may write or read, so it may be launched either way.
     pub unsafe fn launch_raw(
         &self,

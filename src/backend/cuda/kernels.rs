@@ -276,6 +276,7 @@ impl Kernels {
         include_str!("../../../cuda/attention.cu"),
         include_str!("../../../cuda/mla.cu"),
         include_str!("../../../cuda/matvec_float.cu"),
+        include_str!("../../../cuda/route.cu"),
         include_str!("../../../cuda/moe.cu"),
         include_str!("../../../cuda/mxfp4.cu"),
         include_str!("../../../cuda/matvec_q_stage.cu"),

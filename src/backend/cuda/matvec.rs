@@ -4,7 +4,7 @@
 use super::*;
 use crate::model::routing::Routing;
 
-/// A routing rule as the routing kernels take it (cuda/moe.cu RULE_*): the rule and its eps, for
+/// A routing rule as the routing kernels take it (cuda/route.cu RULE_*): the rule and its eps, for
 /// k routes of ne experts.
 fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)> {
     if k == 0 || k > 16 || k > ne {
@@ -591,7 +591,7 @@ impl Gpu {
     }
 
     /// Routing of t tokens by `routing` from router logits ([t, ne] at `logits`) into `routes`:
-    /// [t, k] expert indices (i32) then [t, k] weights (moe.cu route_topk).
+    /// [t, k] expert indices (i32) then [t, k] weights (route.cu route_topk).
     pub fn route(
         &self,
         logits: u64,
@@ -614,7 +614,7 @@ impl Gpu {
     ) -> crate::Result<()> {
         let (rule, reps) = route_rule(routing, k, ne)?;
         let (nei, ki, ti) = (ne as i32, k as i32, t as i32);
-        // A warp a token, 4 a block (moe.cu ROUTE_TOPK_WARPS).
+        // A warp a token, 4 a block (route.cu ROUTE_TOPK_WARPS).
         let c = cfg(blocks(t, 4), 128);
         launch!(self, self.kernels.route_topk, c; logits, nei, ki, ti, rule, reps, routes, bias)
     }
