@@ -3,7 +3,7 @@
 
     python3 tools/make_synthetic_gguf.py OUT.gguf [--layers 8] [--model mixtral-8x7b|qwen3-30b-a3b|olmoe-1b-7b|phi-3.5-moe|
                                                                 gpt-oss-20b|gpt-oss-120b|glm-4.5-air|deepseek-v2-lite|glm-4.7-flash]
-                                                  [--mxfp4-experts | --q4-k-m]
+                                                  [--mxfp4-experts | --q4-k-m | --q8-0]
 
 --mxfp4-experts writes the routed experts as MXFP4 blocks (random codes, exponents around 2^-7, as gpt-oss ships
 them) instead of f16: `llama-quantize --allow-requantize OUT.gguf Q.gguf MXFP4_MOE` then keeps them and makes the
@@ -15,6 +15,9 @@ llama.cpp's Q4_K_M rule gives it (src/llama-quant.cpp, models of other than 8 ex
 attn_v Q6_K in the layers its use_more_bits picks, the output head Q6_K; routers and norms f32), its blocks random
 codes and sub-block scales under fixed f16 super-block scales (dequantized by gguf-py: Q4_K values of sd
 ~0.04, Q6_K ~0.02).
+
+--q8-0 writes the file llama-quantize's Q8_0 would make, likewise: every 2-D and 3-D matrix in Q8_0 blocks (random
+int8 codes under a fixed f16 scale: values of sd ~0.02; rows not a multiple of 32 stay f16).
 
 Each model in llama.cpp's own architecture (llama for Mixtral, qwen3moe and olmoe with their QK-norm tensors, phimoe
 with its LayerNorm, attention and output biases; LongRoPE's factor tensors are optional there and left out; gpt-oss
@@ -65,7 +68,8 @@ BIASES = {"phimoe"}
 # Block types written as random bytes: values per block, bytes per block, ggml type.
 BLOCKS = {"mxfp4": (32, 17, gguf.GGMLQuantizationType.MXFP4),
           "q4_k": (256, 144, gguf.GGMLQuantizationType.Q4_K),
-          "q6_k": (256, 210, gguf.GGMLQuantizationType.Q6_K)}
+          "q6_k": (256, 210, gguf.GGMLQuantizationType.Q6_K),
+          "q8_0": (32, 34, gguf.GGMLQuantizationType.Q8_0)}
 
 
 def use_more_bits(i, n):
@@ -91,7 +95,9 @@ def k_pools(rng):
     q4[:, 0:4] = np.frombuffer(np.array([1.5e-4, 1.1e-3], dtype=np.float16).tobytes(), dtype=np.uint8)
     q6 = rng.integers(0, 256, size=(nb, 210), dtype=np.uint8)
     q6[:, 208:210] = np.frombuffer(np.array([1.5e-5], dtype=np.float16).tobytes(), dtype=np.uint8)
-    return {"q4_k": q4.reshape(-1), "q6_k": q6.reshape(-1)}
+    q8 = rng.integers(-127, 128, size=(nb, 34), dtype=np.int8).view(np.uint8)
+    q8[:, 0:2] = np.frombuffer(np.array([2.7e-4], dtype=np.float16).tobytes(), dtype=np.uint8)
+    return {"q4_k": q4.reshape(-1), "q6_k": q6.reshape(-1), "q8_0": q8.reshape(-1)}
 
 
 def deepseek2_layer(b, l, hidden, heads, ffn, experts, p):
@@ -133,7 +139,10 @@ def main():
     ap.add_argument("--model", default="mixtral-8x7b", choices=sorted(MODELS))
     ap.add_argument("--mxfp4-experts", action="store_true")
     ap.add_argument("--q4-k-m", action="store_true")
+    ap.add_argument("--q8-0", action="store_true")
     a = ap.parse_args()
+    if sum([a.mxfp4_experts, a.q4_k_m, a.q8_0]) > 1:
+        sys.exit("--mxfp4-experts, --q4-k-m and --q8-0: one at most")
     arch, HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB, EXPERTS, TOP_K, total, base, eps, ctx, qk = MODELS[a.model]
     q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     rng = np.random.default_rng(1234)
@@ -142,7 +151,7 @@ def main():
     mxpool = rng.integers(0, 256, size=(1 << 20, 17), dtype=np.uint8)
     mxpool[:, 0] = rng.integers(119, 122, size=1 << 20, dtype=np.uint8)
     mxpool = mxpool.reshape(-1)
-    kpools = k_pools(rng) if a.q4_k_m else {}
+    kpools = k_pools(rng) if a.q4_k_m or a.q8_0 else {}
 
     w = gguf.GGUFWriter(a.out, arch)
     # Not "phi-3" in the name: llama.cpp then sets attributes on Phi-3's special tokens, which this vocabulary lacks.
@@ -195,7 +204,8 @@ def main():
     w.add_vocab_size(VOCAB)
     if a.q4_k_m and (EXPERTS == 8 or arch in ("gpt-oss", "glm4moe", "deepseek2") or a.mxfp4_experts):
         sys.exit("--q4-k-m: written for qwen3moe, olmoe and phimoe shapes (llama.cpp's rule differs for the others)")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if a.q4_k_m else gguf.LlamaFileType.MOSTLY_F16)
+    ftype = "MOSTLY_Q4_K_M" if a.q4_k_m else "MOSTLY_Q8_0" if a.q8_0 else "MOSTLY_F16"
+    w.add_file_type(getattr(gguf.LlamaFileType, ftype))
     w.add_tokenizer_model("llama")
     w.add_token_list(["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, VOCAB)])
     w.add_token_scores([0.0] * VOCAB)
@@ -261,6 +271,8 @@ def main():
         specs = [(n, sh, "mxfp4" if n.endswith("_exps.weight") else dt) for n, sh, dt in specs]
     if a.q4_k_m:
         specs = [(n, sh, q4_k_m_type(n, a.layers) if dt == np.float16 else dt) for n, sh, dt in specs]
+    if a.q8_0:
+        specs = [(n, sh, "q8_0" if dt == np.float16 and sh[-1] % 32 == 0 else dt) for n, sh, dt in specs]
     for name, shape, dt in specs:
         if dt in BLOCKS:
             vals, nbytes, qtype = BLOCKS[dt]
