@@ -30,6 +30,9 @@
 #                                        router's routing replayed, two alternated rounds -> $out/gated.md.
 #                                        Without TRACE it runs `trace` itself, beside the llama.cpp build and
 #                                        the two 48-layer files; call it again after a cut-off call: it resumes
+#   bash tools/families_gpu.sh q8        the Q8_0 class: hob int8 (gated + CPU experts; host-routed, alone and with an
+#                                        int4 low tier) beside llama.cpp Q8_0 (written directly), Q8_LAYERS of 48
+#                                        (default 32, for the disk), 16 GB and 12 GB, routing replayed -> $out/q8.md
 #   bash tools/families_gpu.sh roundtrip the host's round trip of a host-routed decode layer: 8 layers, int4, resident
 #                                        (h100's profile: one graph) beside offloaded at ~all hits (the 16 GB
 #                                        profile's link, CPU experts), each plain (--stats) and under
@@ -638,5 +641,51 @@ gated)
     done
   done
   cp $R/rows.md "$out/gated.md"; cat "$out/gated.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|whole|gated|roundtrip|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
+q8)
+  # The Q8_0 quality class (the issue's int8 + int4 rows): hob int8 experts, gated with CPU experts and
+  # host-routed (alone, and with an int4 low tier at T1/T2), beside llama.cpp's Q8_0 written directly
+  # (make_synthetic_gguf.py --q8-0) at its fitting --n-cpu-moe; Q8_LAYERS of the 48 layers (default 32: the two
+  # files, 47 GB, fit the device's disk once the 48-layer int4 ones are gone: removed here), the trained
+  # router's routing replayed, two rounds alternated, resumable as `gated`.
+  R=/tmp/q8; mkdir -p $R
+  LAYERS=${Q8_LAYERS:-32}; TRACE=${TRACE:-/tmp/q3r-trace.jsonl}; T1=${T1:-0.793}; T2=${T2:-0.952}
+  [ -f "$TRACE" ] || { echo "q8: no trace at $TRACE (families_gpu.sh trace or gated first)"; exit 2; }
+  wg=/tmp/qwen3-synthetic-${LAYERS}l-Q8_0.gguf; model=/tmp/qwen3-synthetic-${LAYERS}l-int8-int4.hob
+  if [ ! -f "$wg" ] || [ ! -f "$model" ]; then
+    rm -f /tmp/qwen3-synthetic-48l-Q4_K_M.gguf /tmp/qwen3-synthetic-48l-int4.hob
+    llama_ready >> "$log" 2>&1 &
+    if [ ! -f "$wg" ]; then
+      mkdir -p $R/gg && tar xJf .gpu/gguf-py.tar.xz -C $R/gg
+      PYTHONPATH=$R/gg/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$wg.part" --model qwen3-30b-a3b \
+        --layers "$LAYERS" --q8-0 > /dev/null 2>> "$log" && mv "$wg.part" "$wg" &
+    fi
+    [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers "$LAYERS" --experts int8,int4 -o "$model" \
+      --no-progress >> "$log" 2>&1 &
+    wait
+  fi
+  [ -f "$wg" ] && [ -f "$model" ] || { echo "q8: no GGUF or .hob (see $log)"; exit 1; }
+  r=(-r 2 -p 512 -n 64)
+  [ -f $R/rows.md ] || {
+    echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |"
+    echo "|---|---|---|---|---|---|---|---|---|"; } > $R/rows.md
+  once() { local id=$1; shift; [ -f "$R/$id.done" ] && return 0
+    "$@"; cat "$out/qwen3.md" >> $R/rows.md; : > "$out/qwen3.md"; touch "$R/$id.done"; }
+  : > "$out/qwen3.md"
+  for round in 1 2; do
+    for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
+      name=${prof%%:*}; gib=${prof##*:}
+      c8=$(cache "$(frac "$gib" $E_INT8 $D_F16)" $E_INT8); n8=$(ncpu "$(frac "$gib" $E_Q8 $D_Q8)")
+      p=(--platform "$name" --replay-trace "$TRACE" --cache-policy hobbit --expert-cache "$c8" --expert-variant int8
+         "${r[@]}" --cpu-experts -t "$(nproc)")
+      once "$round-$name-g" hobrow "$name int8 gated + CPU experts, $LAYERS layers, round $round" "${p[@]}" --low none \
+        --prefetch 0
+      once "$round-$name-l" llrow "$name Q8_0 n-cpu-moe $n8, $LAYERS layers, round $round" "$wg" --n-cpu-moe "$n8" "${r[@]}"
+      once "$round-$name-h" hobrow "$name int8 host-routed, CPU experts, prefetch 3, round $round" "${p[@]}" --low none \
+        --prefetch 3
+      once "$round-$name-hl" hobrow "$name int8 + int4 low T1 $T1 T2 $T2, CPU experts, prefetch 3, round $round" \
+        "${p[@]}" --low int4 --t1 "$T1" --t2 "$T2" --prefetch 3
+    done
+  done
+  cp $R/rows.md "$out/q8.md"; cat "$out/q8.md" ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|whole|gated|q8|roundtrip|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac
