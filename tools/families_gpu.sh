@@ -121,6 +121,16 @@ llrow() { # label, gguf, args...
   timeout 200 $L/build/bin/llama-bench -m "$m" -ngl 99 -t "$(nproc)" "$@" -o md 2>>"$log" \
     | grep -v '^| ---\|^| model' | sed "s#^|#| llama.cpp $label |#" >> "$out/qwen3.md"
 }
+resume_rows() { # rows kept in $R/rows.md across calls: a row done in an earlier call is skipped (`once`)
+  [ -f "$R/rows.md" ] || {
+    echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |"
+    echo "|---|---|---|---|---|---|---|---|---|"; } > "$R/rows.md"
+  : > "$out/qwen3.md"
+}
+once() { # id, row function and its arguments: run unless done in an earlier call
+  local id=$1; shift; [ -f "$R/$id.done" ] && return 0
+  "$@"; cat "$out/qwen3.md" >> "$R/rows.md"; : > "$out/qwen3.md"; touch "$R/$id.done"
+}
 case "${1:-}" in
 prepare)
   {
@@ -618,14 +628,7 @@ gated)
   TRACE=${TRACE:-/tmp/q3r-trace.jsonl}
   [ -f "$TRACE" ] && [ -f "$wg" ] && [ -f "$model" ] || { echo "gated: no trace, GGUF or .hob (see $log)"; exit 1; }
   LAYERS=48; r=(-r 2 -p 512 -n 64)
-  [ -f $R/rows.md ] || {
-    echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |"
-    echo "|---|---|---|---|---|---|---|---|---|"; } > $R/rows.md
-  once() { # id, row function and its arguments: run unless done in an earlier call
-    local id=$1; shift; [ -f "$R/$id.done" ] && return 0
-    "$@"; cat "$out/qwen3.md" >> $R/rows.md; : > "$out/qwen3.md"; touch "$R/$id.done"
-  }
-  : > "$out/qwen3.md"
+  resume_rows
   for round in 1 2; do
     for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
       name=${prof%%:*}; gib=${prof##*:}
@@ -665,12 +668,7 @@ q8)
   fi
   [ -f "$wg" ] && [ -f "$model" ] || { echo "q8: no GGUF or .hob (see $log)"; exit 1; }
   r=(-r 2 -p 512 -n 64)
-  [ -f $R/rows.md ] || {
-    echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |"
-    echo "|---|---|---|---|---|---|---|---|---|"; } > $R/rows.md
-  once() { local id=$1; shift; [ -f "$R/$id.done" ] && return 0
-    "$@"; cat "$out/qwen3.md" >> $R/rows.md; : > "$out/qwen3.md"; touch "$R/$id.done"; }
-  : > "$out/qwen3.md"
+  resume_rows
   for round in 1 2; do
     for prof in rtx4060ti-16g:16 rtx3060-12g:12; do
       name=${prof%%:*}; gib=${prof##*:}
