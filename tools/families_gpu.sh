@@ -22,6 +22,7 @@
 #                                        f16 file would not fit the disk), all on the GPU and under the 16 GB and
 #                                        12 GB profiles (hob's routing replayed, CPU experts; llama.cpp's fitting
 #                                        --n-cpu-moe and one more) -> $out/whole.md
+#   bash tools/families_gpu.sh gated-files  gated's inputs alone (llama.cpp, the trace, the two 48-layer files)
 #   [TRACE=..] bash tools/families_gpu.sh gated
 #                                        gated decode (int4, no prefetch; without and with CPU experts: a build
 #                                        with Tuning::gated_decode on) beside the host-routed
@@ -130,6 +131,22 @@ resume_rows() { # rows kept in $R/rows.md across calls: a row done in an earlier
 once() { # id, row function and its arguments: run unless done in an earlier call
   local id=$1; shift; [ -f "$R/$id.done" ] && return 0
   "$@"; cat "$out/qwen3.md" >> "$R/rows.md"; : > "$out/qwen3.md"; touch "$R/$id.done"
+}
+gated_files() { # gated's inputs: llama.cpp built, the trace (unless TRACE), the 48-layer GGUF and .hob
+  wg=/tmp/qwen3-synthetic-48l-Q4_K_M.gguf; model=/tmp/qwen3-synthetic-48l-int4.hob
+  if [ -z "${TRACE:-}" ] || [ ! -f "$wg" ] || [ ! -f "$model" ]; then
+    # The llama.cpp build (CPU), the router's training (GPU) and the two files (disk) side by side.
+    llama_ready >> "$log" 2>&1 &
+    [ -n "${TRACE:-}" ] || [ -f /tmp/q3r-trace.jsonl ] || BUDGET=${BUDGET:-110} bash "$0" trace > $R/trace.log 2>&1 &
+    if [ ! -f "$wg" ]; then
+      mkdir -p $R/gg && tar xJf .gpu/gguf-py.tar.xz -C $R/gg
+      PYTHONPATH=$R/gg/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$wg.part" --model qwen3-30b-a3b \
+        --layers 48 --q4-k-m > /dev/null 2>> "$log" && mv "$wg.part" "$wg" &
+    fi
+    [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers 48 --experts int4 -o "$model" --no-progress \
+      >> "$log" 2>&1 &
+    wait
+  fi
 }
 case "${1:-}" in
 prepare)
@@ -606,25 +623,14 @@ whole)
     for n in $n4 $((n4 + 1)); do llrow "$name Q4_K_M n-cpu-moe $n" "$wg" --n-cpu-moe "$n" "${r[@]}"; done
   done
   mv "$out/qwen3.md" "$out/whole.md"; cat "$out/whole.md" ;;
+gated-files)
+  # What `gated` needs, alone (a call that runs tests on the GPU meanwhile).
+  R=/tmp/gated; mkdir -p $R; gated_files ;;
 gated)
   # Gated decode (src/experts/engine/gated.rs) beside the host-routed path and llama.cpp, all 48 layers, the
   # trained router's routing replayed on the device; two rounds, alternated. Resumable: what a call cut off by
   # the device tool's limit finished (files, the trace, rows: /tmp/gated) the next call on the machine skips.
-  R=/tmp/gated; mkdir -p $R
-  wg=/tmp/qwen3-synthetic-48l-Q4_K_M.gguf; model=/tmp/qwen3-synthetic-48l-int4.hob
-  if [ -z "${TRACE:-}" ] || [ ! -f "$wg" ] || [ ! -f "$model" ]; then
-    # The llama.cpp build (CPU), the router's training (GPU) and the two files (disk) side by side.
-    llama_ready >> "$log" 2>&1 &
-    [ -n "${TRACE:-}" ] || [ -f /tmp/q3r-trace.jsonl ] || BUDGET=${BUDGET:-110} bash "$0" trace > $R/trace.log 2>&1 &
-    if [ ! -f "$wg" ]; then
-      mkdir -p $R/gg && tar xJf .gpu/gguf-py.tar.xz -C $R/gg
-      PYTHONPATH=$R/gg/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$wg.part" --model qwen3-30b-a3b \
-        --layers 48 --q4-k-m > /dev/null 2>> "$log" && mv "$wg.part" "$wg" &
-    fi
-    [ -f "$model" ] || "$hob" convert --synthetic qwen3-30b-a3b --layers 48 --experts int4 -o "$model" --no-progress \
-      >> "$log" 2>&1 &
-    wait
-  fi
+  R=/tmp/gated; mkdir -p $R; gated_files
   TRACE=${TRACE:-/tmp/q3r-trace.jsonl}
   [ -f "$TRACE" ] && [ -f "$wg" ] && [ -f "$model" ] || { echo "gated: no trace, GGUF or .hob (see $log)"; exit 1; }
   LAYERS=48; r=(-r 2 -p 512 -n 64)
@@ -685,5 +691,5 @@ q8)
     done
   done
   cp $R/rows.md "$out/q8.md"; cat "$out/q8.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|whole|gated|q8|roundtrip|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|whole|gated-files|gated|q8|roundtrip|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac
