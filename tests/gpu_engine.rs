@@ -260,6 +260,12 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
             cases.push((format!("{slots} slots, policy {pi}, gated"), c));
         }
     }
+    // Kernels timed: decode steps launched as they run (no CUDA graph), each gated layer
+    // followed one layer behind its launches.
+    let mut c = exact(3);
+    c.tuning.gated_decode = true;
+    c.tuning.gated_follow_lag = 1;
+    cases.push(("3 slots, kernels timed, gated".into(), c));
     let mut c = exact(total / 4);
     c.mapped = true;
     c.prefetch = 2;
@@ -288,6 +294,9 @@ fn the_engine_in_exact_mode_matches_the_all_resident_run() {
     for (name, cfg) in cases {
         let (direct, disk, mapped) = (cfg.pin_file, cfg.tier == Tier::Disk, cfg.mapped);
         let mut s = engine_session(&g, &model, cfg);
+        if name.contains("kernels timed") {
+            assert!(s.kernel_clock(true), "{name}: no kernel clock");
+        }
         let how = s.describe();
         println!("{name}: {how}");
         if direct && !disk && !mapped {

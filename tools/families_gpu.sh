@@ -24,8 +24,8 @@
 #                                        --n-cpu-moe and one more) -> $out/whole.md
 #   bash tools/families_gpu.sh gated-files  gated's inputs alone (llama.cpp, the trace, the two 48-layer files)
 #   [TRACE=..] bash tools/families_gpu.sh gated
-#                                        gated decode (int4, no prefetch; without and with CPU experts: a build
-#                                        with Tuning::gated_decode on) beside the host-routed
+#                                        gated decode (int4, no prefetch; without and with CPU experts; on by
+#                                        default: Tuning::gated_decode) beside the host-routed
 #                                        path (CPU experts, prefetch 3) and llama.cpp Q4_K_M at its fitting
 #                                        --n-cpu-moe, 48 layers under rtx4060ti-16g and rtx3060-12g, the trained
 #                                        router's routing replayed, two alternated rounds -> $out/gated.md.

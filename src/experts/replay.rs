@@ -274,6 +274,10 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         Ok(())
     }
 
+    fn launches_run_now(&mut self, now: bool) {
+        self.inner.launches_run_now(now);
+    }
+
     fn end_forward(&mut self, backend: &B) -> crate::Result<()> {
         self.inner.end_forward(backend)
     }

@@ -174,6 +174,11 @@ pub trait ExpertExecutor<B: Backend> {
         Ok(false)
     }
 
+    /// Whether this call's launches run as they are made (true) or are recorded to run later
+    /// (false: a CUDA graph's capture, launched once recorded). Called before each run of a
+    /// call's layers.
+    fn launches_run_now(&mut self, _now: bool) {}
+
     /// Everything of one `Model::forward` call up to its logits is launched, and the logits are
     /// about to be read back: an executor may account the batch here.
     fn end_forward(&mut self, _backend: &B) -> crate::Result<()> {

@@ -314,7 +314,8 @@ impl<'f> Model<'f> {
         } else {
             DecodeStep::Direct
         };
-        let mut run = || {
+        let mut run = |now: bool| {
+            experts.launches_run_now(now);
             if staged {
                 backend.embed_staged(&self.w.token_embd, &mut b.x)?;
             }
@@ -332,12 +333,12 @@ impl<'f> Model<'f> {
         };
         match step {
             DecodeStep::Replayed => {}
-            DecodeStep::Direct => run()?,
+            DecodeStep::Direct => run(true)?,
             DecodeStep::Recording => {
                 // Nothing recorded has run yet: where the recording is refused, run directly.
-                let recorded = run();
+                let recorded = run(false);
                 if !backend.record_end(key, recorded)? {
-                    run()?;
+                    run(true)?;
                 }
             }
         }

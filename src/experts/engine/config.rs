@@ -35,8 +35,8 @@ pub struct Tuning {
     /// (off: every layer's routes come to the host).
     pub device_routing: bool,
     /// Decode with part of the experts cached routes on the device too, a layer held at its gate
-    /// for the host only on a miss (gated.rs; off: every layer's routes come to the host). Off
-    /// until it has run on a GPU: tests/gpu_engine.rs switches it on.
+    /// for the host only on a miss (gated.rs; off: every layer's routes come to the host). Its
+    /// bit-for-bit cases in tests/gpu_engine.rs passed on an H100 on 2026-12-07.
     pub gated_decode: bool,
     /// A host-routed decode layer whose experts all sit in slots of one pool runs them through
     /// the routed kernels (off: one expert at a time; the same sums).
@@ -52,6 +52,11 @@ pub struct Tuning {
     /// A high-precision demand load whose low copy is cached, both widths of one ap8 blob, copies
     /// the low copy's planes slot to slot and loads only the missing ones (off: the whole blob).
     pub upgrade_planes: bool,
+    /// A gated token launched as it runs (not replayed from a CUDA graph: kernels timed, or a
+    /// graph refused) is followed this many layers behind its launches, not after them all: a
+    /// layer held at its gate must not wait for a host blocked in a launch once the device's
+    /// queue of launches is full. 0: each layer right after its own launches.
+    pub gated_follow_lag: usize,
     /// A load whose loader thread makes no progress this long is an error (a disk or device
     /// that stopped answering), not a hang.
     pub load_stall: std::time::Duration,
@@ -61,12 +66,13 @@ impl Default for Tuning {
     fn default() -> Tuning {
         Tuning {
             device_routing: true,
-            gated_decode: false,
+            gated_decode: true,
             routed_slots: true,
             grouped_prefill: true,
             preload: true,
             upgrade_low: true,
             upgrade_planes: true,
+            gated_follow_lag: 4,
             load_stall: crate::experts::scheduler::DEFAULT_STALL,
         }
     }

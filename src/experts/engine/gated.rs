@@ -41,6 +41,7 @@ impl<D: ExpertDevice> Engine<'_, D> {
             }
             dev.synchronize()?;
         }
+        self.routing.followed = 0;
         self.count_held()?;
         let changes = self.directory_changes(dev, None)?;
         let k = self.top_k;
@@ -66,13 +67,32 @@ impl<D: ExpertDevice> Engine<'_, D> {
         Ok(())
     }
 
-    /// After a gated token's launches: follow it layer by layer, counting its routes and
-    /// placing the misses of the layers that wait; on a failure every gate is opened (the
-    /// token's work ends and is thrown away) before the error returns.
+    /// After a gated token's launches: follow the layers not followed yet (`follow_until`),
+    /// then check that the last layer's gate was not given up after its mailbox was read.
     pub(super) fn gate_follow(&mut self, dev: &D) -> crate::Result<()> {
-        let followed = self.follow_layers(dev);
+        let nl = self.file.n_layers();
+        self.follow_until(dev, nl)?;
+        self.routing.followed = 0;
+        let mut mail = vec![0.0f32; 2 * self.top_k];
+        match nl.checked_sub(1) {
+            Some(last) => self.wait_mail(dev, last, &mut mail).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// Follow the gated token's layers `followed..end`, counting their routes and placing the
+    /// misses of the layers that wait. A token launched as it runs (not from a CUDA graph) is
+    /// followed while it launches, `Tuning::gated_follow_lag` layers behind: a held gate must not wait for a
+    /// host blocked in a launch (the device's queue of launches is finite). On a failure every
+    /// gate is opened (the token's work ends and is thrown away) before the error returns.
+    pub(super) fn follow_until(&mut self, dev: &D, end: usize) -> crate::Result<()> {
+        let arrived = Instant::now();
+        let followed = self.follow_layers(dev, end);
         self.slots.compute_free = false;
+        self.count.gated_follow += arrived.elapsed();
         if followed.is_err() {
+            self.routing.follow = false;
+            self.routing.followed = 0;
             if let Some(r) = self.routing.resident.as_mut() {
                 dev.gate_open_all(r)?;
             }
@@ -81,17 +101,23 @@ impl<D: ExpertDevice> Engine<'_, D> {
         followed
     }
 
-    fn follow_layers(&mut self, dev: &D) -> crate::Result<()> {
-        let (nl, ne, k) = (self.file.n_layers(), self.file.n_experts(), self.top_k);
-        let arrived = Instant::now();
-        self.decoded += 1;
-        self.count.gated_tokens += 1;
-        self.slots.cache.begin_token();
+    fn follow_layers(&mut self, dev: &D, end: usize) -> crate::Result<()> {
+        let (ne, k) = (self.file.n_experts(), self.top_k);
+        let from = self.routing.followed;
+        if from >= end {
+            return Ok(());
+        }
+        if from == 0 {
+            self.decoded += 1;
+            self.count.gated_tokens += 1;
+            self.slots.cache.begin_token();
+        }
         let high = self.slots.pool(PoolKind::High).variant;
         let mut mail = vec![0.0f32; 2 * k];
         let mut routes = vec![Route::default(); k];
         let mut lp = std::mem::take(&mut self.layer_plan);
-        for l in 0..nl {
+        let followed = (from..end).try_for_each(|l| {
+            self.routing.followed = l;
             let miss = self.wait_mail(dev, l, &mut mail)?;
             for (j, r) in routes.iter_mut().enumerate() {
                 let expert = mail[j].to_bits() as usize;
@@ -109,7 +135,7 @@ impl<D: ExpertDevice> Engine<'_, D> {
                 self.gated_layer(dev, l, &routes, &lp)?;
                 self.count.gated_stalls += 1;
                 self.count.gated_stall_host += started.elapsed();
-                continue;
+                return Ok(());
             }
             if let Some(r) = routes.iter().find(|r| {
                 self.slots
@@ -128,13 +154,11 @@ impl<D: ExpertDevice> Engine<'_, D> {
                     c.behind.hit((l, r.expert), self.decoded);
                 }
             }
-        }
-        // A gate the device gave up after its mailbox was read (the last layer's) is an error too.
-        if let Some(last) = nl.checked_sub(1) {
-            self.wait_mail(dev, last, &mut mail)?;
-        }
+            Ok(())
+        });
         self.layer_plan = lp;
-        self.count.gated_follow += arrived.elapsed();
+        followed?;
+        self.routing.followed = end;
         Ok(())
     }
 

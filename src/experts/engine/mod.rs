@@ -164,7 +164,8 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         };
         // Gated decode (gated.rs): a cache of part of the experts, in device memory, no
         // prefetch (it would change the cache under layers already queued); with CPU experts,
-        // integer SwiGLU experts (their result joins the routed kernels' sum).
+        // integer SwiGLU experts (their result joins the routed kernels' sum). A layer with a
+        // shared expert routes on the host (model::forward), so its model is not gated.
         let glu =
             model.cfg.expert_act != ExpertAct::SiluGlu || model.cfg.arch.sinks_and_expert_biases();
         let high_float = file.variants()[plan.high].kind.is_float();
@@ -178,7 +179,8 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             && !cfg.mapped
             && prefetch.is_none()
             && (cfg.cpu_experts.is_none() || plain)
-            && !cfg.trace.as_ref().is_some_and(TraceWriter::wants_inputs);
+            && !cfg.trace.as_ref().is_some_and(TraceWriter::wants_inputs)
+            && model.weights().layers.iter().all(|l| l.shared.is_none());
         let coop = match cfg.cpu_experts {
             Some(threads) => Some(Cooperative::new(
                 threads,
@@ -488,6 +490,10 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
             return Ok(OnDevice::No);
         };
         let normed = dev.routed_layer(r, layer, block, xs, x)?;
+        let lag = self.tuning.gated_follow_lag;
+        if self.routing.follow && self.routing.now && layer + 1 >= lag {
+            self.follow_until(dev, layer + 1 - lag)?;
+        }
         if layer + 1 == self.file.n_layers() && !self.routing.gated {
             // Read back in end_forward, once the output head is launched too.
             self.routing.pending = true;
@@ -497,6 +503,10 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
         } else {
             OnDevice::Done
         })
+    }
+
+    fn launches_run_now(&mut self, now: bool) {
+        self.routing.now = now;
     }
 
     fn end_forward(&mut self, dev: &D) -> crate::Result<()> {

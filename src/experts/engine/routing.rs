@@ -33,6 +33,11 @@ pub struct DeviceRouting<D: ExpertDevice> {
     pub gated: bool,
     /// A gated token is launched and waits to be followed (end_forward).
     pub follow: bool,
+    /// The current call's launches run as they are made (not recorded into a CUDA graph): a
+    /// gated token's layers are then followed while its later layers are launched.
+    pub now: bool,
+    /// The gated token's layers followed so far.
+    pub followed: usize,
     /// Gated decode: experts loaded behind the CPU this token, present in the directory from
     /// the next token on (no layer of this token routes them again).
     pub behind: Vec<crate::experts::ExpertKey>,
@@ -44,6 +49,8 @@ impl<D: ExpertDevice> DeviceRouting<D> {
             allowed,
             gated,
             follow: false,
+            now: false,
+            followed: 0,
             behind: Vec::new(),
             resident: None,
             token: false,
