@@ -520,8 +520,10 @@ impl<'f> Model<'f> {
                 norm: &lw.ffn_norm,
                 router: router_w,
                 // The norm after this block: the next layer's, or the output head's for a
-                // head over the one token.
+                // head over the one token; none where a shared expert's sum comes after the
+                // routed experts'.
                 next: match self.w.layers.get(l + 1) {
+                    _ if lw.shared.is_some() => None,
                     Some(nl) => Some(&nl.attn_norm[..]),
                     None => (rows == Some(0..1)).then_some(&self.w.output_norm[..]),
                 },
@@ -531,10 +533,17 @@ impl<'f> Model<'f> {
                 router_bias: lw.router_bias.as_deref(),
                 ffn: &ffn,
             };
-            if t == 1 && lw.shared.is_none() {
+            // A shared expert's sum is added after the routed experts' on either path (xn still
+            // holds this block's norm: `next` is none there), so both give the same bits.
+            if t == 1 {
                 match experts.forward_on_device(backend, m, &block, &mut b.xn, &mut b.x)? {
                     OnDevice::No => {}
-                    OnDevice::Done => continue,
+                    OnDevice::Done => {
+                        if let Some(sh) = &lw.shared {
+                            self.mlp(b, (&sh.mlp, sh.gate_inp.as_ref()), t, backend)?;
+                        }
+                        continue;
+                    }
                     OnDevice::DoneNormed => {
                         normed = true;
                         continue;
@@ -553,9 +562,6 @@ impl<'f> Model<'f> {
             };
             backend.norm_route(&b.x, t, &block, out)?;
             self.check_routes(l, &routes[..t * k])?;
-            if let Some(sh) = &lw.shared {
-                self.mlp(b, (&sh.mlp, sh.gate_inp.as_ref()), t, backend)?;
-            }
             let batch = Batch {
                 xs: &b.xn,
                 t,
@@ -564,6 +570,9 @@ impl<'f> Model<'f> {
                 ffn: ffn.clone(),
             };
             experts.forward_add(backend, m, &batch, &mut b.out, &mut b.x)?;
+            if let Some(sh) = &lw.shared {
+                self.mlp(b, (&sh.mlp, sh.gate_inp.as_ref()), t, backend)?;
+            }
         }
         if let Some(rows) = rows {
             let n = rows.len();

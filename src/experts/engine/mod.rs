@@ -164,12 +164,18 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         };
         // Gated decode (gated.rs): a cache of part of the experts, in device memory, no
         // prefetch (it would change the cache under layers already queued); with CPU experts,
-        // integer SwiGLU experts (their result joins the routed kernels' sum). A layer with a
-        // shared expert routes on the host (model::forward), so its model is not gated.
+        // integer SwiGLU experts (their result joins the routed kernels' sum). Group-limited
+        // routing has no device kernel: such a model routes on the host.
         let glu =
             model.cfg.expert_act != ExpertAct::SiluGlu || model.cfg.arch.sinks_and_expert_biases();
         let high_float = file.variants()[plan.high].kind.is_float();
         let plain = !glu && !high_float;
+        if matches!(
+            model.cfg.routing(),
+            crate::model::routing::Routing::Grouped { .. }
+        ) {
+            cfg.tuning.device_routing = false;
+        }
         let gated = cfg.tuning.gated_decode
             && cfg.tuning.device_routing
             && !(glu && high_float)
@@ -179,8 +185,7 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
             && !cfg.mapped
             && prefetch.is_none()
             && (cfg.cpu_experts.is_none() || plain)
-            && !cfg.trace.as_ref().is_some_and(TraceWriter::wants_inputs)
-            && model.weights().layers.iter().all(|l| l.shared.is_none());
+            && !cfg.trace.as_ref().is_some_and(TraceWriter::wants_inputs);
         let coop = match cfg.cpu_experts {
             Some(threads) => Some(Cooperative::new(
                 threads,
