@@ -284,3 +284,86 @@ fn packed_dense_matrices_on_the_gpu_match_the_cpu() {
     packed_dense_on_the_gpu("qwen2-moe", "int4");
     packed_dense_on_the_gpu("mixtral", "int8");
 }
+
+/// GLM-4.5's and DeepSeek's group-limited routing on the device (route.cu route_grouped) against
+/// the CPU's rule (model::routing::route_grouped, the one the model tests hold to transformers):
+/// the same experts in the same order, weights within float rounding (expf against Rust's exp),
+/// sigmoid and softmax scores, one group and groups kept by value, renormalized or not, scaled;
+/// non-finite logits give NaN weights (the layer's refusal).
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn grouped_routing_on_the_gpu_matches_the_cpu_rule() {
+    use hob::backend::cuda::{self, CudaBackend};
+    use hob::model::routing::{Grouped, Routing};
+    use hob::model::{Backend, Route};
+    let g = gpu();
+    let b = CudaBackend::empty(g.clone()).unwrap();
+    let p = |d: &cudarc::driver::CudaSlice<f32>| cuda::ptr(d, &g.stream);
+    let put = |v: &[f32]| {
+        let mut d = b.alloc(v.len()).unwrap();
+        b.upload(v, &mut d).unwrap();
+        d
+    };
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    };
+    let mut cases = 0;
+    for ne in [16usize, 64, 128, 256] {
+        for (softmax, groups, topk_groups) in
+            [(false, 1, 1), (false, 8, 4), (true, 1, 1), (true, 8, 3)]
+        {
+            for (k, renormalize, scale) in [(1, true, 1.0f32), (4, false, 2.5), (8, true, 2.5)] {
+                let rule = Grouped {
+                    softmax,
+                    groups,
+                    topk_groups,
+                    renormalize,
+                    scale,
+                };
+                for trial in 0..8 {
+                    let mut logits: Vec<f32> = (0..ne).map(|_| 4.0 * next()).collect();
+                    let bias: Vec<f32> = (0..ne).map(|_| 0.1 * next()).collect();
+                    if trial == 7 {
+                        logits[ne / 3] = f32::NAN;
+                    }
+                    let (x, bd, out) = (put(&logits), put(&bias), b.alloc(2 * k).unwrap());
+                    g.route_grouped(p(&x), (1, ne, p(&bd)), (k, rule), p(&out))
+                        .unwrap();
+                    let mut got = vec![0.0f32; 2 * k];
+                    b.download(&out, &mut got).unwrap();
+                    let mut want = vec![Route::default(); k];
+                    let routing = Routing::Grouped {
+                        rule,
+                        bias: Some(&bias),
+                    };
+                    routing.route(&logits, &mut want);
+                    let what = format!("ne {ne} k {k} {rule:?} trial {trial}");
+                    for (j, r) in want.iter().enumerate() {
+                        if trial == 7 {
+                            assert!(got[k + j].is_nan(), "{what}: weight {}", got[k + j]);
+                            continue;
+                        }
+                        assert_eq!(
+                            got[j].to_bits() as usize,
+                            r.expert,
+                            "{what}: {got:?} vs {want:?}"
+                        );
+                        let tol = 2e-6 * r.weight.abs().max(1.0);
+                        assert!(
+                            (got[k + j] - r.weight).abs() <= tol,
+                            "{what}: weight {} vs CPU {}",
+                            got[k + j],
+                            r.weight
+                        );
+                    }
+                    cases += 1;
+                }
+            }
+        }
+    }
+    println!("grouped routing: {cases} cases");
+}

@@ -618,7 +618,15 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let k = routes.len() / t.max(1);
         check_len("route input", logits.len(), t * n_experts)?;
-        if let Routing::Grouped { .. } = routing {
+        if let Routing::Grouped { rule, bias } = routing {
+            if super::matvec::grouped_on_device(n_experts, rule) {
+                check_len("route scratch", self.scratch_len, 2 * t * k)?;
+                let scratch = self.p(&self.scratch);
+                let b = self.bias_ptr(bias, n_experts, "score-correction bias")?;
+                self.gpu
+                    .route_grouped(self.p(logits), (t, n_experts, b), (k, rule), scratch)?;
+                return self.routes_back(scratch, t, n_experts, routes, host);
+            }
             // No kernel for it: the logits come to the host (few bytes beside the layer).
             host.resize(t * n_experts, 0.0);
             self.download(logits, host)?;

@@ -145,6 +145,7 @@ pub struct Kernels {
     pub moe_gate_up: [CudaFunction; 3],
     pub moe_down: [CudaFunction; 3],
     pub route_topk: CudaFunction,
+    pub route_grouped: CudaFunction,
     pub moe_combine: CudaFunction,
     /// moe_combine and the next RMSNorm of x in one launch.
     pub moe_combine_norm: CudaFunction,
@@ -486,6 +487,7 @@ impl Kernels {
             moe_gate_up: floats("moe_gate_up")?,
             moe_down: floats("moe_down")?,
             route_topk: f("route_topk")?,
+            route_grouped: f("route_grouped")?,
             moe_combine: f("moe_combine")?,
             moe_combine_norm: f("moe_combine_norm")?,
             put_slots: f("put_slots")?,

@@ -2,7 +2,7 @@
 //! slots, the routes on the device), routing and the MoE block's fused launches.
 
 use super::*;
-use crate::model::routing::Routing;
+use crate::model::routing::{Grouped, Routing, MAX_GROUPS};
 
 /// A routing rule as the routing kernels take it (cuda/route.cu RULE_*): the rule and its eps, for
 /// k routes of ne experts.
@@ -28,6 +28,15 @@ fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)
             ))
         }
     })
+}
+
+/// Whether route_grouped takes a router of `ne` experts under rule `g` (a warp holds 256
+/// experts; a group mask of 64 bits).
+pub fn grouped_on_device(ne: usize, g: Grouped) -> bool {
+    (1..=256).contains(&ne)
+        && (1..=MAX_GROUPS.min(64)).contains(&g.groups)
+        && ne.is_multiple_of(g.groups)
+        && (1..=g.groups).contains(&g.topk_groups)
 }
 
 /// The ap8 kernels take x in 32-column chunks, whole within groups of 64 columns or more (a
@@ -617,6 +626,28 @@ impl Gpu {
         // A warp a token, 4 a block (route.cu ROUTE_TOPK_WARPS).
         let c = cfg(blocks(t, 4), 128);
         launch!(self, self.kernels.route_topk, c; logits, nei, ki, ti, rule, reps, routes, bias)
+    }
+
+    /// Group-limited routing (route.cu route_grouped) of t tokens' logits with the layer's
+    /// selection bias ([ne] at `bias`; 0: none): the routes `route` writes, a warp a token.
+    pub fn route_grouped(
+        &self,
+        logits: u64,
+        (t, ne, bias): (usize, usize, u64),
+        (k, g): (usize, Grouped),
+        routes: u64,
+    ) -> crate::Result<()> {
+        if k == 0 || k > 16 || k > ne || !grouped_on_device(ne, g) {
+            return Err(Error::Invalid(format!(
+                "CUDA: grouped routing to {k} of {ne} experts in {} groups (top {}) has no kernel",
+                g.groups, g.topk_groups
+            )));
+        }
+        let (nei, ki, ti) = (ne as i32, k as i32, t as i32);
+        let (softmax, groups, top) = (g.softmax as i32, g.groups as i32, g.topk_groups as i32);
+        let (renorm, scale) = (g.renormalize as i32, g.scale);
+        let c = cfg(blocks(t, 4), 128);
+        launch!(self, self.kernels.route_grouped, c; logits, nei, ki, ti, softmax, groups, top, renorm, scale, bias, routes)
     }
 
     /// Write `a`'s table ([n][gate, up, down] at `tab`) and routes (n ranks then n weights at

@@ -164,16 +164,17 @@ impl<'f, D: ExpertDevice> Engine<'f, D> {
         };
         // Gated decode (gated.rs): a cache of part of the experts, in device memory, no
         // prefetch (it would change the cache under layers already queued); with CPU experts,
-        // integer SwiGLU experts (their result joins the routed kernels' sum). Group-limited
-        // routing has no device kernel: such a model routes on the host.
+        // integer SwiGLU experts (their result joins the routed kernels' sum).
         let glu =
             model.cfg.expert_act != ExpertAct::SiluGlu || model.cfg.arch.sinks_and_expert_biases();
         let high_float = file.variants()[plan.high].kind.is_float();
         let plain = !glu && !high_float;
-        if matches!(
+        // Group-limited routing on the device takes up to 256 experts (a warp's, route.cu).
+        let grouped = matches!(
             model.cfg.routing(),
             crate::model::routing::Routing::Grouped { .. }
-        ) {
+        );
+        if grouped && file.n_experts() > 256 {
             cfg.tuning.device_routing = false;
         }
         let gated = cfg.tuning.gated_decode
