@@ -33,15 +33,11 @@ impl<D: ExpertDevice> Engine<'_, D> {
     /// loads first), the token's routes where they are `replayed` ([layers][k]), every mailbox
     /// emptied; the token is followed in end_forward.
     pub(super) fn gate_begin(&mut self, dev: &D, replayed: Option<&[Route]>) -> crate::Result<()> {
-        if std::mem::take(&mut self.routing.follow) {
+        if self.routing.follow {
             // The last gated token failed before it was followed: its gates opened, its work
             // ended, before this one.
-            if let Some(r) = self.routing.resident.as_mut() {
-                dev.gate_open_all(r)?;
-            }
-            dev.synchronize()?;
+            self.abandon(dev)?;
         }
-        self.routing.followed = 0;
         self.count_held()?;
         let changes = self.directory_changes(dev, None)?;
         let k = self.top_k;
@@ -74,29 +70,39 @@ impl<D: ExpertDevice> Engine<'_, D> {
         self.follow_until(dev, nl)?;
         self.routing.followed = 0;
         let mut mail = vec![0.0f32; 2 * self.top_k];
-        match nl.checked_sub(1) {
+        let last = match nl.checked_sub(1) {
             Some(last) => self.wait_mail(dev, last, &mut mail).map(|_| ()),
             None => Ok(()),
+        };
+        if last.is_err() {
+            self.abandon(dev)?;
         }
+        last
+    }
+
+    /// A failed gated token: every gate opened (its work ends and is thrown away), and the
+    /// device waited for, before the error returns.
+    fn abandon(&mut self, dev: &D) -> crate::Result<()> {
+        self.routing.follow = false;
+        self.routing.followed = 0;
+        if let Some(r) = self.routing.resident.as_mut() {
+            dev.gate_open_all(r)?;
+        }
+        dev.synchronize()
     }
 
     /// Follow the gated token's layers `followed..end`, counting their routes and placing the
     /// misses of the layers that wait. A token launched as it runs (not from a CUDA graph) is
-    /// followed while it launches, `Tuning::gated_follow_lag` layers behind: a held gate must not wait for a
-    /// host blocked in a launch (the device's queue of launches is finite). On a failure every
-    /// gate is opened (the token's work ends and is thrown away) before the error returns.
+    /// followed while it launches, `Tuning::gated_follow_lag` layers behind: a held gate must
+    /// not wait for a host blocked in a launch (the device's queue of launches is finite). On a
+    /// failure, `abandon`.
     pub(super) fn follow_until(&mut self, dev: &D, end: usize) -> crate::Result<()> {
         let arrived = Instant::now();
         let followed = self.follow_layers(dev, end);
         self.slots.compute_free = false;
         self.count.gated_follow += arrived.elapsed();
         if followed.is_err() {
-            self.routing.follow = false;
-            self.routing.followed = 0;
-            if let Some(r) = self.routing.resident.as_mut() {
-                dev.gate_open_all(r)?;
-            }
-            dev.synchronize()?;
+            self.abandon(dev)?;
         }
         followed
     }
