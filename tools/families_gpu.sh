@@ -64,7 +64,7 @@
 #                                        llama.cpp MXFP4_MOE under rtx4060ti-16g -> $OUT/gptoss-mxfp4.md
 #   bash tools/families_gpu.sh glm       issue 53: GLM-4.5-Air's shape (GLM_LAYERS of its 46, default 6: the dense
 #                                        first layer and 5 MoE layers) under the 16 GB profile: hob int4 (+ int2 low,
-#                                        cooperative CPU experts) with int8 dense beside llama.cpp Q4_K_M at the
+#                                        cooperative CPU experts; int4 gated) with int8 dense beside llama.cpp Q4_K_M at the
 #                                        --n-cpu-moe splits that fit, then ROUNDS alternated tg64 rounds -> $OUT/glm.md
 #   bash tools/families_gpu.sh flash     the same for GLM-4.7-Flash's shape (FLASH_LAYERS of its 47, default 8; 64 experts
 #                                        of 2048 x 1536, MLA, sigmoid routing) -> $OUT/flash.md
@@ -473,9 +473,11 @@ glm|flash)
     echo "|---|---|---|---|---|---|---|---|---|"
   } > "$out/qwen3.md"
   r=(-r 3 -p 512 -n 64)
-  p=(--platform rtx4060ti-16g --cache-policy hobbit --prefetch 3 --expert-cache "$c" "${r[@]}")
-  hobrow "int4+int2, CPU experts" "${p[@]}" --expert-variant int4 --low int2 --cpu-experts -t "$(nproc)"
-  hobrow "int4, CPU experts" "${p[@]}" --expert-variant int4 --low none --cpu-experts -t "$(nproc)"
+  p=(--platform rtx4060ti-16g --cache-policy hobbit --expert-cache "$c" "${r[@]}")
+  hobrow "int4+int2, CPU experts" "${p[@]}" --prefetch 3 --expert-variant int4 --low int2 --cpu-experts -t "$(nproc)"
+  hobrow "int4, CPU experts" "${p[@]}" --prefetch 3 --expert-variant int4 --low none --cpu-experts -t "$(nproc)"
+  # Gated decode (routed on the device, held at a layer's gate only on a miss) takes no prefetch.
+  hobrow "int4 gated, CPU experts" "${p[@]}" --prefetch 0 --expert-variant int4 --low none --cpu-experts -t "$(nproc)"
   best=$n; bts=0
   for k in $n $((n + 1)); do
     [ "$k" -le "$gl" ] || continue
@@ -485,16 +487,18 @@ glm|flash)
     ts=$(echo "$row" | grep tg64 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
     python3 -c "import sys; sys.exit(0 if float('${ts:-0}') > float('$bts') else 1)" && { best=$k; bts=$ts; }
   done
-  { echo ""; echo "| round | hob int4+int2 t/s | hob int4 t/s | llama.cpp Q4_K_M --n-cpu-moe $best t/s |"; echo "|---|---:|---:|---:|"; } >> "$out/qwen3.md"
+  { echo ""; echo "| round | hob int4+int2 t/s | hob int4 t/s | hob int4 gated t/s | llama.cpp Q4_K_M --n-cpu-moe $best t/s |"
+    echo "|---|---:|---:|---:|---:|"; } >> "$out/qwen3.md"
   tg='import json, sys; print(next(r["avg_ts"] for r in json.load(sys.stdin) if r["n_gen"] > 0 and r["n_prompt"] == 0))'
-  q=(--platform rtx4060ti-16g --cache-policy hobbit --prefetch 3 --expert-cache "$c" --expert-variant int4 --cpu-experts \
+  q=(--platform rtx4060ti-16g --cache-policy hobbit --expert-cache "$c" --expert-variant int4 --cpu-experts \
      -t "$(nproc)" -r 3 -p 0 -n 64 -o json)
   for i in $(seq 1 "${ROUNDS:-2}"); do
-    h2=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low int2 2>>"$log" | python3 -c "$tg" 2>>"$log")
-    h4=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low none 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    h2=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low int2 --prefetch 3 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    h4=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low none --prefetch 3 2>>"$log" | python3 -c "$tg" 2>>"$log")
+    hg=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low none --prefetch 0 2>>"$log" | python3 -c "$tg" 2>>"$log")
     l=$(timeout 120 $L/build/bin/llama-bench -m "$gg-Q4_K_M.gguf" -ngl 99 --n-cpu-moe "$best" -t "$(nproc)" -p 0 -n 64 \
       -r 3 -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
-    echo "| $i | ${h2:-failed} | ${h4:-failed} | ${l:-failed} |" >> "$out/qwen3.md"
+    echo "| $i | ${h2:-failed} | ${h4:-failed} | ${hg:-failed} | ${l:-failed} |" >> "$out/qwen3.md"
   done
   mv "$out/qwen3.md" "$out/$1.md"; cat "$out/$1.md" ;;
 oss120)
