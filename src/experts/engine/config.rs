@@ -35,8 +35,8 @@ pub struct Tuning {
     /// (off: every layer's routes come to the host).
     pub device_routing: bool,
     /// Decode with part of the experts cached routes on the device too, a layer held at its gate
-    /// for the host only on a miss (gated.rs; off: every layer's routes come to the host). Its
-    /// bit-for-bit cases in tests/gpu_engine.rs passed on an H100 on 2026-12-07.
+    /// for the host only on a miss (gated.rs; off: every layer's routes come to the host).
+    /// benches/results/2026-12-07-h100-issue50-gated-decode.md
     pub gated_decode: bool,
     /// A host-routed decode layer whose experts all sit in slots of one pool runs them through
     /// the routed kernels (off: one expert at a time; the same sums).
