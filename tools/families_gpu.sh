@@ -122,6 +122,17 @@ llrow() { # label, gguf, args...
   timeout 200 $L/build/bin/llama-bench -m "$m" -ngl 99 -t "$(nproc)" "$@" -o md 2>>"$log" \
     | grep -v '^| ---\|^| model' | sed "s#^|#| llama.cpp $label |#" >> "$out/qwen3.md"
 }
+make_room() { # GiB a mode's files need, the files it keeps: other modes' .hob and .gguf in /tmp go when the
+  # disk (64 GiB on the device) has less free than that; the rows of one call then still get their llama.cpp file
+  local need=$1 free f; shift
+  free=$(df --output=avail -BG /tmp | tail -1 | tr -dc 0-9)
+  [ "${free:-0}" -ge "$need" ] && return 0
+  for f in /tmp/*.hob /tmp/*.gguf; do
+    [ -e "$f" ] || continue
+    case " $* " in *" $f "*) continue ;; esac
+    echo "make_room: $need GiB wanted, ${free} GiB free: removing $f" >> "$log"; rm -f "$f"
+  done
+}
 resume_rows() { # rows kept in $R/rows.md across calls: a row done in an earlier call is skipped (`once`)
   [ -f "$R/rows.md" ] || {
     echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit, projected t/s; llama.cpp: ngl, n_cpu_moe) |"
@@ -446,20 +457,25 @@ glm|flash)
   # values (MLA with a q bottleneck, the 10240-wide dense layer, a shared expert, 154880-token vocabulary): hob int8
   # 2.2e9 bytes, Q4_K_M ~1.3e9. Bytes per expert: hob int4 g64 5308416, Q4_K_M ~5.8e6.
   if [ "$1" = flash ]; then
-    preset=glm-4.7-flash; gl="${FLASH_LAYERS:-8}"; ne=64; eh=5308416; dh=2.2e9; el=5.8e6; dl=1.3e9; total=47
+    preset=glm-4.7-flash; gl="${FLASH_LAYERS:-8}"; ne=64; eh=5308416; dh=2.2e9; el=5.8e6; dl=1.3e9; total=47; disk=24
   else
-    preset=glm-4.5-air; gl="${GLM_LAYERS:-6}"; ne=128; eh=9732096; dh=7.4e9; el=10.6e6; dl=4.4e9; total=46
+    preset=glm-4.5-air; gl="${GLM_LAYERS:-6}"; ne=128; eh=9732096; dh=7.4e9; el=10.6e6; dl=4.4e9; total=46; disk=56
   fi
   model=/tmp/$preset-${gl}l.hob; gg=/tmp/$preset-${gl}l; nm=$((gl - 1))
-  llama_ready >> "$log" 2>&1
+  # GiB for the f16 GGUF, its Q4_K_M and the .hob (GLM-4.5-Air's 6 layers: ~36, ~10, ~8).
+  [ -f "$model" ] && [ -f "$gg-Q4_K_M.gguf" ] || make_room "$disk" "$model" "$gg-Q4_K_M.gguf"
+  llama_ready >> "$log" 2>&1 &
   [ -f "$model" ] || "$hob" convert --synthetic "$preset" --layers "$gl" --experts int4,int2 --dense int8 \
-    -o "$model" --no-progress >> "$log" 2>&1
+    -o "$model" --no-progress >> "$log" 2>&1 &
   if [ ! -f "$gg-Q4_K_M.gguf" ]; then
-    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model "$preset" \
+    mkdir -p /tmp/gg && tar xJf .gpu/gguf-py.tar.xz -C /tmp/gg
+    PYTHONPATH=/tmp/gg/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model "$preset" \
       --layers "$gl" 2>/dev/null >> "$log"
+    wait
     $L/build/bin/llama-quantize "$gg-f16.gguf" "$gg-Q4_K_M.gguf" Q4_K_M "$(nproc)" > /tmp/quantize-glm.log 2>&1 \
       || tail -3 /tmp/quantize-glm.log; rm -f "$gg-f16.gguf"
   fi
+  wait
   [ "${PREPARE_ONLY:-0}" = 1 ] && { ls -l "$model" "$gg-Q4_K_M.gguf"; exit 0; }
   # The full model's share of its experts that fit 16 GiB beside its dense weights and 1e9 of the rest.
   share() { python3 -c "print(max(0.0, min(1.0, (16*2**30 - $2 - 1e9) / ($(( (total - 1) * ne ))*$1))))"; }
@@ -561,16 +577,21 @@ deepseek)
   # DeepSeek-V2-Lite, all 27 layers (llama.cpp reads a 27-layer deepseek2 as the Lite shape, without q_lora):
   # hob int4 experts (26 x 64 x 4866048 bytes, 8.1e9) + int8 dense (1.3e9) fits a 16 GB card whole, as does
   # llama.cpp's Q4_K_M (~10.4e9): both all on the GPU under rtx4060ti-16g, alternated ROUNDS times.
-  llama_ready >> "$log" 2>&1
   model=/tmp/dsv2-lite.hob; gg=/tmp/dsv2-lite
+  # The f16 GGUF ~31 GB, its Q4_K_M ~10, the .hob ~9.
+  [ -f "$model" ] && [ -f "$gg-Q4_K_M.gguf" ] || make_room 52 "$model" "$gg-Q4_K_M.gguf"
+  llama_ready >> "$log" 2>&1 &
   [ -f "$model" ] || "$hob" convert --synthetic deepseek-v2-lite --experts int4 --dense int8 -o "$model" \
-    --no-progress >> "$log" 2>&1
+    --no-progress >> "$log" 2>&1 &
   if [ ! -f "$gg-Q4_K_M.gguf" ]; then
-    PYTHONPATH=$L/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model deepseek-v2-lite \
+    mkdir -p /tmp/gg && tar xJf .gpu/gguf-py.tar.xz -C /tmp/gg
+    PYTHONPATH=/tmp/gg/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$gg-f16.gguf" --model deepseek-v2-lite \
       --layers 27 2>/dev/null >> "$log"
+    wait
     $L/build/bin/llama-quantize "$gg-f16.gguf" "$gg-Q4_K_M.gguf" Q4_K_M "$(nproc)" > /tmp/quantize-ds.log 2>&1 \
       || tail -3 /tmp/quantize-ds.log; rm -f "$gg-f16.gguf"
   fi
+  wait
   ls -l "$model" "$gg-Q4_K_M.gguf" >> "$log"
   echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit; llama.cpp: ngl) |" > "$out/qwen3.md"
   echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
@@ -658,14 +679,14 @@ q8)
   # The Q8_0 quality class (the issue's int8 + int4 rows): hob int8 experts, gated with CPU experts and
   # host-routed (alone, and with an int4 low tier at T1/T2), beside llama.cpp's Q8_0 written directly
   # (make_synthetic_gguf.py --q8-0) at its fitting --n-cpu-moe; Q8_LAYERS of the 48 layers (default 32: the two
-  # files, 47 GB, fit the device's disk once the 48-layer int4 ones are gone: removed here), the trained
+  # files, 52 GB, fit the device's disk once other modes' files are gone: make_room), the trained
   # router's routing replayed, two rounds alternated, resumable as `gated`.
   R=/tmp/q8; mkdir -p $R
   LAYERS=${Q8_LAYERS:-32}; TRACE=${TRACE:-/tmp/q3r-trace.jsonl}; T1=${T1:-0.793}; T2=${T2:-0.952}
   [ -f "$TRACE" ] || { echo "q8: no trace at $TRACE (families_gpu.sh trace or gated first)"; exit 2; }
   wg=/tmp/qwen3-synthetic-${LAYERS}l-Q8_0.gguf; model=/tmp/qwen3-synthetic-${LAYERS}l-int8-int4.hob
   if [ ! -f "$wg" ] || [ ! -f "$model" ]; then
-    rm -f /tmp/qwen3-synthetic-48l-Q4_K_M.gguf /tmp/qwen3-synthetic-48l-int4.hob
+    make_room 55 "$wg" "$model"
     llama_ready >> "$log" 2>&1 &
     if [ ! -f "$wg" ]; then
       mkdir -p $R/gg && tar xJf .gpu/gguf-py.tar.xz -C $R/gg
