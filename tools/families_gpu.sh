@@ -33,7 +33,8 @@
 #                                        the two 48-layer files; call it again after a cut-off call: it resumes
 #   bash tools/families_gpu.sh q8        the Q8_0 class: hob int8 (gated + CPU experts; host-routed, alone and with an
 #                                        int4 low tier) beside llama.cpp Q8_0 (written directly), Q8_LAYERS of 48
-#                                        (default 32, for the disk), 16 GB and 12 GB, routing replayed -> $out/q8.md
+#                                        (default 32, for the disk), 16 GB and 12 GB, routing replayed -> $out/q8.md;
+#                                        without the trace it runs `trace` itself, beside the build and the files
 #   bash tools/families_gpu.sh roundtrip the host's round trip of a host-routed decode layer: 8 layers, int4, resident
 #                                        (h100's profile: one graph) beside offloaded at ~all hits (the 16 GB
 #                                        profile's link, CPU experts), each plain (--stats) and under
@@ -682,12 +683,13 @@ q8)
   # files, 52 GB, fit the device's disk once other modes' files are gone: make_room), the trained
   # router's routing replayed, two rounds alternated, resumable as `gated`.
   R=/tmp/q8; mkdir -p $R
-  LAYERS=${Q8_LAYERS:-32}; TRACE=${TRACE:-/tmp/q3r-trace.jsonl}; T1=${T1:-0.793}; T2=${T2:-0.952}
-  [ -f "$TRACE" ] || { echo "q8: no trace at $TRACE (families_gpu.sh trace or gated first)"; exit 2; }
+  LAYERS=${Q8_LAYERS:-32}; TRACE=${TRACE:-/tmp/q3r-trace.jsonl}
   wg=/tmp/qwen3-synthetic-${LAYERS}l-Q8_0.gguf; model=/tmp/qwen3-synthetic-${LAYERS}l-int8-int4.hob
-  if [ ! -f "$wg" ] || [ ! -f "$model" ]; then
+  if [ ! -f "$wg" ] || [ ! -f "$model" ] || [ ! -f "$TRACE" ]; then
     make_room 55 "$wg" "$model"
     llama_ready >> "$log" 2>&1 &
+    # A fresh machine trains the router (GPU) beside the build (CPU) and the two files (disk).
+    [ -f "$TRACE" ] || BUDGET=${BUDGET:-110} bash "$0" trace > $R/trace.log 2>&1 &
     if [ ! -f "$wg" ]; then
       mkdir -p $R/gg && tar xJf .gpu/gguf-py.tar.xz -C $R/gg
       PYTHONPATH=$R/gg/llama.cpp/gguf-py python3 tools/make_synthetic_gguf.py "$wg.part" --model qwen3-30b-a3b \
@@ -697,7 +699,10 @@ q8)
       --no-progress >> "$log" 2>&1 &
     wait
   fi
-  [ -f "$wg" ] && [ -f "$model" ] || { echo "q8: no GGUF or .hob (see $log)"; exit 1; }
+  [ -f "$wg" ] && [ -f "$model" ] && [ -f "$TRACE" ] || { echo "q8: no GGUF, .hob or trace (see $log)"; exit 1; }
+  # T1/T2 as `trace` fitted them on this machine, else the values of 2026-12-06's router.
+  [ -z "${T1:-}" ] && [ -f "$out/trace.env" ] && . "$out/trace.env"
+  T1=${T1:-0.793}; T2=${T2:-0.952}
   r=(-r 2 -p 512 -n 64)
   resume_rows
   for round in 1 2; do
