@@ -6,7 +6,8 @@
 use super::arch::{Architecture, Lanes};
 use super::deepseek::DeepseekExtras;
 use super::gguf::GgufFile;
-use super::gguf_checkpoint::{check_finite, check_tensor, missing, parse_spec, unsupported, Keys};
+use super::gguf_checkpoint::{check_finite, check_tensor};
+use super::gguf_spec::{missing, parse_spec, unsupported, Keys};
 use super::glm4moe::GlmExtras;
 use super::gptoss::GptOssExtras;
 use super::{DenseTensor, ImportError, MixtralSpec};

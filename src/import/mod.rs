@@ -25,6 +25,7 @@ pub mod gguf;
 pub mod gguf_checkpoint;
 mod gguf_defaults;
 mod gguf_families;
+mod gguf_spec;
 pub mod gguf_tokenizer;
 mod glm4moe;
 mod gptoss;
