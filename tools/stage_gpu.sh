@@ -79,7 +79,7 @@ tests)
     # The GPU tests are #[ignore]d where there is no GPU; here they run. The demo model is not
     # carried (too large), so its test stays out.
     extra=(--include-ignored); case "$name" in gpu_backend-*|gpu_engine-*)
-      extra+=(--nocapture --test-threads=1 --skip demo_model_on_the_gpu);; gpu_families-*)
+      extra+=(--nocapture --test-threads=1 --skip demo_model_on_the_gpu);; gpu_families-*|gpu_routing-*)
       extra+=(--nocapture --test-threads=1);; esac
     { echo "=== $name"; "$t" "${extra[@]}" 2>&1; } >> "$out/tests.log" || { status=1; echo "FAILED: $name"; }
   done

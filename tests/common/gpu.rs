@@ -8,7 +8,7 @@ use hob::experts::engine::EngineConfig;
 use hob::experts::{DirectExperts, Engine, PrecisionPlan, Thresholds};
 use hob::format::HobFile;
 use hob::generate::{Bound, Session};
-use hob::model::Model;
+use hob::model::{Backend, Model};
 
 /// Device 0. The GPU tests are `#[ignore]`d (so a machine without a GPU counts them as ignored,
 /// not passed); run with `--include-ignored`, they fail where CUDA cannot be used, saying why.
@@ -77,4 +77,18 @@ pub fn cpu_session_at<'a>(
     let backend = CpuBackend::new(2).unwrap();
     let experts = DirectExperts::new(file, v).unwrap();
     Box::new(Bound::new(model, backend, Box::new(experts), 128, "cpu".into()).unwrap())
+}
+
+/// `v` in a new device buffer of `b`.
+pub fn to_gpu(b: &CudaBackend, v: &[f32]) -> cudarc::driver::CudaSlice<f32> {
+    let mut d = b.alloc(v.len()).unwrap();
+    b.upload(v, &mut d).unwrap();
+    d
+}
+
+/// The first `n` values of device buffer `d`.
+pub fn from_gpu(b: &CudaBackend, d: &cudarc::driver::CudaSlice<f32>, n: usize) -> Vec<f32> {
+    let mut v = vec![0.0; n];
+    b.download(d, &mut v).unwrap();
+    v
 }
