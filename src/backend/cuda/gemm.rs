@@ -152,6 +152,62 @@ impl Gpu {
         .map_err(cuda_err)
     }
 
+    /// Each head's own f32 product for t tokens, one cuBLAS call over the heads:
+    /// y[tok, h, i] = sum_c w[h * rows + i, c] · x[tok, h, c] for i < rows, with x and y given
+    /// with their floats per head (`xs`, `ys`; a token's heads follow each other). Column-major
+    /// for cuBLAS, head h: C (rows x t, ld heads * ys, from y + h * ys) = W_hᵀ (cols x rows)ᵀ ·
+    /// X (cols x t, ld heads * xs, from x + h * xs). f32 arithmetic (the handle keeps the default
+    /// math mode: no TF32).
+    pub fn gemm_heads(
+        &self,
+        w: u64,
+        (x, xs): (u64, usize),
+        (y, ys): (u64, usize),
+        (heads, rows, cols): (usize, usize, usize),
+        t: usize,
+    ) -> crate::Result<()> {
+        use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let f32t = cudaDataType::CUDA_R_32F;
+        let dim = |v: usize| {
+            i32::try_from(v)
+                .map_err(|_| Error::Invalid(format!("gemm_heads: {v} is past cuBLAS's int")))
+        };
+        let (m, n, k, h) = (dim(rows)?, dim(t)?, dim(cols)?, dim(heads)?);
+        let (ldb, ldc) = (dim(heads * xs)?, dim(heads * ys)?);
+        // SAFETY: w holds heads * rows * cols floats; x holds t tokens of heads * xs floats
+        // (each head's cols <= xs), y t tokens of heads * ys (rows <= ys), as the caller
+        // checked; the handle is bound to the compute stream, after the launches that wrote x.
+        unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m,
+                n,
+                k,
+                &alpha as *const f32 as *const _,
+                w as *const _,
+                f32t,
+                k,
+                (rows * cols) as i64,
+                x as *const _,
+                f32t,
+                ldb,
+                xs as i64,
+                &beta as *const f32 as *const _,
+                y as *mut _,
+                f32t,
+                ldc,
+                ys as i64,
+                h,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(cuda_err)
+    }
+
     /// True where gemm_q4h computes `w`'s products from f16 tokens at `xh` (int4, groups of a
     /// multiple of 32: hob's g64 and a GGUF's Q4_K g32; 16-byte aligned rows).
     pub fn gemm_q4h_applies(&self, w: &DevMat, xh: u64) -> bool {

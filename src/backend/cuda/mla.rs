@@ -89,8 +89,10 @@ impl CudaBackend {
         )
     }
 
-    /// y[tok, h, :rows] = w[h * rows.., :cols] · x[tok, h, :cols] (mla.cu mla_matvec), x and y
-    /// given with their floats per head.
+    /// y[tok, h, :rows] = w[h * rows.., :cols] · x[tok, h, :cols], x and y given with their
+    /// floats per head: a decode token through mla.cu mla_matvec (a warp a row), a prefill
+    /// batch through one batched GEMM (Gpu::gemm_heads), which reads each head's map once for
+    /// every token instead of once a token.
     fn mla_matvec(
         &self,
         w: u64,
@@ -106,6 +108,11 @@ impl CudaBackend {
             return Err(Error::Invalid(format!(
                 "CUDA MLA: heads of {cols} values ({xs} apart) are not 16-byte rows"
             )));
+        }
+        if t > 1 {
+            return self
+                .gpu
+                .gemm_heads(w, (x, xs), (y, ys), (heads, rows, cols), t);
         }
         let c = LaunchConfig {
             grid_dim: (blocks(heads * rows, 8), t as u32, 1),
