@@ -39,6 +39,9 @@
 #                                        (h100's profile: one graph) beside offloaded at ~all hits (the 16 GB
 #                                        profile's link, CPU experts), each plain (--stats) and under
 #                                        tools/kernel_trace.c with the driver calls -> $out/roundtrip.md
+#   [PRESET=..] [DENSE=..] bash tools/families_gpu.sh timeline
+#                                        one resident decode token's kernels in order (tools/kernel_trace.c), the
+#                                        preset's LAYERS layers, int4 experts -> $out/timeline-PRESET.md
 #   bash tools/families_gpu.sh dense     issue 56: the 16 GB and 12 GB int8+int4 rows with f16 dense weights and with
 #                                        --dense int8 (the expert cache gets the memory freed), uniform routing
 #                                        -> $OUT/dense.md
@@ -624,6 +627,20 @@ roundtrip)
       python3 tools/kernel_trace.py /tmp/rt-$mode.csv --skip 0.3 --timeline 12 | head -150; echo '```'; } >> "$out/roundtrip.md"
   done
   cat "$out/roundtrip.md" ;;
+timeline)
+  # One resident decode token's kernels in order (where a layer's time goes beyond its bytes' time): PRESET
+  # (default qwen3-30b-a3b) of LAYERS layers, int4 experts, DENSE (default f16) dense weights, all on the GPU.
+  bash tools/kernel_trace.sh build >> "$log" 2>&1 || exit 1
+  pre=${PRESET:-qwen3-30b-a3b}; dn=${DENSE:-f16}; model=/tmp/tl-$pre-${LAYERS}l-$dn.hob
+  [ -f "$model" ] || "$hob" convert --synthetic "$pre" --layers "$LAYERS" --experts int4 --dense "$dn" -o "$model" \
+    --no-progress >> "$log" 2>&1
+  b=(bench -m "$model" -p 0 -n 32 -r 1 --platform h100)
+  "$hob" "${b[@]}" > /tmp/tl.txt 2>&1
+  HOB_KTRACE=/tmp/tl.csv LD_PRELOAD=$PWD/.gpu/libkernel_trace.so "$hob" "${b[@]}" >> "$log" 2>&1
+  { echo "## $pre, $LAYERS layers, int4 experts, $dn dense, resident"; grep -E "tg32" /tmp/tl.txt; echo '```'
+    python3 tools/kernel_trace.py /tmp/tl.csv --skip 0.3 | head -60
+    python3 tools/kernel_trace.py /tmp/tl.csv --skip 0.3 --timeline 12 | head -120; echo '```'; } > "$out/timeline-$pre.md"
+  cat "$out/timeline-$pre.md" ;;
 whole)
   [ -n "${TRACE:-}" ] && [ -n "${T1:-}" ] && [ -n "${T2:-}" ] \
     || { echo "whole: set TRACE, T1 and T2 from \`families_gpu.sh trace\` (its trace.env) first"; exit 2; }
@@ -721,5 +738,5 @@ q8)
     done
   done
   cp $R/rows.md "$out/q8.md"; cat "$out/q8.md" ;;
-*) echo "usage: families_gpu.sh prepare|qwen3|whole|gated-files|gated|q8|roundtrip|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
+*) echo "usage: families_gpu.sh prepare|qwen3|whole|gated-files|gated|q8|roundtrip|timeline|dense|gguf|trace|replay|int3|lowbits|phi-trace|phi|hobbit|gptoss|glm|flash|deepseek|oss120"; exit 2 ;;
 esac
