@@ -150,6 +150,7 @@ once() { # id, row function and its arguments: run unless done in an earlier cal
 gated_files() { # gated's inputs: llama.cpp built, the trace (unless TRACE), the 48-layer GGUF and .hob
   wg=/tmp/qwen3-synthetic-48l-Q4_K_M.gguf; model=/tmp/qwen3-synthetic-48l-int4.hob
   if [ -z "${TRACE:-}" ] || [ ! -f "$wg" ] || [ ! -f "$model" ]; then
+    [ -f "$wg" ] && [ -f "$model" ] || make_room 40 "$wg" "$model" /tmp/q3r.hob
     # The llama.cpp build (CPU), the router's training (GPU) and the two files (disk) side by side.
     llama_ready >> "$log" 2>&1 &
     [ -n "${TRACE:-}" ] || [ -f /tmp/q3r-trace.jsonl ] || BUDGET=${BUDGET:-110} bash "$0" trace > $R/trace.log 2>&1 &
