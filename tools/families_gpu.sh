@@ -35,6 +35,7 @@
 #                                        int4 low tier) beside llama.cpp Q8_0 (written directly), Q8_LAYERS of 48
 #                                        (default 32, for the disk), 16 GB and 12 GB, routing replayed -> $out/q8.md;
 #                                        without the trace it runs `trace` itself, beside the build and the files
+#                                        (PREPARE_ONLY=1: only those, e.g. beside the GPU tests)
 #   bash tools/families_gpu.sh roundtrip the host's round trip of a host-routed decode layer: 8 layers, int4, resident
 #                                        (h100's profile: one graph) beside offloaded at ~all hits (the 16 GB
 #                                        profile's link, CPU experts), each plain (--stats) and under
@@ -718,6 +719,7 @@ q8)
     wait
   fi
   [ -f "$wg" ] && [ -f "$model" ] && [ -f "$TRACE" ] || { echo "q8: no GGUF, .hob or trace (see $log)"; exit 1; }
+  [ "${PREPARE_ONLY:-0}" = 1 ] && { ls -l "$wg" "$model" "$TRACE"; exit 0; }
   # T1/T2 as `trace` fitted them on this machine, else the values of 2026-12-06's router.
   [ -z "${T1:-}" ] && [ -f "$out/trace.env" ] && . "$out/trace.env"
   T1=${T1:-0.793}; T2=${T2:-0.952}
