@@ -74,7 +74,7 @@
 #   bash tools/families_gpu.sh flash     the same for GLM-4.7-Flash's shape (FLASH_LAYERS of its 47, default 8; 64 experts
 #                                        of 2048 x 1536, MLA, sigmoid routing) -> $OUT/flash.md
 #   bash tools/families_gpu.sh oss120    issue 53: gpt-oss-120b's shape (OSS_LAYERS of its 36, default 6) under rtx4090-24g and
-#                                        rtx4060ti-16g: hob mxfp4 (+ int2 low) with cooperative CPU experts beside llama.cpp's
+#                                        rtx4060ti-16g: hob mxfp4 (+ int2 low; mxfp4 gated) with cooperative CPU experts beside llama.cpp's
 #                                        MXFP4_MOE at its --n-cpu-moe splits, then ROUNDS alternated tg64 rounds -> $OUT/oss120.md
 #   bash tools/families_gpu.sh deepseek  issue 53: DeepSeek-V2-Lite's shape, all 27 layers: hob int4 + int8 dense beside
 #                                        llama.cpp Q4_K_M, both whole on the GPU under the 16 GB profile -> $OUT/deepseek.md
@@ -532,6 +532,7 @@ oss120)
   # padded) / 13219200 (ggml MXFP4); non-expert weights 2.13e9 values: hob int8 2.2e9 bytes, Q8_0 2.26e9.
   ol="${OSS_LAYERS:-6}"; eh=13221888; dh=2.2e9; el=13219200; dl=2.26e9
   model=/tmp/gpt-oss-120b-${ol}l.hob; gg=/tmp/gpt-oss-120b-${ol}l
+  [ -f "$model" ] && [ -f "$gg-mxfp4.gguf" ] || make_room 40 "$model" "$gg-mxfp4.gguf"
   llama_ready >> "$log" 2>&1
   t0=$(date +%s)
   [ -f "$model" ] || "$hob" convert --synthetic gpt-oss-120b --layers "$ol" --experts mxfp4,int2 --dense int8 \
@@ -555,9 +556,11 @@ oss120)
     n=$(python3 -c "import math; print(min($ol, math.ceil($ol*(1-$fl) - 1e-9)))")
     echo "$name, $ol of 36 layers: hob mxfp4 share $fh (--expert-cache $c GiB); llama.cpp MXFP4 share $fl (--n-cpu-moe $n fits)" >> "$out/qwen3.md"
     r=(-r 2 -p 512 -n 64)
-    p=(--platform "$name" --cache-policy hobbit --prefetch 3 --expert-cache "$c" --cpu-experts -t "$(nproc)")
-    hobrow "$name mxfp4+int2, CPU experts" "${p[@]}" "${r[@]}" --expert-variant mxfp4 --low int2
-    hobrow "$name mxfp4, CPU experts" "${p[@]}" "${r[@]}" --expert-variant mxfp4 --low none
+    p=(--platform "$name" --cache-policy hobbit --expert-cache "$c" --cpu-experts -t "$(nproc)")
+    hobrow "$name mxfp4+int2, CPU experts" "${p[@]}" "${r[@]}" --prefetch 3 --expert-variant mxfp4 --low int2
+    hobrow "$name mxfp4, CPU experts" "${p[@]}" "${r[@]}" --prefetch 3 --expert-variant mxfp4 --low none
+    # Gated decode (routed on the device, held at a layer's gate only on a miss): one precision, no prefetch.
+    hobrow "$name mxfp4 gated, CPU experts" "${p[@]}" "${r[@]}" --prefetch 0 --expert-variant mxfp4 --low none
     best=$n; bts=0
     for k in $n $((n + 1)); do
       [ "$k" -le "$ol" ] || continue
@@ -567,14 +570,16 @@ oss120)
       ts=$(echo "$row" | grep tg64 | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
       python3 -c "import sys; sys.exit(0 if float('${ts:-0}') > float('$bts') else 1)" && { best=$k; bts=$ts; }
     done
-    { echo ""; echo "| $name round | hob mxfp4+int2 t/s | hob mxfp4 t/s | llama.cpp MXFP4 --n-cpu-moe $best t/s |"; echo "|---|---:|---:|---:|"; } >> "$out/qwen3.md"
+    { echo ""; echo "| $name round | hob mxfp4+int2 t/s | hob mxfp4 t/s | hob mxfp4 gated t/s | llama.cpp MXFP4 --n-cpu-moe $best t/s |"
+      echo "|---|---:|---:|---:|---:|"; } >> "$out/qwen3.md"
     q=("${p[@]}" --expert-variant mxfp4 -r 3 -p 0 -n 64 -o json)
     for i in $(seq 1 "${ROUNDS:-1}"); do
-      h2=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low int2 2>>"$log" | python3 -c "$tg" 2>>"$log")
-      h4=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --low none 2>>"$log" | python3 -c "$tg" 2>>"$log")
+      h2=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --prefetch 3 --low int2 2>>"$log" | python3 -c "$tg" 2>>"$log")
+      h4=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --prefetch 3 --low none 2>>"$log" | python3 -c "$tg" 2>>"$log")
+      hg=$(timeout 120 "$hob" bench -m "$model" "${q[@]}" --prefetch 0 --low none 2>>"$log" | python3 -c "$tg" 2>>"$log")
       l=$(timeout 120 $L/build/bin/llama-bench -m "$gg-mxfp4.gguf" -ngl 99 --n-cpu-moe "$best" -t "$(nproc)" -p 0 -n 64 \
         -r 3 -o json 2>>"$log" | python3 -c "$tg" 2>>"$log")
-      echo "| $i | ${h2:-failed} | ${h4:-failed} | ${l:-failed} |" >> "$out/qwen3.md"
+      echo "| $i | ${h2:-failed} | ${h4:-failed} | ${hg:-failed} | ${l:-failed} |" >> "$out/qwen3.md"
     done
     echo "" >> "$out/qwen3.md"
   done
