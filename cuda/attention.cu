@@ -342,3 +342,130 @@ __device__ __forceinline__ void attention_prefill_body(
 ATTENTION_PREFILL(1)
 ATTENTION_PREFILL(2)
 ATTENTION_PREFILL(4)
+
+// Prefill attention over MLA's latent cache: one KV head whose rows (hd <= ATL_HD, hd % 8 == 0)
+// are both the keys and the values (CudaKv::values_are_keys), no window or sinks. Every head
+// shares the rows, so a block takes ATL_ROWS consecutive rows of the flattened [t, n_heads]
+// (query, head) order, walks the positions its last query sees ATP_CHUNK at a time with the
+// chunk's rows in shared memory once for all its rows (`attention_wide` reads every visible row
+// from L2 once per query and head), and keeps an online softmax per row as
+// attention_prefill_body does: a warp owns ATL_ROWS / 8 rows, lane j scores position j of the
+// chunk (rows one padding word apart: 32 lanes, 32 banks) and owns ATL_HD / 32 dims of the
+// output. Dims past hd are zeros in shared memory and not stored. Dynamic shared memory:
+// ATL_SMEM bytes (the rows' q in f32, then the chunk's rows as u32 words); grid
+// ceil(t * n_heads / ATL_ROWS); 256 threads.
+#define ATL_HD 576
+#define ATL_ROWS 16
+#define ATL_KW (ATL_HD / 2 + 1)
+#define ATL_SMEM (ATL_ROWS * ATL_HD * 4 + ATP_CHUNK * ATL_KW * 4)
+extern "C" __global__ void __launch_bounds__(256)
+    attention_prefill_latent(const float* __restrict__ q, const half_bits* __restrict__ kc,
+                             float* __restrict__ out, int n_heads, int hd, int t, int start_pos) {
+    PDL_ENTRY();
+    constexpr int HD = ATL_HD, DPL = HD / 32, RPW = ATL_ROWS / 8;
+    extern __shared__ __align__(16) float atl_smem[];
+    float(*qs)[HD] = reinterpret_cast<float(*)[HD]>(atl_smem);
+    u32(*ks)[ATL_KW] = reinterpret_cast<u32(*)[ATL_KW]>(atl_smem + ATL_ROWS * HD);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int rows = t * n_heads, r0 = blockIdx.x * ATL_ROWS;
+    // Row r of the block: flattened row r0 + r = query * n_heads + head, hd floats apart in q
+    // and out.
+    for (int i = threadIdx.x; i < ATL_ROWS * HD; i += blockDim.x) {
+        const int r = i / HD, d = i % HD;
+        qs[r][d] = r0 + r < rows && d < hd ? q[(size_t)(r0 + r) * hd + d] : 0.f;
+    }
+    const int hi = start_pos + (min(r0 + ATL_ROWS, rows) - 1) / n_heads;
+    float m[RPW], l[RPW], acc[RPW][DPL];
+    int pos[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = r0 + warp * RPW + i;
+        pos[i] = r < rows ? start_pos + r / n_heads : -1;  // a padding row sees nothing
+        m[i] = NEG_INF;
+        l[i] = 0.f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[i][d] = 0.f;
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int w8 = hd / 8;
+    for (int p0 = 0; p0 <= hi; p0 += ATP_CHUNK) {
+        __syncthreads();  // the last chunk's readers are done (and qs is written, the first time)
+        // The chunk's rows, 8 halves a thread at a time (positions past hi and dims past hd:
+        // zeros).
+        for (int i = threadIdx.x; i < ATP_CHUNK * (HD / 8); i += blockDim.x) {
+            const int j = i / (HD / 8), c = i % (HD / 8), p = p0 + j;
+            uint4 k4 = make_uint4(0, 0, 0, 0);
+            if (p <= hi && c < w8) k4 = *reinterpret_cast<const uint4*>(kc + (size_t)p * hd + c * 8);
+            ks[j][c * 4] = k4.x;
+            ks[j][c * 4 + 1] = k4.y;
+            ks[j][c * 4 + 2] = k4.z;
+            ks[j][c * 4 + 3] = k4.w;
+        }
+        __syncthreads();
+        // Scores: lane j against position p0 + j, for the warp's rows.
+        float sc[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) sc[i] = 0.f;
+        const float* qw = &qs[warp * RPW][0];
+#pragma unroll 8
+        for (int w2 = 0; w2 < HD / 2; w2++) {
+            const u32 kw = ks[lane][w2];
+            const float k0 = h2f((half_bits)(kw & 0xffff)), k1 = h2f((half_bits)(kw >> 16));
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                const float2 qv = *reinterpret_cast<const float2*>(qw + i * HD + 2 * w2);
+                sc[i] = fmaf(qv.y, k1, fmaf(qv.x, k0, sc[i]));
+            }
+        }
+        const int p = p0 + lane;
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const bool vis = p <= pos[i];
+            const float s = vis ? sc[i] * scale : NEG_INF;
+            float cm = s;
+#pragma unroll
+            for (int o = 16; o >= 1; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+            const float m_new = fmaxf(m[i], cm);
+            if (m_new == NEG_INF) {
+                sc[i] = 0.f;  // nothing visible yet
+                continue;
+            }
+            const float corr = expf(m[i] - m_new);
+            const float e = vis ? expf(s - m_new) : 0.f;
+            l[i] = l[i] * corr + warp_sum(e);
+#pragma unroll
+            for (int d = 0; d < DPL; d++) acc[i][d] *= corr;
+            m[i] = m_new;
+            sc[i] = e;
+        }
+        // Values (the same rows): every lane adds the chunk's 32 positions to its DPL dims,
+        // a word (two dims) at a time.
+#pragma unroll 4
+        for (int j = 0; j < ATP_CHUNK; j++) {
+            float vv[DPL];
+#pragma unroll
+            for (int w = 0; w < DPL / 2; w++) {
+                const u32 kw = ks[j][lane * (DPL / 2) + w];
+                vv[2 * w] = h2f((half_bits)(kw & 0xffff));
+                vv[2 * w + 1] = h2f((half_bits)(kw >> 16));
+            }
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                const float e = __shfl_sync(0xffffffffu, sc[i], j);
+#pragma unroll
+                for (int d = 0; d < DPL; d++) acc[i][d] = fmaf(e, vv[d], acc[i][d]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = r0 + warp * RPW + i;
+        if (r >= rows) continue;
+        float* o = out + (size_t)r * hd;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) {
+            const int dim = lane * DPL + d;
+            if (dim < hd) o[dim] = acc[i][d] / l[i];
+        }
+    }
+}

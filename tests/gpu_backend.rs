@@ -388,35 +388,44 @@ fn norm_rope_add_and_attention_match_the_cpu() {
     // GQA attention over a cache filled in two writes (prefills), with and without a sliding
     // window, then one decode step: 8 heads over 2 KV heads of 32; Mixtral's heads (32 over 8 of
     // 128) with prefills of 70 and 45 (the prefill kernel's tiles of 8 queries and chunks of 32
-    // positions, partly filled); 8 heads of 64 over 1 KV head (a group of 8); DeepSeek-V2's MLA
-    // (16 heads over one latent of 576: attention_wide).
+    // positions, partly filled); 8 heads of 64 over 1 KV head (a group of 8); 16 heads over one
+    // KV head of 576 (attention_wide). Then MLA's cache (values are the keys' rows, one KV head:
+    // prefill through attention_prefill_latent, decode attention_wide or attention): DeepSeek-V2's
+    // 16 heads over its latent of 576, 20 heads over 40 (the fixtures' width).
     let cases: [(usize, usize, usize, usize, [usize; 3], usize); 4] = [
         (8, 2, 32, 16, [9, 4, 1], 5),
         (32, 8, 128, 128, [70, 45, 1], 37),
         (8, 1, 64, 64, [33, 20, 1], 40),
         (16, 1, 576, 64, [33, 20, 1], 40),
     ];
-    for ((nh, nkv, hd, ctx, steps, _), window) in cases
+    let latent = [
+        (16, 1, 576, 64, [33, 20, 1], 0),
+        (20, 1, 40, 64, [33, 20, 1], 0),
+    ];
+    let runs = cases
         .into_iter()
         .flat_map(|c| [(c, false), (c, true)])
-        .map(|(c, on)| (c, on.then_some(c.5)))
-    {
+        .map(|(c, on)| (c, on.then_some(c.5), false))
+        .chain(latent.into_iter().map(|c| (c, None, true)));
+    for ((nh, nkv, hd, ctx, steps, _), window, vk) in runs {
         let layers = 2usize;
         let (qd, kvd) = (nh * hd, nkv * hd);
         // The windowed runs also take gpt-oss's sinks: a logit per head in the denominator.
         let sink_logits: Vec<f32> = random(nh, 77).iter().map(|v| 2.0 * v).collect();
         b.make_resident_vector(&sink_logits).unwrap();
         let sinks = window.map(|_| &sink_logits[..]);
-        let mut ckv = cpu.alloc_kv(layers, ctx, kvd, false).unwrap();
-        let mut gkv = b.alloc_kv(layers, ctx, kvd, false).unwrap();
+        let mut ckv = cpu.alloc_kv(layers, ctx, kvd, vk).unwrap();
+        let mut gkv = b.alloc_kv(layers, ctx, kvd, vk).unwrap();
         let mut start = 0;
         for (step, tt) in steps.into_iter().enumerate() {
             let seed = 10 * step as u64;
-            let (k, v, q) = (
-                random(tt * kvd, seed + 1),
-                random(tt * kvd, seed + 2),
-                random(tt * qd, seed + 3),
-            );
+            let k = random(tt * kvd, seed + 1);
+            let v = if vk {
+                k.clone()
+            } else {
+                random(tt * kvd, seed + 2)
+            };
+            let q = random(tt * qd, seed + 3);
             cpu.kv_write(&mut ckv, (1, start), tt, &k, &v).unwrap();
             b.kv_write(&mut gkv, (1, start), tt, &to_gpu(&b, &k), &to_gpu(&b, &v))
                 .unwrap();
@@ -436,7 +445,7 @@ fn norm_rope_add_and_attention_match_the_cpu() {
                 .unwrap();
             let e = nmse(&from_gpu(&b, &od, tt * qd), &want);
             println!(
-                "attention {nh}/{nkv}x{hd} window {window:?} sinks {} t={tt} at {start}: NMSE {e:.2e}",
+                "attention {nh}/{nkv}x{hd} window {window:?} sinks {} values are keys {vk} t={tt} at {start}: NMSE {e:.2e}",
                 sinks.is_some()
             );
             assert!(e <= 1e-6, "attention NMSE {e:e}");

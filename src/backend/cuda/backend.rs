@@ -352,6 +352,26 @@ impl Backend for CudaBackend {
         );
         let window = shape.window.map_or(0, |w| w as i32);
         let sinks = self.sinks_ptr(&shape)?;
+        // Prefill over MLA's latent rows (keys and values alike, one KV head): a block per
+        // ATL_ROWS (query, head) rows, each chunk of rows in shared memory once for all of them
+        // (cuda/attention.cu attention_prefill_latent).
+        let latent = shape.t > 1
+            && kv.values_are_keys
+            && shape.n_kv_heads == 1
+            && shape.window.is_none()
+            && sinks == 0
+            && shape.head_dim.is_multiple_of(8)
+            && self.gpu.kernels.latent_smem >= ATL_SMEM;
+        if latent {
+            let (t, rows) = (shape.t as i32, shape.t * shape.n_heads);
+            let c = LaunchConfig {
+                grid_dim: (rows.div_ceil(ATL_ROWS) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: ATL_SMEM as u32,
+            };
+            let f = &self.gpu.kernels.attention_latent;
+            return launch!(self.gpu, f, c; qp, kp, op, nh, hd, t, sp);
+        }
         // Prefill: a block per ATP_ROWS (query, head) rows of one KV head (cuda/attention.cu
         // attention_prefill_*), for head_dim 32, 64 or 128 and groups that divide ATP_ROWS.
         let group = shape.n_heads / shape.n_kv_heads.max(1);

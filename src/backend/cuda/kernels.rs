@@ -45,6 +45,10 @@ pub struct Kernels {
     /// attention_prep).
     pub attention_prep: CudaFunction,
     pub attention_wide: CudaFunction,
+    /// Prefill attention over MLA's latent rows, every head's rows of a block sharing each
+    /// chunk of them in shared memory (attention.cu attention_prefill_latent); what it may use
+    /// in `latent_smem`.
+    pub attention_latent: CudaFunction,
     /// MLA's cache rows and query RoPE parts, and each head's own product (mla.cu).
     pub mla_rows: CudaFunction,
     pub mla_matvec: CudaFunction,
@@ -142,6 +146,8 @@ pub struct Kernels {
     /// Dynamic shared memory the ap8 and matvec_c32.cu kernels may take (x staged:
     /// `Gpu::c32_launch`).
     pub ap8_smem: usize,
+    /// Dynamic shared memory attention_prefill_latent may use (opted in at load).
+    pub latent_smem: usize,
     pub moe_gate_up: [CudaFunction; 3],
     pub moe_down: [CudaFunction; 3],
     pub route_topk: CudaFunction,
@@ -403,6 +409,7 @@ impl Kernels {
             mla_rows: f("mla_rows")?,
             mla_matvec: f("mla_matvec")?,
             attention_wide: f("attention_wide")?,
+            attention_latent: f("attention_prefill_latent")?,
             attention_prep: f("attention_prep")?,
             attention_prefill: [
                 f("attention_prefill_1")?,
@@ -484,6 +491,7 @@ impl Kernels {
             moe_route_norm_wide: floats("moe_route_norm_wide")?,
             route_norm_smem: 0,
             ap8_smem: 0,
+            latent_smem: 0,
             moe_gate_up: floats("moe_gate_up")?,
             moe_down: floats("moe_down")?,
             route_topk: f("route_topk")?,
@@ -504,6 +512,7 @@ impl Kernels {
         kernels.names = names.take();
         kernels.route_norm_smem = kernels.opt_in_route_norm(ctx)?;
         kernels.ap8_smem = kernels.opt_in_ap8(ctx)?;
+        kernels.latent_smem = opt_in(ctx, &[&kernels.attention_latent])?;
         Ok(kernels)
     }
 

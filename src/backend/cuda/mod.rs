@@ -192,6 +192,10 @@ const _: () = assert!(std::mem::size_of::<QGroup>() == 160);
 
 /// (query, head) rows of one prefill attention block (attention.cu ATP_ROWS).
 const ATP_ROWS: usize = 32;
+/// attention.cu's ATL_ROWS and ATL_SMEM: attention_prefill_latent's (query, head) rows a block
+/// and its dynamic shared memory (16 rows of 576 f32, 32 rows of 289 words).
+const ATL_ROWS: usize = 16;
+const ATL_SMEM: usize = ATL_ROWS * 576 * 4 + 32 * 289 * 4;
 
 /// The most routed experts `Gpu::put_slots` takes (moe.cu SLOTS_MAX_K).
 pub const SLOTS_MAX_K: usize = 8;
