@@ -604,6 +604,7 @@ deepseek)
   fi
   wait
   ls -l "$model" "$gg-Q4_K_M.gguf" >> "$log"
+  [ "${PREPARE_ONLY:-0}" = 1 ] && exit 0
   echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit; llama.cpp: ngl) |" > "$out/qwen3.md"
   echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
   for round in $(seq 1 "${ROUNDS:-2}"); do
