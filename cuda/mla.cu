@@ -8,14 +8,15 @@
 // ([lora + rope] at ckv + tok * lw): RMSNorm of the latent by kvn into row, RoPE of the key part
 // (pairs i, i + rope / 2), the row also as f16 at kc (the cache rows of the new
 // positions); block (tok, 1) rotates each head's q_rope (q: [t, heads, nope + rope]) into the
-// last rope values of qo's head ([t, heads, lora + rope]). posp as rope_kv (one token: the
-// position from the device, kc the layer's rows from position 0). blockDim: rms_block(lora).
+// last rope values of qo's head ([t, heads, lora + rope]), times qs (the attention's q scale).
+// posp as rope_kv (one token: the position from the device, kc the layer's rows from position
+// 0). blockDim: rms_block(lora).
 extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __restrict__ ckv,
                                     float* __restrict__ qo, float* __restrict__ row,
                                     const float* __restrict__ kvn, float eps,
                                     const float* __restrict__ inv_freq, int heads, int nope,
                                     int rope, int lora, int start_pos, half_bits* __restrict__ kc,
-                                    const int* __restrict__ posp) {
+                                    const int* __restrict__ posp, float qs) {
     PDL_ENTRY();
     const int lw = lora + rope, half = rope / 2, tok = blockIdx.x;
     if (posp) {
@@ -32,8 +33,8 @@ extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __
             float sn, cs;
             sincosf(pos * inv_freq[i], &sn, &cs);
             const float a = s[i], b = s[i + half];
-            d[i] = a * cs - b * sn;
-            d[i + half] = b * cs + a * sn;
+            d[i] = (a * cs - b * sn) * qs;
+            d[i + half] = (b * cs + a * sn) * qs;
         }
         return;
     }
@@ -55,12 +56,12 @@ extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __
 }
 
 // Each head's own product, for t tokens: y[tok, h, i] (ys floats a head, heads * ys a token) =
-// w[h * rows + i, :cols] · x[tok, h, :cols] (xs floats a head, heads * xs a token), w f32
+// scale · (w[h * rows + i, :cols] · x[tok, h, :cols]) (xs floats a head, heads * xs a token), w f32
 // [heads * rows, cols]. One warp a row, 8 rows a block; grid (rows * heads / 8, t). x and w
 // 16-byte aligned with cols % 4 == 0 (Gpu::mla_matvec checks), float4 loads.
 extern "C" __global__ void mla_matvec(const float* __restrict__ w, const float* __restrict__ x,
                                       float* __restrict__ y, int heads, int rows, int cols, int xs,
-                                      int ys) {
+                                      int ys, float scale) {
     const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     pdl_wait();
     if (r >= heads * rows) return;
@@ -73,5 +74,5 @@ extern "C" __global__ void mla_matvec(const float* __restrict__ w, const float* 
         s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
     }
     s = warp_sum(s);
-    if (lane == 0) y[((size_t)tok * heads + h) * ys + i] = s;
+    if (lane == 0) y[((size_t)tok * heads + h) * ys + i] = s * scale;
 }

@@ -179,6 +179,8 @@ fn matmul_matches_the_cpu_for_every_storage_kind() {
 /// One token's q, k and v from integer matrices in one launch (`matmul_qkv`: matvec_qd_*_3)
 /// give the three `matmul`s' bits: gpt-oss-20b's shapes (4096 and 512 rows of 2880), Qwen3's
 /// (4096 and 512 of 2048), and a layout the one launch does not take (int4/g32: three launches).
+/// `matmul_pair` of (k, q) likewise (DeepSeek-V2-Lite's kv_a and q: 576 and 3072 rows of 2048,
+/// the f16 case).
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn integer_qkv_in_one_launch_equals_three_products() {
@@ -188,6 +190,8 @@ fn integer_qkv_in_one_launch_equals_three_products() {
         ("int4", 4096, 512, 2048),
         ("int2", 2048, 256, 2048),
         ("int4/g32", 1024, 256, 512),
+        ("int8", 3072, 576, 2048),
+        ("f16", 3072, 576, 2048),
     ]
     .iter()
     .enumerate()
@@ -224,7 +228,27 @@ fn integer_qkv_in_one_launch_equals_three_products() {
                 "{kind} product {i} of q, k, v differs from its own matmul"
             );
         }
-        println!("q, k, v in one launch: {kind} [{q_rows} / {kv_rows}, {cols}] bit for bit");
+        let mut pair: Vec<_> = [kv_rows, q_rows]
+            .iter()
+            .map(|&r| b.alloc(r).unwrap())
+            .collect();
+        let [pk, pq] = &mut pair[..] else {
+            unreachable!()
+        };
+        b.matmul_pair([&m[1], &m[0]], &xd, 1, [pk, pq]).unwrap();
+        for (j, i) in [(0, 1), (1, 0)] {
+            let same = from_gpu(&b, &pair[j], rows[i])
+                .iter()
+                .zip(&from_gpu(&b, &one[i], rows[i]))
+                .all(|(a, w)| a.to_bits() == w.to_bits());
+            assert!(
+                same,
+                "{kind} product {i} of the pair differs from its own matmul"
+            );
+        }
+        println!(
+            "q, k, v in one launch, and (k, q): {kind} [{q_rows} / {kv_rows}, {cols}] bit for bit"
+        );
     }
 }
 

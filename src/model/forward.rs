@@ -388,8 +388,8 @@ impl<'f> Model<'f> {
         t: usize,
         backend: &B,
     ) -> crate::Result<()> {
-        backend.matmul(&mlp.gate, &b.xn, t, &mut b.sh_gate)?;
-        backend.matmul(&mlp.up, &b.xn, t, &mut b.sh_up)?;
+        let out = [&mut b.sh_gate, &mut b.sh_up];
+        backend.matmul_pair([&mlp.gate, &mlp.up], &b.xn, t, out)?;
         let gate = match g {
             Some(g) => {
                 backend.matmul(g, &b.xn, t, &mut b.sh_logit)?;
@@ -408,7 +408,7 @@ impl<'f> Model<'f> {
         b: &mut Buffers<B>,
         lw: &LayerWeights<'_>,
         m: &MlaWeights<'_>,
-        step: &QkvStep<'_>,
+        (step, q_scale): (&QkvStep<'_>, f32),
         kv: &mut B::Kv,
         backend: &B,
     ) -> crate::Result<bool> {
@@ -416,14 +416,15 @@ impl<'f> Model<'f> {
         let shape = cfg
             .mla
             .ok_or_else(|| crate::Error::Invalid("MLA weights without MLA shapes".into()))?;
-        backend.matmul(&lw.wk, &b.xn, t, &mut b.v)?;
+        // kv_a first: its few rows' blocks start before the larger product's.
         match &m.q_a {
             Some((q_a, norm)) => {
-                backend.matmul(q_a, &b.xn, t, &mut b.mla_q)?;
+                let out = [&mut b.v, &mut b.mla_q];
+                backend.matmul_pair([&lw.wk, q_a], &b.xn, t, out)?;
                 backend.rms_norm(&b.mla_q, 0..t, norm, cfg.rms_eps, &mut b.mla_qn)?;
                 backend.matmul(&lw.wq, &b.mla_qn, t, &mut b.q)?;
             }
-            None => backend.matmul(&lw.wq, &b.xn, t, &mut b.q)?,
+            None => backend.matmul_pair([&lw.wk, &lw.wq], &b.xn, t, [&mut b.v, &mut b.q])?,
         }
         let w = MlaInputs {
             shape,
@@ -431,6 +432,7 @@ impl<'f> Model<'f> {
             kv_norm: &m.kv_a_norm,
             eps: cfg.rms_eps,
             k_b: &m.k_b,
+            q_scale,
         };
         backend.mla_inputs((&b.q, &b.v), &w, step, (&mut b.k, &mut b.att), kv)?;
         Ok(true)
@@ -443,12 +445,12 @@ impl<'f> Model<'f> {
         &self,
         b: &mut Buffers<B>,
         lw: &LayerWeights<'_>,
-        step: &QkvStep<'_>,
+        (step, q_scale): (&QkvStep<'_>, f32),
         kv: &mut B::Kv,
         backend: &B,
     ) -> crate::Result<bool> {
         if let Some(m) = &lw.mla {
-            return self.mla_inputs(b, lw, m, step, kv, backend);
+            return self.mla_inputs(b, lw, m, (step, q_scale), kv, backend);
         }
         let w = [&lw.wq, &lw.wk, &lw.wv];
         if lw.qk_norm.is_none() && lw.qkv_bias.is_none() {
@@ -642,8 +644,9 @@ impl<'f> Model<'f> {
             backend.fused_attention([&b.q, &b.k, &b.v], &prep, &step, shape, kv, &mut b.att)?;
             false
         } else {
-            let q_in_att = self.attention_inputs(b, lw, &step, kv, backend)?;
-            if q_scale != 1.0 {
+            let q_in_att = self.attention_inputs(b, lw, (&step, q_scale), kv, backend)?;
+            // MLA's inputs come scaled.
+            if q_scale != 1.0 && lw.mla.is_none() {
                 backend.scale(
                     if q_in_att { &mut b.att } else { &mut b.q },
                     t * qd,

@@ -151,6 +151,8 @@ pub struct MlaInputs<'a> {
     pub eps: f32,
     /// Each head's q_nope -> latent map, [heads * kv_lora, nope].
     pub k_b: &'a Matrix<'a>,
+    /// The factor q_out is scaled by (the attention's q scale), after the products and RoPE.
+    pub q_scale: f32,
 }
 
 /// How a decode step's launches are made (`Backend::decode_step`).
@@ -334,8 +336,8 @@ pub trait Backend {
     /// from q ([t, heads * (nope + rope)]) and ckv ([t, kv_lora + rope]), the cache row
     /// [RMSNorm(ckv latent) * norm, RoPE(ckv rope)], read as key and value, into `row` (room for
     /// [t, kv_lora + rope]) and the cache; q_out [t, heads * (kv_lora + rope)] each head's
-    /// [k_b_h · q_nope_h, RoPE(q_rope_h)], k_b [heads * kv_lora, nope]. The default works through
-    /// host copies.
+    /// [k_b_h · q_nope_h, RoPE(q_rope_h)] · q_scale, k_b [heads * kv_lora, nope]. The default
+    /// works through host copies.
     fn mla_inputs(
         &self,
         (q, ckv): (&Self::Buf, &Self::Buf),
@@ -372,6 +374,9 @@ pub trait Backend {
                 crate::model::forward::rope_row(&mut qh[m.nope..], pos, freqs);
                 oh[m.kv_lora..].copy_from_slice(&qh[m.nope..]);
             }
+        }
+        if w.q_scale != 1.0 {
+            out.iter_mut().for_each(|v| *v *= w.q_scale);
         }
         self.upload(&ch, row)?;
         self.upload(&out, q_out)?;
@@ -460,6 +465,21 @@ pub trait Backend {
         x: &Self::Buf,
         t: usize,
         out: [&mut Self::Buf; 3],
+    ) -> crate::Result<()> {
+        for (w, out) in w.into_iter().zip(out) {
+            self.matmul(w, x, t, out)?;
+        }
+        Ok(())
+    }
+
+    /// Two products of the same input (MLA's kv_a and q; an MLP's gate and up): `matmul`
+    /// twice (a backend may fuse them).
+    fn matmul_pair(
+        &self,
+        w: [&Matrix<'_>; 2],
+        x: &Self::Buf,
+        t: usize,
+        out: [&mut Self::Buf; 2],
     ) -> crate::Result<()> {
         for (w, out) in w.into_iter().zip(out) {
             self.matmul(w, x, t, out)?;

@@ -424,7 +424,8 @@ impl Backend for CudaBackend {
         launch!(self.gpu, f, c; qp, kp, vp, op, nh, nkv, hd, sp, window, posp, sinks)
     }
 
-    /// One token: one launch for the three products when they are float kinds (matvec3_*).
+    /// One token: the three products in one launch (k and v first: their few blocks start
+    /// before q's).
     fn matmul_qkv(
         &self,
         w: [&Matrix<'_>; 3],
@@ -433,25 +434,30 @@ impl Backend for CudaBackend {
         out: [&mut CudaSlice<f32>; 3],
     ) -> crate::Result<()> {
         let [q, k, v] = out;
-        let Some(m) = self.one_token_floats(w, x, t, [&*q, &*k, &*v])? else {
-            if t == 1 && self.int_qkv(w, x, [&*q, &*k, &*v])? {
-                return Ok(());
-            }
-            self.matmul(w[0], x, t, q)?;
-            self.matmul(w[1], x, t, k)?;
-            return self.matmul(w[2], x, t, v);
-        };
-        let xp = self.p(x);
-        let (yq, yk, yv) = (self.p(q), self.p(k), self.p(v));
-        let rows = m.iter().map(|d| d.rows as usize).max().unwrap_or(0);
-        let c = LaunchConfig {
-            grid_dim: (blocks(rows, 8), 3, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let f = &self.gpu.kernels.matvec3[m[0].kind as usize];
-        let [a, b, d] = m;
-        launch!(self.gpu, f, c; a, b, d, xp, yq, yk, yv)
+        let (kvq, outs) = ([w[1], w[2], w[0]], [&*k, &*v, &*q]);
+        if t == 1 && self.products_in_one_launch(kvq, x, outs, 3)? {
+            return Ok(());
+        }
+        self.matmul(w[0], x, t, q)?;
+        self.matmul(w[1], x, t, k)?;
+        self.matmul(w[2], x, t, v)
+    }
+
+    /// One token: the two products in one launch (the three-product kernels, two rows of the
+    /// grid).
+    fn matmul_pair(
+        &self,
+        w: [&Matrix<'_>; 2],
+        x: &CudaSlice<f32>,
+        t: usize,
+        [a, b]: [&mut CudaSlice<f32>; 2],
+    ) -> crate::Result<()> {
+        let (w3, outs) = ([w[0], w[1], w[0]], [&*a, &*b, &*a]);
+        if t == 1 && self.products_in_one_launch(w3, x, outs, 2)? {
+            return Ok(());
+        }
+        self.matmul(w[0], x, t, a)?;
+        self.matmul(w[1], x, t, b)
     }
 
     /// One token with float weights: the three products, RoPE and the KV store in one launch

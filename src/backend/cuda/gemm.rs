@@ -153,7 +153,7 @@ impl Gpu {
     }
 
     /// Each head's own f32 product for t tokens, one cuBLAS call over the heads:
-    /// y[tok, h, i] = sum_c w[h * rows + i, c] · x[tok, h, c] for i < rows, with x and y given
+    /// y[tok, h, i] = alpha · sum_c w[h * rows + i, c] · x[tok, h, c] for i < rows, with x and y given
     /// with their floats per head (`xs`, `ys`; a token's heads follow each other). Column-major
     /// for cuBLAS, head h: C (rows x t, ld heads * ys, from y + h * ys) = W_hᵀ (cols x rows)ᵀ ·
     /// X (cols x t, ld heads * xs, from x + h * xs). f32 arithmetic (the handle keeps the default
@@ -164,10 +164,10 @@ impl Gpu {
         (x, xs): (u64, usize),
         (y, ys): (u64, usize),
         (heads, rows, cols): (usize, usize, usize),
-        t: usize,
+        (t, alpha): (usize, f32),
     ) -> crate::Result<()> {
         use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let beta = 0.0f32;
         let f32t = cudaDataType::CUDA_R_32F;
         let dim = |v: usize| {
             i32::try_from(v)

@@ -140,13 +140,15 @@ impl Gpu {
         launch!(self, self.kernels.matvec_any, c; w, kind, x, y)
     }
 
-    /// Three products of one token's x from integer matrices of one kind (a layer's q, k and v)
-    /// in one launch (matvec_q.cu matvec_qd_*_3), each row summed as `matvec` sums it (its own
-    /// plan's split and column tiles); false, nothing launched, where any of the three does not
-    /// take the plain dp4a kernel or their plans differ in block, shared memory or column tiles.
-    pub fn matvec3_int(&self, w: [&DevMat; 3], x: u64, y: [u64; 3]) -> crate::Result<bool> {
+    /// The first `n` (2 or 3) of three products of one token's x from integer matrices of one
+    /// kind in one launch (matvec_q.cu matvec_qd_*_3: blockIdx.y = j takes w[j], y[j]), each row
+    /// summed as `matvec` sums it (its own plan's split and column tiles); false, nothing
+    /// launched, where any of them does not take the plain dp4a kernel or their plans differ in
+    /// block, shared memory or column tiles.
+    pub fn matvec3_int(&self, w: [&DevMat; 3], x: u64, y: [u64; 3], n: u32) -> crate::Result<bool> {
         let kind = w[0].kind;
-        let same = w
+        let used = &w[..n.clamp(1, 3) as usize];
+        let same = used
             .iter()
             .all(|m| m.kind == kind && m.is_packed_int() && m.vectorizable());
         if !same || !(3..=5).contains(&kind) || !x.is_multiple_of(16) {
@@ -154,32 +156,34 @@ impl Gpu {
         }
         let i = (kind - 3) as usize;
         let plain = &self.kernels.matvec_qd[i];
-        if w.iter().any(|m| !std::ptr::eq(self.q_kernels(m).0, plain)) {
+        if used
+            .iter()
+            .any(|m| !std::ptr::eq(self.q_kernels(m).0, plain))
+        {
             return Ok(false);
         }
-        let mut plans = [None; 3];
-        for (p, m) in plans.iter_mut().zip(w) {
-            *p = self.q_plan_for(plain, m);
-        }
-        let [Some(pq), Some(pk), Some(pv)] = plans else {
+        let plans: Vec<_> = used.iter().map(|m| self.q_plan_for(plain, m)).collect();
+        let Some(plans) = plans.into_iter().collect::<Option<Vec<_>>>() else {
             return Ok(false);
         };
-        if [pk, pv]
+        let p0 = plans[0];
+        if plans
             .iter()
-            .any(|p| p.block != pq.block || p.smem != pq.smem || p.tchunks != pq.tchunks)
+            .any(|p| p.block != p0.block || p.smem != p0.smem || p.tchunks != p0.tchunks)
         {
             return Ok(false);
         }
         let c = LaunchConfig {
-            grid_dim: (pq.grid.max(pk.grid).max(pv.grid), 3, 1),
-            block_dim: (pq.block, 1, 1),
-            shared_mem_bytes: pq.smem,
+            grid_dim: (plans.iter().map(|p| p.grid).max().unwrap_or(1), n, 1),
+            block_dim: (p0.block, 1, 1),
+            shared_mem_bytes: p0.smem,
         };
-        // k and v first (blockIdx.y 0 and 1): their few blocks then start before q's.
-        let (wq, wk, wv) = (*w[0], *w[1], *w[2]);
-        let (sq, sk, sv, tc) = (pq.split, pk.split, pv.split, pq.tchunks);
+        // A third matrix past the grid's rows is never read: its split is the first's.
+        let split = |j: usize| plans.get(j).map_or(p0.split, |p| p.split);
+        let (w0, w1, w2) = (*w[0], *w[1], *w[2]);
+        let (s0, s1, s2, tc) = (split(0), split(1), split(2), p0.tchunks);
         let f = &self.kernels.matvec_qd3[i].f;
-        launch!(self, f, c; wk, wv, wq, x, y[1], y[2], y[0], sk, sv, sq, tc)?;
+        launch!(self, f, c; w0, w1, w2, x, y[0], y[1], y[2], s0, s1, s2, tc)?;
         Ok(true)
     }
 

@@ -55,16 +55,17 @@ impl CudaBackend {
         let (qp, cp, qop, rp) = (self.p(q), self.p(ckv), self.p(q_out), self.p(row));
         let (np, fp) = (self.vector(w.kv_norm)?, self.vector(step.inv_freq)?);
         let (hi, ni, ri, li) = (heads as i32, m.nope as i32, m.rope as i32, m.kv_lora as i32);
-        let (si, eps) = (step.start as i32, w.eps);
+        let (si, eps, qs) = (step.start as i32, w.eps, w.q_scale);
         let c = LaunchConfig {
             grid_dim: (t as u32, 2, 1),
             block_dim: (rms_block(m.kv_lora), 1, 1),
             shared_mem_bytes: 0,
         };
         let f = &self.gpu.kernels.mla_rows;
-        launch!(self.gpu, f, c; qp, cp, qop, rp, np, eps, fp, hi, ni, ri, li, si, kd, posp)?;
+        launch!(self.gpu, f, c; qp, cp, qop, rp, np, eps, fp, hi, ni, ri, li, si, kd, posp, qs)?;
         let k_b = self.mla_f32(w.k_b)?;
-        self.mla_matvec(k_b, (qp, qw), (qop, lw), (heads, m.kv_lora, m.nope), t)
+        let shape = (heads, m.kv_lora, m.nope);
+        self.mla_matvec(k_b, (qp, qw), (qop, lw), shape, (t, w.q_scale))
     }
 
     /// Backend::mla_values on the device: each head's latent output through its v_b rows.
@@ -85,11 +86,11 @@ impl CudaBackend {
             (ap, lw),
             (op, shape.v),
             (heads, shape.v, shape.kv_lora),
-            t,
+            (t, 1.0),
         )
     }
 
-    /// y[tok, h, :rows] = w[h * rows.., :cols] · x[tok, h, :cols], x and y given with their
+    /// y[tok, h, :rows] = scale · w[h * rows.., :cols] · x[tok, h, :cols], x and y given with their
     /// floats per head: a decode token through mla.cu mla_matvec (a warp a row), a prefill
     /// batch through one batched GEMM (Gpu::gemm_heads), which reads each head's map once for
     /// every token instead of once a token.
@@ -99,7 +100,7 @@ impl CudaBackend {
         (x, xs): (u64, usize),
         (y, ys): (u64, usize),
         (heads, rows, cols): (usize, usize, usize),
-        t: usize,
+        (t, scale): (usize, f32),
     ) -> crate::Result<()> {
         let aligned = [w, x].iter().all(|p| p.is_multiple_of(16))
             && cols.is_multiple_of(4)
@@ -112,7 +113,7 @@ impl CudaBackend {
         if t > 1 {
             return self
                 .gpu
-                .gemm_heads(w, (x, xs), (y, ys), (heads, rows, cols), t);
+                .gemm_heads(w, (x, xs), (y, ys), (heads, rows, cols), (t, scale));
         }
         let c = LaunchConfig {
             grid_dim: (blocks(heads * rows, 8), t as u32, 1),
@@ -120,6 +121,6 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let (hi, ri, ci, xsi, ysi) = (heads as i32, rows as i32, cols as i32, xs as i32, ys as i32);
-        launch!(self.gpu, self.gpu.kernels.mla_matvec, c; w, x, y, hi, ri, ci, xsi, ysi)
+        launch!(self.gpu, self.gpu.kernels.mla_matvec, c; w, x, y, hi, ri, ci, xsi, ysi, scale)
     }
 }

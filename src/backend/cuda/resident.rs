@@ -298,21 +298,40 @@ impl CudaBackend {
         launch!(self.gpu, self.gpu.kernels.rope_kv, c; qp, kp, vp, fp, ti, qw, kw, hi, si, kd, vd, posp, bq, bk, bv)
     }
 
-    /// One token's q, k and v from integer matrices in one launch (Gpu::matvec3_int); false
-    /// where it does not apply (then three `matmul`s, the same sums).
-    pub(super) fn int_qkv(
+    /// A decode token's first `n` (2 or 3) products of one x in one launch: float kinds through
+    /// matvec3_* (blockIdx.y picks the matrix; a grid of n rows leaves the rest unread), integer
+    /// ones through Gpu::matvec3_int; false, nothing launched, where neither applies (then
+    /// separate `matmul`s, the same sums). Put the matrices with the fewest rows first: their
+    /// blocks then start before the larger one's.
+    pub(super) fn products_in_one_launch(
         &self,
         w: [&Matrix<'_>; 3],
         x: &CudaSlice<f32>,
         out: [&CudaSlice<f32>; 3],
+        n: u32,
     ) -> crate::Result<bool> {
         let d = [*self.mat(w[0])?, *self.mat(w[1])?, *self.mat(w[2])?];
         for (m, o) in w.iter().zip(&out) {
             check_len("matmul input", x.len(), m.cols)?;
             check_len("matmul output", o.len(), m.rows)?;
         }
-        let y = out.map(|o| self.p(o));
-        self.gpu.matvec3_int([&d[0], &d[1], &d[2]], self.p(x), y)
+        let (xp, y) = (self.p(x), out.map(|o| self.p(o)));
+        let floats = xp.is_multiple_of(16)
+            && d.iter()
+                .all(|m| m.kind < 3 && m.kind == d[0].kind && m.vectorizable());
+        if !floats {
+            return self.gpu.matvec3_int([&d[0], &d[1], &d[2]], xp, y, n);
+        }
+        let rows = d.iter().map(|m| m.rows as usize).max().unwrap_or(0);
+        let c = LaunchConfig {
+            grid_dim: (blocks(rows, 8), n, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = &self.gpu.kernels.matvec3[d[0].kind as usize];
+        let [a, b, m] = d;
+        launch!(self.gpu, f, c; a, b, m, xp, y[0], y[1], y[2])?;
+        Ok(true)
     }
 
     /// Backend::qk_norm_rope_kv: per-head QK-norm (norms of 2 * half values), RoPE and the KV
