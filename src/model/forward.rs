@@ -388,8 +388,9 @@ impl<'f> Model<'f> {
         t: usize,
         backend: &B,
     ) -> crate::Result<()> {
-        let out = [&mut b.sh_gate, &mut b.sh_up];
-        backend.matmul_pair([&mlp.gate, &mlp.up], &b.xn, t, out)?;
+        // Two launches: one (matmul_pair) lost (benches/results/2026-12-07-h200-issue53-fewer-launches.md).
+        backend.matmul(&mlp.gate, &b.xn, t, &mut b.sh_gate)?;
+        backend.matmul(&mlp.up, &b.xn, t, &mut b.sh_up)?;
         let gate = match g {
             Some(g) => {
                 backend.matmul(g, &b.xn, t, &mut b.sh_logit)?;

@@ -472,7 +472,7 @@ pub trait Backend {
         Ok(())
     }
 
-    /// Two products of the same input (MLA's kv_a and q; an MLP's gate and up): `matmul`
+    /// Two products of the same input (MLA's kv_a and q): `matmul`
     /// twice (a backend may fuse them).
     fn matmul_pair(
         &self,
