@@ -388,7 +388,8 @@ impl<'f> Model<'f> {
         t: usize,
         backend: &B,
     ) -> crate::Result<()> {
-        // Two launches: one (matmul_pair) lost (benches/results/2026-12-07-h200-issue53-fewer-launches.md).
+        // Two launches, not matmul_pair's one, which lost here:
+        // benches/results/2026-12-07-h200-issue53-fewer-launches.md
         backend.matmul(&mlp.gate, &b.xn, t, &mut b.sh_gate)?;
         backend.matmul(&mlp.up, &b.xn, t, &mut b.sh_up)?;
         let gate = match g {
