@@ -78,6 +78,7 @@
 #                                        MXFP4_MOE at its --n-cpu-moe splits, then ROUNDS alternated tg64 rounds -> $OUT/oss120.md
 #   bash tools/families_gpu.sh deepseek  issue 53: DeepSeek-V2-Lite's shape, all 27 layers: hob int4 + int8 dense beside
 #                                        llama.cpp Q4_K_M, both whole on the GPU under the 16 GB profile -> $OUT/deepseek.md
+#                                        (PREPARE_ONLY=1: only the files and llama.cpp, ~9 min on a fresh machine)
 #   bash tools/families_gpu.sh gguf      issue 51: the Q4_K_M GGUF of `prepare` through `hob convert --from` with
 #                                        the file's own defaults, then resident and the 16 GB and 12 GB profiles
 #                                        beside llama.cpp on that GGUF (best --n-cpu-moe of three) -> $OUT/gguf.md
