@@ -211,6 +211,64 @@ extern "C" __global__ void attention_prep(
 // (benches/results/2026-11-24-h100-prefill.md).
 #define ATP_ROWS 32
 #define ATP_CHUNK 32
+
+// The prefill kernels' shared steps over one chunk of ATP_CHUNK positions, for a warp's RPW
+// rows (q at qw, HD floats a row; keys as KW-word rows of f16 pairs in ks): lane j's scores
+// against position j,
+template <int RPW, int HD, int KW>
+__device__ __forceinline__ void chunk_scores(const float* qw, const u32 (*ks)[KW], int lane,
+                                             float* sc) {
+#pragma unroll
+    for (int i = 0; i < RPW; i++) sc[i] = 0.f;
+#pragma unroll 8
+    for (int w2 = 0; w2 < HD / 2; w2++) {
+        const u32 kw = ks[lane][w2];
+        const float k0 = h2f((half_bits)(kw & 0xffff)), k1 = h2f((half_bits)(kw >> 16));
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const float2 qv = *reinterpret_cast<const float2*>(qw + i * HD + 2 * w2);
+            sc[i] = fmaf(qv.y, k1, fmaf(qv.x, k0, sc[i]));
+        }
+    }
+}
+
+// the online softmax over them (vis: lane's position visible to row i; sc becomes each lane's
+// weight, m, l and acc rescaled to the new maximum),
+template <int RPW, int DPL>
+__device__ __forceinline__ void chunk_softmax(const bool* vis, float scale, float* sc, float* m,
+                                              float* l, float (*acc)[DPL]) {
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const float s = vis[i] ? sc[i] * scale : NEG_INF;
+        float cm = s;
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+        const float m_new = fmaxf(m[i], cm);
+        if (m_new == NEG_INF) {
+            sc[i] = 0.f;  // nothing visible yet
+            continue;
+        }
+        const float corr = expf(m[i] - m_new);
+        const float e = vis[i] ? expf(s - m_new) : 0.f;
+        l[i] = l[i] * corr + warp_sum(e);
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[i][d] *= corr;
+        m[i] = m_new;
+        sc[i] = e;
+    }
+}
+
+// and position j's value dims vv (the lane's DPL) added to each row's output by its weight.
+template <int RPW, int DPL>
+__device__ __forceinline__ void chunk_value(const float* sc, int j, const float* vv,
+                                            float (*acc)[DPL]) {
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const float e = __shfl_sync(0xffffffffu, sc[i], j);
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[i][d] = fmaf(e, vv[d], acc[i][d]);
+    }
+}
 template <int DPL>
 __device__ __forceinline__ void attention_prefill_body(
     const float* __restrict__ q, const half_bits* __restrict__ kc, const half_bits* __restrict__ vc,
@@ -265,52 +323,19 @@ __device__ __forceinline__ void attention_prefill_body(
         __syncthreads();
         // Scores: lane j against position p0 + j, for the warp's rows.
         float sc[RPW];
-#pragma unroll
-        for (int i = 0; i < RPW; i++) sc[i] = 0.f;
-        const float* qw = &qs[warp * RPW][0];
-#pragma unroll 8
-        for (int w2 = 0; w2 < HD / 2; w2++) {
-            const u32 kw = ks[lane][w2];
-            const float k0 = h2f((half_bits)(kw & 0xffff)), k1 = h2f((half_bits)(kw >> 16));
-#pragma unroll
-            for (int i = 0; i < RPW; i++) {
-                const float2 qv = *reinterpret_cast<const float2*>(qw + i * HD + 2 * w2);
-                sc[i] = fmaf(qv.y, k1, fmaf(qv.x, k0, sc[i]));
-            }
-        }
+        chunk_scores<RPW, HD, KW>(&qs[warp * RPW][0], ks, lane, sc);
         const int p = p0 + lane;
+        bool vis[RPW];
 #pragma unroll
-        for (int i = 0; i < RPW; i++) {
-            const bool vis = p <= pos[i] && p >= first[i];
-            const float s = vis ? sc[i] * scale : NEG_INF;
-            float cm = s;
-#pragma unroll
-            for (int o = 16; o >= 1; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-            const float m_new = fmaxf(m[i], cm);
-            if (m_new == NEG_INF) {
-                sc[i] = 0.f;  // nothing visible yet
-                continue;
-            }
-            const float corr = expf(m[i] - m_new);
-            const float e = vis ? expf(s - m_new) : 0.f;
-            l[i] = l[i] * corr + warp_sum(e);
-#pragma unroll
-            for (int d = 0; d < DPL; d++) acc[i][d] *= corr;
-            m[i] = m_new;
-            sc[i] = e;
-        }
+        for (int i = 0; i < RPW; i++) vis[i] = p <= pos[i] && p >= first[i];
+        chunk_softmax<RPW, DPL>(vis, scale, sc, m, l, acc);
         // Values: every lane adds the chunk's 32 positions to its DPL dims.
 #pragma unroll 4
         for (int j = 0; j < ATP_CHUNK; j++) {
             float vv[DPL];
 #pragma unroll
             for (int d = 0; d < DPL; d++) vv[d] = h2f(vs[j][lane * DPL + d]);
-#pragma unroll
-            for (int i = 0; i < RPW; i++) {
-                const float e = __shfl_sync(0xffffffffu, sc[i], j);
-#pragma unroll
-                for (int d = 0; d < DPL; d++) acc[i][d] = fmaf(e, vv[d], acc[i][d]);
-            }
+            chunk_value<RPW, DPL>(sc, j, vv, acc);
         }
     }
 #pragma unroll
@@ -404,40 +429,12 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         // Scores: lane j against position p0 + j, for the warp's rows.
         float sc[RPW];
-#pragma unroll
-        for (int i = 0; i < RPW; i++) sc[i] = 0.f;
-        const float* qw = &qs[warp * RPW][0];
-#pragma unroll 8
-        for (int w2 = 0; w2 < HD / 2; w2++) {
-            const u32 kw = ks[lane][w2];
-            const float k0 = h2f((half_bits)(kw & 0xffff)), k1 = h2f((half_bits)(kw >> 16));
-#pragma unroll
-            for (int i = 0; i < RPW; i++) {
-                const float2 qv = *reinterpret_cast<const float2*>(qw + i * HD + 2 * w2);
-                sc[i] = fmaf(qv.y, k1, fmaf(qv.x, k0, sc[i]));
-            }
-        }
+        chunk_scores<RPW, HD, ATL_KW>(&qs[warp * RPW][0], ks, lane, sc);
         const int p = p0 + lane;
+        bool vis[RPW];
 #pragma unroll
-        for (int i = 0; i < RPW; i++) {
-            const bool vis = p <= pos[i];
-            const float s = vis ? sc[i] * scale : NEG_INF;
-            float cm = s;
-#pragma unroll
-            for (int o = 16; o >= 1; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-            const float m_new = fmaxf(m[i], cm);
-            if (m_new == NEG_INF) {
-                sc[i] = 0.f;  // nothing visible yet
-                continue;
-            }
-            const float corr = expf(m[i] - m_new);
-            const float e = vis ? expf(s - m_new) : 0.f;
-            l[i] = l[i] * corr + warp_sum(e);
-#pragma unroll
-            for (int d = 0; d < DPL; d++) acc[i][d] *= corr;
-            m[i] = m_new;
-            sc[i] = e;
-        }
+        for (int i = 0; i < RPW; i++) vis[i] = p <= pos[i];
+        chunk_softmax<RPW, DPL>(vis, scale, sc, m, l, acc);
         // Values (the same rows): every lane adds the chunk's 32 positions to its DPL dims,
         // a word (two dims) at a time.
 #pragma unroll 4
@@ -449,12 +446,7 @@ extern "C" __global__ void __launch_bounds__(256)
                 vv[2 * w] = h2f((half_bits)(kw & 0xffff));
                 vv[2 * w + 1] = h2f((half_bits)(kw >> 16));
             }
-#pragma unroll
-            for (int i = 0; i < RPW; i++) {
-                const float e = __shfl_sync(0xffffffffu, sc[i], j);
-#pragma unroll
-                for (int d = 0; d < DPL; d++) acc[i][d] = fmaf(e, vv[d], acc[i][d]);
-            }
+            chunk_value<RPW, DPL>(sc, j, vv, acc);
         }
     }
 #pragma unroll
