@@ -326,14 +326,15 @@ extern "C" __global__ void add_routed_rows(float* __restrict__ d, const float* _
 }
 
 // An MLP's activations: g[i] = sigmoid(s[i / width]) * silu(g[i]) * u[i] for i < t * width, s a
-// shared expert's gate logit per row (Qwen2-MoE); with s null, silu(g[i]) * u[i] (GLM-4.5).
+// shared expert's gate logit per row (Qwen2-MoE); with s null, silu(g[i]) * u[i] (GLM-4.5). With u
+// null, g already holds silu(g) * u (matvec_qd_*_gu): only the gate's factor, the same bits.
 extern "C" __global__ void shared_gate(float* __restrict__ g, const float* __restrict__ u,
                                        const float* __restrict__ s, int width, int total) {
     PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     const float sg = s ? 1.0f / (1.0f + expf(-s[i / width])) : 1.0f;
-    g[i] = sg * silu_mul(g[i], u[i]);
+    g[i] = sg * (u ? silu_mul(g[i], u[i]) : g[i]);
 }
 
 // act[i] = f16(silu(g[i]) * u[i]) for i < n: swiglu and to_half in one pass, with their arithmetic

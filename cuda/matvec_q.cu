@@ -582,14 +582,21 @@ QD3_KERNEL(matvec_qd_int2_3, KIND_INT2)
 // the bits of the _sel launch of both (which0 0) and the swiglu launch (matvec_q_body's GU). The
 // launcher takes it where the plain plan's row groups split evenly and x fits one column tile
 // (Gpu::routed_ffn). Ordering as a which0 = 0 routed launch (sel_entry).
+// With a null table, one MLP's gate g and up u instead (k 1, a shared expert or a dense layer's
+// MLP: Gpu::mlp_gate_up), ordered as a plain product (the body waits).
+#define GU_ARGS                                                                                    \
+    const MatEntry *tab, const float *routes, int k, const Mat g, const Mat u, const float *x,     \
+        float *y, int ys
+__device__ __forceinline__ Mat gu_mat(const MatEntry* tab, const float* routes, int k, int which,
+                                      const Mat& m) {
+    return tab ? sel_mat(tab, routes, k, which) : m;
+}
 #define QD_GU_KERNEL(NAME, KIND)                                                                    \
-    extern "C" __global__ void __launch_bounds__(512)                                               \
-        NAME(const MatEntry* tab, const float* routes, int k, const float* x, float* y, int ys,     \
-             int split, int tchunks) {                                                              \
-        sel_entry(0);                                                                               \
+    extern "C" __global__ void __launch_bounds__(512) NAME(GU_ARGS, int split, int tchunks) {       \
+        if (tab) sel_entry(0);                                                                      \
         matvec_q_body<KIND, 4, true, (int)QDTraits<KIND>::AHEAD, true, QD_RING_OF(KIND)>(          \
-            sel_mat(tab, routes, k, 0), x, nullptr, y + (size_t)blockIdx.y * ys, split, tchunks,    \
-            sel_mat(tab, routes, k, 1));                                                            \
+            gu_mat(tab, routes, k, 0, g), x, nullptr, y + (size_t)blockIdx.y * ys, split, tchunks,  \
+            gu_mat(tab, routes, k, 1, u));                                                          \
     }
 QD_GU_KERNEL(matvec_qd_int8_gu, KIND_INT8)
 QD_GU_KERNEL(matvec_qd_int4_gu, KIND_INT4)
@@ -608,13 +615,11 @@ QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
         matvec_q_body<KIND, 4, true, AHEAD, false, RING>(sel_mat(tab, routes, k, which0), SEL_X,    \
                                                          SEL_U, SEL_Y, split, tchunks);             \
     }                                                                                               \
-    extern "C" __global__ void __launch_bounds__(512)                                               \
-        NAME##_gu(const MatEntry* tab, const float* routes, int k, const float* x, float* y, int ys,  \
-                  int split, int tchunks) {                                                         \
-        sel_entry(0);                                                                               \
-        matvec_q_body<KIND, 4, true, AHEAD, true, RING>(sel_mat(tab, routes, k, 0), x, nullptr,     \
+    extern "C" __global__ void __launch_bounds__(512) NAME##_gu(GU_ARGS, int split, int tchunks) {  \
+        if (tab) sel_entry(0);                                                                      \
+        matvec_q_body<KIND, 4, true, AHEAD, true, RING>(gu_mat(tab, routes, k, 0, g), x, nullptr,   \
                                                         y + (size_t)blockIdx.y * ys, split,         \
-                                                        tchunks, sel_mat(tab, routes, k, 1));       \
+                                                        tchunks, gu_mat(tab, routes, k, 1, u));     \
     }
 
 // int4 and int2 with loads in registers (no ring), for layouts `ring_ok` refuses on GPUs whose

@@ -577,3 +577,54 @@ fn attention_in_one_launch_equals_its_separate_launches() {
         assert!(e <= 1e-12, "NMSE {e:e}");
     }
 }
+
+/// One token's MLP hidden activations in one launch (`mlp_hidden`: matvec_qd_*_gu with a null
+/// table) give the two products' and `shared_gate`'s bits, with and without a gate logit:
+/// DeepSeek-V2-Lite's shared expert (2816 rows of 2048), Qwen1.5-MoE's (5632), int4, and a layout
+/// the one launch does not take (int4/g32: the three launches).
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn mlp_hidden_in_one_launch_equals_the_products_and_gate() {
+    let g = gpu();
+    for (c, &(kind, rows, cols)) in [
+        ("int8", 2816, 2048),
+        ("int8", 5632, 2048),
+        ("int4", 1408, 2048),
+        ("int4/g32", 512, 256),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let seed = 90 + 3 * c as u64;
+        let st: Vec<_> = (0..2).map(|i| stored(kind, rows, cols, seed + i)).collect();
+        let m: Vec<_> = st
+            .iter()
+            .map(|s| matrix(&s.0, s.1, s.2, rows, cols))
+            .collect();
+        let mut b = CudaBackend::empty(g.clone()).unwrap();
+        for w in &m {
+            b.make_resident(w).unwrap();
+        }
+        let xd = to_gpu(&b, &random(cols, seed + 7));
+        let sd = to_gpu(&b, &[0.3]);
+        for s in [None, Some(&sd)] {
+            let (mut h, mut u) = (b.alloc(rows).unwrap(), b.alloc(rows).unwrap());
+            b.mlp_hidden([&m[0], &m[1]], &xd, 1, [&mut h, &mut u], s)
+                .unwrap();
+            let (mut wg, mut wu) = (b.alloc(rows).unwrap(), b.alloc(rows).unwrap());
+            b.matmul(&m[0], &xd, 1, &mut wg).unwrap();
+            b.matmul(&m[1], &xd, 1, &mut wu).unwrap();
+            b.shared_gate(&mut wg, &wu, s, (1, rows)).unwrap();
+            let same = from_gpu(&b, &h, rows)
+                .iter()
+                .zip(&from_gpu(&b, &wg, rows))
+                .all(|(a, w)| a.to_bits() == w.to_bits());
+            let gated = s.is_some();
+            assert!(
+                same,
+                "{kind} [{rows}, {cols}] (gate logit: {gated}): one launch differs"
+            );
+        }
+        println!("mlp hidden in one launch: {kind} [{rows}, {cols}] bit for bit");
+    }
+}

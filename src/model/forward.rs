@@ -388,10 +388,6 @@ impl<'f> Model<'f> {
         t: usize,
         backend: &B,
     ) -> crate::Result<()> {
-        // Two launches, not matmul_pair's one, which lost here:
-        // benches/results/2026-12-07-h200-issue53-fewer-launches.md
-        backend.matmul(&mlp.gate, &b.xn, t, &mut b.sh_gate)?;
-        backend.matmul(&mlp.up, &b.xn, t, &mut b.sh_up)?;
         let gate = match g {
             Some(g) => {
                 backend.matmul(g, &b.xn, t, &mut b.sh_logit)?;
@@ -399,7 +395,8 @@ impl<'f> Model<'f> {
             }
             None => None,
         };
-        backend.shared_gate(&mut b.sh_gate, &b.sh_up, gate, (t, mlp.gate.rows))?;
+        let hidden = [&mut b.sh_gate, &mut b.sh_up];
+        backend.mlp_hidden([&mlp.gate, &mlp.up], &b.xn, t, hidden, gate)?;
         backend.matmul_add(&mlp.down, &b.sh_gate, t, &mut b.out, &mut b.x)
     }
 

@@ -487,6 +487,22 @@ pub trait Backend {
         Ok(())
     }
 
+    /// An MLP's hidden activations from x (`shared_gate`'s): gate ([t, w[0].rows]) =
+    /// silu(w[0] x) * (w[1] x), times sigmoid(s[r]) where a gate logit s ([t]) is given; up is
+    /// scratch of that size. `matmul` twice and `shared_gate` (a backend may fuse them).
+    fn mlp_hidden(
+        &self,
+        w: [&Matrix<'_>; 2],
+        x: &Self::Buf,
+        t: usize,
+        [gate, up]: [&mut Self::Buf; 2],
+        s: Option<&Self::Buf>,
+    ) -> crate::Result<()> {
+        self.matmul(w[0], x, t, gate)?;
+        self.matmul(w[1], x, t, up)?;
+        self.shared_gate(gate, up, s, (t, w[0].rows))
+    }
+
     /// RoPE on q and k at the step's positions, then k and v into its layer's cache: `rope`
     /// twice and `kv_write` (a backend may fuse them).
     fn rope_kv_write(

@@ -460,6 +460,24 @@ impl Backend for CudaBackend {
         self.matmul(w[1], x, t, b)
     }
 
+    /// One token: gate, up and SwiGLU in one launch where Gpu::mlp_gate_up takes the matrices
+    /// (then a gate logit's factor in its own), else the two products and shared_gate.
+    fn mlp_hidden(
+        &self,
+        w: [&Matrix<'_>; 2],
+        x: &CudaSlice<f32>,
+        t: usize,
+        [gate, up]: [&mut CudaSlice<f32>; 2],
+        s: Option<&CudaSlice<f32>>,
+    ) -> crate::Result<()> {
+        if t == 1 && self.mlp_hidden_in_one_launch(w, x, gate, s)? {
+            return Ok(());
+        }
+        self.matmul(w[0], x, t, gate)?;
+        self.matmul(w[1], x, t, up)?;
+        self.shared_gate(gate, up, s, (t, w[0].rows))
+    }
+
     /// One token with float weights: the three products, RoPE and the KV store in one launch
     /// (matvec3_rope_*); otherwise matmul_qkv and rope_kv_write.
     fn qkv_rope_kv(

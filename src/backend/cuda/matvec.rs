@@ -382,14 +382,36 @@ impl Gpu {
     ) -> crate::Result<()> {
         let Routed { tab, routes, k } = r;
         if let Some((q, c, split, tchunks)) = self.gu_launch(gate, k) {
-            let (ki, fi) = (k as i32, f as i32);
-            return launch!(self, q.f, c; tab, routes, ki, x, g, fi, split, tchunks);
+            let (ki, fi, none) = (k as i32, f as i32, DevMat::default());
+            return launch!(self, q.f, c; tab, routes, ki, none, none, x, g, fi, split, tchunks);
         }
         self.matvec_sel(gate, r, (0, 2 * k), (x, 0, false), (g, f))?;
         // SwiGLU in its own launch: each block of the down launch staging it measured slower
         // (benches/results/2026-11-24-h100-routed.md), as did staging its x once for the
         // launch (benches/results/2026-11-24-h100-decode-host.md).
         self.swiglu(g, g + (k * f * 4) as u64, k * f)
+    }
+
+    /// One token's SwiGLU(gate x, up x) of an MLP (a shared expert, a dense layer's) into g in
+    /// one launch (matvec_qd_*_gu with a null table), where the routed form would take matrices
+    /// like `gate` and `up` is laid out as `gate`: the bits of the two products and
+    /// shared_gate's. Ok(false), nothing launched, where it does not apply.
+    pub fn mlp_gate_up(
+        &self,
+        (gate, up): (&DevMat, &DevMat),
+        x: u64,
+        g: u64,
+    ) -> crate::Result<bool> {
+        let alike = gate.kind == up.kind
+            && (gate.rows, gate.cols, gate.group, gate.row_bytes)
+                == (up.rows, up.cols, up.group, up.row_bytes);
+        let Some((q, c, split, tchunks)) = alike.then(|| self.gu_launch(gate, 1)).flatten() else {
+            return Ok(false);
+        };
+        let (none, one, ys) = (0u64, 1i32, gate.rows);
+        let (gm, um) = (*gate, *up);
+        launch!(self, q.f, c; none, none, one, gm, um, x, g, ys, split, tchunks)?;
+        Ok(true)
     }
 
     /// Whether routed_ffn may take gate, up and SwiGLU in one launch (the default). Both forms

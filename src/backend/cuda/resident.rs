@@ -334,6 +334,34 @@ impl CudaBackend {
         Ok(true)
     }
 
+    /// Backend::mlp_hidden of one token through Gpu::mlp_gate_up (then, with a gate logit s,
+    /// shared_gate's factor alone); false, nothing launched, where that does not apply.
+    pub(super) fn mlp_hidden_in_one_launch(
+        &self,
+        w: [&Matrix<'_>; 2],
+        x: &CudaSlice<f32>,
+        gate: &CudaSlice<f32>,
+        s: Option<&CudaSlice<f32>>,
+    ) -> crate::Result<bool> {
+        let width = w[0].rows;
+        check_len("mlp input", x.len(), w[0].cols)?;
+        check_len("mlp output", gate.len(), width)?;
+        let (gm, um) = (*self.mat(w[0])?, *self.mat(w[1])?);
+        if !self.gpu.mlp_gate_up((&gm, &um), self.p(x), self.p(gate))? {
+            return Ok(false);
+        }
+        let Some(s) = s else {
+            return Ok(true);
+        };
+        check_len("shared_gate logits", s.len(), 1)?;
+        // A null up: gate already holds the SwiGLU (cuda/elementwise.cu shared_gate).
+        let (gp, sp, none) = (self.p(gate), self.p(s), 0u64);
+        let (wi, ni) = (width as i32, width as i32);
+        let c = cfg(blocks(width, 256), 256);
+        launch!(self.gpu, self.gpu.kernels.shared_gate, c; gp, none, sp, wi, ni)?;
+        Ok(true)
+    }
+
     /// Backend::qk_norm_rope_kv: per-head QK-norm (norms of 2 * half values), RoPE and the KV
     /// store in one launch (qk_norm_rope_kv); a whole-row norm as separate launches.
     pub(super) fn qk_norm_launch(
