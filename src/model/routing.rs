@@ -37,6 +37,15 @@ pub struct Grouped {
     pub scale: f32,
 }
 
+impl Grouped {
+    /// Softmax scores of every group, unscaled: `route_grouped` without a bias is then
+    /// `route_softmax_top` bit for bit (its renormalizing sum's 1e-20 is below the ulp of a
+    /// top-k softmax sum, at least 1 / n_experts).
+    fn limits_nothing(&self) -> bool {
+        self.softmax && self.groups >= 1 && self.topk_groups == self.groups && self.scale == 1.0
+    }
+}
+
 /// The most groups a grouped router may have (DeepSeek-V3 and GLM-4.5 use 8 or 1).
 pub const MAX_GROUPS: usize = 64;
 
@@ -52,8 +61,16 @@ impl<'a> Routing<'a> {
     }
 
     /// This rule with a layer's selection bias (used by `Grouped`; the others ignore it).
+    /// A grouped rule that limits nothing (softmax scores, every group kept, no bias, unscaled:
+    /// DeepSeek-V2-Lite's) becomes the plain softmax top-k, the same bits, whose fused device
+    /// kernels (the norm, router and routing in one launch) then take it.
     pub fn with_bias(self, layer_bias: Option<&'a [f32]>) -> Routing<'a> {
         match self {
+            Routing::Grouped { rule, .. } if layer_bias.is_none() && rule.limits_nothing() => {
+                Routing::Softmax {
+                    renormalize: rule.renormalize,
+                }
+            }
             Routing::Grouped { rule, .. } => Routing::Grouped {
                 rule,
                 bias: layer_bias,
@@ -409,6 +426,67 @@ mod tests {
         let sum: f32 = logits.iter().map(|l| (l - 3.0).exp()).sum();
         assert_eq!((routes[0].expert, routes[1].expert), (4, 5));
         assert!((routes[0].weight - 1.5 / sum).abs() < 1e-6, "{routes:?}");
+    }
+
+    /// A grouped rule that limits nothing routes as the plain softmax top-k, bit for bit, and
+    /// `with_bias` gives that rule (not with a bias, a group limit, sigmoid scores or a scale).
+    #[test]
+    fn grouped_routing_that_limits_nothing_is_the_plain_softmax() {
+        let r0 = Route {
+            expert: 0,
+            weight: 0.0,
+        };
+        let mut seed = 7u64;
+        for renormalize in [false, true] {
+            let rule = Grouped {
+                softmax: true,
+                groups: 1,
+                topk_groups: 1,
+                renormalize,
+                scale: 1.0,
+            };
+            for _ in 0..200 {
+                let logits: Vec<f32> = (0..64)
+                    .map(|_| {
+                        seed = seed
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 12.0
+                    })
+                    .collect();
+                let (mut a, mut b) = ([r0; 6], [r0; 6]);
+                route_grouped(&logits, None, rule, &mut a);
+                route_softmax_top(&logits, &mut b, renormalize);
+                let bits = |r: &[Route; 6]| r.map(|r| (r.expert, r.weight.to_bits()));
+                assert_eq!(bits(&a), bits(&b), "renormalize {renormalize}");
+            }
+            let grouped = Routing::Grouped { rule, bias: None };
+            assert!(
+                matches!(grouped.with_bias(None), Routing::Softmax { renormalize: r } if r == renormalize)
+            );
+            let bias = [0.0f32; 64];
+            assert!(matches!(
+                grouped.with_bias(Some(&bias)),
+                Routing::Grouped { .. }
+            ));
+            for other in [
+                Grouped { groups: 2, ..rule },
+                Grouped {
+                    softmax: false,
+                    ..rule
+                },
+                Grouped { scale: 2.5, ..rule },
+            ] {
+                let g = Routing::Grouped {
+                    rule: other,
+                    bias: None,
+                };
+                assert!(
+                    matches!(g.with_bias(None), Routing::Grouped { .. }),
+                    "{other:?}"
+                );
+            }
+        }
     }
 
     #[test]
