@@ -310,9 +310,12 @@ impl<B: Backend> ExpertExecutor<B> for Replayed<'_, B> {
         block: &crate::model::MoeBlock<'_>,
         xs: &mut B::Buf,
         x: &mut B::Buf,
+        before: crate::model::BeforeExperts<'_, B>,
     ) -> crate::Result<crate::model::OnDevice> {
         match self.on_device {
-            true => self.inner.forward_on_device(backend, layer, block, xs, x),
+            true => self
+                .inner
+                .forward_on_device(backend, layer, block, xs, x, before),
             false => Ok(crate::model::OnDevice::No),
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use memmap2::Mmap;
 
-use super::experts::{ExpertFfn, MoeBlock};
+use super::experts::{BeforeExperts, ExpertFfn, MoeBlock};
 use super::ops::Backend;
 use crate::format::ExpertView;
 use crate::quant::Matrix;
@@ -246,15 +246,16 @@ pub trait ExpertDevice: Backend {
     /// Gated decode after a failure: every gate opened, so that the device's work ends (what it
     /// computes is thrown away); they close again before the next token.
     fn gate_open_all(&self, r: &mut Self::Resident) -> crate::Result<()>;
-    /// One decode layer routed on the device (`ExpertExecutor::forward_on_device`'s contract):
-    /// returns whether xs holds the `next` norm of x.
+    /// One decode layer routed on the device (`ExpertExecutor::forward_on_device`'s contract,
+    /// `before` called between the routing and the experts): returns whether xs holds the
+    /// `next` norm of x.
     fn routed_layer(
         &self,
         r: &Self::Resident,
         layer: usize,
         block: &MoeBlock<'_>,
-        xs: &mut Self::Buf,
-        x: &mut Self::Buf,
+        xs_x: (&mut Self::Buf, &mut Self::Buf),
+        before: BeforeExperts<'_, Self>,
     ) -> crate::Result<bool>;
     /// Queue the read of every layer's routes of the last device-routed token.
     fn queue_routes(&self, r: &mut Self::Resident) -> crate::Result<()>;

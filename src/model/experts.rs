@@ -115,6 +115,11 @@ pub enum OnDevice {
     DoneNormed,
 }
 
+/// What a decode layer adds to x between its routing and its routed experts, from xs (the
+/// block's norm) and x: its shared expert's output (a no-op where it has none).
+pub type BeforeExperts<'h, B> =
+    &'h mut dyn FnMut(&<B as Backend>::Buf, &mut <B as Backend>::Buf) -> crate::Result<()>;
+
 /// Computes a layer's experts for a batch of tokens. The executor chooses the variant each
 /// expert runs in.
 pub trait ExpertExecutor<B: Backend> {
@@ -193,10 +198,11 @@ pub trait ExpertExecutor<B: Backend> {
 
     /// Decode one token's layer with its routing left on the device: xs ([hidden]) = the
     /// block's RMSNorm of the residual stream x, as the backend's `rms_norm` computes it; route
-    /// from xs (as the backend's `route` would) and add the experts' output (as `forward` sums
-    /// it) into x. The executor may fold `block.next` into its last step (xs = RMSNorm(x):
-    /// OnDevice::DoneNormed). OnDevice::No, nothing computed, when it cannot now; the caller
-    /// then normalizes, routes on the host and calls `forward`.
+    /// from xs (as the backend's `route` would), call `before` once (xs, x), then add the
+    /// experts' output (as `forward` sums it) into x. The executor may fold `block.next` into
+    /// its last step (xs = RMSNorm(x): OnDevice::DoneNormed). OnDevice::No, nothing computed and
+    /// `before` not called, when it cannot now; the caller then normalizes, routes on the host,
+    /// calls `before` and `forward`.
     fn forward_on_device(
         &mut self,
         _backend: &B,
@@ -204,6 +210,7 @@ pub trait ExpertExecutor<B: Backend> {
         _block: &MoeBlock<'_>,
         _xs: &mut B::Buf,
         _x: &mut B::Buf,
+        _before: BeforeExperts<'_, B>,
     ) -> crate::Result<OnDevice> {
         Ok(OnDevice::No)
     }

@@ -74,6 +74,23 @@ struct Pass {
     long_rope: bool,
 }
 
+/// Where `Model::moe_block` is: the layer (weights, index, MoE index), its router, the norm
+/// after it and the pass's tokens.
+struct MoeAt<'a> {
+    layer: (&'a LayerWeights<'a>, usize, usize),
+    router: &'a Matrix<'a>,
+    next: Option<&'a [f32]>,
+    t: usize,
+}
+
+/// An MLP's scratch: Buffers' sh_gate, sh_up, sh_logit and out.
+struct MlpRoom<'b, B: Backend> {
+    gate: &'b mut B::Buf,
+    up: &'b mut B::Buf,
+    logit: &'b mut B::Buf,
+    out: &'b mut B::Buf,
+}
+
 /// Activations for a batch of t tokens, grown to the largest batch seen, never per token.
 struct Buffers<B: Backend> {
     t: usize,
@@ -378,26 +395,27 @@ impl<'f> Model<'f> {
         Err(ModelError::non_finite(self.file.path(), Some(layer), what).into())
     }
 
-    /// x += an MLP of the normalized input b.xn: down(silu(gate · xn) * (up · xn)), scaled by
+    /// x += an MLP of the normalized input xn: down(silu(gate · xn) * (up · xn)), scaled by
     /// sigmoid(g · xn) where the MLP has a gate g (Qwen2-MoE's shared expert). A shared expert
     /// beside the routed ones, or a dense layer's MLP.
     fn mlp<B: Backend>(
         &self,
-        b: &mut Buffers<B>,
         (mlp, g): (&Mlp<'_>, Option<&Matrix<'_>>),
+        (xn, x): (&B::Buf, &mut B::Buf),
+        room: &mut MlpRoom<'_, B>,
         t: usize,
         backend: &B,
     ) -> crate::Result<()> {
         let gate = match g {
             Some(g) => {
-                backend.matmul(g, &b.xn, t, &mut b.sh_logit)?;
-                Some(&b.sh_logit)
+                backend.matmul(g, xn, t, room.logit)?;
+                Some(&*room.logit)
             }
             None => None,
         };
-        let hidden = [&mut b.sh_gate, &mut b.sh_up];
-        backend.mlp_hidden([&mlp.gate, &mlp.up], &b.xn, t, hidden, gate)?;
-        backend.matmul_add(&mlp.down, &b.sh_gate, t, &mut b.out, &mut b.x)
+        let hidden = [&mut *room.gate, &mut *room.up];
+        backend.mlp_hidden([&mlp.gate, &mlp.up], xn, t, hidden, gate)?;
+        backend.matmul_add(&mlp.down, room.gate, t, room.out, x)
     }
 
     /// MLA's attention inputs (q ends in b.att: true): q straight from b.xn or through its
@@ -489,7 +507,6 @@ impl<'f> Model<'f> {
     ) -> crate::Result<()> {
         let (t, rows) = (pass.t, pass.rows.clone());
         let cfg = &self.cfg;
-        let (h, k) = (cfg.hidden, cfg.top_k);
         // b.xn already holds the RMSNorm that comes next (folded into the last MoE step).
         let mut normed = false;
         for (l, lw) in self.w.layers.iter().enumerate() {
@@ -506,74 +523,23 @@ impl<'f> Model<'f> {
                     return Err(ModelError::MissingTensor { name }.into());
                 };
                 self.norm(backend, (&b.x, 0..t), (&lw.ffn_norm, None), &mut b.xn)?;
-                self.mlp(b, (mlp, None), t, backend)?;
+                let (xn, x, mut room, _) = b.split();
+                self.mlp((mlp, None), (xn, x), &mut room, t, backend)?;
                 continue;
             };
-
-            // Mixture-of-experts block: a decode token whose experts are all resident may be
-            // routed and computed without leaving the device; otherwise routing comes to the
-            // host (the expert engine decides loads there).
-            let ffn = ExpertFfn {
-                act: cfg.expert_act,
-                biases: lw.expert_biases.clone(),
+            // The norm after the block: the next layer's, or the output head's for a head over
+            // the one token.
+            let next = match self.w.layers.get(l + 1) {
+                Some(nl) => Some(&nl.attn_norm[..]),
+                None => (rows == Some(0..1)).then_some(&self.w.output_norm[..]),
             };
-            let block = MoeBlock {
-                norm: &lw.ffn_norm,
+            let at = MoeAt {
+                layer: (lw, l, m),
                 router: router_w,
-                // The norm after this block: the next layer's, or the output head's for a
-                // head over the one token; none where a shared expert's sum comes after the
-                // routed experts'.
-                next: match self.w.layers.get(l + 1) {
-                    _ if lw.shared.is_some() => None,
-                    Some(nl) => Some(&nl.attn_norm[..]),
-                    None => (rows == Some(0..1)).then_some(&self.w.output_norm[..]),
-                },
-                eps: cfg.rms_eps,
-                routing: cfg.routing().with_bias(lw.score_bias.as_deref()),
-                norm_bias: lw.norm_biases.as_ref().map(|[_, ffn]| &ffn[..]),
-                router_bias: lw.router_bias.as_deref(),
-                ffn: &ffn,
-            };
-            // A shared expert's sum is added after the routed experts' on either path (xn still
-            // holds this block's norm: `next` is none there), so both give the same bits.
-            if t == 1 {
-                match experts.forward_on_device(backend, m, &block, &mut b.xn, &mut b.x)? {
-                    OnDevice::No => {}
-                    OnDevice::Done => {
-                        if let Some(sh) = &lw.shared {
-                            self.mlp(b, (&sh.mlp, sh.gate_inp.as_ref()), t, backend)?;
-                        }
-                        continue;
-                    }
-                    OnDevice::DoneNormed => {
-                        normed = true;
-                        continue;
-                    }
-                }
-            }
-            let out = RouteOut {
-                xn: &mut b.xn,
-                logits: &mut b.router,
-                routes: &mut routes[..t * k],
-                host: router,
-                reads: match t {
-                    1 => experts.route_reads(l),
-                    _ => RouteReads::NONE,
-                },
-            };
-            backend.norm_route(&b.x, t, &block, out)?;
-            self.check_routes(l, &routes[..t * k])?;
-            let batch = Batch {
-                xs: &b.xn,
+                next,
                 t,
-                hidden: h,
-                routes: &routes[..t * k],
-                ffn: ffn.clone(),
             };
-            experts.forward_add(backend, m, &batch, &mut b.out, &mut b.x)?;
-            if let Some(sh) = &lw.shared {
-                self.mlp(b, (&sh.mlp, sh.gate_inp.as_ref()), t, backend)?;
-            }
+            normed = self.moe_block(b, at, (routes, router), (backend, experts))?;
         }
         if let Some(rows) = rows {
             let n = rows.len();
@@ -588,6 +554,76 @@ impl<'f> Model<'f> {
             }
         }
         Ok(())
+    }
+
+    /// Layer `l`'s mixture-of-experts block: x += its shared expert's MLP (where it has one),
+    /// then its routed experts'. A decode token whose experts are all resident may be routed
+    /// and computed without leaving the device; otherwise routing comes to the host (the
+    /// expert engine decides loads there). Both paths add in the same order: the same bits.
+    /// Returns whether b.xn holds the `next` norm (folded into the block's last step).
+    fn moe_block<B: Backend>(
+        &self,
+        b: &mut Buffers<B>,
+        at: MoeAt<'_>,
+        (routes, router): (&mut [Route], &mut Vec<f32>),
+        (backend, experts): (&B, &mut dyn ExpertExecutor<B>),
+    ) -> crate::Result<bool> {
+        let (cfg, (lw, l, m), t) = (&self.cfg, at.layer, at.t);
+        let (h, k) = (cfg.hidden, cfg.top_k);
+        let ffn = ExpertFfn {
+            act: cfg.expert_act,
+            biases: lw.expert_biases.clone(),
+        };
+        let block = MoeBlock {
+            norm: &lw.ffn_norm,
+            router: at.router,
+            next: at.next,
+            eps: cfg.rms_eps,
+            routing: cfg.routing().with_bias(lw.score_bias.as_deref()),
+            norm_bias: lw.norm_biases.as_ref().map(|[_, ffn]| &ffn[..]),
+            router_bias: lw.router_bias.as_deref(),
+            ffn: &ffn,
+        };
+        let (xn, x, mut room, logits) = b.split();
+        let mut shared = |xn: &B::Buf, x: &mut B::Buf| match &lw.shared {
+            Some(sh) => self.mlp(
+                (&sh.mlp, sh.gate_inp.as_ref()),
+                (xn, x),
+                &mut room,
+                t,
+                backend,
+            ),
+            None => Ok(()),
+        };
+        if t == 1 {
+            match experts.forward_on_device(backend, m, &block, xn, x, &mut shared)? {
+                OnDevice::No => {}
+                OnDevice::Done => return Ok(false),
+                OnDevice::DoneNormed => return Ok(true),
+            }
+        }
+        let out = RouteOut {
+            xn: &mut *xn,
+            logits,
+            routes: &mut routes[..t * k],
+            host: router,
+            reads: match t {
+                1 => experts.route_reads(l),
+                _ => RouteReads::NONE,
+            },
+        };
+        backend.norm_route(x, t, &block, out)?;
+        self.check_routes(l, &routes[..t * k])?;
+        shared(xn, x)?;
+        let batch = Batch {
+            xs: xn,
+            t,
+            hidden: h,
+            routes: &routes[..t * k],
+            ffn: ffn.clone(),
+        };
+        experts.forward_add(backend, m, &batch, room.out, x)?;
+        Ok(false)
     }
 
     /// The attention block of layer `l` over b.xn (normalized): q, k and v, RoPE and the cache,
@@ -707,6 +743,27 @@ impl<'f> Model<'f> {
 }
 
 impl<B: Backend> Buffers<B> {
+    /// xn, x, an MLP's scratch and the router's logits, borrowed apart.
+    fn split(&mut self) -> (&mut B::Buf, &mut B::Buf, MlpRoom<'_, B>, &mut B::Buf) {
+        let Buffers {
+            xn,
+            x,
+            sh_gate,
+            sh_up,
+            sh_logit,
+            out,
+            router,
+            ..
+        } = self;
+        let room = MlpRoom {
+            gate: sh_gate,
+            up: sh_up,
+            logit: sh_logit,
+            out,
+        };
+        (xn, x, room, router)
+    }
+
     fn new(backend: &B, cfg: &ModelConfig, t: usize) -> crate::Result<Buffers<B>> {
         let (h, qd, kvd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
         // The shared expert's and the dense layers' MLPs share these.

@@ -20,7 +20,7 @@ pub mod yarn;
 
 pub use config::{Architecture, ExpertAct, Mla, ModelConfig};
 pub use device::{ArenaBase, ChunkCopier, CopierSetup, DeviceEvent, ExpertDevice, SlotExpert};
-pub use experts::{Batch, ExpertExecutor, MoeBlock, OnDevice};
+pub use experts::{Batch, BeforeExperts, ExpertExecutor, MoeBlock, OnDevice};
 pub use forward::{Logits, Model, RunState};
 pub use ops::{Backend, DecodeStep, KernelTime, QkvStep, Route, RouteOut, RouteReads, Telemetry};
 

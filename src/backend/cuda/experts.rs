@@ -15,7 +15,7 @@ use super::{
 use crate::format::{ExpertView, MatrixLayout};
 use crate::model::experts::ExpertFfn;
 use crate::model::{
-    ArenaBase, Backend, CopierSetup, DeviceEvent, ExpertDevice, MoeBlock, SlotExpert,
+    ArenaBase, Backend, BeforeExperts, CopierSetup, DeviceEvent, ExpertDevice, MoeBlock, SlotExpert,
 };
 use crate::quant::Matrix;
 use crate::Error;
@@ -507,11 +507,11 @@ impl ExpertDevice for CudaBackend {
         r: &CudaResident,
         layer: usize,
         block: &MoeBlock<'_>,
-        xs: &mut CudaSlice<f32>,
-        x: &mut CudaSlice<f32>,
+        (xs, x): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        before: BeforeExperts<'_, Self>,
     ) -> crate::Result<bool> {
         if !block.ffn.is_plain() {
-            return self.routed_layer_glu(r, layer, block, xs, x);
+            return self.routed_layer_glu(r, layer, block, (xs, x), before);
         }
         let (k, (f, h)) = (r.top_k, r.dims());
         let (routes, tab, g, dn) = self.routed_room(r, layer);
@@ -544,6 +544,7 @@ impl ExpertDevice for CudaBackend {
         if let Some(g) = r.dir.as_ref() {
             self.gate_layer(g, layer, routes, xsp)?;
         }
+        before(xs, x)?;
         let routed = Routed { tab, routes, k };
         if r.gate.kind < 3 {
             // Float kinds: gate and up with SwiGLU in one launch, down with the weighted sum
@@ -642,8 +643,8 @@ impl CudaBackend {
         r: &CudaResident,
         layer: usize,
         block: &MoeBlock<'_>,
-        xs: &mut CudaSlice<f32>,
-        x: &mut CudaSlice<f32>,
+        (xs, x): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        before: BeforeExperts<'_, Self>,
     ) -> crate::Result<bool> {
         let (ne, k, h) = (r.n_experts, r.top_k, r.dims().1);
         let (Some(glu), true) = (self.ffn_dev(block.ffn)?.glu, r.gate.kind >= 3) else {
@@ -676,6 +677,7 @@ impl CudaBackend {
         if let Some(g) = r.dir.as_ref() {
             self.gate_layer(g, layer, routes, xsp)?;
         }
+        before(xs, x)?;
         let routed = Routed { tab, routes, k };
         self.routed_glu((&r.gate, &r.down), (routed, routes), xsp, (g, dn), glu)?;
         let norm = match (block.next, block.norm_bias) {

@@ -43,8 +43,8 @@ use crate::experts::trace::TraceWriter;
 use crate::experts::{LayerPlan, PrecisionPlan};
 use crate::format::HobFile;
 use crate::model::{
-    Batch, CopierSetup, ExpertAct, ExpertDevice, ExpertExecutor, Model, MoeBlock, OnDevice, Route,
-    RouteReads,
+    Batch, BeforeExperts, CopierSetup, ExpertAct, ExpertDevice, ExpertExecutor, Model, MoeBlock,
+    OnDevice, Route, RouteReads,
 };
 use crate::Error;
 
@@ -488,6 +488,7 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
         block: &MoeBlock<'_>,
         xs: &mut D::Buf,
         x: &mut D::Buf,
+        before: BeforeExperts<'_, D>,
     ) -> crate::Result<OnDevice> {
         if layer == 0 {
             self.routing.token = self.device_ready(dev)?;
@@ -495,7 +496,7 @@ impl<D: ExpertDevice> ExpertExecutor<D> for Engine<'_, D> {
         let (true, Some(r)) = (self.routing.token, self.routing.resident.as_ref()) else {
             return Ok(OnDevice::No);
         };
-        let normed = dev.routed_layer(r, layer, block, xs, x)?;
+        let normed = dev.routed_layer(r, layer, block, (xs, x), before)?;
         let lag = self.tuning.gated_follow_lag;
         if self.routing.follow && self.routing.now && layer + 1 >= lag {
             self.follow_until(dev, layer + 1 - lag)?;
