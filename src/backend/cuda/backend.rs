@@ -272,11 +272,8 @@ impl Backend for CudaBackend {
         if let Some(s) = s {
             check_len("shared_gate logits", s.len(), t)?;
         }
-        // A null s: no gate (cuda/elementwise.cu shared_gate).
-        let (gp, up, sp) = (self.p(gate), self.p(up), s.map_or(0, |s| self.p(s)));
-        let (wi, ni) = (width as i32, n as i32);
-        let c = cfg(blocks(n, 256), 256);
-        launch!(self.gpu, self.gpu.kernels.shared_gate, c; gp, up, sp, wi, ni)
+        let sp = s.map_or(0, |s| self.p(s));
+        self.shared_gate_launch((self.p(gate), self.p(up), sp), (t, width))
     }
 
     fn kv_write(

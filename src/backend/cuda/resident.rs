@@ -354,12 +354,22 @@ impl CudaBackend {
             return Ok(true);
         };
         check_len("shared_gate logits", s.len(), 1)?;
-        // A null up: gate already holds the SwiGLU (cuda/elementwise.cu shared_gate).
-        let (gp, sp, none) = (self.p(gate), self.p(s), 0u64);
-        let (wi, ni) = (width as i32, width as i32);
-        let c = cfg(blocks(width, 256), 256);
-        launch!(self.gpu, self.gpu.kernels.shared_gate, c; gp, none, sp, wi, ni)?;
+        // A null up: gate already holds the SwiGLU.
+        self.shared_gate_launch((self.p(gate), 0, self.p(s)), (1, width))?;
         Ok(true)
+    }
+
+    /// cuda/elementwise.cu shared_gate over t rows of `width` at g: with u (0: g already holds
+    /// the SwiGLU) and the gate logits s (0: none).
+    pub(super) fn shared_gate_launch(
+        &self,
+        (g, u, s): (u64, u64, u64),
+        (t, width): (usize, usize),
+    ) -> crate::Result<()> {
+        let n = t * width;
+        let (wi, ni) = (width as i32, n as i32);
+        let c = cfg(blocks(n, 256), 256);
+        launch!(self.gpu, self.gpu.kernels.shared_gate, c; g, u, s, wi, ni)
     }
 
     /// Backend::qk_norm_rope_kv: per-head QK-norm (norms of 2 * half values), RoPE and the KV
