@@ -6,6 +6,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::buffers::{Buffers, MlpRoom};
 use super::experts::{Batch, ExpertExecutor, ExpertFfn, MoeBlock, OnDevice};
 use super::ops::MlaInputs;
 use super::ops::{
@@ -81,47 +82,6 @@ struct MoeAt<'a> {
     router: &'a Matrix<'a>,
     next: Option<&'a [f32]>,
     t: usize,
-}
-
-/// An MLP's scratch: Buffers' sh_gate, sh_up, sh_logit and out.
-struct MlpRoom<'b, B: Backend> {
-    gate: &'b mut B::Buf,
-    up: &'b mut B::Buf,
-    logit: &'b mut B::Buf,
-    out: &'b mut B::Buf,
-}
-
-/// Activations for a batch of t tokens, grown to the largest batch seen, never per token.
-struct Buffers<B: Backend> {
-    t: usize,
-    /// (t, hidden) residual stream
-    x: B::Buf,
-    /// (t, hidden) normalized input of a block
-    xn: B::Buf,
-    /// (t, q_dim)
-    q: B::Buf,
-    /// (t, kv_dim)
-    k: B::Buf,
-    /// (t, kv_dim)
-    v: B::Buf,
-    /// (t, kv_dim): k after QK-norm (one value where the architecture has none)
-    kn: B::Buf,
-    /// The shared expert's (t, ffn) gate and up products and (t, 1) gate logits (one value
-    /// each where the architecture has no shared expert)
-    sh_gate: B::Buf,
-    sh_up: B::Buf,
-    sh_logit: B::Buf,
-    /// (t, q_dim)
-    att: B::Buf,
-    /// (t, hidden) block output
-    out: B::Buf,
-    /// (t, n_experts)
-    router: B::Buf,
-    /// (t, vocab)
-    logits: B::Buf,
-    /// (t, q_lora): MLA's q bottleneck and its norm (one value each where there is none)
-    mla_q: B::Buf,
-    mla_qn: B::Buf,
 }
 
 impl<B: Backend> RunState<B> {
@@ -739,53 +699,6 @@ impl<'f> Model<'f> {
             (None, _, Some(y)) => (&self.inv_freq, y.attention_factor * y.attention_factor),
             _ => (&self.inv_freq, 1.0),
         }
-    }
-}
-
-impl<B: Backend> Buffers<B> {
-    /// xn, x, an MLP's scratch and the router's logits, borrowed apart.
-    fn split(&mut self) -> (&mut B::Buf, &mut B::Buf, MlpRoom<'_, B>, &mut B::Buf) {
-        let Buffers {
-            xn,
-            x,
-            sh_gate,
-            sh_up,
-            sh_logit,
-            out,
-            router,
-            ..
-        } = self;
-        let room = MlpRoom {
-            gate: sh_gate,
-            up: sh_up,
-            logit: sh_logit,
-            out,
-        };
-        (xn, x, room, router)
-    }
-
-    fn new(backend: &B, cfg: &ModelConfig, t: usize) -> crate::Result<Buffers<B>> {
-        let (h, qd, kvd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
-        // The shared expert's and the dense layers' MLPs share these.
-        let mlp_width = cfg.shared_ffn.unwrap_or(0).max(cfg.dense_ffn);
-        Ok(Buffers {
-            t,
-            x: backend.alloc(t * h)?,
-            xn: backend.alloc(t * h)?,
-            q: backend.alloc(t * qd)?,
-            k: backend.alloc(t * kvd)?,
-            v: backend.alloc(t * kvd)?,
-            kn: backend.alloc(if cfg.qk_norm.is_some() { t * kvd } else { 1 })?,
-            sh_gate: backend.alloc(t * mlp_width + 1)?,
-            sh_up: backend.alloc(t * mlp_width + 1)?,
-            sh_logit: backend.alloc(t + 1)?,
-            att: backend.alloc(t * qd)?,
-            mla_q: backend.alloc(t * cfg.mla.map_or(0, |m| m.q_lora) + 1)?,
-            mla_qn: backend.alloc(t * cfg.mla.map_or(0, |m| m.q_lora) + 1)?,
-            out: backend.alloc(t * h)?,
-            router: backend.alloc(t * cfg.n_experts)?,
-            logits: backend.alloc(t * cfg.vocab)?,
-        })
     }
 }
 

@@ -3,11 +3,13 @@
 //!
 //! - `config`: hyper-parameters read from the .hob metadata.
 //! - `weights`: dense weights as views into the mmap.
-//! - `forward`: the forward pass (prefill and decode share it), the KV cache and run state.
+//! - `forward`: the forward pass (prefill and decode share it), the KV cache and run state;
+//!   `buffers`: its activations.
 //! - `ops`: what a backend provides to the forward pass (the `Backend` trait).
 //! - `experts`: the interface a layer's experts are computed through (`ExpertExecutor`).
 //! - `device`: what the offload engine asks of a device (`ExpertDevice`).
 
+mod buffers;
 pub mod config;
 mod config_keys;
 pub mod device;
