@@ -204,19 +204,24 @@ __device__ __forceinline__ void sel_entry(int which0) {
 }
 
 // A warp a row of gate or of up (warp pairs: row blockIdx.x * 4 + warp / 2), so that a warp
-// waits for one row's loads, not two in turn; 256 threads.
+// waits for one row's loads, not two in turn; 256 threads. With a null table, one MLP's gate g
+// and up u (k 1: a shared expert's, a dense layer's; Gpu::mlp_gate_up): weights, so their first
+// loads go out before the wait (row_dot's WAIT), as a plain product's do.
 template <int KIND>
 __device__ __forceinline__ void moe_gate_up_body(const MatEntry* __restrict__ tab,
                                                  const float* __restrict__ routes, int k,
+                                                 const Mat& g, const Mat& u,
                                                  const float* __restrict__ x,
                                                  float* __restrict__ h) {
     __shared__ float gu[8];
-    const int j = blockIdx.y, e = reinterpret_cast<const int*>(routes)[j];
+    const int j = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const Mat m = tab[e * 3 + (warp & 1)].m;
+    if (tab) pdl_wait();
+    const Mat m = tab ? tab[reinterpret_cast<const int*>(routes)[j] * 3 + (warp & 1)].m
+                      : (warp & 1 ? u : g);
     const int r = blockIdx.x * 4 + (warp >> 1);
     if (r < m.rows) {
-        const float v = row_dot<KIND>(m, r, x, lane);
+        const float v = row_dot<KIND, 4, true>(m, r, x, lane);
         if (lane == 0) gu[warp] = v;
     }
     __syncthreads();
@@ -468,9 +473,10 @@ __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const floa
                                        count, bias);                                           \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_##SUFFIX(const MatEntry* tab, const float* routes,  \
-                                                    int k, const float* x, float* h) {         \
-        PDL_ENTRY();                                                                           \
-        moe_gate_up_body<KIND>(tab, routes, k, x, h);                                          \
+                                                    int k, const Mat g, const Mat u,           \
+                                                    const float* x, float* h) {                \
+        pdl_trigger();                                                                         \
+        moe_gate_up_body<KIND>(tab, routes, k, g, u, x, h);                                    \
     }                                                                                          \
     extern "C" __global__ void moe_down_##SUFFIX(const MatEntry* tab, const float* routes,     \
                                                  int k, const float* h, float* x) {            \

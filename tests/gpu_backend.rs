@@ -578,10 +578,11 @@ fn attention_in_one_launch_equals_its_separate_launches() {
     }
 }
 
-/// One token's MLP hidden activations in one launch (`mlp_hidden`: matvec_qd_*_gu with a null
-/// table) give the two products' and `shared_gate`'s bits, with and without a gate logit:
-/// DeepSeek-V2-Lite's shared expert (2816 rows of 2048), Qwen1.5-MoE's (5632), int4, and a layout
-/// the one launch does not take (int4/g32: the three launches).
+/// One token's MLP hidden activations in one launch (`mlp_hidden`: matvec_qd_*_gu, or for float
+/// kinds moe_gate_up_*, with a null table) give the two products' and `shared_gate`'s bits, with
+/// and without a gate logit: DeepSeek-V2-Lite's shared expert (2816 rows of 2048), Qwen1.5-MoE's
+/// (5632), int4, the float kinds (rows not a multiple of the block's 4), and a layout the one
+/// launch does not take (int4/g32: the three launches).
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
 fn mlp_hidden_in_one_launch_equals_the_products_and_gate() {
@@ -591,6 +592,9 @@ fn mlp_hidden_in_one_launch_equals_the_products_and_gate() {
         ("int8", 5632, 2048),
         ("int4", 1408, 2048),
         ("int4/g32", 512, 256),
+        ("f16", 2816, 2048),
+        ("bf16", 301, 256),
+        ("f32", 130, 512),
     ]
     .iter()
     .enumerate()

@@ -711,6 +711,7 @@ mod tests {
         let waiting = [
             "moe_route_norm_body",
             "moe_route_norm_wide_body",
+            "moe_gate_up_body",
             "matvec_body",
             "matvec3_rope_body",
             "matvec_q_body",

@@ -393,9 +393,10 @@ impl Gpu {
     }
 
     /// One token's SwiGLU(gate x, up x) of an MLP (a shared expert, a dense layer's) into g in
-    /// one launch (matvec_qd_*_gu with a null table), where the routed form would take matrices
-    /// like `gate` and `up` is laid out as `gate`: the bits of the two products and
-    /// shared_gate's. Ok(false), nothing launched, where it does not apply.
+    /// one launch (moe_gate_up_* for float kinds, matvec_qd_*_gu for integer ones, with a null
+    /// table), where the routed form would take matrices like `gate` and `up` is laid out as
+    /// `gate`: the bits of the two products and shared_gate's. Ok(false), nothing launched,
+    /// where it does not apply.
     pub fn mlp_gate_up(
         &self,
         (gate, up): (&DevMat, &DevMat),
@@ -405,11 +406,18 @@ impl Gpu {
         let alike = gate.kind == up.kind
             && (gate.rows, gate.cols, gate.group, gate.row_bytes)
                 == (up.rows, up.cols, up.group, up.row_bytes);
+        let (none, gm, um) = (0u64, *gate, *up);
+        if alike && gate.kind < 3 && gate.vectorizable() && up.vectorizable() {
+            // Float kinds: moe.cu moe_gate_up_* with a null table (4 rows a block).
+            let c = cfg(blocks(gate.rows.max(0) as usize, 4), 256);
+            let (f, one) = (&self.kernels.moe_gate_up[gate.kind as usize], 1i32);
+            launch!(self, f, c; none, none, one, gm, um, x, g)?;
+            return Ok(true);
+        }
         let Some((q, c, split, tchunks)) = alike.then(|| self.gu_launch(gate, 1)).flatten() else {
             return Ok(false);
         };
-        let (none, one, ys) = (0u64, 1i32, gate.rows);
-        let (gm, um) = (*gate, *up);
+        let (one, ys) = (1i32, gate.rows);
         launch!(self, q.f, c; none, none, one, gm, um, x, g, ys, split, tchunks)?;
         Ok(true)
     }
@@ -574,8 +582,9 @@ impl Gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ki = k as i32;
-        launch!(self, self.kernels.moe_gate_up[gate.kind as usize], c; tab, routes, ki, x, h)
+        let (ki, none) = (k as i32, DevMat::default());
+        let f = &self.kernels.moe_gate_up[gate.kind as usize];
+        launch!(self, f, c; tab, routes, ki, none, none, x, h)
     }
 
     /// Float-kind experts of one token: x += the routed experts' down rows times h, weighted
