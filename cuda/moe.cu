@@ -141,16 +141,18 @@ template <int KIND>
 __device__ __forceinline__ void moe_route_body(const Mat w, const float* __restrict__ x, int k,
                                                int rule, float reps, float* __restrict__ routes,
                                                const float* __restrict__ bias = nullptr) {
-    __shared__ float lg[256];
+    // A grouped rule's bias picks experts (route_rule_warp); gpt-oss's adds to the logits.
+    __shared__ float lg[256], ch[256];
+    const bool add = bias && !rule_grouped(rule);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int r = warp; r < w.rows; r += warps) {
         const float v = row_dot<KIND, 16>(w, r, x, lane);
-        if (lane == 0) lg[r] = bias ? v + bias[r] : v;
+        if (lane == 0) lg[r] = add ? v + bias[r] : v;
     }
     __syncthreads();
     if (warp == 0)
-        route_one_warp(lg, lg, w.rows, k, rule, reps, reinterpret_cast<int*>(routes), routes + k,
-                       lane);
+        route_rule_warp(lg, ch, w.rows, k, rule, reps, bias, reinterpret_cast<int*>(routes),
+                        routes + k, lane);
 }
 
 // The experts a token was routed to, from a table of resident experts, several matrices in one
@@ -282,7 +284,8 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
                                                 float* __restrict__ xn, int k, int rule, float reps,
                                                 float* __restrict__ routes, float* sp,
                                                 const float* __restrict__ bias) {
-    __shared__ float lg[ROUTE_REG_ROWS];
+    __shared__ float lg[ROUTE_REG_ROWS], ch[ROUTE_REG_ROWS];
+    const bool add = bias && !rule_grouped(rule);
     const int t = threadIdx.x, nc = blockDim.x, warp = t >> 5, lane = t & 31;
     const uint4* rows = reinterpret_cast<const uint4*>(w.codes);
     uint4 rc[ROUTE_REG_ROWS];
@@ -304,12 +307,12 @@ __device__ __forceinline__ void route_norm_regs(const Mat& w, const float* __res
         float acc = 0.f;
         for (int c = lane; c < nc; c += 32) acc += sp[warp * nc + c];
         acc = warp_sum(acc);
-        if (lane == 0) lg[warp] = bias ? acc + bias[warp] : acc;
+        if (lane == 0) lg[warp] = add ? acc + bias[warp] : acc;
     }
     __syncthreads();
     if (warp == 0)
-        route_one_warp(lg, lg, w.rows, k, rule, reps, reinterpret_cast<int*>(routes), routes + k,
-                       lane);
+        route_rule_warp(lg, ch, w.rows, k, rule, reps, bias, reinterpret_cast<int*>(routes),
+                        routes + k, lane);
 }
 
 // The MoE block's RMSNorm and the routing in one launch: xn = RMSNorm(x) * g (as rms_norm
@@ -365,7 +368,9 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         return;
     }
     __syncthreads();
-    __shared__ float lg[256];
+    // A grouped rule's bias picks experts (route_rule_warp); gpt-oss's adds to the logits.
+    __shared__ float lg[256], ch[256];
+    const bool add = bias && !rule_grouped(rule);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int r = warp; r < w.rows; r += warps) {
         // row_dot's order: lane l adds chunks l, l + 32, ... in turn, then warp_sum.
@@ -373,12 +378,12 @@ __device__ __forceinline__ void moe_route_norm_body(const Mat w, const float* __
         float acc = 0.f;
         for (int c = lane; c < nc; c += 32) acc += chunk_dot<KIND>(row[c], xs, c, w, r);
         acc = warp_sum(acc);
-        if (lane == 0) lg[r] = bias ? acc + bias[r] : acc;
+        if (lane == 0) lg[r] = add ? acc + bias[r] : acc;
     }
     __syncthreads();
     if (warp == 0)
-        route_one_warp(lg, lg, w.rows, k, rule, reps, reinterpret_cast<int*>(routes), routes + k,
-                       lane);
+        route_rule_warp(lg, ch, w.rows, k, rule, reps, bias, reinterpret_cast<int*>(routes),
+                        routes + k, lane);
 }
 
 // moe_route_norm for routers of many rows (Qwen3-MoE's 128 x 2048 f32: 1 MB), over many blocks:
@@ -401,7 +406,9 @@ __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const floa
     extern __shared__ float4 xs4[];
     float* xs = reinterpret_cast<float*>(xs4);
     uint4* wsm = reinterpret_cast<uint4*>(xs4 + w.cols / 4);
-    __shared__ float lg[256];
+    // A grouped rule's bias picks experts (route_rule_warp); gpt-oss's adds to the logits.
+    __shared__ float lg[256], ch[256];
+    const bool add = bias && !rule_grouped(rule);
     __shared__ unsigned ticket;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r0 = blockIdx.x * rpb, r = r0 + warp, nc = w.row_bytes / 16;
@@ -435,7 +442,7 @@ __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const floa
         for (int c = lane; c < nc; c += 32)
             acc += chunk_dot<KIND>(pre ? row[c] : __ldg(row + c), xs, c, w, r);
         acc = warp_sum(acc);
-        if (lane == 0) lgs[r] = bias ? acc + bias[r] : acc;
+        if (lane == 0) lgs[r] = add ? acc + bias[r] : acc;
     }
     __threadfence();
     __syncthreads();
@@ -446,8 +453,8 @@ __device__ __forceinline__ void moe_route_norm_wide_body(const Mat w, const floa
     for (int i = threadIdx.x; i < w.rows; i += blockDim.x) lg[i] = __ldcg(lgs + i);
     __syncthreads();
     if (warp == 0)
-        route_one_warp(lg, lg, w.rows, k, rule, reps, reinterpret_cast<int*>(routes), routes + k,
-                       lane);
+        route_rule_warp(lg, ch, w.rows, k, rule, reps, bias, reinterpret_cast<int*>(routes),
+                        routes + k, lane);
 }
 
 #define MOE_KERNELS(SUFFIX, KIND)                                                              \

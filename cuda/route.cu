@@ -299,27 +299,20 @@ extern "C" __global__ void route_topk(float* __restrict__ logits, int ne, int k,
     }
 }
 
-// GLM-4.5's and DeepSeek's group-limited routing (route_grouped in src/model/routing.rs): scores
-// s(e) = sigmoid(l[e]), or the softmax over every logit (`softmax`, summed as route_one_warp sums
-// it); experts chosen by s(e) + bias[e] within the best `topk_groups` of `groups` equal groups (a
-// group's value: the sum of its two best choices, or its best under softmax; ties: the lower
-// group), the top k by choice (route_top_warp: ties, the lower index), weighted by their scores,
-// renormalized to sum to 1 (+ 1e-20) or not, times `scale`. A warp a token, ROUTE_TOPK_WARPS a
-// block, ne <= ROUTE_WARP_NE, groups <= 64. Non-finite logits, or fewer experts in the kept groups
-// than k, give experts 0..k with NaN weights (the host's refusal, which names the layer).
-extern "C" __global__ void route_grouped(const float* __restrict__ logits, int ne, int k, int t,
-                                         int softmax, int groups, int topk_groups, int renorm,
-                                         float scale, const float* __restrict__ bias,
-                                         float* __restrict__ routes) {
-    __shared__ float choice[ROUTE_TOPK_WARPS][ROUTE_WARP_NE];
-    __shared__ unsigned long long kept_groups[ROUTE_TOPK_WARPS];
-    PDL_ENTRY();
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i = blockIdx.x * ROUTE_TOPK_WARPS + w;
-    if (i >= t) return;
-    const float* l = logits + (size_t)i * ne;
-    int* re = reinterpret_cast<int*>(routes) + (size_t)i * k;
-    float* rw = routes + (size_t)t * k + (size_t)i * k;
+// GLM-4.5's and DeepSeek's group-limited routing (route_grouped in src/model/routing.rs) of one
+// token's logits l by a warp: scores s(e) = sigmoid(l[e]), or the softmax over every logit
+// (`softmax`, summed as route_one_warp sums it); experts chosen by s(e) + bias[e] (c: ne floats of
+// the warp's own, not l) within the best `topk_groups` of `groups` equal groups (a group's value:
+// the sum of its two best choices, or its best under softmax; ties: the lower group), the top k by
+// choice (route_top_warp: ties, the lower index), weighted by their scores, renormalized to sum to
+// 1 (+ 1e-20) or not, times `scale`. ne <= ROUTE_WARP_NE, groups <= 64. Non-finite logits, or
+// fewer experts in the kept groups than k, give experts 0..k with NaN weights (the host's refusal,
+// which names the layer).
+__device__ __noinline__ void route_grouped_warp(const float* l, float* c, int ne, int k,
+                                                int softmax, int groups, int topk_groups,
+                                                int renorm, float scale,
+                                                const float* __restrict__ bias, int* re,
+                                                float* rw, int lane) {
     const float nan = __int_as_float(0x7fc00000);
     bool finite = true;
     for (int e = lane; e < ne; e += 32) finite &= isfinite(l[e]);
@@ -343,50 +336,45 @@ extern "C" __global__ void route_grouped(const float* __restrict__ logits, int n
     auto score = [&](int e) {
         return softmax ? expf(l[e] - mx) / sum : 1.f / (1.f + expf(-l[e]));
     };
-    float* c = choice[w];
     for (int e = lane; e < ne; e += 32) c[e] = score(e) + (bias ? bias[e] : 0.f);
     __syncwarp();
     const int size = ne / groups;
-    if (lane == 0) {
-        unsigned long long kept = ~0ull;
-        if (topk_groups < groups) {
-            // The best topk_groups groups by value, descending (lane 0 alone: a few hundred reads).
-            float bv[64];
-            int bg[64];
-            for (int j = 0; j < topk_groups; j++) {
-                bv[j] = NEG_INF;
-                bg[j] = 0;
-            }
-            for (int g = 0; g < groups; g++) {
-                float a = NEG_INF, b = NEG_INF;
-                for (int e = g * size; e < (g + 1) * size; e++) {
-                    const float v = c[e];
-                    if (v > a) {
-                        b = a;
-                        a = v;
-                    } else if (v > b) {
-                        b = v;
-                    }
-                }
-                const float value = softmax || size < 2 ? a : a + b;
-                int at = 0;
-                while (at < topk_groups && !(value > bv[at])) at++;
-                for (int j = topk_groups - 1; j > at; j--) {
-                    bv[j] = bv[j - 1];
-                    bg[j] = bg[j - 1];
-                }
-                if (at < topk_groups) {
-                    bv[at] = value;
-                    bg[at] = g;
-                }
-            }
-            kept = 0;
-            for (int j = 0; j < topk_groups; j++) kept |= 1ull << bg[j];
+    unsigned long long kept = ~0ull;
+    if (lane == 0 && topk_groups < groups) {
+        // The best topk_groups groups by value, descending (lane 0 alone: a few hundred reads).
+        float bv[64];
+        int bg[64];
+        for (int j = 0; j < topk_groups; j++) {
+            bv[j] = NEG_INF;
+            bg[j] = 0;
         }
-        kept_groups[w] = kept;
+        for (int g = 0; g < groups; g++) {
+            float a = NEG_INF, b = NEG_INF;
+            for (int e = g * size; e < (g + 1) * size; e++) {
+                const float v = c[e];
+                if (v > a) {
+                    b = a;
+                    a = v;
+                } else if (v > b) {
+                    b = v;
+                }
+            }
+            const float value = softmax || size < 2 ? a : a + b;
+            int at = 0;
+            while (at < topk_groups && !(value > bv[at])) at++;
+            for (int j = topk_groups - 1; j > at; j--) {
+                bv[j] = bv[j - 1];
+                bg[j] = bg[j - 1];
+            }
+            if (at < topk_groups) {
+                bv[at] = value;
+                bg[at] = g;
+            }
+        }
+        kept = 0;
+        for (int j = 0; j < topk_groups; j++) kept |= 1ull << bg[j];
     }
-    __syncwarp();
-    const unsigned long long kept = kept_groups[w];
+    kept = __shfl_sync(0xffffffffu, kept, 0);
     for (int e = lane; e < ne; e += 32)
         if (!((kept >> (e / size)) & 1ull)) c[e] = NEG_INF;
     __syncwarp();
@@ -402,4 +390,40 @@ extern "C" __global__ void route_grouped(const float* __restrict__ logits, int n
     }
     const float norm = renorm ? total + 1e-20f : 1.f;
     for (int j = 0; j < k; j++) rw[j] = rw[j] / norm * scale;
+}
+
+// A grouped rule as the fused router kernels (moe.cu) take it, in their (rule, reps) pair:
+// RULE_GROUPED | softmax << 4 | renorm << 5 | groups << 8 | topk_groups << 16, with the scale in
+// reps, and the kernels' bias the selection bias (not added to the logits).
+#define RULE_GROUPED 4
+__device__ __forceinline__ bool rule_grouped(int rule) { return (rule & 15) == RULE_GROUPED; }
+
+// route_one_warp, or a grouped rule's route_grouped_warp (sel: its selection bias; c: ne floats
+// apart from l), for the fused router kernels.
+__device__ __forceinline__ void route_rule_warp(float* l, float* c, int ne, int k, int rule,
+                                                float reps, const float* __restrict__ sel,
+                                                int* re, float* rw, int lane) {
+    if (rule_grouped(rule)) {
+        route_grouped_warp(l, c, ne, k, (rule >> 4) & 1, (rule >> 8) & 255, (rule >> 16) & 255,
+                           (rule >> 5) & 1, reps, sel, re, rw, lane);
+    } else {
+        route_one_warp(l, l, ne, k, rule, reps, re, rw, lane);
+    }
+}
+
+// Group-limited routing of t tokens' logits (route_grouped_warp), a warp a token,
+// ROUTE_TOPK_WARPS a block: routes as route_topk writes them.
+extern "C" __global__ void route_grouped(const float* __restrict__ logits, int ne, int k, int t,
+                                         int softmax, int groups, int topk_groups, int renorm,
+                                         float scale, const float* __restrict__ bias,
+                                         float* __restrict__ routes) {
+    __shared__ float choice[ROUTE_TOPK_WARPS][ROUTE_WARP_NE];
+    PDL_ENTRY();
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = blockIdx.x * ROUTE_TOPK_WARPS + w;
+    if (i >= t) return;
+    int* re = reinterpret_cast<int*>(routes) + (size_t)i * k;
+    float* rw = routes + (size_t)t * k + (size_t)i * k;
+    route_grouped_warp(logits + (size_t)i * ne, choice[w], ne, k, softmax, groups, topk_groups,
+                       renorm, scale, bias, re, rw, lane);
 }

@@ -394,3 +394,113 @@ fn grouped_routing_on_the_gpu_matches_the_cpu_rule() {
     }
     println!("grouped routing: {cases} cases");
 }
+
+/// A decode token's RMSNorm, router and group-limited routing in one launch (moe_route_norm with
+/// a grouped rule: route.cu route_grouped_warp after the router's rows) on GLM-4.7-Flash's,
+/// GLM-4.5-Air's and DeepSeek-V3's router shapes: with the router copied in before the wait and
+/// without, the same normalized row and routes bit for bit; the CPU's experts in the CPU's order
+/// and its weights within float rounding (model::routing::route_grouped, the rule the model tests
+/// hold to transformers); the selection bias picks, never adds to the weights.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn grouped_norm_route_in_one_launch_matches_the_cpu_rule() {
+    use hob::model::routing::Grouped;
+    let g = gpu();
+    let cpu = CpuBackend::new(2).unwrap();
+    let mut b = CudaBackend::empty(g.clone()).unwrap();
+    let none = hob::model::ops::Route {
+        expert: usize::MAX,
+        weight: f32::NAN,
+    };
+    let (mut cases, mut host) = (0, Vec::new());
+    for (n, ne, k) in [(2048, 64, 4), (4096, 128, 8), (7168, 256, 8), (4096, 8, 2)] {
+        let bytes: Vec<u8> = random(ne * n, 17)
+            .iter()
+            .flat_map(|v| (0.02 * v).to_le_bytes())
+            .collect();
+        let router = Matrix::dense(DType::F32, ne, n, &bytes);
+        b.make_resident(&router).unwrap();
+        let w: Vec<f32> = random(n, 18).iter().map(|v| 1.0 + 0.5 * v).collect();
+        b.make_resident_vector(&w).unwrap();
+        let sel: Vec<f32> = random(ne, 19).iter().map(|v| 0.05 * v).collect();
+        b.make_resident_vector(&sel).unwrap();
+        let x = random(n, 20);
+        let xd = to_gpu(&b, &x);
+        let groups = if ne >= 64 { 8 } else { 1 };
+        for (softmax, top, renormalize, scale, biased) in [
+            (false, 1, true, 1.8f32, true),
+            (false, groups.min(4), true, 2.5, true),
+            (true, groups.min(3), false, 1.0, false),
+        ] {
+            let groups = if top == 1 { 1 } else { groups };
+            let rule = Grouped {
+                softmax,
+                groups,
+                topk_groups: top,
+                renormalize,
+                scale,
+            };
+            let block = MoeBlock {
+                norm: &w,
+                router: &router,
+                next: None,
+                eps: 1e-5,
+                routing: Routing::Grouped {
+                    rule,
+                    bias: biased.then_some(&sel[..]),
+                },
+                norm_bias: None,
+                router_bias: None,
+                ffn: &hob::model::experts::ExpertFfn::PLAIN,
+            };
+            let (mut cxn, mut clg) = (vec![0.0; n], vec![0.0; ne]);
+            let mut cr = vec![none; k];
+            let out = RouteOut {
+                xn: &mut cxn,
+                logits: &mut clg,
+                routes: &mut cr,
+                host: &mut host,
+                reads: RouteReads::NONE,
+            };
+            cpu.norm_route(&x, 1, &block, out).unwrap();
+            let mut seen = Vec::new();
+            for pre in [true, false] {
+                g.set_router_preload(pre);
+                let (mut xn, mut lg) = (b.alloc(n).unwrap(), b.alloc(ne).unwrap());
+                let mut r = vec![none; k];
+                let out = RouteOut {
+                    xn: &mut xn,
+                    logits: &mut lg,
+                    routes: &mut r,
+                    host: &mut host,
+                    reads: RouteReads::NONE,
+                };
+                b.norm_route(&xd, 1, &block, out).unwrap();
+                let what = format!("{n} x {ne} top {k} {rule:?} bias {biased} preload {pre}");
+                let e = nmse(&from_gpu(&b, &xn, n), &cxn);
+                assert!(e <= 1e-10, "{what}: xn NMSE {e:.2e}");
+                let experts: Vec<usize> = r.iter().map(|r| r.expert).collect();
+                let want: Vec<usize> = cr.iter().map(|r| r.expert).collect();
+                assert_eq!(experts, want, "{what}: {r:?} vs CPU {cr:?}");
+                for (a, c) in r.iter().zip(&cr) {
+                    let tol = 2e-6 * c.weight.abs().max(1.0);
+                    assert!(
+                        (a.weight - c.weight).abs() <= tol,
+                        "{what}: {r:?} vs CPU {cr:?}"
+                    );
+                }
+                let bits: Vec<u32> = r.iter().map(|r| r.weight.to_bits()).collect();
+                seen.push((bits, from_gpu(&b, &xn, n)));
+                cases += 1;
+            }
+            g.set_router_preload(true);
+            assert_eq!(
+                seen[0].0, seen[1].0,
+                "{rule:?}: the two forms' weights differ"
+            );
+            let same = seen[0].1.iter().zip(&seen[1].1);
+            assert!(same.into_iter().all(|(a, c)| a.to_bits() == c.to_bits()));
+        }
+    }
+    println!("grouped norm_route in one launch: {cases} cases");
+}

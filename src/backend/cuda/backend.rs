@@ -692,14 +692,21 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let (norm, eps, router) = (block.norm, block.eps, block.router);
         let (n, ne, k) = (router.cols, router.rows, out.routes.len());
-        let grouped = matches!(block.routing, Routing::Grouped { .. });
-        if t == 1 && block.norm_bias.is_none() && !grouped && k <= self.scratch_len / 2 {
+        // A grouped rule's bias picks experts: none beside it adds to the logits in that kernel.
+        let grouped_biased =
+            matches!(block.routing, Routing::Grouped { .. }) && block.router_bias.is_some();
+        if t == 1 && block.norm_bias.is_none() && !grouped_biased && k <= self.scratch_len / 2 {
             // One token: RMSNorm, the router (and its bias) and top-k in one launch (the same
             // results as the separate launches: moe_route_norm).
             check_len("norm_route input", x.len(), n)?;
             check_len("norm_route output", out.xn.len(), n)?;
             check_len("norm_route weights", norm.len(), n)?;
-            let bias = self.bias_ptr(block.router_bias, ne, "router bias")?;
+            let bias = match block.routing {
+                Routing::Grouped { bias, .. } => {
+                    self.bias_ptr(bias, ne, "score-correction bias")?
+                }
+                _ => self.bias_ptr(block.router_bias, ne, "router bias")?,
+            };
             let scratch = self.p(&self.scratch);
             let rw = *self.mat(router)?;
             let g = (self.vector(norm)?, eps);

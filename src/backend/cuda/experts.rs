@@ -519,15 +519,26 @@ impl ExpertDevice for CudaBackend {
         let rw = self.mat(block.router)?;
         let (eps, pick) = (block.eps, (k, block.routing));
         if let crate::model::routing::Routing::Grouped { rule, bias } = block.routing {
-            // The router's logits in the down outputs' room (routed before those are written).
-            match block.norm_bias {
-                Some(b) => self.layer_norm(x, 0..1, (block.norm, b), eps, xs)?,
-                None => self.rms_norm(x, 0..1, block.norm, eps, xs)?,
-            }
-            self.matmul_dev(rw, xsp, 1, dn)?;
             let ne = r.n_experts;
             let b = self.bias_ptr(bias, ne, "score-correction bias")?;
-            gpu.route_grouped(dn, (1, ne, b), (k, rule), routes)?;
+            // The norm, the router and the grouped rule in one launch where it applies.
+            let one = block.norm_bias.is_none()
+                && gpu.moe_route_norm(
+                    rw,
+                    (xp, xsp),
+                    (self.vector(block.norm)?, eps),
+                    pick,
+                    (b, routes),
+                )?;
+            if !one {
+                // The router's logits in the down outputs' room (routed before those are written).
+                match block.norm_bias {
+                    Some(b) => self.layer_norm(x, 0..1, (block.norm, b), eps, xs)?,
+                    None => self.rms_norm(x, 0..1, block.norm, eps, xs)?,
+                }
+                self.matmul_dev(rw, xsp, 1, dn)?;
+                gpu.route_grouped(dn, (1, ne, b), (k, rule), routes)?;
+            }
         } else if let Some(bias) = block.norm_bias {
             self.layer_norm(x, 0..1, (block.norm, bias), eps, xs)?;
             gpu.moe_route(rw, xsp, pick, routes, dn)?;

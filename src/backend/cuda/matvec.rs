@@ -22,12 +22,30 @@ fn route_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)
             )))
         }
         Routing::TopkSoftmax => (3, 0.0),
+        // route.cu RULE_GROUPED's word, taken by the fused router kernels alone.
+        Routing::Grouped { rule: g, .. } if grouped_on_device(ne, g) => (
+            4 | i32::from(g.softmax) << 4
+                | i32::from(g.renormalize) << 5
+                | (g.groups as i32) << 8
+                | (g.topk_groups as i32) << 16,
+            g.scale,
+        ),
         Routing::Grouped { .. } => {
-            return Err(Error::Invalid(
-                "CUDA: grouped routing has no kernel (it routes on the host)".into(),
-            ))
+            return Err(Error::Invalid(format!(
+                "CUDA: grouped routing of {ne} experts has no kernel (it routes on the host)"
+            )))
         }
     })
+}
+
+/// route_topk's rules: a grouped rule has its own kernel (`Gpu::route_grouped`).
+fn topk_rule(routing: Routing, k: usize, ne: usize) -> crate::Result<(i32, f32)> {
+    if matches!(routing, Routing::Grouped { .. }) {
+        return Err(Error::Invalid(
+            "CUDA: grouped routing goes through route_grouped or moe_route_norm".into(),
+        ));
+    }
+    route_rule(routing, k, ne)
 }
 
 /// Whether route_grouped takes a router of `ne` experts under rule `g` (a warp holds 256
@@ -477,7 +495,7 @@ impl Gpu {
         routes: u64,
         logits: u64,
     ) -> crate::Result<()> {
-        let (rule, reps) = route_rule(routing, k, w.rows.max(0) as usize)?;
+        let (rule, reps) = topk_rule(routing, k, w.rows.max(0) as usize)?;
         if w.kind >= 3 || !w.vectorizable() || !x.is_multiple_of(16) || w.rows > 256 {
             self.matvec(w, x, logits)?;
             return self.route(logits, 1, w.rows as usize, (k, routing), routes);
@@ -497,7 +515,8 @@ impl Gpu {
     /// The MoE block's RMSNorm and routing of one token in one launch (cuda/moe.cu
     /// moe_route_norm_*): xn = RMSNorm(x) * g as `rms_norm` writes it, and the routes as
     /// `moe_route` computes them from xn; with `bias` (a device vector of w.rows, 0: none) each
-    /// logit first gets its expert's bias, as `route_topk` adds it. Ok(false), nothing launched,
+    /// logit first gets its expert's bias, as `route_topk` adds it, or under a grouped rule
+    /// (route_grouped's results) the bias is the rule's selection bias. Ok(false), nothing launched,
     /// where that kernel does not apply (the caller then launches the two).
     pub fn moe_route_norm(
         &self,
@@ -507,8 +526,13 @@ impl Gpu {
         (k, routing): (usize, Routing),
         (bias, routes): (u64, u64),
     ) -> crate::Result<bool> {
-        let n = w.cols as usize;
-        let (rule, reps) = route_rule(routing, k, w.rows.max(0) as usize)?;
+        let (n, ne) = (w.cols as usize, w.rows.max(0) as usize);
+        if let Routing::Grouped { rule, .. } = routing {
+            if !grouped_on_device(ne, rule) {
+                return Ok(false);
+            }
+        }
+        let (rule, reps) = route_rule(routing, k, ne)?;
         // The row in shared memory within the 48 KB a launch gets without opting in.
         if w.kind >= 3 || !w.vectorizable() || w.rows as usize > ROUTE_WIDE_MAX || n * 4 > 48 << 10
         {
@@ -656,7 +680,7 @@ impl Gpu {
         (k, routing): (usize, Routing),
         routes: u64,
     ) -> crate::Result<()> {
-        let (rule, reps) = route_rule(routing, k, ne)?;
+        let (rule, reps) = topk_rule(routing, k, ne)?;
         let (nei, ki, ti) = (ne as i32, k as i32, t as i32);
         // A warp a token, 4 a block (route.cu ROUTE_TOPK_WARPS).
         let c = cfg(blocks(t, 4), 128);
