@@ -58,21 +58,32 @@ extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __
 // Each head's own product, for t tokens: y[tok, h, i] (ys floats a head, heads * ys a token) =
 // scale · (w[h * rows + i, :cols] · x[tok, h, :cols]) (xs floats a head, heads * xs a token), w f32
 // [heads * rows, cols]. One warp a row, 8 rows a block; grid (rows * heads / 8, t). x and w
-// 16-byte aligned with cols % 4 == 0 (Gpu::mla_matvec checks), float4 loads.
+// 16-byte aligned with cols % 4 == 0 (Gpu::mla_matvec checks), float4 loads. A lane's first
+// MLA_PRE float4s of its row (k_b's rows of 128 and v_b's of 512 whole) load before the wait: w is
+// a weight (written only by copies), so they overlap the kernel before's tail.
+#define MLA_PRE 4
+__device__ __forceinline__ float mla_dot4(const float4& a, const float4& b) {
+    return __fmaf_rn(a.w, b.w, __fmaf_rn(a.z, b.z, __fmaf_rn(a.y, b.y, a.x * b.x)));
+}
 extern "C" __global__ void mla_matvec(const float* __restrict__ w, const float* __restrict__ x,
                                       float* __restrict__ y, int heads, int rows, int cols, int xs,
                                       int ys, float scale) {
-    const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31, n4 = cols / 4;
+    const bool in = r < heads * rows;
+    const float4* w4 = reinterpret_cast<const float4*>(w + (size_t)(in ? r : 0) * cols);
+    float4 wp[MLA_PRE];
+#pragma unroll
+    for (int p = 0; p < MLA_PRE; p++)
+        if (in && lane + 32 * p < n4) wp[p] = __ldg(w4 + lane + 32 * p);
     pdl_wait();
-    if (r >= heads * rows) return;
+    if (!in) return;
     const int h = r / rows, i = r - h * rows, tok = blockIdx.y;
-    const float4* w4 = reinterpret_cast<const float4*>(w + (size_t)r * cols);
     const float4* x4 = reinterpret_cast<const float4*>(x + ((size_t)tok * heads + h) * xs);
     float s = 0.f;
-    for (int j = lane; j < cols / 4; j += 32) {
-        const float4 a = w4[j], b = x4[j];
-        s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-    }
+#pragma unroll
+    for (int p = 0; p < MLA_PRE; p++)
+        if (lane + 32 * p < n4) s += mla_dot4(wp[p], x4[lane + 32 * p]);
+    for (int j = lane + 32 * MLA_PRE; j < n4; j += 32) s += mla_dot4(__ldg(w4 + j), x4[j]);
     s = warp_sum(s);
     if (lane == 0) y[((size_t)tok * heads + h) * ys + i] = s * scale;
 }
