@@ -11,20 +11,21 @@
 // last rope values of qo's head ([t, heads, lora + rope]), times qs (the attention's q scale).
 // posp as rope_kv (one token: the position from the device, kc the layer's rows from position
 // 0). blockDim: rms_block(lora).
-extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __restrict__ ckv,
-                                    float* __restrict__ qo, float* __restrict__ row,
-                                    const float* __restrict__ kvn, float eps,
-                                    const float* __restrict__ inv_freq, int heads, int nope,
-                                    int rope, int lora, int start_pos, half_bits* __restrict__ kc,
-                                    const int* __restrict__ posp, float qs) {
-    PDL_ENTRY();
-    const int lw = lora + rope, half = rope / 2, tok = blockIdx.x;
+#define MLA_ROWS_ARGS                                                                           \
+    const float *__restrict__ q, const float *__restrict__ ckv, float *__restrict__ qo,          \
+        float *__restrict__ row, const float *__restrict__ kvn, float eps,                      \
+        const float *__restrict__ inv_freq, int heads, int nope, int rope, int lora,            \
+        int start_pos, half_bits *__restrict__ kc, const int *__restrict__ posp, float qs
+#define MLA_ROWS_PASS q, ckv, qo, row, kvn, eps, inv_freq, heads, nope, rope, lora, start_pos, kc, posp, qs
+// Block (tok, role) of mla_rows (the caller has waited).
+__device__ __forceinline__ void mla_rows_body(int tok, int role, MLA_ROWS_ARGS) {
+    const int lw = lora + rope, half = rope / 2;
     if (posp) {
         start_pos = *posp;
         kc += (size_t)start_pos * lw;
     }
     const float pos = (float)(start_pos + tok);
-    if (blockIdx.y == 1) {
+    if (role == 1) {
         const int qw = nope + rope;
         for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
             const int h = j / half, i = j - h * half;
@@ -55,6 +56,11 @@ extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __
     }
 }
 
+extern "C" __global__ void mla_rows(MLA_ROWS_ARGS) {
+    PDL_ENTRY();
+    mla_rows_body(blockIdx.x, blockIdx.y, MLA_ROWS_PASS);
+}
+
 // Each head's own product, for t tokens: y[tok, h, i] (ys floats a head, heads * ys a token) =
 // scale · (w[h * rows + i, :cols] · x[tok, h, :cols]) (xs floats a head, heads * xs a token), w f32
 // [heads * rows, cols]. One warp a row, 8 rows a block; grid (rows * heads / 8, t). x and w
@@ -65,10 +71,13 @@ extern "C" __global__ void mla_rows(const float* __restrict__ q, const float* __
 __device__ __forceinline__ float mla_dot4(const float4& a, const float4& b) {
     return __fmaf_rn(a.w, b.w, __fmaf_rn(a.z, b.z, __fmaf_rn(a.y, b.y, a.x * b.x)));
 }
-extern "C" __global__ void mla_matvec(const float* __restrict__ w, const float* __restrict__ x,
-                                      float* __restrict__ y, int heads, int rows, int cols, int xs,
-                                      int ys, float scale) {
-    const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31, n4 = cols / 4;
+#define MLA_MV_ARGS                                                                             \
+    const float *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int heads, \
+        int rows, int cols, int xs, int ys, float scale
+#define MLA_MV_PASS w, x, y, heads, rows, cols, xs, ys, scale
+// Row r of token tok (a warp); waits itself, after its weight loads.
+__device__ __forceinline__ void mla_matvec_body(int r, int tok, MLA_MV_ARGS) {
+    const int lane = threadIdx.x & 31, n4 = cols / 4;
     const bool in = r < heads * rows;
     const float4* w4 = reinterpret_cast<const float4*>(w + (size_t)(in ? r : 0) * cols);
     float4 wp[MLA_PRE];
@@ -77,7 +86,7 @@ extern "C" __global__ void mla_matvec(const float* __restrict__ w, const float* 
         if (in && lane + 32 * p < n4) wp[p] = __ldg(w4 + lane + 32 * p);
     pdl_wait();
     if (!in) return;
-    const int h = r / rows, i = r - h * rows, tok = blockIdx.y;
+    const int h = r / rows, i = r - h * rows;
     const float4* x4 = reinterpret_cast<const float4*>(x + ((size_t)tok * heads + h) * xs);
     float s = 0.f;
 #pragma unroll
@@ -86,4 +95,24 @@ extern "C" __global__ void mla_matvec(const float* __restrict__ w, const float* 
     for (int j = lane + 32 * MLA_PRE; j < n4; j += 32) s += mla_dot4(__ldg(w4 + j), x4[j]);
     s = warp_sum(s);
     if (lane == 0) y[((size_t)tok * heads + h) * ys + i] = s * scale;
+}
+
+extern "C" __global__ void mla_matvec(MLA_MV_ARGS) {
+    mla_matvec_body(blockIdx.x * 8 + (threadIdx.x >> 5), blockIdx.y, MLA_MV_PASS);
+}
+
+// One decode token's mla_rows and its queries' map into the latent (mla_matvec of k_b, x = q,
+// y = qo) in one launch: blocks 0 .. nm - 1 take the map's rows (a warp a row, blockDim / 32 a
+// block), blocks nm and nm + 1 mla_rows' roles 0 and 1 (disjoint parts of qo). blockDim:
+// rms_block(lora), mla_rows' (its norm's bits depend on it).
+extern "C" __global__ void mla_rows_q(MLA_ROWS_ARGS, const float* __restrict__ kb, int nm) {
+    pdl_trigger();
+    const int b = blockIdx.x, lw = lora + rope;
+    if (b < nm) {
+        const int r = b * (blockDim.x >> 5) + (threadIdx.x >> 5);
+        mla_matvec_body(r, 0, kb, q, qo, heads, lora, nope, nope + rope, lw, qs);
+        return;
+    }
+    pdl_wait();
+    mla_rows_body(0, b - nm, MLA_ROWS_PASS);
 }

@@ -52,6 +52,7 @@ pub struct Kernels {
     /// MLA's cache rows and query RoPE parts, and each head's own product (mla.cu).
     pub mla_rows: CudaFunction,
     pub mla_matvec: CudaFunction,
+    pub mla_rows_q: CudaFunction,
     /// Prefill attention (attention.cu attention_prefill_*) for head_dim 32, 64 and 128.
     pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
@@ -408,6 +409,7 @@ impl Kernels {
             attention: f("attention")?,
             mla_rows: f("mla_rows")?,
             mla_matvec: f("mla_matvec")?,
+            mla_rows_q: f("mla_rows_q")?,
             attention_wide: f("attention_wide")?,
             attention_latent: f("attention_prefill_latent")?,
             attention_prep: f("attention_prep")?,
@@ -720,6 +722,7 @@ mod tests {
             "attention_body",
             "c32_plain",
             "c32_routed",
+            "mla_matvec_body",
         ];
         for f in waiting {
             let at = SOURCE
@@ -748,7 +751,9 @@ mod tests {
             let waits = body.contains("PDL_ENTRY()")
                 || body.contains("pdl_wait()")
                 || body.contains("BODY<")
-                || waiting.iter().any(|f| body.contains(&format!("{f}<")));
+                || waiting
+                    .iter()
+                    .any(|f| body.contains(&format!("{f}<")) || body.contains(&format!("{f}(")));
             assert!(waits, "kernel {name} never waits for the kernel before it");
         }
     }

@@ -30,7 +30,7 @@ impl CudaBackend {
     }
 
     /// Backend::mla_inputs on the device: mla_rows (the norm, RoPE and the cache rows), then
-    /// each head's q_nope into the latent.
+    /// each head's q_nope into the latent; for one token both in one launch (mla_rows_q).
     pub(super) fn mla_inputs_dev(
         &self,
         (q, ckv): (&CudaSlice<f32>, &CudaSlice<f32>),
@@ -61,9 +61,20 @@ impl CudaBackend {
             block_dim: (rms_block(m.kv_lora), 1, 1),
             shared_mem_bytes: 0,
         };
+        let k_b = self.mla_f32(w.k_b)?;
+        if t == 1 {
+            // One launch: mla.cu mla_rows_q (the map's rows a warp each, then mla_rows' two blocks).
+            mla_aligned(k_b, qp, m.nope, qw)?;
+            let nm = blocks(heads * m.kv_lora, c.block_dim.0 as usize / 32);
+            let c = LaunchConfig {
+                grid_dim: (nm + 2, 1, 1),
+                ..c
+            };
+            let (f, nmi) = (&self.gpu.kernels.mla_rows_q, nm as i32);
+            return launch!(self.gpu, f, c; qp, cp, qop, rp, np, eps, fp, hi, ni, ri, li, si, kd, posp, qs, k_b, nmi);
+        }
         let f = &self.gpu.kernels.mla_rows;
         launch!(self.gpu, f, c; qp, cp, qop, rp, np, eps, fp, hi, ni, ri, li, si, kd, posp, qs)?;
-        let k_b = self.mla_f32(w.k_b)?;
         let shape = (heads, m.kv_lora, m.nope);
         self.mla_matvec(k_b, (qp, qw), (qop, lw), shape, (t, w.q_scale))
     }
@@ -102,14 +113,7 @@ impl CudaBackend {
         (heads, rows, cols): (usize, usize, usize),
         (t, scale): (usize, f32),
     ) -> crate::Result<()> {
-        let aligned = [w, x].iter().all(|p| p.is_multiple_of(16))
-            && cols.is_multiple_of(4)
-            && xs.is_multiple_of(4);
-        if !aligned {
-            return Err(Error::Invalid(format!(
-                "CUDA MLA: heads of {cols} values ({xs} apart) are not 16-byte rows"
-            )));
-        }
+        mla_aligned(w, x, cols, xs)?;
         if t > 1 {
             return self
                 .gpu
@@ -123,4 +127,18 @@ impl CudaBackend {
         let (hi, ri, ci, xsi, ysi) = (heads as i32, rows as i32, cols as i32, xs as i32, ys as i32);
         launch!(self.gpu, self.gpu.kernels.mla_matvec, c; w, x, y, hi, ri, ci, xsi, ysi, scale)
     }
+}
+
+/// mla_matvec's float4 loads: w and x 16-byte aligned, rows of whole float4s, heads of x a
+/// whole number of float4s apart.
+fn mla_aligned(w: u64, x: u64, cols: usize, xs: usize) -> crate::Result<()> {
+    let aligned = [w, x].iter().all(|p| p.is_multiple_of(16))
+        && cols.is_multiple_of(4)
+        && xs.is_multiple_of(4);
+    if !aligned {
+        return Err(Error::Invalid(format!(
+            "CUDA MLA: heads of {cols} values ({xs} apart) are not 16-byte rows"
+        )));
+    }
+    Ok(())
 }
