@@ -51,8 +51,10 @@ pub struct Kernels {
     pub attention_latent: CudaFunction,
     /// MLA's cache rows and query RoPE parts, and each head's own product (mla.cu).
     pub mla_rows: CudaFunction,
-    pub mla_matvec: CudaFunction,
-    pub mla_rows_q: CudaFunction,
+    /// By the map's stored kind: f32, f16, bf16, int8 (CudaBackend::mla_map).
+    pub mla_matvec: [CudaFunction; 4],
+    pub mla_rows_q: [CudaFunction; 4],
+    pub mla_dequant: CudaFunction,
     /// Prefill attention (attention.cu attention_prefill_*) for head_dim 32, 64 and 128.
     pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
@@ -282,8 +284,8 @@ impl Kernels {
         include_str!("../../../cuda/common.cu"),
         include_str!("../../../cuda/elementwise.cu"),
         include_str!("../../../cuda/attention.cu"),
-        include_str!("../../../cuda/mla.cu"),
         include_str!("../../../cuda/matvec_float.cu"),
+        include_str!("../../../cuda/mla.cu"),
         include_str!("../../../cuda/route.cu"),
         include_str!("../../../cuda/moe.cu"),
         include_str!("../../../cuda/mxfp4.cu"),
@@ -341,6 +343,15 @@ impl Kernels {
                 )
             };
             Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
+        };
+        // An MLA kernel by its map's kind code: STEM_f32, STEM_f16, STEM_bf16, STEM_int8.
+        let mla_kinds = |stem: &str| -> crate::Result<[CudaFunction; 4]> {
+            Ok([
+                f(&format!("{stem}_f32"))?,
+                f(&format!("{stem}_f16"))?,
+                f(&format!("{stem}_bf16"))?,
+                f(&format!("{stem}_int8"))?,
+            ])
         };
         // The float kinds of one kernel, by kind code: STEM_f32, STEM_f16, STEM_bf16.
         let floats = |stem: &str| -> crate::Result<[CudaFunction; 3]> {
@@ -408,8 +419,9 @@ impl Kernels {
             axpy: f("axpy")?,
             attention: f("attention")?,
             mla_rows: f("mla_rows")?,
-            mla_matvec: f("mla_matvec")?,
-            mla_rows_q: f("mla_rows_q")?,
+            mla_matvec: mla_kinds("mla_matvec")?,
+            mla_rows_q: mla_kinds("mla_rows_q")?,
+            mla_dequant: f("mla_dequant")?,
             attention_wide: f("attention_wide")?,
             attention_latent: f("attention_prefill_latent")?,
             attention_prep: f("attention_prep")?,
@@ -723,6 +735,7 @@ mod tests {
             "c32_plain",
             "c32_routed",
             "mla_matvec_body",
+            "mla_rows_q_body",
         ];
         for f in waiting {
             let at = SOURCE
