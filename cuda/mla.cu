@@ -63,32 +63,12 @@ extern "C" __global__ void mla_rows(MLA_ROWS_ARGS) {
 
 // Each head's own product, for t tokens: y[tok, h, i] (ys floats a head, heads * ys a token) =
 // scale · (w[h * rows + i, :] · x[tok, h, :]) (xs floats a head, heads * xs a token), w the map in
-// its stored kind (f32, f16, bf16, int8: Mat, [heads * rows, cols]). One warp a row, 8 rows a
-// block; grid (rows * heads / 8, t). x 16-byte aligned, rows of whole 16-byte chunks (an int8
-// map's groups whole chunks: CudaBackend::mla_map checks). A lane's first MLA_PRE chunks of its
+// its stored kind (f32, f16, bf16: Mat, [heads * rows, cols]; chunk_dot's arithmetic). One warp a
+// row, 8 rows a block; grid (rows * heads / 8, t). x 16-byte aligned, rows of whole 16-byte
+// chunks (CudaBackend::mla_map checks). A lane's first MLA_PRE chunks of its
 // row (k_b's rows and v_b's of 512 f32 whole) load before the wait: w is a weight (written only
 // by copies), so they overlap the kernel before's tail.
 #define MLA_PRE 4
-// A 16-byte chunk c of row r: the float kinds' chunk_dot (f32: the f32 path's arithmetic), or 16
-// int8 codes times x in order, then their group's f16 scale.
-template <int KIND>
-__device__ __forceinline__ float mla_chunk(const uint4& v, const float* __restrict__ x, int c,
-                                           const Mat& w, int r) {
-    if (KIND != KIND_INT8) return chunk_dot<KIND>(v, x, c, w, r);
-    const u32 word[4] = {v.x, v.y, v.z, v.w};
-    const float4* x4 = reinterpret_cast<const float4*>(x + c * 16);
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float4 xv = x4[k];
-        const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            s = __fmaf_rn((float)(signed char)(word[k] >> (8 * j)), xs[j], s);
-    }
-    const int groups = w.cols / w.group;
-    return __fmul_rn(h2f(w.scales[(size_t)r * groups + c * 16 / w.group]), s);
-}
 #define MLA_MV_ARGS                                                                             \
     const Mat w, const float *__restrict__ x, float *__restrict__ y, int heads, int rows,      \
         int xs, int ys, float scale
@@ -110,8 +90,8 @@ __device__ __forceinline__ void mla_matvec_body(int r, int tok, MLA_MV_ARGS) {
     float s = 0.f;
 #pragma unroll
     for (int p = 0; p < MLA_PRE; p++)
-        if (lane + 32 * p < n) s += mla_chunk<KIND>(wp[p], xh, lane + 32 * p, w, r);
-    for (int j = lane + 32 * MLA_PRE; j < n; j += 32) s += mla_chunk<KIND>(__ldg(row + j), xh, j, w, r);
+        if (lane + 32 * p < n) s += chunk_dot<KIND>(wp[p], xh, lane + 32 * p, w, r);
+    for (int j = lane + 32 * MLA_PRE; j < n; j += 32) s += chunk_dot<KIND>(__ldg(row + j), xh, j, w, r);
     s = warp_sum(s);
     if (lane == 0) y[((size_t)tok * heads + h) * ys + i] = s * scale;
 }
@@ -132,25 +112,15 @@ __device__ __forceinline__ void mla_rows_q_body(MLA_ROWS_ARGS, const Mat& kb, in
     mla_rows_body(0, b - nm, MLA_ROWS_PASS);
 }
 
-// A map's rows as f32 ([rows, cols] at out; kind 1 f16, 2 bf16, 3 int8) for a prefill's batched
-// GEMM: a thread a value, int8's s * q as the host's to_f32 (dequant's one rounding).
+// A map's rows as f32 ([rows, cols] at out; kind 1 f16, 2 bf16) for a prefill's batched GEMM, a
+// thread a value.
 extern "C" __global__ void mla_dequant(const Mat w, int kind, float* __restrict__ out) {
     PDL_ENTRY();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)w.rows * w.cols) return;
     const int r = (int)(i / w.cols), c = (int)(i - (size_t)r * w.cols);
-    const u8* row = w.codes + (size_t)r * w.row_bytes;
-    const unsigned short* half = reinterpret_cast<const unsigned short*>(row);
-    float v;
-    if (kind == KIND_F16) {
-        v = h2f(half[c]);
-    } else if (kind == KIND_BF16) {
-        v = bf2f(half[c]);
-    } else {
-        v = __fmul_rn(h2f(w.scales[(size_t)r * (w.cols / w.group) + c / w.group]),
-                      (float)(signed char)row[c]);
-    }
-    out[i] = v;
+    const unsigned short v = reinterpret_cast<const unsigned short*>(w.codes + (size_t)r * w.row_bytes)[c];
+    out[i] = kind == KIND_F16 ? h2f(v) : bf2f(v);
 }
 
 #define MLA_KERNELS(SUFFIX, KIND)                                                              \
@@ -164,4 +134,3 @@ extern "C" __global__ void mla_dequant(const Mat w, int kind, float* __restrict_
 MLA_KERNELS(f32, KIND_F32)
 MLA_KERNELS(f16, KIND_F16)
 MLA_KERNELS(bf16, KIND_BF16)
-MLA_KERNELS(int8, KIND_INT8)

@@ -51,9 +51,9 @@ pub struct Kernels {
     pub attention_latent: CudaFunction,
     /// MLA's cache rows and query RoPE parts, and each head's own product (mla.cu).
     pub mla_rows: CudaFunction,
-    /// By the map's stored kind: f32, f16, bf16, int8 (CudaBackend::mla_map).
-    pub mla_matvec: [CudaFunction; 4],
-    pub mla_rows_q: [CudaFunction; 4],
+    /// By the map's stored kind: f32, f16, bf16 (CudaBackend::mla_map).
+    pub mla_matvec: [CudaFunction; 3],
+    pub mla_rows_q: [CudaFunction; 3],
     pub mla_dequant: CudaFunction,
     /// Prefill attention (attention.cu attention_prefill_*) for head_dim 32, 64 and 128.
     pub attention_prefill: [CudaFunction; 3],
@@ -344,15 +344,6 @@ impl Kernels {
             };
             Ok([k(3, "int8")?, k(4, "int4")?, k(5, "int2")?])
         };
-        // An MLA kernel by its map's kind code: STEM_f32, STEM_f16, STEM_bf16, STEM_int8.
-        let mla_kinds = |stem: &str| -> crate::Result<[CudaFunction; 4]> {
-            Ok([
-                f(&format!("{stem}_f32"))?,
-                f(&format!("{stem}_f16"))?,
-                f(&format!("{stem}_bf16"))?,
-                f(&format!("{stem}_int8"))?,
-            ])
-        };
         // The float kinds of one kernel, by kind code: STEM_f32, STEM_f16, STEM_bf16.
         let floats = |stem: &str| -> crate::Result<[CudaFunction; 3]> {
             Ok([
@@ -419,8 +410,8 @@ impl Kernels {
             axpy: f("axpy")?,
             attention: f("attention")?,
             mla_rows: f("mla_rows")?,
-            mla_matvec: mla_kinds("mla_matvec")?,
-            mla_rows_q: mla_kinds("mla_rows_q")?,
+            mla_matvec: floats("mla_matvec")?,
+            mla_rows_q: floats("mla_rows_q")?,
             mla_dequant: f("mla_dequant")?,
             attention_wide: f("attention_wide")?,
             attention_latent: f("attention_prefill_latent")?,
