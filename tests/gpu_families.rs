@@ -188,6 +188,38 @@ fn deepseek_v2_on_the_gpu_matches_the_cpu_and_transformers() {
     family_on_the_gpu("deepseek-v2");
 }
 
+/// MLA's per-head maps read in their stored kind (mla.cu mla_matvec_f16 / _bf16 in decode,
+/// mla_dequant before a prefill's GEMM; int8 maps as f32 copies): with f16, bf16 and int8 dense
+/// weights the GPU gives the CPU's logits on the same file (the CPU reads the maps through its
+/// own kernels) and its greedy tokens. (The fixture's own f16 maps: family_on_the_gpu.)
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn deepseek_v2_maps_in_their_stored_kind_match_the_cpu() {
+    let g = gpu();
+    let dir = family_dir("deepseek-v2");
+    let r = reference_in(&dir);
+    let n = r.greedy_ids.len();
+    for dense in ["bf16", "int8", "f16"] {
+        // Groups of 16: the fixture's k_b rows are 16 wide.
+        let args = ["--group-size", "16", "--dense", dense];
+        let (_tmp, path) = convert_dir(&dir, "int4", &args);
+        let file = HobFile::open(&path).unwrap();
+        let model = Model::load(&file).unwrap();
+        let (c_all, c_ids, c_steps) = greedy(&mut *cpu_session(&file, &model), &r.input_ids, n);
+        let mut s = gpu_session(&g, &file, &model, None);
+        let (g_all, g_ids, g_steps) = greedy(&mut *s, &r.input_ids, n);
+        let (e_pre, e_dec) = (nmse(&g_all, &c_all), nmse(&g_steps, &c_steps));
+        println!(
+            "deepseek-v2, {dense} dense: GPU vs CPU prefill NMSE {e_pre:.2e}, decode {e_dec:.2e}"
+        );
+        assert!(e_pre <= 1e-5 && e_dec <= 1e-5, "{dense} dense");
+        assert_eq!(
+            g_ids, c_ids,
+            "{dense} dense: greedy tokens differ between GPU and CPU"
+        );
+    }
+}
+
 /// GLM-4.7-Flash's MLA with a q bottleneck and sigmoid grouped routing (route.cu route_grouped).
 #[test]
 #[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]

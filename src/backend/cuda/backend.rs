@@ -9,8 +9,11 @@ pub struct CudaBackend {
     pub(super) gpu: Arc<Gpu>,
     pub(super) mats: HashMap<usize, (DevMat, CudaSlice<u8>)>,
     pub(super) vectors: HashMap<usize, CudaSlice<f32>>,
-    /// MLA's per-head maps as f32 (mla.rs), by the host address of their stored codes.
-    pub(super) mla: HashMap<usize, CudaSlice<f32>>,
+    /// MLA's per-head maps not read in their stored kind, as f32 (mla.rs), by the host address
+    /// of their stored codes.
+    pub(super) mla: HashMap<usize, (DevMat, CudaSlice<f32>)>,
+    /// Room for one MLA map's f32 rows (a prefill's GEMM of a map stored in another kind).
+    pub(super) mla_rows: Option<CudaSlice<f32>>,
     pub(super) scratch: CudaSlice<f32>,
     pub(super) scratch_len: usize,
     pub(super) resident_bytes: usize,

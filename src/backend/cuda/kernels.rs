@@ -51,7 +51,10 @@ pub struct Kernels {
     pub attention_latent: CudaFunction,
     /// MLA's cache rows and query RoPE parts, and each head's own product (mla.cu).
     pub mla_rows: CudaFunction,
-    pub mla_matvec: CudaFunction,
+    /// By the map's stored kind: f32, f16, bf16 (CudaBackend::mla_map).
+    pub mla_matvec: [CudaFunction; 3],
+    pub mla_rows_q: [CudaFunction; 3],
+    pub mla_dequant: CudaFunction,
     /// Prefill attention (attention.cu attention_prefill_*) for head_dim 32, 64 and 128.
     pub attention_prefill: [CudaFunction; 3],
     /// The float kinds, indexed by kind code: f32, f16, bf16.
@@ -281,8 +284,8 @@ impl Kernels {
         include_str!("../../../cuda/common.cu"),
         include_str!("../../../cuda/elementwise.cu"),
         include_str!("../../../cuda/attention.cu"),
-        include_str!("../../../cuda/mla.cu"),
         include_str!("../../../cuda/matvec_float.cu"),
+        include_str!("../../../cuda/mla.cu"),
         include_str!("../../../cuda/route.cu"),
         include_str!("../../../cuda/moe.cu"),
         include_str!("../../../cuda/mxfp4.cu"),
@@ -407,7 +410,9 @@ impl Kernels {
             axpy: f("axpy")?,
             attention: f("attention")?,
             mla_rows: f("mla_rows")?,
-            mla_matvec: f("mla_matvec")?,
+            mla_matvec: floats("mla_matvec")?,
+            mla_rows_q: floats("mla_rows_q")?,
+            mla_dequant: f("mla_dequant")?,
             attention_wide: f("attention_wide")?,
             attention_latent: f("attention_prefill_latent")?,
             attention_prep: f("attention_prep")?,
@@ -721,6 +726,8 @@ mod tests {
             "attention_body",
             "c32_plain",
             "c32_routed",
+            "mla_matvec_body",
+            "mla_rows_q_body",
         ];
         for f in waiting {
             let at = SOURCE
@@ -749,7 +756,9 @@ mod tests {
             let waits = body.contains("PDL_ENTRY()")
                 || body.contains("pdl_wait()")
                 || body.contains("BODY<")
-                || waiting.iter().any(|f| body.contains(&format!("{f}<")));
+                || waiting
+                    .iter()
+                    .any(|f| body.contains(&format!("{f}<")) || body.contains(&format!("{f}(")));
             assert!(waits, "kernel {name} never waits for the kernel before it");
         }
     }

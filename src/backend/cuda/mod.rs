@@ -276,6 +276,21 @@ impl DevMat {
         }
     }
 
+    /// f32 rows [rows, cols] at `codes` (a copy made on the device's side of the load).
+    pub fn f32_rows(codes: u64, rows: usize, cols: usize) -> DevMat {
+        DevMat {
+            codes,
+            scales: 0,
+            mins: 0,
+            rows: rows as i32,
+            cols: cols as i32,
+            group: cols as i32,
+            row_bytes: (cols * 4) as i32,
+            kind: 0,
+            _pad: 0,
+        }
+    }
+
     /// An integer kind (int8, int4, int2: the matvec_q families and their plans).
     pub fn is_int(&self) -> bool {
         (3..=5).contains(&self.kind)

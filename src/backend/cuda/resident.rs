@@ -7,7 +7,7 @@ impl CudaBackend {
     /// frequencies in f32).
     pub fn new(gpu: Arc<Gpu>, model: &Model<'_>) -> crate::Result<CudaBackend> {
         let w = model.weights();
-        // MLA's per-head maps live on the device as f32 only (mla.rs).
+        // MLA's per-head maps: in their stored kind or as f32 (mla.rs upload_mla).
         let maps = w.mla_maps();
         let is_map = |m: &Matrix<'_>| maps.iter().any(|a| std::ptr::eq(a.codes, m.codes));
         let mats: Vec<_> = w.matrices().into_iter().filter(|m| !is_map(m)).collect();
@@ -18,7 +18,12 @@ impl CudaBackend {
             .map(|m| m.codes.len() + m.scales.len() + m.mins.len())
             .sum::<usize>()
             + vectors.iter().map(|v| v.len() * 4).sum::<usize>()
-            + maps.iter().map(|m| m.rows * m.cols * 4).sum::<usize>()
+            + maps.iter().map(|m| super::mla::mla_bytes(m)).sum::<usize>()
+            + maps
+                .iter()
+                .map(|m| super::mla::mla_room(m))
+                .max()
+                .unwrap_or(0)
             + SCRATCH_FLOATS * 4;
         let (free, total) = gpu.mem_info()?;
         if needed > free {
@@ -65,6 +70,7 @@ impl CudaBackend {
             mats: HashMap::new(),
             vectors: HashMap::new(),
             mla: HashMap::new(),
+            mla_rows: None,
             resident_bytes: 0,
         })
     }
