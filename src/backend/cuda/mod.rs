@@ -41,6 +41,7 @@ mod matvec;
 mod mla;
 mod plan;
 mod resident;
+mod routing;
 mod transfer;
 
 pub use backend::CudaBackend;
