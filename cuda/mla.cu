@@ -62,12 +62,12 @@ extern "C" __global__ void mla_rows(MLA_ROWS_ARGS) {
 }
 
 // Each head's own product, for t tokens: y[tok, h, i] (ys floats a head, heads * ys a token) =
-// scale · (w[h * rows + i, :] · x[tok, h, :]) (xs floats a head, heads * xs a token), w the map in
-// its stored kind (f32, f16, bf16: Mat, [heads * rows, cols]; chunk_dot's arithmetic). One warp a
-// row, 8 rows a block; grid (rows * heads / 8, t). x 16-byte aligned, rows of whole 16-byte
-// chunks (CudaBackend::mla_map checks). A lane's first MLA_PRE chunks of its
-// row (k_b's rows and v_b's of 512 f32 whole) load before the wait: w is a weight (written only
-// by copies), so they overlap the kernel before's tail.
+// scale · (w[h * rows + i, :] · x[tok, h, :]) (xs floats a head, heads * xs a token), w the map
+// in its stored kind (f32, f16, bf16: Mat, [heads * rows, cols]; chunk_dot's arithmetic). One warp
+// a row, 8 rows a block; grid (rows * heads / 8, t). x 16-byte aligned, rows of whole 16-byte
+// chunks (CudaBackend::mla_map checks). A lane's first MLA_PRE chunks of its row (k_b's rows and
+// v_b's of 512 f32 whole) load before the wait: w is a weight (written only by copies), so they
+// overlap the kernel before's tail.
 #define MLA_PRE 4
 #define MLA_MV_ARGS                                                                             \
     const Mat w, const float *__restrict__ x, float *__restrict__ y, int heads, int rows,      \
@@ -78,7 +78,8 @@ template <int KIND>
 __device__ __forceinline__ void mla_matvec_body(int r, int tok, MLA_MV_ARGS) {
     const int lane = threadIdx.x & 31, n = w.row_bytes / 16;
     const bool in = r < heads * rows;
-    const uint4* row = reinterpret_cast<const uint4*>(w.codes + (size_t)(in ? r : 0) * w.row_bytes);
+    const uint4* row =
+        reinterpret_cast<const uint4*>(w.codes + (size_t)(in ? r : 0) * w.row_bytes);
     uint4 wp[MLA_PRE];
 #pragma unroll
     for (int p = 0; p < MLA_PRE; p++)
@@ -91,7 +92,8 @@ __device__ __forceinline__ void mla_matvec_body(int r, int tok, MLA_MV_ARGS) {
 #pragma unroll
     for (int p = 0; p < MLA_PRE; p++)
         if (lane + 32 * p < n) s += chunk_dot<KIND>(wp[p], xh, lane + 32 * p, w, r);
-    for (int j = lane + 32 * MLA_PRE; j < n; j += 32) s += chunk_dot<KIND>(__ldg(row + j), xh, j, w, r);
+    for (int j = lane + 32 * MLA_PRE; j < n; j += 32)
+        s += chunk_dot<KIND>(__ldg(row + j), xh, j, w, r);
     s = warp_sum(s);
     if (lane == 0) y[((size_t)tok * heads + h) * ys + i] = s * scale;
 }
@@ -119,7 +121,8 @@ extern "C" __global__ void mla_dequant(const Mat w, int kind, float* __restrict_
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)w.rows * w.cols) return;
     const int r = (int)(i / w.cols), c = (int)(i - (size_t)r * w.cols);
-    const unsigned short v = reinterpret_cast<const unsigned short*>(w.codes + (size_t)r * w.row_bytes)[c];
+    const u8* row = w.codes + (size_t)r * w.row_bytes;
+    const unsigned short v = reinterpret_cast<const unsigned short*>(row)[c];
     out[i] = kind == KIND_F16 ? h2f(v) : bf2f(v);
 }
 

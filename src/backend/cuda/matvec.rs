@@ -516,8 +516,8 @@ impl Gpu {
     /// moe_route_norm_*): xn = RMSNorm(x) * g as `rms_norm` writes it, and the routes as
     /// `moe_route` computes them from xn; with `bias` (a device vector of w.rows, 0: none) each
     /// logit first gets its expert's bias, as `route_topk` adds it, or under a grouped rule
-    /// (route_grouped's results) the bias is the rule's selection bias. Ok(false), nothing launched,
-    /// where that kernel does not apply (the caller then launches the two).
+    /// (route_grouped's results) the bias is the rule's selection bias. Ok(false), nothing
+    /// launched, where that kernel does not apply (the caller then launches the two).
     pub fn moe_route_norm(
         &self,
         w: &DevMat,

@@ -5,8 +5,9 @@ use super::*;
 
 impl CudaBackend {
     /// MLA's per-head maps (k_b, v_b) on the device: in their stored kind where mla.cu's
-    /// kernels read it (f32, f16, bf16), else as f32 (the host's dequantized values). Maps not in f32 share room for one map's f32 rows,
-    /// which a prefill's batched GEMM reads (mla.cu mla_dequant).
+    /// kernels read it (f32, f16, bf16), else as f32 (the host's dequantized values). Maps not
+    /// in f32 share room for one map's f32 rows, which a prefill's batched GEMM reads (mla.cu
+    /// mla_dequant).
     pub(super) fn upload_mla(&mut self, m: &Matrix<'_>) -> crate::Result<()> {
         if mla_stored(m) {
             let n = m.rows * m.cols;
