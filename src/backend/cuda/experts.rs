@@ -515,43 +515,8 @@ impl ExpertDevice for CudaBackend {
         }
         let (k, (f, h)) = (r.top_k, r.dims());
         let (routes, tab, g, dn) = self.routed_room(r, layer);
-        let (gpu, xsp, xp) = (&self.gpu, self.p(xs), self.p(x));
-        let rw = self.mat(block.router)?;
-        let (eps, pick) = (block.eps, (k, block.routing));
-        if let crate::model::routing::Routing::Grouped { rule, bias } = block.routing {
-            let ne = r.n_experts;
-            let b = self.bias_ptr(bias, ne, "score-correction bias")?;
-            // The norm, the router and the grouped rule in one launch where it applies.
-            let one = block.norm_bias.is_none()
-                && gpu.moe_route_norm(
-                    rw,
-                    (xp, xsp),
-                    (self.vector(block.norm)?, eps),
-                    pick,
-                    (b, routes),
-                )?;
-            if !one {
-                // The router's logits in the down outputs' room (routed before those are written).
-                match block.norm_bias {
-                    Some(b) => self.layer_norm(x, 0..1, (block.norm, b), eps, xs)?,
-                    None => self.rms_norm(x, 0..1, block.norm, eps, xs)?,
-                }
-                self.matmul_dev(rw, xsp, 1, dn)?;
-                gpu.route_grouped(dn, (1, ne, b), (k, rule), routes)?;
-            }
-        } else if let Some(bias) = block.norm_bias {
-            self.layer_norm(x, 0..1, (block.norm, bias), eps, xs)?;
-            gpu.moe_route(rw, xsp, pick, routes, dn)?;
-        } else if !gpu.moe_route_norm(
-            rw,
-            (xp, xsp),
-            (self.vector(block.norm)?, eps),
-            pick,
-            (0, routes),
-        )? {
-            self.rms_norm(x, 0..1, block.norm, eps, xs)?;
-            gpu.moe_route(rw, xsp, pick, routes, dn)?;
-        }
+        let (gpu, xsp, xp, eps) = (&self.gpu, self.p(xs), self.p(x), block.eps);
+        self.route_token(block, (xs, x), (routes, dn), (k, r.n_experts))?;
         if let Some(g) = r.dir.as_ref() {
             self.gate_layer(g, layer, routes, xsp)?;
         }
@@ -665,26 +630,7 @@ impl CudaBackend {
         };
         let (routes, tab, g, dn) = self.routed_room(r, layer);
         let (gpu, xsp, xp, eps) = (&self.gpu, self.p(xs), self.p(x), block.eps);
-        let bias = self.bias_ptr(block.router_bias, ne, "router bias")?;
-        let rw = self.mat(block.router)?;
-        // The norm, the router, its bias and top-k in one launch where it applies.
-        let one = block.norm_bias.is_none()
-            && gpu.moe_route_norm(
-                rw,
-                (xp, xsp),
-                (self.vector(block.norm)?, eps),
-                (k, block.routing),
-                (bias, routes),
-            )?;
-        if !one {
-            match block.norm_bias {
-                Some(b) => self.layer_norm(x, 0..1, (block.norm, b), eps, xs)?,
-                None => self.rms_norm(x, 0..1, block.norm, eps, xs)?,
-            }
-            // The router's logits in the down outputs' room (routed before those are written).
-            self.matmul_dev(rw, xsp, 1, dn)?;
-            gpu.route_biased(dn, (1, ne, bias), (k, block.routing), routes)?;
-        }
+        self.route_token(block, (xs, x), (routes, dn), (k, ne))?;
         if let Some(g) = r.dir.as_ref() {
             self.gate_layer(g, layer, routes, xsp)?;
         }
@@ -716,6 +662,49 @@ impl CudaBackend {
         gpu.expert_glu_routed((g, ids, k, f), (bg, bu), act)?;
         gpu.matvec_sel(down, routed, (2, k), (g, f, false), (dn, h))?;
         gpu.add_routed_rows(dn, ids, bd, (k, h))
+    }
+
+    /// A decode token's norm, router and routing rule, the routes into `routes`: one launch
+    /// (moe_route_norm: the rule, a router bias or a grouped rule's selection bias) where it
+    /// applies; else the norm, then the router and the rule's own kernel (the logits in the down
+    /// outputs' room `dn`, routed before those are written).
+    fn route_token(
+        &self,
+        block: &MoeBlock<'_>,
+        (xs, x): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        (routes, dn): (u64, u64),
+        (k, ne): (usize, usize),
+    ) -> crate::Result<()> {
+        use crate::model::routing::Routing;
+        let (gpu, xsp, xp, eps) = (&self.gpu, self.p(xs), self.p(x), block.eps);
+        let rw = self.mat(block.router)?;
+        let pick = (k, block.routing);
+        let bias = match block.routing {
+            Routing::Grouped { bias, .. } => self.bias_ptr(bias, ne, "score-correction bias")?,
+            _ => self.bias_ptr(block.router_bias, ne, "router bias")?,
+        };
+        let g = (self.vector(block.norm)?, eps);
+        if block.norm_bias.is_none()
+            && gpu.moe_route_norm(rw, (xp, xsp), g, pick, (bias, routes))?
+        {
+            return Ok(());
+        }
+        match block.norm_bias {
+            Some(b) => self.layer_norm(x, 0..1, (block.norm, b), eps, xs)?,
+            None => self.rms_norm(x, 0..1, block.norm, eps, xs)?,
+        }
+        match block.routing {
+            Routing::Grouped { rule, .. } => {
+                self.matmul_dev(rw, xsp, 1, dn)?;
+                gpu.route_grouped(dn, (1, ne, bias), (k, rule), routes)
+            }
+            // No bias: the router and top-k in one launch where the router allows.
+            _ if bias == 0 => gpu.moe_route(rw, xsp, pick, routes, dn),
+            _ => {
+                self.matmul_dev(rw, xsp, 1, dn)?;
+                gpu.route_biased(dn, (1, ne, bias), pick, routes)
+            }
+        }
     }
 
     /// Where layer `layer`'s device routing works: its routes, its slice of the expert table,
