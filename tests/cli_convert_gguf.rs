@@ -482,6 +482,17 @@ fn deepseek_v2_gguf_matches_the_directory() {
     let mla = model.cfg.mla.unwrap();
     assert_eq!((mla.kv_lora, mla.nope, mla.rope, mla.v), (32, 16, 8, 16));
     assert_eq!((model.cfg.dense_layers, file.n_layers()), (1, 2));
+    // `hob inspect`: the latent rows once (3 layers x (32 + 8) f16), against full keys and
+    // values (4 heads x (16 + 8 + 16)).
+    let (ok, stdout, stderr) = hob(&["inspect", "--json", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let j: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let kv = &j["kv_cache"];
+    assert_eq!(
+        (kv["bytes_per_token"].as_u64(), kv["layers"].as_u64()),
+        (Some(240), Some(3))
+    );
+    assert_eq!(kv["full_kv_bytes_per_token"].as_u64(), Some(960));
 }
 
 /// gpt-oss with MXFP4 experts from llama.cpp's converter (which keeps the hub's blocks as GGUF

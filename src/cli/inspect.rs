@@ -5,7 +5,9 @@ use super::out::outln;
 use serde_json::{json, Value};
 
 use super::InspectArgs;
+use crate::experts::engine::kv_bytes;
 use crate::format::{keys, HobFile, MetaValue};
+use crate::model::ModelConfig;
 
 /// Strings longer than this (the tokenizer JSON, the chat template) are shown abbreviated.
 const MAX_SHOWN_CHARS: usize = 60;
@@ -86,6 +88,7 @@ pub fn report(file: &HobFile) -> Value {
             })
         })
         .collect();
+    let kv = ModelConfig::from_metadata(file.metadata()).map_or(Value::Null, |c| kv_cache(&c));
     json!({
         "file": file.path().display().to_string(),
         "header": {
@@ -100,6 +103,7 @@ pub fn report(file: &HobFile) -> Value {
         },
         "metadata": metadata,
         "tensors": tensors,
+        "kv_cache": kv,
         "experts": {
             "layers": n_layers,
             "experts_per_layer": n_experts,
@@ -112,6 +116,54 @@ pub fn report(file: &HobFile) -> Value {
             },
         },
     })
+}
+
+/// What the model's KV cache holds a token (f16, as the engine sizes it: `kv_bytes`): MLA's
+/// latent rows once, else keys and values; for MLA also what full keys and values would take.
+fn kv_cache(c: &ModelConfig) -> Value {
+    let per_token = kv_bytes(c, 1);
+    let (form, full) = match c.mla {
+        Some(m) => (
+            format!(
+                "MLA: latent {} + RoPE key {}, cached once",
+                m.kv_lora, m.rope
+            ),
+            json!(c.n_layers * c.n_heads * (m.nope + m.rope + m.v) * 2),
+        ),
+        None => (
+            format!(
+                "{} KV heads x {}, keys and values",
+                c.n_kv_heads, c.head_dim
+            ),
+            Value::Null,
+        ),
+    };
+    json!({
+        "bytes_per_token": per_token,
+        "layers": c.n_layers,
+        "form": form,
+        "full_kv_bytes_per_token": full,
+        "tokens_per_gib": (1usize << 30) / per_token.max(1),
+    })
+}
+
+fn print_kv(kv: &Value) {
+    let Some(b) = kv["bytes_per_token"].as_u64() else {
+        return;
+    };
+    let full = match kv["full_kv_bytes_per_token"].as_u64() {
+        Some(f) => format!(
+            "; full keys and values {f} bytes, {:.1}x",
+            f as f64 / b.max(1) as f64
+        ),
+        None => String::new(),
+    };
+    outln!(
+        "KV cache (f16): {b} bytes a token over {} layers ({}{full}), {} tokens a GiB",
+        kv["layers"],
+        kv["form"].as_str().unwrap_or(""),
+        kv["tokens_per_gib"]
+    );
 }
 
 fn print_text(r: &Value) {
@@ -157,6 +209,7 @@ fn print_text(r: &Value) {
             );
         }
     }
+    print_kv(&r["kv_cache"]);
     let e = &r["experts"];
     outln!(
         "experts: {} layers x {} experts, hidden {}, ffn {}",
