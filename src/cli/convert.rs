@@ -1,5 +1,5 @@
 //! `hob convert`: Hugging Face checkpoint (or GGUF file) -> .hob, streamed one tensor or one expert at a time
-//! so peak memory stays near one expert (all its variants) plus the largest dense tensor.
+//! so peak memory stays near two experts (one read ahead; all its variants) plus the largest dense tensor.
 
 use super::out::outln;
 use std::io::{IsTerminal, Write};
@@ -290,24 +290,7 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
         bar.inc(bytes.len() as u64);
     }
 
-    let mut errors = vec![ErrorStats::default(); variants.len()];
-    for layer in 0..shape.n_layers {
-        for expert in 0..shape.n_experts {
-            bar.set_message(format!("layer {layer} expert {expert}"));
-            let w = ckpt.load_expert(layer, expert)?;
-            // Each variant is computed independently, so the result does not depend on threads.
-            let blobs: Vec<(Vec<u8>, ErrorStats)> = variants
-                .par_iter()
-                .zip(&layouts)
-                .map(|(v, l)| quantize_expert(*v, l, &w))
-                .collect();
-            for (vi, (blob, stats)) in blobs.iter().enumerate() {
-                writer.write_expert(layer, expert, vi, blob)?;
-                errors[vi].add(stats);
-                bar.inc(blob.len() as u64);
-            }
-        }
-    }
+    let errors = write_experts(&*ckpt, (&variants, &layouts), &mut writer, &bar)?;
     writer.finish()?;
     bar.finish_and_clear();
 
@@ -338,6 +321,53 @@ pub fn run(args: &ConvertArgs) -> crate::Result<()> {
         outln!("no tokenizer in the source: the file runs on token ids, as synthetic files do");
     }
     Ok(())
+}
+
+/// Every expert quantized into each variant and written, layer by layer. A thread of its own
+/// reads (and dequantizes) the next expert while this one is quantized and written, so that
+/// reading, serial, overlaps the parallel quantization: at most two experts' f32 weights at once.
+fn write_experts(
+    ckpt: &dyn ConvertSource,
+    (variants, layouts): (&[Variant], &[ExpertLayout]),
+    writer: &mut HobWriter,
+    bar: &ProgressBar,
+) -> crate::Result<Vec<ErrorStats>> {
+    let shape = ckpt.expert_shape();
+    let mut errors = vec![ErrorStats::default(); variants.len()];
+    let (tx, rx) = crossbeam_channel::bounded(0);
+    std::thread::scope(|s| -> crate::Result<()> {
+        // Dropped when this closure returns, early on an error too: the reader's send then
+        // fails and it stops, so the scope's join does not wait on it.
+        let rx = rx;
+        s.spawn(move || {
+            for (layer, expert) in
+                (0..shape.n_layers).flat_map(|l| (0..shape.n_experts).map(move |e| (l, e)))
+            {
+                let w = ckpt.load_expert(layer, expert);
+                let failed = w.is_err();
+                if tx.send((layer, expert, w)).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        for (layer, expert, w) in rx.iter() {
+            let w = w?;
+            bar.set_message(format!("layer {layer} expert {expert}"));
+            // Each variant is computed independently, so the result does not depend on threads.
+            let blobs: Vec<(Vec<u8>, ErrorStats)> = variants
+                .par_iter()
+                .zip(layouts)
+                .map(|(v, l)| quantize_expert(*v, l, &w))
+                .collect();
+            for (vi, (blob, stats)) in blobs.iter().enumerate() {
+                writer.write_expert(layer, expert, vi, blob)?;
+                errors[vi].add(stats);
+                bar.inc(blob.len() as u64);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(errors)
 }
 
 /// The flags' variants and dense plan (parsed before the source was read), else the source's

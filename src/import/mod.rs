@@ -174,7 +174,7 @@ pub struct ExpertWeights {
 
 /// What `hob convert` reads weights from: a Hugging Face directory (`Checkpoint`) or a GGUF
 /// file (`GgufCheckpoint`).
-pub trait ConvertSource {
+pub trait ConvertSource: Sync {
     /// Dense tensors in the order convert writes them.
     fn dense_tensors(&self) -> &[DenseTensor];
     fn expert_shape(&self) -> ExpertShape;
