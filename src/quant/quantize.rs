@@ -695,15 +695,31 @@ pub fn measure_error(
 /// Measure the error of a stored matrix against the f32 source (`rows * cols` values).
 pub fn measure_view(m: Matrix, src: &[f32]) -> ErrorStats {
     assert_eq!(src.len(), m.rows * m.cols, "source length vs matrix shape");
+    // Pieces of rows on the pool (convert measures each variant after its parallel quantization),
+    // each summed alone and the pieces added in order: the same sums on any number of threads.
+    const ROWS: usize = 64;
+    let cols = m.cols.max(1);
+    let pieces: Vec<(f64, f64)> = src
+        .par_chunks(cols * ROWS)
+        .enumerate()
+        .map(|(i, piece)| {
+            let (mut sse, mut ss) = (0.0, 0.0);
+            let mut row = vec![0.0f32; m.cols];
+            for (j, s) in piece.chunks_exact(cols).enumerate() {
+                m.row_to_f32(i * ROWS + j, &mut row);
+                for (&a, &b) in row.iter().zip(s) {
+                    let d = a as f64 - b as f64;
+                    sse += d * d;
+                    ss += b as f64 * b as f64;
+                }
+            }
+            (sse, ss)
+        })
+        .collect();
     let mut stats = ErrorStats::default();
-    let mut row = vec![0.0f32; m.cols];
-    for (r, s) in src.chunks_exact(m.cols.max(1)).enumerate().take(m.rows) {
-        m.row_to_f32(r, &mut row);
-        for (&a, &b) in row.iter().zip(s) {
-            let d = a as f64 - b as f64;
-            stats.sse += d * d;
-            stats.ss += b as f64 * b as f64;
-        }
+    for (sse, ss) in pieces {
+        stats.sse += sse;
+        stats.ss += ss;
     }
     stats.count = src.len() as u64;
     stats
