@@ -607,6 +607,7 @@ fn int8_grid_step(w: &[f32]) -> Option<f32> {
 /// (the values are exact under any; f16 rounding of scale and min decides). Nothing for values
 /// off any such grid (checked on five values first: sorting every group cost convert 35% more
 /// time).
+#[inline(always)]
 fn grid_candidates(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> impl Iterator<Item = AsymParams> {
     let (step, placements) = grid_step(w, (lo, hi), nmax).unwrap_or((0.0, 0));
     (0..placements).map(move |j| AsymParams {
@@ -616,6 +617,7 @@ fn grid_candidates(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> impl Iterator<
 }
 
 /// `grid_candidates`' grid: its step and how many placements of its lowest level the codes allow.
+#[inline(always)]
 pub(super) fn grid_step(w: &[f32], (lo, hi): (f32, f32), nmax: f32) -> Option<(f32, usize)> {
     let range = hi - lo;
     if range.is_nan() || range <= 0.0 || nmax >= 16.0 {
