@@ -76,9 +76,9 @@
 #   bash tools/families_gpu.sh oss120    issue 53: gpt-oss-120b's shape (OSS_LAYERS of its 36, default 6) under rtx4090-24g and
 #                                        rtx4060ti-16g: hob mxfp4 (+ int2 low; mxfp4 gated) with cooperative CPU experts beside llama.cpp's
 #                                        MXFP4_MOE at its --n-cpu-moe splits, then ROUNDS alternated tg64 rounds -> $OUT/oss120.md
-#   bash tools/families_gpu.sh deepseek  issue 53: DeepSeek-V2-Lite's shape, all 27 layers: hob int4 + int8 dense, and hob
-#                                        from llama.cpp's Q4_K_M GGUF, beside llama.cpp on that GGUF, all whole on the
-#                                        GPU under the 16 GB profile -> $OUT/deepseek.md
+#   bash tools/families_gpu.sh deepseek  issue 53: DeepSeek-V2-Lite's shape, all 27 layers: hob int4 + int8 dense (and with
+#                                        FROM_GGUF=1 hob from llama.cpp's Q4_K_M GGUF: ~4 min more to convert) beside
+#                                        llama.cpp on that GGUF, all whole on the GPU under the 16 GB profile -> $OUT/deepseek.md
 #                                        (PREPARE_ONLY=1: only the files and llama.cpp, ~9 min on a fresh machine)
 #   bash tools/families_gpu.sh gguf      issue 51: the Q4_K_M GGUF of `prepare` through `hob convert --from` with
 #                                        the file's own defaults, then resident and the 16 GB and 12 GB profiles
@@ -607,15 +607,18 @@ deepseek)
   wait
   # hob from llama.cpp's own file too (its defaults: int4/g32 experts and Q4_K dense on their grids, Q6_K int8).
   gm=/tmp/dsv2-lite-gguf.hob
-  [ -f "$gm" ] || "$hob" convert --from "$gg-Q4_K_M.gguf" -o "$gm" --no-progress >> "$log" 2>&1
-  ls -l "$model" "$gg-Q4_K_M.gguf" "$gm" >> "$log"
+  if [ "${FROM_GGUF:-0}" = 1 ] && [ ! -f "$gm" ]; then
+    /usr/bin/time -f "convert from the GGUF: %e s, %P CPU, peak RSS %M KB" "$hob" convert --from "$gg-Q4_K_M.gguf" \
+      -o "$gm" --no-progress >> "$log" 2>&1
+  fi
+  ls -l "$model" "$gg-Q4_K_M.gguf" "$gm" >> "$log" 2>&1
   [ "${PREPARE_ONLY:-0}" = 1 ] && exit 0
   echo "| who, row | model | size | params | backend | ... | test | t/s | (hob: hit rate, exp/tok, MB/tok, link GB/s, limit t/s, % limit; llama.cpp: ngl) |" > "$out/qwen3.md"
   echo "|---|---|---|---|---|---|---|---|---|" >> "$out/qwen3.md"
   for round in $(seq 1 "${ROUNDS:-2}"); do
     hobrow "$round: int4 + int8 dense, rtx4060ti-16g" --platform rtx4060ti-16g -r 3 -p 512 -n 64
-    model="$gm" hobrow "$round: from the Q4_K_M GGUF, rtx4060ti-16g" --platform rtx4060ti-16g --expert-variant int4 \
-      --low none -r 3 -p 512 -n 64
+    [ -f "$gm" ] && model="$gm" hobrow "$round: from the Q4_K_M GGUF, rtx4060ti-16g" --platform rtx4060ti-16g \
+      --expert-variant int4 --low none -r 3 -p 512 -n 64
     llrow "$round: Q4_K_M, all layers on the GPU" "$gg-Q4_K_M.gguf" -r 3 -p 512 -n 64
   done
   mv "$out/qwen3.md" "$out/deepseek.md"; cat "$out/deepseek.md" ;;
