@@ -368,6 +368,31 @@ fn string_kv(key: &str, value: &str) -> Vec<u8> {
     v
 }
 
+/// Non-finite values in an expert tensor (two f16 NaNs at values 5 and 9 of ffn_down_exps):
+/// named with their count and the first, and nothing is written.
+#[test]
+fn non_finite_expert_values_are_counted_and_nothing_is_written() {
+    let name = "blk.0.ffn_down_exps.weight";
+    let src = gguf("tiny-mixtral");
+    let file = hob::import::gguf::GgufFile::open(&src).unwrap();
+    let info = file.tensors().iter().find(|t| t.name == name).unwrap();
+    let at = info.file_range().start as usize;
+    let mut bytes = std::fs::read(&src).unwrap();
+    for i in [5, 9] {
+        bytes[at + 2 * i..at + 2 * i + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("nan.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let (ok, stderr, out) = convert_into(&tmp, &path);
+    assert!(!ok && !out.exists(), "{stderr}");
+    assert!(
+        stderr.contains(name) && stderr.contains("2 non-finite"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("first at element 5"), "{stderr}");
+}
+
 #[test]
 fn an_unsupported_architecture_is_named_with_the_supported_ones() {
     let from = string_kv(keys::ARCHITECTURE, "qwen3moe");
