@@ -78,8 +78,11 @@ struct QBuf {
 // shared memory by cp.async (no registers held for loads in flight) instead of AHEAD steps of
 // registers; the same sums. Layouts where each group is 1, 2 or 4 chunks, a row's groups a
 // multiple of 8 and scales and mins 16-byte aligned (Gpu::ring_ok); q_smem reserves the ring.
+//
+// ADD (not GU; one column tile: tchunks covers the row): y[r] += the row's sum, a projection's
+// residual add in its product (matvec_qd_*_add): the bits of the plain kernel then add_assign.
 template <int KIND, int R, bool DP = false, int AHEAD = 1, bool GU = false, int RING = 0,
-          int EARLY_STEPS = 0>
+          int EARLY_STEPS = 0, bool ADD = false>
 __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restrict__ x,
                                               const float* __restrict__ u,
                                               float* __restrict__ y, int split, int tchunks,
@@ -87,6 +90,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
     static_assert(!GU || DP, "the gate-up form is a dp4a kernel");
     static_assert(RING == 0 || (DP && RING >= 2), "the ring is a dp4a form of 2 or more steps");
     static_assert(KIND != KIND_INT3 || DP, "int3 is a dp4a kernel");
+    static_assert(!ADD || !GU, "the residual add is a plain product's");
     pdl_trigger();
     constexpr int CC = QTraits<KIND>::CC, P = QTraits<KIND>::P, Q = CC / 4,
                   EPW = QTraits<KIND>::EPW;
@@ -426,7 +430,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                         const int r = t * tile_rows + g * R + ri;
                         if (writer && r < w.rows) {
                             const float o = v * kscale;
-                            y[r] = ct0 > 0 ? y[r] + o : o;
+                            y[r] = ct0 > 0 || ADD ? y[r] + o : o;
                         }
                     }
                 } else {
@@ -445,7 +449,7 @@ __device__ __forceinline__ void matvec_q_body(const Mat w, const float* __restri
                             y[r] = silu_mul(sum, us);
                         } else {
                             const float o = sum * kscale;
-                            y[r] = ct0 > 0 ? y[r] + o : o;
+                            y[r] = ct0 > 0 || ADD ? y[r] + o : o;
                         }
                     }
                     parity ^= 1;
@@ -544,12 +548,12 @@ extern "C" __global__ void __launch_bounds__(512) matvec_q_int2k_sel(SEL_ARGS, i
 
 // The integer-dot-product kernels (matvec_qd_*), for layouts whose groups are whole chunks.
 // LONE: a plain kernel, whose int2 form issues one ring step before it waits (matvec_q_body).
-template <int KIND, int R, bool LONE = false>
+template <int KIND, int R, bool LONE = false, bool ADD = false>
 __device__ __forceinline__ void matvec_qd_body(const Mat w, const float* __restrict__ x,
                                                const float* __restrict__ u,
                                                float* __restrict__ y, int split, int tchunks) {
     constexpr int EARLY = LONE && KIND == KIND_INT2 ? 1 : 0;
-    matvec_q_body<KIND, R, true, (int)QDTraits<KIND>::AHEAD, false, QD_RING_OF(KIND), EARLY>(
+    matvec_q_body<KIND, R, true, (int)QDTraits<KIND>::AHEAD, false, QD_RING_OF(KIND), EARLY, ADD>(
         w, x, u, y, split, tchunks);
 }
 template <int KIND, int R>
@@ -558,6 +562,18 @@ __device__ __forceinline__ void matvec_qd_lone_body(const Mat w, const float* x,
     matvec_qd_body<KIND, R, true>(w, x, u, y, split, tchunks);
 }
 INT_MATVEC_KERNELS(matvec_qd, matvec_qd_body, matvec_qd_lone_body, 4, , __launch_bounds__(512))
+
+// y += W x (the plain dp4a kernels' residual-add form, matvec_q_body ADD): Backend::matmul_add of
+// a decode token where x is one column tile. int4 and int2 with loads in registers likewise (_r).
+#define QD_ADD_KERNEL(NAME, KIND, AHEAD, RING, EARLY)                                               \
+    extern "C" __global__ void __launch_bounds__(512)                                               \
+        NAME(const Mat w, const float* x, float* y, int split, int tchunks) {                       \
+        matvec_q_body<KIND, 4, true, (int)(AHEAD), false, RING, EARLY, true>(w, x, nullptr, y, split,\
+                                                                      tchunks);                     \
+    }
+QD_ADD_KERNEL(matvec_qd_int8_add, KIND_INT8, QDTraits<KIND_INT8>::AHEAD, QD_RING_OF(KIND_INT8), 0)
+QD_ADD_KERNEL(matvec_qd_int4_add, KIND_INT4, QDTraits<KIND_INT4>::AHEAD, QD_RING_OF(KIND_INT4), 0)
+QD_ADD_KERNEL(matvec_qd_int2_add, KIND_INT2, QDTraits<KIND_INT2>::AHEAD, QD_RING_OF(KIND_INT2), 1)
 
 // Three products of one x in one launch (a decode token's k, v and q, Gpu::matvec3_int):
 // blockIdx.y = j takes w_j, y_j and split_j, each row summed as its plain kernel sums it with its
@@ -627,6 +643,8 @@ QD_GU_KERNEL(matvec_qd_int2_gu, KIND_INT2)
 // down); before sm_90 matvec_qd_* themselves are this form.
 RING_KIND_KERNELS(matvec_qd_int4_r, KIND_INT4, 2, 0, 0)
 RING_KIND_KERNELS(matvec_qd_int2_r, KIND_INT2, 1, 0, 0)
+QD_ADD_KERNEL(matvec_qd_int4_r_add, KIND_INT4, 2, 0, 0)
+QD_ADD_KERNEL(matvec_qd_int2_r_add, KIND_INT2, 1, 0, 0)
 
 // int3 (kind 7) through the dp4a loop: int2's codes and staging, each code's high bit OR'ed in at
 // bit 2 (qd_hi3), the chunk's 8 bytes of high bits loaded beside its 16 of low bits. Through the

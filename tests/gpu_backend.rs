@@ -252,6 +252,50 @@ fn integer_qkv_in_one_launch_equals_three_products() {
     }
 }
 
+/// A decode token's integer projection with its residual add (matmul_add: one launch,
+/// matvec_qd_*_add, where x is one column tile) gives the bits of its matmul then add_assign, on
+/// the ring's layouts, those with loads in registers (22 groups a row) and wider rows.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/stage_gpu.sh runs it on one with --include-ignored"]
+fn integer_projection_with_its_residual_add_equals_product_then_add() {
+    let g = gpu();
+    for (c, &(kind, rows, cols)) in [
+        ("int8", 2048, 2048),
+        ("int8", 2048, 2816),
+        ("int4", 2048, 2048),
+        ("int4", 2048, 1408),
+        ("int4/g32", 2048, 2816),
+        ("int2", 1024, 2048),
+        ("int8", 4096, 14336),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let seed = 90 + 5 * c as u64;
+        let st = stored(kind, rows, cols, seed);
+        let m = matrix(&st.0, st.1, st.2, rows, cols);
+        let mut b = CudaBackend::empty(g.clone()).unwrap();
+        b.make_resident(&m).unwrap();
+        let xd = to_gpu(&b, &random(cols, seed + 1));
+        let res = random(rows, seed + 2);
+        let (mut fused, mut want) = (to_gpu(&b, &res), to_gpu(&b, &res));
+        let (mut tmp, mut y) = (b.alloc(rows).unwrap(), b.alloc(rows).unwrap());
+        b.matmul_add(&m, &xd, 1, &mut tmp, &mut fused).unwrap();
+        b.matmul(&m, &xd, 1, &mut y).unwrap();
+        b.add_assign(&mut want, &y, rows).unwrap();
+        let (got, want) = (from_gpu(&b, &fused, rows), from_gpu(&b, &want, rows));
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, w)| a.to_bits() == w.to_bits());
+        assert!(
+            same,
+            "{kind} [{rows}, {cols}]: the residual add in the product differs"
+        );
+        println!("{kind} [{rows}, {cols}]: matmul_add bit for bit with matmul + add_assign");
+    }
+}
+
 /// A decode token embedded on the device (stage_token, then embed_staged, as a recorded step
 /// launches it) gives the host conversion's row bit for bit, for every storage kind a table may
 /// have, and the staged id is read at launch time (two tokens staged in turn).

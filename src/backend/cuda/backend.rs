@@ -589,7 +589,8 @@ impl Backend for CudaBackend {
         self.attention_prep(qkv, prep, step, shape, kv, out)
     }
 
-    /// One token with float weights: the residual add inside the product (matvec_add_*).
+    /// One token: the residual add inside the product (float kinds matvec_add_*, integer ones
+    /// matvec_qd_*_add where x is one column tile).
     fn matmul_add(
         &self,
         w: &Matrix<'_>,
@@ -600,14 +601,17 @@ impl Backend for CudaBackend {
     ) -> crate::Result<()> {
         let early = i32::from(self.qkv_settled.swap(false, Ordering::Relaxed));
         let d = *self.mat(w)?;
-        let xp = self.p(x);
+        let (xp, yp) = (self.p(x), self.p(out));
+        let one = t == 1 && x.len() >= w.cols && out.len() >= w.rows;
+        if one && d.kind >= 3 && self.gpu.matvec_add_int(&d, xp, yp)? {
+            return Ok(());
+        }
         if t != 1 || d.kind >= 3 || !d.vectorizable() || !xp.is_multiple_of(16) {
             self.matmul(w, x, t, tmp)?;
             return self.add_assign(out, tmp, t * w.rows);
         }
         check_len("matmul input", x.len(), w.cols)?;
         check_len("matmul output", out.len(), w.rows)?;
-        let yp = self.p(out);
         let n = blocks(w.rows, 8);
         let c = cfg(n, 256);
         // The deep form only where one wave holds every block: where it needed two (Mixtral's

@@ -120,9 +120,11 @@ pub struct Kernels {
     pub matvec_qd_sel: [QKernel; 3],
     /// Gate and up of the routed experts with their SwiGLU in one launch (matvec_qd_*_gu).
     pub matvec_qd_gu: [QKernel; 3],
+    /// y += W x through matvec_qd_* (matvec_qd_*_add): a decode projection with its residual add.
+    pub matvec_qd_add: [QKernel; 3],
     /// int4 and int2 through the dp4a loop with loads in registers (matvec_qd_int4_r, _r_sel,
-    /// _r_gu; int2 likewise), for layouts whose rows the ring does not take (`ring_ok`).
-    pub matvec_qd_r: [[QKernel; 3]; 2],
+    /// _r_gu, _r_add; int2 likewise), for layouts whose rows the ring does not take (`ring_ok`).
+    pub matvec_qd_r: [[QKernel; 4]; 2],
     /// Three products of one x in one launch, each as matvec_qd_* (matvec_qd_*_3).
     pub matvec_qd3: [QKernel; 3],
     /// Float kinds by kind code: y += W x (matvec_add_*), and three matrices of one x
@@ -376,7 +378,7 @@ impl Kernels {
             ])
         };
         // A kind's plain, routed and gate-up dp4a kernels with loads in registers (NAME_r).
-        let reg_set = |name: &str, kind: i32| -> crate::Result<[QKernel; 3]> {
+        let reg_set = |name: &str, kind: i32| -> crate::Result<[QKernel; 4]> {
             let k = |suffix: &str| {
                 QKernel::new(
                     ctx,
@@ -386,7 +388,7 @@ impl Kernels {
                     0,
                 )
             };
-            Ok([k("")?, k("_sel")?, k("_gu")?])
+            Ok([k("")?, k("_sel")?, k("_gu")?, k("_add")?])
         };
         let mut kernels = Kernels {
             rms_norm: f("rms_norm")?,
@@ -475,6 +477,7 @@ impl Kernels {
             matvec_qd_sel: qkernels("matvec_qd", "_sel", QFamily::Dp(QD_PARTS))?,
             matvec_qd_gu: qkernels("matvec_qd", "_gu", QFamily::Dp(QD_PARTS))?,
             matvec_qd3: qkernels("matvec_qd", "_3", QFamily::Dp(QD_PARTS))?,
+            matvec_qd_add: qkernels("matvec_qd", "_add", QFamily::Dp(QD_PARTS))?,
             matvec_qd_r: [
                 reg_set("matvec_qd_int4_r", 4)?,
                 reg_set("matvec_qd_int2_r", 5)?,

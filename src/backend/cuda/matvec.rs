@@ -230,6 +230,38 @@ impl Gpu {
         Ok(true)
     }
 
+    /// y += w x for a decode token through the residual-add twin of `matvec`'s dp4a kernel
+    /// (matvec_qd_*_add: the bits of `matvec` then add_assign), where x is one column tile;
+    /// false, nothing launched, elsewhere.
+    pub fn matvec_add_int(&self, w: &DevMat, x: u64, y: u64) -> crate::Result<bool> {
+        if !w.is_packed_int() || !w.vectorizable() || !x.is_multiple_of(16) {
+            return Ok(false);
+        }
+        let (plain, i) = (self.q_kernels(w).0, (w.kind - 3) as usize);
+        let add = match self.reg_set(w) {
+            _ if i < 3 && std::ptr::eq(plain, &self.kernels.matvec_qd[i]) => {
+                &self.kernels.matvec_qd_add[i]
+            }
+            Some(r) if std::ptr::eq(plain, &r[0]) => &r[3],
+            _ => return Ok(false),
+        };
+        // The plain kernel's plan (its split: the same sums), one column tile.
+        let Some(p) = self.routed_plan(w, add) else {
+            return Ok(false);
+        };
+        if p.tchunks as usize != (w.chunk_bytes().max(0) as usize / 16).max(1) {
+            return Ok(false);
+        }
+        let c = LaunchConfig {
+            grid_dim: (p.grid, 1, 1),
+            block_dim: (p.block, 1, 1),
+            shared_mem_bytes: p.smem,
+        };
+        let (w, split, tchunks) = (*w, p.split, p.tchunks);
+        launch!(self, add.f, c; w, x, y, split, tchunks)?;
+        Ok(true)
+    }
+
     /// The integer matvec kernels for `w` (plain, selecting): for groups of whole 16-byte chunks
     /// the dp4a ones (matvec_qd_*; where their ring does not take the layout, the same loop with
     /// loads in registers, matvec_qd_*_r) where `qd_kinds` has the kind, else the tensor-core ones where
@@ -266,7 +298,7 @@ impl Gpu {
 
     /// The dp4a kernels with loads in registers (plain, routed, gate-up) of int4 or int2 for
     /// `w`; None for the other kinds.
-    fn reg_set(&self, w: &DevMat) -> Option<&[QKernel; 3]> {
+    fn reg_set(&self, w: &DevMat) -> Option<&[QKernel; 4]> {
         match w.kind {
             4 | 5 => Some(&self.kernels.matvec_qd_r[(w.kind - 4) as usize]),
             _ => None,
@@ -641,23 +673,6 @@ impl Gpu {
         self.routed_plan(w, self.q_kernels(w).1).is_some()
     }
 
-    /// The plan of a routed launch (`q`: a _sel or _gu kernel) of matrices like `w`: the plain
-    /// kernel's block, split and column tiles (each row's sum is the plain kernel's), with `q`'s
-    /// own shared memory (its ring may be deeper than the plain kernel's: QShape::ring). None
-    /// where `q`'s registers or shared memory do not allow that block.
-    pub fn routed_plan(&self, w: &DevMat, q: &QKernel) -> Option<QPlan> {
-        let p = self.q_plan(w)?;
-        let warps = p.block as usize / 32;
-        let regs_per_warp = (q.shape.regs.max(1) * 32).div_ceil(256) * 256;
-        let smem = q_smem(&q.shape, warps, p.tchunks as usize);
-        let fits =
-            regs_per_warp * warps <= self.q_limits.regs_per_sm && smem <= self.q_limits.smem_max;
-        fits.then_some(QPlan {
-            smem: smem as u32,
-            ..p
-        })
-    }
-
     /// Routing of t tokens by `routing` from router logits ([t, ne] at `logits`) into `routes`:
     /// [t, k] expert indices (i32) then [t, k] weights (route.cu route_topk).
     pub fn route(
@@ -760,21 +775,5 @@ impl Gpu {
     /// bandwidth (benches/results/2026-12-04-h200-issue53-mxfp4-dp4a.md).
     pub fn qd_mxfp4(&self) -> bool {
         self.compute_capability >= (6, 1)
-    }
-
-    /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU, for the kernel
-    /// `matvec` runs.
-    pub fn q_plan(&self, w: &DevMat) -> Option<QPlan> {
-        self.q_plan_for(self.q_kernels(w).0, w)
-    }
-
-    /// The plan of an integer matvec through kernel `q`.
-    pub fn q_plan_for(&self, q: &QKernel, w: &DevMat) -> Option<QPlan> {
-        q_plan(
-            &q.shape,
-            w.rows.max(0) as usize,
-            w.chunk_bytes().max(0) as usize,
-            &self.q_limits,
-        )
     }
 }

@@ -250,6 +250,41 @@ pub fn q_plan(k: &QShape, rows: usize, row_bytes: usize, lim: &QLimits) -> Optio
     })
 }
 
+impl Gpu {
+    /// The plan of an integer matvec (kind 3..=5, vectorizable) on this GPU, for the kernel
+    /// `matvec` runs.
+    pub fn q_plan(&self, w: &DevMat) -> Option<QPlan> {
+        self.q_plan_for(self.q_kernels(w).0, w)
+    }
+
+    /// The plan of an integer matvec through kernel `q`.
+    pub fn q_plan_for(&self, q: &QKernel, w: &DevMat) -> Option<QPlan> {
+        q_plan(
+            &q.shape,
+            w.rows.max(0) as usize,
+            w.chunk_bytes().max(0) as usize,
+            &self.q_limits,
+        )
+    }
+
+    /// The plan of a routed launch (`q`: a _sel or _gu kernel) of matrices like `w`: the plain
+    /// kernel's block, split and column tiles (each row's sum is the plain kernel's), with `q`'s
+    /// own shared memory (its ring may be deeper than the plain kernel's: QShape::ring). None
+    /// where `q`'s registers or shared memory do not allow that block.
+    pub fn routed_plan(&self, w: &DevMat, q: &QKernel) -> Option<QPlan> {
+        let p = self.q_plan(w)?;
+        let warps = p.block as usize / 32;
+        let regs_per_warp = (q.shape.regs.max(1) * 32).div_ceil(256) * 256;
+        let smem = q_smem(&q.shape, warps, p.tchunks as usize);
+        let fits =
+            regs_per_warp * warps <= self.q_limits.regs_per_sm && smem <= self.q_limits.smem_max;
+        fits.then_some(QPlan {
+            smem: smem as u32,
+            ..p
+        })
+    }
+}
+
 /// Rows of fewer steps than this (a step: 32 chunks of 32 columns) keep a warp a tile on
 /// matvec_c32.cu's loop; wider ones (Mixtral's 14336 columns: 14 steps) split a tile's steps.
 const C32_SPLIT_STEPS: usize = 8;
