@@ -12,13 +12,28 @@ __device__ __forceinline__ float dot4_f32(const uint4& v, const float4& xv) {
                                          __fmul_rn(__uint_as_float(v.x), xv.x))));
 }
 
-// The contribution of one 16-byte chunk `c` of row r (float kinds).
+// The contribution of one 16-byte chunk `c` of row r (float kinds; int8 for MLA's maps).
 template <int KIND>
 __device__ __forceinline__ float chunk_dot(const uint4& v, const float* __restrict__ x, int c,
                                            const Mat& w, int r) {
     const u32 word[4] = {v.x, v.y, v.z, v.w};
     if (KIND == KIND_F32) {
         return dot4_f32(v, *reinterpret_cast<const float4*>(x + c * 4));
+    } else if (KIND == KIND_INT8) {
+        // 16 signed codes of one group (its size a multiple of 16: CudaBackend's MLA maps), their
+        // products in order, then the group's scale.
+        const float* xc = x + c * 16;
+        float s = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 xv = *reinterpret_cast<const float4*>(xc + 4 * k);
+            const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                s = __fmaf_rn((float)(signed char)(word[k] >> (8 * j)), xs[j], s);
+        }
+        const int gi = r * (w.cols / w.group) + c * 16 / w.group;
+        return __fmul_rn(h2f(__ldg(w.scales + gi)), s);
     } else {  // f16, bf16
         const float4 xa = *reinterpret_cast<const float4*>(x + c * 8);
         const float4 xb = *reinterpret_cast<const float4*>(x + c * 8 + 4);

@@ -63,7 +63,7 @@ extern "C" __global__ void mla_rows(MLA_ROWS_ARGS) {
 
 // Each head's own product, for t tokens: y[tok, h, i] (ys floats a head, heads * ys a token) =
 // scale · (w[h * rows + i, :] · x[tok, h, :]) (xs floats a head, heads * xs a token), w the map
-// in its stored kind (f32, f16, bf16: Mat, [heads * rows, cols]; chunk_dot's arithmetic). One warp
+// in its stored kind (f32, f16, bf16, int8: Mat, [heads * rows, cols]; chunk_dot's arithmetic). One warp
 // a row, 8 rows a block; grid (rows * heads / 8, t). x 16-byte aligned, rows of whole 16-byte
 // chunks (CudaBackend::mla_map checks). A lane's first MLA_PRE chunks of its row (k_b's rows and
 // v_b's of 512 f32 whole) load before the wait: w is a weight (written only by copies), so they
@@ -114,14 +114,19 @@ __device__ __forceinline__ void mla_rows_q_body(MLA_ROWS_ARGS, const Mat& kb, in
     mla_rows_body(0, b - nm, MLA_ROWS_PASS);
 }
 
-// A map's rows as f32 ([rows, cols] at out; kind 1 f16, 2 bf16) for a prefill's batched GEMM, a
-// thread a value.
+// A map's rows as f32 ([rows, cols] at out; kind 1 f16, 2 bf16, 3 int8) for a prefill's batched
+// GEMM, a thread a value.
 extern "C" __global__ void mla_dequant(const Mat w, int kind, float* __restrict__ out) {
     PDL_ENTRY();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)w.rows * w.cols) return;
     const int r = (int)(i / w.cols), c = (int)(i - (size_t)r * w.cols);
     const u8* row = w.codes + (size_t)r * w.row_bytes;
+    if (kind == KIND_INT8) {
+        const float sc = h2f(w.scales[(size_t)r * (w.cols / w.group) + c / w.group]);
+        out[i] = sc * (float)(signed char)row[c];
+        return;
+    }
     const unsigned short v = reinterpret_cast<const unsigned short*>(row)[c];
     out[i] = kind == KIND_F16 ? h2f(v) : bf2f(v);
 }
@@ -137,3 +142,4 @@ extern "C" __global__ void mla_dequant(const Mat w, int kind, float* __restrict_
 MLA_KERNELS(f32, KIND_F32)
 MLA_KERNELS(f16, KIND_F16)
 MLA_KERNELS(bf16, KIND_BF16)
+MLA_KERNELS(int8, KIND_INT8)

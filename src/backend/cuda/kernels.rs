@@ -51,9 +51,9 @@ pub struct Kernels {
     pub attention_latent: CudaFunction,
     /// MLA's cache rows and query RoPE parts, and each head's own product (mla.cu).
     pub mla_rows: CudaFunction,
-    /// By the map's stored kind: f32, f16, bf16 (CudaBackend::mla_map).
-    pub mla_matvec: [CudaFunction; 3],
-    pub mla_rows_q: [CudaFunction; 3],
+    /// By the map's stored kind: f32, f16, bf16, int8 (CudaBackend::mla_map).
+    pub mla_matvec: [CudaFunction; 4],
+    pub mla_rows_q: [CudaFunction; 4],
     pub mla_dequant: CudaFunction,
     /// Prefill attention (attention.cu attention_prefill_*) for head_dim 32, 64 and 128.
     pub attention_prefill: [CudaFunction; 3],
@@ -412,8 +412,14 @@ impl Kernels {
             axpy: f("axpy")?,
             attention: f("attention")?,
             mla_rows: f("mla_rows")?,
-            mla_matvec: floats("mla_matvec")?,
-            mla_rows_q: floats("mla_rows_q")?,
+            mla_matvec: {
+                let [a, b, c] = floats("mla_matvec")?;
+                [a, b, c, f("mla_matvec_int8")?]
+            },
+            mla_rows_q: {
+                let [a, b, c] = floats("mla_rows_q")?;
+                [a, b, c, f("mla_rows_q_int8")?]
+            },
             mla_dequant: f("mla_dequant")?,
             attention_wide: f("attention_wide")?,
             attention_latent: f("attention_prefill_latent")?,

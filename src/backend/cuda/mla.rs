@@ -5,7 +5,7 @@ use super::*;
 
 impl CudaBackend {
     /// MLA's per-head maps (k_b, v_b) on the device: in their stored kind where mla.cu's
-    /// kernels read it (f32, f16, bf16), else as f32 (the host's dequantized values). Maps not
+    /// kernels read it (f32, f16, bf16, int8), else as f32 (the host's dequantized values). Maps not
     /// in f32 share room for one map's f32 rows, which a prefill's batched GEMM reads (mla.cu
     /// mla_dequant).
     pub(super) fn upload_mla(&mut self, m: &Matrix<'_>) -> crate::Result<()> {
@@ -31,7 +31,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// A map as mla.cu's kernels take it (its kind code 0..=2 picks the kernel).
+    /// A map as mla.cu's kernels take it (its kind code 0..=3 picks the kernel).
     fn mla_map(&self, m: &Matrix<'_>) -> crate::Result<DevMat> {
         if mla_stored(m) {
             return self.mat(m).copied();
@@ -164,10 +164,16 @@ impl CudaBackend {
     }
 }
 
-/// Whether mla.cu reads this map in its stored kind.
+/// Whether mla.cu reads this map in its stored kind: a float kind, or int8 whose groups are whole
+/// 16-byte chunks (chunk_dot).
 fn mla_stored(m: &Matrix<'_>) -> bool {
-    let float = matches!(m.kind, WeightKind::F32 | WeightKind::F16 | WeightKind::Bf16);
-    float && m.row_bytes().is_multiple_of(16)
+    let g = m.group_size;
+    let kind = match m.kind {
+        WeightKind::F32 | WeightKind::F16 | WeightKind::Bf16 => true,
+        WeightKind::Int8 => g > 0 && g.is_multiple_of(16) && m.cols.is_multiple_of(g),
+        _ => false,
+    };
+    kind && m.row_bytes().is_multiple_of(16)
 }
 
 /// A map's bytes on the device (upload_mla).
