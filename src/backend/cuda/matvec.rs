@@ -220,14 +220,19 @@ impl Gpu {
         let Some(p) = self.q_plan_for(q, w) else {
             return Ok(false);
         };
+        self.launch_int(q, &p, w, x, y)?;
+        Ok(true)
+    }
+
+    /// One plain integer matvec launch of kernel `q` (w, x, y, split, tchunks) by plan `p`.
+    fn launch_int(&self, q: &QKernel, p: &QPlan, w: &DevMat, x: u64, y: u64) -> crate::Result<()> {
         let c = LaunchConfig {
             grid_dim: (p.grid, 1, 1),
             block_dim: (p.block, 1, 1),
             shared_mem_bytes: p.smem,
         };
         let (w, split, tchunks) = (*w, p.split, p.tchunks);
-        launch!(self, q.f, c; w, x, y, split, tchunks)?;
-        Ok(true)
+        launch!(self, q.f, c; w, x, y, split, tchunks)
     }
 
     /// y += w x for a decode token through the residual-add twin of `matvec`'s dp4a kernel
@@ -252,13 +257,7 @@ impl Gpu {
         if p.tchunks as usize != (w.chunk_bytes().max(0) as usize / 16).max(1) {
             return Ok(false);
         }
-        let c = LaunchConfig {
-            grid_dim: (p.grid, 1, 1),
-            block_dim: (p.block, 1, 1),
-            shared_mem_bytes: p.smem,
-        };
-        let (w, split, tchunks) = (*w, p.split, p.tchunks);
-        launch!(self, add.f, c; w, x, y, split, tchunks)?;
+        self.launch_int(add, &p, w, x, y)?;
         Ok(true)
     }
 
